@@ -1,0 +1,153 @@
+"""Fetch and cache what icekeeper runs on: Maven jars, release archives, npm packages.
+
+Everything lands under the cache folder (`cache_dir`, ignored by git) and is fetched once: a
+`.complete` marker is written only after a download finished, so an interrupted fetch is
+redone rather than trusted. Maven resolves transitive dependencies for us (Kafka's broker is
+~45 jars); we only write a tiny pom.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import tarfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+_COMPLETE = ".complete"
+
+Progress = Callable[[str], None]
+
+
+class ArtifactError(RuntimeError):
+    """A download or install that failed; the message says what to install or retry."""
+
+
+@dataclass(frozen=True)
+class MavenBundle:
+    """A named set of Maven artifacts copied into one `lib/` folder.
+
+    Attributes:
+        name: folder name under the cache, include versions so upgrades fetch anew.
+        coordinates: `group:artifact:version` entries.
+        transitive: also copy their runtime dependencies.
+        exclusions: `group:artifact` pairs left out of every dependency's tree.
+    """
+
+    name: str
+    coordinates: tuple[str, ...]
+    transitive: bool = True
+    exclusions: tuple[str, ...] = field(default_factory=tuple)
+
+
+def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.info) -> list[Path]:
+    """Jars of `bundle`, fetched with `mvn dependency:copy-dependencies` on first use."""
+    home = cache_dir / bundle.name
+    lib = home / "lib"
+    if not (home / _COMPLETE).exists():
+        if shutil.which("mvn") is None:
+            raise ArtifactError("Maven (`mvn`) is needed once to fetch jars from Maven Central; install it (Debian: apt-get install maven)")
+        progress(f"fetching {bundle.name} from Maven Central (once; cached in {home})")
+        if lib.exists():
+            shutil.rmtree(lib)
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "pom.xml").write_text(_pom(bundle), encoding="utf-8")
+        command = [
+            "mvn", "-q", "-B", "-f", str(home / "pom.xml"), "dependency:copy-dependencies",
+            "-DincludeScope=runtime", f"-DoutputDirectory={lib}", f"-DexcludeTransitive={'false' if bundle.transitive else 'true'}",
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise ArtifactError(f"mvn could not fetch {bundle.name}:\n{(result.stdout + result.stderr)[-3000:]}")
+        (home / _COMPLETE).touch()
+    return sorted(lib.glob("*.jar"))
+
+
+def _pom(bundle: MavenBundle) -> str:
+    exclusions = "".join(
+        f"<exclusion><groupId>{group}</groupId><artifactId>{artifact}</artifactId></exclusion>"
+        for group, artifact in (item.split(":") for item in bundle.exclusions)
+    )
+    dependencies = "".join(
+        f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId><version>{version}</version>"
+        f"<exclusions>{exclusions}</exclusions></dependency>"
+        for group, artifact, version in (coordinate.split(":") for coordinate in bundle.coordinates)
+    )
+    return (
+        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        f"<groupId>icekeeper.cache</groupId><artifactId>{bundle.name}</artifactId><version>1</version>"
+        f"<dependencies>{dependencies}</dependencies></project>\n"
+    )
+
+
+def download(url: str, destination: Path, progress: Progress = log.info) -> Path:
+    """Download `url` to `destination` (via a temporary name), reporting every ~10%."""
+    if destination.exists():
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + ".part")
+    progress(f"downloading {url}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0)
+            done, next_report = 0, 0.1
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+                done += len(chunk)
+                if total and done / total >= next_report:
+                    progress(f"  {done / total:4.0%} of {total / 1e6:.0f} MB")
+                    next_report += 0.1
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise ArtifactError(f"could not download {url}: {error}") from error
+    partial.rename(destination)
+    return destination
+
+
+def maven_file_url(coordinate: str, classifier: str | None = None, extension: str = "jar") -> str:
+    """URL of one file on Maven Central from `group:artifact:version`."""
+    group, artifact, version = coordinate.split(":")
+    suffix = f"-{classifier}" if classifier else ""
+    return f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{artifact}-{version}{suffix}.{extension}"
+
+
+def unpacked_archive(cache_dir: Path, name: str, url: str, progress: Progress = log.info) -> Path:
+    """Folder holding the unpacked tar.gz at `url`, fetched and unpacked once."""
+    home = cache_dir / name
+    if (home / _COMPLETE).exists():
+        return home / "unpacked"
+    archive = download(url, cache_dir / "downloads" / url.rsplit("/", 1)[-1], progress)
+    target = home / "unpacked"
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    progress(f"unpacking {archive.name}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(target, filter="data")
+    (home / _COMPLETE).touch()
+    return target
+
+
+def npm_package(cache_dir: Path, package: str, version: str, progress: Progress = log.info) -> Path:
+    """`node_modules/.bin` of `package@version` installed into the cache (pinned, once)."""
+    home = cache_dir / f"npm-{package}-{version}"
+    bin_dir = home / "node_modules" / ".bin"
+    if not (home / _COMPLETE).exists():
+        if shutil.which("npm") is None:
+            raise ArtifactError(f"npm is needed once to install {package}; install Node.js 18+ with npm")
+        progress(f"installing {package}@{version} from npm (once; cached in {home})")
+        home.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            ["npm", "install", "--prefix", str(home), "--no-audit", "--no-fund", "--loglevel=error", f"{package}@{version}"],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise ArtifactError(f"npm could not install {package}@{version}:\n{(result.stdout + result.stderr)[-3000:]}")
+        (home / _COMPLETE).touch()
+    return bin_dir

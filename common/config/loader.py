@@ -1,0 +1,186 @@
+"""Load a config file (YAML, or a seed 000 `.properties` file) into an `IcekeeperConfig`.
+
+Order of precedence: model defaults < file < environment (`ICEKEEPER__SECTION__KEY=value`).
+Every failure is a `ConfigError` that names the file and the key, because a user debugging a
+deployment needs to know which line to fix, not which pydantic class complained.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import ValidationError
+
+from common.config.model import IcekeeperConfig
+from common.config.properties import translate_properties
+
+ENV_PREFIX = "ICEKEEPER__"
+"""Environment variables `ICEKEEPER__A__B__0__C` override key `a.b[0].c`; values are YAML scalars."""
+
+CONFIG_PATH_ENV = "ICEKEEPER_CONFIG"
+"""Environment variable naming the config file when `--config` is not given."""
+
+_STATE_DIR_TOKEN = "{state_dir}"
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the key."""
+
+    def __init__(self, source: str, key: str | None, message: str) -> None:
+        self.source = source
+        self.key = key
+        location = f"{source}: {key}" if key else source
+        super().__init__(f"config error in {location}: {message}")
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> IcekeeperConfig:
+    """Load, override from the environment, validate and expand a config.
+
+    Args:
+        path: a `.yaml`/`.yml` or seed-000 style `.properties` file; None means embedded defaults
+            (or the file named by `ICEKEEPER_CONFIG`).
+        environ: the environment to read overrides from (default `os.environ`).
+
+    Returns:
+        The validated config, with `state_dir` and `cache_dir` made absolute and `{state_dir}`
+        expanded in every string value.
+    """
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(CONFIG_PATH_ENV):
+        path = environ[CONFIG_PATH_ENV]
+    source_name = str(path) if path is not None else "<embedded defaults>"
+    raw, key_names = _read_file(Path(path)) if path is not None else ({}, {})
+    overridden = _apply_env_overrides(raw, environ, source_name)
+    for env_key in overridden:
+        key_names.setdefault(overridden[env_key], env_key)
+    try:
+        config = IcekeeperConfig.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = _dotted_key(first["loc"])
+        raise ConfigError(source_name, _user_key(key, key_names), _describe(first)) from None
+    return _expand_paths(config)
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Raw mapping from the file, plus model-key -> the key as the user wrote it."""
+    if not path.is_file():
+        raise ConfigError(str(path), None, "no such file")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".properties":
+        return translate_properties(text, str(path))
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(str(path), None, f"not valid YAML: {error}") from None
+    if raw is None:
+        return {}, {}
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), None, "the top level must be a mapping of sections")
+    return raw, {}
+
+
+def _apply_env_overrides(raw: dict[str, Any], environ: Mapping[str, str], source_name: str) -> dict[str, str]:
+    """Set each `ICEKEEPER__...` variable into `raw`; returns env var name -> dotted model key."""
+    defaults = IcekeeperConfig().model_dump(mode="python")
+    applied: dict[str, str] = {}
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
+            continue
+        segments = [segment.lower() for segment in name[len(ENV_PREFIX):].split("__")]
+        path: list[str | int] = [int(segment) if segment.isdigit() else segment for segment in segments]
+        value = yaml.safe_load(environ[name]) if environ[name] != "" else ""
+        try:
+            _set_path(raw, defaults, path, value)
+        except (KeyError, IndexError, TypeError) as error:
+            raise ConfigError(f"environment variable {name}", _dotted_key(tuple(path)), f"cannot be set here ({error})") from None
+        applied[name] = _dotted_key(tuple(path))
+    return applied
+
+
+def _set_path(raw: Any, defaults: Any, path: list[str | int], value: Any) -> None:
+    """Set `value` at `path`, copying in defaults for containers the file does not have yet.
+
+    Copying defaults (rather than creating empty containers) lets an override such as
+    `ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS` change one field of the default source.
+    """
+    node, default_node = raw, defaults
+    for segment, next_segment in zip(path, path[1:]):
+        default_child = _child(default_node, segment)
+        if isinstance(node, dict):
+            if segment not in node:
+                node[segment] = copy.deepcopy(default_child) if default_child is not None else ({} if isinstance(next_segment, str) else [])
+            node = node[segment]
+        elif isinstance(node, list) and isinstance(segment, int):
+            while len(node) <= segment:
+                node.append({})
+            node = node[segment]
+        else:
+            raise TypeError(f"{segment!r} is not a section")
+        default_node = default_child
+    last = path[-1]
+    if isinstance(node, list) and isinstance(last, int):
+        while len(node) <= last:
+            node.append(None)
+    node[last] = value
+
+
+def _child(node: Any, segment: str | int) -> Any:
+    if isinstance(node, dict):
+        return node.get(segment)
+    if isinstance(node, list) and isinstance(segment, int) and segment < len(node):
+        return node[segment]
+    return None
+
+
+def _expand_paths(config: IcekeeperConfig) -> IcekeeperConfig:
+    state_dir = str(Path(config.state_dir).expanduser().absolute())
+    dumped = config.model_dump(mode="python")
+    dumped["state_dir"] = state_dir
+    dumped["cache_dir"] = str(Path(config.cache_dir).expanduser().absolute())
+    return IcekeeperConfig.model_validate(_replace_token(dumped, state_dir))
+
+
+def _replace_token(node: Any, state_dir: str) -> Any:
+    if isinstance(node, str):
+        return node.replace(_STATE_DIR_TOKEN, state_dir)
+    if isinstance(node, dict):
+        return {key: _replace_token(value, state_dir) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_replace_token(value, state_dir) for value in node]
+    return node
+
+
+def _dotted_key(loc: tuple[Any, ...]) -> str:
+    """('tables', 0, 'primary_key') -> 'tables[0].primary_key'; drops union tags like 'txlog'."""
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif part in ("txlog", "azure-queue") and key == "transport":
+            continue
+        else:
+            key += f".{part}" if key else str(part)
+    return key
+
+
+def _user_key(model_key: str, key_names: dict[str, str]) -> str:
+    """The key as the user wrote it (a `.properties` key, an env var) when it differs."""
+    for candidate, written in key_names.items():
+        if model_key == candidate or model_key.startswith(candidate + ".") or model_key.startswith(candidate + "["):
+            return f"{written} ({model_key})" if written != model_key else model_key
+    return model_key
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown key (check its spelling; `icekeeper config docs` lists every key)"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    value = error.get("input")
+    if error["type"] != "missing" and not isinstance(value, (dict, list)):
+        message += f" (got {value!r})"
+    return message

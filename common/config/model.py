@@ -1,0 +1,301 @@
+"""The one typed model of an icekeeper config file.
+
+Every key a user can set lives here, with its default and a description; `docs/configuration.md`
+is generated from these descriptions (`icekeeper config docs`), so this module is the single
+place where a key is documented. Unknown keys are errors (``extra="forbid"``) because a
+misspelt key that silently falls back to its default is the most common config bug.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+_DURATION_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+
+
+def parse_duration_s(value: object) -> float:
+    """Turn ``"500ms"``, ``"10m"``, ``"7d"`` or a bare number of seconds into seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be a number of seconds or a string like '10s', '5m', '7d'")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION_PATTERN.match(str(value))
+        if not match:
+            raise ValueError(f"{value!r} is not a duration: use seconds or a string like '500ms', '10s', '5m', '2h', '7d'")
+        seconds = float(match.group(1)) * _DURATION_UNITS_S[match.group(2) or "s"]
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration_s)]
+"""Seconds; config files may write ``"500ms"``, ``"10s"``, ``"5m"``, ``"2h"``, ``"7d"`` or a number."""
+
+
+SourceFormat = Literal["avro-confluent", "debezium-json", "json"]
+
+
+class KafkaSource(_Model):
+    """A Kafka cluster and the topics icekeeper reads change data from."""
+
+    name: str = Field("default", description="Name that tables use to refer to this source.")
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers (seed 000: `kafka.bootstrap.servers`).")
+    schema_registry_url: str = Field(
+        "http://127.0.0.1:8081/apis/ccompat/v7",
+        description="Confluent-compatible schema registry URL (seed 000: `kafka.schema.registry.url`). "
+        "For Apicurio include `/apis/ccompat/v7`.",
+    )
+    topics: list[str] = Field(default_factory=list, description="Topics to read (seed 000: `kafka.consumer.topic`, comma separated).")
+    topic_pattern: str | None = Field(None, description="Java regex of topics to read, instead of `topics`.")
+    consumer_group: str = Field("icekeeper", description="Consumer group whose offsets writers commit so lag shows in Kafka tools (seed 000: `kafka.consumer.group.id`).")
+    format: SourceFormat = Field("avro-confluent", description="Message format: `avro-confluent` (magic byte + schema id), `debezium-json` (with or without schema envelope) or `json`.")
+    starting_offsets: Literal["earliest", "latest"] = Field("earliest", description="Where a topic-partition starts when the table has nothing committed for it.")
+    max_offsets_per_trigger: int | None = Field(200_000, ge=1, description="Upper bound on records per writer batch (Spark `maxOffsetsPerTrigger`).")
+    max_rate_per_partition: int | None = Field(None, ge=1, description="Records per second per partition; caps a batch at rate x trigger interval x partitions (seed 000: `spark.streaming.kafka.maxRatePerPartition`).")
+    dead_letter_topic: str = Field("icekeeper.dead-letter", description="Topic that receives records which cannot be decoded or routed, with the reason in headers.")
+    tombstones: Literal["skip", "delete"] = Field("skip", description="Kafka tombstones (null value): `skip` counts and drops them; `delete` turns them into delete rows keyed by the message key.")
+    table_template: str | None = Field(
+        None,
+        description="Route records no table claims to a table named by this template, e.g. `cdc.{db}_{table}`; "
+        "fields: `{topic}`, `{server}`, `{db}`, `{table}` (Debezium `source.name`, `source.db`, `source.table`).",
+    )
+    consumer_properties: dict[str, str] = Field(default_factory=dict, description="Extra Kafka consumer properties (seed 000: `kafka.consumer.*`, e.g. `max.poll.records`).")
+    commit_timeout: Duration = Field(60.0, description="How long committing consumer offsets may take (seed 000: `kafka.consumer.commit.timeout.millis`).")
+
+    @model_validator(mode="after")
+    def _one_topic_selector(self) -> "KafkaSource":
+        if self.topics and self.topic_pattern:
+            raise ValueError("set either `topics` or `topic_pattern`, not both")
+        return self
+
+
+class TableSpec(_Model):
+    """One Iceberg table and which records land in it."""
+
+    identifier: str = Field(..., description="`namespace.table` in the catalog (seed 000: `iceberg.table.name`; a leading Spark catalog name is dropped).")
+    source: str = Field("default", description="Name of the source this table reads from.")
+    topics: list[str] = Field(default_factory=list, description="Route every record of these topics to this table.")
+    source_db: str | None = Field(None, description="Route Debezium records whose `source.db` equals this (with `source_table`).")
+    source_table: str | None = Field(None, description="Route Debezium records whose `source.table` equals this.")
+    primary_key: list[str] = Field(default_factory=list, description="Key columns (seed 000: `iceberg.table.primaryKey`); becomes the table's identifier fields.")
+    partition_by: list[str] = Field(
+        default_factory=list,
+        description="Partition spec: `col`, `year(col)`, `month(col)`, `day(col)`, `hour(col)`, `bucket(N, col)`, `truncate(W, col)` "
+        "(seed 000: `iceberg.table.partitionBy`).",
+    )
+    properties: dict[str, str] = Field(default_factory=dict, description="Iceberg table properties (seed 000: `iceberg.table.properties`).")
+    comment: str | None = Field(None, description="Table comment (seed 000: `iceberg.table.comment`).")
+    location: str | None = Field(None, description="Table location; default: under the catalog warehouse (seed 000: `iceberg.table.location`).")
+
+    @field_validator("identifier")
+    @classmethod
+    def _qualified(cls, identifier: str) -> str:
+        parts = identifier.split(".")
+        if len(parts) < 2 or not all(parts):
+            raise ValueError(f"{identifier!r} must be `namespace.table`")
+        return identifier
+
+    @field_validator("partition_by")
+    @classmethod
+    def _partition_terms(cls, terms: list[str]) -> list[str]:
+        for term in terms:
+            if not _PARTITION_TERM.match(term):
+                raise ValueError(f"{term!r} is not a partition term: use col, day(col), hour(col), bucket(N, col), truncate(W, col)")
+        return terms
+
+
+_PARTITION_TERM = re.compile(
+    r"^\s*(?:[A-Za-z_][\w.]*|(?:year|month|day|hour|years|months|days|hours)\(\s*[A-Za-z_][\w.]*\s*\)"
+    r"|(?:bucket|truncate)\(\s*\d+\s*,\s*[A-Za-z_][\w.]*\s*\))\s*$"
+)
+
+
+class MetadataGroup(_Model):
+    """A group of metadata columns copied from the envelope, each named prefix + field."""
+
+    columns: list[str] = Field(default_factory=list, description="Fields to copy; empty turns the group off.")
+    prefix: str = Field("", description="Prefix of the column names.")
+
+
+class MetadataColumns(_Model):
+    """Metadata columns added to every row, as in seed 000 (`record.metadata.*`)."""
+
+    source: MetadataGroup = Field(
+        default_factory=lambda: MetadataGroup(columns=["name", "db", "table", "ts_ms", "server_id", "file", "pos"], prefix="_src_"),
+        description="Debezium `source` fields (seed 000: `record.metadata.source.columns` / `.prefix`). "
+        "The operation (`<prefix>op`) and the envelope's `ts_ms` (`<prefix>ts_ms_r`) are always added.",
+    )
+    transaction: MetadataGroup = Field(
+        default_factory=lambda: MetadataGroup(columns=["id", "total_order", "data_collection_order"], prefix="_tsc_"),
+        description="Debezium `transaction` fields (seed 000: `record.metadata.transaction.columns` / `.prefix`).",
+    )
+    kafka: MetadataGroup = Field(
+        default_factory=lambda: MetadataGroup(columns=["topic", "partition", "offset", "timestamp"], prefix="_kfk_"),
+        description="Kafka record fields: topic, partition, offset, timestamp (seed 000: `record.metadata.kafka.columns` / `.prefix`).",
+    )
+
+    @field_validator("kafka")
+    @classmethod
+    def _known_kafka_fields(cls, group: MetadataGroup) -> MetadataGroup:
+        unknown = set(group.columns) - {"topic", "partition", "offset", "timestamp", "key"}
+        if unknown:
+            raise ValueError(f"unknown Kafka metadata fields {sorted(unknown)}: use topic, partition, offset, timestamp, key")
+        return group
+
+
+class TxLogTransport(_Model):
+    """Monikers as files in a transaction-log folder (local, abfs://, s3://: anything pyarrow/fsspec opens)."""
+
+    kind: Literal["txlog"] = "txlog"
+    uri: str = Field("{state_dir}/txlog", description="Folder that holds pending monikers.")
+    dead_letter_uri: str = Field("{state_dir}/dead-letter/monikers", description="Folder for monikers that stay unreadable.")
+
+
+class AzureQueueTransport(_Model):
+    """Monikers as Azure Storage Queue messages (Azurite locally)."""
+
+    kind: Literal["azure-queue"] = "azure-queue"
+    connection_string: str = Field(
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+        "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+        "QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;",
+        description="Storage account connection string (default: Azurite's well-known dev account).",
+    )
+    queue_name: str = Field("icekeeper-monikers", description="Queue that carries monikers.")
+    dead_letter_queue_name: str = Field("icekeeper-monikers-dead-letter", description="Queue for monikers that stay unreadable.")
+    api_version: str | None = Field("2026-06-06", description="Storage API version the SDK sends; Azurite 3.37 rejects the SDK's newest.")
+    overflow_uri: str = Field("{state_dir}/txlog-overflow", description="Where a moniker too large for one message is written; the message then points to it.")
+
+
+Transport = Annotated[Union[TxLogTransport, AzureQueueTransport], Field(discriminator="kind")]
+
+
+class CatalogConfig(_Model):
+    """The Iceberg catalog, as pyiceberg catalog properties."""
+
+    name: str = Field("icekeeper", description="Catalog name (pyiceberg's catalog name; Spark registers it under the same name).")
+    properties: dict[str, str] = Field(
+        default_factory=lambda: {"type": "sql", "uri": "sqlite:///{state_dir}/catalog.db", "warehouse": "file://{state_dir}/warehouse"},
+        description="pyiceberg catalog properties; default: a SQLite catalog and a local warehouse under the state folder.",
+    )
+
+
+class WriterConfig(_Model):
+    """The Spark writer job."""
+
+    writer_id: str = Field("writer-1", description="Stable id of this writer; part of every moniker id, so keep it across restarts.")
+    spark_master: str = Field("local[*]", description="Spark master (seed 000: `spark.master`).")
+    app_name: str = Field("icekeeper-writer", description="Spark application name (seed 000: `spark.app.name`).")
+    trigger_interval: Duration = Field(1.0, description="Time between batches.")
+    target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of a data file.")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (seed 000: any `spark.*` key).")
+
+
+class BookkeeperConfig(_Model):
+    """The committing service."""
+
+    commit_interval: Duration = Field(1.0, description="Time between commit cycles.")
+    max_files_per_commit: int = Field(10_000, ge=1, description="Upper bound on files in one snapshot.")
+    max_bytes_per_commit: int = Field(16 * 1024**3, ge=1, description="Upper bound on bytes in one snapshot.")
+    footer_threads: int = Field(16, ge=1, description="Threads that read Parquet footers in parallel.")
+    max_attempts: int = Field(5, ge=1, description="Attempts before an unreadable moniker goes to the dead-letter place.")
+    lease_ttl: Duration = Field(30.0, description="How long a bookkeeper's lease lasts without renewal.")
+    http_port: int = Field(9464, ge=0, le=65535, description="Port of the metrics and health endpoint (0: off).")
+    heartbeat_every_empty_cycles: int = Field(0, ge=0, description="Commit a watermark-only snapshot every N empty cycles (0: never).")
+    commit_report_path: str = Field("{state_dir}/reports/commits.jsonl", description="File that receives one JSON line per snapshot.")
+    commit_report_topic: str | None = Field(None, description="Kafka topic that also receives the commit reports.")
+    allow_drop_columns: bool = Field(False, description="Drop table columns that a newer schema no longer has.")
+    keep_snapshots: int = Field(50, ge=1, description="Snapshots the bookkeeper keeps in metadata so commit cost stays flat (the reaper deletes the files).")
+    max_pending_bytes: int = Field(8 * 1024**3, ge=1, description="Writers pause when this many bytes wait to be committed.")
+
+
+class ReaperConfig(_Model):
+    """Scheduled maintenance (seed 000: `iceberg.maintenance.*`)."""
+
+    enabled: bool = Field(True, description="Run maintenance at all (seed 000: `iceberg.maintenance.enabled`).")
+    triggering_time: str | None = Field(None, description="Earliest time of day of the first run, `HH:MM:SS` (seed 000: `.triggering.time`).")
+    execute_interval: Duration = Field(3600.0, description="Time between runs (seed 000: `.execute.interval`, milliseconds there).")
+    snapshot_expire_time: Duration = Field(86400.0, description="Expire snapshots older than this (seed 000: `.snapshot.expire.time`, milliseconds there).")
+    retain_last: int = Field(10, ge=1, description="Snapshots always kept, whatever their age.")
+    orphan_grace: Duration = Field(86400.0, description="Files younger than this are never treated as orphans.")
+    retention: Duration | None = Field(None, description="Delete rows older than this by `retention_column` (off when unset).")
+    retention_column: str | None = Field(None, description="Time column that retention filters on.")
+    compact_filter_column: str | None = Field(None, description="Time column that selects what to compact (seed 000: `.compact.filter.column`).")
+    compact_day_offset: int = Field(0, ge=0, description="Compact data of the day this many days before yesterday; 0 = yesterday (seed 000: `.compact.day.offset`).")
+    compact_target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of compacted files (seed 000: `.compact.target.file.size.bytes`).")
+    manifests_file_length: int = Field(8 * 1024 * 1024, ge=1024, description="Target manifest size when rewriting manifests (seed 000: `.manifests.file.length`).")
+    max_manifests: int = Field(100, ge=1, description="Rewrite manifests when a table has more than this many.")
+
+    @field_validator("triggering_time")
+    @classmethod
+    def _time_of_day(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?$", value.strip()):
+            raise ValueError(f"{value!r} is not a time of day: use HH:MM:SS")
+        return value.strip() if value else value
+
+
+class StackConfig(_Model):
+    """The local stack `icekeeper stack up` starts: Kafka, schema registry, Azurite."""
+
+    host: str = Field("127.0.0.1", description="Address every local service binds to.")
+    kafka_port: int = Field(9092, description="Kafka broker port.")
+    kafka_controller_port: int = Field(9093, description="KRaft controller port.")
+    registry_port: int = Field(8081, description="Apicurio Registry HTTP port (Confluent API under `/apis/ccompat/v7`).")
+    registry_management_port: int = Field(9001, description="Apicurio (Quarkus) management port.")
+    azurite_queue_port: int = Field(10001, description="Azurite queue port.")
+    azurite_blob_port: int = Field(10000, description="Azurite blob port.")
+    kafka_version: str = Field("4.3.1", description="Apache Kafka version (org.apache.kafka:kafka_2.13 on Maven Central).")
+    registry_version: str = Field("3.3.3", description="Apicurio Registry version (io.apicurio:apicurio-registry-app, tar.gz `all`).")
+    azurite_version: str = Field("3.37.0", description="Azurite version from npm.")
+    registry_java_home: str | None = Field(None, description="JDK (21+) for the registry; default: the newest JDK found.")
+    start_timeout: Duration = Field(120.0, description="How long `stack up` waits for services to become healthy.")
+
+
+class IcekeeperConfig(_Model):
+    """A whole icekeeper config file."""
+
+    state_dir: str = Field(".icekeeper", description="Folder for local state: stack data and logs, catalog, warehouse, transaction log, reports. `{state_dir}` in other values expands to it.")
+    cache_dir: str = Field(".cache", description="Folder that caches downloads (jars, registry, Azurite); safe to delete.")
+    sources: list[KafkaSource] = Field(default_factory=lambda: [KafkaSource(topics=["test.db_gb18030_test.tbl_test_1"])], description="Kafka sources.")
+    tables: list[TableSpec] = Field(
+        default_factory=lambda: [
+            TableSpec(identifier="db_gb18030_test.tbl_test_1", topics=["test.db_gb18030_test.tbl_test_1"], primary_key=["ID1", "ID2"])
+        ],
+        description="Iceberg tables and their routing.",
+    )
+    metadata_columns: MetadataColumns = Field(default_factory=MetadataColumns, description="Metadata columns added to every row.")
+    transport: Transport = Field(default_factory=TxLogTransport, description="How writers hand monikers to the bookkeeper.")
+    catalog: CatalogConfig = Field(default_factory=CatalogConfig, description="The Iceberg catalog.")
+    writer: WriterConfig = Field(default_factory=WriterConfig, description="The Spark writer job.")
+    bookkeeper: BookkeeperConfig = Field(default_factory=BookkeeperConfig, description="The committing service.")
+    reaper: ReaperConfig = Field(default_factory=ReaperConfig, description="Scheduled maintenance.")
+    stack: StackConfig = Field(default_factory=StackConfig, description="The local stack for development and tests.")
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> "IcekeeperConfig":
+        source_names = [source.name for source in self.sources]
+        if len(set(source_names)) != len(source_names):
+            raise ValueError(f"source names must be unique, got {source_names}")
+        identifiers = [table.identifier for table in self.tables]
+        if len(set(identifiers)) != len(identifiers):
+            raise ValueError(f"table identifiers must be unique, got {identifiers}")
+        for index, table in enumerate(self.tables):
+            if table.source not in source_names:
+                raise ValueError(f"tables[{index}].source: no source named {table.source!r} (sources: {source_names})")
+        return self
+
+    def source(self, name: str) -> KafkaSource:
+        """The source called ``name``."""
+        for source in self.sources:
+            if source.name == name:
+                return source
+        raise KeyError(name)

@@ -1,0 +1,161 @@
+"""The `icekeeper` command: parse arguments and hand off to the module that owns the work.
+
+This package (`icekeeper/`) is the composition root: it may import every role (`writers/`,
+`bookkeeper/`, `reaper/`) and the development tooling (local stack, sample producers, demo,
+benchmarks); the roles never import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Callable, Sequence
+
+from common.config import ConfigError, IcekeeperConfig, load_config
+from common.logs import configure_logging
+
+
+def _config(args: argparse.Namespace) -> IcekeeperConfig:
+    return load_config(args.config)
+
+
+def _progress(message: str) -> None:
+    print(f"[icekeeper] {message}", flush=True)
+
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    from icekeeper.localstack.stack import LocalStack
+
+    stack = LocalStack(_config(args))
+    if args.action == "up":
+        report = stack.up(_progress)
+        _print_status(stack)
+        started = ", ".join(report.started) or "nothing (already running)"
+        print(f"stack up in {report.seconds:.1f}s; started: {started}")
+    elif args.action == "down":
+        stopped = stack.down(_progress)
+        print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+    else:
+        _print_status(stack)
+    return 0
+
+
+def _print_status(stack) -> None:  # noqa: ANN001 - LocalStack, imported lazily
+    for status in stack.status():
+        pid = f"pid {status.pid}" if status.pid else ""
+        print(f"  {status.name:<14} {status.state:<10} {status.address:<48} {pid}")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from common.config.docs import render_markdown
+
+    if args.action == "docs":
+        print(render_markdown(), end="")
+        return 0
+    config = _config(args)
+    if args.action == "show":
+        print(json.dumps(config.model_dump(mode="json"), indent=2))
+    else:
+        print(f"ok: {args.config or '<embedded defaults>'} ({len(config.tables)} table(s), {len(config.sources)} source(s))")
+    return 0
+
+
+def cmd_produce_sample(args: argparse.Namespace) -> int:
+    from icekeeper.samples.produce import produce_seed_sample
+
+    report = produce_seed_sample(_config(args), topic=args.topic, progress=_progress)
+    print(json.dumps(report))
+    return 0
+
+
+def cmd_produce_synthetic(args: argparse.Namespace) -> int:
+    from icekeeper.samples.produce import produce_synthetic
+    from icekeeper.samples.synthetic import SyntheticSpec
+
+    spec = SyntheticSpec(
+        seed=args.seed, keys=args.keys, events=args.events, update_ratio=args.update_ratio, delete_ratio=args.delete_ratio,
+        schema_changes=args.schema_changes, poison_ratio=args.poison_ratio, format=args.format,
+    )
+    report = produce_synthetic(_config(args), spec, topic=args.topic, partitions=args.partitions, progress=_progress)
+    print(json.dumps(report))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from icekeeper.demo import run_demo
+
+    summary = run_demo(_config(args), keep_stack=args.keep_stack, progress=_progress)
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors whose message is the whole story for a user: printed without a traceback."""
+    from common.artifacts import ArtifactError
+    from icekeeper.localstack.java import JavaNotFound
+    from icekeeper.localstack.stack import StackError
+
+    return (ArtifactError, JavaNotFound, StackError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="icekeeper", description="Stream change data from Kafka into Apache Iceberg tables.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug); JSON lines on stderr")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+    def add(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--config", "-c", default=None, help="YAML or seed-000 .properties file (default: embedded defaults)")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    stack = add("stack", cmd_stack, "start, stop or show the local Kafka, schema registry and Azurite")
+    stack.add_argument("action", choices=["up", "down", "status"])
+
+    config = add("config", cmd_config, "check a config file, print it resolved, or print the documentation of every key")
+    config.add_argument("action", choices=["check", "show", "docs"], nargs="?", default="check")
+
+    sample = add("produce-sample", cmd_produce_sample, "produce the seed 000 tbl_test_1 CDC stream as Confluent-framed Avro")
+    sample.add_argument("--topic", default=None, help="topic (default: the first topic of the first source)")
+
+    synthetic = add("produce-synthetic", cmd_produce_synthetic, "produce a larger reproducible CDC stream")
+    synthetic.add_argument("--topic", default=None)
+    synthetic.add_argument("--partitions", type=int, default=3)
+    synthetic.add_argument("--seed", type=int, default=1)
+    synthetic.add_argument("--keys", type=int, default=1000)
+    synthetic.add_argument("--events", type=int, default=10_000)
+    synthetic.add_argument("--update-ratio", type=float, default=0.6)
+    synthetic.add_argument("--delete-ratio", type=float, default=0.1)
+    synthetic.add_argument("--schema-changes", type=int, default=2)
+    synthetic.add_argument("--poison-ratio", type=float, default=0.0)
+    synthetic.add_argument("--format", choices=["avro", "json"], default="avro")
+
+    demo = add("demo", cmd_demo, "run the whole pipeline on the local stack and show the result")
+    demo.add_argument("--keep-stack", action="store_true", help="leave the local stack running afterwards")
+    demo.add_argument("--json", action="store_true", help="end with one JSON line of figures")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    started = time.monotonic()
+    try:
+        return args.handler(args)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    except _user_errors() as error:
+        print(f"icekeeper {args.command}: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"interrupted after {time.monotonic() - started:.1f}s", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""`icekeeper stack up | down | status`: run the local services as detached processes.
+
+Each process started by `up` gets a pid file under `<state_dir>/stack/<service>/`. `down` stops
+exactly those processes (their whole process group) and nothing else, so a Kafka the user runs
+on the same machine is never touched. `up` is idempotent: a healthy service with a live pid is
+left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from common.artifacts import Progress
+from common.config.model import IcekeeperConfig
+from icekeeper.localstack.services import Service, all_services
+
+log = logging.getLogger(__name__)
+
+
+class StackError(RuntimeError):
+    """A service that would not start; the message points at its log."""
+
+
+@dataclass
+class ServiceStatus:
+    """What `stack status` shows for one service."""
+
+    name: str
+    address: str
+    state: str  # "running", "stopped", "unhealthy", "foreign" (port taken by a process we did not start)
+    pid: int | None
+    log: str
+
+
+@dataclass
+class StackReport:
+    """Result of `stack up`."""
+
+    services: list[ServiceStatus]
+    started: list[str]
+    seconds: float
+
+
+class LocalStack:
+    """The local Kafka, schema registry and Azurite of one state folder."""
+
+    def __init__(self, config: IcekeeperConfig) -> None:
+        self.config = config
+        self.services: list[Service] = all_services(config.stack, Path(config.state_dir), Path(config.cache_dir))
+
+    def service(self, name: str) -> Service:
+        return next(service for service in self.services if service.name == name)
+
+    def up(self, progress: Progress = log.info) -> StackReport:
+        """Start every service that is not already running here; wait until all are healthy."""
+        started_at = time.monotonic()
+        to_start: list[Service] = []
+        for service in self.services:
+            status = self._status(service)
+            if status.state == "running":
+                continue
+            if status.state == "unhealthy" and status.pid is not None:
+                # Ours but not answering: maybe still starting from an earlier `up`.
+                continue
+            if service.port_in_use():
+                raise StackError(f"{service.name}: port(s) {service.ports()} already in use by a process this stack did not start; change stack.* ports or stop it")
+            to_start.append(service)
+        launches = [(service, service.prepare(progress)) for service in to_start]
+        for service, launch in launches:
+            progress(f"starting {service.name} on {service.address()}")
+            service.home.mkdir(parents=True, exist_ok=True)
+            with open(service.log_path, "ab") as log_file:
+                process = subprocess.Popen(
+                    launch.command, cwd=launch.cwd, stdout=log_file, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )
+            _pid_file(service).write_text(json.dumps({"pid": process.pid, "command": launch.command}), encoding="utf-8")
+        self._wait_healthy(progress)
+        return StackReport(services=self.status(), started=[service.name for service, _ in launches], seconds=time.monotonic() - started_at)
+
+    def _wait_healthy(self, progress: Progress) -> None:
+        deadline = time.monotonic() + self.config.stack.start_timeout
+        pending = list(self.services)
+        with ThreadPoolExecutor(max_workers=len(self.services)) as pool:
+            while pending:
+                healthy = list(pool.map(lambda service: service.healthy(), pending))
+                for service, ok in zip(list(pending), healthy):
+                    if ok:
+                        progress(f"{service.name} is ready at {service.address()}")
+                        pending.remove(service)
+                    elif _pid_file(service).exists() and not _alive(_read_pid(service)):
+                        raise StackError(f"{service.name} exited during start-up; see {service.log_path}:\n{_tail(service.log_path)}")
+                if pending and time.monotonic() > deadline:
+                    names = ", ".join(service.name for service in pending)
+                    raise StackError(f"not healthy after {self.config.stack.start_timeout:.0f}s: {names}; logs under {Path(self.config.state_dir) / 'stack'}")
+                if pending:
+                    time.sleep(0.25)
+
+    def down(self, progress: Progress = log.info) -> list[str]:
+        """Stop the processes `up` started (whole process groups); returns their names."""
+        stopped = []
+        for service in reversed(self.services):
+            pid = _read_pid(service)
+            if pid is None:
+                continue
+            if _alive(pid):
+                progress(f"stopping {service.name} (pid {pid})")
+                _stop_group(pid)
+                stopped.append(service.name)
+            _pid_file(service).unlink(missing_ok=True)
+        return stopped
+
+    def status(self) -> list[ServiceStatus]:
+        """State of every service."""
+        return [self._status(service) for service in self.services]
+
+    def _status(self, service: Service) -> ServiceStatus:
+        pid = _read_pid(service)
+        ours = pid is not None and _alive(pid)
+        if ours:
+            state = "running" if service.healthy() else "unhealthy"
+        else:
+            state = "foreign" if service.port_in_use() else "stopped"
+        return ServiceStatus(service.name, service.address(), state, pid if ours else None, str(service.log_path))
+
+    def describe(self) -> list[dict[str, object]]:
+        return [asdict(status) for status in self.status()]
+
+
+def _pid_file(service: Service) -> Path:
+    return service.home / f"{service.name}.pid"
+
+
+def _read_pid(service: Service) -> int | None:
+    try:
+        return int(json.loads(_pid_file(service).read_text(encoding="utf-8"))["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) is not alive for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _stop_group(pid: int, grace_s: float = 20.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`."""
+    try:
+        group = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(group):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while _group_alive(group) and time.monotonic() < deadline + 5:
+        time.sleep(0.1)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Members that are zombies only (their parent, us, has not reaped them) count as gone.
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().split(")")[-1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group and fields[0] != "Z":
+                return True
+    return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
