@@ -44,3 +44,5 @@ def configure_logging(verbosity: int = 0) -> None:
     # Chatty libraries stay at WARNING unless DEBUG was asked for.
     for noisy in ("py4j", "azure", "urllib3", "pyiceberg", "botocore", "s3fs", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbosity < 2 else logging.DEBUG)
+    # librdkafka reports transient broker states (coordinator loading, reconnects) as warnings.
+    logging.getLogger("librdkafka").setLevel(logging.ERROR if verbosity < 2 else logging.DEBUG)

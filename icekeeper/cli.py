@@ -28,7 +28,7 @@ def _progress(message: str) -> None:
 def cmd_stack(args: argparse.Namespace) -> int:
     from icekeeper.localstack.stack import LocalStack
 
-    stack = LocalStack(_config(args))
+    stack = LocalStack(_config(args), only=args.only)
     if args.action == "up":
         report = stack.up(_progress)
         _print_status(stack)
@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stack = add("stack", cmd_stack, "start, stop or show the local Kafka, schema registry and Azurite")
     stack.add_argument("action", choices=["up", "down", "status"])
+    stack.add_argument("--only", nargs="+", metavar="SERVICE", help="kafka, registry, azurite-queue, azurite-blob (default: all)")
 
     config = add("config", cmd_config, "check a config file, print it resolved, or print the documentation of every key")
     config.add_argument("action", choices=["check", "show", "docs"], nargs="?", default="check")

@@ -52,9 +52,13 @@ class StackReport:
 class LocalStack:
     """The local Kafka, schema registry and Azurite of one state folder."""
 
-    def __init__(self, config: IcekeeperConfig) -> None:
+    def __init__(self, config: IcekeeperConfig, only: list[str] | None = None) -> None:
         self.config = config
-        self.services: list[Service] = all_services(config.stack, Path(config.state_dir), Path(config.cache_dir))
+        services = all_services(config.stack, Path(config.state_dir), Path(config.cache_dir))
+        unknown = set(only or []) - {service.name for service in services}
+        if unknown:
+            raise StackError(f"no such service(s) {sorted(unknown)}; services: {[service.name for service in services]}")
+        self.services: list[Service] = [service for service in services if not only or service.name in only]
 
     def service(self, name: str) -> Service:
         return next(service for service in self.services if service.name == name)

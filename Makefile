@@ -1,0 +1,45 @@
+# The README's two commands: `make demo` (the main job end to end) and `make test`.
+# Both create .venv and install icekeeper into it on first use; the local stack's downloads
+# (Kafka jars, Apicurio Registry, Azurite, Spark/Iceberg jars) are cached in .cache/.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test test-unit test-heavy stack-up stack-down prerequisites clean
+
+demo: $(INSTALLED)
+	$(BIN)/icekeeper demo
+
+test: $(INSTALLED)
+	$(BIN)/python -m pytest
+
+test-unit: $(INSTALLED)
+	$(BIN)/python -m pytest -m 'not integration and not spark'
+
+test-heavy: $(INSTALLED)
+	$(BIN)/python -m pytest -m heavy
+
+stack-up: $(INSTALLED)
+	$(BIN)/icekeeper stack up
+
+stack-down: $(INSTALLED)
+	$(BIN)/icekeeper stack down
+
+prerequisites:
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "icekeeper needs Python 3.11, found " + sys.version' \
+		|| { echo "set PYTHON=/path/to/python3.11"; exit 1; }
+	@command -v java >/dev/null || { echo "Java 17+ is needed (and 21+ for the schema registry)"; exit 1; }
+	@command -v mvn >/dev/null || { echo "Maven is needed to fetch Kafka and Spark jars"; exit 1; }
+	@command -v npm >/dev/null || { echo "Node.js with npm is needed to install Azurite"; exit 1; }
+
+$(INSTALLED): pyproject.toml | prerequisites
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+clean:
+	-$(BIN)/icekeeper stack down
+	rm -rf .icekeeper

@@ -1,0 +1,102 @@
+"""Render every config key, its type, default and description as Markdown.
+
+`docs/configuration.md` is this output (`icekeeper config docs > docs/configuration.md`); a
+test fails when the two drift apart, so the model stays the one place keys are documented.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from common.config.model import AzureQueueTransport, IcekeeperConfig, TxLogTransport, parse_duration_s
+
+_HEADER = """# Configuration reference
+
+One YAML file configures icekeeper (`--config`, or `ICEKEEPER_CONFIG`). Unknown keys are errors.
+Any key can be overridden by an environment variable: `ICEKEEPER__` plus the key path in upper
+case with `__` between levels and list indexes as numbers, e.g.
+`ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS=broker:9092` or `ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL=2s`;
+values are read as YAML scalars. Durations take `500ms`, `10s`, `5m`, `2h`, `7d` or seconds.
+`{state_dir}` in any value expands to the state folder.
+
+Seed 000's `.properties` files load too (`--config job.properties`); their keys map as noted
+below (`seed 000: ...`), with durations in milliseconds as there.
+
+Generated from `common/config/model.py` by `icekeeper config docs`; do not edit by hand.
+"""
+
+
+def render_markdown() -> str:
+    """The whole reference."""
+    sections = [_HEADER]
+    sections.append(_render_model("Top level", IcekeeperConfig, prefix=""))
+    for name, field in IcekeeperConfig.model_fields.items():
+        for model, suffix in _nested_models(field.annotation):
+            title = f"`{name}{suffix}`"
+            if model in (TxLogTransport, AzureQueueTransport):
+                title += f" (kind `{model.model_fields['kind'].default}`)"
+            sections.append(_render_model(title, model, prefix=f"{name}{suffix}."))
+            for sub_name, sub_field in model.model_fields.items():
+                for sub_model, sub_suffix in _nested_models(sub_field.annotation):
+                    sections.append(_render_model(f"`{name}{suffix}.{sub_name}{sub_suffix}`", sub_model, prefix=f"{name}{suffix}.{sub_name}{sub_suffix}."))
+    return "\n".join(sections)
+
+
+def _nested_models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
+    """Models inside an annotation, with `[]` for lists: `list[KafkaSource]` -> [(KafkaSource, '[]')]."""
+    origin = typing.get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [(annotation, "")]
+    if origin is list:
+        return [(model, "[]" + suffix) for model, suffix in _nested_models(typing.get_args(annotation)[0])]
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        found = []
+        for arg in typing.get_args(annotation):
+            found.extend(_nested_models(arg))
+        return found
+    return []
+
+
+def _render_model(title: str, model: type[BaseModel], prefix: str) -> str:
+    lines = [f"## {title}", "", (model.__doc__ or "").strip().splitlines()[0], "", "| key | type | default | description |", "|---|---|---|---|"]
+    for name, field in model.model_fields.items():
+        if _nested_models(field.annotation) and name != "transport":
+            default = "see below"
+        else:
+            default = _default(field)
+        lines.append(f"| `{prefix}{name}` | {_type_name(field)} | {default} | {(field.description or '').replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _default(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        value = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        if isinstance(value, list):
+            value = [item.model_dump(mode="json") if isinstance(item, BaseModel) else item for item in value]
+    elif field.default is PydanticUndefined:
+        return "required"
+    else:
+        value = field.default
+    return f"`{json.dumps(value)}`".replace("|", "/")
+
+
+def _type_name(field: FieldInfo) -> str:
+    annotation = field.annotation
+    if any(getattr(item, "func", None) is parse_duration_s for item in field.metadata):
+        return "duration"
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(f"`{value}`" for value in typing.get_args(annotation))
+    text = getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else None
+    if text is None:
+        text = str(annotation).replace("typing.", "").replace("common.config.model.", "")
+    if "parse_duration_s" in text:
+        return "duration or None"
+    return text.replace("|", "or")

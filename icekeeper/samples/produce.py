@@ -1,0 +1,202 @@
+"""Produce the sample and synthetic streams to Kafka, Confluent-framed through the registry.
+
+Framing is done here with fastavro rather than confluent-kafka's AvroSerializer: we need to
+write several schema versions into one topic with exact ids, and to corrupt frames on purpose
+(poison messages), neither of which the serializer allows.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import struct
+import time
+from typing import Any, Callable, Iterable
+
+import fastavro
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+from common.config.model import IcekeeperConfig, KafkaSource
+from icekeeper.samples import seed000
+from icekeeper.samples.debezium import TableShape
+from icekeeper.samples.synthetic import SyntheticEvent, SyntheticSpec, schema_versions, synthetic_events
+
+Progress = Callable[[str], None]
+MAGIC_BYTE = 0
+UNKNOWN_SCHEMA_ID = 987_654_321
+
+
+class ConfluentAvroFramer:
+    """Registers schemas under TopicNameStrategy subjects and frames records: magic, id, Avro body."""
+
+    def __init__(self, registry: SchemaRegistryClient, topic: str) -> None:
+        self.registry = registry
+        self.topic = topic
+        self._ids: dict[str, int] = {}
+        self._parsed: dict[int, Any] = {}
+
+    def schema_id(self, schema: dict[str, Any], is_key: bool) -> int:
+        text = json.dumps(schema, sort_keys=True)
+        if text not in self._ids:
+            subject = f"{self.topic}-{'key' if is_key else 'value'}"
+            schema_id = self.registry.register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+            self._ids[text] = schema_id
+            self._parsed[schema_id] = fastavro.parse_schema(schema)
+        return self._ids[text]
+
+    def frame(self, schema_id: int, record: dict[str, Any]) -> bytes:
+        body = io.BytesIO()
+        body.write(struct.pack(">bI", MAGIC_BYTE, schema_id))
+        fastavro.schemaless_writer(body, self._parsed[schema_id], record)
+        return body.getvalue()
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+    """Create `topic` with `partitions` unless it exists (then it must have as many)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    existing = admin.list_topics(timeout=10).topics.get(topic)
+    if existing is not None and existing.error is None:
+        if len(existing.partitions) != partitions:
+            raise ValueError(f"topic {topic} exists with {len(existing.partitions)} partitions, expected {partitions}")
+        return
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    for future in futures.values():
+        try:
+            future.result(timeout=30)
+        except KafkaException as error:
+            if "TOPIC_ALREADY_EXISTS" not in str(error):
+                raise
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        described = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if described is not None and described.error is None and len(described.partitions) == partitions:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"topic {topic} did not appear")
+
+
+def _producer(source: KafkaSource) -> Producer:
+    return Producer({
+        "bootstrap.servers": source.bootstrap_servers,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 20,
+        "compression.type": "lz4",
+        "queue.buffering.max.messages": 1_000_000,
+        "batch.size": 1_000_000,
+    }, logger=logging.getLogger("librdkafka"))
+
+
+def _send(producer: Producer, topic: str, messages: Iterable[tuple[int, bytes | None, bytes | None, int | None]]) -> int:
+    """Produce (partition, key, value, timestamp) tuples; raises if any delivery failed."""
+    failures: list[str] = []
+
+    def on_delivery(error, _message) -> None:  # noqa: ANN001 - librdkafka callback
+        if error is not None:
+            failures.append(str(error))
+
+    count = 0
+    for partition, key, value, timestamp_ms in messages:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, partition=partition, timestamp=timestamp_ms or 0, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        count += 1
+        if count % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(60)
+    if remaining or failures:
+        raise RuntimeError(f"{remaining} undelivered, {len(failures)} failed (first: {failures[:1]})")
+    return count
+
+
+def produce_seed_sample(config: IcekeeperConfig, topic: str | None = None, progress: Progress = print) -> dict[str, Any]:
+    """Produce seed 000's tbl_test_1 stream (18 events, 4 schema versions, 3 partitions).
+
+    Returns:
+        A report: topic, records, schema ids per version, last offset per partition.
+    """
+    source = config.sources[0]
+    topic = topic or (source.topics[0] if source.topics else seed000.TOPIC)
+    ensure_topic(source.bootstrap_servers, topic, seed000.PARTITIONS)
+    framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), topic)
+    value_ids = {version: framer.schema_id(shape.value_schema(), is_key=False) for version, shape in seed000.SCHEMA_VERSIONS.items()}
+    key_id = framer.schema_id(seed000.SCHEMA_VERSIONS[1].key_schema(), is_key=True)
+    events = seed000.sample_events()
+    progress(f"producing {len(events)} seed 000 events to {topic} (schema ids {sorted(value_ids.values())})")
+    messages = [
+        (event.partition, framer.frame(key_id, event.key), framer.frame(value_ids[event.version], event.value), event.kafka_timestamp_ms)
+        for event in events
+    ]
+    produced = _send(_producer(source), topic, messages)
+    return {"topic": topic, "records": produced, "value_schema_ids": value_ids, "key_schema_id": key_id, "partitions": seed000.PARTITIONS}
+
+
+def produce_synthetic(config: IcekeeperConfig, spec: SyntheticSpec, topic: str | None = None, partitions: int = 3,
+                      progress: Progress = print) -> dict[str, Any]:
+    """Produce a synthetic stream (see `synthetic.py`); poison messages are corrupted on purpose.
+
+    Returns:
+        A report: topic, records, good events, poison messages by kind, schema versions.
+    """
+    source = config.sources[0]
+    topic = topic or spec.topic
+    ensure_topic(source.bootstrap_servers, topic, partitions)
+    shapes = schema_versions(spec)
+    encode = _avro_encoder(source, topic, shapes) if spec.format == "avro" else _json_encoder()
+    poison: dict[str, int] = {}
+    good = 0
+    started = time.monotonic()
+
+    def messages() -> Iterable[tuple[int, bytes | None, bytes | None, int | None]]:
+        nonlocal good
+        for event in synthetic_events(spec):
+            key, value = encode(event)
+            if event.poison:
+                poison[event.poison] = poison.get(event.poison, 0) + 1
+            else:
+                good += 1
+                if good % 100_000 == 0:
+                    progress(f"  {good:,} events produced")
+            yield event.partition(partitions), key, value, None
+
+    produced = _send(_producer(source), topic, messages())
+    seconds = time.monotonic() - started
+    progress(f"produced {produced:,} messages to {topic} in {seconds:.1f}s")
+    return {"topic": topic, "records": produced, "events": good, "poison": poison, "schema_versions": len(shapes),
+            "partitions": partitions, "seconds": round(seconds, 3)}
+
+
+def _avro_encoder(source: KafkaSource, topic: str, shapes: list[TableShape]) -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
+    framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), topic)
+    value_ids = [framer.schema_id(shape.value_schema(), is_key=False) for shape in shapes]
+    key_id = framer.schema_id(shapes[0].key_schema(), is_key=True)
+
+    def encode(event: SyntheticEvent) -> tuple[bytes, bytes]:
+        key = framer.frame(key_id, event.key)
+        value = framer.frame(value_ids[event.version - 1], event.value)
+        if event.poison == "bad-magic-byte":
+            value = b"\x07" + value[1:]
+        elif event.poison == "unknown-schema-id":
+            value = struct.pack(">bI", MAGIC_BYTE, UNKNOWN_SCHEMA_ID) + value[5:]
+        elif event.poison == "truncated-avro":
+            value = value[: 5 + max(1, (len(value) - 5) // 3)]
+        return key, value
+
+    return encode
+
+
+def _json_encoder() -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
+    def encode(event: SyntheticEvent) -> tuple[bytes, bytes]:
+        key = json.dumps(event.key).encode()
+        value = json.dumps(event.value).encode()
+        if event.poison:
+            value = value[: len(value) // 2]  # invalid JSON
+        return key, value
+
+    return encode

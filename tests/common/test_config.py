@@ -1,0 +1,150 @@
+"""Config loading as a user meets it: files, seed-000 properties, env overrides, and errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError, load_config
+from common.config.docs import render_markdown
+from common.config.model import AzureQueueTransport, parse_duration_s
+from common.config.properties import parse_properties, split_top_level
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_embedded_defaults_give_a_local_sqlite_catalog_under_the_state_folder(tmp_path: Path) -> None:
+    config = load_config(None, environ={"ICEKEEPER__STATE_DIR": str(tmp_path / "state")})
+    assert config.state_dir == str(tmp_path / "state")
+    assert config.catalog.properties["uri"] == f"sqlite:///{tmp_path}/state/catalog.db"
+    assert config.catalog.properties["warehouse"] == f"file://{tmp_path}/state/warehouse"
+    assert config.transport.kind == "txlog" and config.transport.uri == f"{tmp_path}/state/txlog"
+    assert config.tables[0].identifier == "db_gb18030_test.tbl_test_1"
+    assert config.metadata_columns.kafka.columns == ["topic", "partition", "offset", "timestamp"]
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*")))
+def test_every_example_loads(example: str) -> None:
+    config = load_config(EXAMPLES / example, environ={})
+    assert config.tables and config.sources
+
+
+def test_seed_properties_keep_their_seed_meaning() -> None:
+    config = load_config(EXAMPLES / "seed000.properties", environ={})
+    source, table = config.sources[0], config.tables[0]
+    assert source.topics == ["test.db_gb18030_test.tbl_test_1"]
+    assert source.consumer_group == "iceberg-hadoop"
+    assert source.format == "avro-confluent"
+    assert source.max_rate_per_partition == 10000
+    assert source.consumer_properties == {"max.poll.records": "5"}
+    assert source.commit_timeout == 60.0  # 60000 ms
+    # `hadoop.` named the Spark catalog in the seed job; the table identifier is what follows.
+    assert table.identifier == "db_gb18030_test.tbl_test_1"
+    assert table.primary_key == ["id1", "id2"]
+    assert table.topics == source.topics
+    assert table.properties == {"read.split.target-size": "268435456", "write.metadata.delete-after-commit.enabled": "true"}
+    assert config.metadata_columns.source.prefix == "_src_"
+    assert config.metadata_columns.transaction.columns == ["id", "total_order", "data_collection_order"]
+    assert config.reaper.enabled is True
+    assert config.reaper.triggering_time == "21:00:11"
+    assert config.reaper.execute_interval == 60.0  # 60000 ms
+    assert config.reaper.snapshot_expire_time == 86400.0  # 86400000 ms
+    assert config.reaper.compact_filter_column == "_src_ts_ms"
+    assert config.reaper.manifests_file_length == 10485760
+    assert config.writer.app_name == "Kafka2Iceberg"
+    assert config.writer.spark_conf == {"spark.sql.sources.partitionOverwriteMode": "dynamic"}
+
+
+def test_a_bad_seed_property_value_names_the_property_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.properties", "iceberg.maintenance.execute.interval = soon\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ={})
+    assert "iceberg.maintenance.execute.interval" in str(error.value) and str(path) in str(error.value)
+
+
+def test_an_unknown_seed_property_is_an_error_naming_it(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.properties", "iceberg.table.nmae = db.t\n")
+    with pytest.raises(ConfigError, match=r"iceberg\.table\.nmae.*unknown key"):
+        load_config(path, environ={})
+
+
+def test_a_wrong_type_names_the_key_and_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.yaml", "bookkeeper:\n  max_files_per_commit: many\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ={})
+    message = str(error.value)
+    assert str(path) in message and "bookkeeper.max_files_per_commit" in message and "'many'" in message
+
+
+def test_an_unknown_key_is_an_error_naming_it(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.yaml", "tables:\n  - identifier: a.b\n    primary_keys: [id]\n")
+    with pytest.raises(ConfigError, match=r"tables\[0\]\.primary_keys: unknown key"):
+        load_config(path, environ={})
+
+
+def test_a_table_must_refer_to_a_known_source(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.yaml", "tables:\n  - identifier: a.b\n    source: nowhere\n")
+    with pytest.raises(ConfigError, match="nowhere"):
+        load_config(path, environ={})
+
+
+def test_environment_overrides_any_key_including_inside_lists(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.yaml", "sources:\n  - name: s\n    topics: [t]\ntables:\n  - {identifier: a.b, source: s, topics: [t]}\n")
+    config = load_config(path, environ={
+        "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": "broker:9999",
+        "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id, region]",
+        "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "250ms",
+        "ICEKEEPER__CATALOG__PROPERTIES": "{type: rest, uri: 'http://catalog:8181'}",
+    })
+    assert config.sources[0].bootstrap_servers == "broker:9999" and config.sources[0].topics == ["t"]
+    assert config.tables[0].primary_key == ["id", "region"]
+    assert config.bookkeeper.commit_interval == 0.25
+    assert config.catalog.properties == {"type": "rest", "uri": "http://catalog:8181"}
+
+
+def test_environment_can_override_a_default_it_did_not_write() -> None:
+    config = load_config(None, environ={"ICEKEEPER__SOURCES__0__CONSUMER_GROUP": "g2"})
+    assert config.sources[0].consumer_group == "g2"
+    assert config.sources[0].topics == ["test.db_gb18030_test.tbl_test_1"]
+
+
+def test_a_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="ICEKEEPER__REAPER__RETAIN_LAST"):
+        load_config(None, environ={"ICEKEEPER__REAPER__RETAIN_LAST": "lots"})
+
+
+def test_transport_kind_selects_the_azure_queue_model(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.yaml", "transport:\n  kind: azure-queue\n  queue_name: q1\n")
+    config = load_config(path, environ={})
+    assert isinstance(config.transport, AzureQueueTransport) and config.transport.queue_name == "q1"
+    assert config.transport.overflow_uri.startswith(config.state_dir)
+
+
+def test_partition_terms_are_checked(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.yaml", "tables:\n  - identifier: a.b\n    partition_by: ['bucket(id)']\n")
+    with pytest.raises(ConfigError, match=r"tables\[0\]\.partition_by"):
+        load_config(path, environ={})
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("10s", 10), ("5m", 300), ("2h", 7200), ("7d", 604800), (3, 3.0), ("1.5", 1.5)])
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration_s(text) == seconds
+
+
+def test_properties_parser_handles_continuations_comments_and_separators() -> None:
+    parsed = parse_properties("# c\n! c\na = 1\nb:2\nc 3\nd = x,\\\n    y\n")
+    assert parsed == {"a": "1", "b": "2", "c": "3", "d": "x,y"}
+    assert split_top_level("bucket(16, id), day(ts)") == ["bucket(16, id)", "day(ts)"]
+
+
+def test_configuration_reference_is_up_to_date() -> None:
+    committed = (REPO_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert committed == render_markdown(), "run: icekeeper config docs > docs/configuration.md"
