@@ -17,13 +17,18 @@ import pytest
 from common.config import IcekeeperConfig, load_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# ICEKEEPER_TEST_PORT_OFFSET shifts every port, so two checkouts can run their suites at once.
+_PORT_OFFSET = int(os.environ.get("ICEKEEPER_TEST_PORT_OFFSET", "0"))
 TEST_STACK_PORTS = {
-    "kafka_port": 19092,
-    "kafka_controller_port": 19093,
-    "registry_port": 18081,
-    "registry_management_port": 19001,
-    "azurite_queue_port": 20001,
-    "azurite_blob_port": 20000,
+    name: port + _PORT_OFFSET
+    for name, port in {
+        "kafka_port": 19092,
+        "kafka_controller_port": 19093,
+        "registry_port": 18081,
+        "registry_management_port": 19001,
+        "azurite_queue_port": 20001,
+        "azurite_blob_port": 20000,
+    }.items()
 }
 
 

@@ -11,7 +11,12 @@ import pytest
 
 from common.config import load_config
 from icekeeper.localstack.stack import LocalStack, StackError
-from tests.conftest import stack_environ
+from tests.conftest import TEST_STACK_PORTS, stack_environ
+
+
+def shifted(base: int) -> dict[str, int]:
+    """The session's test ports moved by `base`, for a second stack beside it."""
+    return {name: port + base for name, port in TEST_STACK_PORTS.items()}
 
 pytestmark = pytest.mark.integration
 
@@ -48,8 +53,7 @@ def test_up_again_is_idempotent(local_stack: LocalStack) -> None:
 
 
 def test_a_whole_second_stack_starts_and_down_leaves_no_process(tmp_path: Path) -> None:
-    ports = {"kafka_port": 29092, "kafka_controller_port": 29093, "registry_port": 28081,
-             "registry_management_port": 29001, "azurite_queue_port": 30001, "azurite_blob_port": 30000}
+    ports = shifted(10_000)
     stack = LocalStack(load_config(None, environ=stack_environ(tmp_path / "state", ports)))
     started = time.monotonic()
     report = stack.up(progress=lambda message: None)
@@ -68,8 +72,7 @@ def test_a_whole_second_stack_starts_and_down_leaves_no_process(tmp_path: Path) 
 
 def test_down_stops_only_what_up_started(tmp_path: Path) -> None:
     """A port held by someone else is reported as foreign, refused by `up`, untouched by `down`."""
-    ports = {"kafka_port": 29192, "kafka_controller_port": 29193, "registry_port": 28181,
-             "registry_management_port": 29101, "azurite_queue_port": 30101, "azurite_blob_port": 30100}
+    ports = shifted(10_100)
     stack = LocalStack(load_config(None, environ=stack_environ(tmp_path / "state", ports)), only=["azurite-queue"])
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", ports["azurite_queue_port"]))
