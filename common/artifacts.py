@@ -70,9 +70,12 @@ def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.
 
 
 def _pom(bundle: MavenBundle) -> str:
+    # A `*:*` exclusion keeps Maven from even resolving the dependency tree (`excludeTransitive`
+    # still resolves it, and fails when a mirror lacks a pom we would not copy anyway).
+    excluded = ("*:*",) if not bundle.transitive else bundle.exclusions
     exclusions = "".join(
         f"<exclusion><groupId>{group}</groupId><artifactId>{artifact}</artifactId></exclusion>"
-        for group, artifact in (item.split(":") for item in bundle.exclusions)
+        for group, artifact in (item.split(":") for item in excluded)
     )
     dependencies = "".join(
         f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId><version>{version}</version>"

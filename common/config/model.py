@@ -173,7 +173,11 @@ class AzureQueueTransport(_Model):
     queue_name: str = Field("icekeeper-monikers", description="Queue that carries monikers.")
     dead_letter_queue_name: str = Field("icekeeper-monikers-dead-letter", description="Queue for monikers that stay unreadable.")
     api_version: str | None = Field("2026-06-06", description="Storage API version the SDK sends; Azurite 3.37 rejects the SDK's newest.")
-    overflow_uri: str = Field("{state_dir}/txlog-overflow", description="Where a moniker too large for one message is written; the message then points to it.")
+    journal_uri: str = Field(
+        "{state_dir}/moniker-journal",
+        description="Folder that keeps a copy of every pending moniker: writers resume from it, the reaper spares its files, "
+        "and a message too large for the queue points to it.",
+    )
 
 
 Transport = Annotated[Union[TxLogTransport, AzureQueueTransport], Field(discriminator="kind")]

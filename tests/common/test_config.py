@@ -125,7 +125,7 @@ def test_transport_kind_selects_the_azure_queue_model(tmp_path: Path) -> None:
     path = write(tmp_path, "c.yaml", "transport:\n  kind: azure-queue\n  queue_name: q1\n")
     config = load_config(path, environ={})
     assert isinstance(config.transport, AzureQueueTransport) and config.transport.queue_name == "q1"
-    assert config.transport.overflow_uri.startswith(config.state_dir)
+    assert config.transport.journal_uri.startswith(config.state_dir)
 
 
 def test_partition_terms_are_checked(tmp_path: Path) -> None:

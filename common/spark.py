@@ -1,0 +1,98 @@
+"""One way to build a SparkSession for icekeeper: the right jars, Iceberg catalog, quiet logs.
+
+Writers (Kafka source, Avro decoding, Iceberg transform functions) and the reaper (Iceberg
+procedures on the same catalog pyiceberg uses) both start Spark through `spark_session`.
+Jars are fetched once from Maven Central into the cache; on a cluster, `spark-submit
+--packages` with `SPARK_PACKAGES` does the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Mapping
+
+from common.artifacts import MavenBundle, maven_bundle
+from common.config.model import IcekeeperConfig
+
+log = logging.getLogger(__name__)
+
+SPARK_VERSION = "4.1.1"
+ICEBERG_VERSION = "1.11.0"
+SPARK_PACKAGES = (
+    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
+    # The 4.1.x token provider is missing from the Maven Central mirror we can reach; its
+    # classes (KafkaConfigUpdater, KafkaTokenUtil) are unchanged since 4.0.0, which is there.
+    "org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0",
+    "org.apache.kafka:kafka-clients:3.9.1",
+    "org.apache.commons:commons-pool2:2.12.1",
+    f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
+    f"org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:{ICEBERG_VERSION}",
+    # Spark's JdbcCatalog opens the SQLite catalog file pyiceberg's SqlCatalog writes.
+    "org.xerial:sqlite-jdbc:3.50.3.0",
+)
+FUNCTIONS_CATALOG = "ik_functions"
+"""An Iceberg catalog registered only for its `system.*` functions (bucket, days, hours, truncate)."""
+
+
+def spark_jars(cache_dir: Path) -> list[Path]:
+    """The jars above, without their dependencies: PySpark already ships the rest."""
+    bundle = MavenBundle(name=f"spark-{SPARK_VERSION}-iceberg-{ICEBERG_VERSION}", coordinates=SPARK_PACKAGES, transitive=False)
+    return maven_bundle(cache_dir, bundle)
+
+
+def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
+    """Spark settings that open the pyiceberg catalog under the same name.
+
+    The catalog name must be identical on both sides: Spark's JdbcCatalog stores its Spark
+    catalog name as `catalog_name`, exactly like pyiceberg's SqlCatalog stores its own.
+    """
+    name = config.catalog.name
+    properties = config.catalog.properties
+    prefix = f"spark.sql.catalog.{name}"
+    conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false"}
+    kind = properties.get("type", "sql")
+    if kind == "sql":
+        uri = properties["uri"]
+        if not uri.startswith("sqlite:///"):
+            raise ValueError(f"catalog.properties.uri {uri!r}: Spark can open SQL catalogs on SQLite only here; use a REST catalog otherwise")
+        conf.update({f"{prefix}.type": "jdbc", f"{prefix}.uri": "jdbc:sqlite:" + uri.removeprefix("sqlite://"), f"{prefix}.jdbc.schema-version": "V1"})
+    elif kind == "rest":
+        conf.update({f"{prefix}.type": "rest", f"{prefix}.uri": properties["uri"]})
+    else:
+        conf[f"{prefix}.type"] = kind
+        if "uri" in properties:
+            conf[f"{prefix}.uri"] = properties["uri"]
+    if "warehouse" in properties:
+        conf[f"{prefix}.warehouse"] = properties["warehouse"]
+    return conf
+
+
+def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = None, extra_conf: Mapping[str, str] | None = None):
+    """A SparkSession with Kafka, Avro and Iceberg on the classpath and the catalog registered."""
+    from pyspark.sql import SparkSession
+
+    jars = spark_jars(Path(config.cache_dir))
+    functions_warehouse = Path(config.state_dir) / "spark" / "functions-warehouse"
+    builder = (
+        SparkSession.builder.master(master or config.writer.spark_master)
+        .appName(app_name)
+        .config("spark.jars", ",".join(str(jar) for jar in jars))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.parquet.fieldId.write.enabled", "true")
+        .config("spark.sql.parquet.compression.codec", "zstd")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+        .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}", "org.apache.iceberg.spark.SparkCatalog")
+        .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.type", "hadoop")
+        .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.warehouse", functions_warehouse.as_uri())
+    )
+    for key, value in {**iceberg_catalog_conf(config), **config.writer.spark_conf, **(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session

@@ -1,0 +1,93 @@
+"""Monikers as Azure Storage Queue messages (seed 003), with a journal folder beside the queue.
+
+The message carries the moniker inline, so the bookkeeper never lists storage; a moniker over
+the queue's 64 KiB message limit travels as a pointer to its journal copy. The journal keeps a
+copy of every pending moniker because a queue cannot be listed (peek returns at most 32
+messages): writers resuming after a restart, and the reaper sparing pending files, read it.
+Publish writes the journal copy first, so a crash between the two steps loses nothing: the
+writer finds the copy on restart and sends it again (the bookkeeper drops the duplicate).
+"""
+
+from __future__ import annotations
+
+import json
+
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.storage.queue import QueueClient
+
+from common.config.model import AzureQueueTransport
+from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
+from common.transports.base import Delivery, MonikerTransport
+from common.transports.folder import MonikerFolder
+
+MAX_INLINE_BYTES = 48 * 1024
+"""Below the 64 KiB message limit with room for the XML escaping the SDK applies."""
+POINTER_KEY = "icekeeper_moniker_pointer"
+
+
+class AzureQueueMonikerTransport(MonikerTransport):
+    """One queue message per moniker; the journal folder holds the durable copies."""
+
+    def __init__(self, settings: AzureQueueTransport, visibility_timeout_s: int = 60) -> None:
+        self.queue = _queue(settings.connection_string, settings.queue_name, settings.api_version)
+        self.dead_letter_queue = _queue(settings.connection_string, settings.dead_letter_queue_name, settings.api_version)
+        self.journal = MonikerFolder(settings.journal_uri)
+        self.visibility_timeout_s = visibility_timeout_s
+
+    def publish(self, moniker: Moniker) -> None:
+        path = self.journal.write(moniker)
+        self.send(moniker, path)
+
+    def send(self, moniker: Moniker, journal_path: str | None = None) -> None:
+        """(Re)send the message of a moniker whose journal copy exists."""
+        body = encode_moniker(moniker)
+        if len(body) > MAX_INLINE_BYTES:
+            body = json.dumps({POINTER_KEY: journal_path or self.journal.path_for(moniker), "id": moniker.id}).encode()
+        self.queue.send_message(body.decode("utf-8"))
+
+    def receive(self, max_count: int = 1000) -> list[Delivery]:
+        deliveries = []
+        pages = self.queue.receive_messages(messages_per_page=32, visibility_timeout=self.visibility_timeout_s, max_messages=max_count)
+        for message in pages:
+            raw = message.content.encode("utf-8") if isinstance(message.content, str) else bytes(message.content or b"")
+            moniker, error = self._decode(raw)
+            deliveries.append(Delivery(moniker, f"queue:{message.id}", error, raw, message.dequeue_count or 1, handle=message))
+        return deliveries
+
+    def _decode(self, raw: bytes) -> tuple[Moniker | None, str | None]:
+        try:
+            parsed = json.loads(raw)
+        except ValueError as error:
+            return None, f"not JSON: {error}"
+        if isinstance(parsed, dict) and POINTER_KEY in parsed:
+            stored = self.journal.read(parsed[POINTER_KEY])
+            return stored.moniker, stored.error
+        try:
+            return decode_moniker(raw), None
+        except MonikerError as error:
+            return None, str(error)
+
+    def acknowledge(self, delivery: Delivery) -> None:
+        try:
+            self.queue.delete_message(delivery.handle)
+        except ResourceNotFoundError:
+            pass  # already gone (its visibility lapsed and another receive deleted it)
+        if delivery.moniker is not None:
+            self.journal.delete(self.journal.path_for(delivery.moniker))
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.dead_letter_queue.send_message(json.dumps({"reason": reason, "source": delivery.source, "content": delivery.raw.decode("utf-8", "replace")}))
+        self.acknowledge(delivery)
+
+    def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
+        return [stored.moniker for stored in self.journal.list(table, writer_id) if stored.moniker is not None]
+
+
+def _queue(connection_string: str, name: str, api_version: str | None) -> QueueClient:
+    kwargs = {"api_version": api_version} if api_version else {}
+    client = QueueClient.from_connection_string(connection_string, name, **kwargs)
+    try:
+        client.create_queue()
+    except ResourceExistsError:
+        pass
+    return client

@@ -1,0 +1,54 @@
+"""The one interface every moniker transport implements: publish, receive, acknowledge.
+
+Writers `publish`; the bookkeeper `receive`s deliveries and `acknowledge`s each one only after
+the commit that contains it is durable, or `dead_letter`s it with a reason. `pending` lists what
+is published and not yet acknowledged, for writers resuming after a restart and for the reaper,
+which must never delete a file a pending moniker names. Adding a transport means adding one
+module that implements this class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.moniker import Moniker
+
+
+@dataclass
+class Delivery:
+    """A received moniker (or the raw bytes and the reason it could not be read)."""
+
+    moniker: Moniker | None
+    source: str
+    """Where it came from: a file path, or a queue message id."""
+    error: str | None = None
+    raw: bytes = b""
+    attempts: int = 1
+    handle: Any = field(default=None, repr=False)
+    """Transport-specific receipt needed to acknowledge it."""
+
+
+class MonikerTransport(ABC):
+    """Carries monikers from writers to the bookkeeper."""
+
+    @abstractmethod
+    def publish(self, moniker: Moniker) -> None:
+        """Make `moniker` visible to the bookkeeper; call only after all its files are durable."""
+
+    @abstractmethod
+    def receive(self, max_count: int = 1000) -> list[Delivery]:
+        """Monikers waiting to be committed, including unreadable ones (with `error` set)."""
+
+    @abstractmethod
+    def acknowledge(self, delivery: Delivery) -> None:
+        """Forget a delivery for good; only after its commit is durable (or it was a duplicate)."""
+
+    @abstractmethod
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Move a delivery aside with the reason, so it is neither lost nor retried forever."""
+
+    @abstractmethod
+    def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
+        """Published, readable, not yet acknowledged monikers (optionally of one table / writer)."""

@@ -1,0 +1,111 @@
+"""A folder of moniker files on any filesystem pyarrow opens (local, s3://, abfs://, gs://, hdfs://).
+
+Layout: `<root>/<table>/<writer_id>/<seq:012d>-<moniker id>.json`. A file appears only whole:
+it is written under a hidden temporary name and then renamed, which is atomic on local disks,
+HDFS and ADLS Gen2; on object stores (S3, GCS) a single PUT is already atomic, so the file is
+written under its final name directly. Sorting names orders a writer's monikers by `seq`.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import uuid
+from dataclasses import dataclass
+
+from pyarrow import fs as pafs
+
+from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
+
+log = logging.getLogger(__name__)
+_OBJECT_STORES = ("s3", "gcs")
+SUFFIX = ".json"
+
+
+@dataclass(frozen=True)
+class StoredMoniker:
+    """A moniker file: its location, and the moniker or why it could not be read."""
+
+    path: str
+    moniker: Moniker | None
+    error: str | None = None
+
+
+class MonikerFolder:
+    """Read, write, list and delete moniker files under one root."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        if "://" not in uri:
+            uri = pafs.LocalFileSystem().normalize_path(uri) if uri else uri
+        self.filesystem, self.root = pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
+        self._atomic_put = self.filesystem.type_name in _OBJECT_STORES
+
+    def path_for(self, moniker: Moniker) -> str:
+        return posixpath.join(self.root, _safe(moniker.table), _safe(moniker.writer_id), f"{moniker.seq:012d}-{moniker.id}{SUFFIX}")
+
+    def write(self, moniker: Moniker) -> str:
+        """Make `moniker` durable and visible as one whole file; returns its path."""
+        final = self.path_for(moniker)
+        self.filesystem.create_dir(posixpath.dirname(final), recursive=True)
+        payload = encode_moniker(moniker)
+        if self._atomic_put:
+            with self.filesystem.open_output_stream(final) as out:
+                out.write(payload)
+            return final
+        temporary = posixpath.join(posixpath.dirname(final), f".{posixpath.basename(final)}.{uuid.uuid4().hex[:8]}.tmp")
+        with self.filesystem.open_output_stream(temporary) as out:
+            out.write(payload)
+        self.filesystem.move(temporary, final)
+        return final
+
+    def read(self, path: str) -> StoredMoniker:
+        try:
+            with self.filesystem.open_input_stream(path) as stream:
+                data = stream.read()
+        except (FileNotFoundError, OSError) as error:
+            return StoredMoniker(path, None, f"unreadable: {error}")
+        try:
+            return StoredMoniker(path, decode_moniker(data))
+        except MonikerError as error:
+            return StoredMoniker(path, None, str(error))
+
+    def list_paths(self, table: str | None = None, writer_id: str | None = None) -> list[str]:
+        """Paths of whole moniker files (temporary files skipped), sorted: per writer, by seq."""
+        base = self.root
+        if table is not None:
+            base = posixpath.join(base, _safe(table))
+            if writer_id is not None:
+                base = posixpath.join(base, _safe(writer_id))
+        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        return sorted(
+            info.path for info in self.filesystem.get_file_info(selector)
+            if info.type == pafs.FileType.File and info.path.endswith(SUFFIX) and not posixpath.basename(info.path).startswith(".")
+        )
+
+    def list(self, table: str | None = None, writer_id: str | None = None) -> list[StoredMoniker]:
+        return [self.read(path) for path in self.list_paths(table, writer_id)]
+
+    def delete(self, path: str) -> None:
+        try:
+            self.filesystem.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def write_bytes(self, relative: str, payload: bytes) -> str:
+        """Write any file under the root (dead-letter copies and their reasons)."""
+        path = posixpath.join(self.root, relative)
+        self.filesystem.create_dir(posixpath.dirname(path), recursive=True)
+        with self.filesystem.open_output_stream(path) as out:
+            out.write(payload)
+        return path
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.filesystem.open_input_stream(path) as stream:
+            return stream.read()
+
+
+def _safe(name: str) -> str:
+    """A path segment from a table or writer name: no separators, no leading dot."""
+    cleaned = "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
+    return cleaned.lstrip(".") or "_"

@@ -1,0 +1,54 @@
+"""Monikers as files in a transaction-log folder (seed 001's design, on any pyarrow filesystem)."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+
+from common.config.model import TxLogTransport
+from common.moniker import Moniker
+from common.transports.base import Delivery, MonikerTransport
+from common.transports.folder import MonikerFolder
+
+
+class TxLogMonikerTransport(MonikerTransport):
+    """Publish = atomic file create; acknowledge = delete; dead letter = move aside with a reason."""
+
+    def __init__(self, settings: TxLogTransport) -> None:
+        self.folder = MonikerFolder(settings.uri)
+        self.dead_letters = MonikerFolder(settings.dead_letter_uri)
+        self._attempts: dict[str, int] = {}
+
+    def publish(self, moniker: Moniker) -> None:
+        self.folder.write(moniker)
+
+    def receive(self, max_count: int = 1000) -> list[Delivery]:
+        deliveries = []
+        for path in self.folder.list_paths()[:max_count]:
+            stored = self.folder.read(path)
+            self._attempts[path] = self._attempts.get(path, 0) + 1
+            raw = b"" if stored.moniker is not None else _read_quietly(self.folder, path)
+            deliveries.append(Delivery(stored.moniker, path, stored.error, raw, self._attempts[path], handle=path))
+        return deliveries
+
+    def acknowledge(self, delivery: Delivery) -> None:
+        self.folder.delete(delivery.handle)
+        self._attempts.pop(delivery.handle, None)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        name = f"{int(time.time() * 1000)}-{posixpath.basename(delivery.source)}"
+        raw = delivery.raw or _read_quietly(self.folder, delivery.handle)
+        self.dead_letters.write_bytes(name, raw)
+        self.dead_letters.write_bytes(name + ".reason", json.dumps({"reason": reason, "source": delivery.source}).encode())
+        self.acknowledge(delivery)
+
+    def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
+        return [stored.moniker for stored in self.folder.list(table, writer_id) if stored.moniker is not None]
+
+
+def _read_quietly(folder: MonikerFolder, path: str) -> bytes:
+    try:
+        return folder.read_bytes(path)
+    except OSError:
+        return b""

@@ -1,0 +1,102 @@
+"""Moniker transports: the transaction-log folder (local disk) and the Azure queue (Azurite)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from common.config.model import AzureQueueTransport, TxLogTransport
+from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+from common.transports.azure_queue import MAX_INLINE_BYTES, AzureQueueMonikerTransport
+from common.transports.base import MonikerTransport
+from common.transports.txlog import TxLogMonikerTransport
+from tests.common.test_moniker import make_moniker
+
+
+def big_moniker(files: int) -> Moniker:
+    offsets = [OffsetRange(topic="big", partition=0, from_offset=0, until_offset=files)]
+    entries = [FileEntry(path=f"file:///wh/db/big/data/{uuid.uuid4().hex}-{index}.parquet", size_bytes=100, record_count=1) for index in range(files)]
+    return Moniker(id=moniker_id("w1", "db.big", offsets), writer_id="w1", seq=1, table="db.big", schema={"type": "struct", "fields": []},
+                   files=entries, offsets=offsets, records=files)
+
+
+def exercise_transport(transport: MonikerTransport) -> None:
+    """What every transport must do, as the writer and the bookkeeper use it."""
+    first, second, other = make_moniker(seq=1, prev_seq=None), make_moniker(seq=2, prev_seq=1, until=160), make_moniker(seq=1, prev_seq=None, writer="w2")
+    for moniker in (second, first, other):
+        transport.publish(moniker)
+    assert {m.id for m in transport.pending()} == {first.id, second.id, other.id}
+    assert [m.seq for m in transport.pending(table="db.t", writer_id="w1")] == [1, 2]
+
+    deliveries = transport.receive()
+    assert {d.moniker.id for d in deliveries} == {first.id, second.id, other.id}
+    assert all(d.error is None for d in deliveries)
+    # Acknowledged monikers are gone for good; the others stay pending.
+    for delivery in deliveries:
+        if delivery.moniker.writer_id == "w1":
+            transport.acknowledge(delivery)
+    assert [m.id for m in transport.pending()] == [other.id]
+
+
+def test_txlog_folder_transport(tmp_path: Path) -> None:
+    transport = TxLogMonikerTransport(TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq")))
+    exercise_transport(transport)
+    # No temporary files are left behind, and a file's name orders a writer's monikers.
+    names = [p.name for p in (tmp_path / "txlog").rglob("*") if p.is_file()]
+    assert names and all(not name.startswith(".") and name.endswith(".json") for name in names)
+
+
+def test_txlog_corrupt_moniker_is_delivered_with_its_reason_and_can_be_dead_lettered(tmp_path: Path) -> None:
+    transport = TxLogMonikerTransport(TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq")))
+    transport.publish(make_moniker(seq=1, prev_seq=None))
+    corrupt = tmp_path / "txlog" / "db.t" / "w1" / "000000000002-broken.json"
+    corrupt.write_bytes(b'{"format_version": 1, "id": ')
+    deliveries = {d.source: d for d in transport.receive()}
+    bad = deliveries[str(corrupt)]
+    assert bad.moniker is None and "not JSON" in bad.error
+    transport.dead_letter(bad, bad.error)
+    assert not corrupt.exists()
+    reasons = list((tmp_path / "dlq").glob("*.reason"))
+    assert len(reasons) == 1 and "not JSON" in json.loads(reasons[0].read_text())["reason"]
+    assert (tmp_path / "dlq" / reasons[0].name.removesuffix(".reason")).read_bytes() == b'{"format_version": 1, "id": '
+    assert len(transport.pending()) == 1
+
+
+@pytest.fixture
+def azure_settings(local_stack, tmp_path: Path) -> AzureQueueTransport:
+    name = f"m-{uuid.uuid4().hex[:10]}"
+    return AzureQueueTransport(connection_string=local_stack.service("azurite-queue").connection_string(), queue_name=name,
+                               dead_letter_queue_name=name + "-dlq", journal_uri=str(tmp_path / "journal"))
+
+
+@pytest.mark.integration
+def test_azure_queue_transport(azure_settings: AzureQueueTransport) -> None:
+    exercise_transport(AzureQueueMonikerTransport(azure_settings, visibility_timeout_s=30))
+
+
+@pytest.mark.integration
+def test_azure_queue_sends_a_pointer_for_a_moniker_too_large_for_a_message(azure_settings: AzureQueueTransport) -> None:
+    transport = AzureQueueMonikerTransport(azure_settings)
+    moniker = big_moniker(files=2000)
+    transport.publish(moniker)
+    message = transport.queue.peek_messages(max_messages=1)[0]
+    assert len(message.content) < MAX_INLINE_BYTES and "icekeeper_moniker_pointer" in message.content
+    [delivery] = transport.receive()
+    assert delivery.moniker == moniker
+    transport.acknowledge(delivery)
+    assert transport.pending() == [] and transport.queue.get_queue_properties().approximate_message_count == 0
+
+
+@pytest.mark.integration
+def test_azure_queue_unreadable_message_goes_to_the_dead_letter_queue(azure_settings: AzureQueueTransport) -> None:
+    transport = AzureQueueMonikerTransport(azure_settings)
+    transport.queue.send_message("this is not a moniker")
+    [delivery] = transport.receive()
+    assert delivery.moniker is None and "not JSON" in delivery.error
+    transport.dead_letter(delivery, delivery.error)
+    [dead] = transport.dead_letter_queue.receive_messages()
+    assert json.loads(dead.content)["content"] == "this is not a moniker"
+    assert transport.queue.get_queue_properties().approximate_message_count == 0
