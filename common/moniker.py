@@ -84,6 +84,7 @@ class Moniker(_Value):
     seq: int = Field(ge=0)
     prev_seq: int | None = None
     table: str
+    table_location: str | None = Field(None, description="Where the writer placed files of a table not created yet.")
     schema_: dict[str, Any] = Field(alias="schema", description="Iceberg schema (pyiceberg JSON) the files were written with.")
     files: list[FileEntry] = Field(default_factory=list)
     delete_files: list[FileEntry] = Field(default_factory=list, description="Reserved for primary-key tables (equality deletes).")

@@ -83,6 +83,21 @@ def cmd_produce_synthetic(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_writer(args: argparse.Namespace) -> int:
+    from writers.job import WriterJob
+
+    job = WriterJob(_config(args), writer_id=args.writer_id)
+    job.install_signal_handlers()
+
+    def show(report) -> None:  # noqa: ANN001 - BatchReport
+        print(json.dumps({"batch": report.seq, "records": report.records_read, "rows": report.rows_written, "files": report.files,
+                          "monikers": report.monikers, "dead_lettered": report.dead_lettered, "seconds": round(report.seconds, 2)}), flush=True)
+
+    max_batches = 1 if args.once else args.max_batches
+    job.run(max_batches=max_batches, until_idle=args.until_idle, on_batch=show)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from icekeeper.demo import run_demo
 
@@ -133,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     synthetic.add_argument("--schema-changes", type=int, default=2)
     synthetic.add_argument("--poison-ratio", type=float, default=0.0)
     synthetic.add_argument("--format", choices=["avro", "json"], default="avro")
+
+    writer = add("writer", cmd_writer, "run a writer: Kafka batches -> Parquet files + monikers (never commits)")
+    writer.add_argument("--writer-id", default=None, help="stable id of this writer (default: writer.writer_id)")
+    writer.add_argument("--once", action="store_true", help="one batch with records, then exit")
+    writer.add_argument("--max-batches", type=int, default=None)
+    writer.add_argument("--until-idle", action="store_true", help="exit when a batch finds nothing new")
 
     demo = add("demo", cmd_demo, "run the whole pipeline on the local stack and show the result")
     demo.add_argument("--keep-stack", action="store_true", help="leave the local stack running afterwards")

@@ -62,7 +62,7 @@ class KafkaSource(_Model):
     max_offsets_per_trigger: int | None = Field(200_000, ge=1, description="Upper bound on records per writer batch (Spark `maxOffsetsPerTrigger`).")
     max_rate_per_partition: int | None = Field(None, ge=1, description="Records per second per partition; caps a batch at rate x trigger interval x partitions (seed 000: `spark.streaming.kafka.maxRatePerPartition`).")
     dead_letter_topic: str = Field("icekeeper.dead-letter", description="Topic that receives records which cannot be decoded or routed, with the reason in headers.")
-    tombstones: Literal["skip", "delete"] = Field("skip", description="Kafka tombstones (null value): `skip` counts and drops them; `delete` turns them into delete rows keyed by the message key.")
+    tombstones: Literal["skip", "dead-letter"] = Field("skip", description="Kafka tombstones (null value, Debezium's follow-up to a delete): `skip` counts and drops them; `dead-letter` sends them to the dead-letter topic.")
     table_template: str | None = Field(
         None,
         description="Route records no table claims to a table named by this template, e.g. `cdc.{db}_{table}`; "
@@ -202,6 +202,20 @@ class WriterConfig(_Model):
     trigger_interval: Duration = Field(1.0, description="Time between batches.")
     target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of a data file.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (seed 000: any `spark.*` key).")
+    instance_index: int = Field(0, ge=0, description="This writer's share of each topic: partitions p with p % instance_count == instance_index.")
+    instance_count: int = Field(1, ge=1, description="How many writers share the source topics (each with its own writer_id and index).")
+    checkpoint_uri: str = Field("{state_dir}/writer-checkpoints", description="Folder where a writer notes how far it has read each source (advisory; tables and pending monikers decide).")
+    distribution: Literal["none", "rebalance"] = Field(
+        "none",
+        description="`none`: each Kafka task writes its own files (no shuffle); `rebalance`: shuffle by partition with Spark's adaptive "
+        "rebalancing, which splits skewed partitions across tasks (fewer, larger files per partition).",
+    )
+
+    @model_validator(mode="after")
+    def _index_in_range(self) -> "WriterConfig":
+        if self.instance_index >= self.instance_count:
+            raise ValueError(f"instance_index {self.instance_index} must be below instance_count {self.instance_count}")
+        return self
 
 
 class BookkeeperConfig(_Model):

@@ -1,0 +1,41 @@
+"""Send records that cannot become rows to the dead-letter topic, raw, with the reason in headers.
+
+Poison is rare, so this runs as a second, filtered pass over the batch's offsets only when the
+first pass counted errors. Headers keep the record's own headers and add `icekeeper.reason`,
+`icekeeper.source.topic`, `.partition` and `.offset`, so a record can be found and replayed.
+Delivery is at least once: a writer that dies after this step and before its moniker is
+published sends the same records again on restart (same source offsets in the headers).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+REASON_HEADER = "icekeeper.reason"
+SOURCE_TOPIC_HEADER = "icekeeper.source.topic"
+SOURCE_PARTITION_HEADER = "icekeeper.source.partition"
+SOURCE_OFFSET_HEADER = "icekeeper.source.offset"
+
+
+def send_dead_letters(failed: DataFrame, bootstrap_servers: str, topic: str) -> None:
+    """Produce `failed` rows (columns key, value, headers, topic, partition, offset, reason) to `topic`."""
+
+    def header(name: str, value) -> F.Column:  # noqa: ANN001
+        return F.struct(F.lit(name).alias("key"), value.cast("binary").alias("value"))
+
+    ours = F.array(
+        header(REASON_HEADER, F.col("reason")),
+        header(SOURCE_TOPIC_HEADER, F.col("topic")),
+        header(SOURCE_PARTITION_HEADER, F.col("partition").cast("string")),
+        header(SOURCE_OFFSET_HEADER, F.col("offset").cast("string")),
+    )
+    headers = F.when(F.col("headers").isNull(), ours).otherwise(F.concat(F.col("headers"), ours))
+    (
+        failed.select(F.lit(topic).alias("topic"), "key", "value", headers.alias("headers"))
+        .write.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("kafka.enable.idempotence", "true")
+        .option("kafka.acks", "all")
+        .save()
+    )

@@ -1,0 +1,148 @@
+"""Decode a batch of Kafka records in Spark's JVM: Confluent-framed Avro, Debezium JSON, plain JSON.
+
+Per-record decoding in Python runs at ~18k records/s per core; Spark's `from_avro` in the JVM
+is an order of magnitude faster, so decoding stays in Spark. One batch may hold several schema
+versions: each registered version gets its own `from_avro` column, selected per record by
+comparing the 5-byte frame prefix (magic byte + schema id) with the version's literal prefix,
+so every record is decoded once, by its own writer schema, in one pass over the data.
+
+Every record also gets `_ik_error`: null when it decoded, else why not (`bad-magic-byte`,
+`unknown-schema-id`, `undecodable-avro`, `invalid-json`, `tombstone`).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from common.schema import Column, EnvelopeShape, envelope_shape, iceberg_type_from_spark, record_types, row_columns
+from pyiceberg.types import IcebergType
+from writers.registry import RegisteredSchema
+
+ERROR = "_ik_error"
+KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
+
+
+@dataclass(frozen=True)
+class VersionShape:
+    """One decoded struct column and what it holds, in Iceberg types."""
+
+    column: str
+    is_debezium: bool
+    row: list[Column]
+    source: dict[str, IcebergType] = field(default_factory=dict)
+    transaction: dict[str, IcebergType] = field(default_factory=dict)
+    schema_id: int | None = None
+    namespace: str | None = None
+    """Debezium names row records `<server>.<db>.<table>`: tells which table a version belongs to."""
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    """The batch with Kafka columns, `_ik_error`, and one struct column per version."""
+
+    frame: DataFrame
+    versions: list[VersionShape]
+    planned_schema_ids: list[int] = field(default_factory=list)
+
+
+def frame_prefix(schema_id: int) -> bytes:
+    """Confluent wire format: magic byte 0, then the schema id as a 4-byte big-endian int."""
+    return struct.pack(">bI", 0, schema_id)
+
+
+def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema]) -> DecodedBatch:
+    """Decode each record with the registered schema its frame names."""
+    from pyspark.sql.avro.functions import from_avro
+
+    prefix = F.substring(F.col("value"), 1, 5)
+    body = F.expr("substring(value, 6)")
+    versions: list[VersionShape] = []
+    decoded_columns: list[SparkColumn] = []
+    for index, schema in enumerate(schemas):
+        shape = envelope_shape(schema.resolved)
+        column = f"_ik_v{index}"
+        decoded = from_avro(body, schema.text, {"mode": "PERMISSIVE"})
+        decoded_columns.append(F.when(prefix == F.lit(frame_prefix(schema.schema_id)), decoded).alias(column))
+        versions.append(_shape_from_avro(column, shape, schema.schema_id))
+    known_prefixes = [F.lit(frame_prefix(schema.schema_id)) for schema in schemas]
+    frame = raw.select(*KAFKA_COLUMNS, *decoded_columns)
+    error = (
+        F.when(F.col("value").isNull(), F.lit("tombstone"))
+        .when((F.length("value") < 5) | (F.substring(F.col("value"), 1, 1) != F.lit(b"\x00")), F.lit("bad-magic-byte"))
+        .when(~prefix.isin(*known_prefixes) if known_prefixes else F.lit(True), F.lit("unknown-schema-id"))
+        .when(~_any_not_null([F.col(v.column) for v in versions]), F.lit("undecodable-avro"))
+    )
+    return DecodedBatch(frame.withColumn(ERROR, error), versions, [schema.schema_id for schema in schemas])
+
+
+def _any_not_null(columns: list[SparkColumn]) -> SparkColumn:
+    result = F.lit(False)
+    for column in columns:
+        result = result | column.isNotNull()
+    return result
+
+
+def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int) -> VersionShape:
+    return VersionShape(column, shape.is_debezium, row_columns(shape), record_types(shape.source), record_types(shape.transaction), schema_id,
+                        namespace=shape.row.get("namespace"))
+
+
+def unknown_schema_id(value: SparkColumn) -> SparkColumn:
+    """The schema id a frame names, as a number (only needed for records no version matched)."""
+    return F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long")
+
+
+def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedBatch:
+    """Decode JSON values with a schema inferred from this batch.
+
+    Debezium JSON may come with Kafka Connect's schema envelope (`{"schema":..,"payload":..}`) or
+    without; the payload is used either way. The inference pass reads the batch once more; JSON
+    sources are the slower path by nature.
+    """
+    text = F.col("value").cast("string")
+    payload = F.coalesce(F.get_json_object(text, "$.payload"), text) if debezium else text
+    staged = raw.select(*KAFKA_COLUMNS, payload.alias("_ik_json"))
+    samples = staged.where(F.col("_ik_json").isNotNull()).select("_ik_json")
+    inferred = spark.read.option("mode", "DROPMALFORMED").json(samples.rdd.map(lambda row: row[0])).schema if not samples.isEmpty() else T.StructType([])
+    inferred = T.StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+    if debezium:
+        inferred = _same_row_type(inferred)
+    decoded = F.from_json(F.col("_ik_json"), inferred, {"mode": "PERMISSIVE"}) if inferred.fields else F.lit(None)
+    frame = staged.select(*KAFKA_COLUMNS, decoded.alias("_ik_v0"), "_ik_json")
+    valid_json = F.expr("try_parse_json(_ik_json)").isNotNull()
+    error = F.when(F.col("value").isNull(), F.lit("tombstone")).when(~valid_json | F.col("_ik_v0").isNull(), F.lit("invalid-json"))
+    if debezium:
+        error = error.when(F.col("_ik_v0.op").isNull(), F.lit("not-a-debezium-event")) if "op" in inferred.fieldNames() else error.otherwise(F.lit("not-a-debezium-event"))
+    frame = frame.withColumn(ERROR, error).drop("_ik_json")
+    return DecodedBatch(frame, [_shape_from_spark("_ik_v0", inferred, debezium)])
+
+
+def _same_row_type(inferred: T.StructType) -> T.StructType:
+    """Give `before` and `after` one struct type: inferred apart, they can differ in fields."""
+    fields = {f.name: f for f in inferred.fields}
+    rows = [fields[name].dataType for name in ("before", "after") if isinstance(fields.get(name) and fields[name].dataType, T.StructType)]
+    if not rows:
+        return inferred
+    merged: dict[str, T.StructField] = {}
+    for row in rows:
+        for f in row.fields:
+            merged.setdefault(f.name, f)
+    row_type = T.StructType(list(merged.values()))
+    return T.StructType([T.StructField(f.name, row_type, True) if f.name in ("before", "after") else f for f in inferred.fields])
+
+
+def _shape_from_spark(column: str, inferred: T.StructType, debezium: bool) -> VersionShape:
+    fields = {f.name: f.dataType for f in inferred.fields}
+    if not debezium:
+        return VersionShape(column, False, [Column(name, iceberg_type_from_spark(dt)) for name, dt in fields.items()])
+    row_struct = fields.get("after") or fields.get("before")
+    row = [Column(f.name, iceberg_type_from_spark(f.dataType)) for f in row_struct.fields] if isinstance(row_struct, T.StructType) else []
+    source = {f.name: iceberg_type_from_spark(f.dataType) for f in fields["source"].fields} if isinstance(fields.get("source"), T.StructType) else {}
+    transaction = {f.name: iceberg_type_from_spark(f.dataType) for f in fields["transaction"].fields} if isinstance(fields.get("transaction"), T.StructType) else {}
+    return VersionShape(column, True, row, source, transaction)

@@ -1,0 +1,479 @@
+"""The writer job: Kafka batch -> decode -> flatten -> route -> Parquet -> moniker, in a loop.
+
+A writer never commits to Iceberg. Each batch reads explicit offset ranges (planned from what
+tables committed plus this writer's pending monikers), writes each table's rows as Parquet files
+under that table's location, and publishes one moniker per table that got rows, after the files
+are durable. Then it sends dead letters, commits the consumer group's offsets (so lag shows in
+Kafka tools, as in seed 000), and notes its progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from common.catalog import default_table_location, load_table_or_none, open_catalog
+from common.committed_state import committed_state
+from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
+from common.moniker import Moniker, OffsetRange, moniker_id
+from common.partitioning import partition_spec
+from common.spark import spark_session
+from common.transports import open_transport
+from common.transports.folder import MonikerFolder
+from writers.dead_letters import send_dead_letters
+from writers.decode import ERROR, DecodedBatch, decode_avro_confluent, decode_json, unknown_schema_id
+from writers.files import list_written_files, partition_columns, write_parquet
+from writers.flatten import EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, flatten, row_value
+from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, pending_until, plan_batch
+from writers.registry import RegisteredSchema, TopicSchemas
+from writers.routing import routes_for
+
+log = logging.getLogger(__name__)
+ROUTE = "_ik_route"
+_INITIAL_BYTES_PER_ROW = 64
+
+
+@dataclass
+class TableProgress:
+    """What this writer knows of one table between batches."""
+
+    last_seq: int | None = None
+    positions: dict[TP, int] = field(default_factory=dict)
+    bytes_per_row: float = _INITIAL_BYTES_PER_ROW
+
+
+@dataclass
+class BatchReport:
+    """Figures of one batch."""
+
+    seq: int
+    records_read: int = 0
+    rows_written: int = 0
+    dead_lettered: int = 0
+    tombstones_skipped: int = 0
+    files: int = 0
+    monikers: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class WriterJob:
+    """One writer (stable `writer_id`) over every source and table of a config."""
+
+    def __init__(self, config: IcekeeperConfig, spark: SparkSession | None = None, writer_id: str | None = None) -> None:
+        self.config = config
+        self.writer_id = writer_id or config.writer.writer_id
+        self.catalog = open_catalog(config)
+        self.transport = open_transport(config)
+        self.checkpoints = MonikerFolder(config.writer.checkpoint_uri)
+        self.spark = spark or spark_session(config, f"{config.writer.app_name}-{self.writer_id}")
+        self.schemas = {source.name: TopicSchemas(source.schema_registry_url) for source in config.sources}
+        self.tables: dict[str, TableProgress] = {}
+        self.seq: int | None = None
+        self.stop = threading.Event()
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def run(self, max_batches: int | None = None, until_idle: bool = False, on_batch: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
+        """Run batches every trigger interval until stopped (SIGTERM/SIGINT), `max_batches`, or idle."""
+        reports = []
+        while not self.stop.is_set():
+            started = time.monotonic()
+            report = self.run_batch()
+            if report.records_read:
+                reports.append(report)
+                if on_batch:
+                    on_batch(report)
+            if max_batches is not None and len(reports) >= max_batches:
+                break
+            if until_idle and not report.records_read:
+                break
+            self.stop.wait(max(0.0, self.config.writer.trigger_interval - (time.monotonic() - started)))
+        return reports
+
+    def install_signal_handlers(self) -> None:
+        """Finish the current batch on SIGTERM/SIGINT, then stop (files and monikers stay consistent)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stop.set())
+
+    def run_batch(self) -> BatchReport:
+        """Plan, read, write and publish one batch over every source."""
+        started = time.monotonic()
+        self._refresh_progress()
+        seq = self._next_seq()
+        report = BatchReport(seq=seq)
+        for source in self.config.sources:
+            self._run_source_batch(source, seq, report)
+        report.seconds = time.monotonic() - started
+        if report.records_read:
+            self.seq = seq
+            log.info("batch written", extra={"writer": self.writer_id, **report.__dict__})
+        return report
+
+    # -- progress: committed state + pending monikers --------------------------------------------------
+
+    def _refresh_progress(self) -> None:
+        pending = self.transport.pending(writer_id=None)
+        mine = [m for m in pending if m.writer_id == self.writer_id]
+        for spec in self.config.tables:
+            self._progress_of(spec.identifier, mine)
+        for identifier in {m.table for m in mine}:
+            self._progress_of(identifier, mine)
+
+    def _progress_of(self, identifier: str, my_pending: list[Moniker]) -> TableProgress:
+        progress = self.tables.setdefault(identifier, TableProgress())
+        table = load_table_or_none(self.catalog, identifier)
+        state = committed_state(table) if table is not None else None
+        positions: dict[TP, int] = dict(state.offsets) if state else {}
+        pending = [m for m in my_pending if m.table == identifier]
+        for key, until in pending_until(pending).items():
+            positions[key] = max(positions.get(key, 0), until)
+        seqs = [m.seq for m in pending]
+        if state and self.writer_id in state.writer_seqs:
+            seqs.append(state.writer_seqs[self.writer_id])
+        progress.last_seq = max(seqs) if seqs else progress.last_seq
+        # Positions only move forward: a table read back a moment ago cannot lose committed offsets.
+        for key, value in positions.items():
+            progress.positions[key] = max(progress.positions.get(key, 0), value)
+        return progress
+
+    def _next_seq(self) -> int:
+        known = [p.last_seq for p in self.tables.values() if p.last_seq is not None]
+        if self.seq is not None:
+            known.append(self.seq)
+        return (max(known) + 1) if known else 1
+
+    # -- one source ------------------------------------------------------------------------------------
+
+    def _run_source_batch(self, source: KafkaSource, seq: int, report: BatchReport) -> None:
+        bounds = self._bounds(source)
+        if not bounds:
+            return
+        routes = routes_for(source, self.config.tables)
+        table_ids = [t.identifier for t in routes.tables] + [t for t in self.tables if source.table_template and t not in {s.identifier for s in self.config.tables}]
+        checkpoint = self._read_checkpoint(source)
+        positions = {}
+        for identifier in table_ids:
+            known = dict(checkpoint)
+            known.update(self.tables.setdefault(identifier, TableProgress()).positions)
+            positions[identifier] = known
+        if source.table_template:
+            positions["*"] = checkpoint
+        cap = source.max_offsets_per_trigger
+        per_partition = int(source.max_rate_per_partition * self.config.writer.trigger_interval) if source.max_rate_per_partition else None
+        plan = plan_batch(bounds, positions, source.starting_offsets, cap, per_partition)
+        if plan.lost_to_retention:
+            log.warning("records lost to Kafka retention before they were read", extra={"lost": {f"{t}:{p}": n for (t, p), n in plan.lost_to_retention.items()}})
+        if not plan.read_ranges:
+            return
+        report.records_read += plan.records
+        schemas = self._schemas_for(source, plan) if source.format == "avro-confluent" else []
+        outcome = self._write_tables(source, plan, seq, schemas, routes)
+        if outcome.unknown_registered:
+            # A record named a schema id registered under another subject: decode it too, redo.
+            self._discard(outcome.output_dirs)
+            outcome = self._write_tables(source, plan, seq, schemas + outcome.unknown_registered, routes)
+        for moniker in outcome.monikers:
+            self.transport.publish(moniker)
+            progress = self.tables.setdefault(moniker.table, TableProgress())
+            progress.last_seq = moniker.seq
+            for offsets in moniker.offsets:
+                progress.positions[(offsets.topic, offsets.partition)] = offsets.until_offset
+        failed = sum(count for kind, count in outcome.errors.items() if kind != "tombstone" or source.tombstones != "skip")
+        if failed:
+            send_dead_letters(self._dead_letter_rows(source, plan, schemas + outcome.unknown_registered, routes), source.bootstrap_servers, source.dead_letter_topic)
+        report.rows_written += outcome.rows
+        report.files += sum(len(m.files) for m in outcome.monikers)
+        report.monikers += len(outcome.monikers)
+        report.dead_lettered += failed
+        report.tombstones_skipped += outcome.errors.get("tombstone", 0) if source.tombstones == "skip" else 0
+        for kind, count in outcome.errors.items():
+            report.errors[kind] = report.errors.get(kind, 0) + count
+        self._commit_group_offsets(source, plan)
+        self._write_checkpoint(source, plan)
+
+    def _bounds(self, source: KafkaSource) -> dict[TP, PartitionBounds]:
+        consumer = self._admin_consumer(source)
+        try:
+            metadata = consumer.list_topics(timeout=10)
+            topics = source.topics or sorted(t for t in metadata.topics if source.topic_pattern and _matches(source.topic_pattern, t))
+            bounds = {}
+            for topic in topics:
+                described = metadata.topics.get(topic)
+                if described is None or described.error is not None:
+                    continue
+                for partition in sorted(described.partitions):
+                    if partition % self.config.writer.instance_count != self.config.writer.instance_index:
+                        continue
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+                    bounds[(topic, partition)] = PartitionBounds(low, high)
+            return bounds
+        finally:
+            consumer.close()
+
+    def _admin_consumer(self, source: KafkaSource) -> Consumer:
+        return Consumer({"bootstrap.servers": source.bootstrap_servers, "group.id": source.consumer_group, "enable.auto.commit": False},
+                        logger=logging.getLogger("librdkafka"))
+
+    def _schemas_for(self, source: KafkaSource, plan: BatchPlan) -> list[RegisteredSchema]:
+        registry = self.schemas[source.name]
+        seen: dict[int, RegisteredSchema] = {}
+        for topic in sorted({topic for topic, _ in plan.read_ranges}):
+            for schema in registry.for_topic(topic):
+                seen[schema.schema_id] = schema
+        return list(seen.values())
+
+    # -- reading and writing ---------------------------------------------------------------------------
+
+    def _raw(self, source: KafkaSource, plan: BatchPlan, include_headers: bool = False) -> DataFrame:
+        assign: dict[str, list[int]] = {}
+        starting: dict[str, dict[str, int]] = {}
+        ending: dict[str, dict[str, int]] = {}
+        for (topic, partition), (start, until) in plan.read_ranges.items():
+            assign.setdefault(topic, []).append(partition)
+            starting.setdefault(topic, {})[str(partition)] = start
+            ending.setdefault(topic, {})[str(partition)] = until
+        reader = (
+            self.spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", source.bootstrap_servers)
+            .option("assign", json.dumps(assign))
+            .option("startingOffsets", json.dumps(starting))
+            .option("endingOffsets", json.dumps(ending))
+            .option("failOnDataLoss", "false")
+            .option("includeHeaders", "true" if include_headers else "false")
+            .option("minPartitions", str(self.spark.sparkContext.defaultParallelism))
+        )
+        for key, value in source.consumer_properties.items():
+            reader = reader.option(f"kafka.{key}", value)
+        frame = reader.load()
+        return frame if include_headers else frame.withColumn("headers", F.lit(None))
+
+    def _decode(self, source: KafkaSource, raw: DataFrame, schemas: list[RegisteredSchema]) -> DecodedBatch:
+        if source.format == "avro-confluent":
+            return decode_avro_confluent(raw, schemas)
+        return decode_json(self.spark, raw, debezium=source.format == "debezium-json")
+
+    def _write_tables(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes) -> "_Outcome":  # noqa: ANN001
+        raw = self._raw(source, plan)
+        decoded = self._decode(source, raw, schemas)
+        outcome = _Outcome()
+        batch_metrics = Observation(f"batch-{uuid.uuid4().hex[:8]}")
+        table_ids = sorted({t.identifier for t in routes.tables} | ({t for t in self.tables if t not in {s.identifier for s in self.config.tables}} if routes.template else set()))
+        routed = self._routed_rows(decoded, routes, table_ids, source)
+        observed = routed.observe(
+            batch_metrics,
+            F.count(F.lit(1)).alias("records"),
+            *[F.sum(F.when(F.col(ERROR) == kind, 1).otherwise(0)).alias(kind) for kind in _ERROR_KINDS],
+            F.collect_set(F.when(F.col(ERROR) == "unknown-schema-id", F.col("_ik_unknown_id"))).alias("unknown_ids"),
+            F.collect_set(F.when(F.col(ERROR).isNull(), F.col(ROUTE))).alias("routes"),
+        )
+        discovered: list[str] = []
+        metrics: dict | None = None
+        if routes.template:
+            # Template routing: learn the batch's tables first (one aggregate pass), then write each.
+            observed.count()
+            metrics = batch_metrics.get
+            discovered = sorted(set(metrics["routes"]) - set(table_ids))
+        targets = sorted(set(table_ids) | set(discovered))
+        for index, identifier in enumerate(targets):
+            table_frame = observed if (index == 0 and metrics is None) else routed
+            moniker = self._write_table(source, plan, seq, decoded, table_frame, identifier, outcome)
+            if moniker is not None:
+                outcome.monikers.append(moniker)
+        if metrics is None:
+            metrics = batch_metrics.get if targets else self._batch_metrics_alone(routed)
+        outcome.errors = {kind: int(metrics.get(kind) or 0) for kind in _ERROR_KINDS if metrics.get(kind)}
+        registry = self.schemas[source.name]
+        for schema_id in metrics.get("unknown_ids") or []:
+            registered = registry.by_id(int(schema_id))
+            if registered is not None:
+                outcome.unknown_registered.append(registered)
+        return outcome
+
+    def _batch_metrics_alone(self, routed: DataFrame) -> dict:
+        row = routed.agg(
+            *[F.sum(F.when(F.col(ERROR) == kind, 1).otherwise(0)).alias(kind) for kind in _ERROR_KINDS],
+            F.collect_set(F.when(F.col(ERROR) == "unknown-schema-id", F.col("_ik_unknown_id"))).alias("unknown_ids"),
+        ).collect()[0]
+        return row.asDict()
+
+    def _routed_rows(self, decoded: DecodedBatch, routes, table_ids: list[str], source: KafkaSource) -> DataFrame:  # noqa: ANN001
+        """Batch-level frame: decoded + routing + error kinds (before any table's flattening)."""
+        from writers.flatten import SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+
+        frame = decoded.frame
+        debezium = [v for v in decoded.versions if v.is_debezium]
+
+        def across(field_name: str):  # noqa: ANN202
+            values = [F.col(v.column)["source"][field_name] for v in debezium]
+            return (values[0] if len(values) == 1 else F.coalesce(*values)).cast("string") if values else F.lit(None).cast("string")
+
+        frame = frame.select(
+            "*", F.col("topic").alias(KAFKA_TOPIC), F.col("partition").alias(KAFKA_PARTITION), F.col("offset").alias(KAFKA_OFFSET),
+            across("db").alias(SOURCE_DB), across("table").alias(SOURCE_TABLE), across("name").alias(SOURCE_SERVER),
+            (unknown_schema_id(F.col("value")) if source.format == "avro-confluent" else F.lit(None).cast("long")).alias("_ik_unknown_id"),
+        )
+        route = routes.column()
+        error = F.when(F.col(ERROR).isNull() & route.isNull(), F.lit("unroutable")).otherwise(F.col(ERROR))
+        frame = frame.withColumn(ROUTE, route).withColumn(ERROR, error)
+        return frame.withColumn(ERROR, F.when(F.col(ERROR).isNull() & self._missing_key(decoded), F.lit("missing-key")).otherwise(F.col(ERROR)))
+
+    def _missing_key(self, decoded: DecodedBatch):  # noqa: ANN202
+        """True for rows routed to a table with a primary key whose key columns are null."""
+        condition = F.lit(False)
+        for spec in self.config.tables:
+            if not spec.primary_key:
+                continue
+            versions = _versions_for(decoded, spec)
+            any_null = F.lit(False)
+            for key in spec.primary_key:
+                any_null = any_null | row_value(key, versions, self.config.metadata_columns, case_insensitive=True).isNull()
+            condition = condition | ((F.col(ROUTE) == F.lit(spec.identifier)) & any_null)
+        return condition
+
+    def _write_table(self, source: KafkaSource, plan: BatchPlan, seq: int, decoded: DecodedBatch, frame: DataFrame,
+                     identifier: str, outcome: "_Outcome") -> Moniker | None:
+        spec = next((t for t in self.config.tables if t.identifier == identifier), None) or TableSpec(identifier=identifier, source=source.name)
+        table = load_table_or_none(self.catalog, identifier)
+        existing = table.schema() if table is not None else None
+        versions = _versions_for(decoded, spec)
+        keyed = frame.where(F.col(ROUTE) == F.lit(identifier)).where(F.col(ERROR).isNull())
+        keyed = keyed.where(_at_or_after(self.tables.setdefault(identifier, TableProgress()).positions, plan, identifier))
+        flat = flatten(keyed, versions, self.config.metadata_columns, existing, spec.primary_key)
+        schema: Schema = flat.schema
+        spec_obj: PartitionSpec = table.spec() if table is not None else partition_spec(spec.partition_by, schema)
+        partitions = partition_columns(spec_obj, schema)
+        metrics = Observation(f"table-{uuid.uuid4().hex[:8]}")
+        good = flat.frame.where(F.col(ERROR).isNull())
+        observed = good.observe(metrics, F.count(F.lit(1)).alias("rows"), F.min(EVENT_MS).alias("min_ms"), F.max(EVENT_MS).alias("max_ms"))
+        rows = observed.drop(*HELPER_COLUMNS, ROUTE)
+        location = table.location() if table is not None else default_table_location(self.config, identifier)
+        output = f"{location.rstrip('/')}/data/{_segment(self.writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
+        progress = self.tables.setdefault(identifier, TableProgress())
+        max_records = max(1000, int(self.config.writer.target_file_size_bytes / max(progress.bytes_per_row, 1.0)))
+        write_parquet(rows, output, partitions, max_records, rebalance=self.config.writer.distribution == "rebalance")
+        outcome.output_dirs.append(output)
+        observed_rows = metrics.get
+        rows_written = int(observed_rows.get("rows") or 0)
+        files = list_written_files(output, partitions, spec_obj.spec_id) if rows_written else []
+        if not files:
+            self._discard([output])
+            return None
+        written_bytes = sum(f.size_bytes for f in files)
+        progress.bytes_per_row = max(1.0, written_bytes / max(rows_written, 1))
+        outcome.rows += rows_written
+        ranges = [
+            OffsetRange(topic=topic, partition=partition, from_offset=start, until_offset=until)
+            for (topic, partition) in sorted(plan.read_ranges)
+            if (span := plan.table_range(identifier, (topic, partition))) is not None
+            for start, until in [span]
+        ]
+        return Moniker(
+            id=moniker_id(self.writer_id, identifier, ranges), writer_id=self.writer_id, seq=seq, prev_seq=progress.last_seq,
+            table=identifier, schema=json.loads(schema.model_dump_json()), files=files, offsets=ranges, records=rows_written,
+            min_event_time_ms=observed_rows.get("min_ms"), max_event_time_ms=observed_rows.get("max_ms"),
+            table_location=location,
+        )
+
+    def _dead_letter_rows(self, source: KafkaSource, plan: BatchPlan, schemas: list[RegisteredSchema], routes) -> DataFrame:  # noqa: ANN001
+        raw = self._raw(source, plan, include_headers=True)
+        decoded = self._decode(source, raw, schemas)
+        routed = self._routed_rows(decoded, routes, [], source)
+        failed = routed.where(F.col(ERROR).isNotNull())
+        if source.tombstones == "skip":
+            failed = failed.where(F.col(ERROR) != F.lit("tombstone"))
+        return failed.select("key", "value", "headers", "topic", "partition", "offset", F.col(ERROR).alias("reason"))
+
+    # -- after the batch -----------------------------------------------------------------------------
+
+    def _commit_group_offsets(self, source: KafkaSource, plan: BatchPlan) -> None:
+        consumer = self._admin_consumer(source)
+        try:
+            offsets = [TopicPartition(topic, partition, until) for (topic, partition), (_, until) in plan.read_ranges.items()]
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as error:  # noqa: BLE001 - lag reporting must not stop the writer
+            log.warning("could not commit consumer group offsets", extra={"group": source.consumer_group, "error": str(error)})
+        finally:
+            consumer.close()
+
+    def _checkpoint_name(self, source: KafkaSource) -> str:
+        return f"{_segment(self.writer_id)}/{_segment(source.name)}.json"
+
+    def _read_checkpoint(self, source: KafkaSource) -> dict[TP, int]:
+        try:
+            raw = json.loads(self.checkpoints.read_bytes(f"{self.checkpoints.root}/{self._checkpoint_name(source)}"))
+        except (OSError, ValueError):
+            return {}
+        return {(topic, int(partition)): int(offset) for topic, partitions in raw.items() for partition, offset in partitions.items()}
+
+    def _write_checkpoint(self, source: KafkaSource, plan: BatchPlan) -> None:
+        current = self._read_checkpoint(source)
+        for key, (_, until) in plan.read_ranges.items():
+            current[key] = max(current.get(key, 0), until)
+        nested: dict[str, dict[str, int]] = {}
+        for (topic, partition), offset in current.items():
+            nested.setdefault(topic, {})[str(partition)] = offset
+        self.checkpoints.write_bytes(self._checkpoint_name(source), json.dumps(nested).encode())
+
+    def _discard(self, output_dirs: list[str]) -> None:
+        """Remove output of a batch that will not be published (nothing refers to it)."""
+        from pyarrow import fs as pafs
+
+        for output in output_dirs:
+            filesystem, path = pafs.FileSystem.from_uri(output)
+            try:
+                filesystem.delete_dir(path)
+            except (FileNotFoundError, OSError):
+                pass
+
+
+_ERROR_KINDS = ("tombstone", "bad-magic-byte", "unknown-schema-id", "undecodable-avro", "invalid-json", "not-a-debezium-event", "missing-key", "unroutable")
+
+
+@dataclass
+class _Outcome:
+    monikers: list[Moniker] = field(default_factory=list)
+    rows: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    unknown_registered: list[RegisteredSchema] = field(default_factory=list)
+    output_dirs: list[str] = field(default_factory=list)
+
+
+def _versions_for(decoded: DecodedBatch, spec: TableSpec):  # noqa: ANN202
+    """Versions whose rows can route to `spec`: by Debezium record namespace when routed by source."""
+    if spec.source_table and any(v.namespace for v in decoded.versions):
+        chosen = [v for v in decoded.versions if v.namespace and v.namespace.split(".")[-1] == spec.source_table]
+        return chosen or decoded.versions
+    return decoded.versions
+
+
+def _at_or_after(positions: dict[TP, int], plan: BatchPlan, identifier: str):  # noqa: ANN202
+    """Rows at or after the table's own start, where it differs from the batch's read start."""
+    condition = F.lit(True)
+    for (topic, partition), (read_start, _) in plan.read_ranges.items():
+        start = plan.table_starts.get(identifier, {}).get((topic, partition), read_start)
+        if start > read_start:
+            condition = condition & ~((F.col(KAFKA_TOPIC) == topic) & (F.col(KAFKA_PARTITION) == partition) & (F.col(KAFKA_OFFSET) < start))
+    return condition
+
+
+def _matches(pattern: str, topic: str) -> bool:
+    import re
+
+    return re.fullmatch(pattern, topic) is not None
+
+
+def _segment(name: str) -> str:
+    return "".join(char if char.isalnum() or char in "._-" else "_" for char in name)

@@ -1,0 +1,103 @@
+"""Which offsets the next batch reads, from what tables committed and what is still pending.
+
+A restarted writer must neither skip records nor redo work the bookkeeper would commit twice,
+so a table's next offset for a topic-partition is the later of what the table committed and
+what the writer's pending monikers for it already cover. The batch reads from the earliest of
+the tables' starts, and each table keeps only rows at or after its own start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from common.moniker import Moniker
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PartitionBounds:
+    """Kafka's current offsets of one topic-partition: first retained and next to be written."""
+
+    earliest: int
+    latest: int
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Read range per topic-partition, and per table the offset each partition starts at."""
+
+    read_ranges: dict[TopicPartition, tuple[int, int]]
+    table_starts: dict[str, dict[TopicPartition, int]]
+    lost_to_retention: dict[TopicPartition, int] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return sum(until - start for start, until in self.read_ranges.values())
+
+    def table_range(self, table: str, topic_partition: TopicPartition) -> tuple[int, int] | None:
+        """`[start, until)` of `table` in this batch, or None when it has nothing to read there."""
+        if topic_partition not in self.read_ranges:
+            return None
+        start = self.table_starts.get(table, {}).get(topic_partition, self.read_ranges[topic_partition][0])
+        until = self.read_ranges[topic_partition][1]
+        return (start, until) if until > start else None
+
+
+def pending_until(monikers: Iterable[Moniker]) -> dict[TopicPartition, int]:
+    """Highest `until_offset` per topic-partition among pending monikers."""
+    covered: dict[TopicPartition, int] = {}
+    for moniker in monikers:
+        for offsets in moniker.offsets:
+            key = (offsets.topic, offsets.partition)
+            covered[key] = max(covered.get(key, 0), offsets.until_offset)
+    return covered
+
+
+def plan_batch(
+    bounds: Mapping[TopicPartition, PartitionBounds],
+    table_positions: Mapping[str, Mapping[TopicPartition, int]],
+    default_start: str = "earliest",
+    max_records: int | None = None,
+    max_per_partition: int | None = None,
+) -> BatchPlan:
+    """Plan the next batch.
+
+    Args:
+        bounds: Kafka's earliest/latest offsets of every topic-partition this writer reads.
+        table_positions: per table, the next offset it needs per topic-partition (committed or
+            pending, whichever is later); partitions a table has never seen are absent.
+        default_start: where a table starts on a partition it has never seen (`earliest`/`latest`).
+        max_records: cap on the whole batch, split across partitions in proportion to their lag.
+        max_per_partition: cap per topic-partition.
+    """
+    table_starts: dict[str, dict[TopicPartition, int]] = {}
+    lost: dict[TopicPartition, int] = {}
+    for table, positions in table_positions.items():
+        starts = {}
+        for topic_partition, bound in bounds.items():
+            start = positions.get(topic_partition)
+            if start is None:
+                start = bound.earliest if default_start == "earliest" else bound.latest
+            if start < bound.earliest:
+                # Kafka's retention dropped records this table never got: report, start at what exists.
+                lost[topic_partition] = max(lost.get(topic_partition, 0), bound.earliest - start)
+                start = bound.earliest
+            starts[topic_partition] = min(start, bound.latest)
+        table_starts[table] = starts
+    read_starts = {tp: min(starts[tp] for starts in table_starts.values()) for tp in bounds} if table_starts else {}
+    lags = {tp: bounds[tp].latest - start for tp, start in read_starts.items() if bounds[tp].latest > start}
+    caps = _split_cap(lags, max_records, max_per_partition)
+    read_ranges = {tp: (read_starts[tp], read_starts[tp] + caps[tp]) for tp in lags if caps[tp] > 0}
+    return BatchPlan(read_ranges, table_starts, lost)
+
+
+def _split_cap(lags: Mapping[TopicPartition, int], max_records: int | None, max_per_partition: int | None) -> dict[TopicPartition, int]:
+    caps = {tp: min(lag, max_per_partition) if max_per_partition else lag for tp, lag in lags.items()}
+    total = sum(caps.values())
+    if max_records is None or total <= max_records:
+        return caps
+    # Proportional to lag, as Spark's maxOffsetsPerTrigger does; every lagging partition moves.
+    scaled = {tp: max(1, cap * max_records // total) for tp, cap in caps.items()}
+    return {tp: min(caps[tp], cap) for tp, cap in scaled.items()}
