@@ -98,6 +98,23 @@ def cmd_writer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bookkeeper(args: argparse.Namespace) -> int:
+    from bookkeeper.service import Bookkeeper
+
+    service = Bookkeeper(_config(args))
+    service.install_signal_handlers()
+
+    def show(report) -> None:  # noqa: ANN001 - CycleReport
+        for table in report.tables:
+            if table.snapshot_id is not None or table.quarantined:
+                print(json.dumps({"table": table.table, "snapshot_id": table.snapshot_id, "monikers": len(table.committed),
+                                  "records": table.records, "files": table.files, "quarantined": len(table.quarantined),
+                                  "ms": round(table.seconds * 1000, 1)}), flush=True)
+
+    service.run(once=args.once, on_cycle=show)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from icekeeper.demo import run_demo
 
@@ -154,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     writer.add_argument("--once", action="store_true", help="one batch with records, then exit")
     writer.add_argument("--max-batches", type=int, default=None)
     writer.add_argument("--until-idle", action="store_true", help="exit when a batch finds nothing new")
+
+    bookkeeper = add("bookkeeper", cmd_bookkeeper, "run the bookkeeper: commit monikers to Iceberg exactly once")
+    bookkeeper.add_argument("--once", action="store_true", help="one cycle, then exit")
 
     demo = add("demo", cmd_demo, "run the whole pipeline on the local stack and show the result")
     demo.add_argument("--keep-stack", action="store_true", help="leave the local stack running afterwards")

@@ -1,0 +1,301 @@
+"""Commit a table's ready monikers as one snapshot, exactly once.
+
+Which monikers are ready follows from the table's committed state (see `common/moniker.py`):
+a writer's moniker is committed when its `prev_seq` is the writer's last committed seq; one
+with a seq already committed is a duplicate. The check runs again on the refreshed table in
+every attempt, because another bookkeeper (a paused one waking up, say) may have committed in
+between. Each attempt is a single compare-and-swap on the table's current snapshot: pyiceberg's
+own retry loop is bypassed on purpose, since it rebuilds the snapshot on the refreshed table
+without giving the caller a chance to re-check (pyiceberg 0.12 `Transaction.commit_transaction`).
+A commit whose outcome is unknown is settled by reading the table back for its commit id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, TableAlreadyExistsError
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, AssertTableUUID, SetCurrentSchemaUpdate
+
+from bookkeeper.datafiles import FooterFacts, InvalidFile, data_file, read_footers, validate
+from bookkeeper.evolution import IncompatibleSchema, plan_evolution
+from common.catalog import load_table_or_none
+from common.committed_state import CommittedState, committed_state
+from common.config.model import IcekeeperConfig, TableSpec
+from common.moniker import Moniker
+from common.partitioning import partition_spec
+from common.transports.base import Delivery
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TABLE_PROPERTIES = {
+    "format-version": "2",
+    # Keep the manifest count bounded as commits pile up (merge-append merges past this many).
+    "commit.manifest-merge.enabled": "true",
+    "commit.manifest.min-count-to-merge": "16",
+    # Old metadata.json files are deleted as new ones are written, keeping the last 20.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "20",
+    "write.parquet.compression-codec": "zstd",
+}
+MAX_ATTEMPTS = 8
+
+
+class StaleEpoch(RuntimeError):
+    """The table was committed by a bookkeeper with a newer epoch: this one must stop."""
+
+
+@dataclass
+class TableCommit:
+    """Outcome of one table's cycle; the service acknowledges only after this returns."""
+
+    table: str
+    committed: list[Delivery] = field(default_factory=list)
+    duplicates: list[Delivery] = field(default_factory=list)
+    quarantined: list[tuple[Delivery, str]] = field(default_factory=list)
+    waiting: list[Delivery] = field(default_factory=list)
+    snapshot_id: int | None = None
+    records: int = 0
+    files: int = 0
+    bytes: int = 0
+    watermark_ms: int | None = None
+    attempts: int = 0
+    seconds: float = 0.0
+    schema_changes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Selection:
+    ready: list[Delivery]
+    duplicates: list[Delivery]
+    waiting: list[Delivery]
+
+
+def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: int, max_bytes: int) -> _Selection:
+    """Ready monikers in commit order, duplicates, and those waiting for a predecessor."""
+    by_writer: dict[str, list[Delivery]] = {}
+    duplicates: list[Delivery] = []
+    seen_ids: set[str] = set()
+    for delivery in deliveries:
+        moniker = delivery.moniker
+        assert moniker is not None
+        committed_seq = state.writer_seqs.get(moniker.writer_id)
+        if (committed_seq is not None and moniker.seq <= committed_seq) or moniker.id in seen_ids:
+            duplicates.append(delivery)
+            continue
+        seen_ids.add(moniker.id)
+        by_writer.setdefault(moniker.writer_id, []).append(delivery)
+    ready: list[Delivery] = []
+    waiting: list[Delivery] = []
+    files = size = 0
+    for writer_id, chain in sorted(by_writer.items()):
+        chain.sort(key=lambda d: d.moniker.seq)
+        expected = state.writer_seqs.get(writer_id)
+        for delivery in chain:
+            moniker = delivery.moniker
+            over_budget = ready and (files + len(moniker.files) > max_files or size + moniker.bytes > max_bytes)
+            if moniker.prev_seq != expected or over_budget:
+                waiting.append(delivery)
+                continue
+            ready.append(delivery)
+            files += len(moniker.files)
+            size += moniker.bytes
+            expected = moniker.seq
+    return _Selection(ready, duplicates, waiting)
+
+
+class Committer:
+    """Commits monikers into the tables of one catalog."""
+
+    def __init__(self, config: IcekeeperConfig, catalog: Catalog, epoch: int = 0) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.epoch = epoch
+        self._footers: dict[str, FooterFacts | InvalidFile] = {}
+
+    def commit_table(self, identifier: str, deliveries: list[Delivery]) -> TableCommit:
+        """Commit what is ready for `identifier`; never acknowledges anything itself."""
+        started = time.monotonic()
+        result = TableCommit(identifier)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            result = TableCommit(identifier, attempts=attempt)
+            table = load_table_or_none(self.catalog, identifier)
+            state = committed_state(table) if table is not None else CommittedState()
+            if state.epoch > self.epoch:
+                raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
+            selection = select_ready(deliveries, state, self.config.bookkeeper.max_files_per_commit, self.config.bookkeeper.max_bytes_per_commit)
+            result.duplicates, result.waiting = selection.duplicates, selection.waiting
+            if not selection.ready:
+                break
+            plan = self._prepare(table, identifier, selection.ready, result)
+            if plan is None:
+                break
+            table = plan.table
+            new_state = _advance(state, plan, self.epoch)
+            try:
+                snapshot_id = self._commit_once(table, plan, new_state)
+            except CommitFailedException as error:
+                log.info("commit conflict, re-checking the refreshed table", extra={"table": identifier, "attempt": attempt, "error": str(error)})
+                continue
+            except (StaleEpoch, InvalidFile):
+                raise
+            except Exception as error:  # noqa: BLE001 - outcome unknown: read the table back, never assume
+                snapshot_id = self._settle_unknown(identifier, new_state.commit_id, error)
+                if snapshot_id is None:
+                    continue
+            result.snapshot_id = snapshot_id
+            result.committed = [d for d in plan.committed]
+            result.records = sum(d.moniker.records for d in plan.committed)
+            result.files = len(plan.data_files)
+            result.bytes = sum(d.moniker.bytes for d in plan.committed)
+            result.watermark_ms = new_state.watermark_ms
+            for delivery in plan.committed + [q for q, _ in plan.quarantined]:
+                for entry in delivery.moniker.files:
+                    self._footers.pop(entry.path, None)
+            break
+        else:
+            raise CommitFailedException(f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts")
+        result.seconds = time.monotonic() - started
+        return result
+
+    # -- building the commit -------------------------------------------------------------------------
+
+    def _prepare(self, table: Table | None, identifier: str, ready: list[Delivery], result: TableCommit) -> "_Plan | None":
+        """Validate files, evolve the schema, build data files; quarantine monikers that cannot go in."""
+        paths = [entry.path for d in ready for entry in d.moniker.files if entry.path not in self._footers]
+        self._footers.update(read_footers(paths, self.config.bookkeeper.footer_threads))
+        plan = _Plan(table=table)
+        current_schema = table.schema() if table is not None else None
+        for delivery in ready:
+            moniker = delivery.moniker
+            file_schema = Schema.model_validate(moniker.schema_)
+            try:
+                if current_schema is None:
+                    table = self._create_table(identifier, moniker, file_schema)
+                    plan.table, current_schema = table, table.schema()
+                evolution = plan_evolution(current_schema, file_schema, self.config.bookkeeper.allow_drop_columns)
+                location = plan.table.location()
+                files = []
+                for entry in moniker.files:
+                    facts = self._footers[entry.path]
+                    if isinstance(facts, InvalidFile):
+                        raise facts
+                    validate(entry, facts, location, file_schema)
+                    files.append(data_file(entry, facts, file_schema, plan.table.specs()[entry.spec_id] if entry.spec_id in plan.table.specs() else plan.table.spec(), plan.table.properties))
+            except (IncompatibleSchema, InvalidFile) as error:
+                plan.quarantined.append((delivery, str(error)))
+                continue
+            if evolution.schema is not None:
+                current_schema = evolution.schema
+                plan.new_schema = evolution.schema
+                plan.schema_changes.extend(evolution.changes)
+            plan.committed.append(delivery)
+            plan.data_files.extend(files)
+        result.quarantined = plan.quarantined
+        result.schema_changes = plan.schema_changes
+        if plan.table is None:
+            return None
+        return plan
+
+    def _create_table(self, identifier: str, moniker: Moniker, file_schema: Schema) -> Table:
+        spec = next((t for t in self.config.tables if t.identifier == identifier), None) or TableSpec(identifier=identifier)
+        namespace = identifier.rsplit(".", 1)[0]
+        try:
+            self.catalog.create_namespace(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        properties = {**DEFAULT_TABLE_PROPERTIES, **spec.properties}
+        if spec.comment:
+            properties["comment"] = spec.comment
+        location = spec.location or moniker.table_location
+        try:
+            table = self.catalog.create_table(identifier, schema=file_schema, partition_spec=partition_spec(spec.partition_by, file_schema),
+                                              location=location, properties=properties)
+        except TableAlreadyExistsError:
+            table = self.catalog.load_table(identifier)
+        created_ids = {f.name: f.field_id for f in table.schema().fields}
+        if created_ids != {f.name: f.field_id for f in file_schema.fields}:
+            raise IncompatibleSchema(f"{identifier}: the new table's field ids differ from the files' ({created_ids})")
+        log.info("table created", extra={"table": identifier, "location": table.location()})
+        return table
+
+    def _commit_once(self, table: Table, plan: "_Plan", new_state: CommittedState) -> int:
+        """One compare-and-swap: schema change (if any) and the snapshot, atomically."""
+        summary = new_state.to_summary([d.moniker.id for d in plan.committed])
+        transaction = table.transaction()
+        if plan.new_schema is not None:
+            transaction._apply(  # noqa: SLF001 - explicit ids: see evolution.py
+                (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
+                (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
+            )
+        with transaction.update_snapshot(snapshot_properties=summary).merge_append() as append:
+            for data in plan.data_files:
+                append.append_data_file(data)
+        updates = transaction._updates  # noqa: SLF001
+        requirements = transaction._requirements + (AssertTableUUID(uuid=table.metadata.table_uuid),)  # noqa: SLF001
+        # A single attempt; the snapshot producer's AssertRefSnapshotId makes it a CAS on the
+        # snapshot our state was read from.
+        table._do_commit(updates=updates, requirements=requirements)  # noqa: SLF001
+        return table.current_snapshot().snapshot_id
+
+    def _settle_unknown(self, identifier: str, commit_id: str | None, error: Exception) -> int | None:
+        log.warning("commit outcome unknown, reading the table back", extra={"table": identifier, "error": repr(error)})
+        for _ in range(10):
+            try:
+                table = self.catalog.load_table(identifier)
+                break
+            except Exception:  # noqa: BLE001 - the catalog may still be unreachable
+                time.sleep(1)
+        else:
+            raise error
+        for snapshot in table.snapshots():
+            properties = snapshot.summary.additional_properties if snapshot.summary else {}
+            if properties.get("icekeeper.commit-id") == commit_id:
+                return snapshot.snapshot_id
+        return None
+
+
+@dataclass
+class _Plan:
+    table: Table | None
+    committed: list[Delivery] = field(default_factory=list)
+    quarantined: list[tuple[Delivery, str]] = field(default_factory=list)
+    data_files: list[DataFile] = field(default_factory=list)
+    new_schema: Schema | None = None
+    schema_changes: list[str] = field(default_factory=list)
+
+
+def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
+    """The state after this commit: seqs, offsets, event time, watermark, epoch, a new commit id.
+
+    Quarantined monikers advance their writer's seq and offsets too: their records are
+    accounted for in the dead-letter place, and later monikers of the writer must not wait.
+    """
+    writer_seqs = dict(state.writer_seqs)
+    offsets = dict(state.offsets)
+    event_ms = dict(state.partition_event_ms)
+    quarantined = state.quarantined_records
+    for delivery in sorted(plan.committed + [d for d, _ in plan.quarantined], key=lambda d: (d.moniker.writer_id, d.moniker.seq)):
+        moniker = delivery.moniker
+        writer_seqs[moniker.writer_id] = max(writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq)
+        for offset_range in moniker.offsets:
+            key = (offset_range.topic, offset_range.partition)
+            offsets[key] = max(offsets.get(key, 0), offset_range.until_offset)
+            if moniker.max_event_time_ms is not None:
+                event_ms[key] = max(event_ms.get(key, 0), moniker.max_event_time_ms)
+        if delivery in [d for d, _ in plan.quarantined]:
+            quarantined += moniker.records
+    watermark = min(event_ms.values()) if event_ms else state.watermark_ms
+    return CommittedState(writer_seqs, offsets, event_ms, watermark, max(epoch, state.epoch), uuid.uuid4().hex, quarantined)
+
+
+def describe(result: TableCommit) -> str:
+    return json.dumps({"table": result.table, "snapshot_id": result.snapshot_id, "files": result.files, "records": result.records})

@@ -1,0 +1,114 @@
+"""The bookkeeper service: receive monikers, commit them per table, then acknowledge.
+
+One cycle: receive every pending delivery, set aside unreadable ones (dead-lettered after
+`max_attempts`), group the rest by table, commit each table's ready monikers as one snapshot,
+and only then acknowledge them (and dead-letter quarantined ones). A crash anywhere before
+the acknowledgement leaves the monikers pending; the next cycle finds them committed (by the
+commit id and writer seqs in the table) and acknowledges them as duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from bookkeeper.committer import Committer, StaleEpoch, TableCommit
+from common.catalog import open_catalog
+from common.config.model import IcekeeperConfig
+from common.transports import Delivery, open_transport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did."""
+
+    tables: list[TableCommit] = field(default_factory=list)
+    dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+    pending: int = 0
+    seconds: float = 0.0
+
+    @property
+    def committed_monikers(self) -> int:
+        return sum(len(t.committed) for t in self.tables)
+
+
+class Bookkeeper:
+    """Commits monikers for the tables of one config; run one per group of tables."""
+
+    def __init__(self, config: IcekeeperConfig, epoch: int = 0) -> None:
+        self.config = config
+        self.catalog = open_catalog(config)
+        self.transport = open_transport(config)
+        self.committer = Committer(config, self.catalog, epoch)
+        self.stop = threading.Event()
+        self._report_path = Path(config.bookkeeper.commit_report_path)
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: finish the current cycle (its commit and acknowledgements), then stop."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stop.set())
+
+    def run(self, once: bool = False, on_cycle: Callable[[CycleReport], None] | None = None) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            report = self.run_cycle()
+            if on_cycle:
+                on_cycle(report)
+            if once:
+                return
+            self.stop.wait(max(0.0, self.config.bookkeeper.commit_interval - (time.monotonic() - started)))
+
+    def run_cycle(self) -> CycleReport:
+        started = time.monotonic()
+        report = CycleReport()
+        deliveries = self.transport.receive(max_count=100_000)
+        readable: dict[str, list[Delivery]] = {}
+        for delivery in deliveries:
+            if delivery.moniker is None:
+                if delivery.attempts >= self.config.bookkeeper.max_attempts:
+                    self.transport.dead_letter(delivery, delivery.error or "unreadable")
+                    report.dead_lettered.append((delivery.source, delivery.error or "unreadable"))
+                    log.warning("unreadable moniker dead-lettered", extra={"source": delivery.source, "reason": delivery.error})
+                continue
+            readable.setdefault(delivery.moniker.table, []).append(delivery)
+        for table, group in sorted(readable.items()):
+            try:
+                result = self.committer.commit_table(table, group)
+            except StaleEpoch:
+                raise
+            except Exception as error:  # noqa: BLE001 - one table's failure must not stop the others
+                log.error("table commit failed; its monikers stay pending", extra={"table": table, "error": repr(error)})
+                continue
+            # The commit is durable (or there was nothing to commit): now acknowledge.
+            for delivery in result.committed + result.duplicates:
+                self.transport.acknowledge(delivery)
+            for delivery, reason in result.quarantined:
+                self.transport.dead_letter(delivery, reason)
+                report.dead_lettered.append((delivery.source, reason))
+                log.warning("moniker quarantined", extra={"table": table, "moniker": delivery.moniker.id, "reason": reason})
+            report.pending += len(result.waiting)
+            report.tables.append(result)
+            if result.snapshot_id is not None:
+                self._write_report(result)
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _write_report(self, result: TableCommit) -> None:
+        """One JSON line per snapshot, for downstream schedulers waiting on a watermark (seed 004)."""
+        line = {
+            "table": result.table, "snapshot_id": result.snapshot_id, "files": result.files, "records": result.records,
+            "bytes": result.bytes, "watermark_ms": result.watermark_ms, "latency_ms": round(result.seconds * 1000, 1),
+            "monikers": len(result.committed), "quarantined": len(result.quarantined), "schema_changes": result.schema_changes,
+            "committed_at_ms": int(time.time() * 1000),
+        }
+        self._report_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._report_path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
