@@ -67,3 +67,41 @@ def local_stack(stack_config: IcekeeperConfig):
 def unique_topic() -> str:
     """A topic name no other test uses."""
     return f"test.{uuid.uuid4().hex[:10]}"
+
+
+def pipeline_config(state_dir: Path, topic: str, extra: dict[str, str] | None = None) -> IcekeeperConfig:
+    """A config for one test: the session stack, its own state folder, catalog and topic.
+
+    The catalog name is unique per test because Spark's Iceberg JdbcCatalog stores its Spark
+    catalog name in the catalog database, so a shared SparkSession registers one per test.
+    """
+    environ = stack_environ(state_dir, TEST_STACK_PORTS)
+    environ.update({
+        "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
+        "ICEKEEPER__TABLES__0__TOPICS": f"[{topic}]",
+        "ICEKEEPER__CATALOG__NAME": f"cat_{uuid.uuid4().hex[:8]}",
+        "ICEKEEPER__WRITER__SPARK_MASTER": "local[2]",
+        "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
+        "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0",
+    })
+    environ.update(extra or {})
+    return load_config(None, environ=environ)
+
+
+@pytest.fixture(scope="session")
+def spark(stack_config: IcekeeperConfig):
+    """One local SparkSession (2 cores) for the whole test session; starting one takes 10-20 s."""
+    from common.spark import spark_session
+
+    session = spark_session(stack_config, "icekeeper-tests", master="local[2]", extra_conf={"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
+
+
+def register_catalog(spark, config: IcekeeperConfig) -> str:  # noqa: ANN001
+    """Register the test's catalog in the shared SparkSession; returns its name."""
+    from common.spark import iceberg_catalog_conf
+
+    for key, value in iceberg_catalog_conf(config).items():
+        spark.conf.set(key, value)
+    return config.catalog.name

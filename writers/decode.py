@@ -25,7 +25,7 @@ from pyiceberg.types import IcebergType
 from writers.registry import RegisteredSchema
 
 ERROR = "_ik_error"
-KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
+KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
 
 
 @dataclass(frozen=True)
@@ -76,15 +76,21 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema]) -> De
         F.when(F.col("value").isNull(), F.lit("tombstone"))
         .when((F.length("value") < 5) | (F.substring(F.col("value"), 1, 1) != F.lit(b"\x00")), F.lit("bad-magic-byte"))
         .when(~prefix.isin(*known_prefixes) if known_prefixes else F.lit(True), F.lit("unknown-schema-id"))
-        .when(~_any_not_null([F.col(v.column) for v in versions]), F.lit("undecodable-avro"))
+        .when(~_any_decoded(versions), F.lit("undecodable-avro"))
     )
     return DecodedBatch(frame.withColumn(ERROR, error), versions, [schema.schema_id for schema in schemas])
 
 
-def _any_not_null(columns: list[SparkColumn]) -> SparkColumn:
+def _any_decoded(versions: list[VersionShape]) -> SparkColumn:
+    """True when a version decoded the record. In PERMISSIVE mode a malformed body yields a
+    struct of nulls rather than null, so a Debezium event counts only with its required `op`."""
     result = F.lit(False)
-    for column in columns:
-        result = result | column.isNotNull()
+    for version in versions:
+        struct = F.col(version.column)
+        if version.is_debezium:
+            result = result | struct["op"].isNotNull()
+        else:
+            result = result | struct.isNotNull()
     return result
 
 

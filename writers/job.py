@@ -89,9 +89,19 @@ class WriterJob:
     def run(self, max_batches: int | None = None, until_idle: bool = False, on_batch: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
         """Run batches every trigger interval until stopped (SIGTERM/SIGINT), `max_batches`, or idle."""
         reports = []
+        failures = 0
         while not self.stop.is_set():
             started = time.monotonic()
-            report = self.run_batch()
+            try:
+                report = self.run_batch()
+                failures = 0
+            except Exception as error:  # noqa: BLE001 - a failed batch published nothing; retry it
+                failures += 1
+                if failures >= 5:
+                    raise
+                log.error("batch failed; nothing was published, retrying", extra={"writer": self.writer_id, "error": repr(error), "failures": failures})
+                self.stop.wait(min(30.0, 2.0 ** failures))
+                continue
             if report.records_read:
                 reports.append(report)
                 if on_batch:
@@ -251,7 +261,7 @@ class WriterJob:
             .option("assign", json.dumps(assign))
             .option("startingOffsets", json.dumps(starting))
             .option("endingOffsets", json.dumps(ending))
-            .option("failOnDataLoss", "false")
+            .option("failOnDataLoss", "true" if not source.offset_gaps else "false")
             .option("includeHeaders", "true" if include_headers else "false")
             .option("minPartitions", str(self.spark.sparkContext.defaultParallelism))
         )
@@ -295,6 +305,9 @@ class WriterJob:
         if metrics is None:
             metrics = batch_metrics.get if targets else self._batch_metrics_alone(routed)
         outcome.errors = {kind: int(metrics.get(kind) or 0) for kind in _ERROR_KINDS if metrics.get(kind)}
+        if not source.offset_gaps and metrics.get("records") is not None and int(metrics["records"]) != plan.records:
+            self._discard(outcome.output_dirs)
+            raise BatchIncomplete(f"read {metrics['records']} records where offsets span {plan.records}; the batch is retried")
         registry = self.schemas[source.name]
         for schema_id in metrics.get("unknown_ids") or []:
             registered = registry.by_id(int(schema_id))
@@ -304,6 +317,7 @@ class WriterJob:
 
     def _batch_metrics_alone(self, routed: DataFrame) -> dict:
         row = routed.agg(
+            F.count(F.lit(1)).alias("records"),
             *[F.sum(F.when(F.col(ERROR) == kind, 1).otherwise(0)).alias(kind) for kind in _ERROR_KINDS],
             F.collect_set(F.when(F.col(ERROR) == "unknown-schema-id", F.col("_ik_unknown_id"))).alias("unknown_ids"),
         ).collect()[0]
@@ -437,6 +451,10 @@ class WriterJob:
                 filesystem.delete_dir(path)
             except (FileNotFoundError, OSError):
                 pass
+
+
+class BatchIncomplete(RuntimeError):
+    """Kafka returned fewer records than the planned offsets span; nothing was published."""
 
 
 _ERROR_KINDS = ("tombstone", "bad-magic-byte", "unknown-schema-id", "undecodable-avro", "invalid-json", "not-a-debezium-event", "missing-key", "unroutable")

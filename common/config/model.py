@@ -63,6 +63,11 @@ class KafkaSource(_Model):
     max_rate_per_partition: int | None = Field(None, ge=1, description="Records per second per partition; caps a batch at rate x trigger interval x partitions (seed 000: `spark.streaming.kafka.maxRatePerPartition`).")
     dead_letter_topic: str = Field("icekeeper.dead-letter", description="Topic that receives records which cannot be decoded or routed, with the reason in headers.")
     tombstones: Literal["skip", "dead-letter"] = Field("skip", description="Kafka tombstones (null value, Debezium's follow-up to a delete): `skip` counts and drops them; `dead-letter` sends them to the dead-letter topic.")
+    offset_gaps: bool = Field(
+        False,
+        description="Allow offsets with no record (compacted or transactional topics). Off: a batch that reads fewer records than "
+        "its offset span fails and is retried, instead of silently skipping records Kafka did not return.",
+    )
     table_template: str | None = Field(
         None,
         description="Route records no table claims to a table named by this template, e.g. `cdc.{db}_{table}`; "
