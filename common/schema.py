@@ -358,3 +358,24 @@ def iceberg_type_from_spark(data_type) -> IcebergType:  # noqa: ANN001 - a pyspa
         if isinstance(data_type, spark_class):
             return iceberg_class()
     raise SchemaConversionError(f"no Iceberg type for Spark type {data_type}")
+
+
+def spark_sql_type(field_type: IcebergType) -> str:
+    """The Spark SQL type name for CAST(... AS <type>)."""
+    if isinstance(field_type, StructType):
+        inner = ", ".join(f"`{f.name.replace('`', '``')}`: {spark_sql_type(f.field_type)}" for f in field_type.fields)
+        return f"STRUCT<{inner}>"
+    if isinstance(field_type, ListType):
+        return f"ARRAY<{spark_sql_type(field_type.element_type)}>"
+    if isinstance(field_type, MapType):
+        return f"MAP<{spark_sql_type(field_type.key_type)}, {spark_sql_type(field_type.value_type)}>"
+    if isinstance(field_type, DecimalType):
+        return f"DECIMAL({field_type.precision}, {field_type.scale})"
+    names = {
+        BooleanType: "BOOLEAN", IntegerType: "INT", LongType: "BIGINT", FloatType: "FLOAT", DoubleType: "DOUBLE", StringType: "STRING",
+        BinaryType: "BINARY", FixedType: "BINARY", DateType: "DATE", TimestamptzType: "TIMESTAMP", TimestampType: "TIMESTAMP_NTZ",
+    }
+    for iceberg_class, name in names.items():
+        if isinstance(field_type, iceberg_class):
+            return name
+    raise SchemaConversionError(f"no Spark SQL type for {field_type}")

@@ -115,6 +115,29 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    config = _config(args)
+    stack = None
+    if args.start_stack:
+        from icekeeper.localstack.stack import LocalStack
+
+        stack = LocalStack(config)
+        report = stack.up(_progress)
+        started_here = report.started
+    try:
+        if args.target == "writer":
+            from icekeeper.bench.writer import run_writer_bench
+
+            result = run_writer_bench(config, args.records or 1_000_000, progress=_progress, cores=args.cores)
+        else:
+            raise SystemExit(f"bench {args.target}: not available yet")
+    finally:
+        if stack is not None and started_here:
+            stack.down(lambda message: None)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from icekeeper.demo import run_demo
 
@@ -174,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bookkeeper = add("bookkeeper", cmd_bookkeeper, "run the bookkeeper: commit monikers to Iceberg exactly once")
     bookkeeper.add_argument("--once", action="store_true", help="one cycle, then exit")
+
+    bench = add("bench", cmd_bench, "benchmarks that print ratios against a baseline run on the same machine")
+    bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e"])
+    bench.add_argument("--records", type=int, default=None, help="records to preload (writer: default 1,000,000)")
+    bench.add_argument("--cores", type=int, default=None, help="Spark local cores (default: all)")
+    bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
+    bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
 
     demo = add("demo", cmd_demo, "run the whole pipeline on the local stack and show the result")
     demo.add_argument("--keep-stack", action="store_true", help="leave the local stack running afterwards")

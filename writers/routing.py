@@ -9,10 +9,8 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 
-from pyspark.sql import Column as SparkColumn
-from pyspark.sql import functions as F
-
 from common.config.model import KafkaSource, TableSpec
+from writers import sql
 from writers.flatten import KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
 
 _TEMPLATE_FIELDS = {"topic": KAFKA_TOPIC, "server": SOURCE_SERVER, "db": SOURCE_DB, "table": SOURCE_TABLE}
@@ -25,48 +23,35 @@ class Routes:
     tables: list[TableSpec]
     template: str | None
 
-    def column(self) -> SparkColumn:
-        """The destination table identifier of each row, or null when nothing claims it."""
-        route: SparkColumn | None = None
-        for table in self.tables:
-            condition = _claims(table)
-            if condition is None:
-                continue
-            route = F.when(condition, F.lit(table.identifier)) if route is None else route.when(condition, F.lit(table.identifier))
-        fallback = template_column(self.template) if self.template else F.lit(None).cast("string")
-        return fallback if route is None else route.otherwise(fallback)
+    def sql(self) -> str:
+        """SQL for the destination table identifier of each row, or null when nothing claims it."""
+        branches = [f"WHEN {claim} THEN {sql.string(table.identifier)}" for table in self.tables if (claim := _claims(table)) is not None]
+        fallback = template_sql(self.template) if self.template else "CAST(NULL AS STRING)"
+        return f"CASE {' '.join(branches)} ELSE {fallback} END" if branches else fallback
 
 
-def _claims(table: TableSpec) -> SparkColumn | None:
+def _claims(table: TableSpec) -> str | None:
     conditions = []
     if table.topics:
-        conditions.append(F.col(KAFKA_TOPIC).isin(*table.topics))
-    if table.source_db or table.source_table:
-        by_source = F.lit(True)
-        if table.source_db:
-            by_source = by_source & (F.col(SOURCE_DB) == F.lit(table.source_db))
-        if table.source_table:
-            by_source = by_source & (F.col(SOURCE_TABLE) == F.lit(table.source_table))
-        conditions.append(by_source)
-    if not conditions:
-        return None
-    claim = conditions[0]
-    for condition in conditions[1:]:
-        claim = claim & condition
-    return claim
+        conditions.append(sql.in_list(KAFKA_TOPIC, [sql.string(topic) for topic in table.topics]))
+    if table.source_db:
+        conditions.append(f"{SOURCE_DB} = {sql.string(table.source_db)}")
+    if table.source_table:
+        conditions.append(f"{SOURCE_TABLE} = {sql.string(table.source_table)}")
+    return sql.all_of(conditions) if conditions else None
 
 
-def template_column(template: str) -> SparkColumn:
+def template_sql(template: str) -> str:
     """`cdc.{db}_{table}` -> concat('cdc.', db, '_', table); null when a field is missing."""
-    parts: list[SparkColumn] = []
+    parts: list[str] = []
     for literal, field_name, _, _ in string.Formatter().parse(template):
         if literal:
-            parts.append(F.lit(literal))
+            parts.append(sql.string(literal))
         if field_name is not None:
             if field_name not in _TEMPLATE_FIELDS:
                 raise ValueError(f"table_template {template!r}: unknown field {{{field_name}}}; use {sorted(_TEMPLATE_FIELDS)}")
-            parts.append(F.col(_TEMPLATE_FIELDS[field_name]))
-    return F.concat(*parts)
+            parts.append(_TEMPLATE_FIELDS[field_name])
+    return f"concat({', '.join(parts)})"
 
 
 def routes_for(source: KafkaSource, tables: list[TableSpec]) -> Routes:

@@ -1,0 +1,174 @@
+"""`icekeeper bench writer`: our writer against Spark's own Iceberg streaming sink, same data, same cores.
+
+The topic is preloaded with seed-000-like Debezium Avro records (the `tbl_test_1` envelope, ~230
+bytes each, Confluent-framed with a registered schema). The records are made in Spark's JVM with
+`to_avro` (producing a million from Python would take minutes). Then, in one SparkSession:
+
+- ours: `WriterJob` batches until idle (Parquet files + monikers; no commit),
+- baseline: `readStream` from Kafka, the same `from_avro` decoding and flattening, and
+  `writeStream` into an Iceberg table (iceberg-spark-runtime), trigger availableNow.
+
+The last stdout line is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from common.config.model import IcekeeperConfig
+from common.spark import spark_session
+from icekeeper.samples import seed000
+from icekeeper.samples.debezium import DEBEZIUM_VERSION
+from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
+
+Progress = Callable[[str], None]
+
+
+def seed_like_frame(spark: SparkSession, records: int, partitions: int) -> DataFrame:
+    """`records` seed-000 envelopes (schema v4: C3..C6), keys spread over 100k ids, mostly updates."""
+    n = F.col("id")
+    row_fields = lambda base: F.struct(  # noqa: E731 - a template for before/after
+        (F.lit(1000) + n % 100_000).cast("int").alias("ID1"),
+        F.lit("A").alias("ID2"),
+        F.concat(F.lit("V"), (n % 97).cast("string"), F.lit("-1")).alias("C1"),
+        (base + n % 10_000).cast("int").alias("C2"),
+        F.lit(None).cast("string").alias("C6"),
+        F.concat(F.lit("S4-"), (n % 1000).cast("string")).alias("C5"),
+        (F.lit(4000) + n % 13).cast("int").alias("C4"),
+        F.lit(None).cast("int").alias("C3"),
+        F.lit(1646101923000).cast("long").alias("CREATE_TIME"),
+        (F.lit(1646296793000) + n * 1000).cast("long").alias("UPDATE_TIME"),
+    )
+    op = F.when(n % 10 == 0, F.lit("c")).otherwise(F.lit("u"))
+    source = F.struct(
+        F.lit(DEBEZIUM_VERSION).alias("version"), F.lit("mysql").alias("connector"), F.lit("test").alias("name"),
+        (F.lit(1646297167000) + n * 1000).cast("long").alias("ts_ms"), F.lit("false").alias("snapshot"), F.lit("db_gb18030_test").alias("db"),
+        F.lit(None).cast("string").alias("sequence"), F.lit("tbl_test_1").alias("table"), F.lit(1).cast("long").alias("server_id"),
+        F.concat(F.lit("e45b718e-906f-11ec-89e3-0242c0a8640a:"), n.cast("string")).alias("gtid"), F.lit("mysql-bin.000021").alias("file"),
+        (F.lit(46951) + n * 7).cast("long").alias("pos"), F.lit(0).alias("row"), F.lit(None).cast("long").alias("thread"),
+        F.lit(None).cast("string").alias("query"),
+    )
+    transaction = F.struct(F.concat(F.lit("e45b718e-906f-11ec-89e3-0242c0a8640a:"), n.cast("string")).alias("id"),
+                           F.lit(1).cast("long").alias("total_order"), F.lit(1).cast("long").alias("data_collection_order"))
+    envelope = F.struct(
+        F.when(op == "u", row_fields(F.lit(5000))).alias("before"), row_fields(F.lit(5001)).alias("after"), source.alias("source"),
+        op.alias("op"), (F.lit(1646297167652) + n * 1000).cast("long").alias("ts_ms"), transaction.alias("transaction"),
+    )
+    key = F.struct((F.lit(1000) + n % 100_000).cast("int").alias("ID1"), F.lit("A").alias("ID2"))
+    return spark.range(0, records, numPartitions=partitions).select(key.alias("key"), envelope.alias("value"))
+
+
+def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, records: int, partitions: int = 3) -> dict[str, Any]:
+    """Register the seed v4 schemas and fill `topic` with `records` Confluent-framed Avro messages."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from pyspark.sql.avro.functions import to_avro
+
+    source = config.sources[0]
+    ensure_topic(source.bootstrap_servers, topic, partitions)
+    shape = seed000.SCHEMA_VERSIONS[4]
+    framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), topic)
+    value_id = framer.schema_id(shape.value_schema(), is_key=False)
+    key_id = framer.schema_id(shape.key_schema(), is_key=True)
+    frame = seed_like_frame(spark, records, partitions)
+    prefix = lambda schema_id: F.lit(bytes([0]) + schema_id.to_bytes(4, "big"))  # noqa: E731
+    framed = frame.select(
+        F.concat(prefix(key_id), to_avro(F.col("key"), json.dumps(shape.key_schema()))).alias("key"),
+        F.concat(prefix(value_id), to_avro(F.col("value"), json.dumps(shape.value_schema()))).alias("value"),
+    )
+    started = time.monotonic()
+    (framed.write.format("kafka").option("kafka.bootstrap.servers", source.bootstrap_servers).option("topic", topic)
+     .option("kafka.linger.ms", "50").option("kafka.batch.size", "1000000").option("kafka.compression.type", "lz4").save())
+    sizes = framed.select(F.avg(F.length("value")).alias("avg")).collect()[0]["avg"]
+    return {"topic": topic, "records": records, "avg_value_bytes": round(float(sizes), 1), "preload_s": round(time.monotonic() - started, 1),
+            "value_schema_id": value_id}
+
+
+def run_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schema_text: str, schema_id: int, work_dir: Path) -> float:
+    """Spark's own path: readStream -> same decode and flatten -> writeStream into an Iceberg table."""
+    from pyiceberg.schema import Schema
+
+    from common.catalog import open_catalog
+    from common.spark import iceberg_catalog_conf
+    from writers.decode import DecodedBatch, decode_avro_confluent
+    from writers.flatten import HELPER_COLUMNS, flatten
+    from common.schema import resolve_named_types
+    from writers.registry import RegisteredSchema
+
+    for key, value in iceberg_catalog_conf(config).items():
+        spark.conf.set(key, value)
+    registered = RegisteredSchema(schema_id, schema_text, resolve_named_types(json.loads(schema_text)))
+    stream = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
+              .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "250000")
+              .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load().withColumn("headers", F.lit(None)))
+    decoded: DecodedBatch = decode_avro_confluent(stream, [registered])
+    flat = flatten(decoded.frame, decoded.versions, config.metadata_columns, None, ["ID1", "ID2"])
+    rows = flat.frame.where(F.col("_ik_error").isNull()).drop(*HELPER_COLUMNS)
+    catalog = open_catalog(config)
+    try:
+        catalog.create_namespace("bench")
+    except Exception:  # noqa: BLE001 - exists from an earlier run
+        pass
+    identifier = f"bench.baseline_{uuid.uuid4().hex[:6]}"
+    # Spark's columns are nullable, and the Iceberg sink refuses them for required fields.
+    fields = [field.model_copy(update={"required": False}) for field in flat.schema.fields]
+    catalog.create_table(identifier, schema=Schema(*fields), properties={"write.parquet.compression-codec": "zstd"})
+    started = time.monotonic()
+    query = (rows.writeStream.format("iceberg").outputMode("append").trigger(availableNow=True)
+             .option("checkpointLocation", str(work_dir / "baseline-checkpoint")).toTable(f"{config.catalog.name}.{identifier}"))
+    query.awaitTermination()
+    seconds = time.monotonic() - started
+    count = spark.table(f"{config.catalog.name}.{identifier}").count()
+    return seconds if count else float("nan")
+
+
+def run_writer_bench(config: IcekeeperConfig, records: int, progress: Progress = print, cores: int | None = None) -> dict[str, Any]:
+    """Preload, then time our writer and the baseline in one SparkSession."""
+    from writers.job import WriterJob
+
+    cores = cores or os.cpu_count() or 2
+    work_dir = Path(config.state_dir) / "bench-writer"
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    topic = f"bench.seed.{uuid.uuid4().hex[:8]}"
+    environ_config = config.model_copy(update={
+        "sources": [config.sources[0].model_copy(update={"topics": [topic], "max_offsets_per_trigger": 250_000})],
+        "tables": [config.tables[0].model_copy(update={"topics": [topic], "identifier": "bench.ours"})],
+        "writer": config.writer.model_copy(update={"trigger_interval": 0.0, "checkpoint_uri": str(work_dir / "checkpoints")}),
+        "transport": config.transport.model_copy(update={"uri": str(work_dir / "txlog")}) if config.transport.kind == "txlog" else config.transport,
+    })
+    spark = spark_session(environ_config, "icekeeper-bench-writer", master=f"local[{cores}]",
+                          extra_conf={"spark.sql.shuffle.partitions": str(cores), "spark.driver.memory": "4g"})
+    progress(f"preloading {records:,} seed-like records into {topic}")
+    loaded = preload(spark, environ_config, topic, records)
+    progress(f"preloaded in {loaded['preload_s']}s, {loaded['avg_value_bytes']} bytes per value on average")
+    schema_text = seed000.SCHEMA_VERSIONS[4].value_schema()
+    # Warm the JVM identically for both sides: one small Kafka read.
+    spark.read.format("kafka").option("kafka.bootstrap.servers", environ_config.sources[0].bootstrap_servers).option("subscribe", topic).load().limit(1000).count()
+
+    job = WriterJob(environ_config, spark=spark, writer_id="bench-writer")
+    started = time.monotonic()
+    reports = job.run(until_idle=True)
+    ours_s = time.monotonic() - started
+    ours_rows = sum(r.rows_written for r in reports)
+    progress(f"ours: {ours_rows:,} rows in {ours_s:.1f}s ({len(reports)} batches)")
+
+    baseline_s = run_baseline(spark, environ_config, topic, json.dumps(schema_text), loaded["value_schema_id"], work_dir)
+    progress(f"baseline (Spark Iceberg sink): {records:,} rows in {baseline_s:.1f}s")
+    spark.stop()
+    ours_rate = ours_rows / ours_s
+    baseline_rate = records / baseline_s
+    return {
+        "records": records, "cores": cores, "avg_value_bytes": loaded["avg_value_bytes"],
+        "ours_s": round(ours_s, 2), "ours_records_per_s": round(ours_rate), "ours_records_per_s_per_core": round(ours_rate / cores),
+        "baseline_s": round(baseline_s, 2), "baseline_records_per_s": round(baseline_rate),
+        "ratio_vs_baseline": round(ours_rate / baseline_rate, 2), "ours_batches": len(reports),
+    }
