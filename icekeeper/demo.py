@@ -2,30 +2,37 @@
 
 Starts the local stack in a state folder the demo owns (`<state_dir>/demo`, reset every run so
 the result is always the same), produces seed 000's `tbl_test_1` stream through the registry,
-reads it back, and prints it the way the seed article does. The pipeline stages (writer,
-bookkeeper, reaper, other engines) are added here as they land.
+runs a writer and the bookkeeper until everything produced is committed, and shows the table
+with its metadata columns, the snapshots with their watermarks, and the same table read by
+Spark SQL and by DuckDB.
 """
 
 from __future__ import annotations
 
+import datetime
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bookkeeper.service import Bookkeeper
+from common.committed_state import KEY_WATERMARK
 from common.config.model import IcekeeperConfig
 from icekeeper.localstack.stack import LocalStack
+from icekeeper.readers import duckdb_rows, render_grid, spark_rows
 from icekeeper.samples.produce import produce_seed_sample
-from icekeeper.samples.readback import read_topic
 
 Progress = Callable[[str], None]
+SHOWN_COLUMNS = [
+    "_src_name", "_src_db", "_src_table", "_src_ts_ms", "_src_server_id", "_src_file", "_src_pos", "_src_op", "_src_ts_ms_r",
+    "_tsc_id", "_tsc_total_order", "_tsc_data_collection_order", "_kfk_topic", "_kfk_partition", "_kfk_offset", "_kfk_timestamp",
+]
 
 
 def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     """The config with its state folder moved to `<state_dir>/demo`, everything else kept."""
     demo_state = str(Path(config.state_dir) / "demo")
-    dumped = config.model_dump(mode="python")
-    dumped = _replace_prefix(dumped, config.state_dir, demo_state)
+    dumped = _replace_prefix(config.model_dump(mode="python"), config.state_dir, demo_state)
     return IcekeeperConfig.model_validate(dumped)
 
 
@@ -48,20 +55,70 @@ def run_demo(config: IcekeeperConfig, keep_stack: bool = False, progress: Progre
     shutil.rmtree(config.state_dir, ignore_errors=True)
     report = stack.up(progress)
     progress(f"local stack up in {report.seconds:.1f}s")
+    spark = None
     try:
-        source = config.sources[0]
         produced = produce_seed_sample(config, progress=progress)
-        records = read_topic(source, produced["topic"])
-        print(f"\n# {len(records)} records read back from {produced['topic']} (decoded through the registry)")
-        for record in records:
-            print(record.listing())
-        print()
+        from common.spark import spark_session
+        from writers.job import WriterJob
+
+        progress("starting Spark (local) for the writer")
+        spark = spark_session(config, "icekeeper-demo", master="local[2]")
+        writer = WriterJob(config, spark=spark)
+        bookkeeper = Bookkeeper(config)
+        committed = dead_lettered = 0
+        deadline = time.monotonic() + 300
+        while committed + dead_lettered < produced["records"] and time.monotonic() < deadline:
+            for batch in writer.run(until_idle=True):
+                dead_lettered += batch.dead_lettered + batch.tombstones_skipped
+                progress(f"writer: batch {batch.seq}: {batch.records_read} records -> {batch.rows_written} rows in {batch.files} files")
+            cycle = bookkeeper.run_cycle()
+            for table in cycle.tables:
+                if table.snapshot_id:
+                    committed += table.records
+                    progress(f"bookkeeper: committed {table.records} rows of {table.table} as snapshot {table.snapshot_id}")
+        identifier = config.tables[0].identifier
+        table = bookkeeper.catalog.load_table(identifier)
+        rows = table.scan().to_arrow().to_pylist()
+        rows.sort(key=lambda r: (r["_kfk_partition"], r["_kfk_offset"]))
+        data_columns = [c for c in rows[0] if c not in SHOWN_COLUMNS] if rows else []
+        print(f"\n# {identifier}: {len(rows)} rows, metadata columns first (read with pyiceberg)")
+        print(render_grid(rows, SHOWN_COLUMNS + data_columns, max_width=24))
+        snapshots = _snapshot_lines(table)
+        print(f"\n# snapshots of {identifier}")
+        for line in snapshots:
+            print(line)
+        latest = {}
+        for row in rows:
+            latest[tuple(row[k] for k in config.tables[0].primary_key)] = row
+        print(f"\n# the latest row per key, as seed 000's result table shows it ({len(latest)} keys)")
+        print(render_grid(list(latest.values()), ["_src_op", "_kfk_partition", "_kfk_offset", *data_columns]))
+        spark_result = spark_rows(spark, config, identifier, "count(*) AS rows, sum(C2) AS sum_c2, max(UPDATE_TIME) AS last_update")
+        print(f"\n# Spark SQL (iceberg-spark-runtime) on catalog {config.catalog.name}: {spark_result[0]}")
+        duck_result = duckdb_rows(table, "count(*) AS rows, sum(C2) AS sum_c2, max(UPDATE_TIME) AS last_update")
+        print(f"# DuckDB iceberg_scan: {duck_result[0]}\n")
         return {
             "records_produced": produced["records"],
-            "records_read_back": len(records),
-            "schema_versions": len(produced["value_schema_ids"]),
+            "rows_committed": len(rows),
+            "dead_lettered": dead_lettered,
+            "snapshots": len(snapshots),
+            "spark_rows": int(spark_result[0]["rows"]),
+            "duckdb_rows": int(duck_result[0]["rows"]),
             "seconds": round(time.monotonic() - started, 1),
         }
     finally:
+        if spark is not None:
+            spark.stop()
         if not keep_stack:
             stack.down(progress)
+
+
+def _snapshot_lines(table) -> list[str]:  # noqa: ANN001 - pyiceberg Table
+    lines = []
+    for snapshot in table.snapshots():
+        summary = snapshot.summary.additional_properties if snapshot.summary else {}
+        when = datetime.datetime.fromtimestamp(snapshot.timestamp_ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        watermark = summary.get(KEY_WATERMARK)
+        watermark_text = datetime.datetime.fromtimestamp(int(watermark) / 1000, datetime.timezone.utc).isoformat() if watermark else "-"
+        lines.append(f"  {snapshot.snapshot_id}  {when}Z  {snapshot.summary.operation.value if snapshot.summary else '?':<8} "
+                     f"added-records={summary.get('added-records', '0'):<6} total-records={summary.get('total-records', '?'):<6} watermark={watermark_text}")
+    return lines

@@ -1,0 +1,76 @@
+"""Read an icekeeper table with other engines (DuckDB, Spark SQL), to show they see what we wrote."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.table import Table
+
+from common.config.model import IcekeeperConfig
+
+
+def _extension_file(package: str, name: str) -> str:
+    """The extension shipped inside a `duckdb-extension-*` wheel (so nothing is downloaded)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{package} is not installed (pip install '.[test]')")
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob(f"{name}.duckdb_extension"))
+    if not found:
+        raise RuntimeError(f"no {name}.duckdb_extension inside {package}")
+    return str(found[-1])
+
+
+def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
+    """A DuckDB connection with the avro and iceberg extensions loaded from their wheels."""
+    import duckdb
+
+    connection = duckdb.connect(config={"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"})
+    # avro first: iceberg needs it and would otherwise try to download it.
+    connection.execute(f"LOAD '{_extension_file('duckdb_extension_avro', 'avro')}'")
+    connection.execute(f"LOAD '{_extension_file('duckdb_extension_iceberg', 'iceberg')}'")
+    return connection
+
+
+def duckdb_rows(table: Table, columns: str = "*", order_by: str | None = None) -> list[dict[str, Any]]:
+    """The table's current rows as DuckDB reads them (via the current metadata file)."""
+    connection = duckdb_connection()
+    try:
+        query = f"SELECT {columns} FROM iceberg_scan('{table.metadata_location}')"
+        if order_by:
+            query += f" ORDER BY {order_by}"
+        cursor = connection.execute(query)
+        names = [description[0] for description in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
+    finally:
+        connection.close()
+
+
+def spark_rows(spark, config: IcekeeperConfig, identifier: str, columns: str = "*", order_by: str | None = None) -> list[dict[str, Any]]:  # noqa: ANN001
+    """The table's rows as Spark SQL reads them through iceberg-spark-runtime on the same catalog."""
+    from common.spark import iceberg_catalog_conf
+
+    for key, value in iceberg_catalog_conf(config).items():
+        spark.conf.set(key, value)
+    query = f"SELECT {columns} FROM {config.catalog.name}.{identifier}"
+    if order_by:
+        query += f" ORDER BY {order_by}"
+    return [row.asDict() for row in spark.sql(query).collect()]
+
+
+def render_grid(rows: list[dict[str, Any]], columns: list[str] | None = None, max_width: int = 40) -> str:
+    """Rows as the `+---+` grid Spark's `show()` prints (the seed article's result listing)."""
+    if not rows:
+        return "(no rows)"
+    columns = columns or list(rows[0])
+
+    def cell(value: Any) -> str:
+        text = "null" if value is None else str(value)
+        return text if len(text) <= max_width else text[: max_width - 3] + "..."
+
+    widths = {c: max(len(c), *(len(cell(r.get(c))) for r in rows)) for c in columns}
+    border = "+" + "+".join("-" * widths[c] for c in columns) + "+"
+    header = "|" + "|".join(c.ljust(widths[c]) for c in columns) + "|"
+    body = ["|" + "|".join(cell(r.get(c)).ljust(widths[c]) for c in columns) + "|" for r in rows]
+    return "\n".join([border, header, border, *body, border])
