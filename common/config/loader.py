@@ -126,6 +126,12 @@ def _set_path(raw: Any, defaults: Any, path: list[str | int], value: Any) -> Non
     if isinstance(node, list) and isinstance(last, int):
         while len(node) <= last:
             node.append(None)
+    if last == "kind" and isinstance(node, dict) and node.get("kind") not in (None, value):
+        # A different kind (e.g. transport txlog -> azure-queue): drop the old kind's defaults,
+        # keep what the user set.
+        defaults_here = default_node if isinstance(default_node, dict) else {}
+        for key in [k for k, v in node.items() if defaults_here.get(k) == v]:
+            del node[key]
     node[last] = value
 
 

@@ -148,3 +148,8 @@ def test_properties_parser_handles_continuations_comments_and_separators() -> No
 def test_configuration_reference_is_up_to_date() -> None:
     committed = (REPO_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert committed == render_markdown(), "run: icekeeper config docs > docs/configuration.md"
+
+
+def test_environment_can_switch_the_transport_kind() -> None:
+    config = load_config(None, environ={"ICEKEEPER__TRANSPORT__KIND": "azure-queue", "ICEKEEPER__TRANSPORT__QUEUE_NAME": "q9"})
+    assert isinstance(config.transport, AzureQueueTransport) and config.transport.queue_name == "q9"

@@ -1,0 +1,82 @@
+"""Where and how files land: partition layout, skew, and the Azure queue transport end to end."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.transforms import BucketTransform
+from pyiceberg.types import IntegerType
+
+from bookkeeper.service import Bookkeeper
+from icekeeper.samples.produce import produce_synthetic
+from icekeeper.samples.synthetic import SyntheticSpec
+from tests.conftest import pipeline_config
+from writers.job import WriterJob
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+ORDERS = {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]"}
+
+
+def test_files_are_laid_out_by_the_partition_spec_with_icebergs_values(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+    config = pipeline_config(tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PARTITION_BY": "['day(_kfk_timestamp)', 'bucket(4, id)']"})
+    produce_synthetic(config, SyntheticSpec(seed=4, keys=200, events=2000, schema_changes=0), topic=unique_topic, progress=lambda m: None)
+    WriterJob(config, spark=spark).run(until_idle=True)
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.run_cycle()
+    table = bookkeeper.catalog.load_table("shop.orders")
+    assert [f.name for f in table.spec().fields] == ["_kfk_timestamp_day", "id_bucket"]
+    bucket = BucketTransform(4).transform(IntegerType())
+    tasks = list(table.scan().plan_files())
+    assert len({task.file.partition[1] for task in tasks}) == 4
+    rows = 0
+    for task in tasks:
+        day, bucket_value = task.file.partition[0], task.file.partition[1]
+        data = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["id", "_kfk_timestamp"]).to_pylist()
+        rows += len(data)
+        assert {bucket(r["id"]) for r in data} == {bucket_value}
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        assert {(r["_kfk_timestamp"] - epoch).days for r in data} == {day}
+        assert f"_ik_p1={bucket_value}" in task.file.file_path
+    assert rows == 2000
+    # A partition filter prunes by these values and still finds every matching row.
+    assert table.scan(row_filter="id = 7").to_arrow().num_rows == sum(1 for t in tasks for r in pq.read_table(
+        t.file.file_path.removeprefix("file://"), columns=["id"]).column("id").to_pylist() if r == 7)
+
+
+def test_a_skewed_partition_is_spread_over_tasks_not_piled_onto_one(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+    # Every row has the same `_src_db`: one partition value holds the whole batch.
+    config = pipeline_config(tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PARTITION_BY": "[_src_db]"})
+    produce_synthetic(config, SyntheticSpec(seed=9, keys=500, events=6000, schema_changes=0), topic=unique_topic, partitions=3, progress=lambda m: None)
+    job = WriterJob(config, spark=spark)
+    job.run(until_idle=True)
+    [moniker] = job.transport.pending()
+    sizes = [entry.record_count for entry in moniker.files]
+    assert {entry.partition["_src_db"] for entry in moniker.files} == {"shop"}
+    assert len(sizes) >= 3 and max(sizes) <= 0.5 * sum(sizes)
+
+
+def test_monikers_travel_over_the_azure_queue(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+    queue = f"monikers-{uuid.uuid4().hex[:8]}"
+    config = pipeline_config(tmp_path, unique_topic, {
+        **ORDERS, "ICEKEEPER__TRANSPORT__KIND": "azure-queue", "ICEKEEPER__TRANSPORT__QUEUE_NAME": queue,
+        "ICEKEEPER__TRANSPORT__CONNECTION_STRING": local_stack.service("azurite-queue").connection_string(),
+        "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "1000",
+    })
+    produce_synthetic(config, SyntheticSpec(seed=6, keys=100, events=2500, schema_changes=1), topic=unique_topic, progress=lambda m: None)
+    writer = WriterJob(config, spark=spark)
+    writer.run(until_idle=True)
+    assert writer.transport.queue.get_queue_properties().approximate_message_count == 3
+    assert len(writer.transport.pending()) == 3  # the journal keeps a copy of each pending moniker
+    bookkeeper = Bookkeeper(config)
+    report = bookkeeper.run_cycle()
+    assert report.committed_monikers == 3
+    assert bookkeeper.transport.queue.get_queue_properties().approximate_message_count == 0
+    assert bookkeeper.transport.pending() == []
+    rows = bookkeeper.catalog.load_table("shop.orders").scan().to_arrow()
+    positions = collections.Counter(zip(rows.column("_kfk_partition").to_pylist(), rows.column("_kfk_offset").to_pylist()))
+    assert len(positions) == rows.num_rows == 2500
