@@ -12,6 +12,7 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import compute_statistics_plan, data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping
@@ -54,7 +55,7 @@ def read_footer(path: str) -> FooterFacts:
             raise InvalidFile(f"{path}: does not exist")
         with filesystem.open_input_file(local) as handle:
             metadata = pq.ParquetFile(handle).metadata
-    except OSError as error:
+    except (OSError, ValueError, pa.ArrowException) as error:  # ArrowInvalid: not Parquet (truncated, overwritten)
         raise InvalidFile(f"{path}: unreadable ({error})") from None
     ids = frozenset(_field_ids(metadata))
     return FooterFacts(path, info.size, metadata.num_rows, ids, metadata)

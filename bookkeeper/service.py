@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from bookkeeper.committer import Committer, StaleEpoch, TableCommit
+from bookkeeper.fencing import Fenced, Lease
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
 from common.transports import Delivery, open_transport
@@ -48,8 +49,16 @@ class Bookkeeper:
         self.catalog = open_catalog(config)
         self.transport = open_transport(config)
         self.committer = Committer(config, self.catalog, epoch)
+        self.lease: Lease | None = None
         self.stop = threading.Event()
         self._report_path = Path(config.bookkeeper.commit_report_path)
+
+    def take_lease(self, timeout_s: float | None = None) -> int:
+        """Become the group's active bookkeeper (waits while another holds the lease)."""
+        settings = self.config.bookkeeper
+        self.lease = Lease(settings.lease_uri, settings.group, settings.lease_ttl)
+        self.committer.epoch = self.lease.acquire(timeout_s)
+        return self.committer.epoch
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: finish the current cycle (its commit and acknowledgements), then stop."""
@@ -57,18 +66,31 @@ class Bookkeeper:
             signal.signal(signum, lambda *_: self.stop.set())
 
     def run(self, once: bool = False, on_cycle: Callable[[CycleReport], None] | None = None) -> None:
-        while not self.stop.is_set():
-            started = time.monotonic()
-            report = self.run_cycle()
-            if on_cycle:
-                on_cycle(report)
-            if once:
-                return
-            self.stop.wait(max(0.0, self.config.bookkeeper.commit_interval - (time.monotonic() - started)))
+        """Hold the lease and run cycles until stopped; a fenced bookkeeper stops, never commits."""
+        if self.lease is None:
+            self.take_lease()
+        try:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                try:
+                    report = self.run_cycle()
+                except (Fenced, StaleEpoch) as error:
+                    log.error("bookkeeper fenced: a newer bookkeeper took over; stopping", extra={"reason": str(error)})
+                    raise
+                if on_cycle:
+                    on_cycle(report)
+                if once:
+                    return
+                self.stop.wait(max(0.0, self.config.bookkeeper.commit_interval - (time.monotonic() - started)))
+        finally:
+            if self.lease is not None and self.stop.is_set():
+                self.lease.release()
 
     def run_cycle(self) -> CycleReport:
         started = time.monotonic()
         report = CycleReport()
+        if self.lease is not None:
+            self.lease.renew()
         deliveries = self.transport.receive(max_count=100_000)
         readable: dict[str, list[Delivery]] = {}
         for delivery in deliveries:
@@ -80,6 +102,8 @@ class Bookkeeper:
                 continue
             readable.setdefault(delivery.moniker.table, []).append(delivery)
         for table, group in sorted(readable.items()):
+            if self.lease is not None:
+                self.lease.check()
             try:
                 result = self.committer.commit_table(table, group)
             except StaleEpoch:

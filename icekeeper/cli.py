@@ -111,7 +111,14 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
                                   "records": table.records, "files": table.files, "quarantined": len(table.quarantined),
                                   "ms": round(table.seconds * 1000, 1)}), flush=True)
 
-    service.run(once=args.once, on_cycle=show)
+    from bookkeeper.committer import StaleEpoch
+    from bookkeeper.fencing import Fenced
+
+    try:
+        service.run(once=args.once, on_cycle=show)
+    except (Fenced, StaleEpoch) as error:
+        print(f"icekeeper bookkeeper: stopped, fenced by a newer bookkeeper: {error}", file=sys.stderr)
+        return 3
     return 0
 
 

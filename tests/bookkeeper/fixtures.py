@@ -1,0 +1,77 @@
+"""Monikers without Spark: small Parquet files written with pyarrow (with Iceberg field ids).
+
+The bookkeeper's tests need many monikers fast; these files are what a writer would produce
+for a simple table (`id`, `amount`, `_kfk_partition`, `_kfk_offset`), laid out the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.schema import Schema
+from pyiceberg.types import IntegerType, LongType, NestedField
+
+from common.catalog import default_table_location
+from common.config import IcekeeperConfig, load_config
+from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "amount", IntegerType(), required=False),
+    NestedField(3, "_kfk_partition", IntegerType(), required=False),
+    NestedField(4, "_kfk_offset", LongType(), required=False),
+    identifier_field_ids=[1],
+)
+
+
+def bookkeeper_config(state_dir: Path, **overrides: str) -> IcekeeperConfig:
+    environ = {
+        "ICEKEEPER__STATE_DIR": str(state_dir),
+        "ICEKEEPER__TABLES": "[{identifier: shop.items, topics: [items], primary_key: [id]}]",
+        "ICEKEEPER__SOURCES__0__TOPICS": "[items]",
+        "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0.2",
+        "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+        **{f"ICEKEEPER__{key.upper()}": value for key, value in overrides.items()},
+    }
+    return load_config(None, environ=environ)
+
+
+def write_file(path: Path, schema: Schema, rows: list[dict]) -> FileEntry:
+    fields = []
+    for field in schema.fields:
+        arrow_type = {"long": pa.int64(), "int": pa.int32(), "string": pa.string()}[str(field.field_type)]
+        fields.append(pa.field(field.name, arrow_type, nullable=not field.required, metadata={b"PARQUET:field_id": str(field.field_id).encode()}))
+    strings = {f.name for f in schema.fields if str(f.field_type) == "string"}
+    rows = [{k: (str(v) if k in strings and v is not None else v) for k, v in row.items()} for row in rows]
+    table = pa.Table.from_pylist(rows, schema=pa.schema(fields))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="zstd")
+    return FileEntry(path="file://" + str(path), size_bytes=path.stat().st_size, record_count=len(rows))
+
+
+def make_moniker(config: IcekeeperConfig, seq: int, prev_seq: int | None, offsets: tuple[int, int], writer_id: str = "w1",
+                 partition: int = 0, schema: Schema = SCHEMA, files: int = 1, table: str = "shop.items") -> Moniker:
+    """A moniker covering records [from, until) of `items`/`partition`, one row per record."""
+    location = default_table_location(config, table)
+    start, until = offsets
+    entries = []
+    per_file = max(1, (until - start) // files)
+    for index in range(files):
+        low = start + index * per_file
+        high = until if index == files - 1 else low + per_file
+        rows = [{"id": o % 1000, "amount": o, "_kfk_partition": partition, "_kfk_offset": o} for o in range(low, high)]
+        if "note" in schema.column_names:
+            for row in rows:
+                row["note"] = f"n{row['_kfk_offset']}"
+        path = Path(location.removeprefix("file://")) / "data" / writer_id / f"{seq:012d}" / f"{uuid.uuid4().hex}.parquet"
+        entries.append(write_file(path, schema, rows))
+    ranges = [OffsetRange(topic="items", partition=partition, from_offset=start, until_offset=until)]
+    return Moniker(
+        id=moniker_id(writer_id, table, ranges), writer_id=writer_id, seq=seq, prev_seq=prev_seq, table=table, table_location=location,
+        schema=json.loads(schema.model_dump_json()), files=entries, offsets=ranges, records=sum(e.record_count for e in entries),
+        min_event_time_ms=1_700_000_000_000 + start, max_event_time_ms=1_700_000_000_000 + until,
+    )
