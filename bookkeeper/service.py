@@ -20,6 +20,7 @@ from typing import Callable
 
 from bookkeeper.committer import Committer, StaleEpoch, TableCommit
 from bookkeeper.fencing import Fenced, Lease
+from bookkeeper.observability import BookkeeperMetrics, HealthServer
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
 from common.transports import Delivery, open_transport
@@ -52,6 +53,28 @@ class Bookkeeper:
         self.lease: Lease | None = None
         self.stop = threading.Event()
         self._report_path = Path(config.bookkeeper.commit_report_path)
+        self.metrics = BookkeeperMetrics()
+        self.http: HealthServer | None = None
+        self._last_cycle_at: float | None = None
+        self._report_producer = None
+
+    def serve_http(self, port: int | None = None) -> int:
+        """Start `/metrics` and `/healthz`; returns the port (0 in config: off, unless a port is given)."""
+        port = self.config.bookkeeper.http_port if port is None else port
+        self.http = HealthServer(self.metrics, port, self.health).start()
+        return self.http.port
+
+    def health(self) -> tuple[bool, dict]:
+        """Healthy while holding the lease and cycling (a cycle finished within 10 commit intervals + 30 s)."""
+        details: dict = {"epoch": self.committer.epoch, "lease": self.lease is not None}
+        if self._last_cycle_at is None:
+            return False, {**details, "reason": "no cycle finished yet"}
+        age = time.time() - self._last_cycle_at
+        details["last_cycle_age_s"] = round(age, 3)
+        limit = 10 * self.config.bookkeeper.commit_interval + 30
+        if age > limit:
+            return False, {**details, "reason": f"no cycle for {age:.0f}s"}
+        return True, details
 
     def take_lease(self, timeout_s: float | None = None) -> int:
         """Become the group's active bookkeeper (waits while another holds the lease)."""
@@ -67,6 +90,8 @@ class Bookkeeper:
 
     def run(self, once: bool = False, on_cycle: Callable[[CycleReport], None] | None = None) -> None:
         """Hold the lease and run cycles until stopped; a fenced bookkeeper stops, never commits."""
+        if self.http is None and self.config.bookkeeper.http_port:
+            self.serve_http()
         if self.lease is None:
             self.take_lease()
         try:
@@ -85,6 +110,9 @@ class Bookkeeper:
         finally:
             if self.lease is not None and self.stop.is_set():
                 self.lease.release()
+            if self.http is not None:
+                self.http.stop()
+                self.http = None
 
     def run_cycle(self) -> CycleReport:
         started = time.monotonic()
@@ -95,6 +123,7 @@ class Bookkeeper:
         readable: dict[str, list[Delivery]] = {}
         for delivery in deliveries:
             if delivery.moniker is None:
+                self.metrics.errors.labels("unreadable-moniker").inc()
                 if delivery.attempts >= self.config.bookkeeper.max_attempts:
                     self.transport.dead_letter(delivery, delivery.error or "unreadable")
                     report.dead_lettered.append((delivery.source, delivery.error or "unreadable"))
@@ -109,20 +138,27 @@ class Bookkeeper:
             except StaleEpoch:
                 raise
             except Exception as error:  # noqa: BLE001 - one table's failure must not stop the others
+                self.metrics.errors.labels("commit-failed").inc()
                 log.error("table commit failed; its monikers stay pending", extra={"table": table, "error": repr(error)})
                 continue
             # The commit is durable (or there was nothing to commit): now acknowledge.
             for delivery in result.committed + result.duplicates:
                 self.transport.acknowledge(delivery)
             for delivery, reason in result.quarantined:
+                self.metrics.errors.labels("quarantined-moniker").inc()
                 self.transport.dead_letter(delivery, reason)
                 report.dead_lettered.append((delivery.source, reason))
                 log.warning("moniker quarantined", extra={"table": table, "moniker": delivery.moniker.id, "reason": reason})
             report.pending += len(result.waiting)
             report.tables.append(result)
+            self.metrics.pending_monikers.labels(table).set(len(result.waiting))
+            self.metrics.pending_bytes.labels(table).set(sum(d.moniker.bytes for d in result.waiting))
             if result.snapshot_id is not None:
+                self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
                 self._write_report(result)
         report.seconds = time.monotonic() - started
+        self._last_cycle_at = time.time()
+        self.metrics.refresh_ages()
         return report
 
     def _write_report(self, result: TableCommit) -> None:
@@ -136,3 +172,12 @@ class Bookkeeper:
         self._report_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self._report_path, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
+        topic = self.config.bookkeeper.commit_report_topic
+        if topic:
+            if self._report_producer is None:
+                from confluent_kafka import Producer
+
+                self._report_producer = Producer({"bootstrap.servers": self.config.sources[0].bootstrap_servers, "linger.ms": 0},
+                                                 logger=logging.getLogger("librdkafka"))
+            self._report_producer.produce(topic, key=result.table.encode(), value=json.dumps(line).encode())
+            self._report_producer.flush(10)

@@ -1,0 +1,101 @@
+"""Prometheus metrics and a health endpoint for the bookkeeper.
+
+`prometheus_client` provides the metric types and the text exposition format; a small
+`ThreadingHTTPServer` serves `/metrics` and `/healthz` (the library's own server has no health
+route). Health is "ok" while the bookkeeper holds its lease and finished a cycle recently.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class BookkeeperMetrics:
+    """The metrics one bookkeeper exposes (its own registry, so tests can run several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.pending_monikers = Gauge("icekeeper_pending_monikers", "Monikers received but not yet committed", ["table"], registry=self.registry)
+        self.pending_bytes = Gauge("icekeeper_pending_bytes", "Bytes of files named by pending monikers", ["table"], registry=self.registry)
+        self.commit_latency = Histogram(
+            "icekeeper_commit_latency_seconds", "Time to commit one table's snapshot, footers included", ["table"], registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.last_commit = Gauge("icekeeper_last_commit_timestamp_seconds", "When the table's last snapshot was committed", ["table"], registry=self.registry)
+        self.last_commit_age = Gauge("icekeeper_last_commit_age_seconds", "Seconds since the table's last committed snapshot", ["table"], registry=self.registry)
+        self.freshness_lag = Gauge("icekeeper_freshness_lag_seconds", "Now minus the table's watermark (event time fully committed)", ["table"], registry=self.registry)
+        self.records = Counter("icekeeper_records_committed_total", "Rows committed", ["table"], registry=self.registry)
+        self.commits = Counter("icekeeper_commits_total", "Snapshots committed", ["table"], registry=self.registry)
+        self.errors = Counter("icekeeper_errors_total", "Errors by kind", ["kind"], registry=self.registry)
+        self.epoch = Gauge("icekeeper_bookkeeper_epoch", "Epoch of the lease this bookkeeper holds", registry=self.registry)
+        self.last_cycle = Gauge("icekeeper_last_cycle_timestamp_seconds", "When the last cycle finished", registry=self.registry)
+        self._watermarks: dict[str, float] = {}
+        self._committed_at: dict[str, float] = {}
+
+    def observe_commit(self, table: str, seconds: float, records: int, watermark_ms: int | None) -> None:
+        now = time.time()
+        self.commit_latency.labels(table).observe(seconds)
+        self.commits.labels(table).inc()
+        self.records.labels(table).inc(records)
+        self.last_commit.labels(table).set(now)
+        self._committed_at[table] = now
+        if watermark_ms is not None:
+            self._watermarks[table] = watermark_ms / 1000
+
+    def refresh_ages(self) -> None:
+        now = time.time()
+        for table, committed in self._committed_at.items():
+            self.last_commit_age.labels(table).set(now - committed)
+        for table, watermark in self._watermarks.items():
+            self.freshness_lag.labels(table).set(max(0.0, now - watermark))
+        self.last_cycle.set(now)
+
+
+class HealthServer:
+    """`/metrics` (Prometheus text) and `/healthz` (JSON, 200 or 503) on one port."""
+
+    def __init__(self, metrics: BookkeeperMetrics, port: int, health: callable, host: str = "0.0.0.0") -> None:  # noqa: ANN001
+        self.metrics = metrics
+        self.health = health
+        handler = self._handler()
+        self.server = ThreadingHTTPServer((host, port), handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="icekeeper-http", daemon=True)
+
+    def start(self) -> "HealthServer":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                if self.path.startswith("/metrics"):
+                    outer.metrics.refresh_ages()
+                    body, status, content_type = generate_latest(outer.metrics.registry), 200, CONTENT_TYPE_LATEST
+                elif self.path.startswith("/healthz"):
+                    ok, details = outer.health()
+                    body, status, content_type = json.dumps({"ok": ok, **details}).encode(), 200 if ok else 503, "application/json"
+                else:
+                    body, status, content_type = b"not found\n", 404, "text/plain"
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:  # quiet: no access log on stderr
+                return
+
+        return Handler

@@ -1,0 +1,84 @@
+"""What operators see of a running bookkeeper: metrics, health, and commit reports."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from bookkeeper.service import Bookkeeper
+from common.transports import open_transport
+from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_metrics_health_and_commit_reports(tmp_path: Path) -> None:
+    config = bookkeeper_config(tmp_path)
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    port = bookkeeper.serve_http(port=0)
+    try:
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        assert status == 503 and json.loads(body)["reason"] == "no cycle finished yet"
+        transport.publish(make_moniker(config, 1, None, (0, 10)))
+        transport.publish(make_moniker(config, 3, 2, (20, 30)))  # waits for seq 2
+        bookkeeper.run_cycle()
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        assert status == 200 and json.loads(body)["ok"] is True
+        status, metrics = get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        assert 'icekeeper_commits_total{table="shop.items"} 1.0' in metrics
+        assert 'icekeeper_records_committed_total{table="shop.items"} 10.0' in metrics
+        assert 'icekeeper_pending_monikers{table="shop.items"} 1.0' in metrics
+        assert 'icekeeper_commit_latency_seconds_count{table="shop.items"} 1.0' in metrics
+        assert "icekeeper_freshness_lag_seconds" in metrics and "icekeeper_last_commit_age_seconds" in metrics
+    finally:
+        bookkeeper.http.stop()
+    [line] = Path(config.bookkeeper.commit_report_path).read_text().splitlines()
+    report = json.loads(line)
+    assert report["table"] == "shop.items" and report["records"] == 10 and report["files"] == 1
+    assert report["watermark_ms"] == 1_700_000_000_010 and report["latency_ms"] > 0 and report["snapshot_id"]
+
+
+def test_sigterm_like_stop_finishes_the_cycle_and_releases_the_lease(tmp_path: Path) -> None:
+    config = bookkeeper_config(tmp_path)
+    open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
+    bookkeeper = Bookkeeper(config)
+    cycles = []
+    thread = threading.Thread(target=bookkeeper.run, kwargs={"on_cycle": lambda r: (cycles.append(r), bookkeeper.stop.set())})
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and cycles[0].committed_monikers == 1
+    successor = Bookkeeper(config)
+    assert successor.take_lease(timeout_s=2) == 2  # released on stop: no TTL wait
+
+
+@pytest.mark.integration
+def test_commit_reports_also_go_to_a_kafka_topic(local_stack, stack_config, tmp_path: Path) -> None:
+    topic = f"commits.{uuid.uuid4().hex[:8]}"
+    config = bookkeeper_config(tmp_path, bookkeeper__commit_report_topic=topic,
+                               sources__0__bootstrap_servers=stack_config.sources[0].bootstrap_servers)
+    open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
+    Bookkeeper(config).run_cycle()
+    consumer = Consumer({"bootstrap.servers": config.sources[0].bootstrap_servers, "group.id": "reports", "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])  # auto-created with the broker default of 3
+    message = None
+    for _ in range(20):
+        message = consumer.poll(1)
+        if message is not None and not message.error():
+            break
+    consumer.close()
+    assert message is not None and json.loads(message.value())["records"] == 10 and message.key() == b"shop.items"
