@@ -112,7 +112,7 @@ def data_file(entry: FileEntry, facts: FooterFacts, file_schema: Schema, spec: P
         if field.name not in entry.partition:
             raise InvalidFile(f"{entry.path}: no value for partition field {field.name!r} (spec {spec.spec_id})")
         values.append(entry.partition[field.name])
-    return DataFile.from_args(
+    data = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=entry.path,
         file_format=FileFormat.PARQUET,
@@ -124,6 +124,9 @@ def data_file(entry: FileEntry, facts: FooterFacts, file_schema: Schema, spec: P
         key_metadata=None,
         **statistics.to_serialized_dict(),
     )
+    # pyiceberg 0.12's from_args drops `spec_id` (reading it later raises AttributeError).
+    data.spec_id = spec.spec_id
+    return data
 
 
 def relative_to(table_location: str, path: str) -> str:

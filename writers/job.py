@@ -204,14 +204,21 @@ class WriterJob:
             progress.last_seq = moniker.seq
             for offsets in moniker.offsets:
                 progress.positions[(offsets.topic, offsets.partition)] = offsets.until_offset
-        failed = sum(count for kind, count in outcome.errors.items() if kind != "tombstone" or source.tombstones != "skip")
+        failed = outcome.failed - (outcome.tombstones if source.tombstones == "skip" else 0)
         if failed:
-            send_dead_letters(self._dead_letter_rows(source, plan, schemas + outcome.unknown_registered, routes), source.bootstrap_servers, source.dead_letter_topic)
+            # Cached (poison is a handful of rows) so counting by reason does not read the batch again;
+            # an Observation would never fire on the Kafka sink's write.
+            dead = self._dead_letter_rows(source, plan, schemas + outcome.unknown_registered, routes).persist()
+            try:
+                outcome.errors = {row["reason"]: int(row["count"]) for row in dead.groupBy("reason").count().collect()}
+                send_dead_letters(dead, source.bootstrap_servers, source.dead_letter_topic)
+            finally:
+                dead.unpersist()
         report.rows_written += outcome.rows
         report.files += sum(len(m.files) for m in outcome.monikers)
         report.monikers += len(outcome.monikers)
         report.dead_lettered += failed
-        report.tombstones_skipped += outcome.errors.get("tombstone", 0) if source.tombstones == "skip" else 0
+        report.tombstones_skipped += outcome.tombstones if source.tombstones == "skip" else 0
         for kind, count in outcome.errors.items():
             report.errors[kind] = report.errors.get(kind, 0) + count
         self._commit_group_offsets(source, plan)
@@ -277,8 +284,13 @@ class WriterJob:
 
     def _decode(self, source: KafkaSource, raw: DataFrame, schemas: list[RegisteredSchema]) -> DecodedBatch:
         if source.format == "avro-confluent":
-            return decode_avro_confluent(raw, schemas)
+            return decode_avro_confluent(raw, schemas, self._envelope_fields())
         return decode_json(self.spark, raw, debezium=source.format == "debezium-json")
+
+    def _envelope_fields(self) -> dict[str, set[str]]:
+        """Debezium envelope fields the batch uses: the configured metadata columns plus routing."""
+        metadata = self.config.metadata_columns
+        return {"source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"}, "transaction": set(metadata.transaction.columns)}
 
     def _write_tables(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes) -> "_Outcome":  # noqa: ANN001
         raw = self._raw(source, plan)
@@ -287,7 +299,8 @@ class WriterJob:
         batch_metrics = Observation(f"batch-{uuid.uuid4().hex[:8]}")
         table_ids = sorted({t.identifier for t in routes.tables} | ({t for t in self.tables if t not in {s.identifier for s in self.config.tables}} if routes.template else set()))
         routed = self._routed_rows(decoded, routes, source)
-        observed = routed.observe(batch_metrics, *self._batch_metric_columns(source), F.expr(f"collect_set(CASE WHEN {ERROR} IS NULL THEN {ROUTE} END)").alias("routes"))
+        route_set = [F.expr(f"collect_set(CASE WHEN {ERROR} IS NULL THEN {ROUTE} END)").alias("routes")] if routes.template else []
+        observed = routed.observe(batch_metrics, *self._batch_metric_columns(source), *route_set)
         discovered: list[str] = []
         metrics: dict | None = None
         if routes.template:
@@ -303,7 +316,8 @@ class WriterJob:
                 outcome.monikers.append(moniker)
         if metrics is None:
             metrics = batch_metrics.get if targets else self._batch_metrics_alone(routed, source)
-        outcome.errors = {kind: int(metrics.get(kind) or 0) for kind in _ERROR_KINDS if metrics.get(kind)}
+        outcome.failed = int(metrics.get("failed") or 0)
+        outcome.tombstones = int(metrics.get("tombstone") or 0)
         if not source.offset_gaps and metrics.get("records") is not None and int(metrics["records"]) != plan.records:
             self._discard(outcome.output_dirs)
             raise BatchIncomplete(f"read {metrics['records']} records where offsets span {plan.records}; the batch is retried")
@@ -315,11 +329,16 @@ class WriterJob:
         return outcome
 
     def _batch_metric_columns(self, source: KafkaSource) -> list:
-        """Counts by error kind and the unknown schema ids, observed while the batch is written."""
+        """Records, failed records and unknown schema ids, observed while the batch is written.
+
+        Counts per error kind come from the dead-letter pass, which runs only when something
+        failed: per-kind counting on every record cost ~10% of the batch (measured).
+        """
         unknown = UNKNOWN_SCHEMA_ID if source.format == "avro-confluent" else "CAST(NULL AS BIGINT)"
         return [
             F.expr("count(1)").alias("records"),
-            *[F.expr(f"count_if({ERROR} = {sql.string(kind)})").alias(kind) for kind in _ERROR_KINDS],
+            F.expr(f"count_if({ERROR} IS NOT NULL)").alias("failed"),
+            F.expr(f"count_if({ERROR} = 'tombstone')").alias("tombstone"),
             F.expr(f"collect_set(CASE WHEN {ERROR} = 'unknown-schema-id' THEN {unknown} END)").alias("unknown_ids"),
         ]
 
@@ -454,6 +473,8 @@ class _Outcome:
     errors: dict[str, int] = field(default_factory=dict)
     unknown_registered: list[RegisteredSchema] = field(default_factory=list)
     output_dirs: list[str] = field(default_factory=list)
+    failed: int = 0
+    tombstones: int = 0
 
 
 def _versions_for(decoded: DecodedBatch, spec: TableSpec):  # noqa: ANN202
