@@ -15,11 +15,16 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
-from pyiceberg.io.pyarrow import compute_statistics_plan, data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping
+from pyiceberg.conversions import to_bytes
+from pyiceberg.io.pyarrow import MetricModeTypes, compute_statistics_plan, parquet_path_to_id_mapping
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.transforms import TruncateTransform
 from pyiceberg.typedef import Record
+from pyiceberg.types import BinaryType, DecimalType, PrimitiveType, StringType
+from pyiceberg.utils.decimal import unscaled_to_decimal
+from pyiceberg.utils.truncate import truncate_upper_bound_binary_string, truncate_upper_bound_text_string
 
 from common.moniker import FileEntry
 
@@ -100,13 +105,99 @@ def validate(entry: FileEntry, facts: FooterFacts, table_location: str, file_sch
         raise InvalidFile(f"{entry.path}: field ids {sorted(unknown)} are not in the moniker's schema")
 
 
+@dataclass(frozen=True)
+class _ColumnPlan:
+    """How to collect one column's statistics (from pyiceberg's metrics-mode plan)."""
+
+    field_id: int
+    iceberg_type: PrimitiveType
+    mode: MetricModeTypes
+    truncate: int | None
+
+
+_PLANS: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, _ColumnPlan]] = {}
+
+
+def _column_plans(file_schema: Schema, table_properties: dict[str, str]) -> dict[str, _ColumnPlan]:
+    """Parquet column path -> plan, cached per (schema, properties): files of a batch share them."""
+    key = (file_schema.model_dump_json(), tuple(sorted(table_properties.items())))
+    plans = _PLANS.get(key)
+    if plans is None:
+        collectors = compute_statistics_plan(file_schema, table_properties)
+        plans = {
+            path: _ColumnPlan(field_id, collectors[field_id].iceberg_type, collectors[field_id].mode.type, collectors[field_id].mode.length)
+            for path, field_id in parquet_path_to_id_mapping(file_schema).items() if field_id in collectors
+        }
+        _PLANS[key] = plans
+    return plans
+
+
+def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_properties: dict[str, str]) -> dict[str, object]:
+    """Iceberg column metrics from a footer, keyed by field id: sizes, counts, bounds.
+
+    Same metrics as pyiceberg's `data_file_statistics_from_parquet_metadata` (metrics modes,
+    truncated string bounds), in one pass over row groups with the plan cached; measured about
+    twice as fast, which matters when a cycle reads thousands of footers.
+    """
+    plans = _column_plans(file_schema, table_properties)
+    sizes: dict[int, int] = {}
+    values: dict[int, int] = {}
+    nulls: dict[int, int] = {}
+    lows: dict[int, object] = {}
+    highs: dict[int, object] = {}
+    no_stats: set[int] = set()
+    split_offsets = []
+    for group_index in range(metadata.num_row_groups):
+        group = metadata.row_group(group_index)
+        first = group.column(0)
+        split_offsets.append(first.dictionary_page_offset if first.has_dictionary_page and first.dictionary_page_offset < first.data_page_offset
+                             else first.data_page_offset)
+        for column_index in range(group.num_columns):
+            column = group.column(column_index)
+            plan = plans.get(column.path_in_schema)
+            if plan is None:
+                continue
+            field_id = plan.field_id
+            sizes[field_id] = sizes.get(field_id, 0) + column.total_compressed_size
+            if plan.mode is MetricModeTypes.NONE:
+                continue
+            values[field_id] = values.get(field_id, 0) + column.num_values
+            if not column.is_stats_set:
+                no_stats.add(field_id)
+                continue
+            statistics = column.statistics
+            if statistics.has_null_count:
+                nulls[field_id] = nulls.get(field_id, 0) + statistics.null_count
+            if plan.mode is MetricModeTypes.COUNTS or not statistics.has_min_max:
+                continue
+            if isinstance(plan.iceberg_type, DecimalType) and statistics.physical_type != "FIXED_LEN_BYTE_ARRAY":
+                low, high = unscaled_to_decimal(statistics.min_raw, plan.iceberg_type.scale), unscaled_to_decimal(statistics.max_raw, plan.iceberg_type.scale)
+            else:
+                low, high = statistics.min, statistics.max
+            if field_id in lows:
+                low, high = min(low, lows[field_id]), max(high, highs[field_id])
+            lows[field_id], highs[field_id] = low, high
+    lower: dict[int, bytes] = {}
+    upper: dict[int, bytes] = {}
+    for field_id in set(lows) - no_stats:
+        plan = next(p for p in plans.values() if p.field_id == field_id)
+        low, high = lows[field_id], highs[field_id]
+        if plan.truncate is not None and isinstance(plan.iceberg_type, (StringType, BinaryType)):
+            low = TruncateTransform(width=plan.truncate).transform(plan.iceberg_type)(low)
+            high = (truncate_upper_bound_text_string if isinstance(plan.iceberg_type, StringType) else truncate_upper_bound_binary_string)(high, plan.truncate)
+        lower[field_id] = to_bytes(plan.iceberg_type, low)
+        if high is not None:
+            upper[field_id] = to_bytes(plan.iceberg_type, high)
+    for field_id in no_stats:
+        nulls.pop(field_id, None)
+    return {
+        "record_count": metadata.num_rows, "column_sizes": sizes, "value_counts": values, "null_value_counts": nulls,
+        "nan_value_counts": {}, "lower_bounds": lower, "upper_bounds": upper, "split_offsets": sorted(split_offsets),
+    }
+
+
 def data_file(entry: FileEntry, facts: FooterFacts, file_schema: Schema, spec: PartitionSpec, table_properties: dict[str, str]) -> DataFile:
     """An Iceberg DataFile with full column metrics keyed by field id."""
-    statistics = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=facts.metadata,
-        stats_columns=compute_statistics_plan(file_schema, table_properties),
-        parquet_column_mapping=parquet_path_to_id_mapping(file_schema),
-    )
     values = []
     for field in spec.fields:
         if field.name not in entry.partition:
@@ -119,10 +210,9 @@ def data_file(entry: FileEntry, facts: FooterFacts, file_schema: Schema, spec: P
         partition=Record(*values),
         file_size_in_bytes=facts.size_bytes,
         sort_order_id=None,
-        spec_id=spec.spec_id,
         equality_ids=None,
         key_metadata=None,
-        **statistics.to_serialized_dict(),
+        **footer_statistics(facts.metadata, file_schema, table_properties),
     )
     # pyiceberg 0.12's from_args drops `spec_id` (reading it later raises AttributeError).
     data.spec_id = spec.spec_id
