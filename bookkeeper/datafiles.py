@@ -9,7 +9,8 @@ footer carries), partition values come from the writer, and no manifest is read.
 from __future__ import annotations
 
 import posixpath
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -35,13 +36,13 @@ class InvalidFile(ValueError):
 
 @dataclass(frozen=True)
 class FooterFacts:
-    """What a footer tells: row count, field ids present, and the raw metadata for statistics."""
+    """What a footer tells: size, row count, field ids present, and Iceberg column statistics."""
 
     path: str
     size_bytes: int
     num_rows: int
     field_ids: frozenset[int]
-    metadata: pq.FileMetaData
+    statistics: dict[str, object]
 
 
 def normalize_location(path: str) -> str:
@@ -51,8 +52,8 @@ def normalize_location(path: str) -> str:
     return path.rstrip("/")
 
 
-def read_footer(path: str) -> FooterFacts:
-    """Open one file and read its footer (one ranged read on object stores)."""
+def describe_file(path: str, file_schema: Schema, table_properties: dict[str, str]) -> FooterFacts:
+    """Open one file, read its footer (one ranged read on object stores), compute its statistics."""
     filesystem, local = pafs.FileSystem.from_uri(path if "://" in path else f"file://{path}")
     try:
         info = filesystem.get_file_info(local)
@@ -62,31 +63,67 @@ def read_footer(path: str) -> FooterFacts:
             metadata = pq.ParquetFile(handle).metadata
     except (OSError, ValueError, pa.ArrowException) as error:  # ArrowInvalid: not Parquet (truncated, overwritten)
         raise InvalidFile(f"{path}: unreadable ({error})") from None
-    ids = frozenset(_field_ids(metadata))
-    return FooterFacts(path, info.size, metadata.num_rows, ids, metadata)
+    return FooterFacts(path, info.size, metadata.num_rows, frozenset(_field_ids(metadata)), footer_statistics(metadata, file_schema, table_properties))
 
 
 def _field_ids(metadata: pq.FileMetaData) -> list[int]:
-    arrow_schema = metadata.schema.to_arrow_schema()
     ids = []
-    for arrow_field in arrow_schema:
+    for arrow_field in metadata.schema.to_arrow_schema():
         raw = (arrow_field.metadata or {}).get(b"PARQUET:field_id")
         if raw is not None:
             ids.append(int(raw))
     return ids
 
 
-def read_footers(paths: list[str], threads: int) -> dict[str, FooterFacts | InvalidFile]:
-    """Footers of many files at once; each value is the facts or the reason it failed."""
+_WORKER_SCHEMAS: dict[str, Schema] = {}
 
-    def one(path: str) -> FooterFacts | InvalidFile:
+
+def _describe_in_worker(path: str, schema_json: str, properties: tuple[tuple[str, str], ...]) -> FooterFacts | InvalidFile:
+    """Runs in a worker process: the schema is parsed once per process and distinct schema."""
+    schema = _WORKER_SCHEMAS.get(schema_json)
+    if schema is None:
+        schema = _WORKER_SCHEMAS.setdefault(schema_json, Schema.model_validate_json(schema_json))
+    try:
+        return describe_file(path, schema, dict(properties))
+    except InvalidFile as error:
+        return error
+
+
+class FooterReader:
+    """Describes many files at once: in worker processes for big batches, in-process for small ones.
+
+    Footer parsing and statistics are CPU-bound Python (threads do not help under the GIL,
+    measured), so large cycles spread them over processes; small cycles skip the IPC cost.
+    """
+
+    PROCESS_THRESHOLD = 64
+
+    def __init__(self, workers: int) -> None:
+        self.workers = max(1, workers)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def describe(self, requests: list[tuple[str, Schema, str]], table_properties: dict[str, str]) -> dict[str, FooterFacts | InvalidFile]:
+        """`requests`: (path, file schema, the schema's JSON); returns facts or the reason per path."""
+        properties = tuple(sorted(table_properties.items()))
+        if self.workers == 1 or len(requests) < self.PROCESS_THRESHOLD:
+            return {path: self._describe_here(path, schema, table_properties) for path, schema, _ in requests}
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("forkserver"))
+        chunk = max(1, len(requests) // (self.workers * 4))
+        results = self._pool.map(_describe_in_worker, [r[0] for r in requests], [r[2] for r in requests], [properties] * len(requests), chunksize=chunk)
+        return dict(zip((r[0] for r in requests), results))
+
+    @staticmethod
+    def _describe_here(path: str, schema: Schema, table_properties: dict[str, str]) -> FooterFacts | InvalidFile:
         try:
-            return read_footer(path)
+            return describe_file(path, schema, table_properties)
         except InvalidFile as error:
             return error
 
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        return dict(zip(paths, pool.map(one, paths)))
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
 
 def validate(entry: FileEntry, facts: FooterFacts, table_location: str, file_schema: Schema) -> None:
@@ -115,20 +152,27 @@ class _ColumnPlan:
     truncate: int | None
 
 
-_PLANS: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, _ColumnPlan]] = {}
+_PLANS: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Schema, dict[str, _ColumnPlan]]] = {}
 
 
 def _column_plans(file_schema: Schema, table_properties: dict[str, str]) -> dict[str, _ColumnPlan]:
-    """Parquet column path -> plan, cached per (schema, properties): files of a batch share them."""
-    key = (file_schema.model_dump_json(), tuple(sorted(table_properties.items())))
-    plans = _PLANS.get(key)
+    """Parquet column path -> plan, cached per (schema object, properties).
+
+    Callers reuse one `Schema` object per distinct moniker schema (see the committer), so the
+    object's identity is a cheap key; the schema is kept alive by the cache entry itself.
+    """
+    key = (id(file_schema), tuple(sorted(table_properties.items())))
+    cached = _PLANS.get(key)
+    plans = cached[1] if cached is not None and cached[0] is file_schema else None
     if plans is None:
         collectors = compute_statistics_plan(file_schema, table_properties)
         plans = {
             path: _ColumnPlan(field_id, collectors[field_id].iceberg_type, collectors[field_id].mode.type, collectors[field_id].mode.length)
             for path, field_id in parquet_path_to_id_mapping(file_schema).items() if field_id in collectors
         }
-        _PLANS[key] = plans
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        _PLANS[key] = (file_schema, plans)
     return plans
 
 
@@ -140,6 +184,7 @@ def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_prop
     twice as fast, which matters when a cycle reads thousands of footers.
     """
     plans = _column_plans(file_schema, table_properties)
+    by_id = {plan.field_id: plan for plan in plans.values()}
     sizes: dict[int, int] = {}
     values: dict[int, int] = {}
     nulls: dict[int, int] = {}
@@ -180,7 +225,7 @@ def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_prop
     lower: dict[int, bytes] = {}
     upper: dict[int, bytes] = {}
     for field_id in set(lows) - no_stats:
-        plan = next(p for p in plans.values() if p.field_id == field_id)
+        plan = by_id[field_id]
         low, high = lows[field_id], highs[field_id]
         if plan.truncate is not None and isinstance(plan.iceberg_type, (StringType, BinaryType)):
             low = TruncateTransform(width=plan.truncate).transform(plan.iceberg_type)(low)
@@ -196,7 +241,7 @@ def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_prop
     }
 
 
-def data_file(entry: FileEntry, facts: FooterFacts, file_schema: Schema, spec: PartitionSpec, table_properties: dict[str, str]) -> DataFile:
+def data_file(entry: FileEntry, facts: FooterFacts, spec: PartitionSpec) -> DataFile:
     """An Iceberg DataFile with full column metrics keyed by field id."""
     values = []
     for field in spec.fields:
@@ -212,7 +257,7 @@ def data_file(entry: FileEntry, facts: FooterFacts, file_schema: Schema, spec: P
         sort_order_id=None,
         equality_ids=None,
         key_metadata=None,
-        **footer_statistics(facts.metadata, file_schema, table_properties),
+        **facts.statistics,
     )
     # pyiceberg 0.12's from_args drops `spec_id` (reading it later raises AttributeError).
     data.spec_id = spec.spec_id

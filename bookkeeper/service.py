@@ -113,6 +113,7 @@ class Bookkeeper:
             if self.http is not None:
                 self.http.stop()
                 self.http = None
+            self.committer.footer_reader.close()
 
     def run_cycle(self) -> CycleReport:
         started = time.monotonic()

@@ -136,6 +136,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from icekeeper.bench.writer import run_writer_bench
 
             result = run_writer_bench(config, args.records or 1_000_000, progress=_progress, cores=args.cores)
+        elif args.target == "bookkeeper":
+            from icekeeper.bench.bookkeeper import run_bookkeeper_bench
+
+            result = run_bookkeeper_bench(config.state_dir, commits=args.commits, footers=args.footers, progress=_progress)
         else:
             raise SystemExit(f"bench {args.target}: not available yet")
     finally:
@@ -209,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e"])
     bench.add_argument("--records", type=int, default=None, help="records to preload (writer: default 1,000,000)")
     bench.add_argument("--cores", type=int, default=None, help="Spark local cores (default: all)")
+    bench.add_argument("--commits", type=int, default=10_000, help="bookkeeper: single-moniker commits for the latency curve")
+    bench.add_argument("--footers", type=int, default=10_000, help="bookkeeper: footers to read")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
     bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
 

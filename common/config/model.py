@@ -229,7 +229,7 @@ class BookkeeperConfig(_Model):
     commit_interval: Duration = Field(1.0, description="Time between commit cycles.")
     max_files_per_commit: int = Field(10_000, ge=1, description="Upper bound on files in one snapshot.")
     max_bytes_per_commit: int = Field(16 * 1024**3, ge=1, description="Upper bound on bytes in one snapshot.")
-    footer_threads: int = Field(16, ge=1, description="Threads that read Parquet footers in parallel.")
+    footer_workers: int = Field(0, ge=0, description="Processes that read Parquet footers and compute column metrics in parallel (0: one per core).")
     max_attempts: int = Field(5, ge=1, description="Attempts before an unreadable moniker goes to the dead-letter place.")
     group: str = Field("default", description="Name of this bookkeeper's group of tables; one active bookkeeper per group (lease).")
     lease_uri: str = Field("{state_dir}/bookkeeper-leases", description="Local or mounted folder holding the group's lease files.")
@@ -239,7 +239,11 @@ class BookkeeperConfig(_Model):
     commit_report_path: str = Field("{state_dir}/reports/commits.jsonl", description="File that receives one JSON line per snapshot.")
     commit_report_topic: str | None = Field(None, description="Kafka topic that also receives the commit reports.")
     allow_drop_columns: bool = Field(False, description="Drop table columns that a newer schema no longer has.")
-    keep_snapshots: int = Field(50, ge=1, description="Snapshots the bookkeeper keeps in metadata so commit cost stays flat (the reaper deletes the files).")
+    keep_snapshots: int = Field(
+        20, ge=2,
+        description="Snapshots kept in table metadata; older ones are expired in each commit so commit cost stays flat "
+        "(pyiceberg's commit cost grows with the snapshots kept). Streaming readers must not fall further behind than this.",
+    )
     max_pending_bytes: int = Field(8 * 1024**3, ge=1, description="Writers pause when this many bytes wait to be committed.")
 
 

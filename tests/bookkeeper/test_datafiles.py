@@ -13,7 +13,7 @@ from pyiceberg.io.pyarrow import compute_statistics_plan, data_file_statistics_f
 from pyiceberg.schema import Schema
 from pyiceberg.types import DecimalType, DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
-from bookkeeper.datafiles import InvalidFile, footer_statistics, read_footer, validate
+from bookkeeper.datafiles import FooterReader, InvalidFile, describe_file, footer_statistics, validate
 from common.moniker import FileEntry
 
 SCHEMA = Schema(
@@ -56,7 +56,7 @@ def test_statistics_equal_pyicebergs(tmp_path: Path, row_group_size: int) -> Non
 def test_validation_names_what_does_not_match(tmp_path: Path) -> None:
     (tmp_path / "table" / "data").mkdir(parents=True)
     path = write(tmp_path / "table" / "data" / "f.parquet", 10, 100)
-    facts = read_footer(str(path))
+    facts = describe_file(str(path), SCHEMA, {})
     entry = FileEntry(path=f"file://{path}", size_bytes=facts.size_bytes, record_count=10)
     validate(entry, facts, f"file://{tmp_path}/table", SCHEMA)
     with pytest.raises(InvalidFile, match="size"):
@@ -68,4 +68,17 @@ def test_validation_names_what_does_not_match(tmp_path: Path) -> None:
     with pytest.raises(InvalidFile, match="not in the moniker's schema"):
         validate(entry, facts, f"file://{tmp_path}/table", Schema(*SCHEMA.fields[:3]))
     with pytest.raises(InvalidFile, match="does not exist"):
-        read_footer(f"file://{tmp_path}/missing.parquet")
+        describe_file(f"file://{tmp_path}/missing.parquet", SCHEMA, {})
+
+
+def test_worker_processes_describe_files_like_the_main_process(tmp_path: Path) -> None:
+    paths = [str(write(tmp_path / f"f{i}.parquet", 50 + i, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD + 6)]
+    paths.append(str(tmp_path / "missing.parquet"))
+    reader = FooterReader(workers=2)
+    try:
+        described = reader.describe([(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {})
+    finally:
+        reader.close()
+    assert isinstance(described[paths[-1]], InvalidFile)
+    for path in paths[:3]:
+        assert described[path] == describe_file(path, SCHEMA, {})

@@ -1,0 +1,173 @@
+"""`icekeeper bench bookkeeper`: commit speed, footer reading, and commit latency as history grows.
+
+Files are seed-000-like (the flattened `tbl_test_1` schema with metadata columns, 100 rows each),
+written with pyarrow and Iceberg field ids, as a writer would leave them. Measured on a local
+SQLite catalog and warehouse:
+
+- `commit_1000_monikers_s`: one bookkeeper cycle committing 1,000 monikers of one file each
+  (footers read), median of three fresh tables;
+- `baseline_add_files_1000_s`: the same 1,000 files through pyiceberg's `add_files`;
+- `footers_10000_s`: 10,000 footers read and turned into data files;
+- `commit_ms_at_10` / `commit_ms_at_N`: median commit latency around the 10th and the last of N
+  single-moniker commits (N = 10,000 by default), and their ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.schema import Schema
+
+from bookkeeper.datafiles import FooterReader
+from bookkeeper.service import Bookkeeper
+from common.config import IcekeeperConfig, load_config
+from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+from common.schema import assign_ids, metadata_columns, record_types, row_columns
+from common.transports import open_transport
+from icekeeper.samples import seed000
+
+Progress = Callable[[str], None]
+TABLE = "bench.tbl_test_1"
+ROWS_PER_FILE = 100
+
+
+def seed_schema(config: IcekeeperConfig) -> Schema:
+    from common.schema import envelope_shape, resolve_named_types
+
+    shape = envelope_shape(resolve_named_types(seed000.SCHEMA_VERSIONS[4].value_schema()))
+    columns = metadata_columns(config.metadata_columns, True, record_types(shape.source), record_types(shape.transaction)) + row_columns(shape, ["ID1", "ID2"])
+    return assign_ids(columns, None, ["ID1", "ID2"])
+
+
+_ARROW = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "timestamptz": pa.timestamp("us", tz="UTC")}
+
+
+def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
+    fields = [pa.field(f.name, _ARROW[str(f.field_type)], nullable=not f.required, metadata={b"PARQUET:field_id": str(f.field_id).encode()})
+              for f in schema.fields]
+    columns: dict[str, list] = {f.name: [] for f in schema.fields}
+    for offset in range(first_offset, first_offset + ROWS_PER_FILE):
+        row = {
+            "_src_name": "test", "_src_db": "db_gb18030_test", "_src_table": "tbl_test_1", "_src_ts_ms": 1646297167000 + offset,
+            "_src_server_id": 1, "_src_file": "mysql-bin.000021", "_src_pos": 46951 + offset, "_src_op": "u", "_src_ts_ms_r": 1646297167652 + offset,
+            "_tsc_id": f"e45b718e-906f-11ec-89e3-0242c0a8640a:{offset}", "_tsc_total_order": 1, "_tsc_data_collection_order": 1,
+            "_kfk_topic": "test.db_gb18030_test.tbl_test_1", "_kfk_partition": 0, "_kfk_offset": offset, "_kfk_timestamp": 1646297167000000 + offset,
+            "ID1": 1000 + offset % 5000, "ID2": "A", "C1": f"V{offset % 97}-1", "C2": 5000 + offset % 1000, "C6": None, "C5": f"S4-{offset % 1000}",
+            "C4": 4000 + offset % 13, "C3": None, "CREATE_TIME": 1646101923000, "UPDATE_TIME": 1646296793000 + offset,
+        }
+        for name in columns:
+            columns[name].append(row.get(name))
+    table = pa.Table.from_pydict(columns, schema=pa.schema(fields))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="zstd")
+    return FileEntry(path="file://" + str(path), size_bytes=path.stat().st_size, record_count=ROWS_PER_FILE)
+
+
+def _config(state_dir: Path) -> IcekeeperConfig:
+    return load_config(None, environ={
+        "ICEKEEPER__STATE_DIR": str(state_dir),
+        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench], primary_key: [ID1, ID2]}}]",
+        "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
+        "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+        "ICEKEEPER__BOOKKEEPER__MAX_FILES_PER_COMMIT": "100000",
+    })
+
+
+def _monikers(config: IcekeeperConfig, schema: Schema, count: int, start_seq: int = 1) -> list[Moniker]:
+    location = config.catalog.properties["warehouse"] + "/bench/tbl_test_1"
+    schema_json = json.loads(schema.model_dump_json())
+    monikers = []
+    for index in range(count):
+        seq = start_seq + index
+        offset = (seq - 1) * ROWS_PER_FILE
+        path = Path(location.removeprefix("file://")) / "data" / "bench" / f"{seq:08d}-{uuid.uuid4().hex[:8]}.parquet"
+        entry = write_seed_file(path, schema, offset)
+        ranges = [OffsetRange(topic="bench", partition=0, from_offset=offset, until_offset=offset + ROWS_PER_FILE)]
+        monikers.append(Moniker(id=moniker_id("bench", TABLE, ranges), writer_id="bench", seq=seq, prev_seq=seq - 1 if seq > 1 else None,
+                                table=TABLE, table_location=location, schema=schema_json, files=[entry], offsets=ranges, records=ROWS_PER_FILE,
+                                min_event_time_ms=1646297167000 + offset, max_event_time_ms=1646297167000 + offset + ROWS_PER_FILE))
+    return monikers
+
+
+def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
+    timings, baseline = [], float("nan")
+    for run in range(3):
+        config = _config(work / f"commit-{run}")
+        schema = seed_schema(config)
+        transport = open_transport(config)
+        for moniker in _monikers(config, schema, 1000):
+            transport.publish(moniker)
+        bookkeeper = Bookkeeper(config)
+        started = time.monotonic()
+        report = bookkeeper.run_cycle()
+        timings.append(time.monotonic() - started)
+        assert report.committed_monikers == 1000, report
+        if run == 0:
+            data_dir = Path(config.catalog.properties["warehouse"].removeprefix("file://")) / "bench" / "tbl_test_1" / "data"
+            files = ["file://" + str(path) for path in sorted(data_dir.rglob("*.parquet"))]
+            baseline_config = _config(work / "add-files")
+            from common.catalog import open_catalog
+
+            catalog = open_catalog(baseline_config)
+            catalog.create_namespace("bench")
+            table = catalog.create_table(TABLE, schema=schema)
+            started = time.monotonic()
+            table.add_files(files)
+            baseline = time.monotonic() - started
+        progress(f"commit of 1,000 monikers: run {run + 1}: {timings[-1]:.2f}s")
+    return statistics.median(timings), baseline
+
+
+def bench_footers(work: Path, count: int, progress: Progress) -> float:
+    config = _config(work / "footers")
+    schema = seed_schema(config)
+    paths = [write_seed_file(work / "footers" / "files" / f"{index:06d}.parquet", schema, index * ROWS_PER_FILE).path for index in range(count)]
+    progress(f"reading {count:,} footers")
+    started = time.monotonic()
+    reader = FooterReader(os.cpu_count() or 2)
+    schema_json = schema.model_dump_json()
+    described = reader.describe([(path, schema, schema_json) for path in paths], {})
+    elapsed = time.monotonic() - started
+    reader.close()
+    failed = [facts for facts in described.values() if isinstance(facts, Exception)]
+    assert not failed, failed[:1]
+    return elapsed
+
+
+def bench_latency(work: Path, commits: int, progress: Progress) -> tuple[float, float]:
+    config = _config(work / "latency")
+    schema = seed_schema(config)
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    latencies = []
+    for seq in range(1, commits + 1):
+        transport.publish(_monikers(config, schema, 1, start_seq=seq)[0])
+        report = bookkeeper.run_cycle()
+        latencies.append(report.tables[0].seconds)
+        if seq % 1000 == 0:
+            progress(f"  {seq:,} commits, latest median {statistics.median(latencies[-100:]) * 1000:.0f} ms")
+    return statistics.median(latencies[5:15]) * 1000, statistics.median(latencies[-10:]) * 1000
+
+
+def run_bookkeeper_bench(state_dir: str, commits: int = 10_000, footers: int = 10_000, progress: Progress = print) -> dict[str, Any]:
+    work = Path(state_dir) / "bench-bookkeeper"
+    shutil.rmtree(work, ignore_errors=True)
+    commit_s, baseline_s = bench_commit_1000(work, progress)
+    footers_s = bench_footers(work, footers, progress)
+    progress(f"{footers:,} footers in {footers_s:.2f}s; now {commits:,} single-moniker commits")
+    at_10, at_end = bench_latency(work, commits, progress)
+    shutil.rmtree(work, ignore_errors=True)
+    return {
+        "commit_1000_monikers_s": round(commit_s, 3), "baseline_add_files_1000_s": round(baseline_s, 3),
+        "ratio_vs_add_files": round(baseline_s / commit_s, 2), f"footers_{footers}_s": round(footers_s, 3),
+        "commit_ms_at_10": round(at_10, 1), f"commit_ms_at_{commits}": round(at_end, 1), "latency_growth_ratio": round(at_end / at_10, 2),
+    }
