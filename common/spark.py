@@ -9,6 +9,7 @@ Jars are fetched once from Maven Central into the cache; on a cluster, `spark-su
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Mapping
 
@@ -68,16 +69,28 @@ def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
     return conf
 
 
+def launched_by_spark_submit() -> bool:
+    """True when this Python process was started by `spark-submit` (its JVM is already running)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def spark_submit_packages() -> str:
+    """The `--packages` value for `spark-submit` of a writer."""
+    return ",".join(SPARK_PACKAGES)
+
+
 def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = None, extra_conf: Mapping[str, str] | None = None):
     """A SparkSession with Kafka, Avro and Iceberg on the classpath and the catalog registered."""
     from pyspark.sql import SparkSession
 
-    jars = spark_jars(Path(config.cache_dir))
     functions_warehouse = Path(config.state_dir) / "spark" / "functions-warehouse"
+    builder = SparkSession.builder.appName(app_name)
+    if not launched_by_spark_submit():
+        # Under spark-submit, master and jars come from its command line (`--packages`).
+        jars = spark_jars(Path(config.cache_dir))
+        builder = builder.master(master or config.writer.spark_master).config("spark.jars", ",".join(str(jar) for jar in jars))
     builder = (
-        SparkSession.builder.master(master or config.writer.spark_master)
-        .appName(app_name)
-        .config("spark.jars", ",".join(str(jar) for jar in jars))
+        builder
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")

@@ -84,6 +84,11 @@ def cmd_produce_synthetic(args: argparse.Namespace) -> int:
 
 
 def cmd_writer(args: argparse.Namespace) -> int:
+    if args.spark_packages:
+        from common.spark import spark_submit_packages
+
+        print(spark_submit_packages())
+        return 0
     from writers.job import WriterJob
 
     job = WriterJob(_config(args), writer_id=args.writer_id)
@@ -205,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     writer.add_argument("--once", action="store_true", help="one batch with records, then exit")
     writer.add_argument("--max-batches", type=int, default=None)
     writer.add_argument("--until-idle", action="store_true", help="exit when a batch finds nothing new")
+    writer.add_argument("--spark-packages", action="store_true", help="print the --packages value for spark-submit and exit")
 
     bookkeeper = add("bookkeeper", cmd_bookkeeper, "run the bookkeeper: commit monikers to Iceberg exactly once")
     bookkeeper.add_argument("--once", action="store_true", help="one cycle, then exit")
