@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-heavy stack-up stack-down prerequisites clean
+.PHONY: demo test test-unit test-heavy bench stack-up stack-down prerequisites clean
 
 demo: $(INSTALLED)
 	$(BIN)/icekeeper demo
@@ -20,6 +20,10 @@ test-unit: $(INSTALLED)
 
 test-heavy: $(INSTALLED)
 	$(BIN)/python -m pytest -m heavy
+
+bench: $(INSTALLED)
+	$(BIN)/icekeeper bench writer --start-stack --json
+	$(BIN)/icekeeper bench bookkeeper --json
 
 stack-up: $(INSTALLED)
 	$(BIN)/icekeeper stack up

@@ -80,7 +80,8 @@ class AzureQueueMonikerTransport(MonikerTransport):
         self.acknowledge(delivery)
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
-        return [stored.moniker for stored in self.journal.list(table, writer_id) if stored.moniker is not None]
+        return [stored.moniker for stored in self.journal.list(table, writer_id)
+                if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)]
 
 
 def _queue(connection_string: str, name: str, api_version: str | None) -> QueueClient:

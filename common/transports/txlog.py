@@ -44,7 +44,8 @@ class TxLogMonikerTransport(MonikerTransport):
         self.acknowledge(delivery)
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
-        return [stored.moniker for stored in self.folder.list(table, writer_id) if stored.moniker is not None]
+        return [stored.moniker for stored in self.folder.list(table, writer_id)
+                if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)]
 
 
 def _read_quietly(folder: MonikerFolder, path: str) -> bytes:

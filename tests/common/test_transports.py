@@ -100,3 +100,10 @@ def test_azure_queue_unreadable_message_goes_to_the_dead_letter_queue(azure_sett
     [dead] = transport.dead_letter_queue.receive_messages()
     assert json.loads(dead.content)["content"] == "this is not a moniker"
     assert transport.queue.get_queue_properties().approximate_message_count == 0
+
+
+def test_pending_filters_by_writer_alone(tmp_path: Path) -> None:
+    transport = TxLogMonikerTransport(TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq")))
+    transport.publish(make_moniker(seq=1, prev_seq=None, writer="w1"))
+    transport.publish(make_moniker(seq=1, prev_seq=None, writer="w2", table="db.u"))
+    assert [m.writer_id for m in transport.pending(writer_id="w2")] == ["w2"]
