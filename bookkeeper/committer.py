@@ -12,6 +12,7 @@ A commit whose outcome is unknown is settled by reading the table back for its c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -168,6 +169,17 @@ class Committer:
             raise CommitFailedException(f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts")
         result.seconds = time.monotonic() - started
         return result
+
+    def heartbeat(self, identifier: str) -> TableCommit:
+        """A snapshot with no files that carries the committed state forward (liveness for schedulers)."""
+        started = time.monotonic()
+        table = self.catalog.load_table(identifier)
+        state = committed_state(table)
+        if state.epoch > self.epoch:
+            raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
+        new_state = dataclasses.replace(state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch))
+        snapshot_id = self._commit_once(table, _Plan(table=table), new_state)
+        return TableCommit(identifier, snapshot_id=snapshot_id, watermark_ms=new_state.watermark_ms, attempts=1, seconds=time.monotonic() - started)
 
     # -- building the commit -------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from typing import Callable
 from bookkeeper.committer import Committer, StaleEpoch, TableCommit
 from bookkeeper.fencing import Fenced, Lease
 from bookkeeper.observability import BookkeeperMetrics, HealthServer
+from pyiceberg.exceptions import NoSuchTableError
+
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
 from common.transports import Delivery, open_transport
@@ -57,6 +59,7 @@ class Bookkeeper:
         self.http: HealthServer | None = None
         self._last_cycle_at: float | None = None
         self._report_producer = None
+        self._empty_cycles: dict[str, int] = {}
 
     def serve_http(self, port: int | None = None) -> int:
         """Start `/metrics` and `/healthz`; returns the port (0 in config: off, unless a port is given)."""
@@ -157,10 +160,29 @@ class Bookkeeper:
             if result.snapshot_id is not None:
                 self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
                 self._write_report(result)
+        self._heartbeats(report, committed={t.table for t in report.tables if t.snapshot_id is not None})
         report.seconds = time.monotonic() - started
         self._last_cycle_at = time.time()
         self.metrics.refresh_ages()
         return report
+
+    def _heartbeats(self, report: CycleReport, committed: set[str]) -> None:
+        """Every N empty cycles, a watermark-only snapshot per table (off when N is 0)."""
+        every = self.config.bookkeeper.heartbeat_every_empty_cycles
+        if not every:
+            return
+        for spec in self.config.tables:
+            identifier = spec.identifier
+            count = 0 if identifier in committed else self._empty_cycles.get(identifier, 0) + 1
+            if count >= every:
+                count = 0
+                try:
+                    result = self.committer.heartbeat(identifier)
+                except NoSuchTableError:
+                    continue
+                report.tables.append(result)
+                self._write_report(result)
+            self._empty_cycles[identifier] = count
 
     def _write_report(self, result: TableCommit) -> None:
         """One JSON line per snapshot, for downstream schedulers waiting on a watermark (seed 004)."""

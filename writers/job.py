@@ -70,6 +70,7 @@ class BatchReport:
     monikers: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    throttled: bool = False
 
 
 class WriterJob:
@@ -85,6 +86,7 @@ class WriterJob:
         self.schemas = {source.name: TopicSchemas(source.schema_registry_url) for source in config.sources}
         self.tables: dict[str, TableProgress] = {}
         self.seq: int | None = None
+        self.pending_bytes = 0
         self.stop = threading.Event()
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ class WriterJob:
                     on_batch(report)
             if max_batches is not None and len(reports) >= max_batches:
                 break
-            if until_idle and not report.records_read:
+            if until_idle and not report.records_read and not report.throttled:
                 break
             self.stop.wait(max(0.0, self.config.writer.trigger_interval - (time.monotonic() - started)))
         return reports
@@ -127,6 +129,11 @@ class WriterJob:
         self._refresh_progress()
         seq = self._next_seq()
         report = BatchReport(seq=seq)
+        if self.pending_bytes > self.config.bookkeeper.max_pending_bytes:
+            # Backpressure: the bookkeeper is behind; reading more would only pile up files.
+            log.warning("pending monikers over bookkeeper.max_pending_bytes; waiting", extra={"pending_bytes": self.pending_bytes})
+            report.throttled = True
+            return report
         for source in self.config.sources:
             self._run_source_batch(source, seq, report)
         report.seconds = time.monotonic() - started
@@ -139,6 +146,8 @@ class WriterJob:
 
     def _refresh_progress(self) -> None:
         pending = self.transport.pending(writer_id=None)
+        served = {spec.identifier for spec in self.config.tables} | set(self.tables)
+        self.pending_bytes = sum(m.bytes for m in pending if m.table in served)
         mine = [m for m in pending if m.writer_id == self.writer_id]
         for spec in self.config.tables:
             self._progress_of(spec.identifier, mine)

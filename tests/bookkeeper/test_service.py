@@ -82,3 +82,34 @@ def test_commit_reports_also_go_to_a_kafka_topic(local_stack, stack_config, tmp_
             break
     consumer.close()
     assert message is not None and json.loads(message.value())["records"] == 10 and message.key() == b"shop.items"
+
+
+def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> None:
+    """Backpressure: a writer reads nothing while monikers over `max_pending_bytes` wait."""
+    from writers.job import WriterJob
+
+    config = bookkeeper_config(tmp_path, bookkeeper__max_pending_bytes="1")
+    open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
+    job = WriterJob.__new__(WriterJob)  # no Spark needed: the check happens before any read
+    job.config, job.writer_id, job.transport, job.tables, job.seq = config, "w9", open_transport(config), {}, None
+    job.catalog = Bookkeeper(config).catalog
+    report = job.run_batch()
+    assert report.throttled and report.records_read == 0 and job.pending_bytes > 1
+
+
+def test_empty_cycles_make_no_snapshot_unless_heartbeats_are_asked_for(tmp_path: Path) -> None:
+    config = bookkeeper_config(tmp_path)
+    open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
+    quiet = Bookkeeper(config)
+    quiet.run_cycle()
+    for _ in range(3):
+        quiet.run_cycle()
+    assert len(quiet.catalog.load_table("shop.items").snapshots()) == 1
+    beating = Bookkeeper(bookkeeper_config(tmp_path, bookkeeper__heartbeat_every_empty_cycles="2"))
+    for _ in range(4):
+        beating.run_cycle()
+    table = beating.catalog.load_table("shop.items")
+    assert len(table.snapshots()) == 3
+    summaries = [s.summary.additional_properties for s in table.snapshots()]
+    assert len({s["icekeeper.commit-id"] for s in summaries}) == 3
+    assert {s["icekeeper.offsets"] for s in summaries} == {'{"items": {"0": 10}}'}
