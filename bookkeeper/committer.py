@@ -33,7 +33,8 @@ from bookkeeper.evolution import IncompatibleSchema, plan_evolution
 from common.catalog import load_table_or_none
 from common.committed_state import CommittedState, committed_state
 from common.config.model import IcekeeperConfig, TableSpec
-from common.moniker import Moniker
+from common.file_events import location_key
+from common.moniker import FileEntry, Moniker
 from common.partitioning import partition_spec
 from common.transports.base import Delivery
 
@@ -144,17 +145,9 @@ class Committer:
                 break
             table = plan.table
             new_state = _advance(state, plan, self.epoch)
-            try:
-                snapshot_id = self._commit_once(table, plan, new_state)
-            except CommitFailedException as error:
-                log.info("commit conflict, re-checking the refreshed table", extra={"table": identifier, "attempt": attempt, "error": str(error)})
+            snapshot_id = self._commit_settled(table, plan, new_state, attempt)
+            if snapshot_id is None:
                 continue
-            except (StaleEpoch, InvalidFile):
-                raise
-            except Exception as error:  # noqa: BLE001 - outcome unknown: read the table back, never assume
-                snapshot_id = self._settle_unknown(identifier, new_state.commit_id, error)
-                if snapshot_id is None:
-                    continue
             result.snapshot_id = snapshot_id
             result.committed = [d for d in plan.committed]
             result.records = sum(d.moniker.records for d in plan.committed)
@@ -164,6 +157,76 @@ class Committer:
             for delivery in plan.committed + [q for q, _ in plan.quarantined]:
                 for entry in delivery.moniker.files:
                     self._footers.pop(entry.path, None)
+            break
+        else:
+            raise CommitFailedException(f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts")
+        result.seconds = time.monotonic() - started
+        return result
+
+    def commit_files(self, identifier: str, deliveries: list[Delivery]) -> TableCommit:
+        """Commit Parquet files announced by Event Grid (no moniker), exactly once by file.
+
+        The table must exist and be unpartitioned (an event carries no partition values), and the
+        files must carry Iceberg field ids from the table's schema; others are quarantined with the
+        reason. Exactly-once: the keys of files committed this way
+        travel in the snapshot summary (the newest `EVENT_FILES_KEPT`), and a redelivered event
+        for one of them is acknowledged without committing it again.
+        """
+        started = time.monotonic()
+        result = TableCommit(identifier)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            result = TableCommit(identifier, attempts=attempt)
+            table = self.catalog.load_table(identifier)
+            state = committed_state(table)
+            if state.epoch > self.epoch:
+                raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
+            done = set(state.event_files)
+            fresh, seen = [], set()
+            for delivery in deliveries:
+                key = delivery.file_event.container_path
+                if key in done or key in seen:
+                    result.duplicates.append(delivery)
+                else:
+                    seen.add(key)
+                    fresh.append(delivery)
+            if not fresh:
+                break
+            if table.spec().fields:
+                result.quarantined = [(d, f"{identifier} is partitioned; files need a moniker with partition values") for d in fresh]
+                fresh = []
+            schema = table.schema()
+            schema_json = schema.model_dump_json()
+            facts = self.footer_reader.describe([(_local_or_url(d.file_event.url, table.location()), schema, schema_json) for d in fresh], table.properties)
+            plan = _Plan(table=table)
+            for delivery in fresh:
+                path = _local_or_url(delivery.file_event.url, table.location())
+                described = facts[path]
+                problem = described if isinstance(described, InvalidFile) else None
+                if problem is None and delivery.file_event.size_bytes not in (None, described.size_bytes):
+                    problem = InvalidFile(f"{path}: {described.size_bytes} bytes, the event says {delivery.file_event.size_bytes}")
+                if problem is None and not described.field_ids:
+                    problem = InvalidFile(f"{path}: no Iceberg field ids in the Parquet schema (write it with the table's schema)")
+                if problem is None and described.field_ids - schema.field_ids:
+                    problem = InvalidFile(f"{path}: field ids {sorted(described.field_ids - schema.field_ids)} are not in the table's schema")
+                if problem is not None:
+                    result.quarantined.append((delivery, str(problem)))
+                    continue
+                entry = FileEntry(path=path, size_bytes=described.size_bytes, record_count=described.num_rows)
+                plan.data_files.append(data_file(entry, described, table.spec()))
+                plan.committed.append(delivery)
+            if not plan.committed and not result.quarantined:
+                break
+            keys = [d.file_event.container_path for d in plan.committed]
+            new_state = dataclasses.replace(state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch),
+                                            event_files=(list(state.event_files) + keys)[-EVENT_FILES_KEPT:])
+            result.snapshot_id = self._commit_settled(table, plan, new_state, attempt)
+            if result.snapshot_id is None:
+                continue
+            result.committed = plan.committed
+            result.records = sum(f.record_count for f in plan.data_files)
+            result.files = len(plan.data_files)
+            result.bytes = sum(f.file_size_in_bytes for f in plan.data_files)
+            result.watermark_ms = new_state.watermark_ms
             break
         else:
             raise CommitFailedException(f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts")
@@ -262,9 +325,23 @@ class Committer:
         log.info("table created", extra={"table": identifier, "location": table.location()})
         return table
 
+    def _commit_settled(self, table: Table, plan: "_Plan", new_state: CommittedState, attempt: int) -> int | None:
+        """One commit attempt: the new snapshot id, or None after a conflict (the caller re-checks
+        the refreshed table). An unknown outcome is settled by reading the table back."""
+        identifier = ".".join(table.name())
+        try:
+            return self._commit_once(table, plan, new_state)
+        except CommitFailedException as error:
+            log.info("commit conflict, re-checking the refreshed table", extra={"table": identifier, "attempt": attempt, "error": str(error)})
+            return None
+        except (StaleEpoch, InvalidFile):
+            raise
+        except Exception as error:  # noqa: BLE001 - outcome unknown: read the table back, never assume
+            return self._settle_unknown(identifier, new_state.commit_id, error)
+
     def _commit_once(self, table: Table, plan: "_Plan", new_state: CommittedState) -> int:
         """One compare-and-swap: schema change (if any) and the snapshot, atomically."""
-        summary = new_state.to_summary([d.moniker.id for d in plan.committed])
+        summary = new_state.to_summary([d.moniker.id for d in plan.committed if d.moniker is not None])
         transaction = table.transaction()
         expired = snapshots_to_expire(table, self.config.bookkeeper.keep_snapshots)
         if expired:
@@ -302,6 +379,21 @@ class Committer:
             if properties.get("icekeeper.commit-id") == commit_id:
                 return snapshot.snapshot_id
         return None
+
+
+EVENT_FILES_KEPT = 2000
+"""Event Grid file keys kept in the committed state: redeliveries come within minutes, not days."""
+
+
+def _local_or_url(url: str, table_location: str) -> str:
+    """The path pyarrow opens for an event's URL: local test files keep their path; storage URLs
+    are rewritten onto the table location's scheme (abfs[s]://container@account...)."""
+    if url.startswith(("file:", "/")):
+        return url if url.startswith("file:") else "file://" + url
+    table_key, file_key = location_key(table_location), location_key(url)
+    if file_key.startswith(table_key + "/"):
+        return table_location.rstrip("/") + file_key[len(table_key):]
+    return url
 
 
 def snapshots_to_expire(table: Table, keep: int) -> list[int]:
@@ -344,7 +436,7 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
         if delivery in [d for d, _ in plan.quarantined]:
             quarantined += moniker.records
     watermark = min(event_ms.values()) if event_ms else state.watermark_ms
-    return CommittedState(writer_seqs, offsets, event_ms, watermark, max(epoch, state.epoch), uuid.uuid4().hex, quarantined)
+    return CommittedState(writer_seqs, offsets, event_ms, watermark, max(epoch, state.epoch), uuid.uuid4().hex, quarantined, state.event_files)
 
 
 def describe(result: TableCommit) -> str:

@@ -24,6 +24,7 @@ from bookkeeper.observability import BookkeeperMetrics, HealthServer
 from pyiceberg.exceptions import NoSuchTableError
 
 from common.catalog import open_catalog
+from common.file_events import location_key
 from common.config.model import IcekeeperConfig
 from common.transports import Delivery, open_transport
 
@@ -125,7 +126,19 @@ class Bookkeeper:
             self.lease.renew()
         deliveries = self.transport.receive(max_count=100_000)
         readable: dict[str, list[Delivery]] = {}
+        file_events: dict[str, list[Delivery]] = {}
         for delivery in deliveries:
+            if delivery.ignorable:
+                self.transport.acknowledge(delivery)
+                continue
+            if delivery.file_event is not None:
+                table = self._table_of_file(delivery.file_event.container_path)
+                if table is None:
+                    self.transport.dead_letter(delivery, f"no configured table's location holds {delivery.file_event.url}")
+                    report.dead_lettered.append((delivery.source, "no table for file"))
+                else:
+                    file_events.setdefault(table, []).append(delivery)
+                continue
             if delivery.moniker is None:
                 self.metrics.errors.labels("unreadable-moniker").inc()
                 if delivery.attempts >= self.config.bookkeeper.max_attempts:
@@ -145,26 +158,43 @@ class Bookkeeper:
                 self.metrics.errors.labels("commit-failed").inc()
                 log.error("table commit failed; its monikers stay pending", extra={"table": table, "error": repr(error)})
                 continue
-            # The commit is durable (or there was nothing to commit): now acknowledge.
-            for delivery in result.committed + result.duplicates:
-                self.transport.acknowledge(delivery)
-            for delivery, reason in result.quarantined:
-                self.metrics.errors.labels("quarantined-moniker").inc()
-                self.transport.dead_letter(delivery, reason)
-                report.dead_lettered.append((delivery.source, reason))
-                log.warning("moniker quarantined", extra={"table": table, "moniker": delivery.moniker.id, "reason": reason})
-            report.pending += len(result.waiting)
-            report.tables.append(result)
-            self.metrics.pending_monikers.labels(table).set(len(result.waiting))
-            self.metrics.pending_bytes.labels(table).set(sum(d.moniker.bytes for d in result.waiting))
-            if result.snapshot_id is not None:
-                self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
-                self._write_report(result)
+            self._settle(report, table, result)
+        for table, group in sorted(file_events.items()):
+            result = self.committer.commit_files(table, group)
+            self._settle(report, table, result)
         self._heartbeats(report, committed={t.table for t in report.tables if t.snapshot_id is not None})
         report.seconds = time.monotonic() - started
         self._last_cycle_at = time.time()
         self.metrics.refresh_ages()
         return report
+
+    def _settle(self, report: CycleReport, table: str, result: TableCommit) -> None:
+        """After a table's commit is durable (or there was nothing to commit): acknowledge, dead-letter, report."""
+        for delivery in result.committed + result.duplicates:
+            self.transport.acknowledge(delivery)
+        for delivery, reason in result.quarantined:
+            self.metrics.errors.labels("quarantined").inc()
+            self.transport.dead_letter(delivery, reason)
+            report.dead_lettered.append((delivery.source, reason))
+            log.warning("delivery quarantined", extra={"table": table, "source": delivery.source, "reason": reason})
+        report.pending += len(result.waiting)
+        report.tables.append(result)
+        self.metrics.pending_monikers.labels(table).set(len(result.waiting))
+        self.metrics.pending_bytes.labels(table).set(sum(d.moniker.bytes for d in result.waiting))
+        if result.snapshot_id is not None:
+            self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
+            self._write_report(result)
+
+    def _table_of_file(self, file_key: str) -> str | None:
+        """The configured (existing) table whose location holds the file."""
+        for spec in self.config.tables:
+            try:
+                location = self.catalog.load_table(spec.identifier).location()
+            except NoSuchTableError:
+                continue
+            if file_key.startswith(location_key(location) + "/"):
+                return spec.identifier
+        return None
 
     def _heartbeats(self, report: CycleReport, committed: set[str]) -> None:
         """Every N empty cycles, a watermark-only snapshot per table (off when N is 0)."""

@@ -23,6 +23,7 @@ KEY_EVENT_TIME = PREFIX + "partition-event-ms"
 KEY_WATERMARK = PREFIX + "watermark-ms"
 KEY_MONIKERS = PREFIX + "moniker-ids"
 KEY_QUARANTINED = PREFIX + "quarantined-records"
+KEY_EVENT_FILES = PREFIX + "event-files"
 
 TopicPartition = tuple[str, int]
 
@@ -38,6 +39,8 @@ class CommittedState:
     epoch: int = 0
     commit_id: str | None = None
     quarantined_records: int = 0
+    event_files: tuple[str, ...] = ()
+    """Keys of the newest files committed from Event Grid events (no moniker)."""
     snapshot_id: int | None = None
 
     def to_summary(self, moniker_ids: list[str]) -> dict[str, str]:
@@ -53,6 +56,8 @@ class CommittedState:
         }
         if self.watermark_ms is not None:
             summary[KEY_WATERMARK] = str(self.watermark_ms)
+        if self.event_files:
+            summary[KEY_EVENT_FILES] = json.dumps(list(self.event_files))
         return summary
 
     @classmethod
@@ -66,6 +71,7 @@ class CommittedState:
             epoch=int(summary.get(KEY_EPOCH) or 0),
             commit_id=summary.get(KEY_COMMIT_ID) or None,
             quarantined_records=int(summary.get(KEY_QUARANTINED) or 0),
+            event_files=tuple(json.loads(summary.get(KEY_EVENT_FILES) or "[]")),
             snapshot_id=snapshot_id,
         )
 

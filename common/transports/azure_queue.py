@@ -16,6 +16,7 @@ from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
 from common.config.model import AzureQueueTransport
+from common.file_events import parse_event_grid
 from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
 from common.transports.base import Delivery, MonikerTransport
 from common.transports.folder import MonikerFolder
@@ -51,7 +52,10 @@ class AzureQueueMonikerTransport(MonikerTransport):
         for message in pages:
             raw = message.content.encode("utf-8") if isinstance(message.content, str) else bytes(message.content or b"")
             moniker, error = self._decode(raw)
-            deliveries.append(Delivery(moniker, f"queue:{message.id}", error, raw, message.dequeue_count or 1, handle=message))
+            event = None
+            if moniker is None and (grid := parse_event_grid(raw)) is not None:
+                event, error = grid.file, grid.error
+            deliveries.append(Delivery(moniker, f"queue:{message.id}", error, raw, message.dequeue_count or 1, handle=message, file_event=event))
         return deliveries
 
     def _decode(self, raw: bytes) -> tuple[Moniker | None, str | None]:

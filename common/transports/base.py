@@ -13,12 +13,17 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.file_events import FileEvent
 from common.moniker import Moniker
 
 
 @dataclass
 class Delivery:
-    """A received moniker (or the raw bytes and the reason it could not be read)."""
+    """A received moniker, an Event Grid file event, or the raw bytes and why they could not be read.
+
+    A delivery with neither a moniker, a file event nor an error is an event to acknowledge and
+    ignore (say, an ADLS `CreateFile` before its `FlushWithClose`).
+    """
 
     moniker: Moniker | None
     source: str
@@ -28,6 +33,11 @@ class Delivery:
     attempts: int = 1
     handle: Any = field(default=None, repr=False)
     """Transport-specific receipt needed to acknowledge it."""
+    file_event: FileEvent | None = None
+
+    @property
+    def ignorable(self) -> bool:
+        return self.moniker is None and self.file_event is None and self.error is None
 
 
 class MonikerTransport(ABC):

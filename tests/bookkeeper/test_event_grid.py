@@ -1,0 +1,98 @@
+"""Event Grid intake (seed 003): Parquet files that arrive on the storage queue without a moniker.
+
+Azurite has no Event Grid, so the tests post the messages Event Grid would deliver (its event
+schema, base64 as its queue handler sends them, or CloudEvents as plain JSON) to a real Azurite
+queue. Their URLs name local files, because the table lives on local disk here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bookkeeper.committer import _local_or_url
+from bookkeeper.service import Bookkeeper
+from common.catalog import open_catalog
+from common.file_events import location_key, parse_event_grid
+from common.transports import open_transport
+from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, make_moniker, write_file
+
+
+def event_grid(url: str, api: str, size: int | None, event_type: str = "Microsoft.Storage.BlobCreated") -> str:
+    """A message as Event Grid's storage-queue handler delivers it: a JSON event, base64-encoded."""
+    event = {"id": uuid.uuid4().hex, "eventType": event_type, "subject": url, "eventTime": "2026-11-22T08:00:00Z",
+             "data": {"api": api, "url": url, "contentLength": size, "blobType": "BlockBlob"}, "dataVersion": "", "metadataVersion": "1"}
+    return base64.b64encode(json.dumps(event).encode()).decode()
+
+
+def cloud_event(url: str, api: str, size: int) -> str:
+    """The CloudEvents 1.0 schema, sent as plain JSON."""
+    return json.dumps({"specversion": "1.0", "id": uuid.uuid4().hex, "type": "Microsoft.Storage.BlobCreated",
+                       "source": "/subscriptions/x", "data": {"api": api, "url": url, "contentLength": size}})
+
+
+def test_event_urls_of_blob_and_adls_name_the_same_location() -> None:
+    forms = ["https://acct.blob.core.windows.net/lake/db/t/data/f.parquet", "https://acct.dfs.core.windows.net/lake/db/t/data/f.parquet",
+             "abfss://lake@acct.dfs.core.windows.net/db/t/data/f.parquet", "wasbs://lake@acct.blob.core.windows.net/db/t/data/f.parquet"]
+    assert {location_key(form) for form in forms} == {"acct/lake/db/t/data/f.parquet"}
+    assert location_key("file:///x/t/f.parquet") == location_key("/x/t/f.parquet") == "/x/t/f.parquet"
+    # pyarrow opens the file through the table location's own scheme.
+    assert _local_or_url(forms[0], "abfss://lake@acct.dfs.core.windows.net/db/t") == forms[2]
+
+
+def test_only_complete_parquet_blobs_count() -> None:
+    url = "https://acct.blob.core.windows.net/lake/t/data/f.parquet"
+    assert parse_event_grid(event_grid(url, "FlushWithClose", 10)).file.url == url
+    assert parse_event_grid(cloud_event(url, "PutBlob", 10)).file.size_bytes == 10
+    ignored = [event_grid(url, "CreateFile", 0), event_grid(url.replace(".parquet", ".crc"), "PutBlob", 1),
+               event_grid(url, "DeleteFile", None, event_type="Microsoft.Storage.BlobDeleted")]
+    for message in ignored:
+        parsed = parse_event_grid(message)
+        assert parsed is not None and parsed.file is None and parsed.error is None
+    assert "without data.url" in parse_event_grid(json.dumps({"eventType": "Microsoft.Storage.BlobCreated", "data": {}})).error
+    assert parse_event_grid('{"format_version": 1}') is None and parse_event_grid("not json at all") is None
+
+
+@pytest.mark.integration
+def test_event_grid_files_are_committed_once_and_bad_ones_dead_lettered(local_stack, tmp_path: Path) -> None:
+    queue = f"eg-{uuid.uuid4().hex[:10]}"
+    config = bookkeeper_config(tmp_path, transport__kind="azure-queue", transport__queue_name=queue,
+                               transport__dead_letter_queue_name=queue + "-dlq",
+                               transport__connection_string=local_stack.service("azurite-queue").connection_string())
+    transport = open_transport(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))  # a writer's moniker creates the table
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.run_cycle()
+    table = open_catalog(config).load_table("shop.items")
+    data = Path(table.location().removeprefix("file://")) / "data" / "external"
+    rows = [{"id": 1000 + i, "amount": i, "_kfk_partition": 9, "_kfk_offset": i} for i in range(7)]
+    adls = write_file(data / "adls.parquet", SCHEMA, rows[:4])
+    blob = write_file(data / "blob.parquet", SCHEMA, rows[4:])
+    wrong_size = write_file(data / "wrong-size.parquet", SCHEMA, rows[:1])
+    outside = write_file(tmp_path / "elsewhere" / "f.parquet", SCHEMA, rows[:1])
+
+    queue_client = transport.queue
+    queue_client.send_message(event_grid(adls.path, "CreateFile", 0))          # ADLS: empty file first, ignored
+    queue_client.send_message(event_grid(adls.path, "FlushWithClose", adls.size_bytes))
+    queue_client.send_message(cloud_event(blob.path, "PutBlob", blob.size_bytes))
+    queue_client.send_message(event_grid(wrong_size.path, "PutBlob", wrong_size.size_bytes + 1))
+    queue_client.send_message(event_grid(outside.path, "PutBlob", outside.size_bytes))
+    report = bookkeeper.run_cycle()
+    queue_client.send_message(event_grid(adls.path, "FlushWithClose", adls.size_bytes))  # Event Grid delivers at least once
+    second = bookkeeper.run_cycle()
+
+    table = open_catalog(config).load_table("shop.items")
+    ids = sorted(table.scan().to_arrow().column("id").to_pylist())
+    assert ids == sorted(list(range(10)) + [1000 + i for i in range(7)])
+    committed = {Path(f.file.file_path).name for f in table.scan().plan_files()}
+    assert {"adls.parquet", "blob.parquet"} <= committed and "wrong-size.parquet" not in committed
+    assert second.tables[0].snapshot_id is None and len(second.tables[0].duplicates) == 1
+    reasons = [reason for _, reason in report.dead_lettered]
+    assert len(reasons) == 2 and "no table for file" in reasons[0] and "the event says" in reasons[1]
+    dead = [json.loads(m.content)["reason"] for m in transport.dead_letter_queue.receive_messages()]
+    assert len(dead) == 2 and any("wrong-size.parquet" in r for r in dead)
+    assert queue_client.get_queue_properties().approximate_message_count == 0
