@@ -31,7 +31,7 @@ from pyiceberg.table.update.snapshot import ExpireSnapshots
 from bookkeeper.datafiles import FooterFacts, FooterReader, InvalidFile, data_file, validate
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
 from common.catalog import load_table_or_none
-from common.committed_state import CommittedState, committed_state
+from common.committed_state import CommittedState, committed_state, expirable_snapshots
 from common.config.model import IcekeeperConfig, TableSpec
 from common.file_events import location_key
 from common.moniker import FileEntry, Moniker
@@ -343,7 +343,7 @@ class Committer:
         """One compare-and-swap: schema change (if any) and the snapshot, atomically."""
         summary = new_state.to_summary([d.moniker.id for d in plan.committed if d.moniker is not None])
         transaction = table.transaction()
-        expired = snapshots_to_expire(table, self.config.bookkeeper.keep_snapshots)
+        expired = expirable_snapshots(table, self.config.bookkeeper.keep_snapshots - 1)  # the commit adds one
         if expired:
             # In the same transaction: pyiceberg copies the whole metadata several times per commit,
             # so commit cost grows with the snapshots kept (16 ms at 1 -> ~1 s at 1,000, measured);
@@ -394,15 +394,6 @@ def _local_or_url(url: str, table_location: str) -> str:
     if file_key.startswith(table_key + "/"):
         return table_location.rstrip("/") + file_key[len(table_key):]
     return url
-
-
-def snapshots_to_expire(table: Table, keep: int) -> list[int]:
-    """Snapshots beyond the newest `keep - 1` (the commit adds one), sparing branch/tag heads and
-    the newest snapshot that carries icekeeper's committed state."""
-    snapshots = sorted(table.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)
-    protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
-    state_carrier = next((s.snapshot_id for s in snapshots if s.summary and "icekeeper.commit-id" in s.summary.additional_properties), None)
-    return [s.snapshot_id for s in snapshots[max(keep - 1, 1):] if s.snapshot_id not in protected and s.snapshot_id != state_carrier]
 
 
 @dataclass

@@ -42,9 +42,10 @@ class LeaseRecord:
 
 
 class Lease:
-    """The lease of one bookkeeper group, in a local (or mounted) folder."""
+    """The lease of one bookkeeper group (or its reaper), in a local (or mounted) folder."""
 
-    def __init__(self, folder: str, group: str, ttl_s: float, owner: str | None = None) -> None:
+    def __init__(self, folder: str, group: str, ttl_s: float, owner: str | None = None, role: str = "bookkeeper") -> None:
+        self.role = role
         self.folder = Path(folder) / _safe(group)
         self.ttl_ms = int(ttl_s * 1000)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -62,10 +63,12 @@ class Lease:
                 epoch = (current.epoch if current else 0) + 1
                 if self._create(epoch):
                     self.epoch = epoch
-                    log.warning("bookkeeper lease acquired", extra={"epoch": epoch, "owner": self.owner, "group": self.folder.name})
+                    # A bookkeeper taking over matters to operators; a reaper's pass does not.
+                    log.log(logging.WARNING if self.role == "bookkeeper" else logging.INFO, f"{self.role} lease acquired",
+                            extra={"epoch": epoch, "owner": self.owner, "group": self.folder.name})
                     return epoch
             elif not announced:
-                log.warning("another bookkeeper holds the lease; standing by", extra={"holder": current.owner, "epoch": current.epoch})
+                log.warning(f"another {self.role} holds the lease; standing by", extra={"holder": current.owner, "epoch": current.epoch})
                 announced = True
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"lease of {self.folder.name} still held by {current.owner if current else '?'}")

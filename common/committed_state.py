@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
 PREFIX = "icekeeper."
 KEY_COMMIT_ID = PREFIX + "commit-id"
@@ -88,12 +89,38 @@ def _flatten(nested: Mapping[str, Mapping[str, int]]) -> dict[TopicPartition, in
 
 
 def committed_state(table: Table) -> CommittedState:
-    """The state carried by the newest snapshot (in the current ancestry) that has icekeeper's keys."""
+    """The state carried by the newest snapshot (in the current ancestry) that has icekeeper's keys.
+
+    Maintenance snapshots (compaction, retention) carry no state, and expiring some of them can
+    break the parent chain; then the newest state-carrying snapshot of the table is the answer
+    (`expirable_snapshots` never expires it).
+    """
     snapshot = table.current_snapshot()
     while snapshot is not None:
-        summary = snapshot.summary
-        properties = summary.additional_properties if summary is not None else {}
-        if KEY_COMMIT_ID in properties:
-            return CommittedState.from_summary(properties, snapshot.snapshot_id)
+        if _carries_state(snapshot):
+            return CommittedState.from_summary(snapshot.summary.additional_properties, snapshot.snapshot_id)
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
-    return CommittedState()
+    carrier = newest_state_carrier(table)
+    return CommittedState.from_summary(carrier.summary.additional_properties, carrier.snapshot_id) if carrier else CommittedState()
+
+
+def newest_state_carrier(table: Table) -> Snapshot | None:
+    """The newest snapshot with icekeeper's committed state, by sequence number."""
+    carriers = [s for s in table.snapshots() if _carries_state(s)]
+    return max(carriers, key=lambda s: (s.sequence_number or 0, s.timestamp_ms), default=None)
+
+
+def expirable_snapshots(table: Table, keep: int, older_than_ms: int | None = None) -> list[int]:
+    """Snapshots that may be expired: beyond the newest `keep` (and older than `older_than_ms`
+    when given), never a branch or tag head, never the newest snapshot carrying icekeeper's state."""
+    snapshots = sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms), reverse=True)
+    protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
+    carrier = newest_state_carrier(table)
+    if carrier is not None:
+        protected.add(carrier.snapshot_id)
+    return [s.snapshot_id for s in snapshots[max(keep, 1):]
+            if s.snapshot_id not in protected and (older_than_ms is None or s.timestamp_ms < older_than_ms)]
+
+
+def _carries_state(snapshot: Snapshot) -> bool:
+    return snapshot.summary is not None and KEY_COMMIT_ID in snapshot.summary.additional_properties

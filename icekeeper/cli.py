@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from typing import Callable, Sequence
@@ -127,6 +128,32 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reaper(args: argparse.Namespace) -> int:
+    from common.config.model import parse_duration_s
+    from reaper.service import Reaper
+
+    config = _config(args)
+    if not config.reaper.enabled and not args.dry_run:
+        print("icekeeper reaper: reaper.enabled is false (seed 000: iceberg.maintenance.enabled); nothing to do", file=sys.stderr)
+        return 0
+    every = parse_duration_s(args.every) if args.every else (None if args.once else config.reaper.execute_interval)
+    service = Reaper(config)
+    signal.signal(signal.SIGTERM, lambda *_: service.stop.set())
+
+    def show(report) -> None:  # noqa: ANN001 - PassReport
+        if args.dry_run:
+            for table in report.tables:
+                for line in table.planned:
+                    print(f"{table.table}: would {line}")
+        print(json.dumps(report.to_json()), flush=True)
+
+    try:
+        service.run(every_s=every, dry_run=args.dry_run, on_pass=show)
+    finally:
+        service.close()
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     config = _config(args)
     stack = None
@@ -145,6 +172,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from icekeeper.bench.bookkeeper import run_bookkeeper_bench
 
             result = run_bookkeeper_bench(config.state_dir, commits=args.commits, footers=args.footers, progress=_progress)
+        elif args.target == "reaper":
+            from icekeeper.bench.reaper import run_reaper_bench
+
+            result = run_reaper_bench(config.state_dir, files=args.files, cores=args.cores, progress=_progress)
         else:
             raise SystemExit(f"bench {args.target}: not available yet")
     finally:
@@ -215,12 +246,19 @@ def build_parser() -> argparse.ArgumentParser:
     bookkeeper = add("bookkeeper", cmd_bookkeeper, "run the bookkeeper: commit monikers to Iceberg exactly once")
     bookkeeper.add_argument("--once", action="store_true", help="one cycle, then exit")
 
+    reaper = add("reaper", cmd_reaper, "maintenance: retention, compaction, snapshot expiry, orphan removal (never pending files)")
+    when = reaper.add_mutually_exclusive_group()
+    when.add_argument("--once", action="store_true", help="one pass, then exit (for cron and Kubernetes CronJobs)")
+    when.add_argument("--every", default=None, help="a pass every DURATION (10m, 1h, seconds); default: reaper.execute_interval")
+    reaper.add_argument("--dry-run", action="store_true", help="list what would change, change nothing")
+
     bench = add("bench", cmd_bench, "benchmarks that print ratios against a baseline run on the same machine")
     bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e"])
     bench.add_argument("--records", type=int, default=None, help="records to preload (writer: default 1,000,000)")
     bench.add_argument("--cores", type=int, default=None, help="Spark local cores (default: all)")
     bench.add_argument("--commits", type=int, default=10_000, help="bookkeeper: single-moniker commits for the latency curve")
     bench.add_argument("--footers", type=int, default=10_000, help="bookkeeper: footers to read")
+    bench.add_argument("--files", type=int, default=1000, help="reaper: small files (one snapshot each) in the table")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
     bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
 

@@ -263,6 +263,7 @@ class ReaperConfig(_Model):
     compact_target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of compacted files (seed 000: `.compact.target.file.size.bytes`).")
     manifests_file_length: int = Field(8 * 1024 * 1024, ge=1024, description="Target manifest size when rewriting manifests (seed 000: `.manifests.file.length`).")
     max_manifests: int = Field(100, ge=1, description="Rewrite manifests when a table has more than this many.")
+    report_path: str = Field("{state_dir}/reports/reaper.jsonl", description="File that receives one JSON line per pass.")
 
     @field_validator("triggering_time")
     @classmethod

@@ -1,0 +1,254 @@
+"""Iceberg's own maintenance actions, run through Spark on the catalog pyiceberg uses.
+
+pyiceberg 0.12 expires snapshots in metadata only and has no orphan removal, compaction or
+manifest rewrite; Iceberg's Spark actions (iceberg-spark-runtime) do all of them and are what
+Iceberg users trust. Spark opens the same SQLite catalog through its JdbcCatalog
+(`common.spark.iceberg_catalog_conf`), so both sides see one table.
+
+Two places where we decide and Iceberg executes:
+- which snapshots to expire (`expirable_snapshots`: never the newest one carrying icekeeper's
+  committed state, which a plain `retain_last` could drop after maintenance commits);
+- which orphans to delete: Iceberg computes the unreachable files, and its delete callback
+  comes back here, where files named by pending monikers are spared.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import pyarrow.fs as pafs
+from pyiceberg.table import Table
+from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, TimestamptzType
+
+from bookkeeper.datafiles import normalize_location
+from common.committed_state import expirable_snapshots
+from common.config.model import ReaperConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TableReport:
+    """What one maintenance pass did to (or, in a dry run, would do to) one table."""
+
+    table: str
+    dry_run: bool = False
+    retention_filter: str | None = None
+    retention_rows_deleted: int = 0
+    retention_files_deleted: int = 0
+    files_compacted: int = 0
+    files_added: int = 0
+    bytes_compacted: int = 0
+    manifests_rewritten: int = 0
+    snapshots_expired: int = 0
+    files_deleted: int = 0
+    bytes_deleted: int = 0
+    orphans_spared: int = 0
+    seconds: float = 0.0
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    planned: list[str] = field(default_factory=list)
+    """Dry run: what would change, one line each."""
+
+    def to_json(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if key != "planned" or self.dry_run}
+
+
+class FileDeleter:
+    """Iceberg's delete callback (a `java.util.function.Consumer<String>` through py4j).
+
+    Iceberg decides what is unreachable; this deletes it, except files in `spared`, and counts
+    files and bytes (Iceberg's actions report counts but not bytes). In a dry run it only lists.
+    """
+
+    def __init__(self, spared: set[str], dry_run: bool) -> None:
+        self.spared = spared
+        self.dry_run = dry_run
+        self.deleted: list[str] = []
+        self.kept: list[str] = []
+        self.bytes = 0
+
+    def accept(self, location: str) -> None:
+        try:
+            if normalize_location(location) in self.spared:
+                self.kept.append(location)
+                return
+            filesystem, path = pafs.FileSystem.from_uri(location if "://" in location else "file://" + normalize_location(location))
+            info = filesystem.get_file_info(path)
+            if info.type != pafs.FileType.File:
+                return
+            if not self.dry_run:
+                filesystem.delete_file(path)
+                if isinstance(filesystem, pafs.LocalFileSystem):
+                    # Hadoop's local filesystem leaves a `.name.crc` beside files Java wrote.
+                    checksum = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.crc")
+                    if filesystem.get_file_info(checksum).type == pafs.FileType.File:
+                        filesystem.delete_file(checksum)
+            self.deleted.append(location)
+            self.bytes += info.size or 0
+        except Exception:  # noqa: BLE001 - an exception must not cross into the JVM thread
+            log.exception("could not delete", extra={"file": location})
+
+    class Java:
+        implements = ["java.util.function.Consumer"]
+
+
+class SparkMaintenance:
+    """Retention, compaction, manifest rewrite, expiry and orphan removal for one catalog."""
+
+    def __init__(self, spark, catalog_name: str, settings: ReaperConfig) -> None:
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        self.spark = spark
+        self.catalog_name = catalog_name
+        self.settings = settings
+        self._jvm = spark.sparkContext._jvm  # noqa: SLF001 - Iceberg's action API has no Python binding
+        ensure_callback_server_started(spark.sparkContext._gateway)  # noqa: SLF001
+
+    def spark_name(self, identifier: str) -> str:
+        return ".".join(f"`{part}`" for part in [self.catalog_name, *identifier.split(".")])
+
+    def _java_table(self, identifier: str):
+        self.spark.sql(f"REFRESH TABLE {self.spark_name(identifier)}")
+        return self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, f"{self.catalog_name}.{identifier}")  # noqa: SLF001
+
+    def _actions(self):
+        return self._jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession)  # noqa: SLF001
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def retention(self, table: Table, identifier: str, report: TableReport, now: datetime) -> None:
+        """Delete rows older than the retention age. Iceberg drops whole files in metadata when the
+        filter covers them (by partition or column bounds) and rewrites only the files it cuts."""
+        settings = self.settings
+        if settings.retention is None or not settings.retention_column:
+            return
+        condition = time_filter(table, settings.retention_column, upper=now - timedelta(seconds=settings.retention))
+        report.retention_filter = condition
+        name = self.spark_name(identifier)
+        if report.dry_run:
+            rows = self.spark.sql(f"SELECT count(*) FROM {name} WHERE {condition}").first()[0]
+            report.planned.append(f"retention: delete {rows} rows where {condition}")
+            report.retention_rows_deleted = rows
+            return
+        before = table.current_snapshot()
+        self.spark.sql(f"DELETE FROM {name} WHERE {condition}")
+        after = table.refresh().current_snapshot()
+        if after is not None and (before is None or after.snapshot_id != before.snapshot_id):
+            summary = after.summary.additional_properties if after.summary else {}
+            report.retention_rows_deleted = int(summary.get("deleted-records", 0))
+            report.retention_files_deleted = int(summary.get("deleted-data-files", 0))
+
+    # -- compaction --------------------------------------------------------------------------
+
+    def compact(self, table: Table, identifier: str, report: TableReport, now: datetime) -> None:
+        """Bin-pack small files to the target size (Iceberg's `rewrite_data_files`), limited to one
+        day of the compact filter column when set (seed 000: offset 0 is yesterday)."""
+        settings = self.settings
+        where = None
+        if settings.compact_filter_column:
+            day = (now - timedelta(days=1 + settings.compact_day_offset)).replace(hour=0, minute=0, second=0, microsecond=0)
+            where = time_filter(table, settings.compact_filter_column, lower=day, upper=day + timedelta(days=1))
+        target = settings.compact_target_file_size_bytes
+        if report.dry_run:
+            small = self.spark.sql(f"SELECT count(*) FROM {self.spark_name(identifier)}.files WHERE file_size_in_bytes < {int(target * 0.75)}").first()[0]
+            report.planned.append(f"compaction: of {small} files under 75% of {target} bytes, those" + (f" where {where}" if where else ""))
+            return
+        options = {"target-file-size-bytes": str(target), "min-input-files": "2",
+                   # Partial progress commits per file group, so an append that lands meanwhile
+                   # costs one group a retry, not the whole rewrite.
+                   "partial-progress.enabled": "true", "partial-progress.max-commits": "10"}
+        arguments = [f"table => '{self.catalog_name}.{identifier}'", f"options => map({_sql_map(options)})"]
+        if where:
+            arguments.append(f"where => \"{where}\"")
+        row = self.spark.sql(f"CALL `{self.catalog_name}`.system.rewrite_data_files({', '.join(arguments)})").first()
+        report.files_compacted = int(row["rewritten_data_files_count"])
+        report.files_added = int(row["added_data_files_count"])
+        report.bytes_compacted = int(row["rewritten_bytes_count"])
+
+    def rewrite_manifests(self, table: Table, identifier: str, report: TableReport) -> None:
+        """Rewrite manifests when the current snapshot has more than `max_manifests`."""
+        snapshot = table.refresh().current_snapshot()
+        count = len(snapshot.manifests(table.io)) if snapshot else 0
+        if count <= self.settings.max_manifests:
+            return
+        if report.dry_run:
+            report.planned.append(f"manifests: rewrite {count} manifests (over {self.settings.max_manifests})")
+            return
+        target = str(self.settings.manifests_file_length)
+        if table.properties.get("commit.manifest.target-size-bytes") != target:
+            # The rewrite sizes manifests by this table property (seed 000: manifests.file.length).
+            table.transaction().set_properties({"commit.manifest.target-size-bytes": target}).commit_transaction()
+        row = self.spark.sql(f"CALL `{self.catalog_name}`.system.rewrite_manifests(table => '{self.catalog_name}.{identifier}')").first()
+        report.manifests_rewritten = int(row["rewritten_manifests_count"])
+
+    # -- expiry and deletion -----------------------------------------------------------------
+
+    def expire(self, table: Table, identifier: str, report: TableReport, spared: set[str], now: datetime) -> None:
+        """Expire snapshots older than `snapshot_expire_time` beyond the newest `retain_last`, then
+        let Iceberg delete the files only they reached (data, manifests, manifest lists)."""
+        older_than_ms = int((now - timedelta(seconds=self.settings.snapshot_expire_time)).timestamp() * 1000)
+        expired = expirable_snapshots(table.refresh(), self.settings.retain_last, older_than_ms)
+        if not expired:
+            return
+        if report.dry_run:
+            report.planned.append(f"expiry: {len(expired)} snapshots ({expired[-1]} ... {expired[0]})")
+            report.snapshots_expired = len(expired)
+            return
+        deleter = FileDeleter(spared, dry_run=False)
+        action = self._actions().expireSnapshots(self._java_table(identifier))
+        # Only the chosen ids: an age of 0 keeps Iceberg's own age rule from adding others.
+        action = action.expireOlderThan(0).retainLast(1).deleteWith(deleter)
+        for snapshot_id in expired:
+            action = action.expireSnapshotId(snapshot_id)
+        action.execute()
+        report.snapshots_expired += len(expired)
+        self._count(report, deleter)
+
+    def remove_orphans(self, identifier: str, report: TableReport, spared: set[str], now: datetime) -> None:
+        """Delete files under the table location that no snapshot reaches and that are older than
+        the grace period; files named by pending monikers are spared whatever their age.
+
+        The Java action rather than the SQL procedure: the procedure refuses grace periods under
+        24 hours, which tests and small deployments need (pending files are protected by name, the
+        grace covers files whose moniker is not yet published)."""
+        older_than_ms = int((now - timedelta(seconds=self.settings.orphan_grace)).timestamp() * 1000)
+        deleter = FileDeleter(spared, dry_run=report.dry_run)
+        self._actions().deleteOrphanFiles(self._java_table(identifier)).olderThan(older_than_ms).deleteWith(deleter).execute()
+        if report.dry_run:
+            report.planned.extend(f"orphan: {path}" for path in deleter.deleted)
+        self._count(report, deleter)
+
+    @staticmethod
+    def _count(report: TableReport, deleter: FileDeleter) -> None:
+        report.files_deleted += len(deleter.deleted)
+        report.bytes_deleted += deleter.bytes
+        report.orphans_spared += len(deleter.kept)
+
+
+def time_filter(table: Table, column: str, lower: datetime | None = None, upper: datetime | None = None) -> str:
+    """`column >= lower AND column < upper` as Spark SQL (also parsed by pyiceberg), typed by the
+    column: timestamps and dates compare as literals, integers as epoch milliseconds."""
+    field_type = table.schema().find_field(column).field_type
+    def literal(moment: datetime) -> str:
+        if isinstance(field_type, (TimestampType, TimestamptzType)):
+            return f"TIMESTAMP '{moment.astimezone(timezone.utc).strftime('%Y-%m-%d %H:%M:%S')}'"
+        if isinstance(field_type, DateType):
+            return f"DATE '{moment.date().isoformat()}'"
+        if isinstance(field_type, (LongType, IntegerType)):
+            return str(int(moment.timestamp() * 1000))
+        raise ValueError(f"{column} is {field_type}: time filters need a timestamp, date or epoch-millisecond column")
+    parts = []
+    if lower is not None:
+        parts.append(f"{column} >= {literal(lower)}")
+    if upper is not None:
+        parts.append(f"{column} < {literal(upper)}")
+    return " AND ".join(parts)
+
+
+def _sql_map(options: dict[str, str]) -> str:
+    return ", ".join(f"'{key}', '{value}'" for key, value in options.items())
+

@@ -1,0 +1,170 @@
+"""The reaper: one maintenance pass over every configured table, once or on a schedule.
+
+Order within a pass, per table: retention (deletes rows), compaction (rewrites small files),
+manifest rewrite, snapshot expiry (deletes what only expired snapshots reached), orphan removal
+(deletes what nothing reaches, older than the grace period, never a pending moniker's file).
+Every step is an Iceberg commit or a deletion of files Iceberg found unreachable, so a pass that
+dies half way is simply run again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Callable
+
+from pyiceberg.exceptions import NoSuchTableError
+
+from bookkeeper.datafiles import normalize_location
+from bookkeeper.fencing import Lease
+from common.catalog import open_catalog
+from common.config.model import IcekeeperConfig
+from common.transports import open_transport
+from reaper.maintenance import SparkMaintenance, TableReport
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class PassReport:
+    """One pass over all tables; `to_json()` is the JSON line operators and schedulers read."""
+
+    started_at: str
+    dry_run: bool
+    tables: list[TableReport] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def totals(self) -> dict[str, int]:
+        keys = ["snapshots_expired", "files_deleted", "bytes_deleted", "files_compacted", "files_added",
+                "retention_rows_deleted", "manifests_rewritten", "orphans_spared"]
+        return {key: sum(getattr(table, key) for table in self.tables) for key in keys}
+
+    def to_json(self) -> dict:
+        return {"started_at": self.started_at, "dry_run": self.dry_run, "seconds": round(self.seconds, 3), **self.totals(),
+                "tables": [table.to_json() for table in self.tables], "skipped": self.skipped}
+
+
+def pending_files(config: IcekeeperConfig) -> set[str]:
+    """Every file named by a moniker not yet committed (data and delete files), normalized."""
+    files = set()
+    for moniker in open_transport(config).pending():
+        for entry in [*moniker.files, *moniker.delete_files]:
+            files.add(normalize_location(entry.path))
+    return files
+
+
+class Reaper:
+    """Runs maintenance passes; Spark starts on the first pass and is reused."""
+
+    def __init__(self, config: IcekeeperConfig, spark=None, clock: Callable[[], datetime] | None = None) -> None:
+        self.config = config
+        self.catalog = open_catalog(config)
+        self._spark = spark
+        self._maintenance: SparkMaintenance | None = None
+        self.clock = clock or (lambda: datetime.now(timezone.utc))
+        self.stop = threading.Event()
+
+    @property
+    def maintenance(self) -> SparkMaintenance:
+        if self._maintenance is None:
+            if self._spark is None:
+                from common.spark import spark_session
+
+                self._spark = spark_session(self.config, "icekeeper-reaper")
+            self._maintenance = SparkMaintenance(self._spark, self.config.catalog.name, self.config.reaper)
+        return self._maintenance
+
+    def run_pass(self, dry_run: bool = False, progress: Progress | None = None) -> PassReport:
+        """One pass over every configured table that exists; holds the group's reaper lease."""
+        now = self.clock()
+        report = PassReport(started_at=now.isoformat(timespec="seconds"), dry_run=dry_run)
+        started = time.monotonic()
+        settings = self.config.bookkeeper
+        lease = Lease(settings.lease_uri, f"{settings.group}-reaper", ttl_s=max(3600.0, self.config.reaper.execute_interval), role="reaper")
+        try:
+            lease.acquire(timeout_s=0)
+        except TimeoutError as error:
+            report.skipped.append(f"another reaper is running: {error}")
+            return report
+        try:
+            for spec in self.config.tables:
+                if self.stop.is_set():
+                    break
+                try:
+                    table = self.catalog.load_table(spec.identifier)
+                except NoSuchTableError:
+                    report.skipped.append(f"{spec.identifier}: no such table yet")
+                    continue
+                if progress:
+                    progress(f"reaper: {spec.identifier}")
+                report.tables.append(self._table_pass(table, spec.identifier, dry_run, now))
+        finally:
+            lease.release()
+        report.seconds = time.monotonic() - started
+        self._write_report(report)
+        return report
+
+    def _table_pass(self, table, identifier: str, dry_run: bool, now: datetime) -> TableReport:
+        started = time.monotonic()
+        report = TableReport(identifier, dry_run=dry_run)
+        maintenance = self.maintenance
+
+        def step(name: str, action: Callable[[], None]) -> None:
+            began = time.monotonic()
+            action()
+            report.step_seconds[name] = round(time.monotonic() - began, 3)
+
+        step("retention", lambda: maintenance.retention(table, identifier, report, now))
+        step("compaction", lambda: maintenance.compact(table, identifier, report, now))
+        step("manifests", lambda: maintenance.rewrite_manifests(table, identifier, report))
+        # Read right before deleting: a moniker published after this is younger than the grace.
+        spared = pending_files(self.config)
+        step("expiry", lambda: maintenance.expire(table, identifier, report, spared, now))
+        step("orphans", lambda: maintenance.remove_orphans(identifier, report, spared, now))
+        report.seconds = time.monotonic() - started
+        log.info("reaper pass", extra={"table": identifier, **report.to_json()})
+        return report
+
+    def _write_report(self, report: PassReport) -> None:
+        path = self.config.reaper.report_path
+        if not path or report.dry_run:
+            return
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(report.to_json()) + "\n")
+
+    def run(self, every_s: float | None, dry_run: bool = False, on_pass: Callable[[PassReport], None] | None = None) -> None:
+        """Passes every `every_s` seconds (the first at `reaper.triggering_time` when set), until stopped."""
+        first = self._first_run_at()
+        if first is not None:
+            self.stop.wait(max(0.0, (first - self.clock()).total_seconds()))
+        while not self.stop.is_set():
+            began = time.monotonic()
+            result = self.run_pass(dry_run=dry_run)
+            if on_pass:
+                on_pass(result)
+            if every_s is None:
+                return
+            self.stop.wait(max(0.0, every_s - (time.monotonic() - began)))
+
+    def _first_run_at(self) -> datetime | None:
+        """The next occurrence of `reaper.triggering_time` (seed 000: earliest start, `HH:MM:SS`)."""
+        at = self.config.reaper.triggering_time
+        if not at:
+            return None
+        now = self.clock()
+        parts = [int(p) for p in at.split(":")] + [0]
+        candidate = now.replace(hour=parts[0], minute=parts[1], second=parts[2], microsecond=0)
+        return candidate if candidate >= now else candidate + timedelta(days=1)
+
+    def close(self) -> None:
+        if self._spark is not None:
+            self._spark.stop()

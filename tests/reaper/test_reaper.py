@@ -1,0 +1,189 @@
+"""The reaper on a real local table through Spark's Iceberg actions, with a bookkeeper committing
+at the same time: compaction, expiry and orphan removal never lose rows or pending files."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bookkeeper.committer import DEFAULT_TABLE_PROPERTIES
+from bookkeeper.datafiles import normalize_location
+from bookkeeper.service import Bookkeeper
+from common.catalog import open_catalog
+from common.config import IcekeeperConfig
+from common.transports import open_transport
+from icekeeper.bench.reaper import age_files, append_snapshot_per_file, files_under
+from icekeeper.readers import duckdb_rows, spark_rows
+from reaper.service import Reaper
+from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, make_moniker, write_file
+from tests.conftest import register_catalog
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+GRACE_S = 5
+
+
+def reaper_config(tmp_path: Path, **overrides: str) -> IcekeeperConfig:
+    return bookkeeper_config(
+        tmp_path, catalog__name=f"cat_{uuid.uuid4().hex[:8]}", reaper__snapshot_expire_time="0", reaper__retain_last="2",
+        reaper__orphan_grace=str(GRACE_S), reaper__compact_target_file_size_bytes=str(32 * 1024 * 1024),
+        # The bookkeeper keeps history here, so that expiring it is the reaper's work.
+        bookkeeper__keep_snapshots="100000", **overrides)
+
+
+def small_file_table(spark, config: IcekeeperConfig, files: int, offsets: list[int] | None = None):  # noqa: ANN001, ANN201
+    """`shop.items` with `files` one-row files, each its own snapshot (writer partition 9)."""
+    offsets = offsets or list(range(files))
+    catalog = open_catalog(config)
+    catalog.create_namespace("shop")
+    table = catalog.create_table("shop.items", schema=SCHEMA, properties=DEFAULT_TABLE_PROPERTIES)
+    data = Path(table.location().removeprefix("file://")) / "data" / "history"
+    entries = [write_file(data / f"{index:05d}.parquet", SCHEMA, [{"id": index, "amount": index, "_kfk_partition": 9, "_kfk_offset": offsets[index]}])
+               for index in range(files)]
+    register_catalog(spark, config)
+    append_snapshot_per_file(spark, config.catalog.name, "shop.items", entries)
+    return table.refresh()
+
+
+def rows(table) -> Counter:  # noqa: ANN001
+    arrow = table.refresh().scan(selected_fields=("_kfk_partition", "_kfk_offset", "amount")).to_arrow()
+    return Counter(zip(*(arrow.column(name).to_pylist() for name in ("_kfk_partition", "_kfk_offset", "amount"))))
+
+
+def reachable(table) -> set[str]:  # noqa: ANN001
+    """Every file a snapshot of the table reaches: metadata, manifest lists, manifests, live files."""
+    paths = {table.metadata_location, *(entry.metadata_file for entry in table.metadata.metadata_log)}
+    for snapshot in table.snapshots():
+        paths.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(table.io):
+            paths.add(manifest.manifest_path)
+            paths.update(entry.data_file.file_path for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+    return {normalize_location(path) for path in paths}
+
+
+def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:  # noqa: ANN001
+    config = reaper_config(tmp_path)
+    table = small_file_table(spark, config, files)
+    before = rows(table)
+    assert len(table.snapshots()) == files and sum(before.values()) == files
+    transport = open_transport(config)
+    # A moniker that stays pending (its writer's seq 1 never arrives), with files as old as any orphan.
+    pending = make_moniker(config, 2, 1, (0, 5), writer_id="late", partition=7)
+    transport.publish(pending)
+    age_files([entry.path for entry in pending.files], 3600)
+    orphan = write_file(Path(table.location().removeprefix("file://")) / "data" / "crashed-writer" / "f.parquet", SCHEMA, [{"id": 1}])
+    age_files([orphan.path], 3600)
+
+    stop, appended = threading.Event(), Counter()
+    bookkeeper = Bookkeeper(config)
+
+    def keep_committing() -> None:
+        seq = 0
+        while not stop.is_set():
+            seq += 1
+            moniker = make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 3, seq * 3), partition=0)
+            transport.publish(moniker)
+            for cycle_result in bookkeeper.run_cycle().tables:
+                for delivery in cycle_result.committed:
+                    appended.update((0, o, o) for r in delivery.moniker.offsets for o in range(r.from_offset, r.until_offset))
+
+    committer = threading.Thread(target=keep_committing)
+    committer.start()
+    reaper = Reaper(config, spark=spark)
+    try:
+        report = reaper.run_pass()
+    finally:
+        stop.set()
+        committer.join(timeout=120)
+    assert not committer.is_alive()
+    for cycle_result in bookkeeper.run_cycle().tables:  # whatever was published last
+        for delivery in cycle_result.committed:
+            appended.update((0, o, o) for r in delivery.moniker.offsets for o in range(r.from_offset, r.until_offset))
+    [table_report] = report.tables
+    assert table_report.files_compacted >= files and table_report.snapshots_expired >= files - 2
+    assert len(appended) > 0, "the bookkeeper committed while the reaper ran"
+
+    # Failed commit attempts during the pass leave fresh unreachable files; once older than the
+    # grace period, a second pass (bookkeeper stopped) removes them.
+    time.sleep(GRACE_S + 1)
+    reaper.run_pass()
+    table = table.refresh()
+    assert rows(table) == before + appended
+    pending_paths = {normalize_location(entry.path) for entry in pending.files}
+    on_disk = {normalize_location(path) for path in files_under(table.location())}
+    live = reachable(table)
+    assert {p for p in live if "/data/" in p} <= on_disk, "a live data file was deleted"
+    assert on_disk == (live & on_disk) | pending_paths
+    assert normalize_location(orphan.path) not in on_disk and pending_paths <= on_disk
+
+
+def test_reaper_compacts_expires_and_cleans_while_the_bookkeeper_commits(spark, tmp_path: Path) -> None:
+    exercise_reaper_under_load(spark, tmp_path, files=120)
+
+
+@pytest.mark.heavy
+def test_reaper_on_1000_files_and_snapshots_while_the_bookkeeper_commits(spark, tmp_path: Path) -> None:
+    exercise_reaper_under_load(spark, tmp_path, files=1000)
+
+
+def test_a_pending_monikers_file_survives_and_is_committed_later(spark, tmp_path: Path) -> None:
+    config = reaper_config(tmp_path)
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    bookkeeper.run_cycle()  # creates the table
+    register_catalog(spark, config)
+    waiting = make_moniker(config, 3, 2, (20, 30))  # seq 2 is late
+    transport.publish(waiting)
+    bookkeeper.run_cycle()
+    age_files([entry.path for entry in waiting.files], 3600)
+    dry = Reaper(config, spark=spark).run_pass(dry_run=True)
+    assert not any(str(Path(waiting.files[0].path).name) in line for line in dry.tables[0].planned)
+    report = Reaper(config, spark=spark).run_pass()
+    assert report.tables[0].orphans_spared == 1 and Path(waiting.files[0].path.removeprefix("file://")).exists()
+    transport.publish(make_moniker(config, 2, 1, (10, 20)))
+    assert bookkeeper.run_cycle().committed_monikers == 2
+    table = open_catalog(config).load_table("shop.items")
+    offsets = sorted(table.scan(selected_fields=("_kfk_offset",)).to_arrow().column(0).to_pylist())
+    assert offsets == list(range(30))
+
+
+def test_spark_and_duckdb_read_the_same_rows_after_a_pass(spark, tmp_path: Path) -> None:
+    config = reaper_config(tmp_path)
+    table = small_file_table(spark, config, 30)
+    columns, order = "_kfk_partition, _kfk_offset, amount", "_kfk_offset"
+    duck_before, spark_before = duckdb_rows(table, columns, order), spark_rows(spark, config, "shop.items", columns, order)
+    assert duck_before == spark_before and len(duck_before) == 30
+    report = Reaper(config, spark=spark).run_pass()
+    assert report.tables[0].files_compacted == 30 and report.tables[0].snapshots_expired >= 29
+    table = table.refresh()
+    assert len(list(table.scan().plan_files())) == 1
+    assert duckdb_rows(table, columns, order) == spark_rows(spark, config, "shop.items", columns, order) == duck_before
+
+
+def test_retention_drops_whole_files_of_old_rows(spark, tmp_path: Path) -> None:
+    config = reaper_config(tmp_path, reaper__retention="7d", reaper__retention_column="_kfk_offset")
+    now_ms = int(time.time() * 1000)
+    old, new = [now_ms - 10 * 86_400_000 + i for i in range(8)], [now_ms - 60_000 + i for i in range(4)]
+    table = small_file_table(spark, config, 12, offsets=old + new)
+    report = Reaper(config, spark=spark).run_pass()
+    assert report.tables[0].retention_rows_deleted == 8 and report.tables[0].retention_files_deleted == 8
+    assert sorted(table.refresh().scan().to_arrow().column("_kfk_offset").to_pylist()) == new
+
+
+def test_dry_run_changes_nothing(spark, tmp_path: Path) -> None:
+    config = reaper_config(tmp_path)
+    table = small_file_table(spark, config, 12)
+    orphan = write_file(Path(table.location().removeprefix("file://")) / "data" / "x" / "orphan.parquet", SCHEMA, [{"id": 1}])
+    age_files([orphan.path], 3600)
+    on_disk, snapshots = files_under(table.location()), len(table.snapshots())
+    report = Reaper(config, spark=spark).run_pass(dry_run=True)
+    planned = report.tables[0].planned
+    assert any(line.startswith("compaction:") for line in planned) and any("orphan.parquet" in line for line in planned)
+    assert any(line.startswith("expiry: 10 snapshots") for line in planned)
+    assert files_under(table.location()) == on_disk and len(table.refresh().snapshots()) == snapshots
