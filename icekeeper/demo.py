@@ -76,6 +76,12 @@ def run_demo(config: IcekeeperConfig, keep_stack: bool = False, progress: Progre
                 if table.snapshot_id:
                     committed += table.records
                     progress(f"bookkeeper: committed {table.records} rows of {table.table} as snapshot {table.snapshot_id}")
+        from reaper.service import Reaper
+
+        maintenance = Reaper(config, spark=spark).run_pass()
+        totals = maintenance.totals()
+        progress(f"reaper: compacted {totals['files_compacted']} files into {totals['files_added']}, expired {totals['snapshots_expired']} "
+                 f"snapshots, deleted {totals['files_deleted']} files in {maintenance.seconds:.1f}s")
         identifier = config.tables[0].identifier
         table = bookkeeper.catalog.load_table(identifier)
         rows = table.scan().to_arrow().to_pylist()
@@ -103,6 +109,7 @@ def run_demo(config: IcekeeperConfig, keep_stack: bool = False, progress: Progre
             "snapshots": len(snapshots),
             "spark_rows": int(spark_result[0]["rows"]),
             "duckdb_rows": int(duck_result[0]["rows"]),
+            "reaper_files_compacted": totals["files_compacted"],
             "seconds": round(time.monotonic() - started, 1),
         }
     finally:

@@ -142,8 +142,9 @@ class Reaper:
             handle.write(json.dumps(report.to_json()) + "\n")
 
     def run(self, every_s: float | None, dry_run: bool = False, on_pass: Callable[[PassReport], None] | None = None) -> None:
-        """Passes every `every_s` seconds (the first at `reaper.triggering_time` when set), until stopped."""
-        first = self._first_run_at()
+        """Passes every `every_s` seconds (the first at `reaper.triggering_time` when set), until
+        stopped; with `every_s` None, one pass now (cron and CronJobs choose the time)."""
+        first = self._first_run_at() if every_s is not None else None
         if first is not None:
             self.stop.wait(max(0.0, (first - self.clock()).total_seconds()))
         while not self.stop.is_set():

@@ -28,4 +28,5 @@ def test_demo_commits_the_seed_sample_and_other_engines_read_it(tmp_path: Path) 
     assert summary["rows_committed"] + summary["dead_lettered"] == summary["records_produced"]
     assert summary["spark_rows"] == summary["duckdb_rows"] == summary["rows_committed"] == 26
     assert summary["snapshots"] >= 1 and summary["seconds"] > 0
+    assert summary["reaper_files_compacted"] >= 2  # the writer leaves a file per batch and partition
     assert "|_src_name|_src_db" in result.stdout and "1646392418000" in result.stdout
