@@ -83,6 +83,9 @@ class AzureQueueMonikerTransport(MonikerTransport):
         self.dead_letter_queue.send_message(json.dumps({"reason": reason, "source": delivery.source, "content": delivery.raw.decode("utf-8", "replace")}))
         self.acknowledge(delivery)
 
+    def dead_letter_count(self) -> int:
+        return self.dead_letter_queue.get_queue_properties().approximate_message_count or 0
+
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
         return [stored.moniker for stored in self.journal.list(table, writer_id)
                 if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)]

@@ -62,3 +62,7 @@ class MonikerTransport(ABC):
     @abstractmethod
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
         """Published, readable, not yet acknowledged monikers (optionally of one table / writer)."""
+
+    @abstractmethod
+    def dead_letter_count(self) -> int:
+        """How many deliveries sit in the dead-letter place (approximate for queues)."""

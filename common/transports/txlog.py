@@ -6,6 +6,8 @@ import json
 import posixpath
 import time
 
+import pyarrow.fs as pafs
+
 from common.config.model import TxLogTransport
 from common.moniker import Moniker
 from common.transports.base import Delivery, MonikerTransport
@@ -42,6 +44,10 @@ class TxLogMonikerTransport(MonikerTransport):
         self.dead_letters.write_bytes(name, raw)
         self.dead_letters.write_bytes(name + ".reason", json.dumps({"reason": reason, "source": delivery.source}).encode())
         self.acknowledge(delivery)
+
+    def dead_letter_count(self) -> int:
+        selector = pafs.FileSelector(self.dead_letters.root, recursive=True, allow_not_found=True)
+        return sum(1 for info in self.dead_letters.filesystem.get_file_info(selector) if info.path.endswith(".reason"))
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
         return [stored.moniker for stored in self.folder.list(table, writer_id)

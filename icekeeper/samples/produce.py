@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import struct
+import threading
 import time
 from typing import Any, Callable, Iterable
 
@@ -200,3 +201,36 @@ def _json_encoder() -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
         return key, value
 
     return encode
+
+
+def produce_at_rate(config: IcekeeperConfig, spec: SyntheticSpec, rate_per_s: float, topic: str | None = None, partitions: int = 3,
+                    stop: threading.Event | None = None) -> dict[str, Any]:
+    """Produce `spec.events` synthetic events at a steady `rate_per_s`, Kafka timestamps = send time.
+
+    For freshness measurements: records carry the time they were produced, so the delay to a
+    committed snapshot is `commit time - Kafka timestamp`. Sends in 20 ms slices to stay steady.
+    """
+    source = config.sources[0]
+    topic = topic or spec.topic
+    ensure_topic(source.bootstrap_servers, topic, partitions)
+    encode = _avro_encoder(source, topic, schema_versions(spec)) if spec.format == "avro" else _json_encoder()
+    producer = _producer(source)
+    failures: list[str] = []
+    started = time.monotonic()
+    sent = 0
+    for event in synthetic_events(spec):
+        if stop is not None and stop.is_set():
+            break
+        due = started + sent / rate_per_s
+        if due > time.monotonic() + 0.02:
+            producer.poll(0)
+            time.sleep(due - time.monotonic())
+        key, value = encode(event)
+        producer.produce(topic, key=key, value=value, partition=event.partition(partitions),
+                         on_delivery=lambda error, _m: failures.append(str(error)) if error else None)
+        sent += 1
+    remaining = producer.flush(60)
+    if remaining or failures:
+        raise RuntimeError(f"{remaining} undelivered, {len(failures)} failed (first: {failures[:1]})")
+    seconds = time.monotonic() - started
+    return {"topic": topic, "records": sent, "seconds": round(seconds, 3), "rate_per_s": round(sent / seconds, 1) if seconds else 0.0}

@@ -29,11 +29,13 @@ GRACE_S = 5
 
 
 def reaper_config(tmp_path: Path, **overrides: str) -> IcekeeperConfig:
-    return bookkeeper_config(
-        tmp_path, catalog__name=f"cat_{uuid.uuid4().hex[:8]}", reaper__snapshot_expire_time="0", reaper__retain_last="2",
-        reaper__orphan_grace=str(GRACE_S), reaper__compact_target_file_size_bytes=str(32 * 1024 * 1024),
+    settings = {
+        "catalog__name": f"cat_{uuid.uuid4().hex[:8]}", "reaper__snapshot_expire_time": "0", "reaper__retain_last": "2",
+        "reaper__orphan_grace": str(GRACE_S), "reaper__compact_target_file_size_bytes": str(32 * 1024 * 1024),
         # The bookkeeper keeps history here, so that expiring it is the reaper's work.
-        bookkeeper__keep_snapshots="100000", **overrides)
+        "bookkeeper__keep_snapshots": "100000",
+    }
+    return bookkeeper_config(tmp_path, **{**settings, **overrides})
 
 
 def small_file_table(spark, config: IcekeeperConfig, files: int, offsets: list[int] | None = None):  # noqa: ANN001, ANN201

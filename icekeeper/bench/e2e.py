@@ -1,0 +1,127 @@
+"""`icekeeper bench e2e`: freshness, from a record's Kafka timestamp to a committed snapshot.
+
+A producer sends synthetic Debezium Avro records at a fixed rate for `seconds` (Kafka timestamps
+are the send time), while a writer (trigger every `writer.trigger_interval`) and the bookkeeper
+(a commit cycle every second) run, all on this machine with the local stack. When everything
+is committed, each record's freshness is the commit time of the snapshot that added its file
+(the bookkeeper's commit report) minus its Kafka timestamp (`_kfk_timestamp`).
+
+Reported: `freshness_p50_s`, `freshness_p99_s`, `freshness_max_s`, `records_per_s` sustained
+(records committed over the production window), `records`, `snapshots`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from common.catalog import open_catalog
+from common.config import IcekeeperConfig, load_config
+from icekeeper.samples.produce import produce_at_rate
+from icekeeper.samples.synthetic import SyntheticSpec
+
+Progress = Callable[[str], None]
+TABLE = "bench.freshness"
+
+
+def e2e_config(base: IcekeeperConfig, work: Path, topic: str, cores: int | None) -> IcekeeperConfig:
+    """The stack's addresses from `base`; a fresh state folder, one topic, one table."""
+    source = base.sources[0]
+    return load_config(None, environ={
+        "ICEKEEPER__STATE_DIR": str(work),
+        "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
+        "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": source.bootstrap_servers,
+        "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
+        "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
+        "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
+        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id]}}]",
+        "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores or os.cpu_count() or 2}]",
+        "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
+        "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+    })
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+
+
+def record_freshness(config: IcekeeperConfig, since_ms: int) -> list[float]:
+    """Seconds from Kafka timestamp to commit, for every row produced at or after `since_ms`."""
+    commits = {}
+    for line in Path(config.bookkeeper.commit_report_path).read_text().splitlines():
+        report = json.loads(line)
+        commits[report["snapshot_id"]] = report["committed_at_ms"]
+    table = open_catalog(config).load_table(TABLE)
+    delays: list[float] = []
+    for manifest in table.current_snapshot().manifests(table.io):
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            committed_ms = commits[entry.snapshot_id]
+            column = pq.read_table(entry.data_file.file_path.removeprefix("file://"), columns=["_kfk_timestamp"]).column(0)
+            kafka_ms = pc.divide(column.cast("int64"), 1000).to_pylist()  # microseconds since the epoch
+            delays.extend((committed_ms - ms) / 1000 for ms in kafka_ms if ms >= since_ms)
+    return delays
+
+
+def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: float = 2000.0, cores: int | None = None,
+                  progress: Progress = print) -> dict[str, Any]:
+    from bookkeeper.service import Bookkeeper
+    from common.spark import spark_session
+    from writers.job import WriterJob
+
+    topic = f"bench.freshness.{uuid.uuid4().hex[:8]}"
+    work = Path(base.state_dir) / "bench-e2e"
+    shutil.rmtree(work, ignore_errors=True)
+    config = e2e_config(base, work, topic, cores)
+    spec = SyntheticSpec(seed=7, keys=20_000, events=int(seconds * rate_per_s), schema_changes=0, server="bench", db="freshness", table="rows")
+    spark = spark_session(config, "icekeeper-bench-e2e")
+    writer = WriterJob(config, spark=spark)
+    bookkeeper = Bookkeeper(config)
+    threads = [threading.Thread(target=writer.run, name="writer"), threading.Thread(target=bookkeeper.run, name="bookkeeper")]
+    produced: dict[str, Any] = {}
+    try:
+        # The topic exists (and the writer has warmed up) before the clock starts.
+        produce_at_rate(config, SyntheticSpec(seed=1, keys=10, events=10, schema_changes=0), 100, topic=topic)
+        for thread in threads:
+            thread.start()
+        time.sleep(5)
+        progress(f"producing {spec.events:,} records at {rate_per_s:,.0f}/s for {seconds:.0f}s to {topic}")
+        since_ms = int(time.time() * 1000)
+        produced = produce_at_rate(config, spec, rate_per_s, topic=topic)
+        ended = time.monotonic()
+        expected = produced["records"] + 10
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            table = open_catalog(config).load_table(TABLE)
+            snapshot = table.current_snapshot()
+            if snapshot and int(snapshot.summary.additional_properties.get("total-records", 0)) >= expected:
+                break
+            time.sleep(0.5)
+        drain_s = time.monotonic() - ended
+    finally:
+        writer.stop.set()
+        bookkeeper.stop.set()
+        for thread in threads:
+            if thread.is_alive():
+                thread.join(timeout=60)
+        spark.stop()
+    delays = record_freshness(config, since_ms)
+    commits = len(Path(config.bookkeeper.commit_report_path).read_text().splitlines())
+    result = {
+        "freshness_p50_s": round(statistics.median(delays), 3), "freshness_p99_s": round(percentile(delays, 0.99), 3),
+        "freshness_max_s": round(max(delays), 3), "records_per_s": produced.get("rate_per_s"), "records": len(delays),
+        "produced": produced.get("records"), "seconds": produced.get("seconds"), "drain_s": round(drain_s, 2), "snapshots": commits,
+        "writer_trigger_s": config.writer.trigger_interval, "commit_interval_s": config.bookkeeper.commit_interval,
+    }
+    shutil.rmtree(work, ignore_errors=True)
+    return result
