@@ -154,6 +154,21 @@ def cmd_reaper(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from icekeeper.status import collect_status, render_status
+
+    config = _config(args)
+    while True:
+        status = collect_status(config)
+        if args.json:
+            print(json.dumps(status.to_json()), flush=True)
+        else:
+            print(("\033[2J\033[H" if args.watch else "") + render_status(status), flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     config = _config(args)
     stack = None
@@ -176,13 +191,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from icekeeper.bench.reaper import run_reaper_bench
 
             result = run_reaper_bench(config.state_dir, files=args.files, cores=args.cores, progress=_progress)
+        elif args.target == "e2e":
+            from icekeeper.bench.e2e import run_e2e_bench
+
+            result = run_e2e_bench(config, seconds=args.seconds, rate_per_s=args.rate, cores=args.cores, progress=_progress)
         else:
-            raise SystemExit(f"bench {args.target}: not available yet")
+            raise SystemExit(f"bench {args.target}: unknown")
     finally:
         if stack is not None and started_here:
             stack.down(lambda message: None)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from icekeeper.chaos import run_chaos
+    from icekeeper.localstack.stack import LocalStack
+
+    config = _config(args)
+    stack = LocalStack(config)
+    started = stack.up(_progress).started  # idempotent: reuses a running stack
+    try:
+        result = run_chaos(config, records=args.records, kills=args.kills, seed=args.seed, progress=_progress, timeout_s=args.timeout)
+    finally:
+        if started:
+            stack.down(lambda message: None)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0 if result["duplicates"] == 0 and result["missing"] == 0 else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -252,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--every", default=None, help="a pass every DURATION (10m, 1h, seconds); default: reaper.execute_interval")
     reaper.add_argument("--dry-run", action="store_true", help="list what would change, change nothing")
 
+    status = add("status", cmd_status, "tables, writers, pending monikers, lag, freshness and dead letters at a glance")
+    status.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
+    status.add_argument("--watch", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS")
+
     bench = add("bench", cmd_bench, "benchmarks that print ratios against a baseline run on the same machine")
     bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e"])
     bench.add_argument("--records", type=int, default=None, help="records to preload (writer: default 1,000,000)")
@@ -259,8 +298,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--commits", type=int, default=10_000, help="bookkeeper: single-moniker commits for the latency curve")
     bench.add_argument("--footers", type=int, default=10_000, help="bookkeeper: footers to read")
     bench.add_argument("--files", type=int, default=1000, help="reaper: small files (one snapshot each) in the table")
+    bench.add_argument("--seconds", type=float, default=60.0, help="e2e: how long to produce")
+    bench.add_argument("--rate", type=float, default=2000.0, help="e2e: records produced per second")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
     bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
+
+    chaos = add("chaos", cmd_chaos, "kill -9 writers, bookkeeper and reaper at random; verify exactly-once by offset")
+    chaos.add_argument("--records", type=int, default=5000)
+    chaos.add_argument("--kills", type=int, default=5)
+    chaos.add_argument("--seed", type=int, default=1)
+    chaos.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for everything to settle")
+    chaos.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
 
     demo = add("demo", cmd_demo, "run the whole pipeline on the local stack and show the result")
     demo.add_argument("--keep-stack", action="store_true", help="leave the local stack running afterwards")

@@ -216,9 +216,12 @@ def produce_at_rate(config: IcekeeperConfig, spec: SyntheticSpec, rate_per_s: fl
     encode = _avro_encoder(source, topic, schema_versions(spec)) if spec.format == "avro" else _json_encoder()
     producer = _producer(source)
     failures: list[str] = []
+    poison: dict[str, int] = {}
     started = time.monotonic()
     sent = 0
     for event in synthetic_events(spec):
+        if event.poison:
+            poison[event.poison] = poison.get(event.poison, 0) + 1
         if stop is not None and stop.is_set():
             break
         due = started + sent / rate_per_s
@@ -233,4 +236,4 @@ def produce_at_rate(config: IcekeeperConfig, spec: SyntheticSpec, rate_per_s: fl
     if remaining or failures:
         raise RuntimeError(f"{remaining} undelivered, {len(failures)} failed (first: {failures[:1]})")
     seconds = time.monotonic() - started
-    return {"topic": topic, "records": sent, "seconds": round(seconds, 3), "rate_per_s": round(sent / seconds, 1) if seconds else 0.0}
+    return {"topic": topic, "records": sent, "poison": poison, "seconds": round(seconds, 3), "rate_per_s": round(sent / seconds, 1) if seconds else 0.0}
