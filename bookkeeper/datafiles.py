@@ -8,13 +8,20 @@ footer carries), partition values come from the writer, and no manifest is read.
 
 from __future__ import annotations
 
-import posixpath
+import json
+import logging
 import multiprocessing
+import os
+import posixpath
+import struct
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow import _parquet as pyarrow_parquet_internal
 from pyarrow import fs as pafs
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io.pyarrow import MetricModeTypes, compute_statistics_plan, parquet_path_to_id_mapping
@@ -23,11 +30,16 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import TruncateTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import BinaryType, DecimalType, PrimitiveType, StringType
+from pyiceberg.types import (
+    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, PrimitiveType, StringType, TimestampType,
+    TimestamptzType, TimeType,
+)
 from pyiceberg.utils.decimal import unscaled_to_decimal
 from pyiceberg.utils.truncate import truncate_upper_bound_binary_string, truncate_upper_bound_text_string
 
 from common.moniker import FileEntry
+
+log = logging.getLogger(__name__)
 
 
 class InvalidFile(ValueError):
@@ -60,70 +72,174 @@ def describe_file(path: str, file_schema: Schema, table_properties: dict[str, st
         if info.type != pafs.FileType.File:
             raise InvalidFile(f"{path}: does not exist")
         with filesystem.open_input_file(local) as handle:
-            metadata = pq.ParquetFile(handle).metadata
+            metadata = read_footer(handle)
     except (OSError, ValueError, pa.ArrowException) as error:  # ArrowInvalid: not Parquet (truncated, overwritten)
         raise InvalidFile(f"{path}: unreadable ({error})") from None
-    return FooterFacts(path, info.size, metadata.num_rows, frozenset(_field_ids(metadata)), footer_statistics(metadata, file_schema, table_properties))
+    layout = _layout(metadata.schema, file_schema, table_properties)
+    return FooterFacts(path, info.size, metadata.num_rows, layout.field_ids, _statistics(metadata, layout))
 
 
-def _field_ids(metadata: pq.FileMetaData) -> list[int]:
-    ids = []
-    for arrow_field in metadata.schema.to_arrow_schema():
-        raw = (arrow_field.metadata or {}).get(b"PARQUET:field_id")
-        if raw is not None:
-            ids.append(int(raw))
-    return ids
+FOOTER_READ_BYTES = 64 * 1024
+"""Bytes read from a file's end in one request: the footer and its length (parquet-cpp reads as much)."""
+
+# pyarrow's own unpickling function for FileMetaData: it parses footer bytes and nothing else.
+_PARSE_FOOTER = getattr(pyarrow_parquet_internal, "_reconstruct_filemetadata", None)
+
+
+def read_footer(handle: pa.NativeFile) -> pq.FileMetaData:
+    """The Parquet footer of an open file, parsed from one read of the file's tail.
+
+    `pq.ParquetFile` parses the same bytes with the same C++ code but also builds an Arrow
+    reader and schema, which doubles the cost (measured: ~250 µs against ~120 µs per footer).
+    Anything unusual (an encrypted "PARE" footer, a short or damaged tail, a pyarrow without the
+    parsing function) goes through `ParquetFile`, which reads or rejects it as it always did.
+    """
+    size = handle.size()
+    if _PARSE_FOOTER is not None and size >= 12:
+        tail = pa.py_buffer(handle.read_at(min(size, FOOTER_READ_BYTES), max(0, size - FOOTER_READ_BYTES)))
+        end = tail.slice(len(tail) - 8).to_pybytes()
+        length = int.from_bytes(end[:4], "little")
+        if end[4:] == b"PAR1" and 0 < length <= size - 12:
+            if length + 8 <= len(tail):
+                footer = tail.slice(len(tail) - 8 - length, length)
+            else:
+                footer = pa.py_buffer(handle.read_at(length, size - 8 - length))
+            return _PARSE_FOOTER(footer)
+    return pq.ParquetFile(handle).metadata
 
 
 _WORKER_SCHEMAS: dict[str, Schema] = {}
 
 
-def _describe_in_worker(path: str, schema_json: str, properties: tuple[tuple[str, str], ...]) -> FooterFacts | InvalidFile:
-    """Runs in a worker process: the schema is parsed once per process and distinct schema."""
+def _describe_in_worker(paths: list[str], schema_json: str, properties: tuple[tuple[str, str], ...]) -> list[FooterFacts | InvalidFile]:
+    """Runs in a worker process, a chunk of files at a time (one schema JSON sent per chunk, not per
+    file); the schema is parsed once per process and distinct schema."""
     schema = _WORKER_SCHEMAS.get(schema_json)
     if schema is None:
         schema = _WORKER_SCHEMAS.setdefault(schema_json, Schema.model_validate_json(schema_json))
+    return [_describe_or_reason(path, schema, dict(properties)) for path in paths]
+
+
+def _worker_ready() -> int:
+    return os.getpid()
+
+
+def _describe_or_reason(path: str, schema: Schema, table_properties: dict[str, str]) -> FooterFacts | InvalidFile:
     try:
-        return describe_file(path, schema, dict(properties))
+        return describe_file(path, schema, table_properties)
     except InvalidFile as error:
         return error
 
 
-class FooterReader:
-    """Describes many files at once: in worker processes for big batches, in-process for small ones.
+_Request = tuple[str, Schema, str]
 
-    Footer parsing and statistics are CPU-bound Python (threads do not help under the GIL,
-    measured), so large cycles spread them over processes; small cycles skip the IPC cost.
+
+class FooterReader:
+    """Describes many files at once: in-process, helped by worker processes for big batches.
+
+    Footer parsing and statistics are CPU-bound (pyarrow holds the GIL while parsing a footer,
+    so threads do not help, measured), hence processes. But a cold pool takes a second or more to
+    come up (its forkserver imports pyiceberg and pyarrow), longer than this process needs for a
+    thousand footers (~0.2 s). So workers are started in the background by the first big batch,
+    this process reads footers meanwhile, and hands the rest of the batch to the workers only
+    once they are up; while they work it keeps reading from the other end of the batch.
     """
 
     PROCESS_THRESHOLD = 64
+    """Batches smaller than this stay in-process even when workers are up (IPC would cost more)."""
+    START_THRESHOLD = 2000
+    """Batches from this size start the workers, for themselves and for the batches after them."""
+    CHUNK_FILES = 100
+    """Files per task: big enough to amortize IPC, small enough to share the tail of a batch evenly."""
 
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
         self._pool: ProcessPoolExecutor | None = None
+        self._starter: threading.Thread | None = None
+        self._ready = threading.Event()
+        self.described_by_workers = 0
+        """Files described in worker processes so far (the rest were described in this process)."""
 
-    def describe(self, requests: list[tuple[str, Schema, str]], table_properties: dict[str, str]) -> dict[str, FooterFacts | InvalidFile]:
+    def start(self, wait: bool = False) -> None:
+        """Start the worker processes in the background (no-op with one worker or once started);
+        `wait`: return once they are up (or failed to start: then everything stays in-process)."""
+        if self.workers > 1 and self._starter is None:
+            self._starter = threading.Thread(target=self._start_pool, name="footer-workers", daemon=True)
+            self._starter.start()
+        if wait and self._starter is not None:
+            self._starter.join()
+
+    def _start_pool(self) -> None:
+        context = multiprocessing.get_context("forkserver")
+        # Workers fork from the forkserver with this module (and pyiceberg, pyarrow) imported,
+        # instead of each importing them again; `__main__` is what the forkserver preloads by default.
+        context.set_forkserver_preload(["__main__", __name__])
+        pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
+        try:
+            # One trivial task per worker: each submit spawns a worker until there are `workers`.
+            for future in [pool.submit(_worker_ready) for _ in range(self.workers)]:
+                future.result()
+        except Exception as error:  # noqa: BLE001 - no workers: footers are read in-process
+            log.warning("footer worker processes did not start; reading footers in-process", extra={"error": repr(error)})
+            pool.shutdown(wait=False, cancel_futures=True)
+            return
+        self._pool = pool
+        self._ready.set()
+
+    def describe(self, requests: list[_Request], table_properties: dict[str, str]) -> dict[str, FooterFacts | InvalidFile]:
         """`requests`: (path, file schema, the schema's JSON); returns facts or the reason per path."""
-        properties = tuple(sorted(table_properties.items()))
         if self.workers == 1 or len(requests) < self.PROCESS_THRESHOLD:
-            return {path: self._describe_here(path, schema, table_properties) for path, schema, _ in requests}
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("forkserver"))
-        chunk = max(1, len(requests) // (self.workers * 4))
-        results = self._pool.map(_describe_in_worker, [r[0] for r in requests], [r[2] for r in requests], [properties] * len(requests), chunksize=chunk)
-        return dict(zip((r[0] for r in requests), results))
+            return {path: _describe_or_reason(path, schema, table_properties) for path, schema, _ in requests}
+        if len(requests) >= self.START_THRESHOLD:
+            self.start()
+        described: dict[str, FooterFacts | InvalidFile] = {}
+        chunks = _chunks(requests, self.CHUNK_FILES)
+        while chunks and not self._ready.is_set():
+            self._describe_chunk_here(chunks.pop(), table_properties, described)
+        if chunks:
+            self._share_with_workers(chunks, table_properties, described)
+        return {path: described[path] for path, _, _ in requests}
+
+    def _share_with_workers(self, chunks: list[list[_Request]], table_properties: dict[str, str],
+                            described: dict[str, FooterFacts | InvalidFile]) -> None:
+        """Queue every chunk for the workers, then take chunks back from the end of the queue (those
+        no worker has started: `cancel` succeeds) and describe them here, until the workers have the rest."""
+        assert self._pool is not None
+        properties = tuple(sorted(table_properties.items()))
+        futures = [self._pool.submit(_describe_in_worker, [r[0] for r in chunk], chunk[0][2], properties) for chunk in chunks]
+        for chunk, future in zip(reversed(chunks), reversed(futures)):
+            if not future.cancel():
+                break
+            self._describe_chunk_here(chunk, table_properties, described)
+        for chunk, future in zip(chunks, futures):
+            if not future.cancelled():
+                described.update(zip((r[0] for r in chunk), future.result()))
+                self.described_by_workers += len(chunk)
 
     @staticmethod
-    def _describe_here(path: str, schema: Schema, table_properties: dict[str, str]) -> FooterFacts | InvalidFile:
-        try:
-            return describe_file(path, schema, table_properties)
-        except InvalidFile as error:
-            return error
+    def _describe_chunk_here(chunk: list[_Request], table_properties: dict[str, str], described: dict[str, FooterFacts | InvalidFile]) -> None:
+        for path, schema, _ in chunk:
+            described[path] = _describe_or_reason(path, schema, table_properties)
 
     def close(self) -> None:
+        if self._starter is not None:
+            self._starter.join()
+            self._starter = None
+        self._ready.clear()
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+
+def _chunks(requests: list[_Request], size: int) -> list[list[_Request]]:
+    """Consecutive runs of at most `size` requests sharing a schema JSON (a worker task carries one)."""
+    chunks: list[list[_Request]] = []
+    for request in requests:
+        if chunks and len(chunks[-1]) < size and chunks[-1][0][2] == request[2]:
+            chunks[-1].append(request)
+        else:
+            chunks.append([request])
+    return chunks
 
 
 def validate(entry: FileEntry, facts: FooterFacts, table_location: str, file_schema: Schema) -> None:
@@ -152,19 +268,19 @@ class _ColumnPlan:
     truncate: int | None
 
 
-_PLANS: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Schema, dict[str, _ColumnPlan]]] = {}
+_PLANS: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Schema, dict[str, _ColumnPlan], list[tuple[pq.ParquetSchema, "_Layout"]]]] = {}
+_LAYOUTS_PER_PLAN = 16
 
 
-def _column_plans(file_schema: Schema, table_properties: dict[str, str]) -> dict[str, _ColumnPlan]:
-    """Parquet column path -> plan, cached per (schema object, properties).
+def _column_plans(file_schema: Schema, table_properties: dict[str, str]) -> tuple[dict[str, _ColumnPlan], list[tuple[pq.ParquetSchema, "_Layout"]]]:
+    """Parquet column path -> plan, and the layouts seen with it, cached per (schema object, properties).
 
     Callers reuse one `Schema` object per distinct moniker schema (see the committer), so the
     object's identity is a cheap key; the schema is kept alive by the cache entry itself.
     """
     key = (id(file_schema), tuple(sorted(table_properties.items())))
     cached = _PLANS.get(key)
-    plans = cached[1] if cached is not None and cached[0] is file_schema else None
-    if plans is None:
+    if cached is None or cached[0] is not file_schema:
         collectors = compute_statistics_plan(file_schema, table_properties)
         plans = {
             path: _ColumnPlan(field_id, collectors[field_id].iceberg_type, collectors[field_id].mode.type, collectors[field_id].mode.length)
@@ -172,24 +288,159 @@ def _column_plans(file_schema: Schema, table_properties: dict[str, str]) -> dict
         }
         if len(_PLANS) > 256:
             _PLANS.clear()
-        _PLANS[key] = (file_schema, plans)
-    return plans
+        cached = _PLANS[key] = (file_schema, plans, [])
+    return cached[1], cached[2]
+
+
+# How a column's per-row-group min/max are read (see `_value_source`).
+_RAW, _DECIMAL, _LOGICAL = 0, 1, 2
+# What is collected for a column: sizes only, also counts, also bounds.
+_SIZES, _COUNTS, _BOUNDS = 0, 1, 2
+
+_Encoder = Callable[[Any], "bytes | None"]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What one Parquet schema means under one plan, worked out once and reused for every file
+    with an equal Parquet schema (equal names, types, logical types and field ids).
+
+    `columns` holds one tuple per planned column: (position in the row group, field id, what to
+    collect, how to read min/max, decimal scale, lower bound encoder, upper bound encoder).
+    Plain tuples: the statistics loop runs for every column chunk of every file.
+    """
+
+    field_ids: frozenset[int]
+    columns: tuple[tuple[int, int, int, int, int, _Encoder, _Encoder], ...]
+
+
+def _layout(parquet_schema: pq.ParquetSchema, file_schema: Schema, table_properties: dict[str, str]) -> _Layout:
+    """The layout for a file's Parquet schema; comparing schemas (C++, ~1 µs) is far cheaper than
+    working out field ids and column conversions for every file."""
+    plans, layouts = _column_plans(file_schema, table_properties)
+    for known, layout in layouts:
+        if parquet_schema.equals(known):
+            return layout
+    columns = []
+    for position in range(len(parquet_schema)):
+        column = parquet_schema.column(position)
+        plan = plans.get(column.path)
+        if plan is None:
+            continue
+        collect = {MetricModeTypes.NONE: _SIZES, MetricModeTypes.COUNTS: _COUNTS}.get(plan.mode, _BOUNDS)
+        source = _value_source(plan.iceberg_type, column.physical_type, json.loads(column.logical_type.to_json()))
+        scale = plan.iceberg_type.scale if isinstance(plan.iceberg_type, DecimalType) else 0
+        columns.append((position, plan.field_id, collect, source, scale, *_bound_encoders(plan, source)))
+    layout = _Layout(frozenset(_field_ids(parquet_schema)), tuple(columns))
+    if len(layouts) >= _LAYOUTS_PER_PLAN:
+        layouts.pop(0)
+    layouts.append((parquet_schema, layout))
+    return layout
+
+
+def _field_ids(parquet_schema: pq.ParquetSchema) -> list[int]:
+    ids = []
+    for arrow_field in parquet_schema.to_arrow_schema():
+        raw = (arrow_field.metadata or {}).get(b"PARQUET:field_id")
+        if raw is not None:
+            ids.append(int(raw))
+    return ids
+
+
+def _value_source(iceberg_type: PrimitiveType, physical_type: str, logical: dict[str, Any]) -> int:
+    """`_RAW` when Parquet's raw min/max already are the values pyiceberg's statistics would hold
+    after their logical conversion (ints, micros, floats, UTF-8 bytes): reading them skips building
+    datetimes and strings only to turn them back into bytes. `_DECIMAL` for unscaled decimals, and
+    `_LOGICAL` (pyarrow's converted values, as pyiceberg reads them) for everything else."""
+    kind = logical["Type"]
+    signed_int = kind == "None" or (kind == "Int" and logical.get("isSigned", False))
+    micros = logical.get("timeUnit") == "microseconds"
+    raw_when = {
+        IntegerType: physical_type == "INT32" and signed_int,
+        DateType: physical_type == "INT32" and kind == "Date",
+        LongType: physical_type in ("INT32", "INT64") and signed_int,
+        TimestampType: physical_type == "INT64" and kind == "Timestamp" and micros,
+        TimestamptzType: physical_type == "INT64" and kind == "Timestamp" and micros,
+        TimeType: physical_type == "INT64" and kind == "Time" and micros,
+        FloatType: physical_type == "FLOAT" and kind == "None",
+        DoubleType: physical_type in ("FLOAT", "DOUBLE") and kind == "None",
+        BooleanType: physical_type == "BOOLEAN" and kind == "None",
+        StringType: physical_type == "BYTE_ARRAY" and kind == "String",
+        BinaryType: physical_type == "BYTE_ARRAY" and kind == "None",
+    }
+    if raw_when.get(type(iceberg_type), False):
+        return _RAW
+    if isinstance(iceberg_type, DecimalType) and physical_type != "FIXED_LEN_BYTE_ARRAY":
+        return _DECIMAL
+    return _LOGICAL
+
+
+_PACKERS = {IntegerType: "<i", DateType: "<i", LongType: "<q", TimestampType: "<q", TimestamptzType: "<q", TimeType: "<q",
+            FloatType: "<f", DoubleType: "<d", BooleanType: "<?"}
+"""Iceberg's single-value serialization of fixed-width types, as `pyiceberg.conversions.to_bytes` packs them."""
+
+
+def _bound_encoders(plan: _ColumnPlan, source: int) -> tuple[_Encoder, _Encoder]:
+    """Functions turning a column's aggregated min and max into Iceberg bound bytes (None: no bound),
+    equal to pyiceberg's `StatsAggregator.min_as_bytes`/`max_as_bytes`."""
+    iceberg_type, width = plan.iceberg_type, plan.truncate if isinstance(plan.iceberg_type, (StringType, BinaryType)) else None
+    if source == _RAW and type(iceberg_type) in _PACKERS:
+        pack = struct.Struct(_PACKERS[type(iceberg_type)]).pack
+        return pack, pack
+    if source == _RAW and isinstance(iceberg_type, StringType):
+        return _utf8_lower(width), _utf8_upper(width)
+    if source == _RAW and isinstance(iceberg_type, BinaryType):
+        return (lambda value: value[:width]), (lambda value: truncate_upper_bound_binary_string(value, width))
+    return _generic_lower(iceberg_type, width), _generic_upper(iceberg_type, width)
+
+
+def _utf8_lower(width: int | None) -> _Encoder:
+    if width is None:
+        return lambda value: value
+    # A value of at most `width` bytes has at most `width` characters: nothing to truncate.
+    return lambda value: value if len(value) <= width else value.decode("utf-8")[:width].encode("utf-8")
+
+
+def _utf8_upper(width: int | None) -> _Encoder:
+    def upper(value: bytes) -> bytes | None:
+        if width is None or len(value) <= width:
+            return value
+        bound = truncate_upper_bound_text_string(value.decode("utf-8"), width)
+        return bound.encode("utf-8") if bound is not None else None
+    return upper
+
+
+def _generic_lower(iceberg_type: PrimitiveType, width: int | None) -> _Encoder:
+    truncate = TruncateTransform(width=width).transform(iceberg_type) if width is not None else None
+    return lambda value: to_bytes(iceberg_type, truncate(value) if truncate is not None else value)
+
+
+def _generic_upper(iceberg_type: PrimitiveType, width: int | None) -> _Encoder:
+    def upper(value: Any) -> bytes | None:
+        if width is not None:
+            value = (truncate_upper_bound_text_string if isinstance(iceberg_type, StringType) else truncate_upper_bound_binary_string)(value, width)
+        return to_bytes(iceberg_type, value) if value is not None else None
+    return upper
 
 
 def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_properties: dict[str, str]) -> dict[str, object]:
     """Iceberg column metrics from a footer, keyed by field id: sizes, counts, bounds.
 
     Same metrics as pyiceberg's `data_file_statistics_from_parquet_metadata` (metrics modes,
-    truncated string bounds), in one pass over row groups with the plan cached; measured about
-    twice as fast, which matters when a cycle reads thousands of footers.
+    truncated string bounds), in one pass over row groups with everything per column worked out
+    once per Parquet schema (`_layout`); measured about ten times as fast as pyiceberg's and four
+    times as fast as this module's previous version on seed-000 files, which matters when a cycle
+    reads thousands of footers.
     """
-    plans = _column_plans(file_schema, table_properties)
-    by_id = {plan.field_id: plan for plan in plans.values()}
+    return _statistics(metadata, _layout(metadata.schema, file_schema, table_properties))
+
+
+def _statistics(metadata: pq.FileMetaData, layout: _Layout) -> dict[str, object]:
     sizes: dict[int, int] = {}
     values: dict[int, int] = {}
     nulls: dict[int, int] = {}
-    lows: dict[int, object] = {}
-    highs: dict[int, object] = {}
+    lows: dict[int, Any] = {}
+    highs: dict[int, Any] = {}
     no_stats: set[int] = set()
     split_offsets = []
     for group_index in range(metadata.num_row_groups):
@@ -197,14 +448,10 @@ def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_prop
         first = group.column(0)
         split_offsets.append(first.dictionary_page_offset if first.has_dictionary_page and first.dictionary_page_offset < first.data_page_offset
                              else first.data_page_offset)
-        for column_index in range(group.num_columns):
-            column = group.column(column_index)
-            plan = plans.get(column.path_in_schema)
-            if plan is None:
-                continue
-            field_id = plan.field_id
+        for position, field_id, collect, source, scale, _, _ in layout.columns:
+            column = group.column(position)
             sizes[field_id] = sizes.get(field_id, 0) + column.total_compressed_size
-            if plan.mode is MetricModeTypes.NONE:
+            if collect == _SIZES:
                 continue
             values[field_id] = values.get(field_id, 0) + column.num_values
             if not column.is_stats_set:
@@ -213,10 +460,13 @@ def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_prop
             statistics = column.statistics
             if statistics.has_null_count:
                 nulls[field_id] = nulls.get(field_id, 0) + statistics.null_count
-            if plan.mode is MetricModeTypes.COUNTS or not statistics.has_min_max:
+            if collect == _COUNTS or not statistics.has_min_max:
                 continue
-            if isinstance(plan.iceberg_type, DecimalType) and statistics.physical_type != "FIXED_LEN_BYTE_ARRAY":
-                low, high = unscaled_to_decimal(statistics.min_raw, plan.iceberg_type.scale), unscaled_to_decimal(statistics.max_raw, plan.iceberg_type.scale)
+            # Raw values are plain ints, floats and bytes; pyarrow's `min` would build datetimes and str.
+            if source == _RAW:
+                low, high = statistics.min_raw, statistics.max_raw
+            elif source == _DECIMAL:
+                low, high = unscaled_to_decimal(statistics.min_raw, scale), unscaled_to_decimal(statistics.max_raw, scale)
             else:
                 low, high = statistics.min, statistics.max
             if field_id in lows:
@@ -224,15 +474,13 @@ def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_prop
             lows[field_id], highs[field_id] = low, high
     lower: dict[int, bytes] = {}
     upper: dict[int, bytes] = {}
-    for field_id in set(lows) - no_stats:
-        plan = by_id[field_id]
-        low, high = lows[field_id], highs[field_id]
-        if plan.truncate is not None and isinstance(plan.iceberg_type, (StringType, BinaryType)):
-            low = TruncateTransform(width=plan.truncate).transform(plan.iceberg_type)(low)
-            high = (truncate_upper_bound_text_string if isinstance(plan.iceberg_type, StringType) else truncate_upper_bound_binary_string)(high, plan.truncate)
-        lower[field_id] = to_bytes(plan.iceberg_type, low)
+    for _, field_id, _, _, _, encode_lower, encode_upper in layout.columns:
+        if field_id not in lows or field_id in no_stats:
+            continue
+        lower[field_id] = encode_lower(lows[field_id])
+        high = encode_upper(highs[field_id])
         if high is not None:
-            upper[field_id] = to_bytes(plan.iceberg_type, high)
+            upper[field_id] = high
     for field_id in no_stats:
         nulls.pop(field_id, None)
     return {

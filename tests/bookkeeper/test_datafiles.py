@@ -11,9 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.io.pyarrow import compute_statistics_plan, data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping
 from pyiceberg.schema import Schema
-from pyiceberg.types import DecimalType, DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
+from pyiceberg.types import (
+    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField, StringType, TimestampType,
+    TimestamptzType, TimeType,
+)
 
-from bookkeeper.datafiles import FooterReader, InvalidFile, describe_file, footer_statistics, validate
+from bookkeeper.datafiles import FOOTER_READ_BYTES, FooterReader, InvalidFile, describe_file, footer_statistics, validate
 from common.moniker import FileEntry
 
 SCHEMA = Schema(
@@ -53,6 +56,81 @@ def test_statistics_equal_pyicebergs(tmp_path: Path, row_group_size: int) -> Non
     assert set(ours["lower_bounds"]) == {3, 5, 7, 8, 9, 11} and ours["null_value_counts"][5] == 143
 
 
+WIDE_SCHEMA = Schema(
+    NestedField(1, "flag", BooleanType(), required=False),
+    NestedField(2, "small", IntegerType(), required=False),
+    NestedField(3, "widened", LongType(), required=False),
+    NestedField(4, "big", LongType(), required=False),
+    NestedField(5, "single", FloatType(), required=False),
+    NestedField(6, "widened_double", DoubleType(), required=False),
+    NestedField(7, "day", DateType(), required=False),
+    NestedField(8, "local_at", TimestampType(), required=False),
+    NestedField(9, "clock", TimeType(), required=False),
+    NestedField(10, "text", StringType(), required=False),
+    NestedField(11, "blob", BinaryType(), required=False),
+    NestedField(12, "short_text", StringType(), required=False),
+    NestedField(13, "nothing", StringType(), required=False),
+    NestedField(14, "counted", StringType(), required=False),
+    NestedField(15, "unmeasured", LongType(), required=False),
+    NestedField(16, "millis_at", TimestamptzType(), required=False),
+    NestedField(17, "price", DecimalType(20, 3), required=False),
+)
+"""Every Iceberg type whose bounds are read from raw Parquet values, and some that are not."""
+
+
+def write_wide(path: Path, rows: int, row_group_size: int) -> Path:
+    arrow_types = [pa.bool_(), pa.int32(), pa.int32(), pa.int64(), pa.float32(), pa.float32(), pa.date32(), pa.timestamp("us"),
+                   pa.time64("us"), pa.string(), pa.binary(), pa.string(), pa.string(), pa.string(), pa.int64(), pa.timestamp("ms", tz="UTC"),
+                   pa.decimal128(20, 3)]
+    fields = [pa.field(f.name, arrow_type, metadata={b"PARQUET:field_id": str(f.field_id).encode()}) for f, arrow_type in zip(WIDE_SCHEMA.fields, arrow_types)]
+    base = datetime.datetime(2024, 1, 1)
+    data = [{
+        "flag": i % 3 == 0, "small": -i, "widened": i * 7, "big": 2**40 - i, "single": i / 8 - 3, "widened_double": i * 0.5,
+        "day": datetime.date(2024, 1, 1) + datetime.timedelta(days=i), "local_at": base + datetime.timedelta(microseconds=i * 1001),
+        "clock": datetime.time(12, 0, i % 60, 17), "text": None if i % 4 == 0 else f"ünïcödé text past sixteen chars {i:04d} \U0001F600",
+        "blob": bytes([255] * 20) + bytes([i % 256]), "short_text": f"k{i % 10}", "nothing": None, "counted": f"c{i}",
+        "unmeasured": i, "millis_at": datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(milliseconds=i),
+        "price": decimal.Decimal(i) / 8,
+    } for i in range(rows)]
+    pq.write_table(pa.Table.from_pylist(data, schema=pa.schema(fields)), path, row_group_size=row_group_size, compression="zstd")
+    return path
+
+
+@pytest.mark.parametrize("row_group_size", [10_000, 41])
+@pytest.mark.parametrize("properties", [{}, {"write.metadata.metrics.default": "full"}, {"write.metadata.metrics.default": "truncate(4)",
+                                        "write.metadata.metrics.column.counted": "counts", "write.metadata.metrics.column.unmeasured": "none"}])
+def test_statistics_of_every_type_equal_pyicebergs(tmp_path: Path, row_group_size: int, properties: dict[str, str]) -> None:
+    path = write_wide(tmp_path / "wide.parquet", 300, row_group_size)
+    metadata = pq.read_metadata(path)
+    ours = footer_statistics(metadata, WIDE_SCHEMA, properties)
+    plan = compute_statistics_plan(WIDE_SCHEMA, properties)
+    theirs = data_file_statistics_from_parquet_metadata(metadata, plan, parquet_path_to_id_mapping(WIDE_SCHEMA)).to_serialized_dict()
+    for key in ("record_count", "column_sizes", "value_counts", "null_value_counts", "lower_bounds", "upper_bounds", "split_offsets"):
+        assert ours[key] == theirs[key], key
+    assert 13 not in ours["lower_bounds"] and ours["null_value_counts"][13] == 300
+    # The same footer read by our parser and by pq.ParquetFile, and through describe_file.
+    assert describe_file(str(path), WIDE_SCHEMA, properties).statistics == ours
+
+
+def test_footers_longer_than_one_read_and_non_parquet_files(tmp_path: Path) -> None:
+    wide = [pa.field(f"c{i}", pa.string(), metadata={b"PARQUET:field_id": str(i + 1).encode()}) for i in range(400)]
+    schema = Schema(*(NestedField(i + 1, f"c{i}", StringType(), required=False) for i in range(400)))
+    path = tmp_path / "wide.parquet"
+    pq.write_table(pa.Table.from_pylist([{f"c{i}": f"value {i}" * 3 for i in range(400)}], schema=pa.schema(wide)), path, row_group_size=1)
+    assert pq.read_metadata(path).serialized_size > FOOTER_READ_BYTES
+    facts = describe_file(str(path), schema, {})
+    assert facts.num_rows == 1 and len(facts.statistics["lower_bounds"]) == 400
+    (tmp_path / "text.parquet").write_text("not parquet at all, but long enough to have a tail PAR1")
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    for name in ("text.parquet", "empty.parquet"):
+        with pytest.raises(InvalidFile, match="unreadable"):
+            describe_file(str(tmp_path / name), schema, {})
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2] + path.read_bytes()[-8:])
+    with pytest.raises(InvalidFile, match="unreadable"):
+        describe_file(str(truncated), schema, {})
+
+
 def test_validation_names_what_does_not_match(tmp_path: Path) -> None:
     (tmp_path / "table" / "data").mkdir(parents=True)
     path = write(tmp_path / "table" / "data" / "f.parquet", 10, 100)
@@ -75,10 +153,27 @@ def test_worker_processes_describe_files_like_the_main_process(tmp_path: Path) -
     paths = [str(write(tmp_path / f"f{i}.parquet", 50 + i, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD + 6)]
     paths.append(str(tmp_path / "missing.parquet"))
     reader = FooterReader(workers=2)
+    reader.CHUNK_FILES = 5  # many small tasks: the workers take some even while this process takes others back
     try:
+        reader.start(wait=True)
         described = reader.describe([(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {})
     finally:
         reader.close()
+    assert reader.described_by_workers > 0
+    assert list(described) == paths
     assert isinstance(described[paths[-1]], InvalidFile)
-    for path in paths[:3]:
+    for path in paths[:-1]:
         assert described[path] == describe_file(path, SCHEMA, {})
+
+
+def test_a_cold_pool_does_not_delay_a_batch(tmp_path: Path) -> None:
+    """A big batch starts the workers but does not wait for them: this process reads what it can."""
+    paths = [str(write(tmp_path / f"f{i}.parquet", 10, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD)]
+    reader = FooterReader(workers=2)
+    reader.START_THRESHOLD = len(paths)
+    try:
+        described = reader.describe([(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {})
+        assert reader._starter is not None  # started for the next batches
+    finally:
+        reader.close()
+    assert all(not isinstance(facts, InvalidFile) and facts.num_rows == 10 for facts in described.values())
