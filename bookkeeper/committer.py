@@ -28,7 +28,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, AssertTableUUID, SetCurrentSchemaUpdate
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from bookkeeper.datafiles import FooterFacts, FooterReader, InvalidFile, data_file, validate
+from bookkeeper.datafiles import FooterFacts, FooterReader, InvalidFile, data_file, validate, write_manifests_faster
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
 from common.catalog import load_table_or_none
 from common.committed_state import CommittedState, committed_state, expirable_snapshots
@@ -354,7 +354,9 @@ class Committer:
                 (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
                 (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
             )
-        with transaction.update_snapshot(snapshot_properties=summary).merge_append() as append:
+        append = transaction.update_snapshot(snapshot_properties=summary).merge_append()
+        write_manifests_faster(append)
+        with append:
             for data in plan.data_files:
                 append.append_data_file(data)
         updates = transaction._updates  # noqa: SLF001

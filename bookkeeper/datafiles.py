@@ -8,6 +8,7 @@ footer carries), partition values come from the writer, and no manifest is read.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import multiprocessing
@@ -17,22 +18,27 @@ import struct
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import _parquet as pyarrow_parquet_internal
 from pyarrow import fs as pafs
+from pyiceberg.avro.encoder import BinaryEncoder
+from pyiceberg.avro.file import AvroOutputFile
+from pyiceberg.avro.resolver import construct_writer
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io.pyarrow import MetricModeTypes, compute_statistics_plan, parquet_path_to_id_mapping
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DEFAULT_READ_VERSION, DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestWriter, ManifestWriterV2
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table.update.snapshot import _SnapshotProducer
 from pyiceberg.transforms import TruncateTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import (
-    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, PrimitiveType, StringType, TimestampType,
-    TimestamptzType, TimeType,
+    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, PrimitiveType, StringType, StructType,
+    TimestampType, TimestamptzType, TimeType,
 )
 from pyiceberg.utils.decimal import unscaled_to_decimal
 from pyiceberg.utils.truncate import truncate_upper_bound_binary_string, truncate_upper_bound_text_string
@@ -510,6 +516,221 @@ def data_file(entry: FileEntry, facts: FooterFacts, spec: PartitionSpec) -> Data
     # pyiceberg 0.12's from_args drops `spec_id` (reading it later raises AttributeError).
     data.spec_id = spec.spec_id
     return data
+
+
+# -- manifests ----------------------------------------------------------------------------------------
+#
+# pyiceberg encodes manifest entries value by value in pure Python (one method call and one
+# BytesIO write per byte of every varint) and writes each entry as its own compressed Avro block:
+# ~0.35 ms per data file with 26 columns, most of a 1,000-file commit (measured). The encoder below
+# writes the same bytes (tested equal to pyiceberg's, entry by entry) from tables of precomputed
+# varints, and writes blocks of about 64 KB as Java's Avro writer does. Only format-version 2
+# manifests take this path; anything else is left to pyiceberg.
+
+_VARINT_TABLE_SIZE = 1 << 14
+
+
+def _varint(value: int) -> bytes:
+    """Avro's zig-zag varint of a long."""
+    datum = (value << 1) ^ (value >> 63)
+    encoded = bytearray()
+    while datum & ~0x7F:
+        encoded.append((datum & 0x7F) | 0x80)
+        datum >>= 7
+    encoded.append(datum)
+    return bytes(encoded)
+
+
+# Varints of 0 .. 16383: field ids, counts and most column sizes are small non-negative ints.
+_VARINTS = tuple(_varint(value) for value in range(_VARINT_TABLE_SIZE))
+_NULL, _PRESENT = _VARINTS[0], _VARINTS[1]  # union branches ["null", type]; also the end of a non-empty block
+
+
+def _long(value: int) -> bytes:
+    return _VARINTS[value] if 0 <= value < _VARINT_TABLE_SIZE else _varint(value)
+
+
+def _optional_long(out: bytearray, value: int | None) -> None:
+    if value is None:
+        out += _NULL
+    else:
+        out += _PRESENT
+        out += _long(value)
+
+
+def _optional_long_map(out: bytearray, values: dict[int, int] | None) -> None:
+    """An optional Iceberg map<int, long>: an Avro array of key/value records, encoded like a map
+    (count, then key, value, key, value..., then 0 if the count was not 0)."""
+    if values is None:
+        out += _NULL
+        return
+    out += _PRESENT
+    out += _long(len(values))
+    if values:
+        # One list comprehension with table lookups: measured 2.5x as fast as a loop calling `_long`.
+        table, size = _VARINTS, _VARINT_TABLE_SIZE
+        out += b"".join([table[key] + table[value] if 0 <= key < size and 0 <= value < size else _varint(key) + _varint(value)
+                         for key, value in values.items()])
+        out += _NULL
+
+
+def _optional_bytes_map(out: bytearray, values: dict[int, bytes] | None) -> None:
+    """An optional Iceberg map<int, binary>: count, then key, length, bytes..., then 0."""
+    if values is None:
+        out += _NULL
+        return
+    out += _PRESENT
+    out += _long(len(values))
+    if values:
+        table, size = _VARINTS, _VARINT_TABLE_SIZE
+        out += b"".join([table[key] + table[len(value)] + value if 0 <= key < size and len(value) < size else _varint(key) + _varint(len(value)) + value
+                         for key, value in values.items()])
+        out += _NULL
+
+
+def _optional_long_list(out: bytearray, values: list[int] | None) -> None:
+    if values is None:
+        out += _NULL
+        return
+    out += _PRESENT
+    out += _long(len(values))
+    if values:
+        out += b"".join([_long(value) for value in values])
+        out += _NULL
+
+
+def _string(out: bytearray, value: str) -> None:
+    encoded = value.encode("utf-8")
+    out += _long(len(encoded))
+    out += encoded
+
+
+_V2_DATA_FILE_FIELDS = 16
+"""Fields of a format-version 2 `DataFile` record, in the order of the manifest's Avro schema."""
+
+
+def encode_manifest_entry(out: bytearray, entry: ManifestEntry, partition: Callable[[Record], bytes]) -> bool:
+    """Append a format-version 2 manifest entry's Avro encoding to `out`, byte for byte what
+    pyiceberg's writer produces; False (nothing appended) for a record of another shape."""
+    status, snapshot_id, sequence_number, file_sequence_number, data = entry._data  # noqa: SLF001 - positional, like pyiceberg's writer
+    if len(data._data) != _V2_DATA_FILE_FIELDS:  # noqa: SLF001
+        return False
+    (content, file_path, file_format, partition_values, record_count, file_size, column_sizes, value_counts, null_counts, nan_counts,
+     lower_bounds, upper_bounds, key_metadata, split_offsets, equality_ids, sort_order_id) = data._data  # noqa: SLF001
+    out += _long(status)
+    _optional_long(out, snapshot_id)
+    _optional_long(out, sequence_number)
+    _optional_long(out, file_sequence_number)
+    out += _long(content)
+    _string(out, file_path)
+    _string(out, file_format)
+    out += partition(partition_values)
+    out += _long(record_count)
+    out += _long(file_size)
+    _optional_long_map(out, column_sizes)
+    _optional_long_map(out, value_counts)
+    _optional_long_map(out, null_counts)
+    _optional_long_map(out, nan_counts)
+    _optional_bytes_map(out, lower_bounds)
+    _optional_bytes_map(out, upper_bounds)
+    if key_metadata is None:
+        out += _NULL
+    else:
+        out += _PRESENT
+        out += _long(len(key_metadata))
+        out += key_metadata
+    _optional_long_list(out, split_offsets)
+    _optional_long_list(out, equality_ids)
+    _optional_long(out, sort_order_id)
+    return True
+
+
+def _partition_encoder(partition_type: StructType) -> Callable[[Record], bytes]:
+    """Partition tuples are few and small: pyiceberg's own writer encodes them."""
+    if not partition_type.fields:
+        return lambda _: b""
+    writer = construct_writer(partition_type)
+
+    def encode(values: Record) -> bytes:
+        buffer = io.BytesIO()
+        writer.write(BinaryEncoder(buffer), values)
+        return buffer.getvalue()
+    return encode
+
+
+class _Appender:
+    """An `OutputStream` for pyiceberg's `BinaryEncoder` that appends to a bytearray."""
+
+    def __init__(self, target: bytearray) -> None:
+        self.write = target.extend
+
+
+class _ManifestAvroFile(AvroOutputFile[ManifestEntry]):
+    """pyiceberg's Avro container (same header, codec and sync marker) with entries encoded by
+    `encode_manifest_entry` and gathered into blocks of about `BLOCK_BYTES`."""
+
+    BLOCK_BYTES = 64_000  # Java Avro's default sync interval
+
+    def __init__(self, partition_type: StructType, **arguments: Any) -> None:
+        super().__init__(**arguments)
+        self._partition = _partition_encoder(partition_type)
+        self._block = bytearray()
+        self._block_entries = 0
+        self._generic = BinaryEncoder(_Appender(self._block))  # pyiceberg's encoding, for records of another shape
+
+    def write_block(self, objects: list[ManifestEntry]) -> None:
+        for entry in objects:
+            if not encode_manifest_entry(self._block, entry, self._partition):
+                self.writer.write(self._generic, entry)
+            self._block_entries += 1
+        if len(self._block) >= self.BLOCK_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._block_entries:
+            return
+        content = bytes(self._block)
+        self.encoder.write_int(self._block_entries)
+        codec = self.compression_codec()
+        if codec:
+            content, _ = codec.compress(content)
+        self.encoder.write_int(len(content))
+        self.encoder.write(content)
+        self.encoder.write(self.sync_bytes)
+        self._block.clear()
+        self._block_entries = 0
+
+    def tell(self) -> int:
+        return self.output_stream.tell() + len(self._block)
+
+    def __exit__(self, exctype: type[BaseException] | None, excinst: BaseException | None, exctb: TracebackType | None) -> None:
+        if exctype is None:
+            self._flush()
+        super().__exit__(exctype, excinst, exctb)
+
+
+class _ManifestWriter(ManifestWriterV2):
+    def new_writer(self) -> AvroOutputFile[ManifestEntry]:
+        return _ManifestAvroFile(
+            partition_type=self._spec.partition_type(self._schema),
+            output_file=self._output_file,
+            file_schema=self._with_partition(self.version),
+            record_schema=self._with_partition(DEFAULT_READ_VERSION),
+            schema_name="manifest_entry",
+            metadata=self._meta,
+        )
+
+
+def write_manifests_faster(producer: _SnapshotProducer[Any]) -> None:
+    """Have a pyiceberg snapshot producer (`merge_append()`, say) write its manifests, new and
+    merged, with `_ManifestWriter`; tables of other format versions keep pyiceberg's writer."""
+    if producer._transaction.table_metadata.format_version != 2:  # noqa: SLF001
+        return
+
+    def new_manifest_writer(spec: PartitionSpec) -> ManifestWriter:
+        return _ManifestWriter(spec, producer.schema(), producer.new_manifest_output(), producer.snapshot_id, producer._compression)  # noqa: SLF001
+
+    producer.new_manifest_writer = new_manifest_writer  # type: ignore[method-assign]
 
 
 def relative_to(table_location: str, path: str) -> str:
