@@ -24,6 +24,8 @@ test-heavy: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/icekeeper bench writer --start-stack --json
 	$(BIN)/icekeeper bench bookkeeper --json
+	$(BIN)/icekeeper bench reaper --json
+	$(BIN)/icekeeper bench e2e --start-stack --json
 
 stack-up: $(INSTALLED)
 	$(BIN)/icekeeper stack up

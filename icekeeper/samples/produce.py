@@ -227,7 +227,7 @@ def produce_at_rate(config: IcekeeperConfig, spec: SyntheticSpec, rate_per_s: fl
         due = started + sent / rate_per_s
         if due > time.monotonic() + 0.02:
             producer.poll(0)
-            time.sleep(due - time.monotonic())
+            time.sleep(max(0.0, due - time.monotonic()))
         key, value = encode(event)
         producer.produce(topic, key=key, value=value, partition=event.partition(partitions),
                          on_delivery=lambda error, _m: failures.append(str(error)) if error else None)
