@@ -147,11 +147,13 @@ def cmd_reaper(args: argparse.Namespace) -> int:
                     print(f"{table.table}: would {line}")
         print(json.dumps(report.to_json()), flush=True)
 
+    failed = []
     try:
-        service.run(every_s=every, dry_run=args.dry_run, on_pass=show)
+        service.run(every_s=every, dry_run=args.dry_run, on_pass=lambda report: (show(report), failed.extend(
+            error for table in report.tables for error in table.errors)))
     finally:
         service.close()
-    return 0
+    return 1 if failed and every is None else 0  # a one-off pass (cron) reports failed steps in its exit code
 
 
 def cmd_status(args: argparse.Namespace) -> int:

