@@ -227,6 +227,9 @@ class BookkeeperConfig(_Model):
     """The committing service."""
 
     commit_interval: Duration = Field(1.0, description="Time between commit cycles.")
+    idle_poll_interval: Duration = Field(
+        0.1, description="After a cycle that committed nothing, how often to look for new monikers until the next cycle (one "
+        "folder listing or queue peek each); one that arrives starts a cycle at once. 0: look only at cycles.")
     max_files_per_commit: int = Field(10_000, ge=1, description="Upper bound on files in one snapshot.")
     max_bytes_per_commit: int = Field(16 * 1024**3, ge=1, description="Upper bound on bytes in one snapshot.")
     footer_workers: int = Field(0, ge=0, description="Processes that read Parquet footers and compute column metrics in parallel (0: one per core).")

@@ -83,6 +83,9 @@ class AzureQueueMonikerTransport(MonikerTransport):
         self.dead_letter_queue.send_message(json.dumps({"reason": reason, "source": delivery.source, "content": delivery.raw.decode("utf-8", "replace")}))
         self.acknowledge(delivery)
 
+    def has_pending(self) -> bool:
+        return bool(self.queue.peek_messages(max_messages=1))
+
     def dead_letter_count(self) -> int:
         return self.dead_letter_queue.get_queue_properties().approximate_message_count or 0
 

@@ -66,3 +66,7 @@ class MonikerTransport(ABC):
     @abstractmethod
     def dead_letter_count(self) -> int:
         """How many deliveries sit in the dead-letter place (approximate for queues)."""
+
+    def has_pending(self) -> bool:
+        """Whether anything waits to be received; transports override it with a cheaper check."""
+        return bool(self.pending())

@@ -45,6 +45,9 @@ class TxLogMonikerTransport(MonikerTransport):
         self.dead_letters.write_bytes(name + ".reason", json.dumps({"reason": reason, "source": delivery.source}).encode())
         self.acknowledge(delivery)
 
+    def has_pending(self) -> bool:
+        return bool(self.folder.list_paths())
+
     def dead_letter_count(self) -> int:
         selector = pafs.FileSelector(self.dead_letters.root, recursive=True, allow_not_found=True)
         return sum(1 for info in self.dead_letters.filesystem.get_file_info(selector) if info.path.endswith(".reason"))
