@@ -36,9 +36,12 @@ def append_snapshot_per_file(spark, catalog_name: str, identifier: str, entries:
     table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, f"{catalog_name}.{identifier}")  # noqa: SLF001
     transaction = table.newTransaction()
     spec = table.spec()
+    metrics_config = jvm.org.apache.iceberg.MetricsConfig.forTable(table)
     for entry in entries:
+        # Column metrics from the footer, as the bookkeeper commits them (filters prune by them).
+        metrics = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(table.io().newInputFile(entry.path), metrics_config)
         data_file = (jvm.org.apache.iceberg.DataFiles.builder(spec).withPath(entry.path).withFileSizeInBytes(entry.size_bytes)
-                     .withRecordCount(entry.record_count).withFormat("parquet").build())
+                     .withMetrics(metrics).withFormat("parquet").build())
         transaction.newFastAppend().appendFile(data_file).commit()
     transaction.commitTransaction()
 

@@ -191,3 +191,44 @@ def test_dry_run_changes_nothing(spark, tmp_path: Path) -> None:
     assert any(line.startswith("compaction:") for line in planned) and any("orphan.parquet" in line for line in planned)
     assert any(line.startswith("expiry: 10 snapshots") for line in planned)
     assert files_under(table.location()) == on_disk and len(table.refresh().snapshots()) == snapshots
+
+
+def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_path: Path) -> None:
+    config = reaper_config(tmp_path, reaper__retain_last="1")
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    for seq in (1, 2, 3):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
+        bookkeeper.run_cycle()
+    register_catalog(spark, config)
+    reaper = Reaper(config, spark=spark)
+    first = reaper.run_pass()  # compaction adds a snapshot without icekeeper's state; expiry keeps 1
+    assert first.tables[0].files_compacted == 3 and not first.tables[0].errors
+    table = open_catalog(config).load_table("shop.items")
+    kept = {s.snapshot_id for s in table.snapshots()}
+    assert table.current_snapshot().summary.operation.value == "replace" and len(kept) == 2
+    from common.committed_state import committed_state
+
+    state = committed_state(table)
+    assert state.writer_seqs == {"w1": 3} and state.snapshot_id in kept
+    # The bookkeeper carries on from that state: the next moniker neither waits nor repeats.
+    transport.publish(make_moniker(config, 4, 3, (30, 40)))
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    offsets = sorted(open_catalog(config).load_table("shop.items").scan().to_arrow().column("_kfk_offset").to_pylist())
+    assert offsets == list(range(40))
+
+
+def test_compaction_is_limited_to_the_filter_columns_day(spark, tmp_path: Path) -> None:
+    """Seed 000: `compact.filter.column` with `compact.day.offset` 0 compacts yesterday's data only."""
+    config = reaper_config(tmp_path, reaper__compact_filter_column="_kfk_offset", reaper__compact_day_offset="0",
+                           reaper__snapshot_expire_time="30d", reaper__max_manifests="5")
+    today = int(time.time() // 86400) * 86400 * 1000
+    yesterday = [today - 86_400_000 + 3_600_000 * i for i in range(6)]
+    table = small_file_table(spark, config, 12, offsets=yesterday + [today + 1000 * i for i in range(6)])
+    dry = Reaper(config, spark=spark).run_pass(dry_run=True).tables[0].planned
+    assert any(line.startswith("manifests: rewrite 12 manifests") for line in dry)
+    report = Reaper(config, spark=spark).run_pass()
+    assert report.tables[0].files_compacted == 6 and report.tables[0].files_added == 1
+    assert report.tables[0].manifests_rewritten > 0 and not report.tables[0].errors
+    files = list(table.refresh().scan().plan_files())
+    assert len(files) == 7 and sum(task.file.record_count for task in files) == 12
