@@ -8,10 +8,11 @@ from pathlib import Path
 import fastavro
 import pytest
 from pyiceberg.avro.encoder import BinaryEncoder
-from pyiceberg.avro.resolver import resolve_writer
+from pyiceberg.avro.resolver import construct_writer, resolve_writer
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import (
-    DEFAULT_READ_VERSION, DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestWriterV2,
+    DEFAULT_READ_VERSION, MANIFEST_LIST_FILE_SCHEMAS, DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile,
+    ManifestWriterV2, read_manifest_list, write_manifest_list,
 )
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -19,7 +20,9 @@ from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransfor
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, LongType, NestedField, StringType, TimestamptzType
 
-from bookkeeper.datafiles import _ManifestWriter, encode_manifest_entry, _partition_encoder
+from bookkeeper.datafiles import (
+    _ManifestWriter, _partition_encoder, _write_manifest_list, encode_manifest_entry, encode_manifest_file, written_manifest_list,
+)
 from bookkeeper.service import Bookkeeper
 from common.transports import open_transport
 from icekeeper.readers import duckdb_rows
@@ -132,3 +135,45 @@ def test_merged_manifests_of_many_commits_read_back_in_pyiceberg_and_duckdb(tmp_
     scanned = table.scan().to_arrow()
     assert sorted(scanned.column("_kfk_offset").to_pylist()) == list(range(80))
     assert [row["rows"] for row in duckdb_rows(table, "count(*) AS rows")] == [80]
+
+
+def manifest_files(tmp_path: Path) -> list[ManifestFile]:
+    """Manifests of both specs (partition summaries with bounds and nulls), as a commit lists them:
+    this commit's without sequence numbers yet, older ones with theirs."""
+    files = []
+    for index, spec in enumerate([UNPARTITIONED, PARTITIONED, PARTITIONED, UNPARTITIONED]):
+        manifest = write_manifest(ManifestWriterV2, tmp_path / f"m{index}.avro", spec, entries(spec))
+        if index % 2:
+            manifest.sequence_number, manifest.min_sequence_number = 3 + index, 1 + index
+            manifest[6] = 7_000 + index  # added_snapshot_id (no setter): an older snapshot's manifest
+        files.append(manifest)
+    return files
+
+
+def test_manifest_list_entries_encode_to_the_bytes_pyicebergs_writer_writes(tmp_path: Path) -> None:
+    pyiceberg_writer = construct_writer(MANIFEST_LIST_FILE_SCHEMAS[2])
+    for manifest in manifest_files(tmp_path):
+        theirs = io.BytesIO()
+        pyiceberg_writer.write(BinaryEncoder(theirs), manifest)
+        ours = bytearray()
+        assert encode_manifest_file(ours, manifest)
+        assert bytes(ours) == theirs.getvalue()
+
+
+def test_a_manifest_list_reads_back_like_pyicebergs_own_and_as_remembered(tmp_path: Path) -> None:
+    manifests = manifest_files(tmp_path)
+    io_ = PyArrowFileIO()
+    lists = {}
+    for name, write in (("ours", _write_manifest_list), ("theirs", write_manifest_list)):
+        location = str(tmp_path / f"{name}-list.avro")
+        with write(2, io_.new_output(location), 42, 41, 9, "gzip") as writer:
+            writer.add_manifests(manifests)
+        lists[name] = location
+    read_ours, read_theirs = (list(read_manifest_list(io_.new_input(lists[name]))) for name in ("ours", "theirs"))
+    assert read_ours == read_theirs and {m.sequence_number for m in read_ours} == {9, 4, 6}
+    assert list(written_manifest_list(lists["ours"])) == read_ours  # what the next commit uses instead of reading the file
+    assert written_manifest_list(lists["theirs"]) is None
+    with open(lists["ours"], "rb") as mine, open(lists["theirs"], "rb") as pyicebergs:
+        reader_ours, reader_theirs = fastavro.reader(mine), fastavro.reader(pyicebergs)
+        assert reader_ours.metadata == reader_theirs.metadata
+        assert list(reader_ours) == list(reader_theirs)
