@@ -254,8 +254,12 @@ class Committer:
         # Monikers of a batch share their schema: parse (and below, compare) each distinct one once.
         schemas: dict[str, Schema] = {}
         schema_keys = []
+        previous_schema, schema_key = None, ""
         for delivery in ready:
-            schema_key = json.dumps(delivery.moniker.schema_, sort_keys=True)
+            # Comparing with the previous moniker's schema dict (C, ~1 µs) spares serializing
+            # each one (~40 µs): 1,000 monikers of a cycle usually carry equal schemas.
+            if delivery.moniker.schema_ != previous_schema:
+                previous_schema, schema_key = delivery.moniker.schema_, json.dumps(delivery.moniker.schema_, sort_keys=True)
             if schema_key not in schemas:
                 schemas[schema_key] = Schema.model_validate(delivery.moniker.schema_)
             schema_keys.append(schema_key)

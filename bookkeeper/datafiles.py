@@ -420,7 +420,15 @@ def _utf8_upper(width: int | None) -> _Encoder:
     def upper(value: bytes) -> bytes | None:
         if width is None or len(value) <= width:
             return value
-        bound = truncate_upper_bound_text_string(value.decode("utf-8"), width)
+        text = value.decode("utf-8")
+        if len(text) <= width:
+            return value
+        # pyiceberg's `truncate_upper_bound_text_string` walks a list of characters; when the last
+        # kept character can be incremented (all but U+10FFFF), its answer is this one.
+        last = ord(text[width - 1])
+        if last < 0x10FFFF:
+            return (text[:width - 1] + chr(last + 1)).encode("utf-8")
+        bound = truncate_upper_bound_text_string(text, width)
         return bound.encode("utf-8") if bound is not None else None
     return upper
 

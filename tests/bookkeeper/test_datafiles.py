@@ -15,8 +15,9 @@ from pyiceberg.types import (
     BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField, StringType, TimestampType,
     TimestamptzType, TimeType,
 )
+from pyiceberg.utils.truncate import truncate_upper_bound_text_string
 
-from bookkeeper.datafiles import FOOTER_READ_BYTES, FooterReader, InvalidFile, describe_file, footer_statistics, validate
+from bookkeeper.datafiles import FOOTER_READ_BYTES, FooterReader, InvalidFile, _utf8_lower, _utf8_upper, describe_file, footer_statistics, validate
 from common.moniker import FileEntry
 
 SCHEMA = Schema(
@@ -177,3 +178,11 @@ def test_a_cold_pool_does_not_delay_a_batch(tmp_path: Path) -> None:
     finally:
         reader.close()
     assert all(not isinstance(facts, InvalidFile) and facts.num_rows == 10 for facts in described.values())
+
+
+@pytest.mark.parametrize("text", ["short", "exactly sixteen!", "seventeen chars!!", "ünïcödé ünïcödé ünï", "abcdefghijklmno\U0010FFFFxyz",
+                                  "abcdefghijklmn\U0010FFFF\U0010FFFFxyz", "\U0010FFFF" * 20, "€" * 17, "abcdefghijklmno\U0001F600z"])
+def test_string_upper_bounds_equal_pyicebergs(text: str) -> None:
+    theirs = truncate_upper_bound_text_string(text, 16)
+    assert _utf8_upper(16)(text.encode()) == (theirs.encode() if theirs is not None else None)
+    assert _utf8_lower(16)(text.encode()) == text[:16].encode()
