@@ -7,9 +7,13 @@ SQLite catalog and warehouse:
 - `commit_1000_monikers_s`: one bookkeeper cycle committing 1,000 monikers of one file each
   (footers read), median of three fresh tables;
 - `baseline_add_files_1000_s`: the same 1,000 files through pyiceberg's `add_files`;
-- `footers_10000_s`: 10,000 footers read and turned into data files;
+- `footers_10000_s`: 10,000 footers read and their statistics computed (a fresh footer reader,
+  so starting its worker processes counts); `data_files_10000_s`: the same, plus turning them
+  into Iceberg data files;
 - `commit_ms_at_10` / `commit_ms_at_N`: median commit latency around the 10th and the last of N
-  single-moniker commits (N = 10,000 by default), and their ratio.
+  single-moniker commits (N = 10,000 by default), and their ratio; `cycle_cpu_ms_at_10` /
+  `cycle_cpu_ms_at_N`: the same windows in CPU time of this process, less sensitive to other
+  work on the machine than wall-clock latency.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
-from bookkeeper.datafiles import FooterReader
+from bookkeeper.datafiles import FooterReader, data_file
 from bookkeeper.service import Bookkeeper
 from common.config import IcekeeperConfig, load_config
 from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
@@ -110,6 +115,7 @@ def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
         started = time.monotonic()
         report = bookkeeper.run_cycle()
         timings.append(time.monotonic() - started)
+        bookkeeper.committer.footer_reader.close()
         assert report.committed_monikers == 1000, report
         if run == 0:
             data_dir = Path(config.catalog.properties["warehouse"].removeprefix("file://")) / "bench" / "tbl_test_1" / "data"
@@ -127,47 +133,60 @@ def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
     return statistics.median(timings), baseline
 
 
-def bench_footers(work: Path, count: int, progress: Progress) -> float:
+def bench_footers(work: Path, count: int, progress: Progress) -> tuple[float, float]:
+    """Seconds to read `count` footers with a fresh reader, and to also turn them into data files."""
     config = _config(work / "footers")
     schema = seed_schema(config)
-    paths = [write_seed_file(work / "footers" / "files" / f"{index:06d}.parquet", schema, index * ROWS_PER_FILE).path for index in range(count)]
+    entries = [write_seed_file(work / "footers" / "files" / f"{index:06d}.parquet", schema, index * ROWS_PER_FILE) for index in range(count)]
     progress(f"reading {count:,} footers")
     started = time.monotonic()
     reader = FooterReader(os.cpu_count() or 2)
     schema_json = schema.model_dump_json()
-    described = reader.describe([(path, schema, schema_json) for path in paths], {})
-    elapsed = time.monotonic() - started
-    reader.close()
+    described = reader.describe([(entry.path, schema, schema_json) for entry in entries], {})
+    footers_s = time.monotonic() - started
     failed = [facts for facts in described.values() if isinstance(facts, Exception)]
     assert not failed, failed[:1]
-    return elapsed
+    spec = PartitionSpec()
+    data_files = [data_file(entry, described[entry.path], spec) for entry in entries]  # type: ignore[arg-type]
+    data_files_s = time.monotonic() - started
+    reader.close()
+    assert len(data_files) == count
+    return footers_s, data_files_s
 
 
-def bench_latency(work: Path, commits: int, progress: Progress) -> tuple[float, float]:
+def bench_latency(work: Path, commits: int, progress: Progress) -> tuple[float, float, float, float]:
+    """Median commit latency (ms) around the 10th and the last commit, then the same in cycle CPU time."""
     config = _config(work / "latency")
     schema = seed_schema(config)
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
-    latencies = []
+    latencies, cpu_times = [], []
     for seq in range(1, commits + 1):
         transport.publish(_monikers(config, schema, 1, start_seq=seq)[0])
+        cpu_started = time.process_time()
         report = bookkeeper.run_cycle()
+        cpu_times.append(time.process_time() - cpu_started)
         latencies.append(report.tables[0].seconds)
         if seq % 1000 == 0:
             progress(f"  {seq:,} commits, latest median {statistics.median(latencies[-100:]) * 1000:.0f} ms")
-    return statistics.median(latencies[5:15]) * 1000, statistics.median(latencies[-10:]) * 1000
+    bookkeeper.committer.footer_reader.close()
+    return (statistics.median(latencies[5:15]) * 1000, statistics.median(latencies[-10:]) * 1000,
+            statistics.median(cpu_times[5:15]) * 1000, statistics.median(cpu_times[-10:]) * 1000)
 
 
 def run_bookkeeper_bench(state_dir: str, commits: int = 10_000, footers: int = 10_000, progress: Progress = print) -> dict[str, Any]:
     work = Path(state_dir) / "bench-bookkeeper"
     shutil.rmtree(work, ignore_errors=True)
     commit_s, baseline_s = bench_commit_1000(work, progress)
-    footers_s = bench_footers(work, footers, progress)
+    footers_s, data_files_s = bench_footers(work, footers, progress)
     progress(f"{footers:,} footers in {footers_s:.2f}s; now {commits:,} single-moniker commits")
-    at_10, at_end = bench_latency(work, commits, progress)
+    at_10, at_end, cpu_at_10, cpu_at_end = bench_latency(work, commits, progress)
     shutil.rmtree(work, ignore_errors=True)
     return {
         "commit_1000_monikers_s": round(commit_s, 3), "baseline_add_files_1000_s": round(baseline_s, 3),
         "ratio_vs_add_files": round(baseline_s / commit_s, 2), f"footers_{footers}_s": round(footers_s, 3),
+        f"data_files_{footers}_s": round(data_files_s, 3),
         "commit_ms_at_10": round(at_10, 1), f"commit_ms_at_{commits}": round(at_end, 1), "latency_growth_ratio": round(at_end / at_10, 2),
+        "cycle_cpu_ms_at_10": round(cpu_at_10, 1), f"cycle_cpu_ms_at_{commits}": round(cpu_at_end, 1),
+        "cpu_growth_ratio": round(cpu_at_end / cpu_at_10, 2),
     }
