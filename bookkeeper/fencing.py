@@ -86,7 +86,7 @@ class Lease:
             raise Fenced("no lease held")
         newest = self._newest()
         if newest is not None and newest.epoch > self.epoch:
-            raise Fenced(f"bookkeeper epoch {self.epoch} is stale: {newest.owner} holds epoch {newest.epoch}; stopping without committing")
+            raise Fenced(f"{self.role} epoch {self.epoch} is stale: {newest.owner} holds epoch {newest.epoch}; stopping without committing")
 
     def release(self) -> None:
         """Expire our lease now so a successor does not wait for the TTL."""

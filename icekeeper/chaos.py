@@ -88,7 +88,7 @@ class ChaosRun:
     restarts: int = 0
 
 
-def chaos_environ(base: IcekeeperConfig, work: Path, topic: str) -> dict[str, str]:
+def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: int = 500) -> dict[str, str]:
     """Settings every component gets (environment overrides on the embedded defaults)."""
     source = base.sources[0]
     return {
@@ -98,11 +98,12 @@ def chaos_environ(base: IcekeeperConfig, work: Path, topic: str) -> dict[str, st
         "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
-        "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "500",
+        "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": str(max_offsets),
         "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id]}}]",
         "ICEKEEPER__WRITER__SPARK_MASTER": "local[1]",
         "ICEKEEPER__WRITER__INSTANCE_COUNT": "2",
         "ICEKEEPER__BOOKKEEPER__LEASE_TTL": "6",
+        "ICEKEEPER__REAPER__LEASE_TTL": "30",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
         "ICEKEEPER__REAPER__SNAPSHOT_EXPIRE_TIME": "0",
         "ICEKEEPER__REAPER__RETAIN_LAST": "5",
@@ -119,7 +120,8 @@ def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progre
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
     topic = f"chaos.{seed}.{uuid.uuid4().hex[:6]}"
-    overrides = chaos_environ(base, work, topic)
+    # Several batches per writer between kills, whatever the size of the run.
+    overrides = chaos_environ(base, work, topic, max_offsets=max(500, records // 40))
     config = load_config(None, environ=overrides)
     spec = SyntheticSpec(seed=seed, keys=max(10, records // 10), events=records, schema_changes=2, poison_ratio=0.02,
                          server="chaos", db="shop", table="orders")

@@ -21,7 +21,7 @@ from typing import Callable
 from pyiceberg.exceptions import NoSuchTableError
 
 from bookkeeper.datafiles import normalize_location
-from bookkeeper.fencing import Lease
+from bookkeeper.fencing import Fenced, Lease
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
 from common.transports import open_transport
@@ -88,7 +88,7 @@ class Reaper:
         report = PassReport(started_at=now.isoformat(timespec="seconds"), dry_run=dry_run)
         started = time.monotonic()
         settings = self.config.bookkeeper
-        lease = Lease(settings.lease_uri, f"{settings.group}-reaper", ttl_s=max(3600.0, self.config.reaper.execute_interval), role="reaper")
+        lease = Lease(settings.lease_uri, f"{settings.group}-reaper", ttl_s=self.config.reaper.lease_ttl, role="reaper")
         try:
             lease.acquire(timeout_s=0)
         except TimeoutError as error:
@@ -105,14 +105,16 @@ class Reaper:
                     continue
                 if progress:
                     progress(f"reaper: {spec.identifier}")
-                report.tables.append(self._table_pass(table, spec.identifier, dry_run, now))
+                report.tables.append(self._table_pass(table, spec.identifier, dry_run, now, lease))
+        except Fenced as error:
+            report.skipped.append(f"stopped: {error}")
         finally:
             lease.release()
         report.seconds = time.monotonic() - started
         self._write_report(report)
         return report
 
-    def _table_pass(self, table, identifier: str, dry_run: bool, now: datetime) -> TableReport:
+    def _table_pass(self, table, identifier: str, dry_run: bool, now: datetime, lease: Lease) -> TableReport:
         started = time.monotonic()
         report = TableReport(identifier, dry_run=dry_run)
         maintenance = self.maintenance
@@ -120,6 +122,7 @@ class Reaper:
         def step(name: str, action: Callable[[], None]) -> None:
             """Run one step; a failure is reported and the pass goes on (each step is safe to
             rerun, and a later step never depends on an earlier one having succeeded)."""
+            lease.renew()
             began = time.monotonic()
             try:
                 action()
