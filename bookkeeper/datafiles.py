@@ -8,6 +8,7 @@ footer carries), partition values come from the writer, and no manifest is read.
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import logging
@@ -17,7 +18,8 @@ import posixpath
 import struct
 import threading
 import types
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Callable
@@ -156,8 +158,8 @@ class FooterReader:
     so threads do not help, measured), hence processes. But a cold pool takes a second or more to
     come up (its forkserver imports pyiceberg and pyarrow), longer than this process needs for a
     thousand footers (~0.2 s). So workers are started in the background by the first big batch,
-    this process reads footers meanwhile, and hands the rest of the batch to the workers only
-    once they are up; while they work it keeps reading from the other end of the batch.
+    this process reads footers meanwhile, and shares the rest of the batch with the workers only
+    once they are up: they read from its front, this process from its back.
     """
 
     PROCESS_THRESHOLD = 64
@@ -166,6 +168,8 @@ class FooterReader:
     """Batches from this size start the workers, for themselves and for the batches after them."""
     CHUNK_FILES = 100
     """Files per task: big enough to amortize IPC, small enough to share the tail of a batch evenly."""
+    CHUNKS_AHEAD = 3
+    """Tasks queued per worker while this process reads a chunk itself, so workers never wait for it."""
 
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
@@ -217,26 +221,45 @@ class FooterReader:
 
     def _share_with_workers(self, chunks: list[list[_Request]], table_properties: dict[str, str],
                             described: dict[str, FooterFacts | InvalidFile]) -> None:
-        """Queue every chunk for the workers, then take chunks back from the end of the queue (those
-        no worker has started: `cancel` succeeds) and describe them here, until the workers have the rest."""
+        """Workers take chunks from the front of the batch and this process from the back; each
+        worker is kept `CHUNKS_AHEAD` chunks ahead, fed as results come in. (No queued task is
+        ever cancelled: Python 3.11's pool hangs on cancelled tasks when a worker dies.)"""
         assert self._pool is not None
         properties = tuple(sorted(table_properties.items()))
-        futures = [self._pool.submit(_describe_in_worker, [r[0] for r in chunk], chunk[0][2], properties) for chunk in chunks]
-        for chunk, future in zip(reversed(chunks), reversed(futures)):
-            if not future.cancel():
-                break
-            self._describe_chunk_here(chunk, table_properties, described)
-        for chunk, future in zip(chunks, futures):
-            if not future.cancelled():
-                described.update(zip((r[0] for r in chunk), future.result()))
-                self.described_by_workers += len(chunk)
+        pending = collections.deque(chunks)
+        in_flight: dict[Future[list[FooterFacts | InvalidFile]], list[_Request]] = {}
+        try:
+            while pending or in_flight:
+                while pending and len(in_flight) < self.workers * self.CHUNKS_AHEAD:
+                    chunk = pending.popleft()
+                    in_flight[self._pool.submit(_describe_in_worker, [r[0] for r in chunk], chunk[0][2], properties)] = chunk
+                for future in [future for future in in_flight if future.done()]:
+                    results = future.result()
+                    chunk = in_flight.pop(future)
+                    described.update(zip((r[0] for r in chunk), results))
+                    self.described_by_workers += len(chunk)
+                if pending:
+                    self._describe_chunk_here(pending.pop(), table_properties, described)
+                elif in_flight:
+                    wait(in_flight, return_when=FIRST_COMPLETED)
+        except BrokenProcessPool:
+            self._lost_workers()
+            for chunk in [*in_flight.values(), *pending]:
+                self._describe_chunk_here(chunk, table_properties, described)
 
     @staticmethod
     def _describe_chunk_here(chunk: list[_Request], table_properties: dict[str, str], described: dict[str, FooterFacts | InvalidFile]) -> None:
         for path, schema, _ in chunk:
             described[path] = _describe_or_reason(path, schema, table_properties)
 
+    def _lost_workers(self) -> None:
+        """A worker died (killed, out of memory): this batch goes on in-process, a later one starts new workers."""
+        if self._pool is not None:
+            log.warning("a footer worker process died; reading its files in-process")
+        self.close()
+
     def close(self) -> None:
+        """Stop the worker processes (a later big batch starts new ones)."""
         if self._starter is not None:
             self._starter.join()
             self._starter = None

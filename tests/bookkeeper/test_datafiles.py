@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import os
+import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -165,6 +167,23 @@ def test_worker_processes_describe_files_like_the_main_process(tmp_path: Path) -
     assert isinstance(described[paths[-1]], InvalidFile)
     for path in paths[:-1]:
         assert described[path] == describe_file(path, SCHEMA, {})
+
+
+def test_a_dead_worker_costs_only_time(tmp_path: Path) -> None:
+    """Files of a batch whose worker died are read in-process; the next big batch has new workers."""
+    paths = [str(write(tmp_path / f"f{i}.parquet", 10, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD + 6)]
+    requests = [(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths]
+    reader = FooterReader(workers=2)
+    reader.CHUNK_FILES = 5
+    try:
+        reader.start(wait=True)
+        os.kill(next(iter(reader._pool._processes)), signal.SIGKILL)  # type: ignore[union-attr]
+        described = reader.describe(requests, {})
+        assert all(facts.num_rows == 10 for facts in described.values())  # type: ignore[union-attr]
+        reader.start(wait=True)
+        assert reader.describe(requests, {}) == described and reader.described_by_workers > 0
+    finally:
+        reader.close()
 
 
 def test_a_cold_pool_does_not_delay_a_batch(tmp_path: Path) -> None:
