@@ -167,7 +167,7 @@ def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progre
     finally:
         for component in components.values():
             component.terminate()
-    result = verify(config, topic, produced["records"], poison_expected)
+    result = verify(config, overrides, topic, poison_expected)
     result.update({"kills": len(run.kills), "killed": Counter(k["component"] for k in run.kills), "fenced_exit_code": run.fenced_exit_code,
                    "seed": seed, "seconds": round(time.monotonic() - started, 1), "logs": str(logs)})
     return result
@@ -250,7 +250,7 @@ def dead_letter_positions(config: IcekeeperConfig, topic: str) -> set[tuple[int,
         consumer.close()
 
 
-def verify(config: IcekeeperConfig, topic: str, records: int, poison_expected: int) -> dict[str, Any]:
+def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poison_expected: int) -> dict[str, Any]:
     """Every offset of the topic: exactly once in the table, or in the dead-letter topic."""
     from icekeeper.readers import duckdb_rows
 
@@ -266,7 +266,7 @@ def verify(config: IcekeeperConfig, topic: str, records: int, poison_expected: i
     duplicates = sum(count - 1 for count in positions.values() if count > 1)
     missing = len(offsets - set(positions) - dead)
     duckdb_count = int(duckdb_rows(table, "count(*) AS n")[0]["n"])
-    spark_count = _spark_count(config)
+    spark_count = _spark_count(overrides)
     return {
         "records_in": len(offsets), "rows": sum(positions.values()), "duplicates": duplicates, "missing": missing,
         "dead_lettered": len(dead), "poison_expected": poison_expected, "poison_in_table": len(dead & set(positions)),
@@ -274,11 +274,13 @@ def verify(config: IcekeeperConfig, topic: str, records: int, poison_expected: i
     }
 
 
-def _spark_count(config: IcekeeperConfig) -> int:
-    from common.spark import spark_session
-
-    spark = spark_session(config, "icekeeper-chaos-verify", master="local[1]")
-    try:
-        return int(spark.sql(f"SELECT count(*) FROM {config.catalog.name}.{TABLE}").first()[0])
-    finally:
-        spark.stop()
+def _spark_count(overrides: dict[str, str]) -> int:
+    """Rows of the table as Spark counts them, in a process of its own: a SparkSession is one per
+    process, and the caller's (a test's, say) must neither be reused with another catalog nor stopped."""
+    code = ("from common.config import load_config; from common.spark import spark_session; c = load_config(None); "
+            "s = spark_session(c, 'icekeeper-chaos-verify', master='local[1]'); "
+            f"print(s.sql('SELECT count(*) FROM ' + c.catalog.name + '.{TABLE}').first()[0]); s.stop()")
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, **overrides}, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"Spark could not read {TABLE}: {result.stderr[-2000:]}")
+    return int(result.stdout.strip().splitlines()[-1])

@@ -68,6 +68,7 @@ class Reaper:
         self.config = config
         self.catalog = open_catalog(config)
         self._spark = spark
+        self._owns_spark = spark is None
         self._maintenance: SparkMaintenance | None = None
         self.clock = clock or (lambda: datetime.now(timezone.utc))
         self.stop = threading.Event()
@@ -176,5 +177,6 @@ class Reaper:
         return candidate if candidate >= now else candidate + timedelta(days=1)
 
     def close(self) -> None:
-        if self._spark is not None:
+        """Stop Spark if this reaper started it (a caller's session is the caller's to stop)."""
+        if self._spark is not None and self._owns_spark:
             self._spark.stop()
