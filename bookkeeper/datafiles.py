@@ -1,9 +1,15 @@
-"""Validate a moniker's files and describe them as Iceberg data files, footers read in parallel.
+"""Validate a moniker's files, describe them as Iceberg data files, and write them into manifests.
 
 pyiceberg's `add_files` is not used: it maps statistics by column *name* against the table's
 current schema, rejects INT96, and rescans every manifest on each call. Here statistics are
 mapped through the schema the file was written with (the moniker's, whose ids the Parquet
 footer carries), partition values come from the writer, and no manifest is read.
+
+Speed matters here (a cycle may commit thousands of files, and every commit writes manifests):
+footers are parsed without an Arrow reader and in worker processes for big batches, statistics
+come from raw Parquet values with everything per column worked out once per Parquet schema, and
+manifests and manifest lists of format-version 2 tables are encoded here instead of by pyiceberg's
+pure-Python Avro writer. Each shortcut is tested to give exactly what pyiceberg gives.
 """
 
 from __future__ import annotations
@@ -623,7 +629,8 @@ def _optional_bytes_map(out: bytearray, values: dict[int, bytes] | None) -> None
     out += _long(len(values))
     if values:
         table, size = _VARINTS, _VARINT_TABLE_SIZE
-        out += b"".join([table[key] + table[len(value)] + value if 0 <= key < size and len(value) < size else _varint(key) + _varint(len(value)) + value
+        out += b"".join([table[key] + table[len(value)] + value if 0 <= key < size and len(value) < size
+                         else _varint(key) + _varint(len(value)) + value
                          for key, value in values.items()])
         out += _NULL
 

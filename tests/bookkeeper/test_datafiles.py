@@ -85,7 +85,8 @@ def write_wide(path: Path, rows: int, row_group_size: int) -> Path:
     arrow_types = [pa.bool_(), pa.int32(), pa.int32(), pa.int64(), pa.float32(), pa.float32(), pa.date32(), pa.timestamp("us"),
                    pa.time64("us"), pa.string(), pa.binary(), pa.string(), pa.string(), pa.string(), pa.int64(), pa.timestamp("ms", tz="UTC"),
                    pa.decimal128(20, 3)]
-    fields = [pa.field(f.name, arrow_type, metadata={b"PARQUET:field_id": str(f.field_id).encode()}) for f, arrow_type in zip(WIDE_SCHEMA.fields, arrow_types)]
+    fields = [pa.field(f.name, arrow_type, metadata={b"PARQUET:field_id": str(f.field_id).encode()})
+              for f, arrow_type in zip(WIDE_SCHEMA.fields, arrow_types)]
     base = datetime.datetime(2024, 1, 1)
     data = [{
         "flag": i % 3 == 0, "small": -i, "widened": i * 7, "big": 2**40 - i, "single": i / 8 - 3, "widened_double": i * 0.5,
