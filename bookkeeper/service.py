@@ -54,6 +54,7 @@ class Bookkeeper:
         self.transport = open_transport(config)
         self.committer = Committer(config, self.catalog, epoch)
         self.lease: Lease | None = None
+        self._table_locations: dict[str, str] = {}
         self.stop = threading.Event()
         self._report_path = Path(config.bookkeeper.commit_report_path)
         self.metrics = BookkeeperMetrics()
@@ -204,13 +205,16 @@ class Bookkeeper:
             self._write_report(result)
 
     def _table_of_file(self, file_key: str) -> str | None:
-        """The configured (existing) table whose location holds the file."""
+        """The configured (existing) table whose location holds the file. Locations are loaded
+        once per table (they never move), not once per event."""
         for spec in self.config.tables:
-            try:
-                location = self.catalog.load_table(spec.identifier).location()
-            except NoSuchTableError:
-                continue
-            if file_key.startswith(location_key(location) + "/"):
+            location = self._table_locations.get(spec.identifier)
+            if location is None:
+                try:
+                    location = self._table_locations[spec.identifier] = location_key(self.catalog.load_table(spec.identifier).location())
+                except NoSuchTableError:
+                    continue
+            if file_key.startswith(location + "/"):
                 return spec.identifier
         return None
 

@@ -70,8 +70,6 @@ def record_freshness(config: IcekeeperConfig, since_ms: int) -> list[float]:
             column = pq.read_table(entry.data_file.file_path.removeprefix("file://"), columns=["_kfk_timestamp"]).column(0)
             kafka_ms = pc.divide(column.cast("int64"), 1000).to_pylist()  # microseconds since the epoch
             delays.extend((committed_ms - ms) / 1000 for ms in kafka_ms if ms >= since_ms)
-            if os.environ.get("ICEKEEPER_BENCH_TRACE"):
-                print("trace", entry.snapshot_id, committed_ms, min(kafka_ms), max(kafka_ms), len(kafka_ms))
     return delays
 
 
@@ -132,6 +130,5 @@ def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: floa
         "produced": produced.get("records"), "seconds": produced.get("seconds"), "drain_s": round(drain_s, 2), "snapshots": commits,
         "writer_trigger_s": config.writer.trigger_interval, "commit_interval_s": config.bookkeeper.commit_interval,
     }
-    if not os.environ.get("ICEKEEPER_BENCH_TRACE"):
-        shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     return result
