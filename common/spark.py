@@ -108,4 +108,19 @@ def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = N
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _quiet_routine_warnings(session)
     return session
+
+
+# Loggers whose warnings are routine for icekeeper and would otherwise repeat every batch: each
+# batch read is a new Kafka relation with Spark's own group id, so the executors' consumer pool
+# outgrows its soft limit and evicts idle consumers, as designed.
+_ROUTINE_WARNINGS = ("org.apache.spark.sql.kafka010.consumer.InternalKafkaConsumerPool",)
+
+
+def _quiet_routine_warnings(session: SparkSession) -> None:
+    """Raise the routine loggers to ERROR in the driver JVM (executors of `local[*]` share it)."""
+    jvm = session.sparkContext._jvm  # noqa: SLF001 - log4j levels have no Python API
+    error = jvm.org.apache.logging.log4j.Level.ERROR
+    for name in _ROUTINE_WARNINGS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, error)

@@ -196,7 +196,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         elif args.target == "e2e":
             from icekeeper.bench.e2e import run_e2e_bench
 
-            result = run_e2e_bench(config, seconds=args.seconds, rate_per_s=args.rate, cores=args.cores, progress=_progress)
+            result = run_e2e_bench(config, seconds=args.seconds, rate_per_s=args.rate, cores=args.cores, warmup_s=args.warmup, progress=_progress)
         else:
             raise SystemExit(f"bench {args.target}: unknown")
     finally:
@@ -302,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--files", type=int, default=1000, help="reaper: small files (one snapshot each) in the table")
     bench.add_argument("--seconds", type=float, default=60.0, help="e2e: how long to produce")
     bench.add_argument("--rate", type=float, default=2000.0, help="e2e: records produced per second")
+    bench.add_argument("--warmup", type=float, default=10.0, help="e2e: seconds of the same load before the clock starts")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
     bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
 

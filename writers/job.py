@@ -18,7 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -88,6 +89,7 @@ class WriterJob:
         self.seq: int | None = None
         self.pending_bytes = 0
         self.stop = threading.Event()
+        self._admins: dict[str, AdminClient] = {}
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -236,27 +238,31 @@ class WriterJob:
         self._write_checkpoint(source, plan)
 
     def _bounds(self, source: KafkaSource) -> dict[TP, PartitionBounds]:
-        consumer = self._admin_consumer(source)
-        try:
-            metadata = consumer.list_topics(timeout=10)
-            topics = source.topics or sorted(t for t in metadata.topics if source.topic_pattern and _matches(source.topic_pattern, t))
-            bounds = {}
-            for topic in topics:
-                described = metadata.topics.get(topic)
-                if described is None or described.error is not None:
-                    continue
-                for partition in sorted(described.partitions):
-                    if partition % self.config.writer.instance_count != self.config.writer.instance_index:
-                        continue
-                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
-                    bounds[(topic, partition)] = PartitionBounds(low, high)
-            return bounds
-        finally:
-            consumer.close()
+        admin = self._admin(source)
+        metadata = admin.list_topics(timeout=10)
+        topics = source.topics or sorted(t for t in metadata.topics if source.topic_pattern and _matches(source.topic_pattern, t))
+        partitions = []
+        for topic in topics:
+            described = metadata.topics.get(topic)
+            if described is None or described.error is not None:
+                continue
+            partitions.extend(TopicPartition(topic, partition) for partition in sorted(described.partitions)
+                              if partition % self.config.writer.instance_count == self.config.writer.instance_index)
+        if not partitions:
+            return {}
+        # Two batched ListOffsets requests for every partition, not a watermark round trip per
+        # partition: with hundreds of small tables' partitions (seed 000) that was most of a batch.
+        earliest = admin.list_offsets({tp: OffsetSpec.earliest() for tp in partitions}, request_timeout=10)
+        latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=10)
+        low = {(tp.topic, tp.partition): future.result().offset for tp, future in earliest.items()}
+        high = {(tp.topic, tp.partition): future.result().offset for tp, future in latest.items()}
+        return {key: PartitionBounds(low[key], high[key]) for key in sorted(low)}
 
-    def _admin_consumer(self, source: KafkaSource) -> Consumer:
-        return Consumer({"bootstrap.servers": source.bootstrap_servers, "group.id": source.consumer_group, "enable.auto.commit": False},
-                        logger=logging.getLogger("librdkafka"))
+    def _admin(self, source: KafkaSource) -> AdminClient:
+        """One admin client per source for the writer's life (a new client per batch cost ~70 ms)."""
+        if source.name not in self._admins:
+            self._admins[source.name] = AdminClient({"bootstrap.servers": source.bootstrap_servers}, logger=logging.getLogger("librdkafka"))
+        return self._admins[source.name]
 
     def _schemas_for(self, source: KafkaSource, plan: BatchPlan) -> list[RegisteredSchema]:
         registry = self.schemas[source.name]
@@ -427,14 +433,13 @@ class WriterJob:
     # -- after the batch -----------------------------------------------------------------------------
 
     def _commit_group_offsets(self, source: KafkaSource, plan: BatchPlan) -> None:
-        consumer = self._admin_consumer(source)
+        offsets = [TopicPartition(topic, partition, until) for (topic, partition), (_, until) in plan.read_ranges.items()]
         try:
-            offsets = [TopicPartition(topic, partition, until) for (topic, partition), (_, until) in plan.read_ranges.items()]
-            consumer.commit(offsets=offsets, asynchronous=False)
+            request = ConsumerGroupTopicPartitions(source.consumer_group, offsets)
+            for future in self._admin(source).alter_consumer_group_offsets([request], request_timeout=10).values():
+                future.result()
         except Exception as error:  # noqa: BLE001 - lag reporting must not stop the writer
             log.warning("could not commit consumer group offsets", extra={"group": source.consumer_group, "error": str(error)})
-        finally:
-            consumer.close()
 
     def _checkpoint_name(self, source: KafkaSource) -> str:
         return f"{_segment(self.writer_id)}/{_segment(source.name)}.json"
