@@ -31,7 +31,8 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from bookkeeper.datafiles import FooterFacts, FooterReader, InvalidFile, data_file, merge_append, validate
+from bookkeeper.datafiles import FooterFacts, FooterReader, InvalidFile, data_file, validate
+from bookkeeper.manifests import merge_append
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
 from common.catalog import load_table_or_none
 from common.committed_state import CommittedState, committed_state, expirable_snapshots

@@ -1,4 +1,4 @@
-"""Validate a moniker's files, describe them as Iceberg data files, and write them into manifests.
+"""Validate a moniker's files and describe them as Iceberg data files with full column metrics.
 
 pyiceberg's `add_files` is not used: it maps statistics by column *name* against the table's
 current schema, rejects INT96, and rescans every manifest on each call. Here statistics are
@@ -6,16 +6,15 @@ mapped through the schema the file was written with (the moniker's, whose ids th
 footer carries), partition values come from the writer, and no manifest is read.
 
 Speed matters here (a cycle may commit thousands of files, and every commit writes manifests):
-footers are parsed without an Arrow reader and in worker processes for big batches, statistics
-come from raw Parquet values with everything per column worked out once per Parquet schema, and
-manifests and manifest lists of format-version 2 tables are encoded here instead of by pyiceberg's
-pure-Python Avro writer. Each shortcut is tested to give exactly what pyiceberg gives.
+footers are parsed without an Arrow reader and in worker processes for big batches, and statistics
+come from raw Parquet values with everything per column worked out once per Parquet schema (the
+manifests they go into are written by `bookkeeper.manifests`). Each shortcut is tested to give
+exactly what pyiceberg gives.
 """
 
 from __future__ import annotations
 
 import collections
-import io
 import json
 import logging
 import multiprocessing
@@ -23,38 +22,24 @@ import os
 import posixpath
 import struct
 import threading
-import types
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import _parquet as pyarrow_parquet_internal
 from pyarrow import fs as pafs
-from pyiceberg.avro.codecs import AvroCompressionCodec
-from pyiceberg.avro.encoder import BinaryEncoder
-from pyiceberg.avro.file import AvroOutputFile
-from pyiceberg.avro.resolver import construct_writer
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io.pyarrow import MetricModeTypes, compute_statistics_plan, parquet_path_to_id_mapping
-from pyiceberg.io import OutputFile
-from pyiceberg.manifest import (
-    DEFAULT_READ_VERSION, MANIFEST_LIST_FILE_SCHEMAS, DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestFile, ManifestListWriter,
-    ManifestListWriterV2, ManifestWriter, ManifestWriterV2, write_manifest_list,
-)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Transaction
-from pyiceberg.table.refs import MAIN_BRANCH
-from pyiceberg.table.snapshots import Operation
-from pyiceberg.table.update.snapshot import _MergeAppendFiles, _SnapshotProducer
 from pyiceberg.transforms import TruncateTransform
-from pyiceberg.typedef import Record, TableVersion
+from pyiceberg.typedef import Record
 from pyiceberg.types import (
-    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, PrimitiveType, StringType, StructType,
+    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, PrimitiveType, StringType,
     TimestampType, TimestamptzType, TimeType,
 )
 from pyiceberg.utils.decimal import unscaled_to_decimal
@@ -562,350 +547,6 @@ def data_file(entry: FileEntry, facts: FooterFacts, spec: PartitionSpec) -> Data
     # pyiceberg 0.12's from_args drops `spec_id` (reading it later raises AttributeError).
     data.spec_id = spec.spec_id
     return data
-
-
-# -- manifests ----------------------------------------------------------------------------------------
-#
-# pyiceberg encodes manifest entries value by value in pure Python (one method call and one
-# BytesIO write per byte of every varint) and writes each entry as its own compressed Avro block:
-# ~0.35 ms per data file with 26 columns, most of a 1,000-file commit (measured). The encoder below
-# writes the same bytes (tested equal to pyiceberg's, entry by entry) from tables of precomputed
-# varints, and writes blocks of about 64 KB as Java's Avro writer does. Only format-version 2
-# manifests take this path; anything else is left to pyiceberg.
-
-_VARINT_TABLE_SIZE = 1 << 14
-
-
-def _varint(value: int) -> bytes:
-    """Avro's zig-zag varint of a long."""
-    datum = (value << 1) ^ (value >> 63)
-    encoded = bytearray()
-    while datum & ~0x7F:
-        encoded.append((datum & 0x7F) | 0x80)
-        datum >>= 7
-    encoded.append(datum)
-    return bytes(encoded)
-
-
-# Varints of 0 .. 16383: field ids, counts and most column sizes are small non-negative ints.
-_VARINTS = tuple(_varint(value) for value in range(_VARINT_TABLE_SIZE))
-_NULL, _PRESENT = _VARINTS[0], _VARINTS[1]  # union branches ["null", type]; also the end of a non-empty block
-
-
-def _long(value: int) -> bytes:
-    return _VARINTS[value] if 0 <= value < _VARINT_TABLE_SIZE else _varint(value)
-
-
-def _optional_long(out: bytearray, value: int | None) -> None:
-    if value is None:
-        out += _NULL
-    else:
-        out += _PRESENT
-        out += _long(value)
-
-
-def _optional_long_map(out: bytearray, values: dict[int, int] | None) -> None:
-    """An optional Iceberg map<int, long>: an Avro array of key/value records, encoded like a map
-    (count, then key, value, key, value..., then 0 if the count was not 0)."""
-    if values is None:
-        out += _NULL
-        return
-    out += _PRESENT
-    out += _long(len(values))
-    if values:
-        # One list comprehension with table lookups: measured 2.5x as fast as a loop calling `_long`.
-        table, size = _VARINTS, _VARINT_TABLE_SIZE
-        out += b"".join([table[key] + table[value] if 0 <= key < size and 0 <= value < size else _varint(key) + _varint(value)
-                         for key, value in values.items()])
-        out += _NULL
-
-
-def _optional_bytes_map(out: bytearray, values: dict[int, bytes] | None) -> None:
-    """An optional Iceberg map<int, binary>: count, then key, length, bytes..., then 0."""
-    if values is None:
-        out += _NULL
-        return
-    out += _PRESENT
-    out += _long(len(values))
-    if values:
-        table, size = _VARINTS, _VARINT_TABLE_SIZE
-        out += b"".join([table[key] + table[len(value)] + value if 0 <= key < size and len(value) < size
-                         else _varint(key) + _varint(len(value)) + value
-                         for key, value in values.items()])
-        out += _NULL
-
-
-def _optional_long_list(out: bytearray, values: list[int] | None) -> None:
-    if values is None:
-        out += _NULL
-        return
-    out += _PRESENT
-    out += _long(len(values))
-    if values:
-        out += b"".join([_long(value) for value in values])
-        out += _NULL
-
-
-def _string(out: bytearray, value: str) -> None:
-    encoded = value.encode("utf-8")
-    out += _long(len(encoded))
-    out += encoded
-
-
-_V2_DATA_FILE_FIELDS = 16
-"""Fields of a format-version 2 `DataFile` record, in the order of the manifest's Avro schema."""
-
-
-def encode_manifest_entry(out: bytearray, entry: ManifestEntry, partition: Callable[[Record], bytes]) -> bool:
-    """Append a format-version 2 manifest entry's Avro encoding to `out`, byte for byte what
-    pyiceberg's writer produces; False (nothing appended) for a record of another shape."""
-    status, snapshot_id, sequence_number, file_sequence_number, data = entry._data  # noqa: SLF001 - positional, like pyiceberg's writer
-    if len(data._data) != _V2_DATA_FILE_FIELDS:  # noqa: SLF001
-        return False
-    (content, file_path, file_format, partition_values, record_count, file_size, column_sizes, value_counts, null_counts, nan_counts,
-     lower_bounds, upper_bounds, key_metadata, split_offsets, equality_ids, sort_order_id) = data._data  # noqa: SLF001
-    out += _long(status)
-    _optional_long(out, snapshot_id)
-    _optional_long(out, sequence_number)
-    _optional_long(out, file_sequence_number)
-    out += _long(content)
-    _string(out, file_path)
-    _string(out, file_format)
-    out += partition(partition_values)
-    out += _long(record_count)
-    out += _long(file_size)
-    _optional_long_map(out, column_sizes)
-    _optional_long_map(out, value_counts)
-    _optional_long_map(out, null_counts)
-    _optional_long_map(out, nan_counts)
-    _optional_bytes_map(out, lower_bounds)
-    _optional_bytes_map(out, upper_bounds)
-    if key_metadata is None:
-        out += _NULL
-    else:
-        out += _PRESENT
-        out += _long(len(key_metadata))
-        out += key_metadata
-    _optional_long_list(out, split_offsets)
-    _optional_long_list(out, equality_ids)
-    _optional_long(out, sort_order_id)
-    return True
-
-
-def _partition_encoder(partition_type: StructType) -> Callable[[Record], bytes]:
-    """Partition tuples are few and small: pyiceberg's own writer encodes them."""
-    if not partition_type.fields:
-        return lambda _: b""
-    writer = construct_writer(partition_type)
-
-    def encode(values: Record) -> bytes:
-        buffer = io.BytesIO()
-        writer.write(BinaryEncoder(buffer), values)
-        return buffer.getvalue()
-    return encode
-
-
-_V2_MANIFEST_FILE_FIELDS = 15
-"""Fields of a format-version 2 `ManifestFile` record (a manifest list entry), in Avro schema order."""
-
-
-def encode_manifest_file(out: bytearray, manifest: ManifestFile) -> bool:
-    """Append a format-version 2 manifest list entry's Avro encoding to `out`, byte for byte what
-    pyiceberg's writer produces; False (nothing appended) for a record of another shape."""
-    if len(manifest._data) != _V2_MANIFEST_FILE_FIELDS:  # noqa: SLF001
-        return False
-    (path, length, spec_id, content, sequence_number, min_sequence_number, snapshot_id, added_files, existing_files, deleted_files,
-     added_rows, existing_rows, deleted_rows, partitions, key_metadata) = manifest._data  # noqa: SLF001
-    if partitions is not None and any(len(summary._data) != 4 for summary in partitions):  # noqa: SLF001
-        return False
-    _string(out, path)
-    for number in (length, spec_id, content, sequence_number, min_sequence_number, snapshot_id, added_files, existing_files, deleted_files,
-                   added_rows, existing_rows, deleted_rows):
-        out += _long(number)
-    if partitions is None:
-        out += _NULL
-    else:
-        out += _PRESENT
-        out += _long(len(partitions))
-        for contains_null, contains_nan, lower, upper in (summary._data for summary in partitions):  # noqa: SLF001
-            out += _BOOLEANS[bool(contains_null)]
-            out += _NULL if contains_nan is None else _PRESENT + _BOOLEANS[bool(contains_nan)]
-            _optional_bytes(out, lower)
-            _optional_bytes(out, upper)
-        if partitions:
-            out += _NULL
-    _optional_bytes(out, key_metadata)
-    return True
-
-
-_BOOLEANS = (b"\x00", b"\x01")
-
-
-def _optional_bytes(out: bytearray, value: bytes | None) -> None:
-    if value is None:
-        out += _NULL
-    else:
-        out += _PRESENT
-        out += _long(len(value))
-        out += value
-
-
-class _Appender:
-    """An `OutputStream` for pyiceberg's `BinaryEncoder` that appends to a bytearray."""
-
-    def __init__(self, target: bytearray) -> None:
-        self.write = target.extend
-
-
-class _BlockAvroFile(AvroOutputFile[Any]):
-    """pyiceberg's Avro container (same header, codec and sync marker) with records encoded by
-    `encode` (pyiceberg's writer for records it declines) and gathered into blocks of about
-    `BLOCK_BYTES`, instead of one block per `write_block` call."""
-
-    BLOCK_BYTES = 64_000  # Java Avro's default sync interval
-
-    def __init__(self, encode: Callable[[bytearray, Any], bool], **arguments: Any) -> None:
-        super().__init__(**arguments)
-        self._encode = encode
-        self._block = bytearray()
-        self._block_records = 0
-        self._generic = BinaryEncoder(_Appender(self._block))
-
-    def write_block(self, objects: list[Any]) -> None:
-        for record in objects:
-            if not self._encode(self._block, record):
-                self.writer.write(self._generic, record)
-            self._block_records += 1
-        if len(self._block) >= self.BLOCK_BYTES:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._block_records:
-            return
-        content = bytes(self._block)
-        self.encoder.write_int(self._block_records)
-        codec = self.compression_codec()
-        if codec:
-            content, _ = codec.compress(content)
-        self.encoder.write_int(len(content))
-        self.encoder.write(content)
-        self.encoder.write(self.sync_bytes)
-        self._block.clear()
-        self._block_records = 0
-
-    def tell(self) -> int:
-        return self.output_stream.tell() + len(self._block)
-
-    def __exit__(self, exctype: type[BaseException] | None, excinst: BaseException | None, exctb: TracebackType | None) -> None:
-        if exctype is None:
-            self._flush()
-        super().__exit__(exctype, excinst, exctb)
-
-
-class _ManifestWriter(ManifestWriterV2):
-    """A format-version 2 manifest written through `encode_manifest_entry`."""
-
-    def new_writer(self) -> AvroOutputFile[ManifestEntry]:
-        partition = _partition_encoder(self._spec.partition_type(self._schema))
-        return _BlockAvroFile(
-            lambda out, entry: encode_manifest_entry(out, entry, partition),
-            output_file=self._output_file,
-            file_schema=self._with_partition(self.version),
-            record_schema=self._with_partition(DEFAULT_READ_VERSION),
-            schema_name="manifest_entry",
-            metadata=self._meta,
-        )
-
-
-_WRITTEN_MANIFEST_LISTS: dict[str, tuple[ManifestFile, ...]] = {}
-_WRITTEN_MANIFEST_LISTS_KEPT = 8
-_written_lock = threading.Lock()
-
-
-class _ManifestListWriter(ManifestListWriterV2):
-    """A format-version 2 manifest list written through `encode_manifest_file`; what it wrote is
-    remembered (by location, for a few lists), so the next commit need not read it back."""
-
-    def __enter__(self) -> ManifestListWriter:
-        self._writer = _BlockAvroFile(
-            encode_manifest_file,
-            output_file=self._output_file,
-            record_schema=MANIFEST_LIST_FILE_SCHEMAS[DEFAULT_READ_VERSION],
-            file_schema=MANIFEST_LIST_FILE_SCHEMAS[self._format_version],
-            schema_name="manifest_file",
-            metadata=self._meta,
-        )
-        self._writer.__enter__()
-        return self
-
-    def add_manifests(self, manifest_files: list[ManifestFile]) -> ManifestListWriter:
-        prepared = [self.prepare_manifest(manifest_file) for manifest_file in manifest_files]
-        self._writer.write_block(prepared)
-        self._manifest_files.extend(prepared)
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc_value: BaseException | None, traceback: TracebackType | None) -> None:
-        super().__exit__(exc_type, exc_value, traceback)
-        if exc_type is None:
-            with _written_lock:
-                _WRITTEN_MANIFEST_LISTS[self._output_file.location] = tuple(self._manifest_files)
-                while len(_WRITTEN_MANIFEST_LISTS) > _WRITTEN_MANIFEST_LISTS_KEPT:
-                    del _WRITTEN_MANIFEST_LISTS[next(iter(_WRITTEN_MANIFEST_LISTS))]
-
-
-def written_manifest_list(location: str) -> tuple[ManifestFile, ...] | None:
-    """The manifests of a manifest list this process wrote recently, as written (None if not known)."""
-    with _written_lock:
-        return _WRITTEN_MANIFEST_LISTS.get(location)
-
-
-def _write_manifest_list(format_version: TableVersion, output_file: OutputFile, snapshot_id: int, parent_snapshot_id: int | None,
-                         sequence_number: int | None, avro_compression: AvroCompressionCodec) -> ManifestListWriter:
-    """`pyiceberg.manifest.write_manifest_list`, with `_ManifestListWriter` for format version 2."""
-    if format_version == 2 and sequence_number is not None:
-        return _ManifestListWriter(output_file, snapshot_id, parent_snapshot_id, sequence_number, avro_compression)
-    return write_manifest_list(format_version, output_file, snapshot_id, parent_snapshot_id, sequence_number, avro_compression)
-
-
-def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
-    """A copy of `function` (same code) that sees `replacements` in place of its module's globals."""
-    return types.FunctionType(function.__code__, {**function.__globals__, **replacements}, function.__name__, function.__defaults__,
-                              function.__closure__)
-
-
-class _MergeAppend(_MergeAppendFiles):
-    """pyiceberg's merge append (the same snapshot, manifests and merges) for format-version 2
-    tables, with this module's encoders: manifests, merged manifests and the manifest list are
-    written by them, and the parent's manifest list is taken from memory when this process wrote it.
-
-    Reading and writing the manifest list cost ~25 µs per manifest each in pyiceberg (measured);
-    with up to 100 manifests before a merge, that made single-file commits ~5 ms slower as a
-    table's history grew. `_commit` is pyiceberg's own code, run with `_write_manifest_list` in
-    place of `write_manifest_list`, so the snapshot it produces stays pyiceberg's.
-    """
-
-    _commit = _with_globals(_SnapshotProducer._commit, write_manifest_list=_write_manifest_list)  # noqa: SLF001
-
-    def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
-        return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self.snapshot_id, self._compression)
-
-    def _existing_manifests(self) -> list[ManifestFile]:
-        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
-        written = written_manifest_list(parent.manifest_list) if parent is not None else None
-        if written is None:
-            return super()._existing_manifests()
-        # pyiceberg's `_FastAppendFiles._existing_manifests`, on the remembered list.
-        return [manifest for manifest in written
-                if manifest.has_added_files() or manifest.has_existing_files() or manifest.added_snapshot_id == self._snapshot_id]
-
-
-def merge_append(transaction: Transaction, snapshot_properties: dict[str, str]) -> _SnapshotProducer[Any]:
-    """`transaction.update_snapshot(snapshot_properties).merge_append()`, written by `_MergeAppend`
-    for format-version 2 tables (other versions keep pyiceberg's writers)."""
-    if transaction.table_metadata.format_version != 2:
-        return transaction.update_snapshot(snapshot_properties=snapshot_properties).merge_append()
-    return _MergeAppend(operation=Operation.APPEND, transaction=transaction, io=transaction._table.io, branch=MAIN_BRANCH,  # noqa: SLF001
-                        snapshot_properties=snapshot_properties)
 
 
 def relative_to(table_location: str, path: str) -> str:

@@ -20,7 +20,7 @@ from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransfor
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, LongType, NestedField, StringType, TimestamptzType
 
-from bookkeeper.datafiles import (
+from bookkeeper.manifests import (
     _ManifestWriter, _partition_encoder, _write_manifest_list, encode_manifest_entry, encode_manifest_file, written_manifest_list,
 )
 from bookkeeper.service import Bookkeeper
