@@ -45,6 +45,7 @@ from pyiceberg.types import (
 from pyiceberg.utils.decimal import unscaled_to_decimal
 from pyiceberg.utils.truncate import truncate_upper_bound_binary_string, truncate_upper_bound_text_string
 
+from common.locations import normalize_location
 from common.moniker import FileEntry
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,6 @@ class FooterFacts:
     num_rows: int
     field_ids: frozenset[int]
     statistics: dict[str, object]
-
-
-def normalize_location(path: str) -> str:
-    """`file:/x`, `file:///x` and `/x` name the same local file (Java writes the first form)."""
-    if path.startswith("file:"):
-        path = "/" + path[len("file:"):].lstrip("/")
-    return path.rstrip("/")
 
 
 def describe_file(path: str, file_schema: Schema, table_properties: dict[str, str]) -> FooterFacts:

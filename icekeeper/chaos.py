@@ -107,8 +107,9 @@ def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: in
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
         "ICEKEEPER__REAPER__SNAPSHOT_EXPIRE_TIME": "0",
         "ICEKEEPER__REAPER__RETAIN_LAST": "5",
-        # Longer than any writer batch here, so a live writer's unpublished files are never orphans.
-        "ICEKEEPER__REAPER__ORPHAN_GRACE": "120",
+        # Shorter than a slow batch here: writers' claims on their folders, not the grace, must
+        # keep unpublished files (a 138 s batch against a 120 s grace once lost a committed file).
+        "ICEKEEPER__REAPER__ORPHAN_GRACE": "30",
     }
 
 

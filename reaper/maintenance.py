@@ -25,8 +25,9 @@ import pyarrow.fs as pafs
 from pyiceberg.table import Table
 from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, TimestamptzType
 
-from bookkeeper.datafiles import normalize_location
+from common.locations import normalize_location
 from common.committed_state import expirable_snapshots
+from common.in_flight import under_any
 from common.config.model import ReaperConfig
 
 log = logging.getLogger(__name__)
@@ -62,12 +63,14 @@ class TableReport:
 class FileDeleter:
     """Iceberg's delete callback (a `java.util.function.Consumer<String>` through py4j).
 
-    Iceberg decides what is unreachable; this deletes it, except files in `spared`, and counts
-    files and bytes (Iceberg's actions report counts but not bytes). In a dry run it only lists.
+    Iceberg decides what is unreachable; this deletes it, except files in `spared` and files
+    inside `spared_folders` (batch folders writers still claim), and counts files and bytes
+    (Iceberg's actions report counts but not bytes). In a dry run it only lists.
     """
 
-    def __init__(self, spared: set[str], dry_run: bool) -> None:
+    def __init__(self, spared: set[str], dry_run: bool, spared_folders: set[str] | None = None) -> None:
         self.spared = spared
+        self.spared_folders = spared_folders or set()
         self.dry_run = dry_run
         self.deleted: list[str] = []
         self.kept: list[str] = []
@@ -75,7 +78,7 @@ class FileDeleter:
 
     def accept(self, location: str) -> None:
         try:
-            if normalize_location(location) in self.spared:
+            if normalize_location(location) in self.spared or under_any(location, self.spared_folders):
                 self.kept.append(location)
                 return
             filesystem, path = pafs.FileSystem.from_uri(location if "://" in location else "file://" + normalize_location(location))
@@ -223,15 +226,16 @@ class SparkMaintenance:
         report.snapshots_expired += len(expired)
         self._count(report, deleter)
 
-    def remove_orphans(self, identifier: str, report: TableReport, spared: set[str], now: datetime) -> None:
+    def remove_orphans(self, identifier: str, report: TableReport, spared: set[str], claimed: set[str], now: datetime) -> None:
         """Delete files under the table location that no snapshot reaches and that are older than
-        the grace period; files named by pending monikers are spared whatever their age.
+        the grace period; files named by pending monikers, and files inside batch folders that
+        writers still claim, are spared whatever their age (common/in_flight.py).
 
         The Java action rather than the SQL procedure: the procedure refuses grace periods under
-        24 hours, which tests and small deployments need (pending files are protected by name, the
-        grace covers files whose moniker is not yet published)."""
+        24 hours, which tests and small deployments need (pending and claimed files are protected
+        by name, the grace covers a claim's or a file's first moments)."""
         older_than_ms = int((now - timedelta(seconds=self.settings.orphan_grace)).timestamp() * 1000)
-        deleter = FileDeleter(spared, dry_run=report.dry_run)
+        deleter = FileDeleter(spared, dry_run=report.dry_run, spared_folders=claimed)
         self._actions().deleteOrphanFiles(self._java_table(identifier)).olderThan(older_than_ms).deleteWith(deleter).execute()
         if report.dry_run:
             report.planned.extend(f"orphan: {path}" for path in deleter.deleted)

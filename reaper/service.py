@@ -20,10 +20,11 @@ from typing import Callable
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from bookkeeper.datafiles import normalize_location
 from bookkeeper.fencing import Fenced, Lease
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
+from common.in_flight import live_claimed_folders
+from common.locations import normalize_location
 from common.transports import open_transport
 from reaper.maintenance import SparkMaintenance, TableReport
 
@@ -135,10 +136,22 @@ class Reaper:
         step("retention", lambda: maintenance.retention(table, identifier, report, now))
         step("compaction", lambda: maintenance.compact(table, identifier, report, now))
         step("manifests", lambda: maintenance.rewrite_manifests(table, identifier, report))
-        # Read right before deleting: a moniker published after this is younger than the grace.
+        # Writers' claims, then pending monikers, then (inside each step) what snapshots reach: in
+        # this order every file of a batch not yet committed is covered by one of the three.
+        claims_error: Exception | None = None
+        try:
+            claimed = live_claimed_folders(table.location(), self.config.reaper.orphan_grace, remove_stale=not dry_run)
+        except Exception as error:  # noqa: BLE001 - reported by the orphans step below
+            claimed, claims_error = set(), error
         spared = pending_files(self.config)
+
+        def remove_orphans() -> None:
+            if claims_error is not None:
+                raise claims_error
+            maintenance.remove_orphans(identifier, report, spared, claimed, now)
+
         step("expiry", lambda: maintenance.expire(table, identifier, report, spared, now))
-        step("orphans", lambda: maintenance.remove_orphans(identifier, report, spared, now))
+        step("orphans", remove_orphans)
         report.seconds = time.monotonic() - started
         log.info("reaper pass", extra={"table": identifier, **report.to_json()})
         return report

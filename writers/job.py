@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from common.catalog import default_table_location, load_table_or_none, open_catalog
 from common.committed_state import committed_state
 from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
+from common.in_flight import InFlightClaims
 from common.moniker import Moniker, OffsetRange, moniker_id
 from common.partitioning import partition_spec
 from common.spark import spark_session
@@ -90,6 +91,9 @@ class WriterJob:
         self.pending_bytes = 0
         self.stop = threading.Event()
         self._admins: dict[str, AdminClient] = {}
+        # A quarter of the reaper's grace: three missed rewrites still leave the claim live.
+        heartbeat_s = max(0.5, min(30.0, config.reaper.orphan_grace / 4))
+        self.claims = InFlightClaims(self.writer_id, heartbeat_s)
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -136,8 +140,12 @@ class WriterJob:
             log.warning("pending monikers over bookkeeper.max_pending_bytes; waiting", extra={"pending_bytes": self.pending_bytes})
             report.throttled = True
             return report
-        for source in self.config.sources:
-            self._run_source_batch(source, seq, report)
+        try:
+            for source in self.config.sources:
+                self._run_source_batch(source, seq, report)
+        finally:
+            # Published, discarded or failed: either way these folders are no longer being filled.
+            self.claims.release(self.claims.held())
         report.seconds = time.monotonic() - started
         if report.records_read:
             self.seq = seq
@@ -399,6 +407,7 @@ class WriterJob:
         output = f"{location.rstrip('/')}/data/{_segment(self.writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
         progress = self.tables.setdefault(identifier, TableProgress())
         max_records = max(1000, int(self.config.writer.target_file_size_bytes / max(progress.bytes_per_row, 1.0)))
+        self.claims.claim(location, output)
         write_parquet(rows, output, partitions, max_records, rebalance=self.config.writer.distribution == "rebalance")
         outcome.output_dirs.append(output)
         observed_rows = metrics.get

@@ -258,7 +258,7 @@ class ReaperConfig(_Model):
     execute_interval: Duration = Field(3600.0, description="Time between runs (seed 000: `.execute.interval`, milliseconds there).")
     snapshot_expire_time: Duration = Field(86400.0, description="Expire snapshots older than this (seed 000: `.snapshot.expire.time`, milliseconds there).")
     retain_last: int = Field(10, ge=1, description="Snapshots always kept, whatever their age.")
-    orphan_grace: Duration = Field(86400.0, description="Files younger than this are never treated as orphans.")
+    orphan_grace: Duration = Field(86400.0, description="Files younger than this are never treated as orphans; writers rewrite their claims on the batch folders they are filling every quarter of it (at most 30 s), and a claim not rewritten within it protects nothing.")
     retention: Duration | None = Field(None, description="Delete rows older than this by `retention_column` (off when unset).")
     retention_column: str | None = Field(None, description="Time column that retention filters on.")
     compact_filter_column: str | None = Field(None, description="Time column that selects what to compact (seed 000: `.compact.filter.column`).")

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from bookkeeper.committer import DEFAULT_TABLE_PROPERTIES
-from bookkeeper.datafiles import normalize_location
 from bookkeeper.service import Bookkeeper
-from common.catalog import open_catalog
+from common.catalog import default_table_location, open_catalog
 from common.config import IcekeeperConfig
+from common.in_flight import InFlightClaims, claims_folder
+from common.locations import normalize_location
 from common.transports import open_transport
 from icekeeper.bench.reaper import age_files, append_snapshot_per_file, files_under
 from icekeeper.readers import duckdb_rows, spark_rows
@@ -154,6 +155,43 @@ def test_a_pending_monikers_file_survives_and_is_committed_later(spark, tmp_path
     table = open_catalog(config).load_table("shop.items")
     offsets = sorted(table.scan(selected_fields=("_kfk_offset",)).to_arrow().column(0).to_pylist())
     assert offsets == list(range(30))
+
+
+def test_a_folder_a_writer_still_fills_survives_however_old_its_files(spark, tmp_path: Path) -> None:
+    """A batch that outlives the grace: its first files are old, unreferenced and not yet named by
+    any moniker (the long chaos run lost one this way before writers claimed their folders)."""
+    config = reaper_config(tmp_path)
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    bookkeeper.run_cycle()  # creates the table
+    register_catalog(spark, config)
+    location = default_table_location(config, "shop.items")
+    claims = InFlightClaims("w1", heartbeat_s=1)
+    slow_folder = f"{location}/data/w1/{2:012d}"
+    claims.claim(location, slow_folder)
+    slow = make_moniker(config, 2, 1, (10, 20))  # its files, in the claimed folder
+    age_files([entry.path for entry in slow.files], 3600)
+    dead_folder = Path(location.removeprefix("file://")) / "data" / "w9" / "1"
+    InFlightClaims("w9", heartbeat_s=3600).claim(location, str(dead_folder))  # a writer that died mid-batch
+    dead_file = write_file(dead_folder / "f.parquet", SCHEMA, [{"id": 1}])
+    claims_on_disk = Path(claims_folder(location).removeprefix("file://"))
+    [dead_claim] = claims_on_disk.glob("1-*.json")
+    age_files([dead_file.path], 3600)
+    age_files([str(dead_claim)], GRACE_S + 60)  # not rewritten since its writer died
+    try:
+        report = Reaper(config, spark=spark).run_pass()
+        assert not report.tables[0].errors
+        assert all(Path(entry.path.removeprefix("file://")).exists() for entry in slow.files)
+        assert report.tables[0].orphans_spared == len(slow.files)
+        assert not Path(dead_file.path.removeprefix("file://")).exists(), "a stale claim protects nothing"
+        assert [claim.name.split("-")[0] for claim in claims_on_disk.glob("*.json")] == [f"{2:012d}"], "the stale claim is removed"
+        transport.publish(slow)
+    finally:
+        claims.close()
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    table = open_catalog(config).load_table("shop.items")
+    assert sorted(table.scan(selected_fields=("_kfk_offset",)).to_arrow().column(0).to_pylist()) == list(range(20))
 
 
 def test_spark_and_duckdb_read_the_same_rows_after_a_pass(spark, tmp_path: Path) -> None:

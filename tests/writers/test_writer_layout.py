@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import posixpath
 import uuid
 from pathlib import Path
 
@@ -12,10 +13,14 @@ import pytest
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import IntegerType
 
+import writers.job
 from bookkeeper.service import Bookkeeper
+from common.in_flight import live_claimed_folders
+from common.locations import normalize_location
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from tests.conftest import pipeline_config
+from writers.files import write_parquet as real_write_parquet
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -80,3 +85,24 @@ def test_monikers_travel_over_the_azure_queue(local_stack, spark, tmp_path: Path
     rows = bookkeeper.catalog.load_table("shop.orders").scan().to_arrow()
     positions = collections.Counter(zip(rows.column("_kfk_partition").to_pylist(), rows.column("_kfk_offset").to_pylist()))
     assert len(positions) == rows.num_rows == 2500
+
+
+def test_a_batch_folder_is_claimed_while_written_and_released_once_published(local_stack, spark, tmp_path: Path, unique_topic: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Orphan removal spares claimed folders, so a batch longer than the grace keeps its files."""
+    config = pipeline_config(tmp_path, unique_topic, ORDERS)
+    produce_synthetic(config, SyntheticSpec(seed=5, keys=50, events=300, schema_changes=0), topic=unique_topic, progress=lambda m: None)
+    claimed_while_writing: list[set[str]] = []
+
+    def write_and_look(rows, output_uri: str, *args, **kwargs) -> None:  # noqa: ANN001 - a spy around the real writer
+        location = output_uri.split("/data/")[0]
+        claimed_while_writing.append(live_claimed_folders(location, config.reaper.orphan_grace, remove_stale=False))
+        real_write_parquet(rows, output_uri, *args, **kwargs)
+
+    monkeypatch.setattr(writers.job, "write_parquet", write_and_look)
+    job = WriterJob(config, spark=spark)
+    job.run(until_idle=True)
+    [moniker] = job.transport.pending()
+    folders = {normalize_location(posixpath.dirname(entry.path)) for entry in moniker.files}
+    assert claimed_while_writing == [folders]
+    assert live_claimed_folders(moniker.table_location, config.reaper.orphan_grace, remove_stale=False) == set()

@@ -1,0 +1,172 @@
+"""Claims on the batch folders a writer is still filling, so orphan removal leaves them alone.
+
+Orphan removal deletes files that no snapshot reaches and that are older than a grace period.
+Files named by a published moniker are spared by name, but a batch's first files exist before
+its moniker does: a batch that outlives the grace (a slow partition, memory pressure, many
+tables in one batch) had files that were old, unreferenced and not yet pending. The long chaos
+run found it: a 138 s batch against a 120 s grace lost a file the bookkeeper then committed.
+
+The protocol, on any filesystem pyarrow opens:
+- a writer claims `<table location>/data/_in_flight/<name>.json` (naming the batch folder)
+  before it writes there, rewrites the claim every heartbeat while the batch runs, and releases
+  it once the batch's moniker is published (or the batch is given up);
+- the reaper reads live claims (rewritten within the grace) *before* it reads pending monikers,
+  and those before Iceberg lists what snapshots reach. Whatever a file's moniker did meanwhile,
+  one of the three covers it: claimed at the first read, or pending at the second, or committed
+  by the third; a claim made after the first read is younger than the grace, and so is its file.
+A writer that dies leaves a claim that stops being rewritten; after the grace its folder is
+orphaned like any other, and the reaper deletes the stale claim.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from pyarrow import fs as pafs
+
+from common.locations import normalize_location
+
+log = logging.getLogger(__name__)
+
+CLAIMS_FOLDER = "_in_flight"
+"""Under the table's `data/` folder; hidden (leading `_`) like Spark's `_temporary`."""
+
+
+def _open(uri: str) -> tuple[pafs.FileSystem, str]:
+    return pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
+
+
+def claims_folder(table_location: str) -> str:
+    return f"{table_location.rstrip('/')}/data/{CLAIMS_FOLDER}"
+
+
+@dataclass
+class _Claim:
+    path: str
+    body: bytes
+
+
+class InFlightClaims:
+    """A writer's claims, refreshed by a daemon thread every `heartbeat_s` until released."""
+
+    def __init__(self, writer_id: str, heartbeat_s: float) -> None:
+        self.writer_id = writer_id
+        self.heartbeat_s = heartbeat_s
+        self._claims: dict[str, _Claim] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def claim(self, table_location: str, batch_folder: str) -> None:
+        """Claim `batch_folder` before writing into it; raises if the claim cannot be written,
+        since files written without one could be taken for orphans."""
+        name = f"{posixpath.basename(batch_folder.rstrip('/'))}-{uuid.uuid4().hex[:8]}.json"
+        path_uri = f"{claims_folder(table_location)}/{name}"
+        body = json.dumps({"folder": batch_folder, "writer": self.writer_id}).encode()
+        filesystem, path = _open(path_uri)
+        filesystem.create_dir(posixpath.dirname(path), recursive=True)
+        _write(filesystem, path, body)
+        with self._lock:
+            self._claims[batch_folder] = _Claim(path_uri, body)
+        self._start()
+
+    def release(self, batch_folders: list[str]) -> None:
+        """Drop the claims on these folders (their moniker is published, or they were discarded)."""
+        with self._lock:
+            released = [self._claims.pop(folder) for folder in batch_folders if folder in self._claims]
+        for claim in released:
+            filesystem, path = _open(claim.path)
+            try:
+                filesystem.delete_file(path)
+            except (FileNotFoundError, OSError) as error:
+                # Harmless: a claim no one rewrites goes stale and the reaper removes it.
+                log.warning("could not release an in-flight claim", extra={"claim": claim.path, "error": str(error)})
+
+    def held(self) -> list[str]:
+        with self._lock:
+            return list(self._claims)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.release(self.held())
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._refresh_loop, name="in-flight-claims", daemon=True)
+            self._thread.start()
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            with self._lock:
+                claims = list(self._claims.values())
+            for claim in claims:
+                filesystem, path = _open(claim.path)
+                try:
+                    _write(filesystem, path, claim.body)
+                except OSError as error:
+                    log.warning("could not refresh an in-flight claim", extra={"claim": claim.path, "error": str(error)})
+            # A claim released while being rewritten would be re-created: delete it again.
+            with self._lock:
+                current = {claim.path for claim in self._claims.values()}
+            for claim in claims:
+                if claim.path not in current:
+                    filesystem, path = _open(claim.path)
+                    try:
+                        filesystem.delete_file(path)
+                    except (FileNotFoundError, OSError):
+                        pass
+
+
+def _write(filesystem: pafs.FileSystem, path: str, body: bytes) -> None:
+    """Replace the claim whole, so the reaper never reads one half rewritten: one PUT on object
+    stores, a hidden temporary file renamed over it elsewhere (as `MonikerFolder.write` does)."""
+    if filesystem.type_name in ("s3", "gcs"):
+        with filesystem.open_output_stream(path) as out:
+            out.write(body)
+        return
+    temporary = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    with filesystem.open_output_stream(temporary) as out:
+        out.write(body)
+    filesystem.move(temporary, path)
+
+
+def live_claimed_folders(table_location: str, grace_s: float, remove_stale: bool = True) -> set[str]:
+    """Batch folders claimed by a claim rewritten within `grace_s` (normalized: no scheme for
+    local paths, no trailing slash). Stale claims are deleted unless `remove_stale` is False."""
+    filesystem, folder = _open(claims_folder(table_location))
+    listed_at = time.time()
+    folders: set[str] = set()
+    for info in filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
+        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+            continue
+        age_s = listed_at - info.mtime.timestamp() if info.mtime is not None else 0.0
+        if age_s > grace_s:
+            if remove_stale:
+                try:
+                    filesystem.delete_file(info.path)
+                except (FileNotFoundError, OSError):
+                    pass
+            continue
+        try:
+            with filesystem.open_input_stream(info.path) as stream:
+                claimed = json.loads(stream.read())["folder"]
+        except FileNotFoundError:
+            continue  # released since the listing
+        except (OSError, ValueError, KeyError) as error:
+            # Half-written or unreadable: it cannot say which folder it protects, so nothing is
+            # deleted this pass rather than guessing.
+            raise RuntimeError(f"in-flight claim {info.path} is unreadable ({error}); orphan removal skipped") from error
+        folders.add(normalize_location(claimed))
+    return folders
+
+
+def under_any(location: str, folders: set[str]) -> bool:
+    """Whether the normalized `location` lies inside one of `folders`."""
+    path = normalize_location(location)
+    return any(path.startswith(folder + "/") for folder in folders)

@@ -1,0 +1,66 @@
+"""Writers' claims on batch folders they are still filling (local disk, no services)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from common.in_flight import InFlightClaims, claims_folder, live_claimed_folders, under_any
+
+
+def claim_files(location: str) -> list[Path]:
+    folder = Path(claims_folder(location).removeprefix("file://"))
+    return sorted(folder.glob("*.json")) if folder.exists() else []
+
+
+def backdate(path: Path, seconds: float) -> None:
+    moment = time.time() - seconds
+    os.utime(path, (moment, moment))
+
+
+def test_a_claim_is_live_until_released(tmp_path: Path) -> None:
+    location = f"file://{tmp_path}/wh/shop/items"
+    folder = f"{location}/data/w1/000000000007-abcd1234"
+    claims = InFlightClaims("w1", heartbeat_s=60)
+    claims.claim(location, folder)
+    try:
+        assert live_claimed_folders(location, grace_s=120) == {f"{tmp_path}/wh/shop/items/data/w1/000000000007-abcd1234"}
+        claims.release([folder])
+        assert live_claimed_folders(location, grace_s=120) == set() and claim_files(location) == []
+    finally:
+        claims.close()
+
+
+def test_the_heartbeat_keeps_a_long_batch_claimed_past_the_grace(tmp_path: Path) -> None:
+    location = str(tmp_path / "items")
+    claims = InFlightClaims("w1", heartbeat_s=0.2)
+    claims.claim(location, f"{location}/data/w1/1")
+    try:
+        [claim] = claim_files(location)
+        backdate(claim, 3600)  # as if the batch had run an hour without a rewrite ...
+        assert live_claimed_folders(location, grace_s=60, remove_stale=False) == set()
+        time.sleep(0.6)  # ... then the heartbeat rewrites it
+        assert live_claimed_folders(location, grace_s=60) == {f"{location}/data/w1/1"}
+    finally:
+        claims.close()
+    assert claim_files(location) == []
+
+
+def test_a_dead_writers_claim_goes_stale_and_is_removed(tmp_path: Path) -> None:
+    location = str(tmp_path / "items")
+    InFlightClaims("w9", heartbeat_s=3600).claim(location, f"{location}/data/w9/1")  # never released
+    [claim] = claim_files(location)
+    backdate(claim, 121)
+    assert live_claimed_folders(location, grace_s=120, remove_stale=False) == set()
+    assert claim.exists(), "a dry run removes nothing"
+    assert live_claimed_folders(location, grace_s=120) == set()
+    assert not claim.exists()
+
+
+def test_a_claimed_folder_covers_its_files_and_nothing_beside_it() -> None:
+    folders = {"/wh/t/data/w1/000000000002-aa"}
+    assert under_any("file:/wh/t/data/w1/000000000002-aa/part-0.parquet", folders)
+    assert under_any("/wh/t/data/w1/000000000002-aa/_ik_p0=3/part-0.parquet", folders)
+    assert not under_any("/wh/t/data/w1/000000000002-aa2/part-0.parquet", folders)
+    assert not under_any("/wh/t/data/w1/000000000002-aa", folders)
