@@ -20,6 +20,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import Callable
 
 import pyarrow.fs as pafs
 from pyiceberg.table import Table
@@ -31,6 +32,20 @@ from common.in_flight import under_any
 from common.config.model import ReaperConfig
 
 log = logging.getLogger(__name__)
+
+
+def is_commit_conflict(error: BaseException) -> bool:
+    """Whether a py4j error is Iceberg's `CommitFailedException`: the catalog row moved under the
+    commit (a bookkeeper append won), every internal retry included. Such a step is safe to redo
+    from a fresh read of the table; any other error is not retried."""
+    # py4j raises Py4JJavaError (`java_exception`); PySpark converts the errors it knows and keeps
+    # the Java one as `_origin`.
+    java_exception = getattr(error, "java_exception", None) or getattr(error, "_origin", None)
+    while java_exception is not None:
+        if java_exception.getClass().getName() == "org.apache.iceberg.exceptions.CommitFailedException":
+            return True
+        java_exception = java_exception.getCause()
+    return False
 
 
 @dataclass
@@ -120,6 +135,24 @@ class SparkMaintenance:
         self.spark.sql(f"REFRESH TABLE {self.spark_name(identifier)}")
         return self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, f"{self.catalog_name}.{identifier}")  # noqa: SLF001
 
+    def _until_committed(self, identifier: str, step: str, action: Callable[[], None]) -> None:
+        """Run `action` again while its commit loses to concurrent commits, up to `commit_attempts`.
+
+        Iceberg retries a failed compare-and-swap itself (`commit.retry.num-retries`, 4), but a
+        bookkeeper that commits back to back can win all of those; each attempt here re-reads
+        the table, so it redoes the step on what is current. Nothing is deleted for a commit that
+        failed: Iceberg cleans up only after its commit succeeds."""
+        attempts = self.settings.commit_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                action()
+                return
+            except Exception as error:
+                if not is_commit_conflict(error) or attempt == attempts:
+                    raise
+                log.info("maintenance commit lost to concurrent commits", extra={"table": identifier, "step": step, "attempt": attempt})
+                time.sleep(random.uniform(0.1, 0.5) * attempt)
+
     def _actions(self):
         return self._jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession)  # noqa: SLF001
 
@@ -140,7 +173,7 @@ class SparkMaintenance:
             report.retention_rows_deleted = rows
             return
         before = table.current_snapshot()
-        self.spark.sql(f"DELETE FROM {name} WHERE {condition}")
+        self._until_committed(identifier, "retention", lambda: self.spark.sql(f"DELETE FROM {name} WHERE {condition}"))
         after = table.refresh().current_snapshot()
         if after is not None and (before is None or after.snapshot_id != before.snapshot_id):
             summary = after.summary.additional_properties if after.summary else {}
@@ -164,25 +197,44 @@ class SparkMaintenance:
             return
         options = {"target-file-size-bytes": str(target), "min-input-files": "2",
                    # Partial progress commits per file group, so an append that lands meanwhile
-                   # costs one group a retry, not the whole rewrite.
-                   "partial-progress.enabled": "true", "partial-progress.max-commits": "10"}
+                   # costs one group a retry, not the whole rewrite. A group whose commit lost
+                   # every retry is dropped silently (not in `failed_data_files_count`) unless the
+                   # allowed failures are 0: then the call raises and the loop below replans.
+                   "partial-progress.enabled": "true", "partial-progress.max-commits": "10",
+                   "partial-progress.max-failed-commits": "0"}
         arguments = [f"table => '{self.catalog_name}.{identifier}'", f"options => map({_sql_map(options)})"]
         if where:
             arguments.append(f"where => \"{where}\"")
-        for attempt in range(1, settings.compaction_attempts + 1):
-            row = self.spark.sql(f"CALL `{self.catalog_name}`.system.rewrite_data_files({', '.join(arguments)})").first()
-            report.files_compacted += int(row["rewritten_data_files_count"])
-            report.files_added += int(row["added_data_files_count"])
-            report.bytes_compacted += int(row["rewritten_bytes_count"])
-            failed = int(row["failed_data_files_count"])
-            if not failed:
-                return
+        before = {snapshot.snapshot_id for snapshot in table.refresh().snapshots()}
+        failure = ""
+        for attempt in range(1, settings.commit_attempts + 1):
+            try:
+                row = self.spark.sql(f"CALL `{self.catalog_name}`.system.rewrite_data_files({', '.join(arguments)})").first()
+                failed = int(row["failed_data_files_count"])
+                failure = f"{failed} files failed to be rewritten" if failed else ""
+            except Exception as error:
+                if not (is_commit_conflict(error) or "rewrite commits failed" in str(error)):
+                    raise
+                failure = "file groups lost their commits to concurrent commits"
+            if not failure:
+                break
             # A bookkeeper committing back to back can win every one of Iceberg's commit retries
             # (CAS on the catalog row); the groups that lost are planned and rewritten again, the
             # ones that landed are not (they are no longer small).
-            log.info("compaction commit lost to concurrent commits", extra={"table": identifier, "failed_files": failed, "attempt": attempt})
+            log.info("compaction incomplete, retrying", extra={"table": identifier, "reason": failure, "attempt": attempt})
             time.sleep(random.uniform(0.1, 0.5) * attempt)
-        report.errors.append(f"compaction: {failed} files not compacted after {settings.compaction_attempts} attempts (concurrent commits)")
+        # Counted from the table's history rather than the call's result: a call that raised
+        # may still have committed some groups.
+        for snapshot in table.refresh().snapshots():
+            summary = snapshot.summary
+            if snapshot.snapshot_id in before or summary is None or summary.operation.value != "replace":
+                continue
+            properties = summary.additional_properties
+            report.files_compacted += int(properties.get("deleted-data-files", 0))
+            report.files_added += int(properties.get("added-data-files", 0))
+            report.bytes_compacted += int(properties.get("removed-files-size", 0))
+        if failure:
+            report.errors.append(f"compaction: {failure} after {settings.commit_attempts} attempts")
 
     def rewrite_manifests(self, table: Table, identifier: str, report: TableReport) -> None:
         """Rewrite manifests when the current snapshot has more than `max_manifests`."""
@@ -197,8 +249,10 @@ class SparkMaintenance:
         if table.properties.get("commit.manifest.target-size-bytes") != target:
             # The rewrite sizes manifests by this table property (seed 000: manifests.file.length).
             table.transaction().set_properties({"commit.manifest.target-size-bytes": target}).commit_transaction()
-        row = self.spark.sql(f"CALL `{self.catalog_name}`.system.rewrite_manifests(table => '{self.catalog_name}.{identifier}')").first()
-        report.manifests_rewritten = int(row["rewritten_manifests_count"])
+        call = f"CALL `{self.catalog_name}`.system.rewrite_manifests(table => '{self.catalog_name}.{identifier}')"
+        rewritten: list[int] = []
+        self._until_committed(identifier, "manifests", lambda: rewritten.append(int(self.spark.sql(call).first()["rewritten_manifests_count"])))
+        report.manifests_rewritten = rewritten[-1] if rewritten else 0
 
     # -- expiry and deletion -----------------------------------------------------------------
 
@@ -206,24 +260,28 @@ class SparkMaintenance:
         """Expire snapshots older than `snapshot_expire_time` beyond the newest `retain_last`, then
         let Iceberg delete the files only they reached (data, manifests, manifest lists)."""
         older_than_ms = int((now - timedelta(seconds=self.settings.snapshot_expire_time)).timestamp() * 1000)
-        expired = expirable_snapshots(table.refresh(), self.settings.retain_last, older_than_ms)
-        if not expired:
-            return
-        if report.dry_run:
-            report.planned.append(f"expiry: {len(expired)} snapshots ({expired[-1]} ... {expired[0]})")
-            report.snapshots_expired = len(expired)
-            return
         deleter = FileDeleter(spared, dry_run=False)
-        # Iceberg's core `ExpireSnapshots` (with file cleanup) rather than the Spark action: the
-        # action finds unreachable files with Spark jobs over every manifest, which at streaming
-        # history sizes costs far more than it saves (300 snapshots here: 21 s vs 0.9 s, measured).
-        update = self._java_table(identifier).expireSnapshots()
-        # Only the chosen ids: an age of 0 keeps Iceberg's own age rule from adding others.
-        update = update.expireOlderThan(0).retainLast(1).deleteWith(deleter)
-        for snapshot_id in expired:
-            update = update.expireSnapshotId(snapshot_id)
-        update.commit()
-        report.snapshots_expired += len(expired)
+
+        def expire_once() -> None:
+            expired = expirable_snapshots(table.refresh(), self.settings.retain_last, older_than_ms)
+            if not expired:
+                return
+            if report.dry_run:
+                report.planned.append(f"expiry: {len(expired)} snapshots ({expired[-1]} ... {expired[0]})")
+                report.snapshots_expired = len(expired)
+                return
+            # Iceberg's core `ExpireSnapshots` (with file cleanup) rather than the Spark action: the
+            # action finds unreachable files with Spark jobs over every manifest, which at streaming
+            # history sizes costs far more than it saves (300 snapshots here: 21 s vs 0.9 s, measured).
+            update = self._java_table(identifier).expireSnapshots()
+            # Only the chosen ids: an age of 0 keeps Iceberg's own age rule from adding others.
+            update = update.expireOlderThan(0).retainLast(1).deleteWith(deleter)
+            for snapshot_id in expired:
+                update = update.expireSnapshotId(snapshot_id)
+            update.commit()
+            report.snapshots_expired += len(expired)
+
+        self._until_committed(identifier, "expiry", expire_once)
         self._count(report, deleter)
 
     def remove_orphans(self, identifier: str, report: TableReport, spared: set[str], claimed: set[str], now: datetime) -> None:

@@ -266,8 +266,9 @@ class ReaperConfig(_Model):
     compact_target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of compacted files (seed 000: `.compact.target.file.size.bytes`).")
     manifests_file_length: int = Field(8 * 1024 * 1024, ge=1024, description="Target manifest size when rewriting manifests (seed 000: `.manifests.file.length`).")
     max_manifests: int = Field(100, ge=1, description="Rewrite manifests when a table has more than this many.")
-    compaction_attempts: int = Field(5, ge=1, description="Rewrites of file groups whose commit lost every retry to concurrent "
-                                     "bookkeeper commits are tried again, up to this many times per pass.")
+    commit_attempts: int = Field(5, ge=1, description="A maintenance commit (a compaction file group, the manifest rewrite, the "
+                                 "expiry, the retention delete) that lost every one of Iceberg's retries to concurrent "
+                                 "bookkeeper commits is tried again, up to this many times per pass.")
     report_path: str = Field("{state_dir}/reports/reaper.jsonl", description="File that receives one JSON line per pass.")
     lease_ttl: Duration = Field(600.0, description="Lease that keeps two reapers of a group apart, renewed between steps; a killed "
                                 "reaper delays the next pass by at most this long.")

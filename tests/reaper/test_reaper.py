@@ -270,3 +270,45 @@ def test_compaction_is_limited_to_the_filter_columns_day(spark, tmp_path: Path) 
     assert report.tables[0].manifests_rewritten > 0 and not report.tables[0].errors
     files = list(table.refresh().scan().plan_files())
     assert len(files) == 7 and sum(task.file.record_count for task in files) == 12
+
+
+def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read(spark, tmp_path: Path) -> None:
+    """A bookkeeper committing back to back can win all of Iceberg's own commit retries (CI saw an
+    expiry fail so); the reaper redoes such a step, and only such a step, up to `commit_attempts`."""
+    from reaper.maintenance import is_commit_conflict
+
+    config = reaper_config(tmp_path, reaper__commit_attempts="3")
+    table = small_file_table(spark, config, 2)
+    maintenance = Reaper(config, spark=spark).maintenance
+    jvm = spark.sparkContext._jvm  # noqa: SLF001
+    errors: list[BaseException] = []
+
+    def set_property_against_a_concurrent_commit() -> None:
+        # One compare-and-swap at the catalog, without Iceberg's own refresh-and-retry around it,
+        # so that a commit landing in between fails it as surely as four in a row would.
+        operations = maintenance._java_table("shop.items").operations()  # noqa: SLF001 - the read each attempt starts from
+        base = operations.refresh()
+        if not errors:  # the first attempt: another committer (pyiceberg) lands between read and commit
+            table.refresh().transaction().set_properties({"bookkeeper.test": "won"}).commit_transaction()
+        properties = jvm.java.util.HashMap()
+        properties.put("reaper.test", "done")
+        try:
+            operations.commit(base, jvm.org.apache.iceberg.TableMetadata.buildFrom(base).setProperties(properties).build())
+        except Exception as error:
+            errors.append(error)
+            raise
+
+    maintenance._until_committed("shop.items", "test", set_property_against_a_concurrent_commit)  # noqa: SLF001
+    assert len(errors) == 1 and is_commit_conflict(errors[0])
+    table = table.refresh()
+    assert table.properties["reaper.test"] == "done" and table.properties["bookkeeper.test"] == "won"
+
+    calls: list[int] = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise RuntimeError("not a conflict")
+
+    with pytest.raises(RuntimeError):
+        maintenance._until_committed("shop.items", "test", broken)  # noqa: SLF001
+    assert len(calls) == 1 and not is_commit_conflict(RuntimeError("CommitFailedException"))
