@@ -8,7 +8,8 @@ bytes each, Confluent-framed with a registered schema). The records are made in 
 - baseline: `readStream` from Kafka, the same `from_avro` decoding and flattening, and
   `writeStream` into an Iceberg table (iceberg-spark-runtime), trigger availableNow.
 
-The last stdout line is one JSON object with the figures.
+Then the bare pipeline in stages (`stages_s`: Kafka read; + decoding and flattening; + Parquet),
+which shows where the time goes. The last stdout line is one JSON object with the figures.
 """
 
 from __future__ import annotations
@@ -92,26 +93,33 @@ def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, records: i
             "value_schema_id": value_id}
 
 
+def _seed_rows(config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str, schema_id: int) -> tuple[DataFrame, Any]:
+    """The seed table's rows from a Kafka frame (batch or stream): our `from_avro` decoding and
+    flattening, poison dropped; also the flattened Iceberg schema."""
+    from writers.decode import decode_avro_confluent
+    from writers.flatten import HELPER_COLUMNS, flatten
+    from common.schema import resolve_named_types
+    from writers.registry import RegisteredSchema
+
+    registered = RegisteredSchema(schema_id, schema_text, resolve_named_types(json.loads(schema_text)))
+    decoded = decode_avro_confluent(kafka_frame.withColumn("headers", F.lit(None)), [registered])
+    flat = flatten(decoded.frame, decoded.versions, config.metadata_columns, None, ["ID1", "ID2"])
+    return flat.frame.where(F.col("_ik_error").isNull()).drop(*HELPER_COLUMNS), flat.schema
+
+
 def run_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schema_text: str, schema_id: int, work_dir: Path) -> float:
     """Spark's own path: readStream -> same decode and flatten -> writeStream into an Iceberg table."""
     from pyiceberg.schema import Schema
 
     from common.catalog import open_catalog
     from common.spark import iceberg_catalog_conf
-    from writers.decode import DecodedBatch, decode_avro_confluent
-    from writers.flatten import HELPER_COLUMNS, flatten
-    from common.schema import resolve_named_types
-    from writers.registry import RegisteredSchema
 
     for key, value in iceberg_catalog_conf(config).items():
         spark.conf.set(key, value)
-    registered = RegisteredSchema(schema_id, schema_text, resolve_named_types(json.loads(schema_text)))
     stream = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
               .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "250000")
-              .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load().withColumn("headers", F.lit(None)))
-    decoded: DecodedBatch = decode_avro_confluent(stream, [registered])
-    flat = flatten(decoded.frame, decoded.versions, config.metadata_columns, None, ["ID1", "ID2"])
-    rows = flat.frame.where(F.col("_ik_error").isNull()).drop(*HELPER_COLUMNS)
+              .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
+    rows, schema = _seed_rows(config, stream, schema_text, schema_id)
     catalog = open_catalog(config)
     try:
         catalog.create_namespace("bench")
@@ -119,7 +127,7 @@ def run_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schem
         pass
     identifier = f"bench.baseline_{uuid.uuid4().hex[:6]}"
     # Spark's columns are nullable, and the Iceberg sink refuses them for required fields.
-    fields = [field.model_copy(update={"required": False}) for field in flat.schema.fields]
+    fields = [field.model_copy(update={"required": False}) for field in schema.fields]
     catalog.create_table(identifier, schema=Schema(*fields), properties={"write.parquet.compression-codec": "zstd"})
     started = time.monotonic()
     query = (rows.writeStream.format("iceberg").outputMode("append").trigger(availableNow=True)
@@ -128,6 +136,28 @@ def run_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schem
     seconds = time.monotonic() - started
     count = spark.table(f"{config.catalog.name}.{identifier}").count()
     return seconds if count else float("nan")
+
+
+def measure_stages(spark: SparkSession, config: IcekeeperConfig, topic: str, schema_text: str, schema_id: int, work_dir: Path) -> dict[str, float]:
+    """Seconds for the whole topic through growing prefixes of the pipeline, one Spark job each:
+    Kafka read alone, + Avro decoding and flattening (Spark's `noop` sink), + Parquet (zstd).
+    The differences say where a writer's time goes, on the same cores as the runs above."""
+    def kafka() -> DataFrame:
+        return (spark.read.format("kafka").option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
+                .option("subscribe", topic).option("startingOffsets", "earliest").option("endingOffsets", "latest")
+                .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
+
+    def timed(action: Callable[[], object]) -> float:
+        started = time.monotonic()
+        action()
+        return round(time.monotonic() - started, 2)
+
+    return {
+        "read": timed(lambda: kafka().selectExpr("sum(length(value))").collect()),
+        "read_decode_flatten": timed(lambda: _seed_rows(config, kafka(), schema_text, schema_id)[0].write.format("noop").mode("overwrite").save()),
+        "read_decode_flatten_parquet": timed(lambda: _seed_rows(config, kafka(), schema_text, schema_id)[0]
+                                             .write.option("compression", "zstd").parquet(str(work_dir / "stages" / uuid.uuid4().hex))),
+    }
 
 
 def _run_ours(spark: SparkSession, config: IcekeeperConfig, topic: str, work_dir: Path) -> tuple[float, int, int]:
@@ -170,6 +200,8 @@ def run_writer_bench(config: IcekeeperConfig, records: int, progress: Progress =
     progress(f"ours: {ours_rows:,} rows in {ours_s:.1f}s ({batches} batches)")
     baseline_s = run_baseline(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir / "baseline")
     progress(f"baseline (Spark Iceberg sink): {records:,} rows in {baseline_s:.1f}s")
+    stages = measure_stages(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir)
+    progress(f"stages, seconds for the whole topic: {stages}")
     spark.stop()
     ours_rate = ours_rows / ours_s
     baseline_rate = records / baseline_s
@@ -177,5 +209,5 @@ def run_writer_bench(config: IcekeeperConfig, records: int, progress: Progress =
         "records": records, "cores": cores, "avg_value_bytes": loaded["avg_value_bytes"],
         "ours_s": round(ours_s, 2), "ours_records_per_s": round(ours_rate), "ours_records_per_s_per_core": round(ours_rate / cores),
         "baseline_s": round(baseline_s, 2), "baseline_records_per_s": round(baseline_rate),
-        "ratio_vs_baseline": round(ours_rate / baseline_rate, 2), "ours_batches": batches,
+        "ratio_vs_baseline": round(ours_rate / baseline_rate, 2), "ours_batches": batches, "stages_s": stages,
     }
