@@ -44,6 +44,10 @@ def is_commit_conflict(error: BaseException) -> bool:
     while java_exception is not None:
         if java_exception.getClass().getName() == "org.apache.iceberg.exceptions.CommitFailedException":
             return True
+        # A partial-progress rewrite reports file groups that lost their commits this way, as a
+        # plain RuntimeException without the CommitFailedException as its cause.
+        if "rewrite commits failed" in (java_exception.getMessage() or ""):
+            return True
         java_exception = java_exception.getCause()
     return False
 
@@ -199,42 +203,35 @@ class SparkMaintenance:
                    # Partial progress commits per file group, so an append that lands meanwhile
                    # costs one group a retry, not the whole rewrite. A group whose commit lost
                    # every retry is dropped silently (not in `failed_data_files_count`) unless the
-                   # allowed failures are 0: then the call raises and the loop below replans.
+                   # allowed failures are 0: then the call raises and `_until_committed` replans.
                    "partial-progress.enabled": "true", "partial-progress.max-commits": "10",
                    "partial-progress.max-failed-commits": "0"}
         arguments = [f"table => '{self.catalog_name}.{identifier}'", f"options => map({_sql_map(options)})"]
         if where:
             arguments.append(f"where => \"{where}\"")
+        call = f"CALL `{self.catalog_name}`.system.rewrite_data_files({', '.join(arguments)})"
+
+        def rewrite_once() -> None:
+            # The groups that lost their commits are planned and rewritten again on the next
+            # attempt; the ones that landed are not (they are no longer small).
+            failed = int(self.spark.sql(call).first()["failed_data_files_count"])
+            if failed:
+                report.errors.append(f"compaction: {failed} files failed to be rewritten")
+
         before = {snapshot.snapshot_id for snapshot in table.refresh().snapshots()}
-        failure = ""
-        for attempt in range(1, settings.commit_attempts + 1):
-            try:
-                row = self.spark.sql(f"CALL `{self.catalog_name}`.system.rewrite_data_files({', '.join(arguments)})").first()
-                failed = int(row["failed_data_files_count"])
-                failure = f"{failed} files failed to be rewritten" if failed else ""
-            except Exception as error:
-                if not (is_commit_conflict(error) or "rewrite commits failed" in str(error)):
-                    raise
-                failure = "file groups lost their commits to concurrent commits"
-            if not failure:
-                break
-            # A bookkeeper committing back to back can win every one of Iceberg's commit retries
-            # (CAS on the catalog row); the groups that lost are planned and rewritten again, the
-            # ones that landed are not (they are no longer small).
-            log.info("compaction incomplete, retrying", extra={"table": identifier, "reason": failure, "attempt": attempt})
-            time.sleep(random.uniform(0.1, 0.5) * attempt)
-        # Counted from the table's history rather than the call's result: a call that raised
-        # may still have committed some groups.
-        for snapshot in table.refresh().snapshots():
-            summary = snapshot.summary
-            if snapshot.snapshot_id in before or summary is None or summary.operation.value != "replace":
-                continue
-            properties = summary.additional_properties
-            report.files_compacted += int(properties.get("deleted-data-files", 0))
-            report.files_added += int(properties.get("added-data-files", 0))
-            report.bytes_compacted += int(properties.get("removed-files-size", 0))
-        if failure:
-            report.errors.append(f"compaction: {failure} after {settings.commit_attempts} attempts")
+        try:
+            self._until_committed(identifier, "compaction", rewrite_once)
+        finally:
+            # Counted from the table's history rather than the calls' results: a call that raised
+            # may still have committed some groups.
+            for snapshot in table.refresh().snapshots():
+                summary = snapshot.summary
+                if snapshot.snapshot_id in before or summary is None or summary.operation.value != "replace":
+                    continue
+                properties = summary.additional_properties
+                report.files_compacted += int(properties.get("deleted-data-files", 0))
+                report.files_added += int(properties.get("added-data-files", 0))
+                report.bytes_compacted += int(properties.get("removed-files-size", 0))
 
     def rewrite_manifests(self, table: Table, identifier: str, report: TableReport) -> None:
         """Rewrite manifests when the current snapshot has more than `max_manifests`."""
@@ -250,9 +247,11 @@ class SparkMaintenance:
             # The rewrite sizes manifests by this table property (seed 000: manifests.file.length).
             table.transaction().set_properties({"commit.manifest.target-size-bytes": target}).commit_transaction()
         call = f"CALL `{self.catalog_name}`.system.rewrite_manifests(table => '{self.catalog_name}.{identifier}')"
-        rewritten: list[int] = []
-        self._until_committed(identifier, "manifests", lambda: rewritten.append(int(self.spark.sql(call).first()["rewritten_manifests_count"])))
-        report.manifests_rewritten = rewritten[-1] if rewritten else 0
+
+        def rewrite_once() -> None:
+            report.manifests_rewritten = int(self.spark.sql(call).first()["rewritten_manifests_count"])
+
+        self._until_committed(identifier, "manifests", rewrite_once)
 
     # -- expiry and deletion -----------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
+from pyiceberg.schema import Schema
 from pyspark.sql import functions as F
 
 from common.config.model import IcekeeperConfig
@@ -93,7 +94,7 @@ def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, records: i
             "value_schema_id": value_id}
 
 
-def _seed_rows(config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str, schema_id: int) -> tuple[DataFrame, Any]:
+def _seed_rows(config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str, schema_id: int) -> tuple[DataFrame, Schema]:
     """The seed table's rows from a Kafka frame (batch or stream): our `from_avro` decoding and
     flattening, poison dropped; also the flattened Iceberg schema."""
     from writers.decode import decode_avro_confluent
@@ -109,8 +110,6 @@ def _seed_rows(config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str
 
 def run_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schema_text: str, schema_id: int, work_dir: Path) -> float:
     """Spark's own path: readStream -> same decode and flatten -> writeStream into an Iceberg table."""
-    from pyiceberg.schema import Schema
-
     from common.catalog import open_catalog
     from common.spark import iceberg_catalog_conf
 

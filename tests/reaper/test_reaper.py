@@ -312,3 +312,12 @@ def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read
     with pytest.raises(RuntimeError):
         maintenance._until_committed("shop.items", "test", broken)  # noqa: SLF001
     assert len(calls) == 1 and not is_commit_conflict(RuntimeError("CommitFailedException"))
+
+    # A compaction whose file group lost its commit raises Iceberg's plain RuntimeException
+    # (partial-progress.max-failed-commits=0). Losing that race on purpose is not deterministic,
+    # so the JVM exception is built here with the message the Iceberg 1.11 action formats.
+    lost_group = jvm.java.lang.RuntimeException(
+        "partial-progress.enabled is true but 1 rewrite commits failed. This is more than the maximum allowed failures of 0.")
+    wrapped = type("Py4JError", (Exception,), {})()
+    wrapped.java_exception = jvm.org.apache.spark.SparkException("job aborted", lost_group)
+    assert is_commit_conflict(wrapped)
