@@ -37,6 +37,7 @@ from bookkeeper.evolution import IncompatibleSchema, plan_evolution
 from common.catalog import load_table_or_none
 from common.committed_state import CommittedState, committed_state, expirable_snapshots
 from common.config.model import IcekeeperConfig, TableSpec
+from common.catalog import table_properties
 from common.file_events import location_key
 from common.moniker import FileEntry, Moniker
 from common.partitioning import partition_spec
@@ -44,16 +45,6 @@ from common.transports.base import Delivery
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TABLE_PROPERTIES = {
-    "format-version": "2",
-    # Keep the manifest count bounded as commits pile up (merge-append merges past this many).
-    "commit.manifest-merge.enabled": "true",
-    "commit.manifest.min-count-to-merge": "100",
-    # Old metadata.json files are deleted as new ones are written, keeping the last 10.
-    "write.metadata.delete-after-commit.enabled": "true",
-    "write.metadata.previous-versions-max": "10",
-    "write.parquet.compression-codec": "zstd",
-}
 MAX_ATTEMPTS = 8
 
 
@@ -318,7 +309,7 @@ class Committer:
             self.catalog.create_namespace(namespace)
         except NamespaceAlreadyExistsError:
             pass
-        properties = {**DEFAULT_TABLE_PROPERTIES, **spec.properties}
+        properties = table_properties(None, spec)
         if spec.comment:
             properties["comment"] = spec.comment
         location = spec.location or moniker.table_location

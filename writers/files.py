@@ -13,6 +13,7 @@ import datetime
 import posixpath
 import urllib.parse
 from dataclasses import dataclass
+from typing import Mapping
 
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
@@ -27,6 +28,16 @@ from common.moniker import FileEntry
 from common.spark import FUNCTIONS_CATALOG
 
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+_PARQUET_OPTIONS = {
+    "write.parquet.row-group-size-bytes": "parquet.block.size",
+    "write.parquet.page-size-bytes": "parquet.page.size",
+    "write.parquet.page-row-limit": "parquet.page.row.count.limit",
+    "write.parquet.dict-size-bytes": "parquet.dictionary.page.size",
+    "write.parquet.compression-codec": "compression",
+    "write.parquet.bloom-filter-max-bytes": "parquet.bloom.filter.max.bytes",
+}
+"""Iceberg's Parquet table properties and the Spark/parquet-mr write options that do the same."""
+_BLOOM_COLUMN = "write.parquet.bloom-filter-enabled.column."
 _EPOCH = datetime.date(1970, 1, 1)
 
 
@@ -81,7 +92,26 @@ def _identity_kind(type_name: str) -> str:
     raise ValueError(f"identity partitions on {type_name} columns are not supported by writers")
 
 
-def write_parquet(rows: DataFrame, output_uri: str, partitions: list[PartitionColumn], max_records_per_file: int, rebalance: bool = False) -> None:
+def parquet_write_options(table_properties: Mapping[str, str]) -> dict[str, str]:
+    """Spark write options that give our files what the table's `write.parquet.*` properties ask.
+
+    Iceberg's own writers read these properties; Spark's Parquet writer, which writes our files,
+    takes parquet-mr settings instead, so users tune one set of properties for both.
+    """
+    options: dict[str, str] = {}
+    for key, value in table_properties.items():
+        if key in _PARQUET_OPTIONS:
+            options[_PARQUET_OPTIONS[key]] = value.lower() if key == "write.parquet.compression-codec" else value
+        elif key.startswith(_BLOOM_COLUMN):
+            options[f"parquet.bloom.filter.enabled#{key.removeprefix(_BLOOM_COLUMN)}"] = value
+    level = table_properties.get("write.parquet.compression-level")
+    if level is not None and options.get("compression", "zstd") == "zstd":
+        options["parquet.compression.codec.zstd.level"] = level
+    return options
+
+
+def write_parquet(rows: DataFrame, output_uri: str, partitions: list[PartitionColumn], max_records_per_file: int, rebalance: bool = False,
+                  options: Mapping[str, str] | None = None) -> None:
     """Write `rows` (row columns only) under `output_uri`, laid out by `partitions`.
 
     Without `rebalance`, every Kafka task writes its own files: no shuffle, and a skewed
@@ -92,7 +122,7 @@ def write_parquet(rows: DataFrame, output_uri: str, partitions: list[PartitionCo
     staged = rows.select("*", *[p.expression.alias(p.name) for p in partitions]) if partitions else rows
     if rebalance and partitions:
         staged = staged.hint("rebalance", *[p.name for p in partitions])
-    writer = staged.write.mode("errorifexists").option("maxRecordsPerFile", max_records_per_file)
+    writer = staged.write.mode("errorifexists").option("maxRecordsPerFile", max_records_per_file).options(**(options or {}))
     if partitions:
         writer = writer.partitionBy(*[p.name for p in partitions])
     writer.parquet(output_uri)

@@ -50,8 +50,11 @@ def _merged_types(type_maps: list[dict]) -> dict:
 
 
 def flatten(frame: DataFrame, versions: list[VersionShape], metadata: MetadataColumns, existing: Schema | None,
-            primary_key: list[str]) -> FlatRows:
-    """Rows of `versions` flattened into the table's columns (ids from `existing` where it has them)."""
+            primary_key: list[str], carry: list[str] | None = None) -> FlatRows:
+    """Rows of `versions` flattened into the table's columns (ids from `existing` where it has them).
+
+    The frame keeps the helper columns, and the columns named in `carry`, next to the row's.
+    """
     columns = table_columns(versions, metadata)
     key_names = resolve_keys([c.name for c in columns], primary_key)
     columns = [Column(c.name, c.type, c.name in key_names) for c in columns]
@@ -61,12 +64,12 @@ def flatten(frame: DataFrame, versions: list[VersionShape], metadata: MetadataCo
         for field in schema.fields
     ]
     projections += [f"{expression} AS {name}" for name, expression in helper_sql(versions).items()]
-    projections.append(ERROR)
+    projections += [ERROR, *(carry or [])]
     flat = frame.selectExpr(*projections)
     # Field ids travel as column metadata, which SQL text cannot set: one projection adds them.
     with_ids = flat.select(
         *[F.col(sql.ident(field.name)).alias(field.name, metadata={PARQUET_FIELD_ID: field.field_id}) for field in schema.fields],
-        *HELPER_COLUMNS,
+        *HELPER_COLUMNS, *(carry or []),
     )
     return FlatRows(with_ids, schema)
 

@@ -87,7 +87,7 @@ def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, records: i
         F.concat(prefix(value_id), to_avro(F.col("value"), json.dumps(shape.value_schema()))).alias("value"),
     )
     started = time.monotonic()
-    (framed.write.format("kafka").option("kafka.bootstrap.servers", source.bootstrap_servers).option("topic", topic)
+    (framed.write.format("kafka").mode("append").option("kafka.bootstrap.servers", source.bootstrap_servers).option("topic", topic)
      .option("kafka.linger.ms", "50").option("kafka.batch.size", "1000000").option("kafka.compression.type", "lz4").save())
     sizes = framed.select(F.avg(F.length("value")).alias("avg")).collect()[0]["avg"]
     return {"topic": topic, "records": records, "avg_value_bytes": round(float(sizes), 1), "preload_s": round(time.monotonic() - started, 1),
@@ -110,7 +110,7 @@ def _seed_rows(config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str
 
 def run_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schema_text: str, schema_id: int, work_dir: Path) -> float:
     """Spark's own path: readStream -> same decode and flatten -> writeStream into an Iceberg table."""
-    from common.catalog import open_catalog
+    from common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
     from common.spark import iceberg_catalog_conf
 
     for key, value in iceberg_catalog_conf(config).items():
@@ -127,7 +127,8 @@ def run_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schem
     identifier = f"bench.baseline_{uuid.uuid4().hex[:6]}"
     # Spark's columns are nullable, and the Iceberg sink refuses them for required fields.
     fields = [field.model_copy(update={"required": False}) for field in schema.fields]
-    catalog.create_table(identifier, schema=Schema(*fields), properties={"write.parquet.compression-codec": "zstd"})
+    # The table properties our writer's files get (zstd, dictionary size), so both write alike.
+    catalog.create_table(identifier, schema=Schema(*fields), properties=DEFAULT_TABLE_PROPERTIES)
     started = time.monotonic()
     query = (rows.writeStream.format("iceberg").outputMode("append").trigger(availableNow=True)
              .option("checkpointLocation", str(work_dir / "baseline-checkpoint")).toTable(f"{config.catalog.name}.{identifier}"))
@@ -139,12 +140,17 @@ def run_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schem
 
 def measure_stages(spark: SparkSession, config: IcekeeperConfig, topic: str, schema_text: str, schema_id: int, work_dir: Path) -> dict[str, float]:
     """Seconds for the whole topic through growing prefixes of the pipeline, one Spark job each:
-    Kafka read alone, + Avro decoding and flattening (Spark's `noop` sink), + Parquet (zstd).
+    Kafka read alone, + Avro decoding and flattening (Spark's `noop` sink), + Parquet (our files' settings).
     The differences say where a writer's time goes, on the same cores as the runs above."""
     def kafka() -> DataFrame:
         return (spark.read.format("kafka").option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
                 .option("subscribe", topic).option("startingOffsets", "earliest").option("endingOffsets", "latest")
                 .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
+
+    from common.catalog import DEFAULT_TABLE_PROPERTIES
+    from writers.files import parquet_write_options
+
+    parquet_options = parquet_write_options(DEFAULT_TABLE_PROPERTIES)
 
     def timed(action: Callable[[], object]) -> float:
         started = time.monotonic()
@@ -155,7 +161,7 @@ def measure_stages(spark: SparkSession, config: IcekeeperConfig, topic: str, sch
         "read": timed(lambda: kafka().selectExpr("sum(length(value))").collect()),
         "read_decode_flatten": timed(lambda: _seed_rows(config, kafka(), schema_text, schema_id)[0].write.format("noop").mode("overwrite").save()),
         "read_decode_flatten_parquet": timed(lambda: _seed_rows(config, kafka(), schema_text, schema_id)[0]
-                                             .write.option("compression", "zstd").parquet(str(work_dir / "stages" / uuid.uuid4().hex))),
+                                             .write.options(**parquet_options).parquet(str(work_dir / "stages" / uuid.uuid4().hex))),
     }
 
 

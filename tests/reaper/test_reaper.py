@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.committer import DEFAULT_TABLE_PROPERTIES
+from common.catalog import DEFAULT_TABLE_PROPERTIES
 from bookkeeper.service import Bookkeeper
 from common.catalog import default_table_location, open_catalog
 from common.config import IcekeeperConfig

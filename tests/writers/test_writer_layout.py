@@ -65,6 +65,26 @@ def test_a_skewed_partition_is_spread_over_tasks_not_piled_onto_one(local_stack,
     assert len(sizes) >= 3 and max(sizes) <= 0.5 * sum(sizes)
 
 
+def test_files_follow_the_tables_parquet_properties(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+    properties = "{write.parquet.compression-codec: snappy, write.parquet.dict-size-bytes: '1024', write.parquet.bloom-filter-enabled.column._kfk_offset: 'true'}"
+    config = pipeline_config(tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PROPERTIES": properties})
+    produce_synthetic(config, SyntheticSpec(seed=5, keys=300, events=3000, schema_changes=0), topic=unique_topic, progress=lambda m: None)
+    job = WriterJob(config, spark=spark)
+    job.run(until_idle=True)
+    [moniker] = job.transport.pending()
+    for entry in moniker.files:
+        footer = pq.ParquetFile(entry.path.removeprefix("file://")).metadata
+        chunks = {footer.row_group(0).column(i).path_in_schema: footer.row_group(0).column(i) for i in range(footer.num_columns)}
+        assert {chunk.compression for chunk in chunks.values()} == {"SNAPPY"}
+        # Unique offsets outgrow a 1 KB dictionary and are written plain; one database name fits.
+        assert not chunks["_kfk_offset"].has_dictionary_page and chunks["_src_db"].has_dictionary_page
+        assert chunks["_kfk_offset"].bloom_filter_offset and not chunks["_src_db"].bloom_filter_offset
+    # The bookkeeper creates the table with the same properties, so Iceberg's own writers agree.
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.run_cycle()
+    assert bookkeeper.catalog.load_table("shop.orders").properties["write.parquet.compression-codec"] == "snappy"
+
+
 def test_monikers_travel_over_the_azure_queue(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
     queue = f"monikers-{uuid.uuid4().hex[:8]}"
     config = pipeline_config(tmp_path, unique_topic, {
