@@ -139,8 +139,12 @@ def produce_seed_sample(config: IcekeeperConfig, topic: str | None = None, progr
 
 
 def produce_synthetic(config: IcekeeperConfig, spec: SyntheticSpec, topic: str | None = None, partitions: int = 3,
-                      progress: Progress = print) -> dict[str, Any]:
+                      progress: Progress = print, subject: str | None = None) -> dict[str, Any]:
     """Produce a synthetic stream (see `synthetic.py`); poison messages are corrupted on purpose.
+
+    Args:
+        subject: register Avro schemas under `<subject>-key`/`-value` instead of the topic's own
+            subjects, as producers with another subject name strategy do.
 
     Returns:
         A report: topic, records, good events, poison messages by kind, schema versions.
@@ -149,7 +153,7 @@ def produce_synthetic(config: IcekeeperConfig, spec: SyntheticSpec, topic: str |
     topic = topic or spec.topic
     ensure_topic(source.bootstrap_servers, topic, partitions)
     shapes = schema_versions(spec)
-    encode = _avro_encoder(source, topic, shapes) if spec.format == "avro" else _json_encoder()
+    encode = _avro_encoder(source, subject or topic, shapes) if spec.format == "avro" else _json_encoder()
     poison: dict[str, int] = {}
     good = 0
     started = time.monotonic()
@@ -173,8 +177,8 @@ def produce_synthetic(config: IcekeeperConfig, spec: SyntheticSpec, topic: str |
             "partitions": partitions, "seconds": round(seconds, 3)}
 
 
-def _avro_encoder(source: KafkaSource, topic: str, shapes: list[TableShape]) -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
-    framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), topic)
+def _avro_encoder(source: KafkaSource, subject: str, shapes: list[TableShape]) -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
+    framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), subject)
     value_ids = [framer.schema_id(shape.value_schema(), is_key=False) for shape in shapes]
     key_id = framer.schema_id(shapes[0].key_schema(), is_key=True)
 

@@ -114,6 +114,23 @@ def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(local_stack, 
     assert collections.Counter(r["_src_op"] for r in rows) == collections.Counter(e.op for e in good)
 
 
+def test_a_schema_registered_under_another_subject_is_decoded_not_dead_lettered(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+    dead_letter_topic = unique_topic + ".dlq"
+    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
+                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]"})
+    first = produce_synthetic(config, SyntheticSpec(seed=31, keys=100, events=600, schema_changes=0), topic=unique_topic, progress=lambda m: None)
+    # Version 2 of the schema is registered only under another subject (not `<topic>-value`):
+    # the writer finds it by the id its records name.
+    later = produce_synthetic(config, SyntheticSpec(seed=32, keys=100, events=600, schema_changes=1), topic=unique_topic,
+                              progress=lambda m: None, subject=unique_topic + ".elsewhere")
+    reports = WriterJob(config, spark=spark).run(until_idle=True)
+    assert sum(r.records_read for r in reports) == first["records"] + later["records"]
+    assert sum(r.dead_lettered for r in reports) == 0
+    rows = table_rows(commit_all(config), "shop.orders")
+    assert len(rows) == first["events"] + later["events"]
+    assert {"extra_1"} <= set(rows[0])
+
+
 def _read_all(config: IcekeeperConfig, topic: str) -> list[tuple[bytes, dict[str, str]]]:
     consumer = Consumer({"bootstrap.servers": config.sources[0].bootstrap_servers, "group.id": "dlq-reader", "auto.offset.reset": "earliest"})
     try:
