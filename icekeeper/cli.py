@@ -184,7 +184,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.target == "writer":
             from icekeeper.bench.writer import run_writer_bench
 
-            result = run_writer_bench(config, args.records or 1_000_000, progress=_progress, cores=args.cores)
+            result = run_writer_bench(config, args.records or 1_000_000, progress=_progress, cores=args.cores, repeat=args.repeat)
         elif args.target == "bookkeeper":
             from icekeeper.bench.bookkeeper import run_bookkeeper_bench
 
@@ -297,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e"])
     bench.add_argument("--records", type=int, default=None, help="records to preload (writer: default 1,000,000)")
     bench.add_argument("--cores", type=int, default=None, help="Spark local cores (default: all)")
+    bench.add_argument("--repeat", type=int, default=3, help="writer: runs of ours and the baseline, taken in turns (figures are medians)")
     bench.add_argument("--commits", type=int, default=10_000, help="bookkeeper: single-moniker commits for the latency curve")
     bench.add_argument("--footers", type=int, default=10_000, help="bookkeeper: footers to read")
     bench.add_argument("--files", type=int, default=1000, help="reaper: small files (one snapshot each) in the table")

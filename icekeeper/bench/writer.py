@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import time
 import uuid
 from pathlib import Path
@@ -182,8 +183,13 @@ def _run_ours(spark: SparkSession, config: IcekeeperConfig, topic: str, work_dir
     return time.monotonic() - started, sum(r.rows_written for r in reports), len(reports)
 
 
-def run_writer_bench(config: IcekeeperConfig, records: int, progress: Progress = print, cores: int | None = None) -> dict[str, Any]:
-    """Preload, then time our writer and the baseline in one SparkSession."""
+def run_writer_bench(config: IcekeeperConfig, records: int, progress: Progress = print, cores: int | None = None, repeat: int = 3) -> dict[str, Any]:
+    """Preload, then time our writer and the baseline in one SparkSession, `repeat` times each.
+
+    The two take turns (ours, baseline, ours, ...) and the figures are medians: on a shared
+    machine the speed of the same run drifts by a quarter within minutes, and runs side by side
+    see the same drift.
+    """
     cores = cores or os.cpu_count() or 2
     work_dir = Path(config.state_dir) / "bench-writer"
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -201,18 +207,26 @@ def run_writer_bench(config: IcekeeperConfig, records: int, progress: Progress =
     # Both sides run once on the warm-up topic first, so neither pays for JIT compilation.
     _run_ours(spark, config, warm_topic, work_dir / "warm")
     run_baseline(spark, config, warm_topic, schema_text, warm["value_schema_id"], work_dir / "warm")
-    ours_s, ours_rows, batches = _run_ours(spark, config, topic, work_dir / "ours")
-    progress(f"ours: {ours_rows:,} rows in {ours_s:.1f}s ({batches} batches)")
-    baseline_s = run_baseline(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir / "baseline")
-    progress(f"baseline (Spark Iceberg sink): {records:,} rows in {baseline_s:.1f}s")
+    ours_runs: list[float] = []
+    baseline_runs: list[float] = []
+    batches = 0
+    for run in range(1, repeat + 1):
+        ours_s, ours_rows, batches = _run_ours(spark, config, topic, work_dir / f"ours-{run}")
+        if ours_rows != records:
+            raise RuntimeError(f"our writer wrote {ours_rows:,} rows of {records:,} records")
+        ours_runs.append(ours_s)
+        baseline_runs.append(run_baseline(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir / f"baseline-{run}"))
+        progress(f"run {run}/{repeat}: ours {ours_s:.1f}s ({batches} batches), baseline (Spark Iceberg sink) {baseline_runs[-1]:.1f}s")
     stages = measure_stages(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir)
     progress(f"stages, seconds for the whole topic: {stages}")
     spark.stop()
-    ours_rate = ours_rows / ours_s
+    ours_s, baseline_s = statistics.median(ours_runs), statistics.median(baseline_runs)
+    ours_rate = records / ours_s
     baseline_rate = records / baseline_s
     return {
         "records": records, "cores": cores, "avg_value_bytes": loaded["avg_value_bytes"],
         "ours_s": round(ours_s, 2), "ours_records_per_s": round(ours_rate), "ours_records_per_s_per_core": round(ours_rate / cores),
         "baseline_s": round(baseline_s, 2), "baseline_records_per_s": round(baseline_rate),
         "ratio_vs_baseline": round(ours_rate / baseline_rate, 2), "ours_batches": batches, "stages_s": stages,
+        "ours_runs_s": [round(s, 2) for s in ours_runs], "baseline_runs_s": [round(s, 2) for s in baseline_runs],
     }
