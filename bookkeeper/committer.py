@@ -34,10 +34,9 @@ from pyiceberg.table.update.snapshot import ExpireSnapshots
 from bookkeeper.datafiles import FooterFacts, FooterReader, InvalidFile, data_file, validate
 from bookkeeper.manifests import merge_append
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
-from common.catalog import load_table_or_none
+from common.catalog import load_table_or_none, table_properties
 from common.committed_state import CommittedState, committed_state, expirable_snapshots
 from common.config.model import IcekeeperConfig, TableSpec
-from common.catalog import table_properties
 from common.file_events import location_key
 from common.moniker import FileEntry, Moniker
 from common.partitioning import partition_spec

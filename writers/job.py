@@ -225,7 +225,7 @@ class WriterJob:
         report.files += sum(len(m.files) for m in outcome.monikers)
         report.monikers += len(outcome.monikers)
         report.dead_lettered += outcome.dead_lettered(source)
-        report.tombstones_skipped += outcome.tombstones if source.tombstones == "skip" else 0
+        report.tombstones_skipped += outcome.skipped_tombstones(source)
         for kind, count in outcome.errors.items():
             report.errors[kind] = report.errors.get(kind, 0) + count
         self._commit_group_offsets(source, plan)
@@ -529,9 +529,6 @@ class BatchIncomplete(RuntimeError):
     """Kafka returned fewer records than the planned offsets span; nothing was published."""
 
 
-_ERROR_KINDS = ("tombstone", "bad-magic-byte", "unknown-schema-id", "undecodable-avro", "invalid-json", "not-a-debezium-event", "missing-key", "unroutable")
-
-
 @dataclass
 class _Outcome:
     monikers: list[Moniker] = field(default_factory=list)
@@ -542,9 +539,12 @@ class _Outcome:
     tombstones: int = 0
     batch_metrics: dict = field(default_factory=dict)
 
+    def skipped_tombstones(self, source: KafkaSource) -> int:
+        return self.tombstones if source.tombstones == "skip" else 0
+
     def dead_lettered(self, source: KafkaSource) -> int:
         """Failed records that go to the dead-letter topic (skipped tombstones do not)."""
-        return self.failed - (self.tombstones if source.tombstones == "skip" else 0)
+        return self.failed - self.skipped_tombstones(source)
 
 
 def _versions_for(decoded: DecodedBatch, spec: TableSpec):  # noqa: ANN202
