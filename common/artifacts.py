@@ -145,12 +145,23 @@ def npm_package(cache_dir: Path, package: str, version: str, progress: Progress 
         if shutil.which("npm") is None:
             raise ArtifactError(f"npm is needed once to install {package}; install Node.js 18+ with npm")
         progress(f"installing {package}@{version} from npm (once; cached in {home})")
-        home.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(
-            ["npm", "install", "--prefix", str(home), "--no-audit", "--no-fund", "--loglevel=error", f"{package}@{version}"],
-            capture_output=True, text=True,
-        )
-        if result.returncode != 0:
-            raise ArtifactError(f"npm could not install {package}@{version}:\n{(result.stdout + result.stderr)[-3000:]}")
+        for attempt in (1, 2):
+            if home.exists():
+                shutil.rmtree(home)
+            home.mkdir(parents=True)
+            result = subprocess.run(
+                ["npm", "install", "--prefix", str(home), "--no-audit", "--no-fund", "--loglevel=error", f"{package}@{version}"],
+                capture_output=True, text=True,
+            )
+            if result.returncode != 0:
+                raise ArtifactError(f"npm could not install {package}@{version}:\n{(result.stdout + result.stderr)[-3000:]}")
+            # npm once exited 0 here with half of Azurite's tree missing (https-proxy-agent among
+            # it), and the cache then held a server that could not start: `npm ls` checks the tree.
+            check = subprocess.run(["npm", "ls", "--prefix", str(home), "--all"], capture_output=True, text=True)
+            if check.returncode == 0:
+                break
+            progress(f"npm left {package}@{version} incomplete (attempt {attempt}): {check.stderr.strip()[-300:]}")
+        else:
+            raise ArtifactError(f"npm installed {package}@{version} incompletely twice; see `npm ls --prefix {home} --all`")
         (home / _COMPLETE).touch()
     return bin_dir
