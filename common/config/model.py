@@ -282,7 +282,7 @@ class ReaperConfig(_Model):
 
 
 class StackConfig(_Model):
-    """The local stack `icekeeper stack up` starts: Kafka, schema registry, Azurite."""
+    """The local stack `icekeeper stack up` starts: Kafka, schema registry, Azurite; `--with mariadb|postgres` adds a database and Debezium."""
 
     host: str = Field("127.0.0.1", description="Address every local service binds to.")
     kafka_port: int = Field(9092, description="Kafka broker port.")
@@ -295,6 +295,14 @@ class StackConfig(_Model):
     registry_version: str = Field("3.3.3", description="Apicurio Registry version (io.apicurio:apicurio-registry-app, tar.gz `all`).")
     azurite_version: str = Field("3.37.0", description="Azurite version from npm.")
     registry_java_home: str | None = Field(None, description="JDK (21+) for the registry; default: the newest JDK found.")
+    mariadb_port: int = Field(3306, description="Port of the stack's MariaDB (`stack up --with mariadb`; Debian's `mariadb-server`, binlog in ROW format).")
+    postgres_port: int = Field(5432, description="Port of the stack's PostgreSQL (`stack up --with postgres`; Debian's `postgresql`, `wal_level=logical`).")
+    connect_port: int = Field(8083, description="Kafka Connect REST port (started with `--with mariadb`, `--with postgres` or `--with connect`); "
+                              "Kafka Connect itself is `kafka_version`.")
+    debezium_version: str = Field("3.5.0.Final", description="Debezium connectors for Kafka Connect (io.debezium:debezium-connector-mariadb and "
+                                  "-postgres, tar.gz `plugin`, from Maven Central).")
+    apicurio_converter_version: str = Field("2.6.13.Final", description="Apicurio's Kafka Connect converters (io.apicurio:apicurio-registry-utils-converter), "
+                                            "which write Avro in Confluent framing through the stack's registry.")
     start_timeout: Duration = Field(120.0, description="How long `stack up` waits for services to become healthy.")
 
 
