@@ -27,9 +27,14 @@ def _progress(message: str) -> None:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from icekeeper.localstack.stack import LocalStack
+    from icekeeper.localstack.stack import LocalStack, started_optional_services
 
-    stack = LocalStack(_config(args), only=args.only)
+    config = _config(args)
+    with_services = list(args.with_services or [])
+    if args.action != "up":
+        # `down` and `status` also cover the optional services an earlier `up --with` started.
+        with_services += [name for name in started_optional_services(config) if name not in with_services]
+    stack = LocalStack(config, only=args.only, with_services=with_services)
     if args.action == "up":
         report = stack.up(_progress)
         _print_status(stack)
@@ -251,9 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    stack = add("stack", cmd_stack, "start, stop or show the local Kafka, schema registry and Azurite")
+    stack = add("stack", cmd_stack, "start, stop or show the local Kafka, schema registry and Azurite (and MariaDB, PostgreSQL, Debezium)")
     stack.add_argument("action", choices=["up", "down", "status"])
-    stack.add_argument("--only", nargs="+", metavar="SERVICE", help="kafka, registry, azurite-queue, azurite-blob (default: all)")
+    stack.add_argument("--only", nargs="+", metavar="SERVICE", help="kafka, registry, azurite-queue, azurite-blob, and those --with adds (default: all)")
+    stack.add_argument("--with", dest="with_services", nargs="+", choices=["mariadb", "postgres", "connect"], metavar="SERVICE",
+                       help="also run a CDC source: mariadb and/or postgres (each with Kafka Connect running Debezium), or connect alone; "
+                            "down and status cover what an earlier up --with started")
 
     config = add("config", cmd_config, "check a config file, print it resolved, or print the documentation of every key")
     config.add_argument("action", choices=["check", "show", "docs"], nargs="?", default="check")

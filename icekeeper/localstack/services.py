@@ -1,7 +1,9 @@
 """The local services: Kafka (KRaft), Apicurio Registry, Azurite queue and blob.
 
 Each service knows how to fetch what it runs on, how to start, and how to tell it is ready.
-`stack.py` runs them as detached processes with pid files; nothing here keeps state.
+`stack.py` runs them as detached processes with pid files; nothing here keeps state. The
+optional services `stack up --with ...` adds follow the same pattern in their own modules:
+MariaDB and PostgreSQL in `databases.py`, Kafka Connect with Debezium in `connect.py`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Service(ABC):
     """One local service: fetch, prepare, launch and health-check."""
 
     name: str
+    needs: tuple[str, ...] = ()
+    """Services that must answer before this one is launched (Kafka Connect exits without Kafka)."""
 
     def __init__(self, stack: StackConfig, state_dir: Path, cache_dir: Path) -> None:
         self.stack = stack
@@ -59,20 +63,20 @@ class Service(ABC):
         """True when the service answers its protocol, not merely listens."""
 
     def port_in_use(self) -> bool:
-        return any(_port_open(self.stack.host, port) for port in self.ports())
+        return any(port_open(self.stack.host, port) for port in self.ports())
 
     @abstractmethod
     def ports(self) -> list[int]:
         """Ports this service binds."""
 
 
-def _port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.settimeout(timeout_s)
         return probe.connect_ex((host, port)) == 0
 
 
-def _http_status(url: str, timeout_s: float = 2.0) -> int | None:
+def http_status(url: str, timeout_s: float = 2.0) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.status
@@ -151,7 +155,7 @@ class KafkaService(Service):
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 
     def healthy(self) -> bool:
-        if not _port_open(self.stack.host, self.stack.kafka_port):
+        if not port_open(self.stack.host, self.stack.kafka_port):
             return False
         from confluent_kafka.admin import AdminClient  # heavy import, only when probing
 
@@ -210,7 +214,7 @@ class RegistryService(Service):
         return LaunchSpec(command=command, cwd=self.home)
 
     def healthy(self) -> bool:
-        return _http_status(f"{self.address()}/subjects") == 200
+        return http_status(f"{self.address()}/subjects") == 200
 
 
 class _AzuriteService(Service):
@@ -240,7 +244,7 @@ class _AzuriteService(Service):
 
     def healthy(self) -> bool:
         # Any HTTP answer (Azurite says 400/403 to an unsigned request) means it serves.
-        return _http_status(f"{self.address()}?comp=list&probe={uuid.uuid4().hex[:6]}") is not None
+        return http_status(f"{self.address()}?comp=list&probe={uuid.uuid4().hex[:6]}") is not None
 
 
 class AzuriteQueueService(_AzuriteService):

@@ -1,4 +1,4 @@
-"""`icekeeper stack up | down | status`: run the local services as detached processes.
+"""`icekeeper stack up [--with mariadb postgres] | down | status`: run the local services as detached processes.
 
 Each process started by `up` gets a pid file under `<state_dir>/stack/<service>/`. `down` stops
 exactly those processes (their whole process group) and nothing else, so a Kafka the user runs
@@ -20,13 +20,12 @@ from pathlib import Path
 
 from common.artifacts import Progress
 from common.config.model import IcekeeperConfig
-from icekeeper.localstack.services import Service, all_services
+from icekeeper.localstack.connect import KafkaConnectService
+from icekeeper.localstack.databases import MariaDbService, PostgresService
+from icekeeper.localstack.errors import StackError
+from icekeeper.localstack.services import LaunchSpec, Service, all_services
 
 log = logging.getLogger(__name__)
-
-
-class StackError(RuntimeError):
-    """A service that would not start; the message points at its log."""
 
 
 @dataclass
@@ -49,22 +48,60 @@ class StackReport:
     seconds: float
 
 
-class LocalStack:
-    """The local Kafka, schema registry and Azurite of one state folder."""
+OPTIONAL_SERVICES: dict[str, type[Service]] = {
+    "mariadb": MariaDbService,
+    "postgres": PostgresService,
+    "connect": KafkaConnectService,
+}
+"""Services `stack up --with <name>` adds, in start order; a database brings Kafka Connect with it."""
 
-    def __init__(self, config: IcekeeperConfig, only: list[str] | None = None) -> None:
+
+def with_dependencies(names: list[str]) -> list[str]:
+    """Optional services to run for `--with names`: a CDC source is no use without Debezium in Connect."""
+    unknown = set(names) - set(OPTIONAL_SERVICES)
+    if unknown:
+        raise StackError(f"no optional service(s) {sorted(unknown)}; --with takes {sorted(OPTIONAL_SERVICES)}")
+    wanted = set(names) | ({"connect"} if {"mariadb", "postgres"} & set(names) else set())
+    return [name for name in OPTIONAL_SERVICES if name in wanted]
+
+
+def started_optional_services(config: IcekeeperConfig) -> list[str]:
+    """Optional services that `up` started in this state folder (their pid files exist), for `down` and `status`."""
+    state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
+    return [name for name, kind in OPTIONAL_SERVICES.items() if _pid_file(kind(config.stack, state_dir, cache_dir)).exists()]
+
+
+class LocalStack:
+    """The local Kafka, schema registry and Azurite of one state folder, plus the optional services asked for."""
+
+    def __init__(self, config: IcekeeperConfig, only: list[str] | None = None, with_services: list[str] | None = None) -> None:
+        """
+        Args:
+            config: the stack's ports and versions (`config.stack`), state and cache folders.
+            only: manage just these services (of the core ones and those in `with_services`).
+            with_services: optional services to add (`OPTIONAL_SERVICES`); `mariadb` and `postgres` bring `connect`.
+        """
         self.config = config
-        services = all_services(config.stack, Path(config.state_dir), Path(config.cache_dir))
+        state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
+        optional = with_dependencies(with_services or [])
+        services = all_services(config.stack, state_dir, cache_dir) + [OPTIONAL_SERVICES[name](config.stack, state_dir, cache_dir) for name in optional]
         unknown = set(only or []) - {service.name for service in services}
         if unknown:
             raise StackError(f"no such service(s) {sorted(unknown)}; services: {[service.name for service in services]}")
         self.services: list[Service] = [service for service in services if not only or service.name in only]
+        # Every service by name, also those outside `only`, so a service's `needs` can be checked.
+        self._known: dict[str, Service] = {service.name: service for service in services}
+        for name, kind in OPTIONAL_SERVICES.items():
+            self._known.setdefault(name, kind(config.stack, state_dir, cache_dir))
 
     def service(self, name: str) -> Service:
         return next(service for service in self.services if service.name == name)
 
     def up(self, progress: Progress = log.info) -> StackReport:
-        """Start every service that is not already running here; wait until all are healthy."""
+        """Start every service that is not already running here; wait until all are healthy.
+
+        Services with `needs` are launched once what they need answers (started now or earlier).
+        """
         started_at = time.monotonic()
         to_start: list[Service] = []
         for service in self.services:
@@ -77,23 +114,41 @@ class LocalStack:
             if service.port_in_use():
                 raise StackError(f"{service.name}: port(s) {service.ports()} already in use by a process this stack did not start; change stack.* ports or stop it")
             to_start.append(service)
+        starting = {service.name for service in to_start}
+        needed = [self._known[name] for name in dict.fromkeys(name for service in to_start for name in service.needs)]
+        for dependency in needed:
+            if dependency.name not in starting and self._status(dependency).state not in ("running", "unhealthy"):
+                dependents = ", ".join(service.name for service in to_start if dependency.name in service.needs)
+                raise StackError(f"{dependents} need(s) {dependency.name}, which is not running in this stack; start it too (icekeeper stack up)")
         launches = [(service, service.prepare(progress)) for service in to_start]
         for service, launch in launches:
-            progress(f"starting {service.name} on {service.address()}")
-            service.home.mkdir(parents=True, exist_ok=True)
-            with open(service.log_path, "ab") as log_file:
-                process = subprocess.Popen(
-                    launch.command, cwd=launch.cwd, stdout=log_file, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )
-            _pid_file(service).write_text(json.dumps({"pid": process.pid, "command": launch.command}), encoding="utf-8")
-        self._wait_healthy(progress)
+            if service.needs:
+                continue
+            self._launch(service, launch, progress)
+        if any(service.needs for service, _ in launches):
+            self._wait_healthy(progress, needed)
+            for service, launch in launches:
+                if service.needs:
+                    self._launch(service, launch, progress)
+        self._wait_healthy(progress, [service for service in self.services if service not in needed])
         return StackReport(services=self.status(), started=[service.name for service, _ in launches], seconds=time.monotonic() - started_at)
 
-    def _wait_healthy(self, progress: Progress) -> None:
+    def _launch(self, service: Service, launch: LaunchSpec, progress: Progress) -> None:
+        progress(f"starting {service.name} on {service.address()}")
+        service.home.mkdir(parents=True, exist_ok=True)
+        with open(service.log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                launch.command, cwd=launch.cwd, stdout=log_file, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        _pid_file(service).write_text(json.dumps({"pid": process.pid, "command": launch.command}), encoding="utf-8")
+
+    def _wait_healthy(self, progress: Progress, services: list[Service]) -> None:
         deadline = time.monotonic() + self.config.stack.start_timeout
-        pending = list(self.services)
-        with ThreadPoolExecutor(max_workers=len(self.services)) as pool:
+        pending = list(services)
+        if not pending:
+            return
+        with ThreadPoolExecutor(max_workers=len(pending)) as pool:
             while pending:
                 healthy = list(pool.map(lambda service: service.healthy(), pending))
                 for service, ok in zip(list(pending), healthy):

@@ -1,0 +1,237 @@
+"""The stack's CDC sources: a private MariaDB and a private PostgreSQL, set up for Debezium.
+
+Each is the distribution's server (Debian's `mariadb-server` 10.11, `postgresql`) run as a private
+instance: its own data folder under the state folder, its own port on the stack's host, started in
+the foreground so `stack.py` tracks it by pid like every other service. Both servers refuse to run
+as root, so as root they run as the system user their package created (`mysql`, `postgres`), and
+otherwise as whoever runs `stack up`.
+
+Every instance has two users with fixed, published passwords (local instances on loopback):
+`icekeeper`, which owns the data the tests and the demo write, and `debezium`, which holds only
+what Debezium's documentation asks for.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.artifacts import Progress
+from icekeeper.localstack.debian import MARIADB_SERVER, POSTGRESQL, ensure_package
+from icekeeper.localstack.errors import StackError
+from icekeeper.localstack.services import LaunchSpec, Service, port_open
+
+
+@dataclass(frozen=True)
+class DatabaseUser:
+    """A login of the stack's databases (not secrets: the instances listen on loopback only)."""
+
+    name: str
+    password: str
+
+
+OWNER = DatabaseUser("icekeeper", "icekeeper")
+"""Owns the `icekeeper` database; creates tables and writes rows."""
+DEBEZIUM = DatabaseUser("debezium", "debezium")
+"""What Debezium connects as: replication rights, no more than its documentation asks for."""
+DATABASE = "icekeeper"
+"""The database created in both servers (MariaDB: one of many; PostgreSQL: the one Debezium reads)."""
+
+MARIADB_DEBEZIUM_GRANTS = ("SELECT", "RELOAD", "SHOW DATABASES", "LOCK TABLES", "REPLICATION SLAVE", "BINLOG MONITOR")
+"""Debezium's MariaDB connector documentation; BINLOG MONITOR is MariaDB's name for REPLICATION CLIENT since 10.5."""
+
+
+def _server_user(system_user: str, package: str) -> pwd.struct_passwd:
+    """Who runs the server: as root, the system user of its package (the servers refuse root); else ourselves."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid())
+    try:
+        return pwd.getpwnam(system_user)
+    except KeyError:
+        raise StackError(f"no system user {system_user!r}; it comes with the Debian package {package} (apt-get install {package})") from None
+
+
+def _as_user(user: pwd.struct_passwd) -> list[str]:
+    """Command prefix that runs a program as `user` (nothing when that is who we are)."""
+    return [] if user.pw_uid == os.geteuid() else ["runuser", "-u", user.pw_name, "--"]
+
+
+def _give_to(user: pwd.struct_passwd, *folders: Path) -> None:
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        if user.pw_uid != os.geteuid():
+            shutil.chown(folder, user.pw_uid, user.pw_gid)
+        folder.chmod(0o700)
+
+
+def _check_reachable(user: pwd.struct_passwd, folder: Path) -> None:
+    """The server runs as `user`: every folder above its data must let that user through."""
+    if user.pw_uid == os.geteuid():
+        return
+    result = subprocess.run(_as_user(user) + ["test", "-w", str(folder)], capture_output=True)
+    if result.returncode != 0:
+        raise StackError(
+            f"user {user.pw_name} cannot reach {folder}; put state_dir where every parent folder is "
+            f"searchable by others (chmod o+x), e.g. not under /root or pytest's tmp_path"
+        )
+
+
+def _run_logged(command: list[str], log_path: Path, what: str, stdin_text: str | None = None) -> str:
+    result = subprocess.run(command, input=stdin_text, capture_output=True, text=True)
+    output = result.stdout + result.stderr
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(command)}\n{output}\n")
+    if result.returncode != 0:
+        raise StackError(f"{what} failed (exit {result.returncode}); see {log_path}:\n{output[-3000:]}")
+    return output
+
+
+class MariaDbService(Service):
+    """MariaDB with its binlog in ROW format and full row images, as Debezium needs."""
+
+    name = "mariadb"
+
+    def address(self) -> str:
+        return f"mysql://{self.stack.host}:{self.stack.mariadb_port}"
+
+    def ports(self) -> list[int]:
+        return [self.stack.mariadb_port]
+
+    def prepare(self, progress: Progress) -> LaunchSpec:
+        programs = ensure_package(MARIADB_SERVER, "stack service mariadb", progress)
+        mysql = _server_user("mysql", MARIADB_SERVER.name)
+        run_as = [f"--user={mysql.pw_name}"] if os.geteuid() == 0 else []
+        data_dir, run_dir = self.home / "data", self.home / "run"
+        self.home.mkdir(parents=True, exist_ok=True)
+        _give_to(mysql, run_dir)
+        _check_reachable(mysql, run_dir)
+        if not (data_dir / "mysql").is_dir():
+            progress(f"initialising MariaDB in {data_dir}")
+            if data_dir.exists():
+                shutil.rmtree(data_dir)  # a half-made folder from an interrupted start
+            _give_to(mysql, data_dir)
+            _run_logged(
+                [programs["mariadb-install-db"], "--no-defaults", *run_as, f"--datadir={data_dir}",
+                 "--auth-root-authentication-method=socket", "--skip-test-db"],
+                self.home / "install-db.log", "mariadb-install-db",
+            )
+        init_file = self.home / "init.sql"
+        init_file.write_text(self._init_sql(), encoding="utf-8")
+        init_file.chmod(0o644)
+        command = [
+            programs["mariadbd"], "--no-defaults", *run_as,
+            f"--datadir={data_dir}", f"--socket={run_dir / 'mariadb.sock'}", f"--pid-file={run_dir / 'mariadbd.pid'}",
+            f"--bind-address={self.stack.host}", f"--port={self.stack.mariadb_port}", "--skip-name-resolve",
+            # What Debezium's MariaDB connector needs: a binlog of full row images.
+            "--log-bin=mariadb-bin", "--binlog-format=ROW", "--binlog-row-image=FULL", "--server-id=1",
+            "--character-set-server=utf8mb4",
+            # Users and grants, re-applied before every start accepts connections.
+            f"--init-file={init_file}",
+        ]
+        return LaunchSpec(command=command, cwd=self.home)
+
+    @staticmethod
+    def _init_sql() -> str:
+        grants = ", ".join(MARIADB_DEBEZIUM_GRANTS)
+        return "\n".join([
+            # Anonymous accounts would shadow ours for some client hosts.
+            "DELETE FROM mysql.global_priv WHERE User = '';",
+            "FLUSH PRIVILEGES;",
+            f"CREATE USER IF NOT EXISTS '{OWNER.name}'@'%' IDENTIFIED BY '{OWNER.password}';",
+            f"GRANT ALL PRIVILEGES ON *.* TO '{OWNER.name}'@'%' WITH GRANT OPTION;",
+            f"CREATE USER IF NOT EXISTS '{DEBEZIUM.name}'@'%' IDENTIFIED BY '{DEBEZIUM.password}';",
+            f"GRANT {grants} ON *.* TO '{DEBEZIUM.name}'@'%';",
+            f"CREATE DATABASE IF NOT EXISTS {DATABASE} CHARACTER SET utf8mb4;",
+            "",
+        ])
+
+    def healthy(self) -> bool:
+        if not port_open(self.stack.host, self.stack.mariadb_port):
+            return False
+        import pymysql
+
+        try:
+            # As debezium: the init file has run once its account exists.
+            connection = pymysql.connect(host=self.stack.host, port=self.stack.mariadb_port, user=DEBEZIUM.name,
+                                         password=DEBEZIUM.password, connect_timeout=2)
+        except pymysql.MySQLError:
+            return False
+        with connection:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT @@log_bin, @@binlog_format")
+                return cursor.fetchone() == (1, "ROW")
+
+
+class PostgresService(Service):
+    """PostgreSQL with `wal_level=logical`, for Debezium's connector through the built-in pgoutput plugin."""
+
+    name = "postgres"
+
+    def address(self) -> str:
+        return f"postgresql://{self.stack.host}:{self.stack.postgres_port}/{DATABASE}"
+
+    def ports(self) -> list[int]:
+        return [self.stack.postgres_port]
+
+    def prepare(self, progress: Progress) -> LaunchSpec:
+        programs = ensure_package(POSTGRESQL, "stack service postgres", progress)
+        postgres = _server_user("postgres", POSTGRESQL.name)
+        data_dir = self.home / "data"
+        initialised = self.home / "initialised"
+        self.home.mkdir(parents=True, exist_ok=True)
+        if not initialised.exists():
+            progress(f"initialising PostgreSQL in {data_dir}")
+            if data_dir.exists():
+                shutil.rmtree(data_dir)  # a half-made folder from an interrupted start
+            _give_to(postgres, data_dir)
+            _check_reachable(postgres, data_dir)
+            as_postgres = _as_user(postgres)
+            _run_logged(
+                as_postgres + [programs["initdb"], "-D", str(data_dir), "-U", "postgres", "--encoding=UTF8", "--locale=C",
+                               "--auth-local=peer", "--auth-host=scram-sha-256"],
+                self.home / "initdb.log", "initdb",
+            )
+            # Single-user mode runs the bootstrap SQL without a server listening anywhere.
+            output = _run_logged(as_postgres + [programs["postgres"], "--single", "-D", str(data_dir), "postgres"],
+                                 self.home / "initdb.log", "PostgreSQL bootstrap", stdin_text=self._bootstrap_sql())
+            if "ERROR:" in output:
+                raise StackError(f"PostgreSQL bootstrap SQL failed; see {self.home / 'initdb.log'}:\n{output[-3000:]}")
+            initialised.touch()
+        # `pg_ctl start` would daemonise and leave no process of ours to track: run the server itself,
+        # in the foreground, as postgres.
+        command = _as_user(postgres) + [
+            programs["postgres"], "-D", str(data_dir),
+            "-h", self.stack.host, "-p", str(self.stack.postgres_port),
+            "-k", "",  # no Unix socket: clients use TCP on the stack's host
+            "-c", "wal_level=logical", "-c", "max_wal_senders=10", "-c", "max_replication_slots=10",
+        ]
+        return LaunchSpec(command=command, cwd=self.home)
+
+    @staticmethod
+    def _bootstrap_sql() -> str:
+        # One statement per line: single-user mode ends a statement at a newline.
+        return "\n".join([
+            f"CREATE ROLE {OWNER.name} LOGIN PASSWORD '{OWNER.password}';",
+            f"CREATE ROLE {DEBEZIUM.name} REPLICATION LOGIN PASSWORD '{DEBEZIUM.password}';",
+            # Debezium's docs: publications of tables need their owner's rights; a replication user that
+            # is a member of the owning role has them (and SELECT for the snapshot) without superuser.
+            f"GRANT {OWNER.name} TO {DEBEZIUM.name};",
+            f"CREATE DATABASE {DATABASE} OWNER {OWNER.name};",
+            "",
+        ])
+
+    def healthy(self) -> bool:
+        if not port_open(self.stack.host, self.stack.postgres_port):
+            return False
+        import psycopg
+
+        try:
+            with psycopg.connect(host=self.stack.host, port=self.stack.postgres_port, user=DEBEZIUM.name,
+                                 password=DEBEZIUM.password, dbname=DATABASE, connect_timeout=2) as connection:
+                return connection.execute("SHOW wal_level").fetchone() == ("logical",)
+        except psycopg.Error:
+            return False
