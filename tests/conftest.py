@@ -3,14 +3,18 @@
 Integration tests run against the same `LocalStack` code as `icekeeper stack up`, on ports of
 their own (so a developer's running stack is left alone) and a state folder under
 `.icekeeper/test-stack`. The stack is stopped at the end only if this session started it; set
-`ICEKEEPER_TEST_KEEP_STACK=1` to leave it running for faster reruns.
+`ICEKEEPER_TEST_KEEP_STACK=1` to leave it running for faster reruns. The CDC sources of
+`stack up --with` (MariaDB, PostgreSQL, Kafka Connect with Debezium) start only when a test asks
+for `mariadb_cdc`, `postgres_cdc` or `kafka_connect`, and likewise once per session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -28,6 +32,9 @@ TEST_STACK_PORTS = {
         "registry_management_port": 19001,
         "azurite_queue_port": 20001,
         "azurite_blob_port": 20000,
+        "mariadb_port": 13306,
+        "postgres_port": 15432,
+        "connect_port": 18083,
     }.items()
 }
 
@@ -44,10 +51,14 @@ def stack_environ(state_dir: Path, ports: dict[str, int]) -> dict[str, str]:
     return environ
 
 
+# A shifted session gets its own state folder too: pid files there say which processes are its own.
+TEST_STACK_STATE_DIR = REPO_ROOT / ".icekeeper" / ("test-stack" if not _PORT_OFFSET else f"test-stack-{_PORT_OFFSET}")
+
+
 @pytest.fixture(scope="session")
 def stack_config() -> IcekeeperConfig:
     """Config of the session's stack (embedded defaults, test ports, test state folder)."""
-    return load_config(None, environ=stack_environ(REPO_ROOT / ".icekeeper" / "test-stack", TEST_STACK_PORTS))
+    return load_config(None, environ=stack_environ(TEST_STACK_STATE_DIR, TEST_STACK_PORTS))
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +72,48 @@ def local_stack(stack_config: IcekeeperConfig):
     yield stack
     if report.started and not os.environ.get("ICEKEEPER_TEST_KEEP_STACK"):
         stack.down(progress=lambda message: None)
+
+
+@contextlib.contextmanager
+def _optional_service(config: IcekeeperConfig, name: str) -> Iterator[None]:
+    """One of `stack up --with`'s services, started on entry and stopped on exit if this session started it."""
+    from icekeeper.localstack.stack import LocalStack
+
+    stack = LocalStack(config, only=[name], with_services=[name])
+    report = stack.up(progress=lambda message: print(f"[stack] {message}"))
+    print(f"[stack] {name} up in {report.seconds:.1f}s (started: {report.started or 'none, reused'})")
+    yield
+    if report.started and not os.environ.get("ICEKEEPER_TEST_KEEP_STACK"):
+        stack.down(progress=lambda message: None)
+
+
+@pytest.fixture(scope="session")
+def kafka_connect(local_stack, stack_config: IcekeeperConfig):  # noqa: ANN001 - LocalStack
+    """Kafka Connect with Debezium's connectors (`stack up --with connect`), started once; yields its REST client."""
+    from icekeeper.localstack.cdc import ConnectClient
+
+    with _optional_service(stack_config, "connect"):
+        yield ConnectClient.for_stack(stack_config.stack)
+
+
+@pytest.fixture(scope="session")
+def mariadb_cdc(kafka_connect, stack_config: IcekeeperConfig):  # noqa: ANN001 - ConnectClient
+    """The stack's MariaDB (binlog on) beside Kafka Connect, started once; yields a `MariaDbSource`."""
+    from icekeeper.localstack.cdc import MariaDbSource
+
+    with _optional_service(stack_config, "mariadb"):
+        yield MariaDbSource(stack_config.stack)
+
+
+@pytest.fixture(scope="session")
+def postgres_cdc(kafka_connect, stack_config: IcekeeperConfig):  # noqa: ANN001 - ConnectClient
+    """The stack's PostgreSQL (wal_level=logical) beside Kafka Connect, started once; yields a `PostgresSource`."""
+    from icekeeper.localstack.cdc import PostgresSource
+
+    with _optional_service(stack_config, "postgres"):
+        source = PostgresSource(stack_config.stack)
+        source.drop_inactive_slots()  # left by an earlier session's killed worker; no connector runs yet
+        yield source
 
 
 @pytest.fixture
