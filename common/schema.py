@@ -35,9 +35,49 @@ class Column:
     name: str
     type: IcebergType
     required: bool = False
+    semantic: str | None = None
+    """The Kafka Connect / Debezium semantic type (`connect.name`) whose carrier value the writer
+    converts into `type` (e.g. `io.debezium.time.MicroTimestamp`: a long of micros -> timestamp)."""
 
 
 # -- Avro -> Iceberg -----------------------------------------------------------------------------
+
+SEMANTIC_TYPES: dict[str, IcebergType] = {
+    # Debezium's temporal types (time.precision.mode adaptive, adaptive_time_microseconds, connect).
+    "io.debezium.time.Date": DateType(),
+    "io.debezium.time.Timestamp": TimestampType(),
+    "io.debezium.time.MicroTimestamp": TimestampType(),
+    "io.debezium.time.NanoTimestamp": TimestampType(),
+    "io.debezium.time.ZonedTimestamp": TimestamptzType(),
+    # Time of day is text: MariaDB/MySQL TIME runs from -838:59:59 to 838:59:59, which no Iceberg
+    # `time` holds, and Iceberg 1.11's Spark cannot read a `time` column at all (so neither could
+    # Spark users nor the reaper's Spark actions; apache/iceberg#16663).
+    "io.debezium.time.Time": StringType(),
+    "io.debezium.time.MicroTime": StringType(),
+    "io.debezium.time.NanoTime": StringType(),
+    "io.debezium.time.ZonedTime": StringType(),
+    "io.debezium.time.Year": IntegerType(),
+    "io.debezium.time.MicroDuration": LongType(),
+    "io.debezium.time.NanoDuration": LongType(),
+    "io.debezium.time.Interval": StringType(),
+    "org.apache.kafka.connect.data.Time": StringType(),
+    # Text-carried types stay text; Spark writes no Parquet UUID, so a uuid column is its text.
+    "io.debezium.data.Json": StringType(),
+    "io.debezium.data.Enum": StringType(),
+    "io.debezium.data.EnumSet": StringType(),
+    "io.debezium.data.Uuid": StringType(),
+    "io.debezium.data.Xml": StringType(),
+    "io.debezium.data.Ltree": StringType(),
+    "io.debezium.data.Bits": BinaryType(),
+    # NUMERIC without a scale: each value has its own scale, which no Iceberg decimal column keeps
+    # exactly, so the exact digits are kept as text.
+    "io.debezium.data.VariableScaleDecimal": StringType(),
+    # Spatial values as their well-known binary (the struct's `wkb`).
+    "io.debezium.data.geometry.Geometry": BinaryType(),
+    "io.debezium.data.geometry.Geography": BinaryType(),
+    "io.debezium.data.geometry.Point": BinaryType(),
+}
+"""Iceberg type of each Connect / Debezium semantic type whose carrier is not what users expect."""
 
 _AVRO_PRIMITIVES: dict[str, IcebergType] = {
     "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -63,6 +103,9 @@ def avro_to_iceberg(avro_type: Any, path: str = "") -> tuple[IcebergType, bool]:
     if not isinstance(avro_type, dict):
         raise SchemaConversionError(f"{path}: not an Avro type: {avro_type!r}")
     kind, logical = avro_type.get("type"), avro_type.get("logicalType")
+    semantic = avro_type.get("connect.name")
+    if semantic in SEMANTIC_TYPES:
+        return SEMANTIC_TYPES[semantic], False
     if logical == "decimal":
         return DecimalType(int(avro_type["precision"]), int(avro_type.get("scale", 0))), False
     if logical == "date":
@@ -72,7 +115,7 @@ def avro_to_iceberg(avro_type: Any, path: str = "") -> tuple[IcebergType, bool]:
     if logical in ("local-timestamp-millis", "local-timestamp-micros"):
         return TimestampType(), False
     if logical in ("time-millis", "time-micros"):
-        return TimeType(), False
+        return StringType(), False  # see SEMANTIC_TYPES: time of day is text
     if kind == "record":
         fields = []
         for index, field in enumerate(avro_type["fields"]):
@@ -90,8 +133,7 @@ def avro_to_iceberg(avro_type: Any, path: str = "") -> tuple[IcebergType, bool]:
     if kind == "fixed":
         return FixedType(int(avro_type["size"])), False
     if kind in _AVRO_PRIMITIVES:
-        # A primitive with properties, e.g. Debezium's {"type": "long", "connect.name": "io.debezium.time.Timestamp"}:
-        # kept as the number it is, as seed 000's tables do.
+        # A primitive with properties (Connect's int8/int16 markers, semantic types not mapped).
         return _AVRO_PRIMITIVES[kind], False
     raise SchemaConversionError(f"{path}: Avro type {kind!r} is not supported")
 
@@ -204,8 +246,21 @@ def row_columns(shape: EnvelopeShape, primary_key: Iterable[str] = ()) -> list[C
     columns = []
     for field in shape.row["fields"]:
         field_type, _ = avro_to_iceberg(field["type"], field["name"])
-        columns.append(Column(field["name"], field_type, required=field["name"].lower() in keys))
+        columns.append(Column(field["name"], field_type, required=field["name"].lower() in keys, semantic=semantic_type(field["type"])))
     return columns
+
+
+def semantic_type(avro_type: Any) -> str | None:
+    """The mapped semantic type (`connect.name`, or Avro's `time-*` logical types) of a field."""
+    if isinstance(avro_type, list):
+        return next((name for branch in avro_type if (name := semantic_type(branch))), None)
+    if not isinstance(avro_type, dict):
+        return None
+    if avro_type.get("connect.name") in SEMANTIC_TYPES:
+        return avro_type["connect.name"]
+    if avro_type.get("logicalType") in ("time-millis", "time-micros"):
+        return "avro." + avro_type["logicalType"]
+    return None
 
 
 def merge_columns(versions: list[list[Column]]) -> list[Column]:

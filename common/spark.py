@@ -81,6 +81,18 @@ def spark_submit_packages() -> str:
     return ",".join(SPARK_PACKAGES)
 
 
+FIXED_SQL_CONF = {
+    # Debezium's DATETIME carriers are wall-clock values encoded as UTC: converted in a UTC session
+    # they keep their digits (writers/conversions.py).
+    "spark.sql.session.timeZone": "UTC",
+    # Iceberg stores proleptic Gregorian dates and times; Spark's default refuses to write dates
+    # before 1582 (MariaDB DATE starts at year 1000) rather than write them as they are.
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+}
+"""Settings the writer's output depends on: applied after, and over, `writer.spark_conf`."""
+
+
 def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = None, extra_conf: Mapping[str, str] | None = None):
     """A SparkSession with Kafka, Avro and Iceberg on the classpath and the catalog registered."""
     from pyspark.sql import SparkSession
@@ -96,7 +108,6 @@ def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = N
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-        .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.parquet.fieldId.write.enabled", "true")
         .config("spark.sql.parquet.compression.codec", "zstd")
@@ -110,7 +121,7 @@ def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = N
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.type", "hadoop")
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.warehouse", functions_warehouse.as_uri())
     )
-    for key, value in {**iceberg_catalog_conf(config), **config.writer.spark_conf, **(extra_conf or {})}.items():
+    for key, value in {**iceberg_catalog_conf(config), **config.writer.spark_conf, **(extra_conf or {}), **FIXED_SQL_CONF}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

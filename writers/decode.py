@@ -27,6 +27,8 @@ from writers import sql
 from writers.registry import RegisteredSchema
 
 ERROR = "_ik_error"
+VERSION = "_ik_version"
+"""Index into `DecodedBatch.versions` of the version whose schema the record names (null: none)."""
 DECODE_BARRIER = "_ik_decode_barrier"
 KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
 
@@ -79,11 +81,12 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
         decoded_columns.append(f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END AS {column}")
         versions.append(_shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id))
     known = [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas]
+    version = f"CASE {prefix} {' '.join(f'WHEN {literal} THEN {index}' for index, literal in enumerate(known))} END" if known else "CAST(NULL AS INT)"
     # `spark_partition_id()` is nondeterministic, which stops Spark from pushing filters on the
     # decoded columns through this projection: pushing them would inline, and so repeat,
     # `from_avro` in the filter and the projection. The error column refers to it so that
     # column pruning keeps it.
-    frame = raw.selectExpr(*KAFKA_COLUMNS, *decoded_columns, f"spark_partition_id() AS {DECODE_BARRIER}")
+    frame = raw.selectExpr(*KAFKA_COLUMNS, *decoded_columns, f"{version} AS {VERSION}", f"spark_partition_id() AS {DECODE_BARRIER}")
     error = (
         f"CASE WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'"
         " WHEN value IS NULL THEN 'tombstone'"
@@ -150,7 +153,7 @@ def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedB
     if debezium:
         inferred = _same_row_type(inferred)
     decoded = F.from_json(F.col("_ik_json"), inferred, {"mode": "PERMISSIVE"}) if inferred.fields else F.lit(None)
-    frame = staged.select(*KAFKA_COLUMNS, decoded.alias("_ik_v0"), "_ik_json")
+    frame = staged.select(*KAFKA_COLUMNS, decoded.alias("_ik_v0"), F.lit(0).alias(VERSION), "_ik_json")
     valid_json = F.expr("try_parse_json(_ik_json)").isNotNull()
     error = F.when(F.col("value").isNull(), F.lit("tombstone")).when(~valid_json | F.col("_ik_v0").isNull(), F.lit("invalid-json"))
     if debezium:

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from common.config.model import MetadataColumns
 from common.schema import PARQUET_FIELD_ID, Column, assign_ids, envelope_ts_column, merge_columns, metadata_columns, op_column, spark_sql_type
 from writers import sql
+from writers.conversions import converted_sql, failed_sql
 from writers.decode import ERROR, VersionShape
 
 EVENT_MS = "_ik_event_ms"
@@ -112,24 +113,50 @@ def across(versions: list[VersionShape], pick) -> str:  # noqa: ANN001
     return sql.coalesce([pick(v) for v in versions])
 
 
-def row_value_sql(name: str, versions: list[VersionShape], case_insensitive: bool = False) -> str:
+def row_value_sql(name: str, versions: list[VersionShape]) -> str:
     """SQL for row column `name` of each record (null where no version has it)."""
+    values = _row_values(name, versions)
+    return sql.coalesce(values) if values else "NULL"
+
+
+def row_value_is_null_sql(name: str, versions: list[VersionShape], case_insensitive: bool = False) -> str:
+    """SQL true where row column `name` is null, whichever version decoded the record."""
     names = {c.name for v in versions for c in v.row}
     if case_insensitive and name not in names:
         matches = [candidate for candidate in names if candidate.lower() == name.lower()]
         name = matches[0] if len(matches) == 1 else name
-    having = [v for v in versions if any(c.name == name for c in v.row)]
-    if not having:
-        return "NULL"
+    return sql.all_of(f"{value} IS NULL" for value in _row_values(name, versions, converted=False))
+
+
+def _row_values(name: str, versions: list[VersionShape], converted: bool = True) -> list[str]:
+    """Per version that has column `name`, SQL for its value (null for records of other versions),
+    converted from Debezium's carrier to the column's Iceberg type unless `converted` is False."""
     values = []
-    for version in having:
-        if version.is_debezium:
-            # The row is `after`, or `before` for a delete; never mix fields of the two.
-            after, before = sql.path(version.column, "after"), sql.path(version.column, "before", name)
-            values.append(f"CASE WHEN {after} IS NOT NULL THEN {sql.path(version.column, 'after', name)} ELSE {before} END")
-        else:
-            values.append(sql.path(version.column, name))
-    return sql.coalesce(values)
+    for version in versions:
+        column = next((c for c in version.row if c.name == name), None)
+        if column is None:
+            continue
+        value = _carrier_sql(version, name)
+        values.append(converted_sql(value, column.semantic) if converted else value)
+    return values
+
+
+def _carrier_sql(version: VersionShape, name: str) -> str:
+    if not version.is_debezium:
+        return sql.path(version.column, name)
+    # The row is `after`, or `before` for a delete; never mix fields of the two.
+    after, before = sql.path(version.column, "after"), sql.path(version.column, "before", name)
+    return f"CASE WHEN {after} IS NOT NULL THEN {sql.path(version.column, 'after', name)} ELSE {before} END"
+
+
+def unconvertible_sql(versions: list[VersionShape]) -> str:
+    """SQL true for records holding a value their column's Iceberg type cannot take (see conversions)."""
+    return sql.any_of(
+        failed
+        for version in versions
+        for column in version.row
+        if (failed := failed_sql(_carrier_sql(version, column.name), column.semantic)) is not None
+    )
 
 
 def value_sql(name: str, versions: list[VersionShape], metadata: MetadataColumns) -> str:

@@ -36,14 +36,15 @@ from common.transports import open_transport
 from common.transports.folder import MonikerFolder
 from writers.dead_letters import send_dead_letters
 from writers import sql
-from writers.decode import ERROR, UNKNOWN_SCHEMA_ID, DecodedBatch, decode_avro_confluent, decode_json
+from writers.decode import ERROR, UNKNOWN_SCHEMA_ID, VERSION, DecodedBatch, VersionShape, decode_avro_confluent, decode_json
 from writers.files import list_written_files, parquet_write_options, partition_columns, write_parquet
 from writers.flatten import (
-    EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE, flatten, helper_sql, row_value_sql,
+    EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE, flatten, helper_sql, row_value_is_null_sql, unconvertible_sql,
 )
 from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, pending_until, plan_batch
 from writers.registry import RegisteredSchema, TopicSchemas
 from writers.routing import routes_for
+from writers.table_versions import versions_by_table
 
 log = logging.getLogger(__name__)
 ROUTE = "_ik_route"
@@ -340,31 +341,31 @@ class WriterJob:
         raw = self._raw(source, plan)
         decoded = self._decode(source, raw, schemas)
         outcome = _Outcome()
-        table_ids = sorted({t.identifier for t in routes.tables} | ({t for t in self.tables if t not in {s.identifier for s in self.config.tables}} if routes.template else set()))
         routed = self._routed_rows(decoded, routes, source)
-        discovered: list[str] = []
-        metrics: dict | None = None
-        if routes.template:
-            # Template routing: learn the batch's tables first (one aggregate pass), then write each.
-            batch_metrics = Observation(f"batch-{uuid.uuid4().hex[:8]}")
-            route_set = F.expr(f"collect_set(CASE WHEN {ERROR} IS NULL THEN {ROUTE} END)").alias("routes")
-            routed.observe(batch_metrics, *self._batch_metric_columns(), route_set).count()
-            metrics = batch_metrics.get
-            discovered = sorted(set(metrics["routes"]) - set(table_ids))
-        targets = sorted(set(table_ids) | set(discovered))
-        for index, identifier in enumerate(targets):
-            observes_batch = index == 0 and metrics is None
-            moniker = self._write_table(source, plan, seq, decoded, routed, identifier, outcome, observes_batch)
+        table_versions = versions_by_table(self._route_versions(routed), decoded.versions)
+        for index, (identifier, versions) in enumerate(table_versions.items()):
+            moniker = self._write_table(source, plan, seq, decoded, routed, identifier, versions, outcome, observes_batch=index == 0)
             if moniker is not None:
                 outcome.monikers.append(moniker)
-        if metrics is None:
-            metrics = outcome.batch_metrics if targets else self._batch_metrics_alone(routed)
+        metrics = outcome.batch_metrics if table_versions else self._batch_metrics_alone(routed)
         outcome.failed = int(metrics.get("failed") or 0)
         outcome.tombstones = int(metrics.get("tombstone") or 0)
         if not source.offset_gaps and metrics.get("records") is not None and int(metrics["records"]) != plan.records:
             self._discard(outcome.output_dirs)
             raise BatchIncomplete(f"read {metrics['records']} records where offsets span {plan.records}; the batch is retried")
         return outcome
+
+    @staticmethod
+    def _route_versions(routed: DataFrame) -> list[tuple[str, int]]:
+        """The batch's distinct (table, schema version) pairs: which tables it feeds, and with what.
+
+        Records that fail to decode count with the version their frame names: harmless (the
+        version's columns come out null) and it keeps this pass from decoding anything when
+        routing is by topic, since the route and the version then depend on the topic and the
+        frame's first five bytes alone.
+        """
+        pairs = routed.where(f"{ROUTE} IS NOT NULL AND {VERSION} IS NOT NULL").groupBy(ROUTE, VERSION).count().collect()
+        return [(row[ROUTE], int(row[VERSION])) for row in pairs]
 
     @staticmethod
     def _batch_metric_columns() -> list:
@@ -390,22 +391,28 @@ class WriterJob:
         frame = decoded.frame.selectExpr("*", *[f"{helpers[name]} AS {name}" for name in (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET, SOURCE_DB, SOURCE_TABLE, SOURCE_SERVER)])
         frame = frame.selectExpr("*", f"{routes.sql()} AS {ROUTE}")
         error = (f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable'"
-                 f" WHEN {self._missing_key_sql(decoded)} THEN 'missing-key' END")
+                 f" WHEN {self._missing_key_sql(decoded)} THEN 'missing-key'"
+                 f" WHEN {unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END")
         return frame.selectExpr(*[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}")
 
     def _missing_key_sql(self, decoded: DecodedBatch) -> str:
-        """True for rows routed to a table with a primary key whose key columns are null."""
+        """True for rows routed to a table with a primary key whose key columns are null.
+
+        Each version's value is tested on its own (no coalesce across versions), so versions that
+        give a key column different types never meet in one expression.
+        """
         conditions = []
         for spec in self.config.tables:
             if spec.primary_key:
-                versions = _versions_for(decoded, spec)
-                any_null = sql.any_of(f"{row_value_sql(key, versions, case_insensitive=True)} IS NULL" for key in spec.primary_key)
+                any_null = sql.any_of(row_value_is_null_sql(key, decoded.versions, case_insensitive=True) for key in spec.primary_key)
                 conditions.append(f"({ROUTE} = {sql.string(spec.identifier)} AND {any_null})")
         return sql.any_of(conditions)
 
     def _write_table(self, source: KafkaSource, plan: BatchPlan, seq: int, decoded: DecodedBatch, frame: DataFrame,
-                     identifier: str, outcome: "_Outcome", observes_batch: bool) -> Moniker | None:
+                     identifier: str, versions: list[VersionShape], outcome: "_Outcome", observes_batch: bool) -> Moniker | None:
         """Write `identifier`'s rows of the batch; with `observes_batch`, also count the whole batch.
+
+        The table's columns come from `versions`, the versions of its own records in this batch.
 
         The counts are taken on the flattened rows, in the one pass that writes the files: counting
         on the decoded records made Spark copy every nested Avro struct into a row of its own at
@@ -415,7 +422,6 @@ class WriterJob:
         spec = next((t for t in self.config.tables if t.identifier == identifier), None) or TableSpec(identifier=identifier, source=source.name)
         table = load_table_or_none(self.catalog, identifier)
         existing = table.schema() if table is not None else None
-        versions = _versions_for(decoded, spec)
         keep = f"{ROUTE} = {sql.string(identifier)} AND {ERROR} IS NULL AND {_at_or_after(plan, identifier)}"
         if not observes_batch:
             frame = frame.where(keep)
@@ -545,14 +551,6 @@ class _Outcome:
     def dead_lettered(self, source: KafkaSource) -> int:
         """Failed records that go to the dead-letter topic (skipped tombstones do not)."""
         return self.failed - self.skipped_tombstones(source)
-
-
-def _versions_for(decoded: DecodedBatch, spec: TableSpec):  # noqa: ANN202
-    """Versions whose rows can route to `spec`: by Debezium record namespace when routed by source."""
-    if spec.source_table and any(v.namespace for v in decoded.versions):
-        chosen = [v for v in decoded.versions if v.namespace and v.namespace.split(".")[-1] == spec.source_table]
-        return chosen or decoded.versions
-    return decoded.versions
 
 
 def _at_or_after(plan: BatchPlan, identifier: str) -> str:

@@ -59,7 +59,12 @@ def seed_schema(config: IcekeeperConfig) -> Schema:
     return assign_ids(columns, None, ["ID1", "ID2"])
 
 
-_ARROW = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "timestamptz": pa.timestamp("us", tz="UTC")}
+_ARROW = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "timestamptz": pa.timestamp("us", tz="UTC"), "timestamp": pa.timestamp("us")}
+
+
+def _wall_clock_us(millis: int) -> int:
+    """A DATETIME column as the writer stores it: Debezium's millis as an Iceberg timestamp (micros)."""
+    return millis * 1000
 
 
 def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
@@ -73,7 +78,7 @@ def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
             "_tsc_id": f"e45b718e-906f-11ec-89e3-0242c0a8640a:{offset}", "_tsc_total_order": 1, "_tsc_data_collection_order": 1,
             "_kfk_topic": "test.db_gb18030_test.tbl_test_1", "_kfk_partition": 0, "_kfk_offset": offset, "_kfk_timestamp": 1646297167000000 + offset,
             "ID1": 1000 + offset % 5000, "ID2": "A", "C1": f"V{offset % 97}-1", "C2": 5000 + offset % 1000, "C6": None, "C5": f"S4-{offset % 1000}",
-            "C4": 4000 + offset % 13, "C3": None, "CREATE_TIME": 1646101923000, "UPDATE_TIME": 1646296793000 + offset,
+            "C4": 4000 + offset % 13, "C3": None, "CREATE_TIME": _wall_clock_us(1646101923000), "UPDATE_TIME": _wall_clock_us(1646296793000 + offset),
         }
         for name in columns:
             columns[name].append(row.get(name))

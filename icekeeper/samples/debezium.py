@@ -18,7 +18,8 @@ class Column:
     """One table column: name, Avro type, whether NULL is allowed, Debezium logical name."""
 
     name: str
-    avro_type: str
+    avro_type: str | dict[str, Any]
+    """An Avro primitive name, or a whole Avro type as Debezium registers it (decimals, structs)."""
     optional: bool = True
     connect_name: str | None = None
 

@@ -8,6 +8,7 @@ the Iceberg table once the bookkeeper committed the monikers.
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 from pathlib import Path
 
@@ -70,7 +71,9 @@ def test_seed_sample_becomes_the_articles_table(local_stack, spark, tmp_path: Pa
         last[row["ID1"]] = row
     for id1, ((c2, c3, c4, c5, c6, update_time), (partition, offset)) in ARTICLE_RESULT.items():
         row = last[id1]
-        assert (row["C2"], row["C3"], row["C4"], row["C5"], row["C6"], row["UPDATE_TIME"]) == (c2, c3, c4, c5, c6, update_time)
+        # Debezium's io.debezium.time.Timestamp (millis of a DATETIME's wall clock) lands as a timestamp.
+        wall_clock = datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=update_time)
+        assert (row["C2"], row["C3"], row["C4"], row["C5"], row["C6"], row["UPDATE_TIME"]) == (c2, c3, c4, c5, c6, wall_clock)
         assert (row["_kfk_partition"], row["_kfk_offset"]) == (partition, offset)
         assert row["_src_db"] == "db_gb18030_test" and row["_src_table"] == "tbl_test_1" and row["_kfk_topic"] == unique_topic
     first = next(r for r in rows if r["_kfk_partition"] == 0 and r["_kfk_offset"] == 0)

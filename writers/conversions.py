@@ -1,0 +1,86 @@
+"""Spark SQL that turns a Debezium / Connect carrier value into the Iceberg type users expect.
+
+Debezium sends a DATETIME(6) as a long of microseconds, a DATE as an int of days, a TIME as a
+long of microseconds, a TIMESTAMP as ISO text. `common.schema.SEMANTIC_TYPES` says which Iceberg
+type each becomes; this module says how, as SQL over the carrier (`{}` in each template), so the
+conversion runs in Spark's JVM with the rest of the projection. The rules for values a type
+cannot hold are in docs/types.md; every conversion here either is total or reports a failure
+(`failed_sql`), so a value is never silently replaced by null.
+"""
+
+from __future__ import annotations
+
+_NTZ = "CAST(timestamp_micros({micros}) AS TIMESTAMP_NTZ)"
+"""Wall-clock timestamps: Debezium encodes DATETIME as if it were UTC; the writer's Spark session
+runs in UTC (`common.spark`), so the cast to TIMESTAMP_NTZ keeps the wall-clock digits."""
+
+
+def _floor_div(value: str, divisor: int) -> str:
+    """Integer floor division (DIV truncates towards zero, which is wrong before 1970)."""
+    return f"(({value}) - pmod({value}, {divisor})) DIV {divisor}"
+
+
+def _time_of_day(micros: str) -> str:
+    """`[-]HH:MM:SS[.ffffff]`, as MariaDB prints TIME (hours may pass 24, values may be negative)."""
+    magnitude = f"abs({micros})"
+    fraction = f"CASE WHEN {magnitude} % 1000000 = 0 THEN '' ELSE format_string('.%06d', {magnitude} % 1000000) END"
+    return (f"CASE WHEN {micros} IS NULL THEN NULL ELSE format_string('%s%02d:%02d:%02d%s', CASE WHEN {micros} < 0 THEN '-' ELSE '' END, "
+            f"{magnitude} DIV 3600000000, ({magnitude} DIV 60000000) % 60, ({magnitude} DIV 1000000) % 60, {fraction}) END")
+
+
+def _unscaled_decimal_text(value_bytes: str) -> str:
+    """Decimal digits of a big-endian two's-complement integer (Connect's decimal bytes); null when it
+    has more than 38 digits (Spark's widest decimal)."""
+    first = f"CAST(conv(hex(substring({value_bytes}, 1, 1)), 16, 10) AS INT)"
+    negative = f"({first} >= 128)"
+    byte = f"CAST(conv(hex(substring({value_bytes}, i, 1)), 16, 10) AS INT)"
+    digit = f"CASE WHEN {negative} THEN 255 - {byte} ELSE {byte} END"
+    magnitude = (f"aggregate(sequence(1, length({value_bytes})), CAST(0 AS DECIMAL(38, 0)), "
+                 f"(acc, i) -> CAST(try_add(try_multiply(acc, CAST(256 AS DECIMAL(38, 0))), {digit}) AS DECIMAL(38, 0)))")
+    return f"CAST(CASE WHEN {negative} THEN -({magnitude} + 1) ELSE {magnitude} END AS STRING)"
+
+
+def _scaled_text(unscaled: str, scale: str) -> str:
+    """`unscaled` digits with a decimal point `scale` places from the right."""
+    digits = f"ltrim('-', {unscaled})"
+    padded = f"lpad({digits}, greatest(length({digits}), {scale} + 1), '0')"
+    with_point = f"CASE WHEN {scale} > 0 THEN concat(substring({padded}, 1, length({padded}) - {scale}), '.', right({padded}, {scale})) ELSE {padded} END"
+    return f"CASE WHEN {unscaled} IS NULL THEN NULL ELSE concat(CASE WHEN {unscaled} LIKE '-%' THEN '-' ELSE '' END, {with_point}) END"
+
+
+_CONVERSIONS: dict[str, str] = {
+    "io.debezium.time.Date": "date_from_unix_date({})",
+    "io.debezium.time.Timestamp": _NTZ.format(micros="CAST({} AS BIGINT) * 1000"),
+    "io.debezium.time.MicroTimestamp": _NTZ.format(micros="{}"),
+    # Iceberg timestamps hold microseconds: nanoseconds are cut (floored) to them.
+    "io.debezium.time.NanoTimestamp": _NTZ.format(micros=_floor_div("{}", 1000)),
+    "io.debezium.time.ZonedTimestamp": "try_cast({} AS TIMESTAMP)",
+    "io.debezium.time.Time": _time_of_day("CAST({} AS BIGINT) * 1000"),
+    "io.debezium.time.MicroTime": _time_of_day("{}"),
+    "io.debezium.time.NanoTime": _time_of_day(_floor_div("{}", 1000)),
+    "org.apache.kafka.connect.data.Time": _time_of_day("CAST({} AS BIGINT) * 1000"),
+    "avro.time-millis": _time_of_day("CAST({} AS BIGINT) * 1000"),
+    "avro.time-micros": _time_of_day("{}"),
+    "io.debezium.data.VariableScaleDecimal": _scaled_text(_unscaled_decimal_text("{}.value"), "{}.scale"),
+    "io.debezium.data.geometry.Geometry": "{}.wkb",
+    "io.debezium.data.geometry.Geography": "{}.wkb",
+    "io.debezium.data.geometry.Point": "{}.wkb",
+}
+"""Semantic types whose carrier needs converting; the others (Json, Enum, Uuid, ...) are taken as they come."""
+
+_FALLIBLE = {"io.debezium.time.ZonedTimestamp", "io.debezium.data.VariableScaleDecimal"}
+"""Conversions that give null for some non-null input (text that is no timestamp, e.g. PostgreSQL's
+`infinity`; a NUMERIC of more than 38 digits)."""
+
+
+def converted_sql(value: str, semantic: str | None) -> str:
+    """SQL for the Iceberg value of carrier `value` of a column of semantic type `semantic`."""
+    template = _CONVERSIONS.get(semantic or "")
+    return template.replace("{}", f"({value})") if template else value
+
+
+def failed_sql(value: str, semantic: str | None) -> str | None:
+    """SQL true where the conversion of a non-null `value` gave null; None for total conversions."""
+    if semantic not in _FALLIBLE:
+        return None
+    return f"(({value}) IS NOT NULL AND {converted_sql(value, semantic)} IS NULL)"
