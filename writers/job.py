@@ -201,8 +201,12 @@ class WriterJob:
         checkpoint = self._read_checkpoint(source)
         positions = {}
         for identifier in table_ids:
+            # The later of the table's own progress and what this writer finished for the source:
+            # a batch that gave a table no rows (only other tables', tombstones or dead letters)
+            # publishes nothing for it, and must not be read again for it forever.
             known = dict(checkpoint)
-            known.update(self.tables.setdefault(identifier, TableProgress()).positions)
+            for key, offset in self.tables.setdefault(identifier, TableProgress()).positions.items():
+                known[key] = max(known.get(key, 0), offset)
             positions[identifier] = known
         if source.table_template:
             positions["*"] = checkpoint

@@ -1,8 +1,10 @@
 """Which offsets the next batch reads, from what tables committed and what is still pending.
 
 A restarted writer must neither skip records nor redo work the bookkeeper would commit twice,
-so a table's next offset for a topic-partition is the later of what the table committed and
-what the writer's pending monikers for it already cover. The batch reads from the earliest of
+so a table's next offset for a topic-partition is the latest of what the table committed, what
+the writer's pending monikers for it already cover, and what the writer's checkpoint says it
+finished (written after a batch's monikers are published and its dead letters sent; it moves on
+a table that the batch gave no rows). The batch reads from the earliest of
 the tables' starts, and each table keeps only rows at or after its own start.
 """
 

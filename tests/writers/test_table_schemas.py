@@ -138,3 +138,30 @@ def test_a_column_the_source_dropped_is_dropped_or_kept_null_as_configured(local
         assert row_columns(bookkeeper, "shop.orders") == {"id": "int", "qty": "int", "note": "string"}
         rows = table.scan(selected_fields=("id", "note")).to_arrow().sort_by("id").to_pylist()
         assert rows == [{"id": 1, "note": "before the drop"}, {"id": 2, "note": None}]
+
+
+def test_a_batch_that_gives_a_table_no_rows_is_not_read_again_for_it(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+    # Found against a real MariaDB: a batch with rows for one table only, or only Debezium's
+    # tombstones, published nothing for the other table, and the writer read it again forever.
+    orders_topic, customers_topic = f"{unique_topic}.orders", f"{unique_topic}.customers"
+    config = two_table_config(tmp_path, orders_topic, customers_topic, by_source_table=False)
+    for topic in (orders_topic, customers_topic):
+        ensure_topic(config.sources[0].bootstrap_servers, topic, 1)
+    job = WriterJob(config, spark=spark)
+    produce_creates(config, customers_topic, shape("s", "customers", CUSTOMERS), [{"id": 6, "qty": "q", "name": "c"}])
+    produce_creates(config, orders_topic, shape("s", "orders", ORDERS), [{"id": 0, "qty": 0, "note": "o"}])
+    start = job.run(max_batches=4, until_idle=True)  # both tables have progress of their own now
+    produce_creates(config, orders_topic, shape("s", "orders", ORDERS), [{"id": i, "qty": i, "note": "o"} for i in range(1, 5)])
+    first = job.run(max_batches=4, until_idle=True)
+    producer = Producer({"bootstrap.servers": config.sources[0].bootstrap_servers})
+    producer.produce(customers_topic, key=b'{"id": 1}', value=None, partition=0)  # a tombstone alone
+    producer.flush()
+    second = job.run(max_batches=4, until_idle=True)
+    produce_creates(config, customers_topic, shape("s", "customers", CUSTOMERS), [{"id": 7, "qty": "q", "name": "c"}])
+    third = job.run(max_batches=4, until_idle=True)
+
+    assert [sum(r.records_read for r in reports) for reports in (start, first, second, third)] == [2, 4, 1, 1]
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.run_cycle()
+    assert bookkeeper.catalog.load_table("shop.orders").scan().to_arrow().num_rows == 5
+    assert bookkeeper.catalog.load_table("shop.customers").scan(selected_fields=("id",)).to_arrow().sort_by("id").to_pylist() == [{"id": 6}, {"id": 7}]
