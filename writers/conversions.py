@@ -65,6 +65,7 @@ _CONVERSIONS: dict[str, str] = {
     "io.debezium.data.geometry.Geometry": "{}.wkb",
     "io.debezium.data.geometry.Geography": "{}.wkb",
     "io.debezium.data.geometry.Point": "{}.wkb",
+    "avro.collection": "to_json({})",
 }
 """Semantic types whose carrier needs converting; the others (Json, Enum, Uuid, ...) are taken as they come."""
 
@@ -84,3 +85,13 @@ def failed_sql(value: str, semantic: str | None) -> str | None:
     if semantic not in _FALLIBLE:
         return None
     return f"(({value}) IS NOT NULL AND {converted_sql(value, semantic)} IS NULL)"
+
+
+def connect_decimal_sql(value_bytes: str, precision: int, scale: int) -> str:
+    """Connect Decimal's unscaled big-endian two's-complement bytes as DECIMAL(precision, scale).
+
+    Null when the value does not fit (more digits than `precision`, or no bytes at all, which
+    Connect never writes). `<unscaled>E-<scale>` is read by Spark's cast exactly (a BigDecimal).
+    """
+    unscaled = _unscaled_decimal_text(value_bytes)
+    return f"CASE WHEN length({value_bytes}) > 0 THEN try_cast(concat({unscaled}, 'E-{scale}') AS DECIMAL({precision}, {scale})) END"
