@@ -6,8 +6,13 @@ versions: each registered version gets its own `from_avro` column, selected per 
 comparing the 5-byte frame prefix (magic byte + schema id) with the version's literal prefix,
 so every record is decoded once, by its own writer schema, in one pass over the data.
 
+JSON gets the same shape: one version per Kafka Connect schema the batch's Debezium JSON records
+carry (typed like the Avro schema Connect would register, `connect_schema.py`), and one per topic
+for schemaless JSON, typed by inference.
+
 Every record also gets `_ik_error`: null when it decoded, else why not (`bad-magic-byte`,
-`unknown-schema-id`, `undecodable-avro`, `invalid-json`, `tombstone`).
+`unknown-schema-id`, `undecodable-avro`, `invalid-json`, `payload-does-not-match-schema`,
+`unsupported-connect-schema: <why>`, `not-a-debezium-event`, `unconvertible-value`, `tombstone`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from common.schema import Column, EnvelopeShape, envelope_shape, iceberg_type_from_spark, record_types, row_columns
+from common.schema import Column, EnvelopeShape, SchemaConversionError, envelope_shape, iceberg_type_from_spark, record_types, row_columns
 from pyiceberg.types import IcebergType
 from writers import sql
+from writers.connect_schema import avro_from_connect, avro_value_sql, conversion_failures_sql, is_connect_struct, json_carrier_type
 from writers.registry import RegisteredSchema
 
 ERROR = "_ik_error"
@@ -128,7 +134,7 @@ def _any_decoded(versions: list[VersionShape]) -> str:
     return sql.any_of(f"{sql.path(v.column, 'op')} IS NOT NULL" if v.is_debezium else f"{sql.ident(v.column)} IS NOT NULL" for v in versions)
 
 
-def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int) -> VersionShape:
+def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int | None) -> VersionShape:
     return VersionShape(column, shape.is_debezium, row_columns(shape), record_types(shape.source), record_types(shape.transaction), schema_id,
                         namespace=shape.row.get("namespace"))
 
@@ -137,29 +143,171 @@ UNKNOWN_SCHEMA_ID = "CAST(conv(hex(substring(value, 2, 4)), 16, 10) AS BIGINT)"
 """The schema id a frame names, as a number (only evaluated for records no version matched)."""
 
 
-def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedBatch:
-    """Decode JSON values with a schema inferred from this batch.
+JSON_TEXT = "_ik_json"
+"""The record's value as text."""
+JSON_SCHEMA = "_ik_json_schema"
+"""Debezium JSON: the record's Kafka Connect schema (`$.schema`) as JSON text; null without one."""
+JSON_CORRUPT = "_ik_corrupt_record"
+"""Set by `from_json` to the text of a record that does not parse into its version's type."""
+DEBEZIUM_SOURCE_FIELDS = ("name", "db", "table", "ts_ms")
+"""`source` fields every Debezium event has and the writer reads (routing, event time)."""
 
-    Debezium JSON may come with Kafka Connect's schema envelope (`{"schema":..,"payload":..}`) or
-    without; the payload is used either way. The inference pass reads the batch once more; JSON
-    sources are the slower path by nature.
+
+@dataclass(frozen=True)
+class _JsonVersion:
+    """A JSON version: which records it decodes and how (SQL over the batch's staged columns)."""
+
+    shape: VersionShape
+    parsed: str
+    """`from_json` of the record into the version's carrier type (column `_ik_j<index>`)."""
+    envelope: str
+    """The parsed value (the payload of a Connect envelope), for checks before converting."""
+    value: str
+    """The decoded struct (column `shape.column`), from the parsed column."""
+    failures: list[str] = field(default_factory=list)
+    """True where a carrier value did not convert (a decimal that does not fit its column)."""
+    schema_text: str | None = None
+    """The Connect schema of this version's records; None for a topic's schemaless records."""
+    topic: str | None = None
+    """The topic whose schemaless records this version decodes; None for a Connect schema's."""
+
+
+def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedBatch:
+    """Decode JSON values: one version per Kafka Connect schema, one per topic for schemaless JSON.
+
+    Debezium JSON may come with Kafka Connect's schema envelope (`{"schema":..,"payload":..}`,
+    JsonConverter's `schemas.enable=true`) or without. Each distinct schema in the batch (one
+    aggregate pass collects them) is a version typed by its schema (`writers.connect_schema`),
+    as a registered Avro schema is. Records without a schema, and `format: json`, are typed by
+    inference, per topic (one more pass), so tables fed by different topics never share columns.
+    Every record gets `_ik_version`; a record whose schema no Iceberg table can take goes to the
+    dead letters with `unsupported-connect-schema: <why>`.
     """
-    text = F.col("value").cast("string")
-    payload = F.coalesce(F.get_json_object(text, "$.payload"), text) if debezium else text
-    staged = raw.select(*KAFKA_COLUMNS, payload.alias("_ik_json"))
-    samples = staged.where(F.col("_ik_json").isNotNull()).select("_ik_json")
-    inferred = spark.read.option("mode", "DROPMALFORMED").json(samples.rdd.map(lambda row: row[0])).schema if not samples.isEmpty() else T.StructType([])
-    inferred = T.StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+    text = "CAST(value AS STRING)"
+    schema_text = f"get_json_object({text}, '$.schema')" if debezium else "CAST(NULL AS STRING)"
+    staged = raw.selectExpr(*KAFKA_COLUMNS, f"{text} AS {JSON_TEXT}", f"{schema_text} AS {JSON_SCHEMA}")
+    connect_texts, any_schemaless = _distinct_connect_schemas(staged) if debezium else ([], True)
+    versions: list[_JsonVersion] = []
+    refused: dict[str, str] = {}
+    for schema in connect_texts:
+        version = _connect_version(schema, len(versions))
+        if isinstance(version, str):
+            refused[schema] = version
+        else:
+            versions.append(version)
+    # Records whose `schema` has no field types (`{"schema": null, ...}`) are schemaless too.
+    schemaless = f"({JSON_SCHEMA} IS NULL OR NOT {sql.in_list(JSON_SCHEMA, [sql.string(s) for s in connect_texts])})"
+    payload = f"coalesce(get_json_object({JSON_TEXT}, '$.payload'), {JSON_TEXT})" if debezium else JSON_TEXT
+    not_debezium_topics: list[str] = []
+    if any_schemaless:
+        for topic, inferred in _inferred_by_topic(spark, staged, payload, schemaless).items():
+            if debezium:
+                if not _has_debezium_parts(inferred):
+                    not_debezium_topics.append(topic)
+                    continue
+                inferred = _same_row_type(inferred)
+            index = len(versions)
+            parsed = _from_json(payload, T.StructType([*inferred.fields, T.StructField(JSON_CORRUPT, T.StringType())]))
+            versions.append(_JsonVersion(_shape_from_spark(f"_ik_v{index}", inferred, debezium), parsed, envelope=f"_ik_j{index}",
+                                         value=f"_ik_j{index}", topic=topic))
+
+    staged = staged.selectExpr(*KAFKA_COLUMNS, JSON_TEXT, JSON_SCHEMA, f"{_json_version_sql(versions, refused)} AS {VERSION}")
+    # As in `decode_avro_confluent`: the nondeterministic barrier keeps Spark from pushing filters
+    # through this projection, which would parse every record once more per filter.
+    parsed = staged.selectExpr(*KAFKA_COLUMNS, JSON_TEXT, JSON_SCHEMA, VERSION,
+                               *[f"CASE WHEN {VERSION} = {i} THEN {v.parsed} END AS _ik_j{i}" for i, v in enumerate(versions)],
+                               f"spark_partition_id() AS {DECODE_BARRIER}")
+    frame = parsed.selectExpr(*KAFKA_COLUMNS, *[f"{v.value} AS {v.shape.column}" for v in versions], VERSION, DECODE_BARRIER,
+                              f"{_json_error_sql(versions, refused, not_debezium_topics, debezium)} AS {ERROR}")
+    return DecodedBatch(frame, [v.shape for v in versions])
+
+
+def _distinct_connect_schemas(staged: DataFrame) -> tuple[list[str], bool]:
+    """The batch's distinct Connect schemas (as JSON text, first seen first), and whether any
+    record comes without one. One aggregate pass."""
+    rows = staged.where("value IS NOT NULL").groupBy(JSON_SCHEMA).agg(F.min("timestamp").alias("first_seen")).collect()
+    connect = [(row["first_seen"], row[JSON_SCHEMA]) for row in rows if row[JSON_SCHEMA] is not None and is_connect_struct(json.loads(row[JSON_SCHEMA]))]
+    connect.sort(key=lambda pair: (pair[0] is None, pair[0] or 0, pair[1]))
+    return [text for _, text in connect], len(connect) < len(rows)
+
+
+def _connect_version(schema_text: str, index: int) -> _JsonVersion | str:
+    """The version of records carrying Connect schema `schema_text`, or why there is none."""
+    try:
+        avro = avro_from_connect(json.loads(schema_text))
+        shape = envelope_shape(avro)
+        version_shape = _shape_from_avro(f"_ik_v{index}", shape, None)
+        carrier = T.StructType([T.StructField("payload", json_carrier_type(avro)), T.StructField(JSON_CORRUPT, T.StringType())])
+    except SchemaConversionError as error:
+        return f"unsupported-connect-schema: {error}"
+    if not shape.is_debezium or not set(DEBEZIUM_SOURCE_FIELDS) <= set(version_shape.source):
+        return "not-a-debezium-event"
+    payload = sql.path(f"_ik_j{index}", "payload")
+    return _JsonVersion(version_shape, _from_json(JSON_TEXT, carrier), envelope=payload, value=avro_value_sql(payload, avro) or payload,
+                        failures=conversion_failures_sql(payload, avro), schema_text=schema_text)
+
+
+def _inferred_by_topic(spark: SparkSession, staged: DataFrame, payload: str, schemaless: str) -> dict[str, T.StructType]:
+    """The type Spark infers for each topic's schemaless JSON objects, in one pass over the batch.
+
+    Each payload is wrapped as `{"<topic>": <payload>}`, so one inference gives one struct per
+    topic (Kafka topic names are ASCII letters, digits, `.`, `_` and `-`: nothing a JSON key must
+    escape). Only objects are wrapped: one scalar would turn its topic's type into a string.
+    """
+    lines = staged.where(f"{schemaless} AND ltrim({payload}) LIKE '{{%'").selectExpr(f"concat('{{\"', topic, '\":', {payload}, '}}') AS line")
+    inferred = spark.read.option("mode", "DROPMALFORMED").json(lines.rdd.map(lambda row: row[0])).schema
+    return {
+        f.name: T.StructType([nested for nested in f.dataType.fields if nested.name != "_corrupt_record"])
+        for f in inferred.fields if isinstance(f.dataType, T.StructType)
+    }
+
+
+def _has_debezium_parts(inferred: T.StructType) -> bool:
+    """An inferred Debezium event type has `op`, a row and the `source` fields the writer reads;
+    without them (heartbeats, schema-change events) its records are no change events."""
+    fields = {f.name: f.dataType for f in inferred.fields}
+    source = fields.get("source")
+    has_row = any(isinstance(fields.get(name), T.StructType) for name in ("after", "before"))
+    return "op" in fields and has_row and isinstance(source, T.StructType) and set(DEBEZIUM_SOURCE_FIELDS) <= set(source.fieldNames())
+
+
+def _json_version_sql(versions: list[_JsonVersion], refused: dict[str, str]) -> str:
+    """Index of the version of each record: by its Connect schema, else by its topic."""
+    by_schema = [f"WHEN {JSON_SCHEMA} = {sql.string(v.schema_text)} THEN {i}" for i, v in enumerate(versions) if v.schema_text is not None]
+    by_schema += [f"WHEN {JSON_SCHEMA} = {sql.string(schema)} THEN NULL" for schema in refused]
+    by_topic = [f"WHEN {sql.string(v.topic)} THEN {i}" for i, v in enumerate(versions) if v.topic is not None]
+    schemaless = f"CASE topic {' '.join(by_topic)} END" if by_topic else "NULL"
+    return f"CAST(CASE WHEN value IS NULL THEN NULL {' '.join(by_schema)} ELSE {schemaless} END AS INT)"
+
+
+def _from_json(text: str, carrier: T.StructType) -> str:
+    options = f"map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', {sql.string(JSON_CORRUPT)})"
+    return f"from_json({text}, {sql.string(carrier.json())}, {options})"
+
+
+def _json_error_sql(versions: list[_JsonVersion], refused: dict[str, str], not_debezium_topics: list[str], debezium: bool) -> str:
+    """Why a JSON record did not decode (see the module docstring), or null."""
+
+    def any_version(condition) -> str:  # noqa: ANN001 - (index, version) -> SQL or None
+        return sql.any_of(f"({VERSION} = {i} AND {c})" for i, v in enumerate(versions) if (c := condition(i, v)) is not None)
+
+    def unparsed(i: int) -> str:
+        return f"(_ik_j{i} IS NULL OR {sql.path(f'_ik_j{i}', JSON_CORRUPT)} IS NOT NULL)"
+
+    branches = [f"WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'", "WHEN value IS NULL THEN 'tombstone'"]
+    branches += [f"WHEN {JSON_SCHEMA} = {sql.string(schema)} THEN {sql.string(reason)}" for schema, reason in refused.items()]
+    if not_debezium_topics:
+        not_debezium = sql.in_list("topic", [sql.string(t) for t in not_debezium_topics])
+        branches.append(f"WHEN {VERSION} IS NULL AND {not_debezium} AND try_parse_json({JSON_TEXT}) IS NOT NULL THEN 'not-a-debezium-event'")
+    branches.append(f"WHEN {VERSION} IS NULL THEN 'invalid-json'")
+    branches.append(f"WHEN {any_version(lambda i, v: None if v.schema_text else unparsed(i))} THEN 'invalid-json'")
+    # A record whose schema was read is JSON, unless it breaks off after the schema.
+    branches.append(f"WHEN {any_version(lambda i, v: unparsed(i) if v.schema_text else None)} THEN "
+                    f"CASE WHEN try_parse_json({JSON_TEXT}) IS NULL THEN 'invalid-json' ELSE 'payload-does-not-match-schema' END")
     if debezium:
-        inferred = _same_row_type(inferred)
-    decoded = F.from_json(F.col("_ik_json"), inferred, {"mode": "PERMISSIVE"}) if inferred.fields else F.lit(None)
-    frame = staged.select(*KAFKA_COLUMNS, decoded.alias("_ik_v0"), F.lit(0).alias(VERSION), "_ik_json")
-    valid_json = F.expr("try_parse_json(_ik_json)").isNotNull()
-    error = F.when(F.col("value").isNull(), F.lit("tombstone")).when(~valid_json | F.col("_ik_v0").isNull(), F.lit("invalid-json"))
-    if debezium:
-        error = error.when(F.col("_ik_v0.op").isNull(), F.lit("not-a-debezium-event")) if "op" in inferred.fieldNames() else error.otherwise(F.lit("not-a-debezium-event"))
-    frame = frame.withColumn(ERROR, error).drop("_ik_json")
-    return DecodedBatch(frame, [_shape_from_spark("_ik_v0", inferred, debezium)])
+        branches.append(f"WHEN {any_version(lambda i, v: v.envelope + '.op IS NULL')} THEN 'not-a-debezium-event'")
+    branches.append(f"WHEN {any_version(lambda i, v: sql.any_of(v.failures) if v.failures else None)} THEN 'unconvertible-value'")
+    return f"CASE {' '.join(branches)} END"
 
 
 def _same_row_type(inferred: T.StructType) -> T.StructType:
