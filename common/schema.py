@@ -122,12 +122,10 @@ def avro_to_iceberg(avro_type: Any, path: str = "") -> tuple[IcebergType, bool]:
             field_type, optional = avro_to_iceberg(field["type"], f"{path}.{field['name']}" if path else field["name"])
             fields.append(NestedField(field_id=1000 + index, name=field["name"], field_type=field_type, required=not optional))
         return StructType(*fields), False
-    if kind == "array":
-        element, optional = avro_to_iceberg(avro_type["items"], f"{path}[]")
-        return ListType(element_id=1, element_type=element, element_required=not optional), False
-    if kind == "map":
-        value, optional = avro_to_iceberg(avro_type["values"], f"{path}{{}}")
-        return MapType(key_id=1, key_type=StringType(), value_id=2, value_type=value, value_required=not optional), False
+    if kind in ("array", "map"):
+        # As JSON text: Spark's Parquet writer gives list elements and map keys/values no field
+        # ids, and Iceberg readers (pyiceberg, Java) then cannot read the file at all.
+        return StringType(), False
     if kind == "enum":
         return StringType(), False
     if kind == "fixed":
@@ -260,6 +258,8 @@ def semantic_type(avro_type: Any) -> str | None:
         return avro_type["connect.name"]
     if avro_type.get("logicalType") in ("time-millis", "time-micros"):
         return "avro." + avro_type["logicalType"]
+    if avro_type.get("type") in ("array", "map"):
+        return "avro.collection"
     return None
 
 

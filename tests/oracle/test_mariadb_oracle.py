@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from bookkeeper.service import Bookkeeper
 from icekeeper.readers import duckdb_rows, spark_rows
 from tests.conftest import pipeline_config
-from tests.support.oracle import UTC, engine_rows, latest_live_rows, position, time_text
+from tests.support.oracle import UTC, engine_rows, latest_live_rows, position, time_text, topic_records
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -142,15 +140,6 @@ def select_star(connection, table: str) -> list[dict[str, Any]]:  # noqa: ANN001
         converted.append({name: time_text(value) if isinstance(value, dt.timedelta)
                           else value.replace(tzinfo=UTC) if name == "ts" and value is not None else value for name, value in row.items()})
     return converted
-
-
-def topic_records(bootstrap_servers: str, topics: list[str]) -> int:
-    """Records in `topics` (none was ever deleted: retention is off on the test stack)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    metadata = admin.list_topics(timeout=10)
-    partitions = [TopicPartition(topic, p) for topic in topics for p in metadata.topics[topic].partitions]
-    latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=10)
-    return sum(future.result().offset for future in latest.values())
 
 
 def test_mariadb_tables_equal_select_star_through_every_engine(mariadb_cdc, kafka_connect, spark, tmp_path: Path) -> None:

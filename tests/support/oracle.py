@@ -12,6 +12,8 @@ import datetime as dt
 from decimal import Decimal
 from typing import Any, Callable, Iterable
 
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyiceberg.table import Table
 
 UTC = dt.timezone.utc
@@ -62,3 +64,12 @@ def engine_rows(table: Table, spark_reader: Callable[[str], list[dict[str, Any]]
 
 def position(row: dict[str, Any]) -> tuple[str, int, int]:
     return (row["_kfk_topic"], row["_kfk_partition"], row["_kfk_offset"])
+
+
+def topic_records(bootstrap_servers: str, topics: list[str]) -> int:
+    """Records in `topics` (none was ever deleted: retention is off on the test stack)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    metadata = admin.list_topics(timeout=10)
+    partitions = [TopicPartition(topic, p) for topic in topics for p in metadata.topics[topic].partitions]
+    latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=10)
+    return sum(future.result().offset for future in latest.values())
