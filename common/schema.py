@@ -42,6 +42,11 @@ class Column:
 
 # -- Avro -> Iceberg -----------------------------------------------------------------------------
 
+MAX_DECIMAL_PRECISION = 38
+"""Iceberg's (and Spark's) widest decimal; MariaDB's DECIMAL goes to 65 digits."""
+WIDE_DECIMAL = "avro.wide-decimal:"
+"""Semantic type of a decimal wider than Iceberg's, followed by its scale: kept as exact text."""
+
 SEMANTIC_TYPES: dict[str, IcebergType] = {
     # Debezium's temporal types (time.precision.mode adaptive, adaptive_time_microseconds, connect).
     "io.debezium.time.Date": DateType(),
@@ -107,6 +112,8 @@ def avro_to_iceberg(avro_type: Any, path: str = "") -> tuple[IcebergType, bool]:
     if semantic in SEMANTIC_TYPES:
         return SEMANTIC_TYPES[semantic], False
     if logical == "decimal":
+        if int(avro_type["precision"]) > MAX_DECIMAL_PRECISION:
+            return StringType(), False  # the exact digits; see `semantic_type`
         return DecimalType(int(avro_type["precision"]), int(avro_type.get("scale", 0))), False
     if logical == "date":
         return DateType(), False
@@ -260,6 +267,8 @@ def semantic_type(avro_type: Any) -> str | None:
         return "avro." + avro_type["logicalType"]
     if avro_type.get("type") in ("array", "map"):
         return "avro.collection"
+    if avro_type.get("logicalType") == "decimal" and int(avro_type["precision"]) > MAX_DECIMAL_PRECISION:
+        return f"{WIDE_DECIMAL}{int(avro_type.get('scale', 0))}"
     return None
 
 

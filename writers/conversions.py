@@ -10,6 +10,8 @@ cannot hold are in docs/types.md; every conversion here either is total or repor
 
 from __future__ import annotations
 
+from common.schema import WIDE_DECIMAL
+
 _NTZ = "CAST(timestamp_micros({micros}) AS TIMESTAMP_NTZ)"
 """Wall-clock timestamps: Debezium encodes DATETIME as if it were UTC; the writer's Spark session
 runs in UTC (`common.spark`), so the cast to TIMESTAMP_NTZ keeps the wall-clock digits."""
@@ -76,13 +78,17 @@ _FALLIBLE = {"io.debezium.time.ZonedTimestamp", "io.debezium.data.VariableScaleD
 
 def converted_sql(value: str, semantic: str | None) -> str:
     """SQL for the Iceberg value of carrier `value` of a column of semantic type `semantic`."""
+    if semantic and semantic.startswith(WIDE_DECIMAL):
+        # A decimal wider than 38 digits, decoded as its bytes: exact text while the value itself
+        # has at most 38 digits (Spark's arithmetic), a dead letter beyond.
+        return _scaled_text(_unscaled_decimal_text(f"({value})"), semantic.removeprefix(WIDE_DECIMAL))
     template = _CONVERSIONS.get(semantic or "")
     return template.replace("{}", f"({value})") if template else value
 
 
 def failed_sql(value: str, semantic: str | None) -> str | None:
     """SQL true where the conversion of a non-null `value` gave null; None for total conversions."""
-    if semantic not in _FALLIBLE:
+    if semantic not in _FALLIBLE and not (semantic or "").startswith(WIDE_DECIMAL):
         return None
     return f"(({value}) IS NOT NULL AND {converted_sql(value, semantic)} IS NULL)"
 

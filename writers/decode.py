@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from common.schema import Column, EnvelopeShape, SchemaConversionError, envelope_shape, iceberg_type_from_spark, record_types, row_columns
+from common.schema import MAX_DECIMAL_PRECISION, Column, EnvelopeShape, SchemaConversionError, envelope_shape, iceberg_type_from_spark, record_types, row_columns
 from pyiceberg.types import IcebergType
 from writers import sql
 from writers.connect_schema import avro_from_connect, avro_value_sql, conversion_failures_sql, is_connect_struct, json_carrier_type
@@ -80,10 +81,11 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
     for index, schema in enumerate(schemas):
         column = f"_ik_v{index}"
         options = "'mode', 'PERMISSIVE'"
-        reader = reader_schema(schema.text, envelope_fields) if envelope_fields else None
+        writer = spark_decodable(schema.text)
+        reader = reader_schema(writer, envelope_fields) if envelope_fields else None
         if reader is not None:
             options += f", 'avroSchema', {sql.string(reader)}"
-        decoded = f"from_avro(substring(value, 6), {sql.string(schema.text)}, map({options}))"
+        decoded = f"from_avro(substring(value, 6), {sql.string(writer)}, map({options}))"
         decoded_columns.append(f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END AS {column}")
         versions.append(_shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id))
     known = [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas]
@@ -101,6 +103,30 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
         f" WHEN NOT {_any_decoded(versions)} THEN 'undecodable-avro' END"
     )
     return DecodedBatch(frame.selectExpr("*", f"{error} AS {ERROR}"), versions, [schema.schema_id for schema in schemas])
+
+
+def spark_decodable(schema_text: str) -> str:
+    """The schema with decimals wider than Spark's 38 digits read as their bytes.
+
+    Spark refuses a schema with such a decimal (MariaDB's DECIMAL(65, 30)) outright, which
+    would fail every record of the version; the bytes are the same on the wire, and the writer
+    turns them into exact text (`writers/conversions.py`). Other schemas are returned as they are.
+    """
+    if '"decimal"' not in schema_text:
+        return schema_text
+
+    def narrowed(node: Any) -> Any:
+        if isinstance(node, list):
+            return [narrowed(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if node.get("logicalType") == "decimal" and int(node.get("precision", 0)) > MAX_DECIMAL_PRECISION:
+            return {key: value for key, value in node.items() if key != "logicalType"}
+        return {key: narrowed(value) for key, value in node.items()}
+
+    parsed = json.loads(schema_text)
+    result = narrowed(parsed)
+    return schema_text if result == parsed else json.dumps(result)
 
 
 def reader_schema(writer_schema: str, keep: dict[str, set[str]]) -> str | None:
