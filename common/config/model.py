@@ -241,7 +241,11 @@ class BookkeeperConfig(_Model):
     heartbeat_every_empty_cycles: int = Field(0, ge=0, description="Commit a watermark-only snapshot every N empty cycles (0: never).")
     commit_report_path: str = Field("{state_dir}/reports/commits.jsonl", description="File that receives one JSON line per snapshot.")
     commit_report_topic: str | None = Field(None, description="Kafka topic that also receives the commit reports.")
-    allow_drop_columns: bool = Field(False, description="Drop table columns that a newer schema no longer has.")
+    allow_drop_columns: bool = Field(
+        False,
+        description="Drop a column from the table once a batch's records for it no longer carry the column (the source dropped it); "
+        "when false, the column stays and is null in later rows. See docs/types.md.",
+    )
     keep_snapshots: int = Field(
         20, ge=2,
         description="Snapshots kept in table metadata; older ones are expired in each commit so commit cost stays flat "
