@@ -92,7 +92,7 @@ class Workload:
         """One random statement (or a rolled-back transaction)."""
         rng = self.rng
         choice = rng.random()
-        if choice < 0.25 or len(self.live_orders) < 5:
+        if choice < 0.25 or len(self.live_orders) < 6:
             self.next_key += 1
             self.insert_order(random_order(rng, rng.choice(["EU", "US", "AP"]), self.next_key))
         elif choice < 0.55:
@@ -143,6 +143,16 @@ def select_star(connection, table: str) -> list[dict[str, Any]]:  # noqa: ANN001
 
 
 def test_mariadb_tables_equal_select_star_through_every_engine(mariadb_cdc, kafka_connect, spark, tmp_path: Path) -> None:
+    check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path, statements_per_phase=60)
+
+
+@pytest.mark.heavy
+def test_mariadb_oracle_over_tens_of_thousands_of_statements(mariadb_cdc, kafka_connect, spark, tmp_path: Path) -> None:
+    check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path, statements_per_phase=6000)
+
+
+def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, statements_per_phase: int) -> None:  # noqa: ANN001
+    """Snapshot, four phases of `statements_per_phase` random statements around three ALTERs, then compare."""
     tag = uuid.uuid4().hex[:6]
     orders, customers, prefix, connector = f"orders_{tag}", f"customers_{tag}", f"ora{tag}", f"oracle-{tag}"
     orders_topic, customers_topic = mariadb_cdc.topic(prefix, orders), mariadb_cdc.topic(prefix, customers)
@@ -178,7 +188,7 @@ def test_mariadb_tables_equal_select_star_through_every_engine(mariadb_cdc, kafk
                               f"ALTER TABLE {orders} MODIFY qty BIGINT", f"ALTER TABLE {customers} DROP COLUMN status"):
             if schema_change:
                 workload.execute(schema_change)
-            for _ in range(60):
+            for _ in range(statements_per_phase):
                 workload.step()
             region, key = workload.live_orders[0]
             if "ADD COLUMN" in (schema_change or ""):

@@ -112,7 +112,7 @@ def test_postgres_tables_equal_select_star_through_every_engine(postgres_cdc, ka
     def step() -> None:
         choice = rng.random()
         next_key[0] += 1
-        if choice < 0.3 or len(live) < 5:
+        if choice < 0.3 or len(live) < 6:
             insert(random_order(rng, rng.choice(["EU", "US", "AP"]), next_key[0]))
         elif choice < 0.6:
             region, key = rng.choice(live[:5])
