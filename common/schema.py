@@ -42,6 +42,8 @@ class Column:
 
 # -- Avro -> Iceberg -----------------------------------------------------------------------------
 
+COLLECTION = "collection"
+"""Semantic type of an array or map column: kept as JSON text (see `avro_to_iceberg`)."""
 MAX_DECIMAL_PRECISION = 38
 """Iceberg's (and Spark's) widest decimal; MariaDB's DECIMAL goes to 65 digits."""
 WIDE_DECIMAL = "avro.wide-decimal:"
@@ -266,7 +268,7 @@ def semantic_type(avro_type: Any) -> str | None:
     if avro_type.get("logicalType") in ("time-millis", "time-micros"):
         return "avro." + avro_type["logicalType"]
     if avro_type.get("type") in ("array", "map"):
-        return "avro.collection"
+        return COLLECTION
     if avro_type.get("logicalType") == "decimal" and int(avro_type["precision"]) > MAX_DECIMAL_PRECISION:
         return f"{WIDE_DECIMAL}{int(avro_type.get('scale', 0))}"
     return None
@@ -407,10 +409,8 @@ def iceberg_type_from_spark(data_type) -> IcebergType:  # noqa: ANN001 - a pyspa
 
     if isinstance(data_type, T.StructType):
         return StructType(*[NestedField(1000 + i, f.name, iceberg_type_from_spark(f.dataType), False) for i, f in enumerate(data_type.fields)])
-    if isinstance(data_type, T.ArrayType):
-        return ListType(1, iceberg_type_from_spark(data_type.elementType), element_required=False)
-    if isinstance(data_type, T.MapType):
-        return MapType(1, iceberg_type_from_spark(data_type.keyType), 2, iceberg_type_from_spark(data_type.valueType), value_required=False)
+    if isinstance(data_type, (T.ArrayType, T.MapType)):
+        return StringType()  # JSON text, as Avro collections (see `avro_to_iceberg`)
     if isinstance(data_type, T.DecimalType):
         return DecimalType(data_type.precision, data_type.scale)
     simple = {

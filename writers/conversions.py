@@ -10,7 +10,7 @@ cannot hold are in docs/types.md; every conversion here either is total or repor
 
 from __future__ import annotations
 
-from common.schema import WIDE_DECIMAL
+from common.schema import COLLECTION, WIDE_DECIMAL
 
 _NTZ = "CAST(timestamp_micros({micros}) AS TIMESTAMP_NTZ)"
 """Wall-clock timestamps: Debezium encodes DATETIME as if it were UTC; the writer's Spark session
@@ -67,7 +67,7 @@ _CONVERSIONS: dict[str, str] = {
     "io.debezium.data.geometry.Geometry": "{}.wkb",
     "io.debezium.data.geometry.Geography": "{}.wkb",
     "io.debezium.data.geometry.Point": "{}.wkb",
-    "avro.collection": "to_json({})",
+    COLLECTION: "to_json({})",
 }
 """Semantic types whose carrier needs converting; the others (Json, Enum, Uuid, ...) are taken as they come."""
 

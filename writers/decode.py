@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from common.schema import MAX_DECIMAL_PRECISION, Column, EnvelopeShape, SchemaConversionError, envelope_shape, iceberg_type_from_spark, record_types, row_columns
+from common.schema import COLLECTION, MAX_DECIMAL_PRECISION, Column, EnvelopeShape, SchemaConversionError, envelope_shape, iceberg_type_from_spark, record_types, row_columns
 from pyiceberg.types import IcebergType
 from writers import sql
 from writers.connect_schema import avro_from_connect, avro_value_sql, conversion_failures_sql, is_connect_struct, json_carrier_type
@@ -350,12 +350,18 @@ def _same_row_type(inferred: T.StructType) -> T.StructType:
     return T.StructType([T.StructField(f.name, row_type, True) if f.name in ("before", "after") else f for f in inferred.fields])
 
 
+def _inferred_column(name: str, data_type: T.DataType) -> Column:
+    """A column of inferred JSON; arrays and maps become JSON text, as Avro's do."""
+    semantic = COLLECTION if isinstance(data_type, (T.ArrayType, T.MapType)) else None
+    return Column(name, iceberg_type_from_spark(data_type), semantic=semantic)
+
+
 def _shape_from_spark(column: str, inferred: T.StructType, debezium: bool) -> VersionShape:
     fields = {f.name: f.dataType for f in inferred.fields}
     if not debezium:
-        return VersionShape(column, False, [Column(name, iceberg_type_from_spark(dt)) for name, dt in fields.items()])
+        return VersionShape(column, False, [_inferred_column(name, dt) for name, dt in fields.items()])
     row_struct = fields.get("after") or fields.get("before")
-    row = [Column(f.name, iceberg_type_from_spark(f.dataType)) for f in row_struct.fields] if isinstance(row_struct, T.StructType) else []
+    row = [_inferred_column(f.name, f.dataType) for f in row_struct.fields] if isinstance(row_struct, T.StructType) else []
     source = {f.name: iceberg_type_from_spark(f.dataType) for f in fields["source"].fields} if isinstance(fields.get("source"), T.StructType) else {}
     transaction = {f.name: iceberg_type_from_spark(f.dataType) for f in fields["transaction"].fields} if isinstance(fields.get("transaction"), T.StructType) else {}
     return VersionShape(column, True, row, source, transaction)
