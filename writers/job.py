@@ -44,7 +44,7 @@ from writers.flatten import (
 from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, pending_until, plan_batch
 from writers.registry import RegisteredSchema, TopicSchemas
 from writers.routing import routes_for
-from writers.table_versions import versions_by_table
+from writers.table_versions import predicted_route_versions, prediction_checks, prediction_held, schema_ids_of, versions_by_table
 
 log = logging.getLogger(__name__)
 ROUTE = "_ik_route"
@@ -94,6 +94,8 @@ class WriterJob:
         self.pending_bytes = 0
         self.stop = threading.Event()
         self._admins: dict[str, AdminClient] = {}
+        self._route_schema_ids: dict[str, set[tuple[str, int]] | None] = {}
+        """Per source, the (table, schema id) pairs of its last batch: the guess for the next one."""
         # A quarter of the reaper's grace: three missed rewrites still leave the claim live.
         heartbeat_s = max(0.5, min(30.0, config.reaper.orphan_grace / 4))
         self.claims = InFlightClaims(self.writer_id, heartbeat_s)
@@ -344,19 +346,36 @@ class WriterJob:
     def _write_tables(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes) -> "_Outcome":  # noqa: ANN001
         raw = self._raw(source, plan)
         decoded = self._decode(source, raw, schemas)
-        outcome = _Outcome()
         routed = self._routed_rows(decoded, routes, source)
-        table_versions = versions_by_table(self._route_versions(routed), decoded.versions)
-        for index, (identifier, versions) in enumerate(table_versions.items()):
-            moniker = self._write_table(source, plan, seq, decoded, routed, identifier, versions, outcome, observes_batch=index == 0)
-            if moniker is not None:
-                outcome.monikers.append(moniker)
-        metrics = outcome.batch_metrics if table_versions else self._batch_metrics_alone(routed)
+        predicted = predicted_route_versions(self._route_schema_ids.get(source.name), decoded.versions)
+        outcome = self._write_routed(source, plan, seq, decoded, routed, predicted) if predicted else None
+        if outcome is None:
+            # No guess, or the guess missed (a new table or schema version): learn the pairs, then write.
+            route_versions = self._route_versions(routed)
+            outcome = self._write_routed(source, plan, seq, decoded, routed, None, route_versions)
+            self._route_schema_ids[source.name] = schema_ids_of(route_versions, decoded.versions)  # type: ignore[assignment]
+        metrics = outcome.batch_metrics if outcome.batch_metrics else self._batch_metrics_alone(routed)
         outcome.failed = int(metrics.get("failed") or 0)
         outcome.tombstones = int(metrics.get("tombstone") or 0)
         if not source.offset_gaps and metrics.get("records") is not None and int(metrics["records"]) != plan.records:
             self._discard(outcome.output_dirs)
             raise BatchIncomplete(f"read {metrics['records']} records where offsets span {plan.records}; the batch is retried")
+        return outcome
+
+    def _write_routed(self, source: KafkaSource, plan: BatchPlan, seq: int, decoded: DecodedBatch, routed: DataFrame,
+                      predicted: list[tuple[str, int]] | None, route_versions: list[tuple[str, int]] | None = None) -> "_Outcome | None":
+        """Write every table of the batch with its own versions: `route_versions` as learned, or
+        `predicted`, checked while the first table is written; None (nothing kept) when it missed."""
+        outcome = _Outcome()
+        checks = prediction_checks(predicted, ROUTE, VERSION) if predicted else {}
+        table_versions = versions_by_table(predicted or route_versions or [], decoded.versions)
+        for index, (identifier, versions) in enumerate(table_versions.items()):
+            moniker = self._write_table(source, plan, seq, decoded, routed, identifier, versions, outcome, observes_batch=index == 0, checks=checks)
+            if index == 0 and predicted and not prediction_held(predicted, outcome.batch_metrics):
+                self._discard(outcome.output_dirs)
+                return None
+            if moniker is not None:
+                outcome.monikers.append(moniker)
         return outcome
 
     @staticmethod
@@ -413,7 +432,8 @@ class WriterJob:
         return sql.any_of(conditions)
 
     def _write_table(self, source: KafkaSource, plan: BatchPlan, seq: int, decoded: DecodedBatch, frame: DataFrame,
-                     identifier: str, versions: list[VersionShape], outcome: "_Outcome", observes_batch: bool) -> Moniker | None:
+                     identifier: str, versions: list[VersionShape], outcome: "_Outcome", observes_batch: bool,
+                     checks: dict[str, str] | None = None) -> Moniker | None:
         """Write `identifier`'s rows of the batch; with `observes_batch`, also count the whole batch.
 
         The table's columns come from `versions`, the versions of its own records in this batch.
@@ -431,15 +451,16 @@ class WriterJob:
             frame = frame.where(keep)
         frame = frame.selectExpr("*", f"{keep} AS {KEEP}")
         frame = frame.withColumns({v.column: F.expr(f"CASE WHEN {KEEP} THEN {sql.ident(v.column)} END") for v in decoded.versions})
-        flat = flatten(frame, versions, self.config.metadata_columns, existing, spec.primary_key, carry=[KEEP])
+        flat = flatten(frame, versions, self.config.metadata_columns, existing, spec.primary_key, carry=[KEEP, ROUTE, VERSION])
         schema: Schema = flat.schema
         spec_obj: PartitionSpec = table.spec() if table is not None else partition_spec(spec.partition_by, schema)
         partitions = partition_columns(spec_obj, schema)
         metrics = Observation(f"table-{uuid.uuid4().hex[:8]}")
         counts = [F.expr(f"count_if({KEEP})").alias("rows"), F.expr(f"min(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("min_ms"),
                   F.expr(f"max(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("max_ms")]
-        observed = flat.frame.observe(metrics, *counts, *(self._batch_metric_columns() if observes_batch else []))
-        rows = observed.where(KEEP).drop(*HELPER_COLUMNS, KEEP)
+        batch_counts = [*self._batch_metric_columns(), *[F.expr(expression).alias(name) for name, expression in (checks or {}).items()]]
+        observed = flat.frame.observe(metrics, *counts, *(batch_counts if observes_batch else []))
+        rows = observed.where(KEEP).drop(*HELPER_COLUMNS, KEEP, ROUTE, VERSION)
         location = table.location() if table is not None else default_table_location(self.config, identifier)
         output = f"{location.rstrip('/')}/data/{_segment(self.writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
         progress = self.tables.setdefault(identifier, TableProgress())

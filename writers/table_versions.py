@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from writers import sql
 from writers.decode import VersionShape
 
 
@@ -27,3 +28,41 @@ def versions_by_table(route_versions: Iterable[tuple[str, int]], versions: list[
     for table, index in route_versions:
         indices.setdefault(table, set()).add(index)
     return {table: [versions[index] for index in sorted(chosen)] for table, chosen in sorted(indices.items())}
+
+
+def predicted_route_versions(last_batch: set[tuple[str, int]] | None, versions: list[VersionShape]) -> list[tuple[str, int]] | None:
+    """The previous batch's (table, schema id) pairs as this batch's (table, version index) pairs.
+
+    A steady stream keeps its tables and schema versions from batch to batch, so the writer can
+    skip the aggregate pass and check the guess while writing instead (`prediction_checks`).
+    None when there is nothing to go on, or a version has no registry id (JSON), or a schema of
+    the last batch is not among this batch's versions.
+    """
+    if not last_batch or any(version.schema_id is None for version in versions):
+        return None
+    index_of = {version.schema_id: index for index, version in enumerate(versions)}
+    if any(schema_id not in index_of for _, schema_id in last_batch):
+        return None
+    return sorted((table, index_of[schema_id]) for table, schema_id in last_batch)
+
+
+def schema_ids_of(route_versions: Iterable[tuple[str, int]], versions: list[VersionShape]) -> set[tuple[str, int]] | None:
+    """(table, schema id) pairs to predict the next batch with; None when a version has no id."""
+    pairs = {(table, versions[index].schema_id) for table, index in route_versions}
+    return None if any(schema_id is None for _, schema_id in pairs) else pairs  # type: ignore[return-value]
+
+
+def prediction_checks(predicted: list[tuple[str, int]], route: str, version: str) -> dict[str, str]:
+    """Counts to observe while writing: each predicted pair's records, and all routed records.
+
+    The guess held when every pair has records and together they are all the routed records:
+    then no table got a version it has no records of, and no records went unwritten.
+    """
+    checks = {f"_ik_pair_{n}": f"count_if({route} = {sql.string(table)} AND {version} = {index})" for n, (table, index) in enumerate(predicted)}
+    checks["_ik_routed"] = f"count_if({route} IS NOT NULL AND {version} IS NOT NULL)"
+    return checks
+
+
+def prediction_held(predicted: list[tuple[str, int]], observed: dict) -> bool:
+    counts = [int(observed.get(f"_ik_pair_{n}") or 0) for n in range(len(predicted))]
+    return all(counts) and sum(counts) == int(observed.get("_ik_routed") or 0)

@@ -51,8 +51,9 @@ def _as_debezium_registers_it(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def run_pipeline(config, spark) -> Bookkeeper:  # noqa: ANN001
-    reports = WriterJob(config, spark=spark).run(until_idle=True)
+def run_pipeline(config, spark, job: WriterJob | None = None) -> Bookkeeper:  # noqa: ANN001
+    """Write what is in Kafka (with `job`: a writer that remembers its last batch) and commit it."""
+    reports = (job or WriterJob(config, spark=spark)).run(until_idle=True)
     assert all(not r.errors for r in reports), [r.errors for r in reports]
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
@@ -107,12 +108,13 @@ def test_an_alter_on_one_table_leaves_the_other_tables_schema_alone(local_stack,
         ensure_topic(config.sources[0].bootstrap_servers, topic, 1)
     produce_creates(config, orders_topic, shape("s", "orders", ORDERS), [{"id": 1, "qty": 1, "note": "a"}])
     produce_creates(config, customers_topic, shape("s", "customers", CUSTOMERS), [{"id": 1, "qty": "x", "name": "b"}])
-    run_pipeline(config, spark)
+    job = WriterJob(config, spark=spark)  # one writer throughout: its guess from the first batch must miss
+    run_pipeline(config, spark, job)
     altered = (*CUSTOMERS, Column("email", "string"))
     produce_creates(config, customers_topic, shape("s", "customers", altered), [{"id": 2, "qty": "y", "name": "c", "email": "c@example.com"}])
     produce_creates(config, orders_topic, shape("s", "orders", ORDERS), [{"id": 2, "qty": 2, "note": "d"}])
 
-    bookkeeper = run_pipeline(config, spark)
+    bookkeeper = run_pipeline(config, spark, job)
 
     assert row_columns(bookkeeper, "shop.customers") == {"id": "int", "qty": "string", "name": "string", "email": "string"}
     assert row_columns(bookkeeper, "shop.orders") == {"id": "int", "qty": "int", "note": "string"}
@@ -124,11 +126,12 @@ def test_a_column_the_source_dropped_is_dropped_or_kept_null_as_configured(local
                                                        "ICEKEEPER__BOOKKEEPER__ALLOW_DROP_COLUMNS": str(allow_drop).lower()})
     ensure_topic(config.sources[0].bootstrap_servers, unique_topic, 1)
     produce_creates(config, unique_topic, shape("s", "orders", ORDERS), [{"id": 1, "qty": 1, "note": "before the drop"}])
-    run_pipeline(config, spark)
+    job = WriterJob(config, spark=spark)
+    run_pipeline(config, spark, job)
     dropped = tuple(c for c in ORDERS if c.name != "note")
     produce_creates(config, unique_topic, shape("s", "orders", dropped), [{"id": 2, "qty": 2}])
 
-    bookkeeper = run_pipeline(config, spark)
+    bookkeeper = run_pipeline(config, spark, job)
 
     table = bookkeeper.catalog.load_table("shop.orders")
     if allow_drop:
