@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -19,11 +18,7 @@ from typing import Any
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from icekeeper.readers import duckdb_rows, spark_rows
-from tests.conftest import pipeline_config
-from tests.support.oracle import UTC, engine_rows, latest_live_rows, position, time_text, topic_records
-from writers.job import WriterJob
+from tests.support.oracle import UTC, Pipeline, oracle_config, time_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -156,13 +151,7 @@ def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, stat
     tag = uuid.uuid4().hex[:6]
     orders, customers, prefix, connector = f"orders_{tag}", f"customers_{tag}", f"ora{tag}", f"oracle-{tag}"
     orders_topic, customers_topic = mariadb_cdc.topic(prefix, orders), mariadb_cdc.topic(prefix, customers)
-    config = pipeline_config(tmp_path, orders_topic, {
-        "ICEKEEPER__SOURCES__0__TOPICS": f"[{orders_topic}, {customers_topic}]",
-        "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{prefix}.dead-letters",
-        "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[region, id]",
-        "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.customers", "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
-        "ICEKEEPER__TABLES__1__TOPICS": f"[{customers_topic}]",
-    })
+    config = oracle_config(tmp_path, "shop", orders_topic, customers_topic, f"{prefix}.dead-letters")
     db = mariadb_cdc.connect()
     db.cursor().execute("SET time_zone = '+00:00'")  # TIMESTAMP values in and out in UTC
     db.cursor().execute(ORDERS_DDL.format(name=orders))
@@ -174,14 +163,7 @@ def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, stat
         workload.step()  # the snapshot's rows
 
     kafka_connect.create(mariadb_cdc.connector_config(connector, prefix, [orders, customers]))
-    job, bookkeeper, reports = WriterJob(config, spark=spark), Bookkeeper(config), []
-
-    def sync() -> None:
-        reports.extend(job.run(until_idle=True))
-        for _ in range(5):
-            if not bookkeeper.run_cycle().pending:
-                break
-
+    pipeline = Pipeline(config, spark)
     try:
         kafka_connect.wait_for_snapshot(connector)
         for schema_change in (None, f"ALTER TABLE {orders} ADD COLUMN extra VARCHAR(10)",
@@ -195,42 +177,17 @@ def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, stat
                 workload.execute(f"UPDATE {orders} SET extra = %s WHERE region = %s AND id = %s", "added", region, key)
             if "BIGINT" in (schema_change or ""):
                 workload.execute(f"UPDATE {orders} SET qty = %s WHERE region = %s AND id = %s", 2 ** 40, region, key)
-            sync()
+            pipeline.sync()
         workload.execute(f"INSERT INTO {customers} (id, qty) VALUES (%s, 'sentinel')", 10 ** 9)
-        deadline = time.monotonic() + 120
-        while not any(r["qty"] == "sentinel" for r in bookkeeper.catalog.load_table("shop.customers").scan(selected_fields=("qty",)).to_arrow().to_pylist()):
-            assert time.monotonic() < deadline, "the last statement never reached the table"
-            time.sleep(1)
-            sync()
+        pipeline.sync_until("shop.customers", "qty", "sentinel")
     finally:
         kafka_connect.delete(connector)
 
     # Types as docs/types.md gives them; `qty` is INT -> BIGINT in one table and text in the other.
-    orders_table, customers_table = bookkeeper.catalog.load_table("shop.orders"), bookkeeper.catalog.load_table("shop.customers")
-    orders_types = {f.name: str(f.field_type) for f in orders_table.schema().fields if not f.name.startswith("_")}
-    assert orders_types == {"region": "string", "id": "int", "qty": "long", "status": "string", "amount": "decimal(12, 2)", "d": "date",
-                            "dt3": "timestamp", "dt6": "timestamp", "ts": "timestamptz", "t": "string", "flag": "int", "score": "double",
-                            "doc": "string", "note": "string", "data": "binary", "color": "string", "tags": "string", "bits": "binary",
-                            "extra": "string"}
-    customer_types = {f.name: str(f.field_type) for f in customers_table.schema().fields if not f.name.startswith("_")}
-    assert customer_types == {"id": "int", "qty": "string", "status": "int", "name": "string", "email": "string"}  # DROP kept (not allowed)
-
-    # Every Kafka record is in exactly one table, or a skipped tombstone, or a dead letter.
-    all_rows = {}
-    for identifier, table, source_table, key in (("shop.orders", orders_table, orders, ["region", "id"]),
-                                                 ("shop.customers", customers_table, customers, ["id"])):
-        engines = engine_rows(table, lambda columns, identifier=identifier: spark_rows(spark, config, identifier, columns), duckdb_rows)
-        expected = {tuple(row[k] for k in key): row for row in select_star(db, source_table)}
-        for engine, rows in engines.items():
-            mirror = latest_live_rows(rows, key)
-            assert sorted(mirror) == sorted(expected), f"{identifier} via {engine}: keys differ"
-            for identity, source_row in expected.items():
-                assert {name: mirror[identity][name] for name in source_row} == source_row, f"{identifier} {identity} via {engine}"
-        all_rows[identifier] = engines["pyiceberg"]
-    positions = [position(row) for rows in all_rows.values() for row in rows]
-    assert len(positions) == len(set(positions))
-    records = topic_records(config.sources[0].bootstrap_servers, [orders_topic, customers_topic])
-    tombstones = sum(r.tombstones_skipped for r in reports)
-    dead = sum(r.dead_lettered for r in reports)
-    assert dead == 0 and tombstones > 0
-    assert len(positions) + tombstones == records
+    assert pipeline.row_types("shop.orders") == {
+        "region": "string", "id": "int", "qty": "long", "status": "string", "amount": "decimal(12, 2)", "d": "date", "dt3": "timestamp",
+        "dt6": "timestamp", "ts": "timestamptz", "t": "string", "flag": "int", "score": "double", "doc": "string", "note": "string",
+        "data": "binary", "color": "string", "tags": "string", "bits": "binary", "extra": "string"}
+    assert pipeline.row_types("shop.customers") == {"id": "int", "qty": "string", "status": "int", "name": "string", "email": "string"}  # DROP kept
+    pipeline.assert_mirrors(spark, {"shop.orders": (["region", "id"], select_star(db, orders)),
+                                    "shop.customers": (["id"], select_star(db, customers))}, [orders_topic, customers_topic])

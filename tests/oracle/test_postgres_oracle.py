@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
-import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -19,11 +18,7 @@ from typing import Any
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from icekeeper.readers import duckdb_rows, spark_rows
-from tests.conftest import pipeline_config
-from tests.support.oracle import engine_rows, latest_live_rows, position, time_text, topic_records
-from writers.job import WriterJob
+from tests.support.oracle import Pipeline, oracle_config, time_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -88,13 +83,7 @@ def test_postgres_tables_equal_select_star_through_every_engine(postgres_cdc, ka
     tag = uuid.uuid4().hex[:6]
     orders, customers, prefix, connector = f"orders_{tag}", f"customers_{tag}", f"pgo{tag}", f"pg-oracle-{tag}"
     orders_topic, customers_topic = postgres_cdc.topic(prefix, orders), postgres_cdc.topic(prefix, customers)
-    config = pipeline_config(tmp_path, orders_topic, {
-        "ICEKEEPER__SOURCES__0__TOPICS": f"[{orders_topic}, {customers_topic}]",
-        "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{prefix}.dead-letters",
-        "ICEKEEPER__TABLES__0__IDENTIFIER": "pg.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[region, id]",
-        "ICEKEEPER__TABLES__1__IDENTIFIER": "pg.customers", "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
-        "ICEKEEPER__TABLES__1__TOPICS": f"[{customers_topic}]",
-    })
+    config = oracle_config(tmp_path, "pg", orders_topic, customers_topic, f"{prefix}.dead-letters")
     db = postgres_cdc.connect()
     # Compare JSONB as the text PostgreSQL gives Debezium, not as parsed Python values.
     psycopg.types.json.set_json_loads(lambda data: bytes(data).decode(), db)
@@ -145,14 +134,7 @@ def test_postgres_tables_equal_select_star_through_every_engine(postgres_cdc, ka
     for _ in range(20):
         step()
     kafka_connect.create(postgres_cdc.connector_config(connector, prefix, [orders, customers]))
-    job, bookkeeper, reports = WriterJob(config, spark=spark), Bookkeeper(config), []
-
-    def sync() -> None:
-        reports.extend(job.run(until_idle=True))
-        for _ in range(5):
-            if not bookkeeper.run_cycle().pending:
-                break
-
+    pipeline = Pipeline(config, spark)
     try:
         kafka_connect.wait_for_snapshot(connector)
         for schema_change in (None, f"ALTER TABLE {orders} ADD COLUMN extra VARCHAR(10)", f"ALTER TABLE {orders} ALTER COLUMN qty TYPE BIGINT",
@@ -166,34 +148,16 @@ def test_postgres_tables_equal_select_star_through_every_engine(postgres_cdc, ka
                 db.execute(f"UPDATE {orders} SET extra = 'added' WHERE region = %s AND id = %s", (region, key))
             if "BIGINT" in (schema_change or ""):
                 db.execute(f"UPDATE {orders} SET qty = %s WHERE region = %s AND id = %s", (2 ** 40, region, key))
-            sync()
+            pipeline.sync()
         db.execute(f"INSERT INTO {customers} (id, qty) VALUES (%s, 'sentinel')", (10 ** 9,))
-        deadline = time.monotonic() + 120
-        while not any(r["qty"] == "sentinel" for r in bookkeeper.catalog.load_table("pg.customers").scan(selected_fields=("qty",)).to_arrow().to_pylist()):
-            assert time.monotonic() < deadline, "the last statement never reached the table"
-            time.sleep(1)
-            sync()
+        pipeline.sync_until("pg.customers", "qty", "sentinel")
     finally:
         kafka_connect.delete(connector)
         postgres_cdc.drop_publication(connector)
 
-    orders_table, customers_table = bookkeeper.catalog.load_table("pg.orders"), bookkeeper.catalog.load_table("pg.customers")
-    orders_types = {f.name: str(f.field_type) for f in orders_table.schema().fields if not f.name.startswith("_")}
-    assert orders_types == {"region": "string", "id": "int", "qty": "long", "status": "string", "amount": "decimal(12, 2)", "n": "string",
-                            "d": "date", "ts6": "timestamp", "tstz": "timestamptz", "t": "string", "flag": "boolean", "score": "double",
-                            "doc": "string", "note": "string", "data": "binary", "u": "string", "iv": "long", "tags": "string", "extra": "string"}
-    all_rows = {}
-    for identifier, table, source_table, key in (("pg.orders", orders_table, orders, ["region", "id"]), ("pg.customers", customers_table, customers, ["id"])):
-        engines = engine_rows(table, lambda columns, identifier=identifier: spark_rows(spark, config, identifier, columns), duckdb_rows)
-        expected = {tuple(row[k] for k in key): row for row in select_star(db, source_table)}
-        for engine, rows in engines.items():
-            mirror = latest_live_rows(rows, key)
-            assert sorted(mirror) == sorted(expected), f"{identifier} via {engine}: keys differ"
-            for identity, source_row in expected.items():
-                assert {name: mirror[identity][name] for name in source_row} == source_row, f"{identifier} {identity} via {engine}"
-        all_rows[identifier] = engines["pyiceberg"]
-    positions = [position(row) for rows in all_rows.values() for row in rows]
-    assert len(positions) == len(set(positions))
-    tombstones = sum(r.tombstones_skipped for r in reports)
-    assert sum(r.dead_lettered for r in reports) == 0 and tombstones > 0
-    assert len(positions) + tombstones == topic_records(config.sources[0].bootstrap_servers, [orders_topic, customers_topic])
+    assert pipeline.row_types("pg.orders") == {
+        "region": "string", "id": "int", "qty": "long", "status": "string", "amount": "decimal(12, 2)", "n": "string", "d": "date",
+        "ts6": "timestamp", "tstz": "timestamptz", "t": "string", "flag": "boolean", "score": "double", "doc": "string", "note": "string",
+        "data": "binary", "u": "string", "iv": "long", "tags": "string", "extra": "string"}
+    pipeline.assert_mirrors(spark, {"pg.orders": (["region", "id"], select_star(db, orders)), "pg.customers": (["id"], select_star(db, customers))},
+                            [orders_topic, customers_topic])

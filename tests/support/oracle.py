@@ -8,58 +8,13 @@ pyiceberg, DuckDB and Spark alike; and every Kafka record is in exactly one plac
 
 from __future__ import annotations
 
-import datetime as dt
-from decimal import Decimal
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from pyiceberg.table import Table
 
-UTC = dt.timezone.utc
-
-
-def time_text(value: dt.timedelta) -> str:
-    """A MariaDB TIME as the table holds it: `[-]HH:MM:SS[.ffffff]` (docs/types.md)."""
-    micros = value // dt.timedelta(microseconds=1)
-    sign, micros = ("-", -micros) if micros < 0 else ("", micros)
-    seconds, fraction = divmod(micros, 1_000_000)
-    text = f"{sign}{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-    return text + (f".{fraction:06d}" if fraction else "")
-
-
-def latest_live_rows(changelog: Iterable[dict[str, Any]], key: list[str]) -> dict[tuple, dict[str, Any]]:
-    """The last change of each key, in Kafka order, leaving out keys whose last change is a delete.
-
-    Debezium keys its records by primary key, so all changes of a key sit in one partition.
-    """
-    last: dict[tuple, dict[str, Any]] = {}
-    partitions: dict[tuple, int] = {}
-    for row in sorted(changelog, key=lambda r: (r["_kfk_partition"], r["_kfk_offset"])):
-        identity = tuple(row[name] for name in key)
-        assert partitions.setdefault(identity, row["_kfk_partition"]) == row["_kfk_partition"], f"key {identity} in two partitions"
-        last[identity] = row
-    return {identity: row for identity, row in last.items() if row["_src_op"] != "d"}
-
-
-def normalized(value: Any, iceberg_type: str) -> Any:
-    """One engine's value in one form: aware UTC for timestamptz, bytes for binary."""
-    if value is None:
-        return None
-    if iceberg_type == "timestamptz" and isinstance(value, dt.datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    if iceberg_type.startswith("decimal") and not isinstance(value, Decimal):
-        return Decimal(str(value))
-    return value
-
-
-def engine_rows(table: Table, spark_reader: Callable[[str], list[dict[str, Any]]], duckdb_reader: Callable[[Table], list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-    """The table's rows as pyiceberg, DuckDB and Spark read them, values normalized by Iceberg type."""
-    types = {field.name: str(field.field_type) for field in table.schema().fields}
-    raw = {"pyiceberg": table.scan().to_arrow().to_pylist(), "duckdb": duckdb_reader(table), "spark": spark_reader("*")}
-    return {engine: [{name: normalized(row[name], types[name]) for name in types} for row in rows] for engine, rows in raw.items()}
+# The latest live row per key and the value forms live where `icekeeper demo --source mariadb` uses them too.
+from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, time_text  # noqa: F401 - re-exported for the oracle tests
 
 
 def position(row: dict[str, Any]) -> tuple[str, int, int]:
@@ -73,3 +28,76 @@ def topic_records(bootstrap_servers: str, topics: list[str]) -> int:
     partitions = [TopicPartition(topic, p) for topic in topics for p in metadata.topics[topic].partitions]
     latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=10)
     return sum(future.result().offset for future in latest.values())
+
+
+def oracle_config(tmp_path: Path, namespace: str, orders_topic: str, customers_topic: str, dead_letter_topic: str) -> IcekeeperConfig:
+    """Two tables of one Debezium source, routed by topic: `<namespace>.orders` keyed by (region, id),
+    `<namespace>.customers` by id."""
+    return pipeline_config(tmp_path, orders_topic, {
+        "ICEKEEPER__SOURCES__0__TOPICS": f"[{orders_topic}, {customers_topic}]",
+        "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
+        "ICEKEEPER__TABLES__0__IDENTIFIER": f"{namespace}.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[region, id]",
+        "ICEKEEPER__TABLES__1__IDENTIFIER": f"{namespace}.customers", "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
+        "ICEKEEPER__TABLES__1__TOPICS": f"[{customers_topic}]",
+    })
+
+
+class Pipeline:
+    """A writer and a bookkeeper driven in-process, with every batch's report kept."""
+
+    def __init__(self, config: IcekeeperConfig, spark) -> None:  # noqa: ANN001 - SparkSession
+        from bookkeeper.service import Bookkeeper
+        from writers.job import WriterJob
+
+        self.config = config
+        self.job = WriterJob(config, spark=spark)
+        self.bookkeeper = Bookkeeper(config)
+        self.reports: list = []
+
+    def sync(self) -> None:
+        """Write what Kafka holds and commit it."""
+        self.reports.extend(self.job.run(until_idle=True))
+        for _ in range(5):
+            if not self.bookkeeper.run_cycle().pending:
+                break
+
+    def sync_until(self, identifier: str, column: str, value: Any, timeout_s: float = 120.0) -> None:
+        """Sync until a row with `column` = `value` (the source's last statement) is in the table."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.sync()
+            rows = self.bookkeeper.catalog.load_table(identifier).scan(selected_fields=(column,)).to_arrow().to_pylist()
+            if any(row[column] == value for row in rows):
+                return
+            assert time.monotonic() < deadline, f"the last statement never reached {identifier}"
+            time.sleep(1)
+
+    def row_types(self, identifier: str) -> dict[str, str]:
+        """The table's row columns (no metadata columns) and their Iceberg types."""
+        schema = self.bookkeeper.catalog.load_table(identifier).schema()
+        return {f.name: str(f.field_type) for f in schema.fields if not f.name.startswith("_")}
+
+    def assert_mirrors(self, spark, expected_by_table: dict[str, tuple[list[str], list[dict[str, Any]]]], topics: list[str]) -> None:  # noqa: ANN001
+        """Each table's latest live rows equal the database's rows through every engine, and every
+        Kafka record of `topics` is in exactly one table or is a skipped tombstone.
+
+        Args:
+            expected_by_table: identifier -> (key columns, the source's `SELECT *` as the table holds it).
+        """
+        from icekeeper.readers import duckdb_rows, spark_rows
+
+        positions = []
+        for identifier, (key, source_rows) in expected_by_table.items():
+            table = self.bookkeeper.catalog.load_table(identifier)
+            engines = engine_rows(table, lambda columns, identifier=identifier: spark_rows(spark, self.config, identifier, columns), duckdb_rows)
+            expected = {tuple(row[k] for k in key): row for row in source_rows}
+            for engine, rows in engines.items():
+                mirror = latest_live_rows(rows, key)
+                assert sorted(mirror) == sorted(expected), f"{identifier} via {engine}: keys differ"
+                for identity, source_row in expected.items():
+                    assert {name: mirror[identity][name] for name in source_row} == source_row, f"{identifier} {identity} via {engine}"
+            positions += [position(row) for row in engines["pyiceberg"]]
+        assert len(positions) == len(set(positions)), "a Kafka record is in a table twice"
+        tombstones = sum(r.tombstones_skipped for r in self.reports)
+        assert sum(r.dead_lettered for r in self.reports) == 0 and tombstones > 0
+        assert len(positions) + tombstones == topic_records(self.config.sources[0].bootstrap_servers, topics)

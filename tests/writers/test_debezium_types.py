@@ -17,26 +17,10 @@ from bookkeeper.service import Bookkeeper
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from tests.conftest import pipeline_config
+from tests.support.carriers import UTC, days, micros, time_micros
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-EPOCH = dt.date(1970, 1, 1)
-UTC = dt.timezone.utc
-
-
-def days(day: dt.date) -> int:
-    return (day - EPOCH).days
-
-
-def micros(moment: dt.datetime) -> int:
-    return (moment - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
-
-
-def time_micros(hours: int, minutes: int, seconds: int, fraction: int = 0, negative: bool = False) -> int:
-    value = ((hours * 60 + minutes) * 60 + seconds) * 1_000_000 + fraction
-    return -value if negative else value
-
 
 def two_complement(value: int) -> bytes:
     return value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
