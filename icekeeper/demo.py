@@ -18,7 +18,7 @@ from typing import Any, Callable
 from bookkeeper.service import Bookkeeper
 from common.committed_state import KEY_WATERMARK
 from common.config.model import IcekeeperConfig
-from icekeeper.localstack.stack import LocalStack
+from icekeeper.localstack.stack import LocalStack, started_optional_services
 from icekeeper.readers import duckdb_rows, render_grid, spark_rows
 from icekeeper.samples.produce import produce_seed_sample
 
@@ -46,15 +46,34 @@ def _replace_prefix(node: Any, old: str, new: str) -> Any:
     return node
 
 
+def fresh_stack(config: IcekeeperConfig, with_services: list[str] | None = None, progress: Progress = print) -> LocalStack:
+    """The demo's stack started from nothing, so every run shows the same result.
+
+    Whatever an earlier demo left running in the demo's folder (`--keep-stack`, with or without
+    `--with` services) is stopped and the folder removed first; a stack that fails to come up is
+    stopped again.
+
+    Args:
+        config: a `demo_config`.
+        with_services: optional services to add (`stack up --with`).
+    """
+    LocalStack(config, with_services=started_optional_services(config)).down(progress=lambda message: None)
+    shutil.rmtree(config.state_dir, ignore_errors=True)
+    stack = LocalStack(config, with_services=with_services)
+    try:
+        report = stack.up(progress)
+    except BaseException:
+        stack.down(progress=lambda message: None)
+        raise
+    progress(f"local stack up in {report.seconds:.1f}s")
+    return stack
+
+
 def run_demo(config: IcekeeperConfig, keep_stack: bool = False, progress: Progress = print) -> dict[str, Any]:
     """Run the demo; returns the figures `icekeeper demo --json` prints."""
     started = time.monotonic()
     config = demo_config(config)
-    stack = LocalStack(config)
-    stack.down(progress=lambda message: None)
-    shutil.rmtree(config.state_dir, ignore_errors=True)
-    report = stack.up(progress)
-    progress(f"local stack up in {report.seconds:.1f}s")
+    stack = fresh_stack(config, progress=progress)
     spark = None
     try:
         produced = produce_seed_sample(config, progress=progress)
