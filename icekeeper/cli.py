@@ -228,9 +228,19 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from icekeeper.demo import run_demo
+    if args.source == "mariadb":
+        from icekeeper.demo_mariadb import run_mariadb_demo
+        from icekeeper.localstack.stack import StackError
 
-    summary = run_demo(_config(args), keep_stack=args.keep_stack, progress=_progress)
+        try:
+            summary = run_mariadb_demo(_config(args), keep_stack=args.keep_stack, progress=_progress)
+        except StackError as error:  # e.g. MariaDB's Debian package missing and not root: the message says what to install
+            print(f"icekeeper demo --source mariadb: {error}", file=sys.stderr)
+            return 2
+    else:
+        from icekeeper.demo import run_demo
+
+        summary = run_demo(_config(args), keep_stack=args.keep_stack, progress=_progress)
     if args.json:
         print(json.dumps(summary))
     return 0
@@ -323,7 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
 
     demo = add("demo", cmd_demo, "run the whole pipeline on the local stack and show the result")
-    demo.add_argument("--keep-stack", action="store_true", help="leave the local stack running afterwards")
+    demo.add_argument("--source", choices=["seed000", "mariadb"], default="seed000",
+                      help="seed000: seed 000's sample stream (default); mariadb: a real MariaDB through Debezium, compared with the table "
+                           "(exit 2 if the stack cannot start, e.g. the mariadb-server package is missing)")
+    demo.add_argument("--keep-stack", action="store_true", help="leave the local stack (and with --source mariadb, the connector) running afterwards")
     demo.add_argument("--json", action="store_true", help="end with one JSON line of figures")
     return parser
 
