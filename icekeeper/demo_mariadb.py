@@ -198,7 +198,7 @@ def run_mariadb_demo(config: IcekeeperConfig, keep_stack: bool = False, progress
             spark.stop()
         if keep_stack:
             progress(f"stack kept: MariaDB at {config.stack.host}:{config.stack.mariadb_port} (user {OWNER.name}, password {OWNER.password}), "
-                     f"connector {CONNECTOR} at {connect.url}; stop with: icekeeper stack down --with mariadb (state in {config.state_dir})")
+                     f"connector {CONNECTOR} at {connect.url}; stop with: ICEKEEPER__STATE_DIR={config.state_dir} icekeeper stack down --with mariadb")
         else:
             if connector_created:
                 try:
