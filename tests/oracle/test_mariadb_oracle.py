@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from icekeeper.localstack.databases import DATABASE
 from tests.support.oracle import UTC, Pipeline, oracle_config, time_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -151,7 +152,7 @@ def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, stat
     tag = uuid.uuid4().hex[:6]
     orders, customers, prefix, connector = f"orders_{tag}", f"customers_{tag}", f"ora{tag}", f"oracle-{tag}"
     orders_topic, customers_topic = mariadb_cdc.topic(prefix, orders), mariadb_cdc.topic(prefix, customers)
-    config = oracle_config(tmp_path, "shop", orders_topic, customers_topic, f"{prefix}.dead-letters")
+    config = oracle_config(tmp_path, "shop", orders_topic, customers_topic, f"{prefix}.dead-letters", (DATABASE, customers))
     db = mariadb_cdc.connect()
     db.cursor().execute("SET time_zone = '+00:00'")  # TIMESTAMP values in and out in UTC
     db.cursor().execute(ORDERS_DDL.format(name=orders))

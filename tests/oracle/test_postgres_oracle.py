@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from icekeeper.localstack.databases import DATABASE
 from tests.support.oracle import Pipeline, oracle_config, time_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -83,7 +84,7 @@ def test_postgres_tables_equal_select_star_through_every_engine(postgres_cdc, ka
     tag = uuid.uuid4().hex[:6]
     orders, customers, prefix, connector = f"orders_{tag}", f"customers_{tag}", f"pgo{tag}", f"pg-oracle-{tag}"
     orders_topic, customers_topic = postgres_cdc.topic(prefix, orders), postgres_cdc.topic(prefix, customers)
-    config = oracle_config(tmp_path, "pg", orders_topic, customers_topic, f"{prefix}.dead-letters")
+    config = oracle_config(tmp_path, "pg", orders_topic, customers_topic, f"{prefix}.dead-letters", (DATABASE, customers))
     db = postgres_cdc.connect()
     # Compare JSONB as the text PostgreSQL gives Debezium, not as parsed Python values.
     psycopg.types.json.set_json_loads(lambda data: bytes(data).decode(), db)

@@ -8,13 +8,18 @@ pyiceberg, DuckDB and Spark alike; and every Kafka record is in exactly one plac
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from common.config import IcekeeperConfig
+
 # The latest live row per key and the value forms live where `icekeeper demo --source mariadb` uses them too.
 from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, time_text  # noqa: F401 - re-exported for the oracle tests
+from tests.conftest import pipeline_config
 
 
 def position(row: dict[str, Any]) -> tuple[str, int, int]:
@@ -30,15 +35,18 @@ def topic_records(bootstrap_servers: str, topics: list[str]) -> int:
     return sum(future.result().offset for future in latest.values())
 
 
-def oracle_config(tmp_path: Path, namespace: str, orders_topic: str, customers_topic: str, dead_letter_topic: str) -> IcekeeperConfig:
-    """Two tables of one Debezium source, routed by topic: `<namespace>.orders` keyed by (region, id),
-    `<namespace>.customers` by id."""
+def oracle_config(tmp_path: Path, namespace: str, orders_topic: str, customers_topic: str, dead_letter_topic: str,
+                  customers_source: tuple[str, str]) -> IcekeeperConfig:
+    """Two tables of one Debezium source: `<namespace>.orders` keyed by (region, id) and routed by
+    topic, `<namespace>.customers` keyed by id and routed by Debezium's `source.db` and
+    `source.table` (`customers_source`), as multi-table topics need."""
+    database, table = customers_source
     return pipeline_config(tmp_path, orders_topic, {
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{orders_topic}, {customers_topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
         "ICEKEEPER__TABLES__0__IDENTIFIER": f"{namespace}.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[region, id]",
         "ICEKEEPER__TABLES__1__IDENTIFIER": f"{namespace}.customers", "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
-        "ICEKEEPER__TABLES__1__TOPICS": f"[{customers_topic}]",
+        "ICEKEEPER__TABLES__1__SOURCE_DB": database, "ICEKEEPER__TABLES__1__SOURCE_TABLE": table,
     })
 
 
