@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import (
     BinaryType, BooleanType, DateType, DecimalType, DoubleType, FixedType, FloatType, IcebergType, IntegerType, ListType,
-    LongType, MapType, NestedField, PrimitiveType, StringType, StructType, TimestampType, TimestamptzType, TimeType,
+    LongType, MapType, NestedField, PrimitiveType, StringType, StructType, TimestampType, TimestamptzType,
 )
 
 from common.config.model import MetadataColumns

@@ -22,7 +22,6 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
