@@ -93,6 +93,7 @@ def test_postgres_tables_equal_select_star_through_every_engine(postgres_cdc, ka
     db.execute(CUSTOMERS_DDL.format(name=customers))
     rng = random.Random(21)
     live: list[tuple[str, int]] = []
+    deleted: list[tuple[str, int]] = []
     next_key = [100]
 
     def insert(row: tuple) -> None:
@@ -109,9 +110,13 @@ def test_postgres_tables_equal_select_star_through_every_engine(postgres_cdc, ka
             db.execute(f"UPDATE {orders} SET qty = %s, status = %s, n = %s, tstz = %s WHERE region = %s AND id = %s",
                        (rng.randint(-10 ** 6, 10 ** 6), "paid", Decimal(rng.randint(0, 10 ** 12)) / 1000,
                         dt.datetime(1960, 1, 1, tzinfo=UTC) + dt.timedelta(microseconds=rng.randint(0, 10 ** 15)), region, key))
-        elif choice < 0.7:
+        elif choice < 0.66:
             target = live.pop(rng.randrange(5, len(live)))
             db.execute(f"DELETE FROM {orders} WHERE region = %s AND id = %s", target)
+            deleted.append(target)
+        elif choice < 0.7 and deleted:
+            region, key = deleted.pop(0)
+            insert(random_order(rng, region, key))  # a key that was deleted comes back
         elif choice < 0.75:
             region, key = live.pop(rng.randrange(5, len(live)))
             db.execute(f"UPDATE {orders} SET id = %s WHERE region = %s AND id = %s", (next_key[0], region, key))  # primary key change
