@@ -138,8 +138,9 @@ def select_star(connection, table: str) -> list[dict[str, Any]]:  # noqa: ANN001
     return converted
 
 
-def test_mariadb_tables_equal_select_star_through_every_engine(mariadb_cdc, kafka_connect, spark, tmp_path: Path) -> None:
-    check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path, statements_per_phase=60)
+@pytest.mark.parametrize("record_format", ["avro", "json"], ids=["avro-via-registry", "json-with-schemas"])
+def test_mariadb_tables_equal_select_star_through_every_engine(mariadb_cdc, kafka_connect, spark, tmp_path: Path, record_format: str) -> None:
+    check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path, statements_per_phase=60, record_format=record_format)
 
 
 @pytest.mark.heavy
@@ -147,12 +148,13 @@ def test_mariadb_oracle_over_tens_of_thousands_of_statements(mariadb_cdc, kafka_
     check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path, statements_per_phase=6000)
 
 
-def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, statements_per_phase: int) -> None:  # noqa: ANN001
+def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, statements_per_phase: int, record_format: str = "avro") -> None:  # noqa: ANN001
     """Snapshot, four phases of `statements_per_phase` random statements around three ALTERs, then compare."""
     tag = uuid.uuid4().hex[:6]
     orders, customers, prefix, connector = f"orders_{tag}", f"customers_{tag}", f"ora{tag}", f"oracle-{tag}"
     orders_topic, customers_topic = mariadb_cdc.topic(prefix, orders), mariadb_cdc.topic(prefix, customers)
-    config = oracle_config(tmp_path, "shop", orders_topic, customers_topic, f"{prefix}.dead-letters", (DATABASE, customers))
+    config = oracle_config(tmp_path, "shop", orders_topic, customers_topic, f"{prefix}.dead-letters", (DATABASE, customers),
+                           source_format="avro-confluent" if record_format == "avro" else "debezium-json")
     db = mariadb_cdc.connect()
     db.cursor().execute("SET time_zone = '+00:00'")  # TIMESTAMP values in and out in UTC
     db.cursor().execute(ORDERS_DDL.format(name=orders))
@@ -163,7 +165,7 @@ def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, stat
     for _ in range(20):
         workload.step()  # the snapshot's rows
 
-    kafka_connect.create(mariadb_cdc.connector_config(connector, prefix, [orders, customers]))
+    kafka_connect.create(mariadb_cdc.connector_config(connector, prefix, [orders, customers], record_format=record_format))
     pipeline = Pipeline(config, spark)
     try:
         kafka_connect.wait_for_snapshot(connector)

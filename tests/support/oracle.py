@@ -36,12 +36,13 @@ def topic_records(bootstrap_servers: str, topics: list[str]) -> int:
 
 
 def oracle_config(tmp_path: Path, namespace: str, orders_topic: str, customers_topic: str, dead_letter_topic: str,
-                  customers_source: tuple[str, str]) -> IcekeeperConfig:
+                  customers_source: tuple[str, str], source_format: str = "avro-confluent") -> IcekeeperConfig:
     """Two tables of one Debezium source: `<namespace>.orders` keyed by (region, id) and routed by
     topic, `<namespace>.customers` keyed by id and routed by Debezium's `source.db` and
     `source.table` (`customers_source`), as multi-table topics need."""
     database, table = customers_source
     return pipeline_config(tmp_path, orders_topic, {
+        "ICEKEEPER__SOURCES__0__FORMAT": source_format,
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{orders_topic}, {customers_topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
         "ICEKEEPER__TABLES__0__IDENTIFIER": f"{namespace}.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[region, id]",
