@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from icekeeper.localstack.databases import DATABASE
-from tests.support.oracle import UTC, Pipeline, oracle_config, time_text
+from icekeeper.mirror import source_value
+from tests.support.oracle import Pipeline, oracle_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -124,18 +125,13 @@ class Workload:
             self.execute(f"DELETE FROM {self.customers} WHERE id = %s", self.live_customers.pop(rng.randrange(len(self.live_customers))))
 
 
-def select_star(connection, table: str) -> list[dict[str, Any]]:  # noqa: ANN001
-    """The table as MariaDB returns it, values in the form the Iceberg table holds them (docs/types.md)."""
+def select_star(connection, table: str, types: dict[str, str]) -> list[dict[str, Any]]:  # noqa: ANN001
+    """The table as MariaDB returns it, values in the form the Iceberg table (`types`) holds them."""
     import pymysql.cursors
 
     with connection.cursor(pymysql.cursors.DictCursor) as cursor:
         cursor.execute(f"SELECT * FROM {table}")
-        rows = cursor.fetchall()
-    converted = []
-    for row in rows:
-        converted.append({name: time_text(value) if isinstance(value, dt.timedelta)
-                          else value.replace(tzinfo=UTC) if name == "ts" and value is not None else value for name, value in row.items()})
-    return converted
+        return [{name: source_value(value, types[name]) for name, value in row.items()} for row in cursor.fetchall()]
 
 
 @pytest.mark.parametrize("record_format", ["avro", "json"], ids=["avro-via-registry", "json-with-schemas"])
@@ -192,5 +188,6 @@ def check_mariadb_oracle(mariadb_cdc, kafka_connect, spark, tmp_path: Path, stat
         "dt6": "timestamp", "ts": "timestamptz", "t": "string", "flag": "int", "score": "double", "doc": "string", "note": "string",
         "data": "binary", "color": "string", "tags": "string", "bits": "binary", "extra": "string"}
     assert pipeline.row_types("shop.customers") == {"id": "int", "qty": "string", "status": "int", "name": "string", "email": "string"}  # DROP kept
-    pipeline.assert_mirrors(spark, {"shop.orders": (["region", "id"], select_star(db, orders)),
-                                    "shop.customers": (["id"], select_star(db, customers))}, [orders_topic, customers_topic])
+    pipeline.assert_mirrors(spark, {"shop.orders": (["region", "id"], select_star(db, orders, pipeline.row_types("shop.orders"))),
+                                    "shop.customers": (["id"], select_star(db, customers, pipeline.row_types("shop.customers")))},
+                            [orders_topic, customers_topic])
