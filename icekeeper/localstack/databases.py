@@ -13,10 +13,12 @@ what Debezium's documentation asks for.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,16 +70,35 @@ def _give_to(user: pwd.struct_passwd, *folders: Path) -> None:
         folder.chmod(0o700)
 
 
-def _check_reachable(user: pwd.struct_passwd, folder: Path) -> None:
-    """The server runs as `user`: every folder above its data must let that user through."""
-    if user.pw_uid == os.geteuid():
-        return
-    result = subprocess.run(_as_user(user) + ["test", "-w", str(folder)], capture_output=True)
-    if result.returncode != 0:
-        raise StackError(
-            f"user {user.pw_name} cannot reach {folder}; put state_dir where every parent folder is "
-            f"searchable by others (chmod o+x), e.g. not under /root or pytest's tmp_path"
-        )
+def _can_reach(user: pwd.struct_passwd, folder: Path) -> bool:
+    """Whether `user` can write `folder`: every folder above it must let that user through."""
+    return user.pw_uid == os.geteuid() or subprocess.run(_as_user(user) + ["test", "-w", str(folder)], capture_output=True).returncode == 0
+
+
+def _server_folder(user: pwd.struct_passwd, home: Path) -> Path:
+    """Where a server running as `user` keeps its files: `<home>/server`, or, when a folder above
+    the state folder shuts `user` out (a clone under a 0700 `mktemp -d`, /root, pytest's tmp_path),
+    a folder of its own under the system's temp folder, tied to this state folder.
+
+    The servers refuse to run as root, so as root they run as their package's user, who must reach
+    their data. A fresh state folder (no `server-folder` note in it) starts the fallback afresh, as
+    a fresh `<home>/server` would.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    preferred = home / "server"
+    _give_to(user, preferred)
+    if _can_reach(user, preferred):
+        return preferred
+    note = home / "server-folder"
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
+    fallback = Path(tempfile.gettempdir()) / f"icekeeper-{user.pw_name}-{digest}"
+    if not note.exists() and fallback.exists():
+        shutil.rmtree(fallback)  # left by an earlier state folder of the same path
+    _give_to(user, fallback)
+    note.write_text(f"{fallback}\n", encoding="utf-8")
+    if not _can_reach(user, fallback):
+        raise StackError(f"user {user.pw_name} can reach neither {preferred} nor {fallback}")
+    return fallback
 
 
 def _run_logged(command: list[str], log_path: Path, what: str, stdin_text: str | None = None) -> str:
@@ -105,10 +126,9 @@ class MariaDbService(Service):
         programs = ensure_package(MARIADB_SERVER, "stack service mariadb", progress)
         mysql = _server_user("mysql", MARIADB_SERVER.name)
         run_as = [f"--user={mysql.pw_name}"] if os.geteuid() == 0 else []
-        data_dir, run_dir = self.home / "data", self.home / "run"
-        self.home.mkdir(parents=True, exist_ok=True)
+        server = _server_folder(mysql, self.home)
+        data_dir, run_dir = server / "data", server / "run"
         _give_to(mysql, run_dir)
-        _check_reachable(mysql, run_dir)
         if not (data_dir / "mysql").is_dir():
             progress(f"initialising MariaDB in {data_dir}")
             if data_dir.exists():
@@ -119,7 +139,7 @@ class MariaDbService(Service):
                  "--auth-root-authentication-method=socket", "--skip-test-db"],
                 self.home / "install-db.log", "mariadb-install-db",
             )
-        init_file = self.home / "init.sql"
+        init_file = server / "init.sql"
         init_file.write_text(self._init_sql(), encoding="utf-8")
         init_file.chmod(0o644)
         command = [
@@ -180,15 +200,13 @@ class PostgresService(Service):
     def prepare(self, progress: Progress) -> LaunchSpec:
         programs = ensure_package(POSTGRESQL, "stack service postgres", progress)
         postgres = _server_user("postgres", POSTGRESQL.name)
-        data_dir = self.home / "data"
+        data_dir = _server_folder(postgres, self.home) / "data"
         initialised = self.home / "initialised"
-        self.home.mkdir(parents=True, exist_ok=True)
         if not initialised.exists():
             progress(f"initialising PostgreSQL in {data_dir}")
             if data_dir.exists():
                 shutil.rmtree(data_dir)  # a half-made folder from an interrupted start
             _give_to(postgres, data_dir)
-            _check_reachable(postgres, data_dir)
             as_postgres = _as_user(postgres)
             _run_logged(
                 as_postgres + [programs["initdb"], "-D", str(data_dir), "-U", "postgres", "--encoding=UTF8", "--locale=C",
