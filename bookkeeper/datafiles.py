@@ -216,8 +216,11 @@ class FooterReader:
         try:
             while pending or in_flight:
                 while pending and len(in_flight) < self.workers * self.CHUNKS_AHEAD:
-                    chunk = pending.popleft()
+                    # Taken off `pending` only once submitted: a submit to a pool whose worker just
+                    # died raises, and a chunk already taken would then be read by nobody (CI saw it).
+                    chunk = pending[0]
                     in_flight[self._pool.submit(_describe_in_worker, [r[0] for r in chunk], chunk[0][2], properties)] = chunk
+                    pending.popleft()
                 for future in [future for future in in_flight if future.done()]:
                     results = future.result()
                     chunk = in_flight.pop(future)
