@@ -47,6 +47,7 @@ from pyiceberg.utils.truncate import truncate_upper_bound_binary_string, truncat
 
 from common.locations import normalize_location
 from common.moniker import FileEntry
+from common.storage import open_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class FooterFacts:
 
 def describe_file(path: str, file_schema: Schema, table_properties: dict[str, str]) -> FooterFacts:
     """Open one file, read its footer (one ranged read on object stores), compute its statistics."""
-    filesystem, local = pafs.FileSystem.from_uri(path if "://" in path else f"file://{path}")
+    filesystem, local = open_filesystem(path)
     try:
         info = filesystem.get_file_info(local)
         if info.type != pafs.FileType.File:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from common.locations import normalize_location
+from common.storage import open_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ CLAIMS_FOLDER = "_in_flight"
 
 
 def _open(uri: str) -> tuple[pafs.FileSystem, str]:
-    return pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
+    return open_filesystem(uri)
 
 
 def claims_folder(table_location: str) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
+from common.storage import open_filesystem
 
 log = logging.getLogger(__name__)
 _OBJECT_STORES = ("s3", "gcs")
@@ -38,7 +39,7 @@ class MonikerFolder:
         self.uri = uri
         if "://" not in uri:
             uri = pafs.LocalFileSystem().normalize_path(uri) if uri else uri
-        self.filesystem, self.root = pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
+        self.filesystem, self.root = open_filesystem(uri)
         self._atomic_put = self.filesystem.type_name in _OBJECT_STORES
 
     def path_for(self, moniker: Moniker) -> str:
