@@ -34,9 +34,10 @@ from pyiceberg.table.update.snapshot import ExpireSnapshots
 from bookkeeper.datafiles import FooterFacts, FooterReader, InvalidFile, data_file, validate
 from bookkeeper.manifests import merge_append
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
+from bookkeeper.upserts import MonikerKeys, UpsertCycle, UpsertKeeper
 from common.catalog import load_table_or_none, table_properties
 from common.committed_state import CommittedState, committed_state, expirable_snapshots
-from common.config.model import IcekeeperConfig, TableSpec
+from common.config.model import IcekeeperConfig
 from common.file_events import location_key
 from common.moniker import FileEntry, Moniker
 from common.partitioning import partition_spec
@@ -68,6 +69,8 @@ class TableCommit:
     attempts: int = 0
     seconds: float = 0.0
     schema_changes: list[str] = field(default_factory=list)
+    rows_replaced: int = 0
+    """Upsert tables: earlier rows this snapshot position-deleted (updated or deleted keys)."""
 
 
 @dataclass
@@ -119,6 +122,17 @@ class Committer:
         self.epoch = epoch
         self._footers: dict[str, FooterFacts | InvalidFile] = {}
         self.footer_reader = FooterReader(config.bookkeeper.footer_workers or os.cpu_count() or 2)
+        self.upserts = UpsertKeeper(config.bookkeeper.footer_workers or os.cpu_count() or 2, config.bookkeeper.key_index_save_interval)
+
+    def close(self, save_key_indexes: bool = True) -> None:
+        """Stop the footer readers; save the upsert tables' key indexes, the next bookkeeper's start."""
+        self.footer_reader.close()
+        if save_key_indexes:
+            try:
+                tables = {identifier: table for identifier in self.upserts.identifiers() if (table := load_table_or_none(self.catalog, identifier))}
+                self.upserts.save_all(tables)
+            except Exception as error:  # noqa: BLE001 - a stop must not fail: the next bookkeeper catches up or rebuilds
+                log.warning("could not save the key indexes", extra={"error": repr(error)})
 
     def commit_table(self, identifier: str, deliveries: list[Delivery]) -> TableCommit:
         """Commit what is ready for `identifier`; never acknowledges anything itself."""
@@ -128,8 +142,7 @@ class Committer:
             result = TableCommit(identifier, attempts=attempt)
             table = load_table_or_none(self.catalog, identifier)
             state = committed_state(table) if table is not None else CommittedState()
-            if state.epoch > self.epoch:
-                raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
+            self._check_epoch(identifier, state)
             selection = select_ready(deliveries, state, self.config.bookkeeper.max_files_per_commit, self.config.bookkeeper.max_bytes_per_commit)
             result.duplicates, result.waiting = selection.duplicates, selection.waiting
             if not selection.ready:
@@ -143,6 +156,9 @@ class Committer:
             if snapshot_id is None:
                 continue
             result.snapshot_id = snapshot_id
+            if plan.upsert is not None:
+                self.upserts.committed(plan.upsert, snapshot_id, table)
+                result.rows_replaced = plan.upsert.rows_replaced
             result.committed = [d for d in plan.committed]
             result.records = sum(d.moniker.records for d in plan.committed)
             result.files = len(plan.data_files)
@@ -172,8 +188,7 @@ class Committer:
             result = TableCommit(identifier, attempts=attempt)
             table = self.catalog.load_table(identifier)
             state = committed_state(table)
-            if state.epoch > self.epoch:
-                raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
+            self._check_epoch(identifier, state)
             done = set(state.event_files)
             fresh, seen = [], set()
             for delivery in deliveries:
@@ -232,11 +247,14 @@ class Committer:
         started = time.monotonic()
         table = self.catalog.load_table(identifier)
         state = committed_state(table)
-        if state.epoch > self.epoch:
-            raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
+        self._check_epoch(identifier, state)
         new_state = dataclasses.replace(state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch))
         snapshot_id = self._commit_once(table, _Plan(table=table), new_state)
         return TableCommit(identifier, snapshot_id=snapshot_id, watermark_ms=new_state.watermark_ms, attempts=1, seconds=time.monotonic() - started)
+
+    def _check_epoch(self, identifier: str, state: CommittedState) -> None:
+        if state.epoch > self.epoch:
+            raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
 
     # -- building the commit -------------------------------------------------------------------------
 
@@ -295,14 +313,37 @@ class Committer:
                 plan.schema_changes.extend(evolution.changes)
             plan.committed.append(delivery)
             plan.data_files.extend(files)
+            plan.files_of[delivery.moniker.id] = files
+        if plan.table is not None and plan.committed and self.config.table(identifier).upsert:
+            self._plan_upserts(plan)
         result.quarantined = plan.quarantined
         result.schema_changes = plan.schema_changes
         if plan.table is None:
             return None
         return plan
 
+    def _plan_upserts(self, plan: "_Plan") -> None:
+        """Key look-ups and position deletes for an upsert table's cycle; a moniker whose key
+        columns cannot be read is quarantined like one with an invalid file."""
+        table = plan.table
+        assert table is not None
+        monikers = [(plan.files_of[d.moniker.id], d.moniker.delete_files) for d in plan.committed]
+        keys = self.upserts.read_keys(table, monikers)
+        readable: list[MonikerKeys] = []
+        for delivery, found in zip(list(plan.committed), keys):
+            if isinstance(found, InvalidFile):
+                plan.committed.remove(delivery)
+                plan.quarantined.append((delivery, str(found)))
+                gone = {id(data) for data in plan.files_of.pop(delivery.moniker.id)}
+                plan.data_files = [data for data in plan.data_files if id(data) not in gone]
+            else:
+                readable.append(found)
+        if plan.committed:
+            plan.upsert = self.upserts.plan(table, readable)
+            plan.delete_files = plan.upsert.delete_files
+
     def _create_table(self, identifier: str, moniker: Moniker, file_schema: Schema) -> Table:
-        spec = next((t for t in self.config.tables if t.identifier == identifier), None) or TableSpec(identifier=identifier)
+        spec = self.config.table(identifier)
         namespace = identifier.rsplit(".", 1)[0]
         try:
             self.catalog.create_namespace(namespace)
@@ -352,7 +393,7 @@ class Committer:
                 (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
                 (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
             )
-        with merge_append(transaction, summary) as append:
+        with merge_append(transaction, summary, plan.delete_files) as append:
             for data in plan.data_files:
                 append.append_data_file(data)
         updates = transaction._updates  # noqa: SLF001
@@ -437,6 +478,10 @@ class _Plan:
     data_files: list[DataFile] = field(default_factory=list)
     new_schema: Schema | None = None
     schema_changes: list[str] = field(default_factory=list)
+    files_of: dict[str, list[DataFile]] = field(default_factory=dict)
+    """Moniker id -> its data files, for upsert tables' key look-ups."""
+    upsert: UpsertCycle | None = None
+    delete_files: list[DataFile] = field(default_factory=list)
 
 
 def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:

@@ -24,15 +24,15 @@ from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.avro.resolver import construct_writer
 from pyiceberg.io import OutputFile
 from pyiceberg.manifest import (
-    DEFAULT_READ_VERSION, MANIFEST_LIST_FILE_SCHEMAS, ManifestEntry, ManifestFile, ManifestListWriter, ManifestListWriterV2, ManifestWriter,
-    ManifestWriterV2, write_manifest_list,
+    DEFAULT_READ_VERSION, MANIFEST_LIST_FILE_SCHEMAS, DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile,
+    ManifestListWriter, ManifestListWriterV2, ManifestWriter, ManifestWriterV2, write_manifest_list,
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Transaction
 from pyiceberg.table.refs import MAIN_BRANCH
-from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _MergeAppendFiles, _SnapshotProducer
-from pyiceberg.typedef import Record, TableVersion
+from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import StructType
 
 _VARINT_TABLE_SIZE = 1 << 14
@@ -279,6 +279,17 @@ class _ManifestWriter(ManifestWriterV2):
         )
 
 
+class _DeleteManifestWriter(_ManifestWriter):
+    """A format-version 2 delete manifest (position-delete files), same encoder."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
 _WRITTEN_MANIFEST_LISTS: dict[str, tuple[ManifestFile, ...]] = {}
 _WRITTEN_MANIFEST_LISTS_KEPT = 8
 _written_lock = threading.Lock()
@@ -347,6 +358,38 @@ class _MergeAppend(_MergeAppendFiles):
     """
 
     _commit = _with_globals(_SnapshotProducer._commit, write_manifest_list=_write_manifest_list)  # noqa: SLF001
+    _added_delete_files: list[DataFile] = []
+
+    def append_delete_file(self, delete_file: DataFile) -> None:
+        """Add a position-delete file to this snapshot (pyiceberg 0.12 has no API for it)."""
+        self._added_delete_files = [*self._added_delete_files, delete_file]
+
+    def _manifests(self) -> list[ManifestFile]:
+        """pyiceberg's manifests (new data, then the parent's, merged) plus one delete manifest per
+        partition spec for this snapshot's delete files; the delete entries inherit the snapshot's
+        sequence number, so they apply to data files of this snapshot too (position deletes apply
+        to data files whose sequence number is at most theirs)."""
+        by_spec: dict[int, list[DataFile]] = {}
+        for delete_file in self._added_delete_files:
+            by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
+        written = []
+        for spec_id, delete_files in by_spec.items():
+            writer = _DeleteManifestWriter(self.spec(spec_id), self.schema(), self.new_manifest_output(), self.snapshot_id, self._compression)
+            with writer:
+                for delete_file in delete_files:
+                    writer.add_entry(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self.snapshot_id,
+                                                             sequence_number=None, file_sequence_number=None, data_file=delete_file))
+            written.append(writer.to_manifest_file())
+        return written + super()._manifests()
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        """pyiceberg's summary, counting the delete files too (its collector knows position deletes)."""
+        data_files = self._added_data_files
+        self._added_data_files = data_files + self._added_delete_files
+        try:
+            return super()._summary(snapshot_properties)
+        finally:
+            self._added_data_files = data_files
 
     def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
         return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self.snapshot_id, self._compression)
@@ -361,12 +404,22 @@ class _MergeAppend(_MergeAppendFiles):
                 if manifest.has_added_files() or manifest.has_existing_files() or manifest.added_snapshot_id == self._snapshot_id]
 
 
-def merge_append(transaction: Transaction, snapshot_properties: dict[str, str]) -> _SnapshotProducer[Any]:
+def merge_append(transaction: Transaction, snapshot_properties: dict[str, str], delete_files: list[DataFile] | None = None) -> _SnapshotProducer[Any]:
     """`transaction.update_snapshot(snapshot_properties).merge_append()`, written by `_MergeAppend`
-    for format-version 2 tables (other versions keep pyiceberg's writers)."""
+    for format-version 2 tables (other versions keep pyiceberg's writers).
+
+    With `delete_files` (position deletes, format-version 2 only), the snapshot is an `overwrite`,
+    as Iceberg's Java `RowDelta` names a snapshot that adds deletes.
+    """
     if transaction.table_metadata.format_version != 2:
+        if delete_files:
+            raise ValueError(f"position deletes need a format-version 2 table, not {transaction.table_metadata.format_version}")
         return transaction.update_snapshot(snapshot_properties=snapshot_properties).merge_append()
-    return _MergeAppend(operation=Operation.APPEND, transaction=transaction, io=transaction._table.io, branch=MAIN_BRANCH,  # noqa: SLF001
-                        snapshot_properties=snapshot_properties)
+    operation = Operation.OVERWRITE if delete_files else Operation.APPEND
+    producer = _MergeAppend(operation=operation, transaction=transaction, io=transaction._table.io, branch=MAIN_BRANCH,  # noqa: SLF001
+                            snapshot_properties=snapshot_properties)
+    for delete_file in delete_files or []:
+        producer.append_delete_file(delete_file)
+    return producer
 
 

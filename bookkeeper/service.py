@@ -99,12 +99,14 @@ class Bookkeeper:
             self.serve_http()
         if self.lease is None:
             self.take_lease()
+        fenced = False
         try:
             while not self.stop.is_set():
                 started = time.monotonic()
                 try:
                     report = self.run_cycle()
                 except (Fenced, StaleEpoch) as error:
+                    fenced = True
                     log.error("bookkeeper fenced: a newer bookkeeper took over; stopping", extra={"reason": str(error)})
                     raise
                 if on_cycle:
@@ -118,7 +120,8 @@ class Bookkeeper:
             if self.http is not None:
                 self.http.stop()
                 self.http = None
-            self.committer.footer_reader.close()
+            # A fenced bookkeeper leaves the key indexes to its successor.
+            self.committer.close(save_key_indexes=not fenced)
 
     def run_cycle(self) -> CycleReport:
         started = time.monotonic()

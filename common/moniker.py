@@ -68,11 +68,11 @@ class FileEntry(_Value):
     path: str
     size_bytes: int = Field(ge=0)
     record_count: int = Field(ge=0)
-    content: Literal["data", "equality-deletes", "position-deletes"] = "data"
+    content: Literal["data", "deleted-keys"] = Field(
+        "data", description="`deleted-keys`: rows (of the table's schema) whose keys' last change in the batch is a delete (upsert tables).")
     partition: dict[str, Any] = Field(default_factory=dict, description="Partition field name -> transformed value.")
     spec_id: int = 0
     metrics: ColumnMetrics | None = None
-    equality_field_ids: list[int] | None = None
 
 
 class Moniker(_Value):
@@ -87,7 +87,8 @@ class Moniker(_Value):
     table_location: str | None = Field(None, description="Where the writer placed files of a table not created yet.")
     schema_: dict[str, Any] = Field(alias="schema", description="Iceberg schema (pyiceberg JSON) the files were written with.")
     files: list[FileEntry] = Field(default_factory=list)
-    delete_files: list[FileEntry] = Field(default_factory=list, description="Reserved for primary-key tables (equality deletes).")
+    delete_files: list[FileEntry] = Field(
+        default_factory=list, description="Upsert tables: deleted-keys files; the bookkeeper turns them into position deletes.")
     offsets: list[OffsetRange]
     records: int = Field(ge=0, description="Rows in `files`.")
     dead_lettered: int = Field(0, ge=0, description="Records of `offsets` routed here that went to the dead-letter topic.")

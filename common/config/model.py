@@ -92,6 +92,16 @@ class TableSpec(_Model):
     source_db: str | None = Field(None, description="Route Debezium records whose `source.db` equals this (with `source_table`).")
     source_table: str | None = Field(None, description="Route Debezium records whose `source.table` equals this.")
     primary_key: list[str] = Field(default_factory=list, description="Key columns (seed 000: `iceberg.table.primaryKey`); becomes the table's identifier fields.")
+    mode: Literal["changelog", "upsert"] | None = Field(
+        None,
+        description="`upsert`: the table mirrors the source table, one live row per primary key (position deletes through the "
+        "bookkeeper's key index). `changelog`: every change is a row. Default: `upsert` when `primary_key` is set (seed 000's "
+        "primaryKey tables answer one row per key), else `changelog`.",
+    )
+    delete_mode: Literal["hard", "soft"] = Field(
+        "hard", description="Upsert tables: `hard` removes a deleted key's row; `soft` keeps its last row with the delete operation "
+        "in the op column (`<prefix>op` = 'd').",
+    )
     partition_by: list[str] = Field(
         default_factory=list,
         description="Partition spec: `col`, `year(col)`, `month(col)`, `day(col)`, `hour(col)`, `bucket(N, col)`, `truncate(W, col)` "
@@ -108,6 +118,17 @@ class TableSpec(_Model):
         if len(parts) < 2 or not all(parts):
             raise ValueError(f"{identifier!r} must be `namespace.table`")
         return identifier
+
+    @model_validator(mode="after")
+    def _upsert_needs_a_key(self) -> "TableSpec":
+        if self.mode == "upsert" and not self.primary_key:
+            raise ValueError(f"{self.identifier}: mode upsert needs primary_key")
+        return self
+
+    @property
+    def upsert(self) -> bool:
+        """True when the table mirrors its source (see `mode`)."""
+        return self.mode == "upsert" or (self.mode is None and bool(self.primary_key))
 
     @field_validator("partition_by")
     @classmethod
@@ -252,6 +273,9 @@ class BookkeeperConfig(_Model):
         "(pyiceberg's commit cost grows with the snapshots kept). Streaming readers must not fall further behind than this.",
     )
     max_pending_bytes: int = Field(8 * 1024**3, ge=1, description="Writers pause when this many bytes wait to be committed.")
+    key_index_save_interval: Duration = Field(
+        60.0, description="Upsert tables: how often the key index is saved beside the table (and at a clean stop); a restarted "
+        "bookkeeper replays only the snapshots committed since.")
 
 
 class ReaperConfig(_Model):
@@ -349,3 +373,10 @@ class IcekeeperConfig(_Model):
             if source.name == name:
                 return source
         raise KeyError(name)
+
+    def table(self, identifier: str) -> TableSpec:
+        """The spec of table ``identifier``; a table only a `table_template` names gets the defaults."""
+        for spec in self.tables:
+            if spec.identifier == identifier:
+                return spec
+        return TableSpec(identifier=identifier)

@@ -28,10 +28,11 @@ SCHEMA = Schema(
 )
 
 
-def bookkeeper_config(state_dir: Path, **overrides: str) -> IcekeeperConfig:
+def bookkeeper_config(state_dir: Path, mode: str = "changelog", **overrides: str) -> IcekeeperConfig:
+    """`shop.items` keyed by `id`: a changelog (these fixtures repeat ids) unless `mode` says upsert."""
     environ = {
         "ICEKEEPER__STATE_DIR": str(state_dir),
-        "ICEKEEPER__TABLES": "[{identifier: shop.items, topics: [items], primary_key: [id]}]",
+        "ICEKEEPER__TABLES": f"[{{identifier: shop.items, topics: [items], primary_key: [id], mode: {mode}}}]",
         "ICEKEEPER__SOURCES__0__TOPICS": "[items]",
         "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0.2",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",

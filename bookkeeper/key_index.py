@@ -1,0 +1,183 @@
+"""The key index of an upsert table: primary key -> where its live row is (data file, row position).
+
+The bookkeeper is the table's only committer, so it can keep this index exactly: for every cycle it
+looks up the previous row of each key the cycle's monikers touch, commits position deletes for
+those rows, and then records where the keys' new rows are. No writer ever reads the table.
+
+Keys are 128-bit words (`hi`, `lo`): a single integer key is its own value (exact, `lo` = 0);
+other keys are a 128-bit hash (see `row_keys.py`). The index is three parallel numpy arrays
+sorted by `hi` (24 bytes per key), not a Python dict: a dict of 10M tuple keys costs ~150 bytes
+per key and ~1 µs per operation, while sorted arrays are searched and updated a whole cycle at a
+time in C. A removed key keeps its slot with location `ABSENT` until compaction, so deletes and
+re-inserts never move memory; only keys new to the index are inserted (one `np.insert` per cycle).
+
+Locations pack a file ordinal and a row position into one unsigned 64-bit word; the ordinals name
+entries of `files`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bookkeeper.position_deletes import DataFileRef
+
+ABSENT = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+"""Location of a key with no live row (deleted), and of a delete event in a cycle."""
+_POSITION_BITS = 32
+_POSITION_MASK = np.uint64((1 << _POSITION_BITS) - 1)
+
+
+def pack(file_ordinal: int, positions: np.ndarray) -> np.ndarray:
+    """Locations of rows `positions` of file `file_ordinal`."""
+    return (np.uint64(file_ordinal) << np.uint64(_POSITION_BITS)) | positions.astype(np.uint64)
+
+
+def unpack(locations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(file ordinals, row positions) of `locations`."""
+    return (locations >> np.uint64(_POSITION_BITS)).astype(np.int64), (locations & _POSITION_MASK).astype(np.int64)
+
+
+@dataclass
+class CycleChanges:
+    """What one commit cycle does to the index, planned before the commit and applied after it.
+
+    `replaced` are the locations of rows that stop being live (the position deletes to commit).
+    `hi`/`lo`/`location` are each touched key's final location (`ABSENT` when its last change is
+    a delete) and `slot` its slot in the index as planned (-1 for a key the index lacks).
+    """
+
+    replaced: np.ndarray
+    hi: np.ndarray
+    lo: np.ndarray
+    location: np.ndarray
+    slot: np.ndarray
+    index_version: int
+
+
+@dataclass
+class KeyIndex:
+    """Primary key -> live row location, for one upsert table. See the module docstring."""
+
+    exact: bool
+    """True when keys are single integers (stored as themselves), False when they are hashes."""
+    files: list[DataFileRef] = field(default_factory=list)
+    """The data files locations point into, by ordinal."""
+    snapshot_id: int | None = None
+    """The table snapshot whose live rows this index describes."""
+    hi: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+    lo: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+    location: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+    version: int = 0
+    """Bumped by every change, so a plan made against an older state is refused."""
+
+    def __post_init__(self) -> None:
+        self._file_ordinals = {ref.path: ordinal for ordinal, ref in enumerate(self.files)}
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def file_ordinal(self, ref: DataFileRef) -> int:
+        """The ordinal of data file `ref`, assigned on first use."""
+        ordinal = self._file_ordinals.get(ref.path)
+        if ordinal is None:
+            ordinal = self._file_ordinals[ref.path] = len(self.files)
+            self.files.append(ref)
+        return ordinal
+
+    def ordinal_of(self, path: str) -> int | None:
+        """The ordinal of data file `path`, None if no location ever pointed into it."""
+        return self._file_ordinals.get(path)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    @property
+    def live_keys(self) -> int:
+        return int(np.count_nonzero(self.location != ABSENT))
+
+    @property
+    def nbytes(self) -> int:
+        return self.hi.nbytes + self.lo.nbytes + self.location.nbytes
+
+    def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The slot of each key (hi, lo), or -1 where the index has none."""
+        size = len(self.hi)
+        if size == 0 or len(hi) == 0:
+            return np.full(len(hi), -1, np.int64)
+        start = np.searchsorted(self.hi, hi, side="left")
+        clipped = np.minimum(start, size - 1)
+        same_hi = (start < size) & (self.hi[clipped] == hi)
+        found = same_hi & (self.lo[clipped] == lo)
+        slots = np.where(found, clipped, -1).astype(np.int64)
+        # Two keys whose hashes share the upper 64 bits (about 1 in 10^5 at 10M keys) sit next to
+        # each other in any order: the few such look-ups walk their run.
+        for query in np.nonzero(same_hi & ~found)[0]:
+            slot = int(start[query])
+            while slot < size and self.hi[slot] == hi[query]:
+                if self.lo[slot] == lo[query]:
+                    slots[query] = slot
+                    break
+                slot += 1
+        return slots
+
+    def locations_of(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The live row location of each key, `ABSENT` where it has none."""
+        slots = self.find(hi, lo)
+        return np.where(slots >= 0, self.location[np.maximum(slots, 0)] if len(self.location) else ABSENT, ABSENT).astype(np.uint64)
+
+    # -- a cycle: plan, commit elsewhere, apply ----------------------------------------------------
+
+    def plan(self, hi: np.ndarray, lo: np.ndarray, location: np.ndarray) -> CycleChanges:
+        """Plan a cycle's events, given in commit order: each key's new location, or `ABSENT` for a delete.
+
+        A key touched several times (two monikers of the cycle, say) replaces its row each time:
+        the first event replaces the index's row, each later one the row of the event before it,
+        even when that row is in a file of this same cycle.
+        """
+        count = len(hi)
+        order = np.lexsort((np.arange(count), lo, hi))
+        hi, lo, location = hi[order], lo[order], location[order]
+        first = np.ones(count, bool)
+        first[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+        last = np.ones(count, bool)
+        last[:-1] = first[1:]
+        previous = np.empty(count, np.uint64)
+        previous[1:] = location[:-1]
+        slots = self.find(hi[first], lo[first])
+        previous[first] = self.locations_of(hi[first], lo[first]) if len(self.hi) else ABSENT
+        replaced = previous[previous != ABSENT]
+        return CycleChanges(replaced=replaced, hi=hi[last], lo=lo[last], location=location[last], slot=slots, index_version=self.version)
+
+    def apply(self, changes: CycleChanges, snapshot_id: int | None) -> None:
+        """Record a committed cycle: keys point at their new rows (or at none) as of `snapshot_id`."""
+        if changes.index_version != self.version:
+            raise RuntimeError("the key index changed after this cycle was planned; plan it again")
+        present = changes.slot >= 0
+        self.location[changes.slot[present]] = changes.location[present]
+        new = ~present & (changes.location != ABSENT)
+        if new.any():
+            self._insert(changes.hi[new], changes.lo[new], changes.location[new])
+        self.snapshot_id = snapshot_id
+        self.version += 1
+        self._compact_if_sparse()
+
+    def remove_locations(self, locations: np.ndarray) -> None:
+        """Forget the keys whose live row is at one of `locations` (position deletes read back)."""
+        if len(locations) and len(self.location):
+            self.location[np.isin(self.location, locations)] = ABSENT
+            self.version += 1
+
+    def _insert(self, hi: np.ndarray, lo: np.ndarray, location: np.ndarray) -> None:
+        order = np.argsort(hi, kind="stable")
+        hi, lo, location = hi[order], lo[order], location[order]
+        at = np.searchsorted(self.hi, hi, side="left")
+        self.hi = np.insert(self.hi, at, hi)
+        self.lo = np.insert(self.lo, at, lo)
+        self.location = np.insert(self.location, at, location)
+
+    def _compact_if_sparse(self) -> None:
+        """Drop removed keys once they are a quarter of the slots (their slots cost memory only)."""
+        absent = len(self.location) - self.live_keys
+        if absent > 1024 and absent * 4 > len(self.location):
+            keep = self.location != ABSENT
+            self.hi, self.lo, self.location = self.hi[keep], self.lo[keep], self.location[keep]

@@ -1,0 +1,79 @@
+"""The key index on storage, beside the table: what a restarted or new bookkeeper starts from.
+
+One Parquet file per table at `<table location>/icekeeper/key-index.parquet`: the three index
+arrays as columns, and in its metadata the snapshot id it reflects, the key kind and the data
+files its locations point into. It is written to a temporary name and moved into place, so a
+bookkeeper that dies while saving leaves the previous index. A file that is missing, unreadable or
+of another version is not an error: the caller rebuilds the index from the table. The reaper's
+orphan removal spares the folder (`INDEX_FOLDER`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+from pyiceberg.table import Table
+
+from bookkeeper.key_index import KeyIndex
+from bookkeeper.position_deletes import DataFileRef
+from common.storage import open_filesystem
+
+log = logging.getLogger(__name__)
+
+INDEX_FOLDER = "icekeeper"
+"""Under the table location: icekeeper's own state of the table, never an orphan."""
+_FORMAT = 1
+_METADATA_KEY = b"icekeeper.key-index"
+
+
+def index_location(table_location: str) -> str:
+    return f"{table_location.rstrip('/')}/{INDEX_FOLDER}/key-index.parquet"
+
+
+def save_index(table: Table, index: KeyIndex) -> None:
+    """Write `index` for `table`, replacing the previous one only once the new one is complete."""
+    header = {"format": _FORMAT, "snapshot_id": index.snapshot_id, "exact": index.exact, "table_uuid": str(table.metadata.table_uuid),
+              "files": [[ref.path, ref.spec_id, list(ref.partition)] for ref in index.files]}
+    arrays = pa.table({"hi": index.hi, "lo": index.lo, "location": index.location})
+    arrays = arrays.replace_schema_metadata({_METADATA_KEY: json.dumps(header).encode()})
+    location = index_location(table.location())
+    filesystem, path = open_filesystem(location)
+    folder = path.rsplit("/", 1)[0]
+    filesystem.create_dir(folder, recursive=True)
+    temporary = f"{folder}/.key-index-{uuid.uuid4().hex}.parquet"
+    with filesystem.open_output_stream(temporary) as stream:
+        # Uncompressed: hashes do not compress, and reading back is what recovery waits on.
+        pq.write_table(arrays, stream, compression="none")
+    filesystem.move(temporary, path)
+
+
+def load_index(table: Table) -> KeyIndex | None:
+    """The saved index of `table`, or None when there is none usable (the caller rebuilds it)."""
+    location = index_location(table.location())
+    filesystem, path = open_filesystem(location)
+    try:
+        if filesystem.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with filesystem.open_input_file(path) as handle:
+            arrays = pq.read_table(handle)
+        header = json.loads(arrays.schema.metadata[_METADATA_KEY])
+        if header.get("format") != _FORMAT or header.get("table_uuid") != str(table.metadata.table_uuid):
+            return None
+        files = [DataFileRef(path, spec_id, tuple(partition)) for path, spec_id, partition in header["files"]]
+        index = KeyIndex(exact=bool(header["exact"]), files=files, snapshot_id=header["snapshot_id"],
+                         hi=_column(arrays, "hi"), lo=_column(arrays, "lo"), location=_column(arrays, "location"))
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as error:
+        log.warning("saved key index unreadable; rebuilding from the table", extra={"location": location, "error": str(error)})
+        return None
+    return index
+
+
+def _column(arrays: pa.Table, name: str) -> np.ndarray:
+    return arrays.column(name).combine_chunks().to_numpy(zero_copy_only=False).astype(np.uint64, copy=True)
+

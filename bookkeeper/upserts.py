@@ -1,0 +1,243 @@
+"""Upsert tables in the bookkeeper: per cycle, the position deletes that keep one live row per key.
+
+For each cycle the committer hands over the monikers it is about to commit, in commit order. This
+module reads the key columns of their new data files and deleted-keys files (only those columns),
+asks the table's key index which rows those keys replace, writes the position deletes, and, once
+the commit is durable, records the keys' new rows in the index. A conflict or a crash before the
+commit leaves the index as it was: it is changed only by `committed`.
+
+The index follows the table, not the other way round: before planning, it is caught up with every
+snapshot committed since the one it reflects (the reaper's rewrites, another bookkeeper's commits
+after a takeover), and rebuilt from the table's live rows when it is missing, unreadable or does
+not descend from the table's history (see `key_index_store.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from bookkeeper.datafiles import InvalidFile
+from bookkeeper.key_index import ABSENT, CycleChanges, KeyIndex, pack, unpack
+from bookkeeper.key_index_store import load_index, save_index
+from bookkeeper.position_deletes import DataFileRef, write_position_deletes
+from bookkeeper.row_keys import exact_keys, file_key_words, read_position_deletes
+from common.moniker import FileEntry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MonikerKeys:
+    """The keys one moniker writes (per data file, in row order) and the keys it deletes."""
+
+    files: list[tuple[DataFileRef, np.ndarray, np.ndarray]]
+    deleted: tuple[np.ndarray, np.ndarray]
+
+
+@dataclass
+class UpsertCycle:
+    """A planned cycle: its index changes (applied after the commit) and its position-delete files."""
+
+    identifier: str
+    changes: CycleChanges
+    delete_files: list[DataFile]
+    rows_replaced: int
+
+
+def file_ref(data: DataFile) -> DataFileRef:
+    return DataFileRef(data.file_path, data.spec_id, tuple(data.partition))
+
+
+class UpsertKeeper:
+    """The key indexes of the upsert tables one bookkeeper commits to."""
+
+    def __init__(self, workers: int, save_interval_s: float) -> None:
+        self._indexes: dict[str, KeyIndex] = {}
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="keys")
+        self._save_interval_s = save_interval_s
+        self._saved_at: dict[str, float] = {}
+
+    # -- reading a cycle's keys ----------------------------------------------------------------------
+
+    def read_keys(self, table: Table, monikers: list[tuple[list[DataFile], list[FileEntry]]]) -> list[MonikerKeys | InvalidFile]:
+        """Key words of each moniker's data files and deleted-keys files; an unreadable file makes
+        its moniker an `InvalidFile` (quarantined by the committer), the others go on."""
+        schema = table.schema()
+        key_ids = list(schema.identifier_field_ids)
+        if not key_ids:
+            return [InvalidFile(f"{'.'.join(table.name())} is an upsert table without identifier fields (primary key)")] * len(monikers)
+        exact = exact_keys(schema)
+        paths = [data.file_path for files, _ in monikers for data in files] + [entry.path for _, deleted in monikers for entry in deleted]
+        words = dict(zip(paths, self._pool.map(lambda path: _words_or_error(path, key_ids, exact), paths)))
+        found: list[MonikerKeys | InvalidFile] = []
+        for files, deleted in monikers:
+            problems = [words[path] for path in [d.file_path for d in files] + [e.path for e in deleted] if isinstance(words[path], InvalidFile)]
+            if problems:
+                found.append(problems[0])
+                continue
+            deleted_words = [words[entry.path] for entry in deleted]
+            found.append(MonikerKeys(
+                files=[(file_ref(data), *words[data.file_path]) for data in files],
+                deleted=(_concat([w[0] for w in deleted_words]), _concat([w[1] for w in deleted_words])),
+            ))
+        return found
+
+    # -- planning and committing ---------------------------------------------------------------------
+
+    def plan(self, table: Table, monikers: list[MonikerKeys]) -> UpsertCycle:
+        """The cycle's position deletes, written, against the index caught up with `table`."""
+        identifier = ".".join(table.name())
+        index = self._current(identifier, table)
+        his, los, locations = [], [], []
+        for keys in monikers:
+            his.append(keys.deleted[0])
+            los.append(keys.deleted[1])
+            locations.append(np.full(len(keys.deleted[0]), ABSENT, np.uint64))
+            for ref, hi, lo in keys.files:
+                his.append(hi)
+                los.append(lo)
+                locations.append(pack(index.file_ordinal(ref), np.arange(len(hi))))
+        changes = index.plan(_concat(his), _concat(los), _concat(locations))
+        return UpsertCycle(identifier, changes, self._write_deletes(table, index, changes.replaced), len(changes.replaced))
+
+    def committed(self, cycle: UpsertCycle, snapshot_id: int, table: Table) -> None:
+        """Record a durable commit in the index; save the index now and then."""
+        index = self._indexes[cycle.identifier]
+        index.apply(cycle.changes, snapshot_id)
+        now = time.monotonic()
+        if now - self._saved_at.get(cycle.identifier, 0.0) >= self._save_interval_s:
+            self._save(cycle.identifier, table)
+
+    def save_all(self, tables: dict[str, Table]) -> None:
+        """Persist every index (a clean stop: the next bookkeeper starts from here)."""
+        for identifier, table in tables.items():
+            if identifier in self._indexes:
+                self._save(identifier, table)
+
+    def identifiers(self) -> list[str]:
+        return list(self._indexes)
+
+    def index_of(self, identifier: str) -> KeyIndex | None:
+        return self._indexes.get(identifier)
+
+    def _save(self, identifier: str, table: Table) -> None:
+        save_index(table, self._indexes[identifier])
+        self._saved_at[identifier] = time.monotonic()
+
+    def _write_deletes(self, table: Table, index: KeyIndex, replaced: np.ndarray) -> list[DataFile]:
+        if not len(replaced):
+            return []
+        ordinals, positions = unpack(np.sort(replaced))
+        starts = np.flatnonzero(np.r_[True, ordinals[1:] != ordinals[:-1]])
+        ends = np.r_[starts[1:], len(ordinals)]
+        targets = [index.files[int(ordinals[start])] for start in starts]
+        return write_position_deletes(table.location(), targets, [positions[start:end] for start, end in zip(starts, ends)])
+
+    # -- following the table -------------------------------------------------------------------------
+
+    def _current(self, identifier: str, table: Table) -> KeyIndex:
+        """The table's index as of its current snapshot: kept, loaded, caught up or rebuilt."""
+        current = table.current_snapshot()
+        exact = exact_keys(table.schema())
+        index = self._indexes.get(identifier)
+        if index is None or index.exact != exact:
+            index = load_index(table)
+            if index is not None and index.exact != exact:
+                index = None
+        if index is not None and (current is None or index.snapshot_id != current.snapshot_id):
+            index = self._caught_up(table, index)
+        if index is None:
+            index = self._rebuilt(table)
+        self._indexes[identifier] = index
+        return index
+
+    def _caught_up(self, table: Table, index: KeyIndex) -> KeyIndex | None:
+        """`index` moved forward through the snapshots after its own; None when its snapshot is not
+        an ancestor of the current one (expired, rolled back, another table)."""
+        later: list[Snapshot] = []
+        snapshot = table.current_snapshot()
+        while snapshot is not None and snapshot.snapshot_id != index.snapshot_id:
+            later.append(snapshot)
+            snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
+        if snapshot is None and index.snapshot_id is not None:
+            log.info("key index is not from this table's history; rebuilding", extra={"table": ".".join(table.name())})
+            return None
+        started = time.monotonic()
+        for snapshot in reversed(later):
+            data, deletes = _added_files(table, snapshot)
+            self._apply_live_rows(table, index, data, deletes, snapshot.snapshot_id)
+        if later:
+            log.info("key index caught up", extra={"table": ".".join(table.name()), "snapshots": len(later), "seconds": round(time.monotonic() - started, 3)})
+        return index
+
+    def _rebuilt(self, table: Table) -> KeyIndex:
+        """A new index from the table's live rows (every live data file's keys, minus its deletes)."""
+        started = time.monotonic()
+        index = KeyIndex(exact=exact_keys(table.schema()))
+        current = table.current_snapshot()
+        if current is not None:
+            data, deletes = [], set()
+            for task in table.scan(snapshot_id=current.snapshot_id).plan_files():
+                data.append(task.file)
+                deletes.update(task.delete_files)
+            self._apply_live_rows(table, index, data, list(deletes), current.snapshot_id, forget_first=False)
+        log.info("key index rebuilt", extra={"table": ".".join(table.name()), "keys": index.live_keys, "seconds": round(time.monotonic() - started, 3)})
+        return index
+
+    def _apply_live_rows(self, table: Table, index: KeyIndex, data: list[DataFile], deletes: list[DataFile], snapshot_id: int | None,
+                         forget_first: bool = True) -> None:
+        """Forget rows that `deletes` remove, then point keys at the live rows of `data`."""
+        key_ids = list(table.schema().identifier_field_ids)
+        deleted: dict[str, set[int]] = {}
+        for paths, positions in self._pool.map(lambda d: read_position_deletes(d.file_path), deletes):
+            for path, position in zip(paths, positions.tolist()):
+                deleted.setdefault(path, set()).add(position)
+        if forget_first:
+            gone = [pack(ordinal, np.fromiter(positions, np.int64)) for path, positions in deleted.items()
+                    if (ordinal := index.ordinal_of(path)) is not None]
+            index.remove_locations(_concat(gone))
+        his, los, locations = [], [], []
+        words = self._pool.map(lambda d: file_key_words(d.file_path, key_ids, index.exact), data)
+        for data_file, (hi, lo) in zip(data, words):
+            positions = np.arange(len(hi))
+            if data_file.file_path in deleted:
+                positions = np.setdiff1d(positions, np.fromiter(deleted[data_file.file_path], np.int64))
+            his.append(hi[positions])
+            los.append(lo[positions])
+            locations.append(pack(index.file_ordinal(file_ref(data_file)), positions))
+        index.apply(index.plan(_concat(his), _concat(los), _concat(locations)), snapshot_id)
+
+
+def _added_files(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
+    """Data files and position-delete files that `snapshot` added."""
+    data, deletes = [], []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.status != ManifestEntryStatus.ADDED or entry.snapshot_id != snapshot.snapshot_id:
+                continue
+            if entry.data_file.content == DataFileContent.DATA:
+                data.append(entry.data_file)
+            elif entry.data_file.content == DataFileContent.POSITION_DELETES:
+                deletes.append(entry.data_file)
+    return data, deletes
+
+
+def _words_or_error(path: str, key_ids: list[int], exact: bool) -> tuple[np.ndarray, np.ndarray] | InvalidFile:
+    try:
+        return file_key_words(path, key_ids, exact)
+    except (OSError, KeyError, ValueError) as error:
+        return InvalidFile(f"{path}: key columns unreadable ({error})")
+
+
+def _concat(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays).astype(np.uint64) if arrays else np.empty(0, np.uint64)

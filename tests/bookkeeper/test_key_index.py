@@ -1,0 +1,90 @@
+"""The key index plans each cycle's position deletes exactly, and hashes keys without collisions."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+
+from bookkeeper.key_index import ABSENT, KeyIndex, pack, unpack
+from bookkeeper.row_keys import key_words
+
+
+def _cycle(index: KeyIndex, events: list[tuple[int, int | None]], snapshot: int) -> set[int]:
+    """Run one cycle of (key, location or None for a delete) events; the replaced locations."""
+    hi = np.array([key for key, _ in events], np.uint64)
+    lo = np.zeros(len(events), np.uint64)
+    location = np.array([ABSENT if loc is None else loc for _, loc in events], np.uint64)
+    changes = index.plan(hi, lo, location)
+    index.apply(changes, snapshot)
+    return {int(value) for value in changes.replaced}
+
+
+def test_random_cycles_match_a_reference_dict() -> None:
+    rng = random.Random(7)
+    index = KeyIndex(exact=True)
+    reference: dict[int, int] = {}
+    next_location = 0
+    for snapshot in range(200):
+        events = []
+        expected_replaced = set()
+        shadow = dict(reference)
+        for _ in range(rng.randint(0, 60)):
+            key = rng.randint(0, 300)
+            if rng.random() < 0.2:
+                events.append((key, None))
+                if key in shadow:
+                    expected_replaced.add(shadow.pop(key))
+            else:
+                next_location += 1
+                events.append((key, next_location))
+                if key in shadow:
+                    expected_replaced.add(shadow[key])
+                shadow[key] = next_location
+        assert _cycle(index, events, snapshot) == expected_replaced
+        reference = shadow
+        keys = np.array(sorted(range(0, 301)), np.uint64)
+        found = index.locations_of(keys, np.zeros(len(keys), np.uint64))
+        assert {int(k): int(v) for k, v in zip(keys, found) if v != ABSENT} == reference
+    assert index.snapshot_id == 199
+
+
+def test_a_key_changed_twice_in_one_cycle_replaces_the_row_of_the_same_cycle() -> None:
+    index = KeyIndex(exact=True)
+    assert _cycle(index, [(1, 10)], 1) == set()
+    # Two monikers of one cycle: key 1 updated in both; the second replaces the first's new row.
+    assert _cycle(index, [(1, 20), (2, 21), (1, 30)], 2) == {10, 20}
+    assert _cycle(index, [(1, None), (1, 40)], 3) == {30}
+    assert index.locations_of(np.array([1, 2], np.uint64), np.zeros(2, np.uint64)).tolist() == [40, 21]
+
+
+def test_hashes_that_share_their_upper_word_stay_apart() -> None:
+    index = KeyIndex(exact=False)
+    hi = np.array([5, 5, 5], np.uint64)
+    lo = np.array([1, 2, 3], np.uint64)
+    index.apply(index.plan(hi, lo, np.array([100, 200, 300], np.uint64)), 1)
+    changes = index.plan(np.array([5], np.uint64), np.array([2], np.uint64), np.array([ABSENT], np.uint64))
+    assert changes.replaced.tolist() == [200]
+    index.apply(changes, 2)
+    assert index.locations_of(hi, lo).tolist() == [100, int(ABSENT), 300]
+
+
+def test_removed_keys_are_compacted_away() -> None:
+    index = KeyIndex(exact=True)
+    keys = np.arange(10_000, dtype=np.uint64)
+    index.apply(index.plan(keys, np.zeros_like(keys), pack(0, np.arange(10_000))), 1)
+    index.apply(index.plan(keys[:5000], np.zeros(5000, np.uint64), np.full(5000, ABSENT, np.uint64)), 2)
+    assert len(index.hi) == 5000 and index.live_keys == 5000
+    files, positions = unpack(index.locations_of(keys[5000:5003], np.zeros(3, np.uint64)))
+    assert files.tolist() == [0, 0, 0] and positions.tolist() == [5000, 5001, 5002]
+
+
+def test_composite_keys_hash_alike_across_int_widths_and_apart_otherwise() -> None:
+    narrow = key_words([pa.array([1, 2], pa.int32()), pa.array(["a", "b"])], exact=False)
+    wide = key_words([pa.array([1, 2], pa.int64()), pa.array(["a", "b"])], exact=False)
+    other = key_words([pa.array([1, 2], pa.int64()), pa.array(["b", "a"])], exact=False)
+    assert narrow[0].tolist() == wide[0].tolist() and narrow[1].tolist() == wide[1].tolist()
+    assert set(zip(narrow[0].tolist(), narrow[1].tolist())).isdisjoint(zip(other[0].tolist(), other[1].tolist()))
+    exact = key_words([pa.array([-1, 7], pa.int64())], exact=True)
+    assert exact[0].view(np.int64).tolist() == [-1, 7] and exact[1].tolist() == [0, 0]
