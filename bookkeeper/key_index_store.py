@@ -5,7 +5,7 @@ arrays as columns, and in its metadata the snapshot id it reflects, the key kind
 files its locations point into. It is written to a temporary name and moved into place, so a
 bookkeeper that dies while saving leaves the previous index. A file that is missing, unreadable or
 of another version is not an error: the caller rebuilds the index from the table. The reaper's
-orphan removal spares the folder (`INDEX_FOLDER`).
+orphan removal spares the folder (`common.locations.TABLE_STATE_FOLDER`).
 """
 
 from __future__ import annotations
@@ -22,18 +22,17 @@ from pyiceberg.table import Table
 
 from bookkeeper.key_index import KeyIndex
 from bookkeeper.position_deletes import DataFileRef
+from common.locations import TABLE_STATE_FOLDER
 from common.storage import open_filesystem
 
 log = logging.getLogger(__name__)
 
-INDEX_FOLDER = "icekeeper"
-"""Under the table location: icekeeper's own state of the table, never an orphan."""
 _FORMAT = 1
 _METADATA_KEY = b"icekeeper.key-index"
 
 
 def index_location(table_location: str) -> str:
-    return f"{table_location.rstrip('/')}/{INDEX_FOLDER}/key-index.parquet"
+    return f"{table_location.rstrip('/')}/{TABLE_STATE_FOLDER}/key-index.parquet"
 
 
 def save_index(table: Table, index: KeyIndex) -> None:

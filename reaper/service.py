@@ -24,7 +24,7 @@ from bookkeeper.fencing import Fenced, Lease
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
 from common.in_flight import live_claimed_folders
-from common.locations import normalize_location
+from common.locations import normalize_location, table_state_folder
 from common.transports import open_transport
 from reaper.maintenance import SparkMaintenance, TableReport
 
@@ -143,6 +143,7 @@ class Reaper:
             claimed = live_claimed_folders(table.location(), self.config.reaper.orphan_grace, remove_stale=not dry_run)
         except Exception as error:  # noqa: BLE001 - reported by the orphans step below
             claimed, claims_error = set(), error
+        claimed.add(table_state_folder(table.location()))  # the upsert key index: not in any snapshot, never an orphan
         spared = pending_files(self.config)
 
         def remove_orphans() -> None:
