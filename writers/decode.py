@@ -29,13 +29,10 @@ from pyspark.sql import types as T
 from common.schema import COLLECTION, MAX_DECIMAL_PRECISION, Column, EnvelopeShape, SchemaConversionError, envelope_shape, iceberg_type_from_spark, record_types, row_columns
 from pyiceberg.types import IcebergType
 from writers import sql
+from writers.columns import DECODE_BARRIER, ERROR, JSON_CORRUPT, JSON_SCHEMA, JSON_TEXT, VERSION, json_parsed_column, version_column
 from writers.connect_schema import avro_from_connect, avro_value_sql, conversion_failures_sql, is_connect_struct, json_carrier_type
 from writers.registry import RegisteredSchema
 
-ERROR = "_ik_error"
-VERSION = "_ik_version"
-"""Index into `DecodedBatch.versions` of the version whose schema the record names (null: none)."""
-DECODE_BARRIER = "_ik_decode_barrier"
 KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
 
 
@@ -78,7 +75,7 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
     versions: list[VersionShape] = []
     decoded_columns: list[str] = []
     for index, schema in enumerate(schemas):
-        column = f"_ik_v{index}"
+        column = version_column(index)
         options = "'mode', 'PERMISSIVE'"
         writer = spark_decodable(schema.text)
         reader = reader_schema(writer, envelope_fields) if envelope_fields else None
@@ -168,12 +165,6 @@ UNKNOWN_SCHEMA_ID = "CAST(conv(hex(substring(value, 2, 4)), 16, 10) AS BIGINT)"
 """The schema id a frame names, as a number (only evaluated for records no version matched)."""
 
 
-JSON_TEXT = "_ik_json"
-"""The record's value as text."""
-JSON_SCHEMA = "_ik_json_schema"
-"""Debezium JSON: the record's Kafka Connect schema (`$.schema`) as JSON text; null without one."""
-JSON_CORRUPT = "_ik_corrupt_record"
-"""Set by `from_json` to the text of a record that does not parse into its version's type."""
 DEBEZIUM_SOURCE_FIELDS = ("name", "db", "table", "ts_ms")
 """`source` fields every Debezium event has and the writer reads (routing, event time)."""
 
@@ -233,14 +224,14 @@ def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedB
                 inferred = _same_row_type(inferred)
             index = len(versions)
             parsed = _from_json(payload, T.StructType([*inferred.fields, T.StructField(JSON_CORRUPT, T.StringType())]))
-            versions.append(_JsonVersion(_shape_from_spark(f"_ik_v{index}", inferred, debezium), parsed, envelope=f"_ik_j{index}",
-                                         value=f"_ik_j{index}", topic=topic))
+            versions.append(_JsonVersion(_shape_from_spark(version_column(index), inferred, debezium), parsed, envelope=json_parsed_column(index),
+                                         value=json_parsed_column(index), topic=topic))
 
     staged = staged.selectExpr(*KAFKA_COLUMNS, JSON_TEXT, JSON_SCHEMA, f"{_json_version_sql(versions, refused)} AS {VERSION}")
     # As in `decode_avro_confluent`: the nondeterministic barrier keeps Spark from pushing filters
     # through this projection, which would parse every record once more per filter.
     parsed = staged.selectExpr(*KAFKA_COLUMNS, JSON_TEXT, JSON_SCHEMA, VERSION,
-                               *[f"CASE WHEN {VERSION} = {i} THEN {v.parsed} END AS _ik_j{i}" for i, v in enumerate(versions)],
+                               *[f"CASE WHEN {VERSION} = {i} THEN {v.parsed} END AS {json_parsed_column(i)}" for i, v in enumerate(versions)],
                                f"spark_partition_id() AS {DECODE_BARRIER}")
     frame = parsed.selectExpr(*KAFKA_COLUMNS, *[f"{v.value} AS {v.shape.column}" for v in versions], VERSION, DECODE_BARRIER,
                               f"{_json_error_sql(versions, refused, not_debezium_topics, debezium)} AS {ERROR}")
@@ -261,13 +252,13 @@ def _connect_version(schema_text: str, index: int) -> _JsonVersion | str:
     try:
         avro = avro_from_connect(json.loads(schema_text))
         shape = envelope_shape(avro)
-        version_shape = _shape_from_avro(f"_ik_v{index}", shape, None)
+        version_shape = _shape_from_avro(version_column(index), shape, None)
         carrier = T.StructType([T.StructField("payload", json_carrier_type(avro)), T.StructField(JSON_CORRUPT, T.StringType())])
     except SchemaConversionError as error:
         return f"unsupported-connect-schema: {error}"
     if not shape.is_debezium or not set(DEBEZIUM_SOURCE_FIELDS) <= set(version_shape.source):
         return "not-a-debezium-event"
-    payload = sql.path(f"_ik_j{index}", "payload")
+    payload = sql.path(json_parsed_column(index), "payload")
     return _JsonVersion(version_shape, _from_json(JSON_TEXT, carrier), envelope=payload, value=avro_value_sql(payload, avro) or payload,
                         failures=conversion_failures_sql(payload, avro), schema_text=schema_text)
 
@@ -317,7 +308,7 @@ def _json_error_sql(versions: list[_JsonVersion], refused: dict[str, str], not_d
         return sql.any_of(f"({VERSION} = {i} AND {c})" for i, v in enumerate(versions) if (c := condition(i, v)) is not None)
 
     def unparsed(i: int) -> str:
-        return f"(_ik_j{i} IS NULL OR {sql.path(f'_ik_j{i}', JSON_CORRUPT)} IS NOT NULL)"
+        return f"({json_parsed_column(i)} IS NULL OR {sql.path(json_parsed_column(i), JSON_CORRUPT)} IS NOT NULL)"
 
     branches = [f"WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'", "WHEN value IS NULL THEN 'tombstone'"]
     branches += [f"WHEN {JSON_SCHEMA} = {sql.string(schema)} THEN {sql.string(reason)}" for schema, reason in refused.items()]

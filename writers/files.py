@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 
 from common.moniker import FileEntry
 from common.spark import FUNCTIONS_CATALOG
+from writers.columns import partition_column
 
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _PARQUET_OPTIONS = {
@@ -74,7 +75,7 @@ def partition_columns(spec: PartitionSpec, schema: Schema) -> list[PartitionColu
             expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.years(`{source.name}`)"), "int"
         else:
             raise ValueError(f"partition transform {transform} is not supported by writers")
-        columns.append(PartitionColumn(f"_ik_p{index}", field.name, expression, kind))
+        columns.append(PartitionColumn(partition_column(index), field.name, expression, kind))
     return columns
 
 

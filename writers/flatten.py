@@ -19,15 +19,8 @@ from common.config.model import MetadataColumns
 from common.schema import PARQUET_FIELD_ID, Column, assign_ids, envelope_ts_column, merge_columns, metadata_columns, op_column, spark_sql_type
 from writers import sql
 from writers.conversions import converted_sql, failed_sql
-from writers.decode import ERROR, VersionShape
-
-EVENT_MS = "_ik_event_ms"
-SOURCE_DB = "_ik_source_db"
-SOURCE_TABLE = "_ik_source_table"
-SOURCE_SERVER = "_ik_source_server"
-KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET = "_ik_topic", "_ik_partition", "_ik_offset"
-HELPER_COLUMNS = (ERROR, EVENT_MS, SOURCE_DB, SOURCE_TABLE, SOURCE_SERVER, KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET)
-"""Columns next to the row columns that the writer uses and drops before writing files."""
+from writers.columns import ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+from writers.decode import VersionShape
 
 
 @dataclass(frozen=True)

@@ -36,20 +36,18 @@ from common.transports import open_transport
 from common.transports.folder import MonikerFolder
 from writers.dead_letters import send_dead_letters
 from writers import sql
-from writers.decode import ERROR, UNKNOWN_SCHEMA_ID, VERSION, DecodedBatch, VersionShape, decode_avro_confluent, decode_json
-from writers.files import list_written_files, parquet_write_options, partition_columns, write_parquet
-from writers.flatten import (
-    EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE, flatten, helper_sql, row_value_is_null_sql, unconvertible_sql,
+from writers.columns import (
+    ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, KEEP, ROUTE, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE, VERSION,
 )
+from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, VersionShape, decode_avro_confluent, decode_json
+from writers.files import list_written_files, parquet_write_options, partition_columns, write_parquet
+from writers.flatten import flatten, helper_sql, row_value_is_null_sql, unconvertible_sql
 from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, pending_until, plan_batch
 from writers.registry import RegisteredSchema, TopicSchemas
 from writers.routing import routes_for
 from writers.table_versions import predicted_route_versions, prediction_checks, prediction_held, schema_ids_of, versions_by_table
 
 log = logging.getLogger(__name__)
-ROUTE = "_ik_route"
-KEEP = "_ik_keep"
-"""True for the records of the table being written: routed to it, decoded, not before its start."""
 _INITIAL_BYTES_PER_ROW = 64
 
 

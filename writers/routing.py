@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from common.config.model import KafkaSource, TableSpec
 from writers import sql
-from writers.flatten import KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+from writers.columns import KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
 
 _TEMPLATE_FIELDS = {"topic": KAFKA_TOPIC, "server": SOURCE_SERVER, "db": SOURCE_DB, "table": SOURCE_TABLE}
 

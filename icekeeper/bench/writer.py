@@ -99,7 +99,8 @@ def _seed_rows(config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str
     """The seed table's rows from a Kafka frame (batch or stream): our `from_avro` decoding and
     flattening, poison dropped; also the flattened Iceberg schema."""
     from writers.decode import decode_avro_confluent
-    from writers.flatten import HELPER_COLUMNS, flatten
+    from writers.columns import HELPER_COLUMNS
+    from writers.flatten import flatten
     from common.schema import resolve_named_types
     from writers.registry import RegisteredSchema
 
