@@ -18,8 +18,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -42,7 +40,8 @@ from writers.columns import (
 from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, VersionShape, decode_avro_confluent, decode_json
 from writers.files import list_written_files, parquet_write_options, partition_columns, write_parquet
 from writers.flatten import flatten, helper_sql, row_value_is_null_sql, unconvertible_sql
-from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, pending_until, plan_batch
+from writers.kafka_io import SourceAdmin, read_raw
+from writers.offsets import BatchPlan, TopicPartition as TP, pending_until, plan_batch
 from writers.registry import RegisteredSchema, TopicSchemas
 from writers.routing import routes_for
 from writers.table_versions import predicted_route_versions, prediction_checks, prediction_held, schema_ids_of, versions_by_table
@@ -91,7 +90,7 @@ class WriterJob:
         self.seq: int | None = None
         self.pending_bytes = 0
         self.stop = threading.Event()
-        self._admins: dict[str, AdminClient] = {}
+        self.admins = {source.name: SourceAdmin(source) for source in config.sources}
         self._route_schema_ids: dict[str, set[tuple[str, int]] | None] = {}
         """Per source, the (table, schema id) pairs of its last batch: the guess for the next one."""
         # A quarter of the reaper's grace: three missed rewrites still leave the claim live.
@@ -193,7 +192,7 @@ class WriterJob:
     # -- one source ------------------------------------------------------------------------------------
 
     def _run_source_batch(self, source: KafkaSource, seq: int, report: BatchReport) -> None:
-        bounds = self._bounds(source)
+        bounds = self.admins[source.name].bounds(self.config.writer.instance_index, self.config.writer.instance_count)
         if not bounds:
             return
         routes = routes_for(source, self.config.tables)
@@ -233,7 +232,7 @@ class WriterJob:
         report.tombstones_skipped += outcome.skipped_tombstones(source)
         for kind, count in outcome.errors.items():
             report.errors[kind] = report.errors.get(kind, 0) + count
-        self._commit_group_offsets(source, plan)
+        self.admins[source.name].commit_group_offsets(plan)
         self._write_checkpoint(source, plan)
 
     def _write_and_dead_letter(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes) -> "_Outcome":  # noqa: ANN001
@@ -267,33 +266,6 @@ class WriterJob:
                 dead.unpersist()
         return outcome
 
-    def _bounds(self, source: KafkaSource) -> dict[TP, PartitionBounds]:
-        admin = self._admin(source)
-        metadata = admin.list_topics(timeout=10)
-        topics = source.topics or sorted(t for t in metadata.topics if source.topic_pattern and _matches(source.topic_pattern, t))
-        partitions = []
-        for topic in topics:
-            described = metadata.topics.get(topic)
-            if described is None or described.error is not None:
-                continue
-            partitions.extend(TopicPartition(topic, partition) for partition in sorted(described.partitions)
-                              if partition % self.config.writer.instance_count == self.config.writer.instance_index)
-        if not partitions:
-            return {}
-        # Two batched ListOffsets requests for every partition, not a watermark round trip per
-        # partition: with hundreds of small tables' partitions (seed 000) that was most of a batch.
-        earliest = admin.list_offsets({tp: OffsetSpec.earliest() for tp in partitions}, request_timeout=10)
-        latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=10)
-        low = {(tp.topic, tp.partition): future.result().offset for tp, future in earliest.items()}
-        high = {(tp.topic, tp.partition): future.result().offset for tp, future in latest.items()}
-        return {key: PartitionBounds(low[key], high[key]) for key in sorted(low)}
-
-    def _admin(self, source: KafkaSource) -> AdminClient:
-        """One admin client per source for the writer's life (a new client per batch cost ~70 ms)."""
-        if source.name not in self._admins:
-            self._admins[source.name] = AdminClient({"bootstrap.servers": source.bootstrap_servers}, logger=logging.getLogger("librdkafka"))
-        return self._admins[source.name]
-
     def _schemas_for(self, source: KafkaSource, plan: BatchPlan) -> list[RegisteredSchema]:
         registry = self.schemas[source.name]
         seen: dict[int, RegisteredSchema] = {}
@@ -303,33 +275,6 @@ class WriterJob:
         return list(seen.values())
 
     # -- reading and writing ---------------------------------------------------------------------------
-
-    def _raw(self, source: KafkaSource, plan: BatchPlan, include_headers: bool = False) -> DataFrame:
-        assign: dict[str, list[int]] = {}
-        starting: dict[str, dict[str, int]] = {}
-        ending: dict[str, dict[str, int]] = {}
-        for (topic, partition), (start, until) in plan.read_ranges.items():
-            assign.setdefault(topic, []).append(partition)
-            starting.setdefault(topic, {})[str(partition)] = start
-            ending.setdefault(topic, {})[str(partition)] = until
-        parallelism = self.spark.sparkContext.defaultParallelism
-        reader = (
-            self.spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", source.bootstrap_servers)
-            .option("assign", json.dumps(assign))
-            .option("startingOffsets", json.dumps(starting))
-            .option("endingOffsets", json.dumps(ending))
-            .option("failOnDataLoss", "true" if not source.offset_gaps else "false")
-            .option("includeHeaders", "true" if include_headers else "false")
-            .option("minPartitions", str(parallelism))
-            .option("maxRecordsPerPartition", str(plan.records_per_task(parallelism, _SMALLEST_TASK_RECORDS)))
-        )
-        # Larger fetches than the consumer defaults (1 MB per partition, 500 records per poll):
-        # measured ~20% faster reads of 200k seed-like records; the user's settings win.
-        for key, value in {**_FETCH_DEFAULTS, **source.consumer_properties}.items():
-            reader = reader.option(f"kafka.{key}", value)
-        frame = reader.load()
-        return frame if include_headers else frame.withColumn("headers", F.lit(None))
 
     def _decode(self, source: KafkaSource, raw: DataFrame, schemas: list[RegisteredSchema]) -> DecodedBatch:
         if source.format == "avro-confluent":
@@ -342,7 +287,7 @@ class WriterJob:
         return {"source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"}, "transaction": set(metadata.transaction.columns)}
 
     def _write_tables(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes) -> "_Outcome":  # noqa: ANN001
-        raw = self._raw(source, plan)
+        raw = read_raw(self.spark, source, plan)
         decoded = self._decode(source, raw, schemas)
         routed = self._routed_rows(decoded, routes, source)
         predicted = predicted_route_versions(self._route_schema_ids.get(source.name), decoded.versions)
@@ -501,22 +446,13 @@ class WriterJob:
         return [schema for schema in found if schema is not None]
 
     def _dead_letter_rows(self, source: KafkaSource, plan: BatchPlan, schemas: list[RegisteredSchema], routes) -> DataFrame:  # noqa: ANN001
-        raw = self._raw(source, plan, include_headers=True)
+        raw = read_raw(self.spark, source, plan, include_headers=True)
         decoded = self._decode(source, raw, schemas)
         routed = self._routed_rows(decoded, routes, source)
         failed = routed.where(f"{ERROR} IS NOT NULL" + (f" AND {ERROR} != 'tombstone'" if source.tombstones == "skip" else ""))
         return failed.selectExpr("key", "value", "headers", "topic", "partition", "offset", f"{ERROR} AS reason")
 
     # -- after the batch -----------------------------------------------------------------------------
-
-    def _commit_group_offsets(self, source: KafkaSource, plan: BatchPlan) -> None:
-        offsets = [TopicPartition(topic, partition, until) for (topic, partition), (_, until) in plan.read_ranges.items()]
-        try:
-            request = ConsumerGroupTopicPartitions(source.consumer_group, offsets)
-            for future in self._admin(source).alter_consumer_group_offsets([request], request_timeout=10).values():
-                future.result()
-        except Exception as error:  # noqa: BLE001 - lag reporting must not stop the writer
-            log.warning("could not commit consumer group offsets", extra={"group": source.consumer_group, "error": str(error)})
 
     def _checkpoint_name(self, source: KafkaSource) -> str:
         return f"{_segment(self.writer_id)}/{_segment(source.name)}.json"
@@ -549,11 +485,6 @@ class WriterJob:
                 pass
 
 
-_SMALLEST_TASK_RECORDS = 50_000
-"""Batches are split across more tasks than Kafka partitions only into pieces of at least this."""
-_FETCH_DEFAULTS = {"max.partition.fetch.bytes": "10485760", "fetch.max.bytes": "52428800", "max.poll.records": "10000"}
-
-
 class BatchIncomplete(RuntimeError):
     """Kafka returned fewer records than the planned offsets span; nothing was published."""
 
@@ -584,12 +515,6 @@ def _at_or_after(plan: BatchPlan, identifier: str) -> str:
         if start > read_start:
             skipped.append(f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND {KAFKA_OFFSET} < {start})")
     return f"NOT {sql.any_of(skipped)}" if skipped else "true"
-
-
-def _matches(pattern: str, topic: str) -> bool:
-    import re
-
-    return re.fullmatch(pattern, topic) is not None
 
 
 def _segment(name: str) -> str:
