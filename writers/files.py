@@ -129,6 +129,11 @@ def write_parquet(rows: DataFrame, output_uri: str, partitions: list[PartitionCo
     writer.parquet(output_uri)
 
 
+def path_segment(name: str) -> str:
+    """A folder or file name from a writer's or a source's name: characters other than letters, digits and `._-` become `_`."""
+    return "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
+
+
 def list_written_files(output_uri: str, partitions: list[PartitionColumn], spec_id: int) -> list[FileEntry]:
     """Every Parquet file under `output_uri`, with size, record count (from its footer) and partition."""
     filesystem, root = pafs.FileSystem.from_uri(output_uri)

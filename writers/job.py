@@ -31,14 +31,14 @@ from common.moniker import Moniker, OffsetRange, moniker_id
 from common.partitioning import partition_spec
 from common.spark import spark_session
 from common.transports import open_transport
-from common.transports.folder import MonikerFolder
+from writers.checkpoints import SourceCheckpoints
 from writers.dead_letters import send_dead_letters
 from writers import sql
 from writers.columns import (
     ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, KEEP, ROUTE, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE, VERSION,
 )
 from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, VersionShape, decode_avro_confluent, decode_json
-from writers.files import list_written_files, parquet_write_options, partition_columns, write_parquet
+from writers.files import list_written_files, parquet_write_options, partition_columns, path_segment, write_parquet
 from writers.flatten import flatten, helper_sql, row_value_is_null_sql, unconvertible_sql
 from writers.kafka_io import SourceAdmin, read_raw
 from writers.offsets import BatchPlan, TopicPartition as TP, pending_until, plan_batch
@@ -83,7 +83,7 @@ class WriterJob:
         self.writer_id = writer_id or config.writer.writer_id
         self.catalog = open_catalog(config)
         self.transport = open_transport(config)
-        self.checkpoints = MonikerFolder(config.writer.checkpoint_uri)
+        self.checkpoints = SourceCheckpoints(config.writer.checkpoint_uri, self.writer_id)
         self.spark = spark or spark_session(config, f"{config.writer.app_name}-{self.writer_id}")
         self.schemas = {source.name: TopicSchemas(source.schema_registry_url) for source in config.sources}
         self.tables: dict[str, TableProgress] = {}
@@ -197,7 +197,7 @@ class WriterJob:
             return
         routes = routes_for(source, self.config.tables)
         table_ids = [t.identifier for t in routes.tables] + [t for t in self.tables if source.table_template and t not in {s.identifier for s in self.config.tables}]
-        checkpoint = self._read_checkpoint(source)
+        checkpoint = self.checkpoints.read(source)
         positions = {}
         for identifier in table_ids:
             # The later of the table's own progress and what this writer finished for the source:
@@ -233,7 +233,7 @@ class WriterJob:
         for kind, count in outcome.errors.items():
             report.errors[kind] = report.errors.get(kind, 0) + count
         self.admins[source.name].commit_group_offsets(plan)
-        self._write_checkpoint(source, plan)
+        self.checkpoints.advance(source, plan)
 
     def _write_and_dead_letter(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes) -> "_Outcome":  # noqa: ANN001
         """Write the batch's files, then send its dead letters (nothing is published yet).
@@ -405,7 +405,7 @@ class WriterJob:
         observed = flat.frame.observe(metrics, *counts, *(batch_counts if observes_batch else []))
         rows = observed.where(KEEP).drop(*HELPER_COLUMNS, KEEP, ROUTE, VERSION)
         location = table.location() if table is not None else default_table_location(self.config, identifier)
-        output = f"{location.rstrip('/')}/data/{_segment(self.writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
+        output = f"{location.rstrip('/')}/data/{path_segment(self.writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
         progress = self.tables.setdefault(identifier, TableProgress())
         max_records = max(1000, int(self.config.writer.target_file_size_bytes / max(progress.bytes_per_row, 1.0)))
         self.claims.claim(location, output)
@@ -454,25 +454,6 @@ class WriterJob:
 
     # -- after the batch -----------------------------------------------------------------------------
 
-    def _checkpoint_name(self, source: KafkaSource) -> str:
-        return f"{_segment(self.writer_id)}/{_segment(source.name)}.json"
-
-    def _read_checkpoint(self, source: KafkaSource) -> dict[TP, int]:
-        try:
-            raw = json.loads(self.checkpoints.read_bytes(f"{self.checkpoints.root}/{self._checkpoint_name(source)}"))
-        except (OSError, ValueError):
-            return {}
-        return {(topic, int(partition)): int(offset) for topic, partitions in raw.items() for partition, offset in partitions.items()}
-
-    def _write_checkpoint(self, source: KafkaSource, plan: BatchPlan) -> None:
-        current = self._read_checkpoint(source)
-        for key, (_, until) in plan.read_ranges.items():
-            current[key] = max(current.get(key, 0), until)
-        nested: dict[str, dict[str, int]] = {}
-        for (topic, partition), offset in current.items():
-            nested.setdefault(topic, {})[str(partition)] = offset
-        self.checkpoints.write_bytes(self._checkpoint_name(source), json.dumps(nested).encode())
-
     def _discard(self, output_dirs: list[str]) -> None:
         """Remove output of a batch that will not be published (nothing refers to it)."""
         from pyarrow import fs as pafs
@@ -516,6 +497,3 @@ def _at_or_after(plan: BatchPlan, identifier: str) -> str:
             skipped.append(f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND {KAFKA_OFFSET} < {start})")
     return f"NOT {sql.any_of(skipped)}" if skipped else "true"
 
-
-def _segment(name: str) -> str:
-    return "".join(char if char.isalnum() or char in "._-" else "_" for char in name)

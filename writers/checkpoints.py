@@ -1,0 +1,47 @@
+"""How far a writer has finished each source: one small JSON file per writer and source.
+
+A batch that gives a table no rows (only other tables', tombstones or dead letters) publishes
+nothing for it, so the table's own progress does not move; the checkpoint does, once the batch's
+monikers are published and its dead letters sent, so those records are not read again for that
+table forever. It is advisory otherwise: tables and pending monikers decide where reading starts
+(`offsets.py`). The file is `{"<topic>": {"<partition>": <next offset>}}`, which `icekeeper
+status` reads too.
+"""
+
+from __future__ import annotations
+
+import json
+
+from common.config.model import KafkaSource
+from common.transports.folder import MonikerFolder
+from writers.files import path_segment
+from writers.offsets import BatchPlan, TopicPartition as TP
+
+
+class SourceCheckpoints:
+    """One writer's checkpoints, `<writer>/<source>.json` under `checkpoint_uri`."""
+
+    def __init__(self, checkpoint_uri: str, writer_id: str) -> None:
+        self.folder = MonikerFolder(checkpoint_uri)
+        self.writer_id = writer_id
+
+    def _name(self, source: KafkaSource) -> str:
+        return f"{path_segment(self.writer_id)}/{path_segment(source.name)}.json"
+
+    def read(self, source: KafkaSource) -> dict[TP, int]:
+        """The next offset per topic-partition this writer finished for `source`; empty without a file."""
+        try:
+            raw = json.loads(self.folder.read_bytes(f"{self.folder.root}/{self._name(source)}"))
+        except (OSError, ValueError):
+            return {}
+        return {(topic, int(partition)): int(offset) for topic, partitions in raw.items() for partition, offset in partitions.items()}
+
+    def advance(self, source: KafkaSource, plan: BatchPlan) -> None:
+        """Note the end of the batch's read ranges (offsets only move forward)."""
+        current = self.read(source)
+        for key, (_, until) in plan.read_ranges.items():
+            current[key] = max(current.get(key, 0), until)
+        nested: dict[str, dict[str, int]] = {}
+        for (topic, partition), offset in current.items():
+            nested.setdefault(topic, {})[str(partition)] = offset
+        self.folder.write_bytes(self._name(source), json.dumps(nested).encode())
