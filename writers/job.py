@@ -24,7 +24,6 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from common.catalog import default_table_location, load_table_or_none, open_catalog, table_properties
-from common.committed_state import committed_state
 from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
 from common.in_flight import InFlightClaims
 from common.moniker import Moniker, OffsetRange, moniker_id
@@ -41,22 +40,13 @@ from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, VersionShape, decode
 from writers.files import list_written_files, parquet_write_options, partition_columns, path_segment, write_parquet
 from writers.flatten import flatten, helper_sql, row_value_is_null_sql, unconvertible_sql
 from writers.kafka_io import SourceAdmin, read_raw
-from writers.offsets import BatchPlan, TopicPartition as TP, pending_until, plan_batch
+from writers.offsets import BatchPlan, plan_batch
+from writers.progress import TableProgress, next_seq, refresh_progress, table_positions
 from writers.registry import RegisteredSchema, TopicSchemas
 from writers.routing import routes_for
 from writers.table_versions import predicted_route_versions, prediction_checks, prediction_held, schema_ids_of, versions_by_table
 
 log = logging.getLogger(__name__)
-_INITIAL_BYTES_PER_ROW = 64
-
-
-@dataclass
-class TableProgress:
-    """What this writer knows of one table between batches."""
-
-    last_seq: int | None = None
-    positions: dict[TP, int] = field(default_factory=dict)
-    bytes_per_row: float = _INITIAL_BYTES_PER_ROW
 
 
 @dataclass
@@ -134,8 +124,9 @@ class WriterJob:
     def run_batch(self) -> BatchReport:
         """Plan, read, write and publish one batch over every source."""
         started = time.monotonic()
-        self._refresh_progress()
-        seq = self._next_seq()
+        pending = self.transport.pending(writer_id=None)
+        self.pending_bytes = refresh_progress(self.tables, pending, self.catalog, [spec.identifier for spec in self.config.tables], self.writer_id)
+        seq = next_seq(self.tables, self.seq)
         report = BatchReport(seq=seq)
         if self.pending_bytes > self.config.bookkeeper.max_pending_bytes:
             # Backpressure: the bookkeeper is behind; reading more would only pile up files.
@@ -154,41 +145,6 @@ class WriterJob:
             log.info("batch written", extra={"writer": self.writer_id, **report.__dict__})
         return report
 
-    # -- progress: committed state + pending monikers --------------------------------------------------
-
-    def _refresh_progress(self) -> None:
-        pending = self.transport.pending(writer_id=None)
-        served = {spec.identifier for spec in self.config.tables} | set(self.tables)
-        self.pending_bytes = sum(m.bytes for m in pending if m.table in served)
-        mine = [m for m in pending if m.writer_id == self.writer_id]
-        for spec in self.config.tables:
-            self._progress_of(spec.identifier, mine)
-        for identifier in {m.table for m in mine}:
-            self._progress_of(identifier, mine)
-
-    def _progress_of(self, identifier: str, my_pending: list[Moniker]) -> TableProgress:
-        progress = self.tables.setdefault(identifier, TableProgress())
-        table = load_table_or_none(self.catalog, identifier)
-        state = committed_state(table) if table is not None else None
-        positions: dict[TP, int] = dict(state.offsets) if state else {}
-        pending = [m for m in my_pending if m.table == identifier]
-        for key, until in pending_until(pending).items():
-            positions[key] = max(positions.get(key, 0), until)
-        seqs = [m.seq for m in pending]
-        if state and self.writer_id in state.writer_seqs:
-            seqs.append(state.writer_seqs[self.writer_id])
-        progress.last_seq = max(seqs) if seqs else progress.last_seq
-        # Positions only move forward: a table read back a moment ago cannot lose committed offsets.
-        for key, value in positions.items():
-            progress.positions[key] = max(progress.positions.get(key, 0), value)
-        return progress
-
-    def _next_seq(self) -> int:
-        known = [p.last_seq for p in self.tables.values() if p.last_seq is not None]
-        if self.seq is not None:
-            known.append(self.seq)
-        return (max(known) + 1) if known else 1
-
     # -- one source ------------------------------------------------------------------------------------
 
     def _run_source_batch(self, source: KafkaSource, seq: int, report: BatchReport) -> None:
@@ -198,17 +154,7 @@ class WriterJob:
         routes = routes_for(source, self.config.tables)
         table_ids = [t.identifier for t in routes.tables] + [t for t in self.tables if source.table_template and t not in {s.identifier for s in self.config.tables}]
         checkpoint = self.checkpoints.read(source)
-        positions = {}
-        for identifier in table_ids:
-            # The later of the table's own progress and what this writer finished for the source:
-            # a batch that gave a table no rows (only other tables', tombstones or dead letters)
-            # publishes nothing for it, and must not be read again for it forever.
-            known = dict(checkpoint)
-            for key, offset in self.tables.setdefault(identifier, TableProgress()).positions.items():
-                known[key] = max(known.get(key, 0), offset)
-            positions[identifier] = known
-        if source.table_template:
-            positions["*"] = checkpoint
+        positions = table_positions(self.tables, table_ids, checkpoint, templated=bool(source.table_template))
         cap = source.max_offsets_per_trigger
         per_partition = int(source.max_rate_per_partition * self.config.writer.trigger_interval) if source.max_rate_per_partition else None
         plan = plan_batch(bounds, positions, source.starting_offsets, cap, per_partition)
@@ -217,14 +163,11 @@ class WriterJob:
         if not plan.read_ranges:
             return
         report.records_read += plan.records
-        schemas = self._schemas_for(source, plan) if source.format == "avro-confluent" else []
+        schemas = self.schemas[source.name].for_topics(topic for topic, _ in plan.read_ranges) if source.format == "avro-confluent" else []
         outcome = self._write_and_dead_letter(source, plan, seq, schemas, routes)
         for moniker in outcome.monikers:
             self.transport.publish(moniker)
-            progress = self.tables.setdefault(moniker.table, TableProgress())
-            progress.last_seq = moniker.seq
-            for offsets in moniker.offsets:
-                progress.positions[(offsets.topic, offsets.partition)] = offsets.until_offset
+            self.tables.setdefault(moniker.table, TableProgress()).published(moniker)
         report.rows_written += outcome.rows
         report.files += sum(len(m.files) for m in outcome.monikers)
         report.monikers += len(outcome.monikers)
@@ -265,14 +208,6 @@ class WriterJob:
             if dead is not None:
                 dead.unpersist()
         return outcome
-
-    def _schemas_for(self, source: KafkaSource, plan: BatchPlan) -> list[RegisteredSchema]:
-        registry = self.schemas[source.name]
-        seen: dict[int, RegisteredSchema] = {}
-        for topic in sorted({topic for topic, _ in plan.read_ranges}):
-            for schema in registry.for_topic(topic):
-                seen[schema.schema_id] = schema
-        return list(seen.values())
 
     # -- reading and writing ---------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -61,3 +62,11 @@ class TopicSchemas:
             if schema is not None:
                 schemas.append(schema)
         return schemas
+
+    def for_topics(self, topics: Iterable[str]) -> list[RegisteredSchema]:
+        """The value schemas of every topic in `topics` (`for_topic`), each id once."""
+        seen: dict[int, RegisteredSchema] = {}
+        for topic in sorted(set(topics)):
+            for schema in self.for_topic(topic):
+                seen[schema.schema_id] = schema
+        return list(seen.values())
