@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import posixpath
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -132,6 +133,21 @@ def write_parquet(rows: DataFrame, output_uri: str, partitions: list[PartitionCo
 def path_segment(name: str) -> str:
     """A folder or file name from a writer's or a source's name: characters other than letters, digits and `._-` become `_`."""
     return "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
+
+
+def batch_folder(table_location: str, writer_id: str, seq: int) -> str:
+    """A new folder for one table's files of one batch: `<location>/data/<writer>/<seq>-<random>`."""
+    return f"{table_location.rstrip('/')}/data/{path_segment(writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
+
+
+def discard_output(output_dirs: list[str]) -> None:
+    """Remove output of a batch that will not be published (nothing refers to it)."""
+    for output in output_dirs:
+        filesystem, path = pafs.FileSystem.from_uri(output)
+        try:
+            filesystem.delete_dir(path)
+        except (FileNotFoundError, OSError):
+            pass
 
 
 def list_written_files(output_uri: str, partitions: list[PartitionColumn], spec_id: int) -> list[FileEntry]:

@@ -9,41 +9,37 @@ Kafka tools, as in seed 000), and notes its progress.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pyiceberg.partitioning import PartitionSpec
-from pyiceberg.schema import Schema
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from common.catalog import default_table_location, load_table_or_none, open_catalog, table_properties
-from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
+from common.catalog import open_catalog
+from common.config.model import IcekeeperConfig, KafkaSource
 from common.in_flight import InFlightClaims
-from common.moniker import Moniker, OffsetRange, moniker_id
-from common.partitioning import partition_spec
+from common.moniker import Moniker
 from common.spark import spark_session
 from common.transports import open_transport
 from writers.checkpoints import SourceCheckpoints
 from writers.dead_letters import send_dead_letters
 from writers import sql
 from writers.columns import (
-    ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, KEEP, ROUTE, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE, VERSION,
+    ERROR, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, ROUTE, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE, VERSION,
 )
-from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, VersionShape, decode_avro_confluent, decode_json
-from writers.files import list_written_files, parquet_write_options, partition_columns, path_segment, write_parquet
-from writers.flatten import flatten, helper_sql, row_value_is_null_sql, unconvertible_sql
+from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, decode_avro_confluent, decode_json
+from writers.files import discard_output
+from writers.flatten import helper_sql, row_value_is_null_sql, unconvertible_sql
 from writers.kafka_io import SourceAdmin, read_raw
 from writers.offsets import BatchPlan, plan_batch
 from writers.progress import TableProgress, next_seq, refresh_progress, table_positions
 from writers.registry import RegisteredSchema, TopicSchemas
 from writers.routing import routes_for
+from writers.table_writer import RoutedBatch, TableWriter
 from writers.table_versions import predicted_route_versions, prediction_checks, prediction_held, schema_ids_of, versions_by_table
 
 log = logging.getLogger(__name__)
@@ -86,6 +82,7 @@ class WriterJob:
         # A quarter of the reaper's grace: three missed rewrites still leave the claim live.
         heartbeat_s = max(0.5, min(30.0, config.reaper.orphan_grace / 4))
         self.claims = InFlightClaims(self.writer_id, heartbeat_s)
+        self.table_writer = TableWriter(config, self.catalog, self.writer_id, self.claims, self.tables)
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -198,7 +195,7 @@ class WriterJob:
                     break
                 dead.unpersist()
                 dead = None
-                self._discard(outcome.output_dirs)
+                discard_output(outcome.output_dirs)
                 schemas = schemas + registered
                 outcome = self._write_tables(source, plan, seq, schemas, routes)
             if dead is not None:
@@ -236,7 +233,7 @@ class WriterJob:
         outcome.failed = int(metrics.get("failed") or 0)
         outcome.tombstones = int(metrics.get("tombstone") or 0)
         if not source.offset_gaps and metrics.get("records") is not None and int(metrics["records"]) != plan.records:
-            self._discard(outcome.output_dirs)
+            discard_output(outcome.output_dirs)
             raise BatchIncomplete(f"read {metrics['records']} records where offsets span {plan.records}; the batch is retried")
         return outcome
 
@@ -247,13 +244,20 @@ class WriterJob:
         outcome = _Outcome()
         checks = prediction_checks(predicted, ROUTE, VERSION) if predicted else {}
         table_versions = versions_by_table(predicted or route_versions or [], decoded.versions)
+        batch = RoutedBatch(source, plan, seq, decoded, routed)
         for index, (identifier, versions) in enumerate(table_versions.items()):
-            moniker = self._write_table(source, plan, seq, decoded, routed, identifier, versions, outcome, observes_batch=index == 0, checks=checks)
+            # The first table's write also counts the whole batch (and checks the guess).
+            observations = [*self._batch_metric_columns(), *[F.expr(expression).alias(name) for name, expression in checks.items()]] if index == 0 else None
+            written = self.table_writer.write(batch, identifier, versions, observations)
+            outcome.output_dirs.append(written.output_dir)
+            if index == 0:
+                outcome.batch_metrics = written.observed
             if index == 0 and predicted and not prediction_held(predicted, outcome.batch_metrics):
-                self._discard(outcome.output_dirs)
+                discard_output(outcome.output_dirs)
                 return None
-            if moniker is not None:
-                outcome.monikers.append(moniker)
+            if written.moniker is not None:
+                outcome.monikers.append(written.moniker)
+                outcome.rows += written.moniker.records
         return outcome
 
     @staticmethod
@@ -309,68 +313,6 @@ class WriterJob:
                 conditions.append(f"({ROUTE} = {sql.string(spec.identifier)} AND {any_null})")
         return sql.any_of(conditions)
 
-    def _write_table(self, source: KafkaSource, plan: BatchPlan, seq: int, decoded: DecodedBatch, frame: DataFrame,
-                     identifier: str, versions: list[VersionShape], outcome: "_Outcome", observes_batch: bool,
-                     checks: dict[str, str] | None = None) -> Moniker | None:
-        """Write `identifier`'s rows of the batch; with `observes_batch`, also count the whole batch.
-
-        The table's columns come from `versions`, the versions of its own records in this batch.
-
-        The counts are taken on the flattened rows, in the one pass that writes the files: counting
-        on the decoded records made Spark copy every nested Avro struct into a row of its own at
-        that point (measured ~20% of the writer's CPU). Rows that are not this table's are nulled
-        before flattening, so they cost little and can fail no conversion.
-        """
-        spec = next((t for t in self.config.tables if t.identifier == identifier), None) or TableSpec(identifier=identifier, source=source.name)
-        table = load_table_or_none(self.catalog, identifier)
-        existing = table.schema() if table is not None else None
-        keep = f"{ROUTE} = {sql.string(identifier)} AND {ERROR} IS NULL AND {_at_or_after(plan, identifier)}"
-        if not observes_batch:
-            frame = frame.where(keep)
-        frame = frame.selectExpr("*", f"{keep} AS {KEEP}")
-        frame = frame.withColumns({v.column: F.expr(f"CASE WHEN {KEEP} THEN {sql.ident(v.column)} END") for v in decoded.versions})
-        flat = flatten(frame, versions, self.config.metadata_columns, existing, spec.primary_key, carry=[KEEP, ROUTE, VERSION])
-        schema: Schema = flat.schema
-        spec_obj: PartitionSpec = table.spec() if table is not None else partition_spec(spec.partition_by, schema)
-        partitions = partition_columns(spec_obj, schema)
-        metrics = Observation(f"table-{uuid.uuid4().hex[:8]}")
-        counts = [F.expr(f"count_if({KEEP})").alias("rows"), F.expr(f"min(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("min_ms"),
-                  F.expr(f"max(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("max_ms")]
-        batch_counts = [*self._batch_metric_columns(), *[F.expr(expression).alias(name) for name, expression in (checks or {}).items()]]
-        observed = flat.frame.observe(metrics, *counts, *(batch_counts if observes_batch else []))
-        rows = observed.where(KEEP).drop(*HELPER_COLUMNS, KEEP, ROUTE, VERSION)
-        location = table.location() if table is not None else default_table_location(self.config, identifier)
-        output = f"{location.rstrip('/')}/data/{path_segment(self.writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
-        progress = self.tables.setdefault(identifier, TableProgress())
-        max_records = max(1000, int(self.config.writer.target_file_size_bytes / max(progress.bytes_per_row, 1.0)))
-        self.claims.claim(location, output)
-        write_parquet(rows, output, partitions, max_records, rebalance=self.config.writer.distribution == "rebalance",
-                      options=parquet_write_options(table_properties(table, spec)))
-        outcome.output_dirs.append(output)
-        observed_rows = metrics.get
-        if observes_batch:
-            outcome.batch_metrics = observed_rows
-        rows_written = int(observed_rows.get("rows") or 0)
-        files = list_written_files(output, partitions, spec_obj.spec_id) if rows_written else []
-        if not files:
-            self._discard([output])
-            return None
-        written_bytes = sum(f.size_bytes for f in files)
-        progress.bytes_per_row = max(1.0, written_bytes / max(rows_written, 1))
-        outcome.rows += rows_written
-        ranges = [
-            OffsetRange(topic=topic, partition=partition, from_offset=start, until_offset=until)
-            for (topic, partition) in sorted(plan.read_ranges)
-            if (span := plan.table_range(identifier, (topic, partition))) is not None
-            for start, until in [span]
-        ]
-        return Moniker(
-            id=moniker_id(self.writer_id, identifier, ranges), writer_id=self.writer_id, seq=seq, prev_seq=progress.last_seq,
-            table=identifier, schema=json.loads(schema.model_dump_json()), files=files, offsets=ranges, records=rows_written,
-            min_event_time_ms=observed_rows.get("min_ms"), max_event_time_ms=observed_rows.get("max_ms"),
-            table_location=location,
-        )
-
     def _newly_registered(self, source: KafkaSource, dead: DataFrame, schemas: list[RegisteredSchema]) -> list[RegisteredSchema]:
         """Schemas the registry knows by id that dead letters of this batch name but `schemas` lacks."""
         if source.format != "avro-confluent":
@@ -388,18 +330,6 @@ class WriterJob:
         return failed.selectExpr("key", "value", "headers", "topic", "partition", "offset", f"{ERROR} AS reason")
 
     # -- after the batch -----------------------------------------------------------------------------
-
-    def _discard(self, output_dirs: list[str]) -> None:
-        """Remove output of a batch that will not be published (nothing refers to it)."""
-        from pyarrow import fs as pafs
-
-        for output in output_dirs:
-            filesystem, path = pafs.FileSystem.from_uri(output)
-            try:
-                filesystem.delete_dir(path)
-            except (FileNotFoundError, OSError):
-                pass
-
 
 class BatchIncomplete(RuntimeError):
     """Kafka returned fewer records than the planned offsets span; nothing was published."""
@@ -421,14 +351,4 @@ class _Outcome:
     def dead_lettered(self, source: KafkaSource) -> int:
         """Failed records that go to the dead-letter topic (skipped tombstones do not)."""
         return self.failed - self.skipped_tombstones(source)
-
-
-def _at_or_after(plan: BatchPlan, identifier: str) -> str:
-    """SQL keeping rows at or after the table's own start, where it differs from the batch's read start."""
-    skipped = []
-    for (topic, partition), (read_start, _) in plan.read_ranges.items():
-        start = plan.table_starts.get(identifier, {}).get((topic, partition), read_start)
-        if start > read_start:
-            skipped.append(f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND {KAFKA_OFFSET} < {start})")
-    return f"NOT {sql.any_of(skipped)}" if skipped else "true"
 

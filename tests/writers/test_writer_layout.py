@@ -13,7 +13,7 @@ import pytest
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import IntegerType
 
-import writers.job
+import writers.table_writer
 from bookkeeper.service import Bookkeeper
 from common.in_flight import live_claimed_folders
 from common.locations import normalize_location
@@ -119,7 +119,7 @@ def test_a_batch_folder_is_claimed_while_written_and_released_once_published(loc
         claimed_while_writing.append(live_claimed_folders(location, config.reaper.orphan_grace, remove_stale=False))
         real_write_parquet(rows, output_uri, *args, **kwargs)
 
-    monkeypatch.setattr(writers.job, "write_parquet", write_and_look)
+    monkeypatch.setattr(writers.table_writer, "write_parquet", write_and_look)
     job = WriterJob(config, spark=spark)
     job.run(until_idle=True)
     [moniker] = job.transport.pending()

@@ -1,0 +1,146 @@
+"""Write one table's rows of a batch as Parquet files, and the moniker that describes them.
+
+A table's rows are the batch's records routed to it, decoded, and at or after the table's own
+start (`KEEP`); they are flattened with the schema versions of the table's own records, written
+into a batch folder of their own under the table's data location (claimed while it is filled, so
+orphan removal leaves it alone), and listed with their sizes, record counts and partitions. The
+moniker is returned, never published here: the batch publishes it once all its tables' files are
+written and its dead letters sent.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import functions as F
+
+from common.catalog import default_table_location, load_table_or_none, table_properties
+from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
+from common.in_flight import InFlightClaims
+from common.moniker import Moniker, OffsetRange, moniker_id
+from common.partitioning import partition_spec
+from writers import sql
+from writers.columns import ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, KEEP, ROUTE, VERSION
+from writers.decode import DecodedBatch, VersionShape
+from writers.files import batch_folder, discard_output, list_written_files, parquet_write_options, partition_columns, write_parquet
+from writers.flatten import flatten
+from writers.offsets import BatchPlan
+from writers.progress import TableProgress
+
+
+@dataclass(frozen=True)
+class RoutedBatch:
+    """One source's batch, decoded and routed (`routing.routed_rows`): what each table is written from."""
+
+    source: KafkaSource
+    plan: BatchPlan
+    seq: int
+    decoded: DecodedBatch
+    frame: DataFrame
+
+
+@dataclass(frozen=True)
+class TableWrite:
+    """What writing one table's rows left behind."""
+
+    moniker: Moniker | None
+    """Describes the files; None when the table got no rows (its folder is already removed)."""
+    output_dir: str
+    """The batch folder, to discard if the batch is not published."""
+    observed: dict
+    """The counts observed while writing: the table's rows and event times, plus any batch counts asked for."""
+
+
+class TableWriter:
+    """Writes tables' rows of batches for one writer."""
+
+    def __init__(self, config: IcekeeperConfig, catalog: Catalog, writer_id: str, claims: InFlightClaims, tables: dict[str, TableProgress]) -> None:
+        """
+        Args:
+            tables: the writer's progress per table: gives a moniker its `prev_seq`, and learns each
+                table's bytes per row (which sizes its files).
+        """
+        self.config = config
+        self.catalog = catalog
+        self.writer_id = writer_id
+        self.claims = claims
+        self.tables = tables
+
+    def write(self, batch: RoutedBatch, identifier: str, versions: list[VersionShape], batch_observations: list[Column] | None = None) -> TableWrite:
+        """Write `identifier`'s rows of the batch; with `batch_observations`, also count the whole batch.
+
+        The table's columns come from `versions`, the versions of its own records in this batch.
+
+        The counts are taken on the flattened rows, in the one pass that writes the files: counting
+        on the decoded records made Spark copy every nested Avro struct into a row of its own at
+        that point (measured ~20% of the writer's CPU). Rows that are not this table's are nulled
+        before flattening, so they cost little and can fail no conversion.
+        """
+        source, plan, decoded, frame = batch.source, batch.plan, batch.decoded, batch.frame
+        observes_batch = batch_observations is not None
+        spec = next((t for t in self.config.tables if t.identifier == identifier), None) or TableSpec(identifier=identifier, source=source.name)
+        table = load_table_or_none(self.catalog, identifier)
+        existing = table.schema() if table is not None else None
+        keep = f"{ROUTE} = {sql.string(identifier)} AND {ERROR} IS NULL AND {_at_or_after(plan, identifier)}"
+        if not observes_batch:
+            frame = frame.where(keep)
+        frame = frame.selectExpr("*", f"{keep} AS {KEEP}")
+        frame = frame.withColumns({v.column: F.expr(f"CASE WHEN {KEEP} THEN {sql.ident(v.column)} END") for v in decoded.versions})
+        flat = flatten(frame, versions, self.config.metadata_columns, existing, spec.primary_key, carry=[KEEP, ROUTE, VERSION])
+        schema: Schema = flat.schema
+        spec_obj: PartitionSpec = table.spec() if table is not None else partition_spec(spec.partition_by, schema)
+        partitions = partition_columns(spec_obj, schema)
+        metrics = Observation(f"table-{uuid.uuid4().hex[:8]}")
+        counts = [F.expr(f"count_if({KEEP})").alias("rows"), F.expr(f"min(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("min_ms"),
+                  F.expr(f"max(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("max_ms")]
+        observed = flat.frame.observe(metrics, *counts, *(batch_observations or []))
+        rows = observed.where(KEEP).drop(*HELPER_COLUMNS, KEEP, ROUTE, VERSION)
+        location = table.location() if table is not None else default_table_location(self.config, identifier)
+        output = batch_folder(location, self.writer_id, batch.seq)
+        progress = self.tables.setdefault(identifier, TableProgress())
+        max_records = max(1000, int(self.config.writer.target_file_size_bytes / max(progress.bytes_per_row, 1.0)))
+        self.claims.claim(location, output)
+        write_parquet(rows, output, partitions, max_records, rebalance=self.config.writer.distribution == "rebalance",
+                      options=parquet_write_options(table_properties(table, spec)))
+        observed_rows = metrics.get
+        rows_written = int(observed_rows.get("rows") or 0)
+        files = list_written_files(output, partitions, spec_obj.spec_id) if rows_written else []
+        if not files:
+            discard_output([output])
+            return TableWrite(None, output, observed_rows)
+        written_bytes = sum(f.size_bytes for f in files)
+        progress.bytes_per_row = max(1.0, written_bytes / max(rows_written, 1))
+        ranges = offset_ranges(plan, identifier)
+        moniker = Moniker(
+            id=moniker_id(self.writer_id, identifier, ranges), writer_id=self.writer_id, seq=batch.seq, prev_seq=progress.last_seq,
+            table=identifier, schema=json.loads(schema.model_dump_json()), files=files, offsets=ranges, records=rows_written,
+            min_event_time_ms=observed_rows.get("min_ms"), max_event_time_ms=observed_rows.get("max_ms"),
+            table_location=location,
+        )
+        return TableWrite(moniker, output, observed_rows)
+
+
+def offset_ranges(plan: BatchPlan, identifier: str) -> list[OffsetRange]:
+    """The offsets a moniker of `identifier` covers: its own span of each partition the batch read."""
+    return [
+        OffsetRange(topic=topic, partition=partition, from_offset=start, until_offset=until)
+        for (topic, partition) in sorted(plan.read_ranges)
+        if (span := plan.table_range(identifier, (topic, partition))) is not None
+        for start, until in [span]
+    ]
+
+
+def _at_or_after(plan: BatchPlan, identifier: str) -> str:
+    """SQL keeping rows at or after the table's own start, where it differs from the batch's read start."""
+    skipped = []
+    for (topic, partition), (read_start, _) in plan.read_ranges.items():
+        start = plan.table_starts.get(identifier, {}).get((topic, partition), read_start)
+        if start > read_start:
+            skipped.append(f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND {KAFKA_OFFSET} < {start})")
+    return f"NOT {sql.any_of(skipped)}" if skipped else "true"
