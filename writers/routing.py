@@ -1,7 +1,8 @@
 """Which table each record goes to: by topic, by Debezium `source.db`/`source.table`, or a template.
 
 A record claimed by no table, on a source without a template, goes to the dead-letter topic as
-`unroutable`, so it is counted rather than silently dropped.
+`unroutable`, so it is counted rather than silently dropped. The routed frame also marks the other
+records that cannot become rows of their table (`missing-key`, `unconvertible-value`).
 """
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 
+from pyspark.sql import DataFrame
+
 from common.config.model import KafkaSource, TableSpec
 from writers import sql
-from writers.columns import KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+from writers.columns import ERROR, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, ROUTE, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+from writers.decode import DecodedBatch
+from writers.flatten import helper_sql, row_value_is_null_sql, unconvertible_sql
 
 _TEMPLATE_FIELDS = {"topic": KAFKA_TOPIC, "server": SOURCE_SERVER, "db": SOURCE_DB, "table": SOURCE_TABLE}
 
@@ -56,3 +61,32 @@ def template_sql(template: str) -> str:
 
 def routes_for(source: KafkaSource, tables: list[TableSpec]) -> Routes:
     return Routes([table for table in tables if table.source == source.name], source.table_template)
+
+
+def routed_rows(decoded: DecodedBatch, routes: Routes, tables: list[TableSpec]) -> DataFrame:
+    """Batch-level frame: decoded + routing + error kinds (before any table's flattening).
+
+    Args:
+        tables: the config's tables (their primary keys decide `missing-key`).
+    """
+    helpers = helper_sql(decoded.versions)
+    frame = decoded.frame.selectExpr("*", *[f"{helpers[name]} AS {name}" for name in (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET, SOURCE_DB, SOURCE_TABLE, SOURCE_SERVER)])
+    frame = frame.selectExpr("*", f"{routes.sql()} AS {ROUTE}")
+    error = (f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable'"
+             f" WHEN {_missing_key_sql(decoded, tables)} THEN 'missing-key'"
+             f" WHEN {unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END")
+    return frame.selectExpr(*[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}")
+
+
+def _missing_key_sql(decoded: DecodedBatch, tables: list[TableSpec]) -> str:
+    """True for rows routed to a table with a primary key whose key columns are null.
+
+    Each version's value is tested on its own (no coalesce across versions), so versions that
+    give a key column different types never meet in one expression.
+    """
+    conditions = []
+    for spec in tables:
+        if spec.primary_key:
+            any_null = sql.any_of(row_value_is_null_sql(key, decoded.versions, case_insensitive=True) for key in spec.primary_key)
+            conditions.append(f"({ROUTE} = {sql.string(spec.identifier)} AND {any_null})")
+    return sql.any_of(conditions)
