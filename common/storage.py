@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pyarrow import fs as pafs
 
+from common.locations import normalize_location
+
 
 def open_filesystem(uri_or_path: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem holding `uri_or_path` and the path within it (a bare path is local)."""
-    return pafs.FileSystem.from_uri(uri_or_path if "://" in uri_or_path else f"file://{uri_or_path}")
+    """The filesystem holding `uri_or_path` and the path within it. A bare path is local, and so
+    is Java's `file:/x` (Iceberg's Spark actions write data file paths that way)."""
+    if uri_or_path.startswith("file:") or "://" not in uri_or_path:
+        return pafs.LocalFileSystem(), normalize_location(uri_or_path)
+    return pafs.FileSystem.from_uri(uri_or_path)

@@ -200,6 +200,9 @@ class SparkMaintenance:
             report.planned.append(f"compaction: of {small} files under 75% of {target} bytes, those" + (f" where {where}" if where else ""))
             return
         options = {"target-file-size-bytes": str(target), "min-input-files": "2",
+                   # Upsert tables: a file whose rows are mostly replaced is rewritten without them,
+                   # and delete files that no longer apply to any live file leave in the same pass.
+                   "delete-ratio-threshold": str(settings.compact_delete_ratio), "remove-dangling-deletes": "true",
                    # Partial progress commits per file group, so an append that lands meanwhile
                    # costs one group a retry, not the whole rewrite. A group whose commit lost
                    # every retry is dropped silently (not in `failed_data_files_count`) unless the
@@ -218,9 +221,18 @@ class SparkMaintenance:
             if failed:
                 report.errors.append(f"compaction: {failed} files failed to be rewritten")
 
+        def rewrite_deletes_once() -> None:
+            # Position deletes of upsert tables, one small file per bookkeeper cycle: merged into
+            # fewer files, dropping entries whose data files compaction just replaced.
+            self.spark.sql(f"CALL `{self.catalog_name}`.system.rewrite_position_delete_files("
+                           f"table => '{self.catalog_name}.{identifier}', options => map('rewrite-all', 'true'))")
+
         before = {snapshot.snapshot_id for snapshot in table.refresh().snapshots()}
         try:
             self._until_committed(identifier, "compaction", rewrite_once)
+            current = table.refresh().current_snapshot()
+            if current is not None and current.summary is not None and int(current.summary.get("total-delete-files", "0") or 0):
+                self._until_committed(identifier, "compaction", rewrite_deletes_once)
         finally:
             # Counted from the table's history rather than the calls' results: a call that raised
             # may still have committed some groups.

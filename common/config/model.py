@@ -292,6 +292,9 @@ class ReaperConfig(_Model):
     compact_filter_column: str | None = Field(None, description="Time column that selects what to compact (seed 000: `.compact.filter.column`).")
     compact_day_offset: int = Field(0, ge=0, description="Compact data of the day this many days before yesterday; 0 = yesterday (seed 000: `.compact.day.offset`).")
     compact_target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of compacted files (seed 000: `.compact.target.file.size.bytes`).")
+    compact_delete_ratio: float = Field(
+        0.3, gt=0, le=1, description="Upsert tables: compaction also rewrites any data file once this share of its rows is deleted "
+        "(Iceberg's `delete-ratio-threshold`), dropping the deleted rows; then it rewrites the position-delete files.")
     manifests_file_length: int = Field(8 * 1024 * 1024, ge=1024, description="Target manifest size when rewriting manifests (seed 000: `.manifests.file.length`).")
     max_manifests: int = Field(100, ge=1, description="Rewrite manifests when a table has more than this many.")
     commit_attempts: int = Field(5, ge=1, description="A maintenance commit (a compaction file group, the manifest rewrite, the "

@@ -76,3 +76,33 @@ def make_moniker(config: IcekeeperConfig, seq: int, prev_seq: int | None, offset
         schema=json.loads(schema.model_dump_json()), files=entries, offsets=ranges, records=sum(e.record_count for e in entries),
         min_event_time_ms=1_700_000_000_000 + start, max_event_time_ms=1_700_000_000_000 + until,
     )
+
+
+class UpsertWriter:
+    """Monikers for `shop.items` as a writer of an upsert table makes them: per batch, the last
+    change per key; surviving rows in a data file, keys whose last change is a delete in a
+    deleted-keys file (a Parquet file of the table's schema)."""
+
+    def __init__(self, config: IcekeeperConfig, writer_id: str = "w1") -> None:
+        self.config, self.writer_id = config, writer_id
+        self.seq, self.offset = 0, 0
+        self.location = default_table_location(config, "shop.items")
+
+    def batch(self, changes: list[tuple[int, int | None]]) -> Moniker:
+        """`changes`: (id, amount) upserts and (id, None) deletes, in offset order."""
+        last: dict[int, tuple[int | None, int]] = {}
+        for key, amount in changes:
+            last[key] = (amount, self.offset)
+            self.offset += 1
+        rows = [{"id": k, "amount": a, "_kfk_partition": 0, "_kfk_offset": o} for k, (a, o) in last.items() if a is not None]
+        gone = [{"id": k, "amount": None, "_kfk_partition": 0, "_kfk_offset": o} for k, (a, o) in last.items() if a is None]
+        self.seq += 1
+        folder = Path(self.location.removeprefix("file://")) / "data" / self.writer_id / f"{self.seq:012d}"
+        files = [write_file(folder / f"{uuid.uuid4().hex}.parquet", SCHEMA, rows)] if rows else []
+        deleted = [write_file(folder / "ik_deleted=true" / f"{uuid.uuid4().hex}.parquet", SCHEMA, gone)] if gone else []
+        deleted = [FileEntry(**{**entry.model_dump(), "content": "deleted-keys"}) for entry in deleted]
+        ranges = [OffsetRange(topic="items", partition=0, from_offset=self.offset - len(changes), until_offset=self.offset)]
+        return Moniker(id=moniker_id(self.writer_id, "shop.items", ranges), writer_id=self.writer_id, seq=self.seq,
+                       prev_seq=self.seq - 1 if self.seq > 1 else None, table="shop.items", table_location=self.location,
+                       schema=json.loads(SCHEMA.model_dump_json()), files=files, delete_files=deleted, offsets=ranges,
+                       records=sum(f.record_count for f in files))

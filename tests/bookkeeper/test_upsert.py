@@ -3,51 +3,16 @@ pyiceberg and DuckDB, with the key index saved, caught up and rebuilt."""
 
 from __future__ import annotations
 
-import json
 import random
-import uuid
 from pathlib import Path
 
 import pytest
 
 from bookkeeper.key_index_store import index_location, load_index
 from bookkeeper.service import Bookkeeper
-from common.catalog import default_table_location
-from common.config import IcekeeperConfig
-from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 from common.transports import open_transport
 from icekeeper.readers import duckdb_rows as read_with_duckdb
-from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, write_file
-
-
-class Writer:
-    """Monikers for `shop.items` as a writer of an upsert table makes them: per batch, the last
-    change per key; surviving rows in a data file, keys whose last change is a delete in a
-    deleted-keys file (a Parquet file of the table's schema)."""
-
-    def __init__(self, config: IcekeeperConfig, writer_id: str = "w1") -> None:
-        self.config, self.writer_id = config, writer_id
-        self.seq, self.offset = 0, 0
-        self.location = default_table_location(config, "shop.items")
-
-    def batch(self, changes: list[tuple[int, int | None]]) -> Moniker:
-        """`changes`: (id, amount) upserts and (id, None) deletes, in offset order."""
-        last: dict[int, tuple[int | None, int]] = {}
-        for key, amount in changes:
-            last[key] = (amount, self.offset)
-            self.offset += 1
-        rows = [{"id": k, "amount": a, "_kfk_partition": 0, "_kfk_offset": o} for k, (a, o) in last.items() if a is not None]
-        gone = [{"id": k, "amount": None, "_kfk_partition": 0, "_kfk_offset": o} for k, (a, o) in last.items() if a is None]
-        self.seq += 1
-        folder = Path(self.location.removeprefix("file://")) / "data" / self.writer_id / f"{self.seq:012d}"
-        files = [write_file(folder / f"{uuid.uuid4().hex}.parquet", SCHEMA, rows)] if rows else []
-        deleted = [write_file(folder / "ik_deleted=true" / f"{uuid.uuid4().hex}.parquet", SCHEMA, gone)] if gone else []
-        deleted = [FileEntry(**{**entry.model_dump(), "content": "deleted-keys"}) for entry in deleted]
-        ranges = [OffsetRange(topic="items", partition=0, from_offset=self.offset - len(changes), until_offset=self.offset)]
-        return Moniker(id=moniker_id(self.writer_id, "shop.items", ranges), writer_id=self.writer_id, seq=self.seq,
-                       prev_seq=self.seq - 1 if self.seq > 1 else None, table="shop.items", table_location=self.location,
-                       schema=json.loads(SCHEMA.model_dump_json()), files=files, delete_files=deleted, offsets=ranges,
-                       records=sum(f.record_count for f in files))
+from tests.bookkeeper.fixtures import UpsertWriter, bookkeeper_config
 
 
 def pyiceberg_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
@@ -65,7 +30,7 @@ def duckdb_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
 
 def test_random_upserts_and_deletes_leave_one_row_per_key(tmp_path: Path) -> None:
     config = bookkeeper_config(tmp_path, mode="upsert")
-    transport, writer, bookkeeper = open_transport(config), Writer(config), Bookkeeper(config)
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
     rng, reference = random.Random(3), {}
     for cycle in range(12):
         for _ in range(rng.randint(1, 3)):  # several monikers per snapshot: a key may change in two of them
@@ -89,7 +54,7 @@ def test_random_upserts_and_deletes_leave_one_row_per_key(tmp_path: Path) -> Non
 
 def test_a_key_changed_in_two_batches_of_one_snapshot(tmp_path: Path) -> None:
     config = bookkeeper_config(tmp_path, mode="upsert")
-    transport, writer, bookkeeper = open_transport(config), Writer(config), Bookkeeper(config)
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
     transport.publish(writer.batch([(1, 10), (2, 20)]))
     bookkeeper.run_cycle()
     transport.publish(writer.batch([(1, 11)]))
@@ -101,7 +66,7 @@ def test_a_key_changed_in_two_batches_of_one_snapshot(tmp_path: Path) -> None:
 
 def test_a_new_bookkeeper_starts_from_the_saved_index_and_catches_up(tmp_path: Path) -> None:
     config = bookkeeper_config(tmp_path, mode="upsert")
-    transport, writer = open_transport(config), Writer(config)
+    transport, writer = open_transport(config), UpsertWriter(config)
     first = Bookkeeper(config)
     transport.publish(writer.batch([(k, k) for k in range(100)]))
     first.run_cycle()
@@ -123,7 +88,7 @@ def test_a_new_bookkeeper_starts_from_the_saved_index_and_catches_up(tmp_path: P
 @pytest.mark.parametrize("damage", ["missing", "corrupt"])
 def test_a_missing_or_corrupt_index_is_rebuilt_from_the_table(tmp_path: Path, damage: str) -> None:
     config = bookkeeper_config(tmp_path, mode="upsert")
-    transport, writer = open_transport(config), Writer(config)
+    transport, writer = open_transport(config), UpsertWriter(config)
     first = Bookkeeper(config)
     transport.publish(writer.batch([(k, k) for k in range(30)]))
     first.run_cycle()

@@ -29,14 +29,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 GRACE_S = 5
 
 
-def reaper_config(tmp_path: Path, **overrides: str) -> IcekeeperConfig:
+def reaper_config(tmp_path: Path, mode: str = "changelog", **overrides: str) -> IcekeeperConfig:
     settings = {
         "catalog__name": f"cat_{uuid.uuid4().hex[:8]}", "reaper__snapshot_expire_time": "0", "reaper__retain_last": "2",
         "reaper__orphan_grace": str(GRACE_S), "reaper__compact_target_file_size_bytes": str(32 * 1024 * 1024),
         # The bookkeeper keeps history here, so that expiring it is the reaper's work.
         "bookkeeper__keep_snapshots": "100000",
     }
-    return bookkeeper_config(tmp_path, **{**settings, **overrides})
+    return bookkeeper_config(tmp_path, mode, **{**settings, **overrides})
 
 
 def small_file_table(spark, config: IcekeeperConfig, files: int, offsets: list[int] | None = None):  # noqa: ANN001, ANN201
