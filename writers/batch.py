@@ -112,7 +112,7 @@ class BatchWriter:
         raw = read_raw(self.spark, source, plan)
         decoded = self._decode(source, raw, schemas)
         routed = routed_rows(decoded, routes, self.config.tables)
-        batch = RoutedBatch(source, plan, seq, decoded, routed)
+        batch = RoutedBatch(source, plan, seq, decoded, routed, routes)
         predicted = predicted_route_versions(self._route_schema_ids.get(source.name), decoded.versions)
         outcome = self._write_routed(batch, predicted) if predicted else None
         if outcome is None:
@@ -135,10 +135,11 @@ class BatchWriter:
         outcome = BatchOutcome()
         checks = prediction_checks(predicted, ROUTE, VERSION) if predicted else {}
         table_versions = versions_by_table(predicted or learned or [], batch.decoded.versions)
-        for index, (identifier, versions) in enumerate(table_versions.items()):
+        writes = [(route, identifier, versions) for route, versions in table_versions.items() for identifier in batch.routes.fed_by(route)]
+        for index, (route, identifier, versions) in enumerate(writes):
             # The first table's write also counts the whole batch (and checks the guess).
             observations = [*batch_metric_columns(), *[F.expr(expression).alias(name) for name, expression in checks.items()]] if index == 0 else None
-            written = self.table_writer.write(batch, identifier, versions, observations)
+            written = self.table_writer.write(batch, identifier, versions, observations, route=route)
             outcome.output_dirs.append(written.output_dir)
             if index == 0:
                 outcome.batch_metrics = written.observed

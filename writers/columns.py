@@ -52,6 +52,9 @@ ROUTE = "_ik_route"
 """The identifier of the table a record goes to; null when nothing claims it."""
 KEEP = "_ik_keep"
 """True for the records of the table being written: routed to it, decoded, not before its start."""
+DELETED = "_ik_deleted"
+"""Upsert tables: true for a key whose last change in the batch deletes it (`upserts.py`); the
+first partition column of the table's write, so it names the folders of deleted-keys files."""
 
 
 def partition_column(index: int) -> str:

@@ -23,16 +23,35 @@ _TEMPLATE_FIELDS = {"topic": KAFKA_TOPIC, "server": SOURCE_SERVER, "db": SOURCE_
 
 @dataclass(frozen=True)
 class Routes:
-    """Routing of one source: explicit tables, then an optional template."""
+    """Routing of one source: explicit tables, then an optional template.
+
+    Tables that claim records alike (the same topics, `source_db` and `source_table`) all get them:
+    the first is the records' route, the others follow it (fan-out: an upsert mirror and a
+    changelog audit table of one topic, say). Each record has one route, so the batch is decoded,
+    routed and checked once however many tables it feeds.
+    """
 
     tables: list[TableSpec]
     template: str | None
 
     def sql(self) -> str:
-        """SQL for the destination table identifier of each row, or null when nothing claims it."""
-        branches = [f"WHEN {claim} THEN {sql.string(table.identifier)}" for table in self.tables if (claim := _claims(table)) is not None]
+        """SQL for the route (a table identifier) of each row, or null when nothing claims it."""
+        branches = [f"WHEN {claim} THEN {sql.string(table.identifier)}" for table in self.tables
+                    if (claim := _claims(table)) is not None and self.route_of(table.identifier) == table.identifier]
         fallback = template_sql(self.template) if self.template else "CAST(NULL AS STRING)"
         return f"CASE {' '.join(branches)} ELSE {fallback} END" if branches else fallback
+
+    def route_of(self, identifier: str) -> str:
+        """The route whose records table `identifier` gets: its own, or the first table claiming alike."""
+        claims = {table.identifier: _claims(table) for table in self.tables}
+        claim = claims.get(identifier)
+        if claim is None:
+            return identifier
+        return next(other for other, other_claim in claims.items() if other_claim == claim)
+
+    def fed_by(self, route: str) -> list[str]:
+        """The tables that get the records of `route`: the route's own table, then its followers."""
+        return [route, *[table.identifier for table in self.tables if table.identifier != route and self.route_of(table.identifier) == route]]
 
 
 def _claims(table: TableSpec) -> str | None:
@@ -73,13 +92,14 @@ def routed_rows(decoded: DecodedBatch, routes: Routes, tables: list[TableSpec]) 
     frame = decoded.frame.selectExpr("*", *[f"{helpers[name]} AS {name}" for name in (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET, SOURCE_DB, SOURCE_TABLE, SOURCE_SERVER)])
     frame = frame.selectExpr("*", f"{routes.sql()} AS {ROUTE}")
     error = (f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable'"
-             f" WHEN {_missing_key_sql(decoded, tables)} THEN 'missing-key'"
+             f" WHEN {_missing_key_sql(decoded, tables, routes)} THEN 'missing-key'"
              f" WHEN {unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END")
     return frame.selectExpr(*[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}")
 
 
-def _missing_key_sql(decoded: DecodedBatch, tables: list[TableSpec]) -> str:
-    """True for rows routed to a table with a primary key whose key columns are null.
+def _missing_key_sql(decoded: DecodedBatch, tables: list[TableSpec], routes: Routes) -> str:
+    """True for rows routed to a table with a primary key whose key columns are null (a record
+    that a keyed table of a fan-out cannot take goes to the dead letters for all of them).
 
     Each version's value is tested on its own (no coalesce across versions), so versions that
     give a key column different types never meet in one expression.
@@ -88,5 +108,5 @@ def _missing_key_sql(decoded: DecodedBatch, tables: list[TableSpec]) -> str:
     for spec in tables:
         if spec.primary_key:
             any_null = sql.any_of(row_value_is_null_sql(key, decoded.versions, case_insensitive=True) for key in spec.primary_key)
-            conditions.append(f"({ROUTE} = {sql.string(spec.identifier)} AND {any_null})")
+            conditions.append(f"({ROUTE} = {sql.string(routes.route_of(spec.identifier))} AND {any_null})")
     return sql.any_of(conditions)

@@ -21,17 +21,20 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from common.catalog import default_table_location, load_table_or_none, table_properties
-from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
+from common.config.model import IcekeeperConfig, KafkaSource
 from common.in_flight import InFlightClaims
 from common.moniker import Moniker, OffsetRange, moniker_id
 from common.partitioning import partition_spec
+from common.schema import op_column
 from writers import sql
 from writers.columns import ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, KEEP, ROUTE, VERSION
 from writers.decode import DecodedBatch, VersionShape
 from writers.files import batch_folder, discard_output, list_written_files, parquet_write_options, partition_columns, write_parquet
-from writers.flatten import flatten
+from writers.flatten import flatten, resolve_keys
 from writers.offsets import BatchPlan
 from writers.progress import TableProgress
+from writers.routing import Routes
+from writers.upserts import deleted_partition, last_change_per_key, split_deleted
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class RoutedBatch:
     seq: int
     decoded: DecodedBatch
     frame: DataFrame
+    routes: Routes
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,11 @@ class TableWriter:
         self.claims = claims
         self.tables = tables
 
-    def write(self, batch: RoutedBatch, identifier: str, versions: list[VersionShape], batch_observations: list[Column] | None = None) -> TableWrite:
+    def write(self, batch: RoutedBatch, identifier: str, versions: list[VersionShape], batch_observations: list[Column] | None = None,
+              route: str | None = None) -> TableWrite:
         """Write `identifier`'s rows of the batch; with `batch_observations`, also count the whole batch.
+
+        The rows are the records of `route` (default: the table's own; see `Routes` for fan-out).
 
         The table's columns come from `versions`, the versions of its own records in this batch.
 
@@ -84,10 +91,10 @@ class TableWriter:
         """
         source, plan, decoded, frame = batch.source, batch.plan, batch.decoded, batch.frame
         observes_batch = batch_observations is not None
-        spec = next((t for t in self.config.tables if t.identifier == identifier), None) or TableSpec(identifier=identifier, source=source.name)
+        spec = self.config.table(identifier)
         table = load_table_or_none(self.catalog, identifier)
         existing = table.schema() if table is not None else None
-        keep = f"{ROUTE} = {sql.string(identifier)} AND {ERROR} IS NULL AND {_at_or_after(plan, identifier)}"
+        keep = f"{ROUTE} = {sql.string(route or identifier)} AND {ERROR} IS NULL AND {_at_or_after(plan, identifier)}"
         if not observes_batch:
             frame = frame.where(keep)
         frame = frame.selectExpr("*", f"{keep} AS {KEEP}")
@@ -100,7 +107,12 @@ class TableWriter:
         counts = [F.expr(f"count_if({KEEP})").alias("rows"), F.expr(f"min(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("min_ms"),
                   F.expr(f"max(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("max_ms")]
         observed = flat.frame.observe(metrics, *counts, *(batch_observations or []))
-        rows = observed.where(KEEP).drop(*HELPER_COLUMNS, KEEP, ROUTE, VERSION)
+        rows = observed.where(KEEP)
+        if spec.upsert:
+            op = op_column(self.config.metadata_columns)
+            rows = last_change_per_key(rows, resolve_keys(schema.column_names, spec.primary_key))
+            partitions = [deleted_partition(op if op in schema.column_names else None, hard_deletes=spec.delete_mode == "hard"), *partitions]
+        rows = rows.drop(*HELPER_COLUMNS, KEEP, ROUTE, VERSION)
         location = table.location() if table is not None else default_table_location(self.config, identifier)
         output = batch_folder(location, self.writer_id, batch.seq)
         progress = self.tables.setdefault(identifier, TableProgress())
@@ -111,15 +123,18 @@ class TableWriter:
         observed_rows = metrics.get
         rows_written = int(observed_rows.get("rows") or 0)
         files = list_written_files(output, partitions, spec_obj.spec_id) if rows_written else []
-        if not files:
+        files, deleted_keys = split_deleted(files) if spec.upsert else (files, [])
+        if not files and not deleted_keys:
             discard_output([output])
             return TableWrite(None, output, observed_rows)
-        written_bytes = sum(f.size_bytes for f in files)
+        written_bytes = sum(f.size_bytes for f in files + deleted_keys)
         progress.bytes_per_row = max(1.0, written_bytes / max(rows_written, 1))
+        rows_written = sum(f.record_count for f in files)  # upsert tables: one row per key
         ranges = offset_ranges(plan, identifier)
         moniker = Moniker(
             id=moniker_id(self.writer_id, identifier, ranges), writer_id=self.writer_id, seq=batch.seq, prev_seq=progress.last_seq,
-            table=identifier, schema=json.loads(schema.model_dump_json()), files=files, offsets=ranges, records=rows_written,
+            table=identifier, schema=json.loads(schema.model_dump_json()), files=files, delete_files=deleted_keys, offsets=ranges,
+            records=rows_written,
             min_event_time_ms=observed_rows.get("min_ms"), max_event_time_ms=observed_rows.get("max_ms"),
             table_location=location,
         )

@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bookkeeper.service import Bookkeeper
 from common.config import IcekeeperConfig
+from icekeeper.readers import duckdb_rows
 from icekeeper.samples.produce import produce_seed_sample, produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec, expected_state, synthetic_events
 from tests.conftest import pipeline_config, register_catalog
@@ -41,17 +42,29 @@ def table_rows(bookkeeper: Bookkeeper, identifier: str) -> list[dict]:
     return bookkeeper.catalog.load_table(identifier).scan().to_arrow().to_pylist()
 
 
+AUDIT_TABLE = "db_gb18030_test.tbl_test_1_audit"
+
+
 def test_seed_sample_becomes_the_articles_table(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
-    config = pipeline_config(tmp_path, unique_topic)
+    """Seed 000's stream through one topic into two tables (fan-out): the primary-key table mirrors
+    the source (the article's five rows, one per key, no read-time trick) and an audit table in
+    `changelog` mode keeps all 26 changes."""
+    config = pipeline_config(tmp_path, unique_topic, {
+        "ICEKEEPER__TABLES__1__IDENTIFIER": AUDIT_TABLE, "ICEKEEPER__TABLES__1__TOPICS": f"[{unique_topic}]",
+        "ICEKEEPER__TABLES__1__MODE": "changelog"})
+    assert config.tables[0].upsert and not config.tables[1].upsert
     produce_seed_sample(config, topic=unique_topic, progress=lambda m: None)
     job = WriterJob(config, spark=spark)
     reports = job.run(until_idle=True)
-    assert sum(r.records_read for r in reports) == 26 and sum(r.rows_written for r in reports) == 26
+    assert sum(r.records_read for r in reports) == 26
 
-    [moniker] = job.transport.pending()
-    assert moniker.table == SEED_TABLE and moniker.writer_id == "writer-1" and moniker.prev_seq is None
+    monikers = {m.table: m for m in job.transport.pending()}
+    moniker = monikers[AUDIT_TABLE]
+    assert moniker.writer_id == "writer-1" and moniker.prev_seq is None
     assert sorted((o.partition, o.from_offset, o.until_offset) for o in moniker.offsets) == [(0, 0, 4), (1, 0, 4), (2, 0, 18)]
     assert moniker.records == 26 and moniker.min_event_time_ms == 1646101923000 and moniker.max_event_time_ms == 1646392418000
+    # The mirror's batch: one row per key (the last change of each), nothing deleted in the sample.
+    assert monikers[SEED_TABLE].records == 5 and not monikers[SEED_TABLE].delete_files
     # Files: zstd, microsecond timestamps, Iceberg field ids that match the moniker's schema.
     schema_ids = {field["name"]: field["id"] for field in moniker.schema_["fields"]}
     for entry in moniker.files:
@@ -64,25 +77,25 @@ def test_seed_sample_becomes_the_articles_table(local_stack, spark, tmp_path: Pa
         assert str(arrow.field("_kfk_timestamp").type) == "timestamp[us, tz=UTC]"
 
     bookkeeper = commit_all(config)
+    changes = table_rows(bookkeeper, AUDIT_TABLE)
+    assert len(changes) == 26
+    first = next(r for r in changes if r["_kfk_partition"] == 0 and r["_kfk_offset"] == 0)
+    assert (first["_src_op"], first["_src_ts_ms"], first["_src_ts_ms_r"], first["_src_pos"], first["_tsc_id"]) == (
+        "c", 1646297167000, 1646297167652, 46951, "e45b718e-906f-11ec-89e3-0242c0a8640a:1375")
     rows = table_rows(bookkeeper, SEED_TABLE)
-    assert len(rows) == 26
-    last = {}
-    for row in sorted(rows, key=lambda r: (r["_kfk_partition"], r["_kfk_offset"])):
-        last[row["ID1"]] = row
-    for id1, ((c2, c3, c4, c5, c6, update_time), (partition, offset)) in ARTICLE_RESULT.items():
-        row = last[id1]
+    assert sorted(row["ID1"] for row in rows) == sorted(ARTICLE_RESULT)
+    for row in rows:
+        (c2, c3, c4, c5, c6, update_time), (partition, offset) = ARTICLE_RESULT[row["ID1"]]
         # Debezium's io.debezium.time.Timestamp (millis of a DATETIME's wall clock) lands as a timestamp.
         wall_clock = datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=update_time)
         assert (row["C2"], row["C3"], row["C4"], row["C5"], row["C6"], row["UPDATE_TIME"]) == (c2, c3, c4, c5, c6, wall_clock)
         assert (row["_kfk_partition"], row["_kfk_offset"]) == (partition, offset)
         assert row["_src_db"] == "db_gb18030_test" and row["_src_table"] == "tbl_test_1" and row["_kfk_topic"] == unique_topic
-    first = next(r for r in rows if r["_kfk_partition"] == 0 and r["_kfk_offset"] == 0)
-    assert (first["_src_op"], first["_src_ts_ms"], first["_src_ts_ms_r"], first["_src_pos"], first["_tsc_id"]) == (
-        "c", 1646297167000, 1646297167652, 46951, "e45b718e-906f-11ec-89e3-0242c0a8640a:1375")
-    # Spark's Iceberg reader, on the same catalog, sees the same table.
+    # Spark's Iceberg reader and DuckDB, on the same catalog, see the same five rows.
     catalog = register_catalog(spark, config)
-    assert spark.sql(f"SELECT count(*) AS n, sum(C2) AS c2 FROM {catalog}.{SEED_TABLE}").collect()[0].asDict() == {
-        "n": 26, "c2": sum(r["C2"] for r in rows)}
+    expected = {"n": 5, "c2": sum(r["C2"] for r in rows)}
+    assert spark.sql(f"SELECT count(*) AS n, sum(C2) AS c2 FROM {catalog}.{SEED_TABLE}").collect()[0].asDict() == expected
+    assert duckdb_rows(bookkeeper.catalog.load_table(SEED_TABLE), "count(*) AS n, sum(C2) AS c2")[0] == expected
 
 
 def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
