@@ -18,8 +18,8 @@ from pyspark.sql import functions as F
 from common.config.model import MetadataColumns
 from common.schema import PARQUET_FIELD_ID, Column, assign_ids, envelope_ts_column, merge_columns, metadata_columns, op_column, spark_sql_type
 from writers import sql
-from writers.conversions import converted_sql, failed_sql
 from writers.columns import ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+from writers.conversions import converted_sql, failed_sql
 from writers.decode import VersionShape
 
 
