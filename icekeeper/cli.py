@@ -202,6 +202,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from icekeeper.bench.e2e import run_e2e_bench
 
             result = run_e2e_bench(config, seconds=args.seconds, rate_per_s=args.rate, cores=args.cores, warmup_s=args.warmup, progress=_progress)
+        elif args.target == "key-index":
+            from icekeeper.bench.key_index import run_key_index_bench
+
+            result = run_key_index_bench(keys=args.keys, progress=_progress)
         else:
             raise SystemExit(f"bench {args.target}: unknown")
     finally:
@@ -312,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--watch", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS")
 
     bench = add("bench", cmd_bench, "benchmarks that print ratios against a baseline run on the same machine")
-    bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e"])
+    bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e", "key-index"])
     bench.add_argument("--records", type=int, default=None, help="records to preload (writer: default 1,000,000)")
     bench.add_argument("--cores", type=int, default=None, help="Spark local cores (default: all)")
     bench.add_argument("--repeat", type=int, default=3, help="writer: runs of ours and the baseline, taken in turns (figures are medians)")
@@ -322,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=60.0, help="e2e: how long to produce")
     bench.add_argument("--rate", type=float, default=2000.0, help="e2e: records produced per second")
     bench.add_argument("--warmup", type=float, default=10.0, help="e2e: seconds of the same load before the clock starts")
+    bench.add_argument("--keys", type=int, default=10_000_000, help="key-index: keys in the upsert key index")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
     bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
 

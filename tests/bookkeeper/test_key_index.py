@@ -88,3 +88,12 @@ def test_composite_keys_hash_alike_across_int_widths_and_apart_otherwise() -> No
     assert set(zip(narrow[0].tolist(), narrow[1].tolist())).isdisjoint(zip(other[0].tolist(), other[1].tolist()))
     exact = key_words([pa.array([-1, 7], pa.int64())], exact=True)
     assert exact[0].view(np.int64).tolist() == [-1, 7] and exact[1].tolist() == [0, 0]
+
+
+def test_the_index_bench_reports_its_figures_and_stays_within_64_bytes_a_key() -> None:
+    from icekeeper.bench.key_index import run_key_index_bench
+
+    result = run_key_index_bench(keys=100_000, cycle_changes=10_000, cycles=3, progress=lambda message: None)
+    # 100k keys, then per cycle 2k new keys and ~1k deletes of random (possibly repeated) keys.
+    assert 100_000 < result["keys"] <= 106_000
+    assert result["index_bytes_per_key"] <= 64 and result["index_ops_per_s"] > 0 and result["index_recovery_s"] >= 0

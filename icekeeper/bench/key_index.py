@@ -1,0 +1,70 @@
+"""The upsert key index on its own: look-ups and updates per second, memory per key, recovery time.
+
+Issue 13's targets for the index: at least 300k look-ups-and-updates per second, at most 64 bytes
+of memory per key at 10M keys, and a 10M-key index recovered within 30 s. This runs the index as
+the bookkeeper does (`plan` a cycle, then `apply` it) on exact integer keys, with cycles of
+`cycle_changes` changes (70% updates of existing keys, 10% deletes, 20% new keys), and times
+saving and loading it through the same file format the bookkeeper uses.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bookkeeper.key_index import ABSENT, KeyIndex, pack
+
+Progress = Callable[[str], None]
+
+
+def run_key_index_bench(keys: int = 10_000_000, cycle_changes: int = 100_000, cycles: int = 20, progress: Progress = print) -> dict[str, Any]:
+    """Build an index of `keys` keys, run `cycles` cycles of changes, save and load it."""
+    rng = np.random.default_rng(13)
+    index = KeyIndex(exact=True)
+    started = time.perf_counter()
+    for first in range(0, keys, 1_000_000):
+        batch = np.arange(first, min(keys, first + 1_000_000), dtype=np.uint64)
+        index.apply(index.plan(batch, np.zeros_like(batch), pack(first // 1_000_000, np.arange(len(batch)))), None)
+    build_s = time.perf_counter() - started
+    progress(f"built {keys:,} keys in {build_s:.1f}s")
+    next_key, ops, busy = keys, 0, 0.0
+    for number in range(cycles):
+        updates = rng.integers(0, keys, int(cycle_changes * 0.7), dtype=np.uint64)
+        deletes = rng.integers(0, keys, int(cycle_changes * 0.1), dtype=np.uint64)
+        inserts = np.arange(next_key, next_key + int(cycle_changes * 0.2), dtype=np.uint64)
+        next_key += len(inserts)
+        hi = np.concatenate([updates, deletes, inserts])
+        locations = pack(1000 + number, np.arange(len(hi)))
+        locations[len(updates):len(updates) + len(deletes)] = ABSENT
+        began = time.perf_counter()
+        changes = index.plan(hi, np.zeros_like(hi), locations)
+        index.apply(changes, number)
+        busy += time.perf_counter() - began
+        ops += len(hi)
+    live = index.live_keys
+    bytes_per_key = index.nbytes / max(live, 1)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "key-index.parquet"
+        began = time.perf_counter()
+        pq.write_table(pa.table({"hi": index.hi, "lo": index.lo, "location": index.location}), path, compression="none")
+        save_s = time.perf_counter() - began
+        began = time.perf_counter()
+        loaded = pq.read_table(path)
+        recovered = KeyIndex(exact=True, hi=loaded.column("hi").to_numpy(), lo=loaded.column("lo").to_numpy(),
+                             location=loaded.column("location").to_numpy().copy())
+        recovery_s = time.perf_counter() - began
+    assert recovered.live_keys == live
+    result = {
+        "keys": live, "cycle_changes": cycle_changes, "cycles": cycles,
+        "index_ops_per_s": round(ops / busy), "index_bytes_per_key": round(bytes_per_key, 1),
+        "index_save_s": round(save_s, 2), "index_recovery_s": round(recovery_s, 2), "build_s": round(build_s, 1),
+    }
+    progress(f"{result['index_ops_per_s']:,} look-ups-and-updates/s, {result['index_bytes_per_key']} bytes/key, "
+             f"recovery {result['index_recovery_s']}s at {live:,} keys")
+    return result
