@@ -99,7 +99,7 @@ def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: in
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
         "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": str(max_offsets),
-        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id]}}]",
+        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: changelog}}]",
         "ICEKEEPER__WRITER__SPARK_MASTER": "local[1]",
         "ICEKEEPER__WRITER__INSTANCE_COUNT": "2",
         "ICEKEEPER__BOOKKEEPER__LEASE_TTL": "6",

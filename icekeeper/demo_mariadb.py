@@ -101,7 +101,10 @@ def mariadb_demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     dumped = config.model_dump(mode="python")
     dumped["sources"] = [{**dumped["sources"][0], "topics": [topic], "topic_pattern": None}]
     dumped["tables"] = [{**dumped["tables"][0], "identifier": IDENTIFIER, "source": dumped["sources"][0]["name"], "topics": [topic],
-                         "source_db": None, "source_table": None, "primary_key": KEY}]
+                         "source_db": None, "source_table": None, "primary_key": KEY,
+                         # A changelog: the demo shows every change beside the source, and the latest
+                         # live row per key worked out from it (`icekeeper demo` shows an upsert mirror).
+                         "mode": "changelog"}]
     return IcekeeperConfig.model_validate(dumped)
 
 

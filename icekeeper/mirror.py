@@ -51,6 +51,21 @@ def latest_live_rows(changelog: Iterable[Row], key: list[str]) -> dict[Key, Row]
     return {identity: row for identity, row in last.items() if row["_src_op"] != "d"}
 
 
+def rows_by_key(rows: Iterable[Row], key: list[str]) -> dict[Key, Row]:
+    """An upsert table's rows by key, as read: no deduplication.
+
+    Raises:
+        ValueError: a key has two live rows (the table is not a mirror).
+    """
+    found: dict[Key, Row] = {}
+    for row in rows:
+        identity = tuple(row[name] for name in key)
+        if identity in found:
+            raise ValueError(f"key {identity} has two live rows")
+        found[identity] = row
+    return found
+
+
 def normalized(value: Any, iceberg_type: str) -> Any:
     """One engine's value in one form: aware UTC for timestamptz, bytes for binary, Decimal for decimals."""
     if value is None:

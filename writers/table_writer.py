@@ -89,7 +89,7 @@ class TableWriter:
         that point (measured ~20% of the writer's CPU). Rows that are not this table's are nulled
         before flattening, so they cost little and can fail no conversion.
         """
-        source, plan, decoded, frame = batch.source, batch.plan, batch.decoded, batch.frame
+        plan, decoded, frame = batch.plan, batch.decoded, batch.frame
         observes_batch = batch_observations is not None
         spec = self.config.table(identifier)
         table = load_table_or_none(self.catalog, identifier)

@@ -91,7 +91,7 @@ def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
 def _config(state_dir: Path) -> IcekeeperConfig:
     return load_config(None, environ={
         "ICEKEEPER__STATE_DIR": str(state_dir),
-        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench], primary_key: [ID1, ID2]}}]",
+        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench], primary_key: [ID1, ID2], mode: changelog}}]",
         "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
         "ICEKEEPER__BOOKKEEPER__MAX_FILES_PER_COMMIT": "100000",

@@ -53,7 +53,7 @@ def e2e_config(base: IcekeeperConfig, work: Path, topic: str, cores: int | None)
         "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
-        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id]}}]",
+        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: changelog}}]",
         "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores or os.cpu_count() or 2}]",
         "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",

@@ -173,7 +173,7 @@ def _run_ours(spark: SparkSession, config: IcekeeperConfig, topic: str, work_dir
 
     bench_config = config.model_copy(update={
         "sources": [config.sources[0].model_copy(update={"topics": [topic], "max_offsets_per_trigger": 500_000})],
-        "tables": [config.tables[0].model_copy(update={"topics": [topic], "identifier": "bench.ours"})],
+        "tables": [config.tables[0].model_copy(update={"topics": [topic], "identifier": "bench.ours", "mode": "changelog"})],
         "writer": config.writer.model_copy(update={"trigger_interval": 0.0, "checkpoint_uri": str(work_dir / "checkpoints")}),
         "transport": config.transport.model_copy(update={"uri": str(work_dir / "txlog")}) if config.transport.kind == "txlog" else config.transport,
         "catalog": config.catalog.model_copy(update={"properties": {**config.catalog.properties, "warehouse": (work_dir / "warehouse").as_uri()}}),

@@ -18,7 +18,8 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from common.config import IcekeeperConfig
 
 # The latest live row per key and the value forms live where `icekeeper demo --source mariadb` uses them too.
-from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, time_text  # noqa: F401 - re-exported for the oracle tests
+from common.committed_state import committed_state
+from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, rows_by_key, time_text  # noqa: F401 - re-exported for the oracle tests
 from tests.conftest import pipeline_config
 
 
@@ -36,10 +37,10 @@ def topic_records(bootstrap_servers: str, topics: list[str]) -> int:
 
 
 def oracle_config(tmp_path: Path, namespace: str, orders_topic: str, customers_topic: str, dead_letter_topic: str,
-                  customers_source: tuple[str, str], source_format: str = "avro-confluent") -> IcekeeperConfig:
+                  customers_source: tuple[str, str], source_format: str = "avro-confluent", mode: str = "upsert") -> IcekeeperConfig:
     """Two tables of one Debezium source: `<namespace>.orders` keyed by (region, id) and routed by
     topic, `<namespace>.customers` keyed by id and routed by Debezium's `source.db` and
-    `source.table` (`customers_source`), as multi-table topics need."""
+    `source.table` (`customers_source`), as multi-table topics need; both in `mode`."""
     database, table = customers_source
     return pipeline_config(tmp_path, orders_topic, {
         "ICEKEEPER__SOURCES__0__FORMAT": source_format,
@@ -48,6 +49,7 @@ def oracle_config(tmp_path: Path, namespace: str, orders_topic: str, customers_t
         "ICEKEEPER__TABLES__0__IDENTIFIER": f"{namespace}.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[region, id]",
         "ICEKEEPER__TABLES__1__IDENTIFIER": f"{namespace}.customers", "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
         "ICEKEEPER__TABLES__1__SOURCE_DB": database, "ICEKEEPER__TABLES__1__SOURCE_TABLE": table,
+        "ICEKEEPER__TABLES__0__MODE": mode, "ICEKEEPER__TABLES__1__MODE": mode,
     })
 
 
@@ -87,8 +89,13 @@ class Pipeline:
         return {f.name: str(f.field_type) for f in schema.fields if not f.name.startswith("_")}
 
     def assert_mirrors(self, spark, expected_by_table: dict[str, tuple[list[str], list[dict[str, Any]]]], topics: list[str]) -> None:  # noqa: ANN001
-        """Each table's latest live rows equal the database's rows through every engine, and every
-        Kafka record of `topics` is in exactly one table or is a skipped tombstone.
+        """Each table equals the database's rows through every engine, and every Kafka record of
+        `topics` is accounted for.
+
+        An upsert table is compared as it is read, one row per key, with no read-time
+        deduplication, and its committed offsets reach the end of every partition. A changelog
+        table's latest live rows are compared, and each record is in exactly one table or is a
+        skipped tombstone.
 
         Args:
             expected_by_table: identifier -> (key columns, the source's `SELECT *` as the table holds it).
@@ -96,17 +103,27 @@ class Pipeline:
         from icekeeper.readers import duckdb_rows, spark_rows
 
         positions = []
+        consumed: dict[tuple[str, int], int] = {}
+        upserts = {identifier: self.config.table(identifier).upsert for identifier in expected_by_table}
         for identifier, (key, source_rows) in expected_by_table.items():
             table = self.bookkeeper.catalog.load_table(identifier)
             engines = engine_rows(table, lambda columns, identifier=identifier: spark_rows(spark, self.config, identifier, columns), duckdb_rows)
             expected = {tuple(row[k] for k in key): row for row in source_rows}
             for engine, rows in engines.items():
-                mirror = latest_live_rows(rows, key)
+                mirror = rows_by_key(rows, key) if upserts[identifier] else latest_live_rows(rows, key)
                 assert sorted(mirror) == sorted(expected), f"{identifier} via {engine}: keys differ"
                 for identity, source_row in expected.items():
                     assert {name: mirror[identity][name] for name in source_row} == source_row, f"{identifier} {identity} via {engine}"
-            positions += [position(row) for row in engines["pyiceberg"]]
+            if upserts[identifier]:
+                for partition, offset in committed_state(table).offsets.items():
+                    consumed[partition] = max(consumed.get(partition, 0), offset)
+            else:
+                positions += [position(row) for row in engines["pyiceberg"]]
         assert len(positions) == len(set(positions)), "a Kafka record is in a table twice"
         tombstones = sum(r.tombstones_skipped for r in self.reports)
         assert sum(r.dead_lettered for r in self.reports) == 0 and tombstones > 0
-        assert len(positions) + tombstones == topic_records(self.config.sources[0].bootstrap_servers, topics)
+        records = topic_records(self.config.sources[0].bootstrap_servers, topics)
+        if all(upserts.values()):
+            assert sum(consumed.values()) == records, "the tables' committed offsets do not reach every record"
+        else:
+            assert len(positions) + tombstones == records
