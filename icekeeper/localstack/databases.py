@@ -202,7 +202,8 @@ class PostgresService(Service):
         postgres = _server_user("postgres", POSTGRESQL.name)
         data_dir = _server_folder(postgres, self.home) / "data"
         initialised = self.home / "initialised"
-        if not initialised.exists():
+        # The marker alone is not enough: state left by an older layout has it but no data folder here.
+        if not initialised.exists() or not (data_dir / "PG_VERSION").exists():
             progress(f"initialising PostgreSQL in {data_dir}")
             if data_dir.exists():
                 shutil.rmtree(data_dir)  # a half-made folder from an interrupted start

@@ -144,7 +144,7 @@ WIDE_DECIMAL_REASON = "unsupported-connect-schema: before.num: decimal(65, 30) d
 
 def test_debezium_json_with_schemas_keeps_mariadb_types_and_values(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
     config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__FORMAT": "debezium-json", "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.types",
-                                                       "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq"})
+                                                       "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog", "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq"})
     source = config.sources[0]
     ensure_topic(source.bootstrap_servers, unique_topic, 1)
     schema = envelope_schema("s", "shop", "types", TYPES_ROW)
@@ -187,8 +187,8 @@ def test_two_topics_of_one_json_source_keep_their_own_columns_and_types(local_st
         "ICEKEEPER__SOURCES__0__FORMAT": "json" if shape == "json" else "debezium-json",
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{orders_topic}, {customers_topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
-        "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__TOPICS": f"[{orders_topic}]", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
-        "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.customers", "ICEKEEPER__TABLES__1__TOPICS": f"[{customers_topic}]", "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
+        "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__TOPICS": f"[{orders_topic}]", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog",
+        "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.customers", "ICEKEEPER__TABLES__1__TOPICS": f"[{customers_topic}]", "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__1__MODE": "changelog",
     })
     source = config.sources[0]
     for topic, table, row_fields, rows in ((orders_topic, "orders", ORDERS_ROW, ORDERS), (customers_topic, "customers", CUSTOMERS_ROW, CUSTOMERS)):

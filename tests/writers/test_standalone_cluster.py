@@ -73,7 +73,7 @@ def standalone_cluster(tmp_path: Path):
 def test_writer_runs_on_a_standalone_cluster(local_stack, standalone_cluster, tmp_path: Path, unique_topic: str) -> None:
     """`icekeeper writer` (its own process, as a user runs it) with spark.master = the cluster."""
     master, ui_port = standalone_cluster
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__WRITER__SPARK_MASTER": master})
+    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__WRITER__SPARK_MASTER": master, "ICEKEEPER__TABLES__0__MODE": "changelog"})
     config.writer.spark_conf.update({"spark.executor.memory": "768m", "spark.cores.max": "2"})
     config_path = tmp_path / "writer.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")

@@ -24,7 +24,7 @@ class Died(Exception):
 def test_dead_letters_are_durable_before_the_moniker_is_published(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
     dead_letter_topic = unique_topic + ".dlq"
     config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
-                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]"})
+                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
     spec = SyntheticSpec(seed=21, keys=100, events=1500, schema_changes=0, poison_ratio=0.03)
     produced = produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=lambda m: None)
     poison = sum(produced["poison"].values())

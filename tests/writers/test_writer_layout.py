@@ -24,7 +24,7 @@ from writers.files import write_parquet as real_write_parquet
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-ORDERS = {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]"}
+ORDERS = {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"}
 
 
 def test_files_are_laid_out_by_the_partition_spec_with_icebergs_values(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:

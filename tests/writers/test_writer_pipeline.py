@@ -101,7 +101,7 @@ def test_seed_sample_becomes_the_articles_table(local_stack, spark, tmp_path: Pa
 def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
     dead_letter_topic = unique_topic + ".dlq"
     config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
-                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]"})
+                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
     spec = SyntheticSpec(seed=11, keys=300, events=4000, schema_changes=2, poison_ratio=0.02)
     produced = produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=lambda m: None)
     reports = WriterJob(config, spark=spark).run(until_idle=True)
@@ -133,7 +133,7 @@ def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(local_stack, 
 def test_a_schema_registered_under_another_subject_is_decoded_not_dead_lettered(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
     dead_letter_topic = unique_topic + ".dlq"
     config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
-                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]"})
+                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
     first = produce_synthetic(config, SyntheticSpec(seed=31, keys=100, events=600, schema_changes=0), topic=unique_topic, progress=lambda m: None)
     # Version 2 of the schema is registered only under another subject (not `<topic>-value`):
     # the writer finds it by the id its records name.
@@ -167,7 +167,7 @@ def _read_all(config: IcekeeperConfig, topic: str) -> list[tuple[bytes, dict[str
 
 def test_a_restarted_writer_neither_skips_nor_repeats(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
     config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "700",
-                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]"})
+                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
     spec = SyntheticSpec(seed=5, keys=100, events=3000, schema_changes=0)
     produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=lambda m: None)
     WriterJob(config, spark=spark).run(max_batches=2)  # then "crash": two monikers stay pending
@@ -188,7 +188,7 @@ def test_a_restarted_writer_neither_skips_nor_repeats(local_stack, spark, tmp_pa
 
 @pytest.mark.parametrize("with_schema", [True, False])
 def test_debezium_json_with_and_without_the_schema_envelope(local_stack, spark, tmp_path: Path, unique_topic: str, with_schema: bool) -> None:
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__FORMAT": "debezium-json", "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]"})
+    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__FORMAT": "debezium-json", "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
     events = [e for e in synthetic_events(SyntheticSpec(seed=2, keys=20, events=200, schema_changes=0))]
     from confluent_kafka import Producer
 

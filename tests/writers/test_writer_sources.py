@@ -55,7 +55,7 @@ def test_template_routes_each_source_table_to_its_own_iceberg_table(local_stack,
 
 
 def test_tombstones_are_skipped_and_counted_and_offsets_reconcile(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog",
                                                        "ICEKEEPER__SOURCES__0__CONSUMER_GROUP": "icekeeper-tombstones"})
     produced = produce_synthetic(config, SyntheticSpec(seed=8, keys=40, events=200, schema_changes=0), topic=unique_topic, partitions=1,
                                  progress=lambda m: None)
@@ -74,7 +74,7 @@ def test_tombstones_are_skipped_and_counted_and_offsets_reconcile(local_stack, s
 
 
 def test_two_writers_share_a_topic_by_partition(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
-    overrides = {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__WRITER__INSTANCE_COUNT": "2"}
+    overrides = {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog", "ICEKEEPER__WRITER__INSTANCE_COUNT": "2"}
     first = pipeline_config(tmp_path, unique_topic, {**overrides, "ICEKEEPER__WRITER__WRITER_ID": "w0", "ICEKEEPER__WRITER__INSTANCE_INDEX": "0"})
     second = first.model_copy(update={"writer": first.writer.model_copy(update={"writer_id": "w1", "instance_index": 1})})
     spec = SyntheticSpec(seed=12, keys=100, events=1200, schema_changes=0)
