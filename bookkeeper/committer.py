@@ -340,7 +340,6 @@ class Committer:
                 readable.append(found)
         if plan.committed:
             plan.upsert = self.upserts.plan(table, readable)
-            plan.delete_files = plan.upsert.delete_files
 
     def _create_table(self, identifier: str, moniker: Moniker, file_schema: Schema) -> Table:
         spec = self.config.table(identifier)
@@ -393,7 +392,7 @@ class Committer:
                 (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
                 (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
             )
-        with merge_append(transaction, summary, plan.delete_files) as append:
+        with merge_append(transaction, summary, plan.upsert.delete_files if plan.upsert else None) as append:
             for data in plan.data_files:
                 append.append_data_file(data)
         updates = transaction._updates  # noqa: SLF001
@@ -481,7 +480,6 @@ class _Plan:
     files_of: dict[str, list[DataFile]] = field(default_factory=dict)
     """Moniker id -> its data files, for upsert tables' key look-ups."""
     upsert: UpsertCycle | None = None
-    delete_files: list[DataFile] = field(default_factory=list)
 
 
 def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:

@@ -144,7 +144,7 @@ class KeyIndex:
         previous = np.empty(count, np.uint64)
         previous[1:] = location[:-1]
         slots = self.find(hi[first], lo[first])
-        previous[first] = self.locations_of(hi[first], lo[first]) if len(self.hi) else ABSENT
+        previous[first] = np.where(slots >= 0, self.location[np.maximum(slots, 0)], ABSENT) if len(self.hi) else ABSENT
         replaced = previous[previous != ABSENT]
         return CycleChanges(replaced=replaced, hi=hi[last], lo=lo[last], location=location[last], slot=slots, index_version=self.version)
 

@@ -39,10 +39,6 @@ CLAIMS_FOLDER = "_in_flight"
 """Under the table's `data/` folder; hidden (leading `_`) like Spark's `_temporary`."""
 
 
-def _open(uri: str) -> tuple[pafs.FileSystem, str]:
-    return open_filesystem(uri)
-
-
 def claims_folder(table_location: str) -> str:
     return f"{table_location.rstrip('/')}/data/{CLAIMS_FOLDER}"
 
@@ -70,7 +66,7 @@ class InFlightClaims:
         name = f"{posixpath.basename(batch_folder.rstrip('/'))}-{uuid.uuid4().hex[:8]}.json"
         path_uri = f"{claims_folder(table_location)}/{name}"
         body = json.dumps({"folder": batch_folder, "writer": self.writer_id}).encode()
-        filesystem, path = _open(path_uri)
+        filesystem, path = open_filesystem(path_uri)
         filesystem.create_dir(posixpath.dirname(path), recursive=True)
         _write(filesystem, path, body)
         with self._lock:
@@ -82,7 +78,7 @@ class InFlightClaims:
         with self._lock:
             released = [self._claims.pop(folder) for folder in batch_folders if folder in self._claims]
         for claim in released:
-            filesystem, path = _open(claim.path)
+            filesystem, path = open_filesystem(claim.path)
             try:
                 filesystem.delete_file(path)
             except (FileNotFoundError, OSError) as error:
@@ -107,7 +103,7 @@ class InFlightClaims:
             with self._lock:
                 claims = list(self._claims.values())
             for claim in claims:
-                filesystem, path = _open(claim.path)
+                filesystem, path = open_filesystem(claim.path)
                 try:
                     _write(filesystem, path, claim.body)
                 except OSError as error:
@@ -117,7 +113,7 @@ class InFlightClaims:
                 current = {claim.path for claim in self._claims.values()}
             for claim in claims:
                 if claim.path not in current:
-                    filesystem, path = _open(claim.path)
+                    filesystem, path = open_filesystem(claim.path)
                     try:
                         filesystem.delete_file(path)
                     except (FileNotFoundError, OSError):
@@ -140,7 +136,7 @@ def _write(filesystem: pafs.FileSystem, path: str, body: bytes) -> None:
 def live_claimed_folders(table_location: str, grace_s: float, remove_stale: bool = True) -> set[str]:
     """Batch folders claimed by a claim rewritten within `grace_s` (normalized: no scheme for
     local paths, no trailing slash). Stale claims are deleted unless `remove_stale` is False."""
-    filesystem, folder = _open(claims_folder(table_location))
+    filesystem, folder = open_filesystem(claims_folder(table_location))
     listed_at = time.time()
     folders: set[str] = set()
     for info in filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):

@@ -29,6 +29,7 @@ from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, Time
 from common.locations import normalize_location
 from common.committed_state import expirable_snapshots
 from common.in_flight import under_any
+from common.storage import open_filesystem
 from common.config.model import ReaperConfig
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class FileDeleter:
             if normalize_location(location) in self.spared or under_any(location, self.spared_folders):
                 self.kept.append(location)
                 return
-            filesystem, path = pafs.FileSystem.from_uri(location if "://" in location else "file://" + normalize_location(location))
+            filesystem, path = open_filesystem(location)
             info = filesystem.get_file_info(path)
             if info.type != pafs.FileType.File:
                 return

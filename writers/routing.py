@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
+from functools import cached_property
 
 from pyspark.sql import DataFrame
 
@@ -41,17 +42,23 @@ class Routes:
         fallback = template_sql(self.template) if self.template else "CAST(NULL AS STRING)"
         return f"CASE {' '.join(branches)} ELSE {fallback} END" if branches else fallback
 
+    @cached_property
+    def _routes(self) -> dict[str, str]:
+        """Table identifier -> its route, worked out once (`sql` and `fed_by` ask per table)."""
+        first_by_claim: dict[str, str] = {}
+        routes = {}
+        for table in self.tables:
+            claim = _claims(table)
+            routes[table.identifier] = table.identifier if claim is None else first_by_claim.setdefault(claim, table.identifier)
+        return routes
+
     def route_of(self, identifier: str) -> str:
         """The route whose records table `identifier` gets: its own, or the first table claiming alike."""
-        claims = {table.identifier: _claims(table) for table in self.tables}
-        claim = claims.get(identifier)
-        if claim is None:
-            return identifier
-        return next(other for other, other_claim in claims.items() if other_claim == claim)
+        return self._routes.get(identifier, identifier)
 
     def fed_by(self, route: str) -> list[str]:
         """The tables that get the records of `route`: the route's own table, then its followers."""
-        return [route, *[table.identifier for table in self.tables if table.identifier != route and self.route_of(table.identifier) == route]]
+        return [route, *[identifier for identifier, own in self._routes.items() if own == route and identifier != route]]
 
 
 def _claims(table: TableSpec) -> str | None:
