@@ -1,14 +1,19 @@
 """`icekeeper chaos`: kill -9 components at random moments, then prove exactly-once by offset.
 
-Produces N synthetic records (schema changes, poison messages) to a fresh 4-partition topic,
-then runs, as separate processes with the real CLI: two writers sharing the topic, the
-bookkeeper, and the reaper on a short schedule. K times, at seeded random moments, one of them
-is killed with SIGKILL and restarted. Once, the bookkeeper is paused (SIGSTOP) while a second
-one takes over the lease and commits; resumed (SIGCONT), the first must stop fenced (exit 3).
+Produces N synthetic records (updates and deletes of a bounded key set, schema changes, poison
+messages) to a fresh 4-partition topic, then runs, as separate processes with the real CLI: two
+writers sharing the topic, the bookkeeper, and the reaper on a short schedule. K times, at seeded
+random moments, one of them is killed with SIGKILL and restarted. Once, the bookkeeper is paused
+(SIGSTOP) while a second one takes over the lease and commits; resumed (SIGCONT), the first must
+stop fenced (exit 3).
 
-At the end, by topic/partition/offset: every good record exactly once in the table
-(`duplicates`, `missing`), every poison record in the dead-letter topic, and the table read by
-Spark and DuckDB with the same row count.
+The topic feeds two tables (`mode` both, the default; or one of them): `chaos.orders` in changelog
+mode and, fanned out from the same records, `chaos.orders_mirror` in upsert mode, kept one row per
+key through the bookkeeper's key index and position deletes while the reaper compacts it. At the
+end (`chaos_verify.py`): every good record exactly once in the changelog table, by
+topic/partition/offset (`duplicates`, `missing`); the upsert table equal to a reference built from
+the Kafka records themselves, no key twice (`upsert_duplicate_keys`, `upsert_mismatched`); every
+poison record in the dead-letter topic; each table read alike by pyiceberg, Spark and DuckDB.
 """
 
 from __future__ import annotations
@@ -26,20 +31,32 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.table import Table
 
 from common.catalog import load_table_or_none, open_catalog
+from common.committed_state import committed_state
 from common.config import IcekeeperConfig, load_config
 from common.transports import open_transport
+from icekeeper.chaos_verify import dead_letter_positions, failures, verify
 from icekeeper.samples.produce import ensure_topic, produce_at_rate
 from icekeeper.samples.synthetic import SyntheticSpec
 
 Progress = Callable[[str], None]
-TABLE = "chaos.orders"
+Mode = Literal["both", "changelog", "upsert"]
+MODES: tuple[Mode, ...] = ("both", "changelog", "upsert")
+CHANGELOG_TABLE = "chaos.orders"
+UPSERT_TABLE = "chaos.orders_mirror"
 PARTITIONS = 4
 FENCED_EXIT = 3
+
+
+def chaos_tables(mode: Mode) -> dict[str, bool]:
+    """The run's tables: identifier -> whether it is an upsert table."""
+    if mode not in MODES:
+        raise ValueError(f"chaos mode {mode!r}: use one of {', '.join(MODES)}")
+    return {**({CHANGELOG_TABLE: False} if mode != "upsert" else {}), **({UPSERT_TABLE: True} if mode != "changelog" else {})}
 
 
 @dataclass
@@ -88,9 +105,12 @@ class ChaosRun:
     restarts: int = 0
 
 
-def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: int = 500) -> dict[str, str]:
+def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: int = 500, mode: Mode = "both") -> dict[str, str]:
     """Settings every component gets (environment overrides on the embedded defaults)."""
     source = base.sources[0]
+    # Both tables claim the topic alike, so the writers fan each batch out to both (writers/routing.py).
+    tables = ", ".join(f"{{identifier: {identifier}, topics: [{topic}], primary_key: [id], mode: {'upsert' if upsert else 'changelog'}}}"
+                       for identifier, upsert in chaos_tables(mode).items())
     return {
         "ICEKEEPER__STATE_DIR": str(work / "state"),
         "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
@@ -99,7 +119,7 @@ def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: in
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
         "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": str(max_offsets),
-        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: changelog}}]",
+        "ICEKEEPER__TABLES": f"[{tables}]",
         "ICEKEEPER__WRITER__SPARK_MASTER": "local[1]",
         "ICEKEEPER__WRITER__INSTANCE_COUNT": "2",
         "ICEKEEPER__BOOKKEEPER__LEASE_TTL": "6",
@@ -114,7 +134,10 @@ def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: in
 
 
 def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progress: Progress = print,
-              timeout_s: float = 900) -> dict[str, Any]:
+              timeout_s: float = 900, mode: Mode = "both") -> dict[str, Any]:
+    """One chaos run; the report's `failures` lists, in words, every check that did not hold (see
+    `chaos_verify.failures`), and the logs of every component stay under `logs`."""
+    tables = chaos_tables(mode)
     started = time.monotonic()
     rng = random.Random(seed)
     work = Path(base.state_dir) / "chaos"
@@ -122,10 +145,13 @@ def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progre
     (work / "logs").mkdir(parents=True)
     topic = f"chaos.{seed}.{uuid.uuid4().hex[:6]}"
     # Several batches per writer between kills, whatever the size of the run.
-    overrides = chaos_environ(base, work, topic, max_offsets=max(500, records // 40))
+    overrides = chaos_environ(base, work, topic, max_offsets=max(500, records // 40), mode=mode)
     config = load_config(None, environ=overrides)
-    spec = SyntheticSpec(seed=seed, keys=max(10, records // 10), events=records, schema_changes=2, poison_ratio=0.02,
-                         server="chaos", db="shop", table="orders")
+    # A bounded key set, each key changed about ten times: deletes nearly as frequent as creates
+    # and any free key re-created, so keys are deleted and come back all along, and about a
+    # third of them end deleted (the upsert table's hard deletes must show).
+    spec = SyntheticSpec(seed=seed, keys=max(10, records // 10), events=records, update_ratio=0.5, delete_ratio=0.22, key_reuse="random",
+                         schema_changes=2, poison_ratio=0.02, server="chaos", db="shop", table="orders")
     ensure_topic(config.sources[0].bootstrap_servers, topic, PARTITIONS)
 
     environ = {**os.environ, **overrides}
@@ -164,14 +190,33 @@ def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progre
         producer.join()
         poison_expected = sum(produced["poison"].values())
         progress(f"chaos over; {produced['records']:,} records produced ({poison_expected} poison); waiting until all are settled")
-        _wait_until_settled(config, topic, produced["records"], components, deadline=started + timeout_s)
+        _wait_until_settled(config, topic, produced["records"], tables, components, deadline=started + timeout_s)
     finally:
         for component in components.values():
             component.terminate()
-    result = verify(config, overrides, topic, poison_expected)
-    result.update({"kills": len(run.kills), "killed": Counter(k["component"] for k in run.kills), "fenced_exit_code": run.fenced_exit_code,
+    progress("verifying against the topic read back")
+    result = verify(config, overrides, topic, poison_expected, changelog_table=CHANGELOG_TABLE if CHANGELOG_TABLE in tables else None,
+                    upsert_table=UPSERT_TABLE if UPSERT_TABLE in tables else None)
+    result.update({"mode": mode, "kills": len(run.kills), "killed": Counter(k["component"] for k in run.kills), "fenced_exit_code": run.fenced_exit_code,
                    "seed": seed, "seconds": round(time.monotonic() - started, 1), "logs": str(logs)})
+    result.update(reaper_files_compacted=_files_compacted(Path(config.reaper.report_path)))
+    result["failures"] = failures(result)
     return result
+
+
+def _files_compacted(report_path: Path) -> dict[str, int]:
+    """Data files each table's compactions replaced, from the reaper's pass reports: whether the
+    reaper's passes really rewrote the tables under the other components' feet."""
+    compacted: dict[str, int] = {}
+    lines = report_path.read_text(encoding="utf-8").splitlines() if report_path.exists() else []
+    for line in lines:
+        try:
+            tables = json.loads(line).get("tables", [])
+        except ValueError:  # the reaper was killed while writing this line
+            continue
+        for table in tables:
+            compacted[table["table"]] = compacted.get(table["table"], 0) + int(table.get("files_compacted", 0))
+    return compacted
 
 
 def lease_holder_pid(folder: Path) -> int | None:
@@ -209,79 +254,28 @@ def _pause_and_fence(components: dict[str, Component], environ: dict[str, str], 
     components["bookkeeper"] = second
 
 
-def _wait_until_settled(config: IcekeeperConfig, topic: str, records: int, components: dict[str, Component], deadline: float) -> None:
-    """Until table rows + dead letters cover every offset and nothing is pending (or the deadline)."""
+def _wait_until_settled(config: IcekeeperConfig, topic: str, records: int, tables: dict[str, bool], components: dict[str, Component],
+                        deadline: float) -> None:
+    """Until every table covers every offset and nothing is pending (or the deadline): a changelog
+    table's rows plus the dead letters, an upsert table's committed offsets (one row per key, so
+    its rows count nothing)."""
     catalog = open_catalog(config)
     transport = open_transport(config)
     while time.monotonic() < deadline:
         for component in components.values():
             if not component.alive():
                 component.start()  # a crashed component (say, fenced) comes back, as a supervisor would
-        table = load_table_or_none(catalog, TABLE)
-        if table is not None and table.current_snapshot() is not None:
-            rows = int(table.current_snapshot().summary.additional_properties.get("total-records", 0))
-            dead = len(dead_letter_positions(config, topic + ".dlq"))
-            if rows + dead >= records and not transport.pending():
-                return
+        if all(_covers(config, load_table_or_none(catalog, identifier), upsert, topic, records) for identifier, upsert in tables.items()) \
+                and not transport.pending():
+            return
         time.sleep(2)
 
 
-def dead_letter_positions(config: IcekeeperConfig, topic: str) -> set[tuple[int, int]]:
-    """(source partition, source offset) of every record in the dead-letter topic."""
-    consumer = Consumer({"bootstrap.servers": config.sources[0].bootstrap_servers, "group.id": f"chaos-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return set()
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata.partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
-        positions, read = set(), 0
-        while read < sum(ends.values()):
-            message = consumer.poll(5)
-            if message is None:
-                break
-            if message.error():
-                continue
-            read += 1
-            headers = {k: v.decode() for k, v in (message.headers() or [])}
-            positions.add((int(headers["icekeeper.source.partition"]), int(headers["icekeeper.source.offset"])))
-        return positions
-    finally:
-        consumer.close()
-
-
-def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poison_expected: int) -> dict[str, Any]:
-    """Every offset of the topic: exactly once in the table, or in the dead-letter topic."""
-    from icekeeper.readers import duckdb_rows
-
-    table = open_catalog(config).load_table(TABLE)
-    arrow = table.scan(selected_fields=("_kfk_partition", "_kfk_offset")).to_arrow()
-    positions = Counter(zip(arrow.column("_kfk_partition").to_pylist(), arrow.column("_kfk_offset").to_pylist()))
-    dead = dead_letter_positions(config, topic + ".dlq")
-    consumer = Consumer({"bootstrap.servers": config.sources[0].bootstrap_servers, "group.id": "chaos-verify"})
-    try:
-        offsets = {(p, o) for p in range(PARTITIONS) for o in range(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])}
-    finally:
-        consumer.close()
-    duplicates = sum(count - 1 for count in positions.values() if count > 1)
-    missing = len(offsets - set(positions) - dead)
-    duckdb_count = int(duckdb_rows(table, "count(*) AS n")[0]["n"])
-    spark_count = _spark_count(overrides)
-    return {
-        "records_in": len(offsets), "rows": sum(positions.values()), "duplicates": duplicates, "missing": missing,
-        "dead_lettered": len(dead), "poison_expected": poison_expected, "poison_in_table": len(dead & set(positions)),
-        "spark_rows": spark_count, "duckdb_rows": duckdb_count, "snapshots": len(table.snapshots()),
-    }
-
-
-def _spark_count(overrides: dict[str, str]) -> int:
-    """Rows of the table as Spark counts them, in a process of its own: a SparkSession is one per
-    process, and the caller's (a test's, say) must neither be reused with another catalog nor stopped."""
-    code = ("from common.config import load_config; from common.spark import spark_session; c = load_config(None); "
-            "s = spark_session(c, 'icekeeper-chaos-verify', master='local[1]'); "
-            f"print(s.sql('SELECT count(*) FROM ' + c.catalog.name + '.{TABLE}').first()[0]); s.stop()")
-    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, **overrides}, capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
-        raise RuntimeError(f"Spark could not read {TABLE}: {result.stderr[-2000:]}")
-    return int(result.stdout.strip().splitlines()[-1])
+def _covers(config: IcekeeperConfig, table: Table | None, upsert: bool, topic: str, records: int) -> bool:
+    """Whether `table` has committed all `records` of `topic`."""
+    if table is None or table.current_snapshot() is None:
+        return False
+    if upsert:
+        return sum(offset for (committed_topic, _), offset in committed_state(table).offsets.items() if committed_topic == topic) >= records
+    rows = int(table.current_snapshot().summary.additional_properties.get("total-records", 0))
+    return rows + len(dead_letter_positions(config, topic + ".dlq")) >= records

@@ -1,7 +1,9 @@
 """A quick chaos run in the default tests: kill -9 writers, bookkeeper and reaper at random while
-records arrive, pause a bookkeeper while a second takes over; every good record must be in the
-table exactly once and every poison record in the dead-letter topic. The README documents a
-long run (1M records, 50 kills) with `icekeeper chaos`."""
+records arrive, pause a bookkeeper while a second takes over. The topic feeds a changelog table,
+where every good record must be exactly once, and an upsert table, which must equal the state a
+reference builds from the Kafka records (last change per key, deletes remove the key), no key
+twice, through pyiceberg, DuckDB and Spark; every poison record is in the dead-letter topic. The
+README documents a long run (1M records, 50 kills) with `icekeeper chaos`."""
 
 from __future__ import annotations
 
@@ -10,15 +12,47 @@ from pathlib import Path
 import pytest
 
 from icekeeper.chaos import run_chaos
+from icekeeper.chaos_verify import KEY, compare_with_reference
+from icekeeper.mirror import latest_live_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-
-def test_quick_chaos_keeps_exactly_once(local_stack, stack_config, tmp_path: Path) -> None:
+@pytest.mark.integration
+@pytest.mark.spark
+def test_quick_chaos_keeps_exactly_once_and_the_upsert_state(local_stack, stack_config, tmp_path: Path) -> None:
     base = stack_config.model_copy(update={"state_dir": str(tmp_path)})
     result = run_chaos(base, records=2000, kills=3, seed=2, progress=print, timeout_s=600)
-    assert result["kills"] == 3 and result["fenced_exit_code"] == 3, result
-    assert result["duplicates"] == 0 and result["missing"] == 0, result
-    assert result["dead_lettered"] == result["poison_expected"] > 0 and result["poison_in_table"] == 0
-    assert result["rows"] + result["dead_lettered"] == result["records_in"]
-    assert result["spark_rows"] == result["duckdb_rows"] == result["rows"]
+    summary = {key: value for key, value in result.items() if key != "upsert_by_engine"}
+    print(summary)
+    assert result["kills"] == 3 and result["fenced_exit_code"] == 3, summary
+    assert result["duplicates"] == 0 and result["missing"] == 0, summary
+    assert result["dead_lettered"] == result["poison_expected"] > 0 and result["poison_in_table"] == 0, summary
+    assert result["rows"] + result["dead_lettered"] == result["records_in"], summary
+    assert result["spark_rows"] == result["duckdb_rows"] == result["rows"], summary
+    # The upsert table: the reference's keys (a bounded set, updated and deleted many times over),
+    # each once, with the values and Kafka position of its last change, in every engine.
+    assert result["upsert_undecodable"] == result["poison_expected"], summary
+    assert result["upsert_reference_changes"] == result["records_in"] - result["poison_expected"], summary
+    assert 0 < result["upsert_reference_keys"] < result["upsert_reference_changes"] / 3, summary
+    assert result["upsert_duplicate_keys"] == 0 and result["upsert_mismatched"] == 0, result["failures"]
+    assert result["upsert_keys"] == result["upsert_rows"] == result["upsert_reference_keys"], summary
+    assert result["upsert_spark_rows"] == result["upsert_duckdb_rows"] == result["upsert_reference_keys"], summary
+    assert result["failures"] == [], result["failures"]
+
+
+def test_the_upsert_comparison_counts_each_way_a_table_can_differ_from_its_reference() -> None:
+    """Without services: a key twice, a lost update, a resurrected row and a lost key are each counted."""
+    changes = [
+        {"id": 1, "amount": 10, "_src_op": "c", "_kfk_partition": 0, "_kfk_offset": 0},
+        {"id": 1, "amount": 11, "_src_op": "u", "_kfk_partition": 0, "_kfk_offset": 1},
+        {"id": 2, "amount": 20, "_src_op": "c", "_kfk_partition": 1, "_kfk_offset": 0},
+        {"id": 2, "amount": 20, "_src_op": "d", "_kfk_partition": 1, "_kfk_offset": 1},
+        {"id": 3, "amount": 30, "_src_op": "c", "_kfk_partition": 0, "_kfk_offset": 2},
+        {"id": 4, "amount": 40, "_src_op": "c", "_kfk_partition": 1, "_kfk_offset": 2},
+    ]
+    reference = latest_live_rows(changes, KEY)
+    assert sorted(reference) == [(1,), (3,), (4,)]
+    columns = ("id", "amount", "_kfk_partition", "_kfk_offset")
+    assert compare_with_reference([changes[1], changes[4], changes[5]], reference, columns).examples == ()
+    broken = compare_with_reference([changes[0], changes[2], changes[4], changes[4]], reference, columns)
+    assert (broken.rows, broken.keys, broken.duplicate_keys) == (4, 3, 1)
+    assert (broken.missing_keys, broken.extra_keys, broken.mismatched_keys) == (1, 1, 1)  # key 4 lost, key 2 back, key 1 stale

@@ -33,6 +33,10 @@ class SyntheticSpec:
     server: str = "synth"
     db: str = "shop"
     table: str = "orders"
+    key_reuse: Literal["last-deleted", "random"] = "last-deleted"
+    """Which free key a create takes: the one deleted last (a deleted key soon comes back), or any
+    free key at random (deleted keys stay deleted for a while, many until the end: what an upsert
+    table's hard deletes must show)."""
 
     def __post_init__(self) -> None:
         if self.keys < 1 or self.events < 0:
@@ -104,6 +108,9 @@ def synthetic_events(spec: SyntheticSpec) -> Iterator[SyntheticEvent]:
         ts_ms = _BASE_TS_MS + index * 10
         op = _pick_op(rng, spec, bool(alive.rows), bool(free_keys))
         if op == "c":
+            if spec.key_reuse == "random":  # swap a random free key to the end; the default draws nothing here
+                pick = rng.randrange(len(free_keys))
+                free_keys[pick], free_keys[-1] = free_keys[-1], free_keys[pick]
             key_id = free_keys.pop()
             before, after = None, _new_row(rng, shape, key_id, ts_ms)
             alive.put(key_id, after)
