@@ -142,7 +142,7 @@ class Committer:
             result = TableCommit(identifier, attempts=attempt)
             table = load_table_or_none(self.catalog, identifier)
             state = committed_state(table) if table is not None else CommittedState()
-            self._check_epoch(identifier, state)
+            self.check_epoch(identifier, state)
             selection = select_ready(deliveries, state, self.config.bookkeeper.max_files_per_commit, self.config.bookkeeper.max_bytes_per_commit)
             result.duplicates, result.waiting = selection.duplicates, selection.waiting
             if not selection.ready:
@@ -188,7 +188,7 @@ class Committer:
             result = TableCommit(identifier, attempts=attempt)
             table = self.catalog.load_table(identifier)
             state = committed_state(table)
-            self._check_epoch(identifier, state)
+            self.check_epoch(identifier, state)
             done = set(state.event_files)
             fresh, seen = [], set()
             for delivery in deliveries:
@@ -247,12 +247,12 @@ class Committer:
         started = time.monotonic()
         table = self.catalog.load_table(identifier)
         state = committed_state(table)
-        self._check_epoch(identifier, state)
+        self.check_epoch(identifier, state)
         new_state = dataclasses.replace(state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch))
         snapshot_id = self._commit_once(table, _Plan(table=table), new_state)
         return TableCommit(identifier, snapshot_id=snapshot_id, watermark_ms=new_state.watermark_ms, attempts=1, seconds=time.monotonic() - started)
 
-    def _check_epoch(self, identifier: str, state: CommittedState) -> None:
+    def check_epoch(self, identifier: str, state: CommittedState) -> None:
         if state.epoch > self.epoch:
             raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
 

@@ -423,3 +423,75 @@ def merge_append(transaction: Transaction, snapshot_properties: dict[str, str], 
     return producer
 
 
+
+
+class _RewriteFiles(_MergeAppend):
+    """A `replace` snapshot (Iceberg's `RewriteFiles`): data and delete files out, data and delete
+    files in, in one commit. Parent manifests that hold a removed file are rewritten with it
+    marked deleted and the others kept as existing, in the manifest's own kind (data or deletes);
+    the others are kept as they are. Manifests are not merged: rewrites are rare, and a merge
+    would only move the parent's entries around once more."""
+
+    _removed: tuple[DataFile, ...] = ()
+
+    def remove_files(self, files: list[DataFile]) -> None:
+        """Remove these data files and delete files (as the parent snapshot lists them)."""
+        self._removed = (*self._removed, *files)
+        self._deleted_data_files = set(self._removed)  # pyiceberg's summary counts them as removed
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        return manifests
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        """pyiceberg's summary of the same changes as an overwrite (its totals code refuses
+        `replace`), named `replace` as Iceberg's rewrites are: readers that follow a table's
+        snapshots (Spark streaming, incremental reads) skip replaces, which change no rows."""
+        self._operation = Operation.OVERWRITE
+        try:
+            summary = super()._summary(snapshot_properties)
+        finally:
+            self._operation = Operation.REPLACE
+        return Summary(operation=Operation.REPLACE, **summary.additional_properties)
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        if parent is None:
+            return []
+        removed = {data.file_path for data in self._removed}
+        kept: list[ManifestFile] = []
+        found: set[str] = set()
+        for manifest in parent.manifests(self._io):
+            if not (manifest.has_added_files() or manifest.has_existing_files()):
+                continue
+            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+            if not any(entry.data_file.file_path in removed for entry in entries):
+                kept.append(manifest)
+                continue
+            writer_kind = _DeleteManifestWriter if manifest.content == ManifestContent.DELETES else _ManifestWriter
+            writer = writer_kind(self.spec(manifest.partition_spec_id), self.schema(), self.new_manifest_output(), self.snapshot_id, self._compression)
+            with writer:
+                for entry in entries:
+                    gone = entry.data_file.file_path in removed
+                    found.update([entry.data_file.file_path] if gone else [])
+                    writer.add_entry(ManifestEntry.from_args(
+                        status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
+                        snapshot_id=self.snapshot_id if gone else entry.snapshot_id,
+                        sequence_number=entry.sequence_number, file_sequence_number=entry.file_sequence_number, data_file=entry.data_file))
+            kept.append(writer.to_manifest_file())
+        if missing := removed - found:
+            raise ValueError(f"files to replace are not in the table: {sorted(missing)[:3]}")
+        return kept
+
+
+def rewrite_files(transaction: Transaction, snapshot_properties: dict[str, str], removed: list[DataFile], added_deletes: list[DataFile]) -> _SnapshotProducer[Any]:
+    """A `replace` snapshot producer (format-version 2): `removed` data and delete files leave;
+    add the new data files with `append_data_file`; `added_deletes` (position deletes) come in
+    with the snapshot's sequence number, so they apply to its new data files."""
+    if transaction.table_metadata.format_version != 2:
+        raise ValueError(f"icekeeper rewrites need a format-version 2 table, not {transaction.table_metadata.format_version}")
+    producer = _RewriteFiles(operation=Operation.REPLACE, transaction=transaction, io=transaction._table.io, branch=MAIN_BRANCH,  # noqa: SLF001
+                             snapshot_properties=snapshot_properties)
+    producer.remove_files(removed)
+    for delete_file in added_deletes:
+        producer.append_delete_file(delete_file)
+    return producer

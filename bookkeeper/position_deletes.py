@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 
-from bookkeeper.row_keys import POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID
+from common.delete_files import POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID
 from common.storage import open_filesystem
 
 DELETES_FOLDER = "icekeeper-deletes"

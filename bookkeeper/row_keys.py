@@ -16,15 +16,10 @@ import hashlib
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType
 
-from common.storage import open_filesystem
-
-POSITION_DELETE_PATH_ID = 2147483546
-POSITION_DELETE_POS_ID = 2147483545
-"""Field ids of `file_path` and `pos` in every Iceberg position-delete file (reserved by the spec)."""
+from common.delete_files import read_columns_by_id
 
 
 def exact_keys(schema: Schema) -> bool:
@@ -49,30 +44,6 @@ def key_words(columns: list[pa.ChunkedArray | pa.Array], exact: bool) -> tuple[n
     return words[:, 0].copy(), words[:, 1].copy()
 
 
-def read_columns_by_id(path: str, field_ids: list[int]) -> list[pa.ChunkedArray]:
-    """Columns `field_ids` of Parquet file `path`, found by the Iceberg field ids in its schema
-    (names may differ after a rename; ids do not). Reads those columns only."""
-    filesystem, local = open_filesystem(path)
-    with filesystem.open_input_file(local) as handle:
-        parquet = pq.ParquetFile(handle)
-        names = {}
-        for column in parquet.schema_arrow:
-            metadata = column.metadata or {}
-            if b"PARQUET:field_id" in metadata:
-                names[int(metadata[b"PARQUET:field_id"])] = column.name
-        missing = [field_id for field_id in field_ids if field_id not in names]
-        if missing:
-            raise KeyError(f"{path}: no columns with field ids {missing}")
-        table = parquet.read(columns=[names[field_id] for field_id in field_ids])
-    return [table.column(index) for index in range(len(field_ids))]
-
-
 def file_key_words(path: str, key_ids: list[int], exact: bool) -> tuple[np.ndarray, np.ndarray]:
     """(hi, lo) of every row of file `path`, in row order (row positions are the array indexes)."""
     return key_words(read_columns_by_id(path, key_ids), exact)
-
-
-def read_position_deletes(path: str) -> tuple[list[str], np.ndarray]:
-    """The (data file path, row position) pairs of a position-delete file."""
-    columns = read_columns_by_id(path, [POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID])
-    return columns[0].to_pylist(), pc.cast(columns[1], pa.int64()).to_numpy()

@@ -20,6 +20,7 @@ from typing import Callable
 
 from bookkeeper.committer import Committer, StaleEpoch, TableCommit
 from bookkeeper.fencing import Fenced, Lease
+from bookkeeper.rewrites import RewriteCommitter
 from bookkeeper.observability import BookkeeperMetrics, HealthServer
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -53,6 +54,8 @@ class Bookkeeper:
         self.catalog = open_catalog(config)
         self.transport = open_transport(config)
         self.committer = Committer(config, self.catalog, epoch)
+        self.rewrites = RewriteCommitter(self.committer)
+        self._rewrites_polled_at = float("-inf")
         self.lease: Lease | None = None
         self._table_locations: dict[str, str] = {}
         self.stop = threading.Event()
@@ -166,6 +169,7 @@ class Bookkeeper:
         for table, group in sorted(file_events.items()):
             result = self.committer.commit_files(table, group)
             self._settle(report, table, result)
+        self._commit_rewrites(report)
         self._heartbeats(report, committed={t.table for t in report.tables if t.snapshot_id is not None})
         report.seconds = time.monotonic() - started
         self._last_cycle_at = time.time()
@@ -220,6 +224,26 @@ class Bookkeeper:
             if file_key.startswith(location + "/"):
                 return spec.identifier
         return None
+
+    def _commit_rewrites(self, report: CycleReport) -> None:
+        """Every `rewrite_poll_interval`, the compactions the reaper left for the upsert tables."""
+        if time.monotonic() - self._rewrites_polled_at < self.config.bookkeeper.rewrite_poll_interval:
+            return
+        self._rewrites_polled_at = time.monotonic()
+        for spec in self.config.tables:
+            if not spec.upsert:
+                continue
+            try:
+                results = self.rewrites.commit_pending(spec.identifier)
+            except StaleEpoch:
+                raise
+            except Exception as error:  # noqa: BLE001 - a rewrite is maintenance: it waits for the next poll
+                self.metrics.errors.labels("rewrite-failed").inc()
+                log.error("rewrite commit failed; it stays pending", extra={"table": spec.identifier, "error": repr(error)})
+                continue
+            for result in results:
+                if result.snapshot_id is not None:
+                    self._settle(report, spec.identifier, result)
 
     def _heartbeats(self, report: CycleReport, committed: set[str]) -> None:
         """Every N empty cycles, a watermark-only snapshot per table (off when N is 0)."""

@@ -28,7 +28,8 @@ from bookkeeper.datafiles import InvalidFile
 from bookkeeper.key_index import ABSENT, CycleChanges, KeyIndex, pack, unpack
 from bookkeeper.key_index_store import load_index, save_index
 from bookkeeper.position_deletes import DataFileRef, write_position_deletes
-from bookkeeper.row_keys import exact_keys, file_key_words, read_position_deletes
+from bookkeeper.row_keys import exact_keys, file_key_words
+from common.delete_files import read_position_deletes
 from common.moniker import FileEntry
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,21 @@ class MonikerKeys:
 
     files: list[tuple[DataFileRef, np.ndarray, np.ndarray]]
     deleted: tuple[np.ndarray, np.ndarray]
+
+
+class RewriteRefused(ValueError):
+    """A compaction the bookkeeper will not commit; the message says why."""
+
+
+@dataclass
+class RewriteCycle:
+    """A planned rewrite commit: where the live keys' rows move, and the stale rows to delete."""
+
+    identifier: str
+    changes: CycleChanges
+    delete_files: list[DataFile]
+    rows_moved: int
+    rows_stale: int
 
 
 @dataclass
@@ -115,6 +131,58 @@ class UpsertKeeper:
         now = time.monotonic()
         if now - self._saved_at.get(cycle.identifier, 0.0) >= self._save_interval_s:
             self._save(cycle.identifier, table)
+
+    def plan_rewrite(self, table: Table, new_files: list[DataFile], replaced: set[str]) -> RewriteCycle:
+        """Commit plan for compacted `new_files` that replace the data files `replaced`.
+
+        The new files hold the rows of `replaced` that were live when the compaction read them. A
+        key whose live row is still in a replaced file moves to its row in a new file; any other
+        row of the new files (its key was updated or deleted since) is stale and gets a position
+        delete in the same commit. Refused when a live row of a replaced file has no place in the
+        new files: committing would lose it.
+        """
+        identifier = ".".join(table.name())
+        index = self._current(identifier, table)
+        key_ids = list(table.schema().identifier_field_ids)
+        replaced_ordinals = np.fromiter((o for path in replaced if (o := index.ordinal_of(path)) is not None), np.int64)
+        words = list(self._pool.map(lambda data: file_key_words(data.file_path, key_ids, index.exact), new_files))
+        his, los, locations, stale_targets, stale_positions = [], [], [], [], []
+        for data, (hi, lo) in zip(new_files, words):
+            ordinal = index.file_ordinal(file_ref(data))
+            current = index.locations_of(hi, lo)
+            live = (current != ABSENT) & np.isin(unpack(current)[0], replaced_ordinals)
+            positions = np.arange(len(hi))
+            his.append(hi[live])
+            los.append(lo[live])
+            locations.append(pack(ordinal, positions[live]))
+            if not live.all():
+                stale_targets.append(file_ref(data))
+                stale_positions.append(positions[~live])
+        changes = index.plan(_concat(his), _concat(los), _concat(locations))
+        # A key twice among the new files (twice live in the replaced ones): only its last row stays.
+        new_ordinals = {index.ordinal_of(data.file_path) for data in new_files}
+        doubled = changes.replaced[np.isin(unpack(changes.replaced)[0], np.fromiter(new_ordinals, np.int64))]
+        live_in_replaced = int(np.count_nonzero(np.isin(unpack(index.location[index.location != ABSENT])[0], replaced_ordinals)))
+        moved = len(changes.hi)
+        if moved < live_in_replaced:
+            raise RewriteRefused(f"{live_in_replaced - moved} live rows of the replaced files are not in the new files")
+        if len(doubled):
+            ordinals, positions = unpack(doubled)
+            for ordinal in np.unique(ordinals):
+                stale_targets.append(index.files[int(ordinal)])
+                stale_positions.append(positions[ordinals == ordinal])
+        merged: dict[str, tuple[DataFileRef, list[np.ndarray]]] = {}
+        for target, positions in zip(stale_targets, stale_positions):
+            merged.setdefault(target.path, (target, []))[1].append(positions)
+        targets = [target for target, _ in merged.values()]
+        delete_files = write_position_deletes(table.location(), targets, [np.sort(np.concatenate(parts)) for _, parts in merged.values()])
+        stale = sum(len(positions) for positions in stale_positions)
+        return RewriteCycle(identifier, changes, delete_files, moved, stale)
+
+    def rewritten(self, cycle: RewriteCycle, snapshot_id: int, table: Table) -> None:
+        """Record a durable rewrite commit: the moved keys point at their rows in the new files."""
+        self._indexes[cycle.identifier].apply(cycle.changes, snapshot_id)
+        self._save(cycle.identifier, table)
 
     def save_all(self, tables: dict[str, Table]) -> None:
         """Persist every index (a clean stop: the next bookkeeper starts from here)."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from common.locations import normalize_location
-from common.storage import open_filesystem
+from common.storage import open_filesystem, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class InFlightClaims:
         body = json.dumps({"folder": batch_folder, "writer": self.writer_id}).encode()
         filesystem, path = open_filesystem(path_uri)
         filesystem.create_dir(posixpath.dirname(path), recursive=True)
-        _write(filesystem, path, body)
+        write_whole(filesystem, path, body)
         with self._lock:
             self._claims[batch_folder] = _Claim(path_uri, body)
         self._start()
@@ -105,7 +105,7 @@ class InFlightClaims:
             for claim in claims:
                 filesystem, path = open_filesystem(claim.path)
                 try:
-                    _write(filesystem, path, claim.body)
+                    write_whole(filesystem, path, claim.body)
                 except OSError as error:
                     log.warning("could not refresh an in-flight claim", extra={"claim": claim.path, "error": str(error)})
             # A claim released while being rewritten would be re-created: delete it again.
@@ -118,19 +118,6 @@ class InFlightClaims:
                         filesystem.delete_file(path)
                     except (FileNotFoundError, OSError):
                         pass
-
-
-def _write(filesystem: pafs.FileSystem, path: str, body: bytes) -> None:
-    """Replace the claim whole, so the reaper never reads one half rewritten: one PUT on object
-    stores, a hidden temporary file renamed over it elsewhere (as `MonikerFolder.write` does)."""
-    if filesystem.type_name in ("s3", "gcs"):
-        with filesystem.open_output_stream(path) as out:
-            out.write(body)
-        return
-    temporary = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-    with filesystem.open_output_stream(temporary) as out:
-        out.write(body)
-    filesystem.move(temporary, path)
 
 
 def live_claimed_folders(table_location: str, grace_s: float, remove_stale: bool = True) -> set[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import posixpath
+import uuid
+
 from pyarrow import fs as pafs
 
 from common.locations import normalize_location
@@ -13,3 +16,16 @@ def open_filesystem(uri_or_path: str) -> tuple[pafs.FileSystem, str]:
     if uri_or_path.startswith("file:") or "://" not in uri_or_path:
         return pafs.LocalFileSystem(), normalize_location(uri_or_path)
     return pafs.FileSystem.from_uri(uri_or_path)
+
+
+def write_whole(filesystem: pafs.FileSystem, path: str, body: bytes) -> None:
+    """Replace the file at `path` whole, so no reader ever sees it half written: one PUT on object
+    stores, a hidden temporary file renamed over it elsewhere."""
+    if filesystem.type_name in ("s3", "gcs"):
+        with filesystem.open_output_stream(path) as out:
+            out.write(body)
+        return
+    temporary = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    with filesystem.open_output_stream(temporary) as out:
+        out.write(body)
+    filesystem.move(temporary, path)

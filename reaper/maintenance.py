@@ -31,6 +31,7 @@ from common.committed_state import expirable_snapshots
 from common.in_flight import under_any
 from common.storage import open_filesystem
 from common.config.model import ReaperConfig
+from reaper.upsert_compaction import UpsertCompaction
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +188,14 @@ class SparkMaintenance:
 
     # -- compaction --------------------------------------------------------------------------
 
-    def compact(self, table: Table, identifier: str, report: TableReport, now: datetime) -> None:
+    def compact(self, table: Table, identifier: str, report: TableReport, now: datetime, upsert: bool = False) -> None:
         """Bin-pack small files to the target size (Iceberg's `rewrite_data_files`), limited to one
-        day of the compact filter column when set (seed 000: offset 0 is yesterday)."""
+        day of the compact filter column when set (seed 000: offset 0 is yesterday). Upsert tables
+        are compacted through the bookkeeper instead (`upsert_compaction.py`)."""
         settings = self.settings
+        if upsert and not report.dry_run:
+            self._compact_upsert_table(table, identifier, report)
+            return
         where = None
         if settings.compact_filter_column:
             day = (now - timedelta(days=1 + settings.compact_day_offset)).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -237,14 +242,26 @@ class SparkMaintenance:
         finally:
             # Counted from the table's history rather than the calls' results: a call that raised
             # may still have committed some groups.
-            for snapshot in table.refresh().snapshots():
-                summary = snapshot.summary
-                if snapshot.snapshot_id in before or summary is None or summary.operation.value != "replace":
-                    continue
-                properties = summary.additional_properties
-                report.files_compacted += int(properties.get("deleted-data-files", 0))
-                report.files_added += int(properties.get("added-data-files", 0))
-                report.bytes_compacted += int(properties.get("removed-files-size", 0))
+            _count_replaced(table, before, report)
+
+    def _compact_upsert_table(self, table: Table, identifier: str, report: TableReport) -> None:
+        """Compacted files written here, committed by the bookkeeper (see `upsert_compaction.py`).
+
+        Iceberg's `rewrite_position_delete_files` is not run on these tables: the bookkeeper's
+        commits keep winning over it, and it is not needed, since the delete files of every
+        compacted data file leave with it and a data file that collects many is compacted."""
+        settings = self.settings
+        before = {snapshot.snapshot_id for snapshot in table.refresh().snapshots()}
+        try:
+            outcome = UpsertCompaction(self.spark, self.catalog_name).run(
+                table, identifier, settings.compact_target_file_size_bytes, settings.compact_delete_ratio, settings.rewrite_wait)
+        finally:
+            _count_replaced(table, before, report)
+        if outcome.refused:
+            report.errors.append(f"compaction: the bookkeeper refused it ({outcome.refused}); the next pass plans again")
+        elif outcome.waiting:
+            log.info("compaction handed to the bookkeeper, not committed yet",
+                     extra={"table": identifier, "files": outcome.files_replaced, "waited_s": settings.rewrite_wait})
 
     def rewrite_manifests(self, table: Table, identifier: str, report: TableReport) -> None:
         """Rewrite manifests when the current snapshot has more than `max_manifests`."""
@@ -316,6 +333,18 @@ class SparkMaintenance:
         report.files_deleted += len(deleter.deleted)
         report.bytes_deleted += deleter.bytes
         report.orphans_spared += len(deleter.kept)
+
+
+def _count_replaced(table: Table, before: set[int], report: TableReport) -> None:
+    """Count the `replace` snapshots committed since the snapshots `before` into `report`."""
+    for snapshot in table.refresh().snapshots():
+        summary = snapshot.summary
+        if snapshot.snapshot_id in before or summary is None or summary.operation.value != "replace":
+            continue
+        properties = summary.additional_properties
+        report.files_compacted += int(properties.get("deleted-data-files", 0))
+        report.files_added += int(properties.get("added-data-files", 0))
+        report.bytes_compacted += int(properties.get("removed-files-size", 0))
 
 
 def time_filter(table: Table, column: str, lower: datetime | None = None, upper: datetime | None = None) -> str:

@@ -24,6 +24,7 @@ from bookkeeper.fencing import Fenced, Lease
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
 from common.in_flight import live_claimed_folders
+from common.rewrites import pending_rewrite_folders
 from common.locations import normalize_location, table_state_folder
 from common.transports import open_transport
 from reaper.maintenance import SparkMaintenance, TableReport
@@ -134,13 +135,14 @@ class Reaper:
             report.step_seconds[name] = round(time.monotonic() - began, 3)
 
         step("retention", lambda: maintenance.retention(table, identifier, report, now))
-        step("compaction", lambda: maintenance.compact(table, identifier, report, now))
+        step("compaction", lambda: maintenance.compact(table, identifier, report, now, upsert=self.config.table(identifier).upsert))
         step("manifests", lambda: maintenance.rewrite_manifests(table, identifier, report))
         # Writers' claims, then pending monikers, then (inside each step) what snapshots reach: in
         # this order every file of a batch not yet committed is covered by one of the three.
         claims_error: Exception | None = None
         try:
             claimed = live_claimed_folders(table.location(), self.config.reaper.orphan_grace, remove_stale=not dry_run)
+            claimed |= pending_rewrite_folders(table.location())  # compactions the bookkeeper has yet to commit
         except Exception as error:  # noqa: BLE001 - reported by the orphans step below
             claimed, claims_error = set(), error
         claimed.add(table_state_folder(table.location()))  # the upsert key index: not in any snapshot, never an orphan

@@ -276,6 +276,9 @@ class BookkeeperConfig(_Model):
     key_index_save_interval: Duration = Field(
         60.0, description="Upsert tables: how often the key index is saved beside the table (and at a clean stop); a restarted "
         "bookkeeper replays only the snapshots committed since.")
+    rewrite_poll_interval: Duration = Field(
+        5.0, gt=0, description="Upsert tables: how often the bookkeeper looks for compactions the reaper left for it to commit "
+        "(the reaper cannot commit them itself while updates continue).")
 
 
 class ReaperConfig(_Model):
@@ -294,9 +297,14 @@ class ReaperConfig(_Model):
     compact_target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of compacted files (seed 000: `.compact.target.file.size.bytes`).")
     compact_delete_ratio: float = Field(
         0.3, gt=0, le=1, description="Upsert tables: compaction also rewrites any data file once this share of its rows is deleted "
-        "(Iceberg's `delete-ratio-threshold`), dropping the deleted rows; then it rewrites the position-delete files.")
+        "(or that has collected 8 delete files), dropping the deleted rows and the file's delete files; the bookkeeper commits "
+        "such compactions, so they land while updates continue.")
     manifests_file_length: int = Field(8 * 1024 * 1024, ge=1024, description="Target manifest size when rewriting manifests (seed 000: `.manifests.file.length`).")
     max_manifests: int = Field(100, ge=1, description="Rewrite manifests when a table has more than this many.")
+    rewrite_wait: Duration = Field(
+        300.0, description="Upsert tables: how long a compaction waits for the bookkeeper to commit the files it wrote (the "
+        "bookkeeper commits them, since it keeps adding deletes to the same files); after that the pass goes on and the "
+        "bookkeeper commits them when it can.")
     commit_attempts: int = Field(5, ge=1, description="A maintenance commit (a compaction file group, the manifest rewrite, the "
                                  "expiry, the retention delete) that lost every one of Iceberg's retries to concurrent "
                                  "bookkeeper commits is tried again, up to this many times per pass.")

@@ -1,0 +1,147 @@
+"""Commit the reaper's compactions of upsert tables (see `common/rewrites.py` for the hand-off).
+
+The reaper cannot commit a compaction of a table the bookkeeper keeps updating: every cycle adds
+position deletes to the files it compacts. So the bookkeeper commits it, between its own cycles,
+as one `replace` snapshot: the compacted files in, the replaced data files and the delete files
+that only concern them out, and position deletes for the rows of the compacted files whose keys
+were updated or deleted after the compaction read them. The key index says which those are and
+learns where the live rows went (`UpsertKeeper.plan_rewrite`).
+
+Exactly once: the snapshot names the request (`icekeeper.rewrite-id`); a request found committed
+is only dropped. A request that cannot be committed (its files changed, a replaced file is gone
+after a concurrent rewrite, a live row would be lost) is refused with the reason; the reaper
+reads the refusal and deletes its files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.update import AssertTableUUID
+
+from bookkeeper.committer import Committer, TableCommit, _Transaction
+from bookkeeper.datafiles import InvalidFile, data_file, validate
+from bookkeeper.manifests import rewrite_files
+from common.delete_files import referenced_data_files
+from bookkeeper.upserts import RewriteCycle, RewriteRefused
+from common.catalog import load_table_or_none
+from common.committed_state import committed_state
+from common.rewrites import REWRITE_ID_PROPERTY, RewriteRequest, finish_rewrite, pending_rewrites, refuse_rewrite
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 8
+
+
+class RewriteCommitter:
+    """Commits pending rewrite requests of upsert tables, one snapshot per request."""
+
+    def __init__(self, committer: Committer) -> None:
+        # The committer's catalog, footer readers, key indexes and epoch (set when the lease is taken).
+        self.committer = committer
+        self.catalog = committer.catalog
+
+    def commit_pending(self, identifier: str) -> list[TableCommit]:
+        """Commit (or refuse) every request waiting for table `identifier`."""
+        table = load_table_or_none(self.catalog, identifier)
+        if table is None:
+            return []
+        results = []
+        for request in pending_rewrites(table.location()):
+            if isinstance(request, tuple):
+                request_id, reason = request
+                refuse_rewrite(table.location(), request_id, reason)
+                log.warning("rewrite request refused", extra={"table": identifier, "request": request_id, "reason": reason})
+                continue
+            results.append(self.commit(identifier, request))
+        return results
+
+    def commit(self, identifier: str, request: RewriteRequest) -> TableCommit:
+        """Commit one request, or refuse it with the reason; never both, never twice."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            table = self.catalog.load_table(identifier)
+            state = committed_state(table)
+            self.committer.check_epoch(identifier, state)
+            result = TableCommit(identifier, attempts=attempt)
+            if _committed_before(table, request.id):
+                finish_rewrite(table.location(), request.id)
+                return result
+            try:
+                removed, added, cycle = self._plan(table, request)
+            except (RewriteRefused, InvalidFile) as error:
+                refuse_rewrite(table.location(), request.id, str(error))
+                log.warning("rewrite request refused", extra={"table": identifier, "request": request.id, "reason": str(error)})
+                return result
+            new_state = dataclasses.replace(state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch))
+            properties = {**new_state.to_summary([]), REWRITE_ID_PROPERTY: request.id}
+            transaction = _Transaction(table)
+            with rewrite_files(transaction, properties, removed, cycle.delete_files) as producer:
+                for data in added:
+                    producer.append_data_file(data)
+            requirements = transaction._requirements + (AssertTableUUID(uuid=table.metadata.table_uuid),)  # noqa: SLF001
+            try:
+                table._do_commit(updates=transaction._updates, requirements=requirements)  # noqa: SLF001 - one CAS, as the committer's
+            except CommitFailedException:
+                log.info("rewrite commit conflict, planning again", extra={"table": identifier, "attempt": attempt})
+                continue
+            snapshot_id = table.current_snapshot().snapshot_id
+            self.committer.upserts.rewritten(cycle, snapshot_id, table)
+            finish_rewrite(table.location(), request.id)
+            log.info("rewrite committed", extra={"table": identifier, "request": request.id, "snapshot_id": snapshot_id,
+                                                  "files_replaced": len(request.replaced), "files_added": len(added),
+                                                  "rows_moved": cycle.rows_moved, "rows_stale": cycle.rows_stale})
+            result.snapshot_id, result.files, result.rows_replaced = snapshot_id, len(added), cycle.rows_stale
+            result.records = sum(data.record_count for data in added)
+            return result
+        raise CommitFailedException(f"{identifier}: rewrite {request.id} gave up after {MAX_ATTEMPTS} conflicting attempts")
+
+    def _plan(self, table: Table, request: RewriteRequest) -> tuple[list[DataFile], list[DataFile], RewriteCycle]:
+        """(files to remove, data files to add, the key index's plan) for `request` on `table` as it is now."""
+        data_files, delete_files = _live_files(table)
+        gone = [path for path in request.replaced if path not in data_files]
+        if gone:
+            raise RewriteRefused(f"{len(gone)} replaced files are no longer in the table (another rewrite or retention), e.g. {gone[0]}")
+        schema = Schema.model_validate(request.schema_)
+        schema_json = schema.model_dump_json()
+        facts = self.committer.footer_reader.describe([(entry.path, schema, schema_json) for entry in request.files], table.properties)
+        added = []
+        for entry in request.files:
+            described = facts[entry.path]
+            if isinstance(described, InvalidFile):
+                raise described
+            validate(entry, described, table.location(), schema)
+            added.append(data_file(entry, described, table.specs().get(entry.spec_id, table.spec())))
+        replaced = set(request.replaced)
+        cycle = self.committer.upserts.plan_rewrite(table, added, replaced)
+        removed = [data_files[path] for path in request.replaced] + _deletes_only_for(delete_files, replaced)
+        return removed, added, cycle
+
+
+def _committed_before(table: Table, request_id: str) -> bool:
+    return any(snapshot.summary is not None and snapshot.summary.additional_properties.get(REWRITE_ID_PROPERTY) == request_id
+               for snapshot in table.snapshots())
+
+
+def _live_files(table: Table) -> tuple[dict[str, DataFile], list[DataFile]]:
+    """The current snapshot's data files by path, and its position-delete files."""
+    data: dict[str, DataFile] = {}
+    deletes: list[DataFile] = []
+    snapshot = table.current_snapshot()
+    for manifest in snapshot.manifests(table.io) if snapshot else []:
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content == DataFileContent.DATA:
+                data[entry.data_file.file_path] = entry.data_file
+            elif entry.data_file.content == DataFileContent.POSITION_DELETES:
+                deletes.append(entry.data_file)
+    return data, deletes
+
+
+def _deletes_only_for(delete_files: list[DataFile], replaced: set[str]) -> list[DataFile]:
+    """Delete files every entry of which points into `replaced` data files: they leave with them."""
+    return [delete_file for delete_file in delete_files if (targets := referenced_data_files(delete_file)) and targets <= replaced]

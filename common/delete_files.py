@@ -1,0 +1,73 @@
+"""Reading Iceberg position-delete files (and any Parquet columns by field id), for every role.
+
+The bookkeeper reads them to keep its key index; the reaper to see how much of each data file is
+deleted and which delete files leave with a data file.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFile
+
+from common.locations import normalize_location
+from common.storage import open_filesystem
+
+POSITION_DELETE_PATH_ID = 2147483546
+POSITION_DELETE_POS_ID = 2147483545
+"""Field ids of `file_path` and `pos` in every Iceberg position-delete file (reserved by the spec)."""
+
+
+def read_columns_by_id(path: str, field_ids: list[int]) -> list[pa.ChunkedArray]:
+    """Columns `field_ids` of Parquet file `path`, found by the Iceberg field ids in its schema
+    (names may differ after a rename; ids do not). Reads those columns only."""
+    filesystem, local = open_filesystem(path)
+    with filesystem.open_input_file(local) as handle:
+        parquet = pq.ParquetFile(handle)
+        names = {}
+        for column in parquet.schema_arrow:
+            metadata = column.metadata or {}
+            if b"PARQUET:field_id" in metadata:
+                names[int(metadata[b"PARQUET:field_id"])] = column.name
+        missing = [field_id for field_id in field_ids if field_id not in names]
+        if missing:
+            raise KeyError(f"{path}: no columns with field ids {missing}")
+        table = parquet.read(columns=[names[field_id] for field_id in field_ids])
+    return [table.column(index) for index in range(len(field_ids))]
+
+
+def read_position_deletes(path: str) -> tuple[list[str], np.ndarray]:
+    """The (data file path, row position) pairs of a position-delete file."""
+    columns = read_columns_by_id(path, [POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID])
+    return columns[0].to_pylist(), pc.cast(columns[1], pa.int64()).to_numpy()
+
+
+def single_target(delete_file: DataFile) -> str | None:
+    """The one data file a file-scoped delete file points into (equal `file_path` bounds, as the
+    bookkeeper writes them), None when its entries may point into several."""
+    lower = (delete_file.lower_bounds or {}).get(POSITION_DELETE_PATH_ID)
+    upper = (delete_file.upper_bounds or {}).get(POSITION_DELETE_PATH_ID)
+    return lower.decode() if lower is not None and lower == upper else None
+
+
+def referenced_data_files(delete_file: DataFile) -> set[str]:
+    """The data files a position-delete file has entries for (read only when not file-scoped)."""
+    target = single_target(delete_file)
+    return {target} if target is not None else set(read_position_deletes(delete_file.file_path)[0])
+
+
+def deleted_positions_per_file(delete_files: Iterable[DataFile]) -> Counter[str]:
+    """Deleted rows per data file (normalized path) across `delete_files` (positions deleted twice count twice)."""
+    counts: Counter[str] = Counter()
+    for delete_file in delete_files:
+        target = single_target(delete_file)
+        if target is not None:
+            counts[normalize_location(target)] += delete_file.record_count
+        else:
+            counts.update(normalize_location(path) for path in read_position_deletes(delete_file.file_path)[0])
+    return counts
