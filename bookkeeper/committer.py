@@ -223,6 +223,10 @@ class Committer:
                 entry = FileEntry(path=path, size_bytes=described.size_bytes, record_count=described.num_rows)
                 plan.data_files.append(data_file(entry, described, table.spec()))
                 plan.committed.append(delivery)
+            if plan.committed and self.config.table(identifier).upsert:
+                # Files written by others into an upsert table replace the rows of their keys too.
+                self._plan_upserts(plan, [(d, [data], []) for d, data in zip(list(plan.committed), list(plan.data_files))])
+                result.quarantined.extend(plan.quarantined)
             if not plan.committed and not result.quarantined:
                 break
             keys = [d.file_event.container_path for d in plan.committed]
@@ -231,6 +235,9 @@ class Committer:
             result.snapshot_id = self._commit_settled(table, plan, new_state, attempt)
             if result.snapshot_id is None:
                 continue
+            if plan.upsert is not None:
+                self.upserts.committed(plan.upsert, result.snapshot_id, table)
+                result.rows_replaced = plan.upsert.rows_replaced
             result.committed = plan.committed
             result.records = sum(f.record_count for f in plan.data_files)
             result.files = len(plan.data_files)
@@ -315,26 +322,26 @@ class Committer:
             plan.data_files.extend(files)
             plan.files_of[delivery.moniker.id] = files
         if plan.table is not None and plan.committed and self.config.table(identifier).upsert:
-            self._plan_upserts(plan)
+            self._plan_upserts(plan, [(d, plan.files_of[d.moniker.id], d.moniker.delete_files) for d in plan.committed])
         result.quarantined = plan.quarantined
         result.schema_changes = plan.schema_changes
         if plan.table is None:
             return None
         return plan
 
-    def _plan_upserts(self, plan: "_Plan") -> None:
-        """Key look-ups and position deletes for an upsert table's cycle; a moniker whose key
-        columns cannot be read is quarantined like one with an invalid file."""
+    def _plan_upserts(self, plan: "_Plan", items: list[tuple[Delivery, list[DataFile], list[FileEntry]]]) -> None:
+        """Key look-ups and position deletes for an upsert table's cycle. `items`: each committed
+        delivery with its data files and deleted-keys files; a delivery whose key columns cannot
+        be read is quarantined like one with an invalid file."""
         table = plan.table
         assert table is not None
-        monikers = [(plan.files_of[d.moniker.id], d.moniker.delete_files) for d in plan.committed]
-        keys = self.upserts.read_keys(table, monikers)
+        keys = self.upserts.read_keys(table, [(files, deleted) for _, files, deleted in items])
         readable: list[MonikerKeys] = []
-        for delivery, found in zip(list(plan.committed), keys):
+        for (delivery, files, _), found in zip(items, keys):
             if isinstance(found, InvalidFile):
                 plan.committed.remove(delivery)
                 plan.quarantined.append((delivery, str(found)))
-                gone = {id(data) for data in plan.files_of.pop(delivery.moniker.id)}
+                gone = {id(data) for data in files}
                 plan.data_files = [data for data in plan.data_files if id(data) not in gone]
             else:
                 readable.append(found)

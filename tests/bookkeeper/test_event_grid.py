@@ -19,7 +19,8 @@ from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
 from common.file_events import location_key, parse_event_grid
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, make_moniker, write_file
+from tests.bookkeeper.fixtures import SCHEMA, UpsertWriter, bookkeeper_config, make_moniker, write_file
+from tests.bookkeeper.test_upsert import pyiceberg_rows
 
 
 def event_grid(url: str, api: str, size: int | None, event_type: str = "Microsoft.Storage.BlobCreated") -> str:
@@ -96,3 +97,21 @@ def test_event_grid_files_are_committed_once_and_bad_ones_dead_lettered(local_st
     dead = [json.loads(m.content)["reason"] for m in transport.dead_letter_queue.receive_messages()]
     assert len(dead) == 2 and any("wrong-size.parquet" in r for r in dead)
     assert queue_client.get_queue_properties().approximate_message_count == 0
+
+
+def test_event_grid_files_of_an_upsert_table_replace_the_rows_of_their_keys(local_stack, tmp_path: Path) -> None:
+    queue = f"eg-{uuid.uuid4().hex[:10]}"
+    config = bookkeeper_config(tmp_path, mode="upsert", transport__kind="azure-queue", transport__queue_name=queue,
+                               transport__dead_letter_queue_name=queue + "-dlq",
+                               transport__connection_string=local_stack.service("azurite-queue").connection_string())
+    transport = open_transport(config)
+    transport.publish(UpsertWriter(config).batch([(key, key) for key in range(1, 6)]))
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.run_cycle()
+    location = open_catalog(config).load_table("shop.items").location()
+    external = write_file(Path(location.removeprefix("file://")) / "data" / "external" / "upserts.parquet", SCHEMA,
+                          [{"id": key, "amount": 100 + key, "_kfk_partition": 9, "_kfk_offset": key} for key in range(3, 8)])
+    transport.queue.send_message(event_grid(external.path, "PutBlob", external.size_bytes))
+    report = bookkeeper.run_cycle()
+    assert report.tables[0].rows_replaced == 3
+    assert pyiceberg_rows(bookkeeper) == {1: 1, 2: 2, 3: 103, 4: 104, 5: 105, 6: 106, 7: 107}
