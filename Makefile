@@ -26,6 +26,7 @@ bench: $(INSTALLED)
 	$(BIN)/icekeeper bench bookkeeper --json
 	$(BIN)/icekeeper bench reaper --json
 	$(BIN)/icekeeper bench e2e --start-stack --json
+	$(BIN)/icekeeper bench upsert --start-stack --json
 
 stack-up: $(INSTALLED)
 	$(BIN)/icekeeper stack up

@@ -189,7 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.target == "writer":
             from icekeeper.bench.writer import run_writer_bench
 
-            result = run_writer_bench(config, args.records or 1_000_000, progress=_progress, cores=args.cores, repeat=args.repeat)
+            result = run_writer_bench(config, args.records or 1_000_000, progress=_progress, cores=args.cores, repeat=args.repeat or 3)
         elif args.target == "bookkeeper":
             from icekeeper.bench.bookkeeper import run_bookkeeper_bench
 
@@ -206,6 +206,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from icekeeper.bench.key_index import run_key_index_bench
 
             result = run_key_index_bench(keys=args.keys, progress=_progress)
+        elif args.target == "upsert":
+            from icekeeper.bench.upsert import run_upsert_bench
+
+            result = run_upsert_bench(config, changes=args.records or 1_000_000, cores=args.cores, repeat=args.repeat or 1,
+                                      index_keys=args.keys, freshness_s=args.seconds, rate_per_s=args.rate, freshness_warmup_s=args.warmup,
+                                      progress=_progress)
         else:
             raise SystemExit(f"bench {args.target}: unknown")
     finally:
@@ -318,17 +324,18 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--watch", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS")
 
     bench = add("bench", cmd_bench, "benchmarks that print ratios against a baseline run on the same machine")
-    bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e", "key-index"])
-    bench.add_argument("--records", type=int, default=None, help="records to preload (writer: default 1,000,000)")
+    bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e", "key-index", "upsert"])
+    bench.add_argument("--records", type=int, default=None, help="records to preload (writer, upsert: default 1,000,000)")
     bench.add_argument("--cores", type=int, default=None, help="Spark local cores (default: all)")
-    bench.add_argument("--repeat", type=int, default=3, help="writer: runs of ours and the baseline, taken in turns (figures are medians)")
+    bench.add_argument("--repeat", type=int, default=None, help="writer (default 3), upsert (default 1): runs of ours and the "
+                       "baseline (upsert: and our changelog path), taken in turns (figures are medians)")
     bench.add_argument("--commits", type=int, default=10_000, help="bookkeeper: single-moniker commits for the latency curve")
     bench.add_argument("--footers", type=int, default=10_000, help="bookkeeper: footers to read")
     bench.add_argument("--files", type=int, default=1000, help="reaper: small files (one snapshot each) in the table")
-    bench.add_argument("--seconds", type=float, default=60.0, help="e2e: how long to produce")
-    bench.add_argument("--rate", type=float, default=2000.0, help="e2e: records produced per second")
-    bench.add_argument("--warmup", type=float, default=10.0, help="e2e: seconds of the same load before the clock starts")
-    bench.add_argument("--keys", type=int, default=10_000_000, help="key-index: keys in the upsert key index")
+    bench.add_argument("--seconds", type=float, default=60.0, help="e2e, upsert: how long to produce for freshness (upsert: 0 skips it)")
+    bench.add_argument("--rate", type=float, default=2000.0, help="e2e, upsert: records produced per second for freshness")
+    bench.add_argument("--warmup", type=float, default=10.0, help="e2e, upsert: seconds of the same load before the freshness clock starts")
+    bench.add_argument("--keys", type=int, default=10_000_000, help="key-index, upsert: keys in the upsert key index")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
     bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
 

@@ -14,6 +14,13 @@ and Parquet writer, and `freshness_*` describes the pipeline as it runs, not its
 Reported: `freshness_p50_s`, `freshness_p99_s`, `freshness_max_s`, `written_p50_s` and
 `written_p99_s` (Kafka timestamp to the Parquet file written: the writer's share), `records_per_s` sustained
 (records committed over the production window), `records`, `snapshots`.
+
+With `mode="upsert"` the table mirrors its source (70% updates, 10% deletes, 20% inserts, as in
+`bench upsert`), and a change may leave no row to time: a later change of its key in the same
+batch replaces it, a delete leaves a position delete. There, a change's freshness is the commit
+time of the first snapshot whose committed offsets cover it (offsets from each snapshot's summary,
+read as the commit reports come in, since the bookkeeper expires old snapshots) minus its Kafka
+timestamp, for every change; `written_*` still times the rows the data files keep.
 """
 
 from __future__ import annotations
@@ -32,10 +39,14 @@ from typing import Any, Callable
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFileContent
+from pyiceberg.table import Table
 
 from common.catalog import load_table_or_none, open_catalog
+from common.committed_state import CommittedState
 from common.config import IcekeeperConfig, load_config
 from common.logs import configure_logging
+from icekeeper.bench.committed_offsets import CommittedOffsets
 from icekeeper.samples.produce import produce_at_rate
 from icekeeper.samples.synthetic import SyntheticSpec
 
@@ -43,8 +54,8 @@ Progress = Callable[[str], None]
 TABLE = "bench.freshness"
 
 
-def e2e_config(base: IcekeeperConfig, work: Path, topic: str, cores: int | None) -> IcekeeperConfig:
-    """The stack's addresses from `base`; a fresh state folder, one topic, one table."""
+def e2e_config(base: IcekeeperConfig, work: Path, topic: str, cores: int | None, mode: str = "changelog") -> IcekeeperConfig:
+    """The stack's addresses from `base`; a fresh state folder, one topic, one table (`mode`: changelog or upsert)."""
     source = base.sources[0]
     return load_config(None, environ={
         "ICEKEEPER__STATE_DIR": str(work),
@@ -53,7 +64,7 @@ def e2e_config(base: IcekeeperConfig, work: Path, topic: str, cores: int | None)
         "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
-        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: changelog}}]",
+        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: {mode}}}]",
         "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores or os.cpu_count() or 2}]",
         "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
@@ -78,6 +89,8 @@ def record_freshness(config: IcekeeperConfig, since_ms: int) -> tuple[list[float
     written: list[float] = []
     for manifest in table.current_snapshot().manifests(table.io):
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content != DataFileContent.DATA:
+                continue  # an upsert table's position deletes
             committed_ms = commits[entry.snapshot_id]
             path = entry.data_file.file_path.removeprefix("file://")
             written_ms = os.stat(path).st_mtime * 1000
@@ -88,18 +101,26 @@ def record_freshness(config: IcekeeperConfig, since_ms: int) -> tuple[list[float
     return committed, written
 
 
-def _wait_for_rows(config: IcekeeperConfig, rows: int, deadline: float) -> None:
+def _committed_records(table: Table | None, by_offsets: bool) -> int:
+    """Records the table holds: its rows, or (`by_offsets`, upsert tables) the records its offsets cover."""
+    snapshot = table.current_snapshot() if table is not None else None
+    if snapshot is None:
+        return 0
+    if by_offsets:
+        return sum(CommittedState.from_summary(snapshot.summary.additional_properties).offsets.values())
+    return int(snapshot.summary.additional_properties.get("total-records", 0))
+
+
+def _wait_for_rows(config: IcekeeperConfig, rows: int, deadline: float, by_offsets: bool = False) -> None:
     catalog = open_catalog(config)
     while time.monotonic() < deadline:
-        table = load_table_or_none(catalog, TABLE)
-        snapshot = table.current_snapshot() if table is not None else None
-        if snapshot and int(snapshot.summary.additional_properties.get("total-records", 0)) >= rows:
+        if _committed_records(load_table_or_none(catalog, TABLE), by_offsets) >= rows:
             return
         time.sleep(0.2)
     raise TimeoutError(f"{TABLE} did not reach {rows} rows in time")
 
 
-def _bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
+def bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
     """The bookkeeper as its own process, stopped (after its current commit) when `stop` is set."""
     from bookkeeper.service import Bookkeeper
 
@@ -111,24 +132,33 @@ def _bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
 
 
 def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: float = 2000.0, cores: int | None = None,
-                  warmup_s: float = 10.0, progress: Progress = print) -> dict[str, Any]:
+                  warmup_s: float = 10.0, progress: Progress = print, mode: str = "changelog", spark: Any = None) -> dict[str, Any]:
+    """Args:
+        mode: the table's mode, `changelog` or `upsert` (see the module docstring).
+        spark: a SparkSession for the writer, left running; default: a new one, stopped at the end.
+    """
     from common.spark import spark_session
     from writers.job import WriterJob
 
+    upsert = mode == "upsert"
     topic = f"bench.freshness.{uuid.uuid4().hex[:8]}"
     work = Path(base.state_dir) / "bench-e2e"
     shutil.rmtree(work, ignore_errors=True)
-    config = e2e_config(base, work, topic, cores)
+    config = e2e_config(base, work, topic, cores, mode)
     shape = {"keys": 20_000, "schema_changes": 0, "server": "bench", "db": "freshness", "table": "rows"}
+    if upsert:
+        shape.update(update_ratio=0.7, delete_ratio=0.1)
     spec = SyntheticSpec(seed=7, events=int(seconds * rate_per_s), **shape)
     warm_up = SyntheticSpec(seed=1, events=max(10, int(warmup_s * rate_per_s)), **shape)
-    spark = spark_session(config, "icekeeper-bench-e2e")
+    owns_spark = spark is None
+    spark = spark or spark_session(config, "icekeeper-bench-e2e")
     writer = WriterJob(config, spark=spark)
     writer_thread = threading.Thread(target=writer.run, name="writer")
     context = multiprocessing.get_context("spawn")
     stop_bookkeeper, bookkeeper_ready = context.Event(), context.Event()
-    bookkeeper = context.Process(target=_bookkeeper_process, args=(config, stop_bookkeeper, bookkeeper_ready), name="bookkeeper")
+    bookkeeper = context.Process(target=bookkeeper_process, args=(config, stop_bookkeeper, bookkeeper_ready), name="bookkeeper")
     produced: dict[str, Any] = {}
+    committed_offsets = CommittedOffsets(config, TABLE).start() if upsert else None
     try:
         with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=configure_logging) as producer:
             bookkeeper.start()
@@ -137,12 +167,12 @@ def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: floa
                 raise TimeoutError("the bookkeeper process did not start")
             progress(f"warming up: {warm_up.events:,} records at {rate_per_s:,.0f}/s")
             warmed = producer.submit(produce_at_rate, config, warm_up, rate_per_s, topic).result()
-            _wait_for_rows(config, warmed["records"], deadline=time.monotonic() + 180)
+            _wait_for_rows(config, warmed["records"], deadline=time.monotonic() + 180, by_offsets=upsert)
             progress(f"producing {spec.events:,} records at {rate_per_s:,.0f}/s for {seconds:.0f}s to {topic}")
             since_ms = int(time.time() * 1000)
             produced = producer.submit(produce_at_rate, config, spec, rate_per_s, topic).result()
         ended = time.monotonic()
-        _wait_for_rows(config, produced["records"] + warmed["records"], deadline=time.monotonic() + 120)
+        _wait_for_rows(config, produced["records"] + warmed["records"], deadline=time.monotonic() + 120, by_offsets=upsert)
         drain_s = time.monotonic() - ended
     finally:
         writer.stop.set()
@@ -153,8 +183,13 @@ def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: floa
             bookkeeper.join(timeout=60)
             if bookkeeper.is_alive():
                 bookkeeper.kill()
-        spark.stop()
+        if committed_offsets is not None:
+            committed_offsets.stop()
+        if owns_spark:
+            spark.stop()
     delays, written = record_freshness(config, since_ms)
+    if committed_offsets is not None:
+        delays = committed_offsets.freshness(topic, since_ms)
     commits = len(Path(config.bookkeeper.commit_report_path).read_text().splitlines())
     result = {
         "freshness_p50_s": round(statistics.median(delays), 3), "freshness_p99_s": round(percentile(delays, 0.99), 3),
