@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import uuid
 from dataclasses import dataclass
 
 from pyarrow import fs as pafs
 
 from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
-from common.storage import open_filesystem
+from common.storage import open_filesystem, write_whole
 
 log = logging.getLogger(__name__)
-_OBJECT_STORES = ("s3", "gcs")
 SUFFIX = ".json"
 
 
@@ -40,7 +38,6 @@ class MonikerFolder:
         if "://" not in uri:
             uri = pafs.LocalFileSystem().normalize_path(uri) if uri else uri
         self.filesystem, self.root = open_filesystem(uri)
-        self._atomic_put = self.filesystem.type_name in _OBJECT_STORES
 
     def path_for(self, moniker: Moniker) -> str:
         return posixpath.join(self.root, _safe(moniker.table), _safe(moniker.writer_id), f"{moniker.seq:012d}-{moniker.id}{SUFFIX}")
@@ -49,15 +46,7 @@ class MonikerFolder:
         """Make `moniker` durable and visible as one whole file; returns its path."""
         final = self.path_for(moniker)
         self.filesystem.create_dir(posixpath.dirname(final), recursive=True)
-        payload = encode_moniker(moniker)
-        if self._atomic_put:
-            with self.filesystem.open_output_stream(final) as out:
-                out.write(payload)
-            return final
-        temporary = posixpath.join(posixpath.dirname(final), f".{posixpath.basename(final)}.{uuid.uuid4().hex[:8]}.tmp")
-        with self.filesystem.open_output_stream(temporary) as out:
-            out.write(payload)
-        self.filesystem.move(temporary, final)
+        write_whole(self.filesystem, final, encode_moniker(moniker))
         return final
 
     def read(self, path: str) -> StoredMoniker:
