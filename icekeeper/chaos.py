@@ -190,14 +190,14 @@ def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progre
         producer.join()
         poison_expected = sum(produced["poison"].values())
         progress(f"chaos over; {produced['records']:,} records produced ({poison_expected} poison); waiting until all are settled")
-        _wait_until_settled(config, topic, produced["records"], tables, components, deadline=started + timeout_s)
+        settled = _wait_until_settled(config, topic, produced["records"], tables, components, deadline=started + timeout_s)
     finally:
         for component in components.values():
             component.terminate()
     progress("verifying against the topic read back")
     result = verify(config, overrides, topic, poison_expected, changelog_table=CHANGELOG_TABLE if CHANGELOG_TABLE in tables else None,
                     upsert_table=UPSERT_TABLE if UPSERT_TABLE in tables else None)
-    result.update({"mode": mode, "kills": len(run.kills), "killed": Counter(k["component"] for k in run.kills), "fenced_exit_code": run.fenced_exit_code,
+    result.update({"mode": mode, "settled": settled, "kills": len(run.kills), "killed": Counter(k["component"] for k in run.kills), "fenced_exit_code": run.fenced_exit_code,
                    "seed": seed, "seconds": round(time.monotonic() - started, 1), "logs": str(logs)})
     result.update(reaper_files_compacted=_files_compacted(Path(config.reaper.report_path)))
     result["failures"] = failures(result)
@@ -255,10 +255,10 @@ def _pause_and_fence(components: dict[str, Component], environ: dict[str, str], 
 
 
 def _wait_until_settled(config: IcekeeperConfig, topic: str, records: int, tables: dict[str, bool], components: dict[str, Component],
-                        deadline: float) -> None:
-    """Until every table covers every offset and nothing is pending (or the deadline): a changelog
-    table's rows plus the dead letters, an upsert table's committed offsets (one row per key, so
-    its rows count nothing)."""
+                        deadline: float) -> bool:
+    """Until every table covers every offset and nothing is pending (True), or the deadline (False):
+    a changelog table's rows plus the dead letters, an upsert table's committed offsets (one row
+    per key, so its rows count nothing)."""
     catalog = open_catalog(config)
     transport = open_transport(config)
     while time.monotonic() < deadline:
@@ -267,8 +267,9 @@ def _wait_until_settled(config: IcekeeperConfig, topic: str, records: int, table
                 component.start()  # a crashed component (say, fenced) comes back, as a supervisor would
         if all(_covers(config, load_table_or_none(catalog, identifier), upsert, topic, records) for identifier, upsert in tables.items()) \
                 and not transport.pending():
-            return
+            return True
         time.sleep(2)
+    return False
 
 
 def _covers(config: IcekeeperConfig, table: Table | None, upsert: bool, topic: str, records: int) -> bool:

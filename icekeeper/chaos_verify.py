@@ -202,6 +202,8 @@ def verify_changelog(config: IcekeeperConfig, table: Table, topic: str, dead: se
 def failures(result: dict[str, Any]) -> list[str]:
     """What a user would call a failed run, in words; empty when every check of the run holds."""
     found = []
+    if not result.get("settled", True):
+        found.append("the tables did not take in every record before the timeout")
     if result.get("fenced_exit_code", 3) != 3:  # every run pauses a bookkeeper once
         found.append(f"the paused bookkeeper exited with {result.get('fenced_exit_code')}, not 3 (fenced)")
     if result["dead_lettered"] != result["poison_expected"]:

@@ -22,7 +22,7 @@ def test_quick_chaos_keeps_exactly_once_and_the_upsert_state(local_stack, stack_
     base = stack_config.model_copy(update={"state_dir": str(tmp_path)})
     result = run_chaos(base, records=2000, kills=3, seed=2, progress=print, timeout_s=600)
     summary = {key: value for key, value in result.items() if key != "upsert_by_engine"}
-    print(summary)
+    print("chaos result:", summary)
     assert result["kills"] == 3 and result["fenced_exit_code"] == 3, summary
     assert result["duplicates"] == 0 and result["missing"] == 0, summary
     assert result["dead_lettered"] == result["poison_expected"] > 0 and result["poison_in_table"] == 0, summary
