@@ -20,7 +20,8 @@ changelog, of each key's last change).
 Then, on our table: DuckDB full scans (`scan_s`) before and after a reaper pass
 (`scan_compacted_s`), both also as a ratio to the same rows rewritten into a fresh table without
 deletes (`scan_rewritten_s`); freshness at `rate` changes/s on an upsert table (`e2e.py`); and the
-key index on its own at `index_keys` keys (`key_index.py`). The last stdout line is one JSON object.
+key index on its own at `index_keys` keys (`key_index.py`). `stages_s` shows where a batch's time
+goes (`upsert_stages.py`). The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from common.config.model import TableSpec
 from common.schema import op_column
 from icekeeper.bench.upsert_data import ROW_COLUMNS, ChangePlan, final_state_frame, plan_changes, preload
 from icekeeper.bench.upsert_merge import run_merge_baseline
+from icekeeper.bench.upsert_stages import measure_upsert_stages
 
 Progress = Callable[[str], None]
 KEY_COLUMNS = ["id"]
@@ -120,8 +122,8 @@ def run_pipeline(spark: SparkSession, config: IcekeeperConfig, changes: int, tim
 
     Returns:
         `seconds` from the writer's start to the commit of the last change (the commit report's
-        time), `writer_s` (the writer alone, until idle), `batches`, `snapshots` and `commit_s`
-        (the bookkeeper's commit time summed over its snapshots).
+        time), `writer_s` (the writer alone, until idle), `batches` and each one's `batch_s`,
+        `snapshots` and `commit_s` (the bookkeeper's commit time summed over its snapshots).
     """
     from writers.job import WriterJob
 
@@ -138,7 +140,8 @@ def run_pipeline(spark: SparkSession, config: IcekeeperConfig, changes: int, tim
             time.sleep(0.25)
     commits = [json.loads(line) for line in Path(config.bookkeeper.commit_report_path).read_text().splitlines()]
     return {"seconds": max(c["committed_at_ms"] for c in commits) / 1000 - started_at, "writer_s": writer_s,
-            "batches": sum(1 for report in reports if report.records_read), "snapshots": len(commits),
+            "batches": sum(1 for report in reports if report.records_read), "batch_s": [round(r.seconds, 2) for r in reports if r.records_read],
+            "snapshots": len(commits),
             "commit_s": sum(c["latency_ms"] for c in commits) / 1000}
 
 
@@ -320,6 +323,8 @@ def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int 
                   for turn in range(repeat)]
         if not all(state["equal_final_state"] for state in states):
             progress(f"FINAL STATES DIFFER: {states}")
+        stages = measure_upsert_stages(spark, config, loaded, partitions, batch_records, KEY_COLUMNS, work / "stages")
+        progress(f"one batch through the bare pipeline, seconds: {stages}")
         scans = measure_scans(spark, runs["ours"][-1]["config"], runs["ours"][-1]["identifier"], progress)
         freshness: dict[str, Any] = {}
         if freshness_s > 0:
@@ -333,7 +338,8 @@ def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int 
     progress(f"key index at {index_keys:,} keys")
     index = run_key_index_bench(keys=index_keys, progress=progress)
     shutil.rmtree(work, ignore_errors=True)
-    return summarize(plan, runs, states, scans, freshness, index, batch_records, partitions, cores) | {"preload_s": loaded["preload_s"]}
+    return summarize(plan, runs, states, scans, freshness, index, batch_records, partitions, cores) | {
+        "stages_s": stages, "preload_s": loaded["preload_s"]}
 
 
 def summarize(plan: ChangePlan, runs: dict[str, list[dict[str, Any]]], states: list[dict[str, Any]], scans: dict[str, Any],
@@ -357,8 +363,9 @@ def summarize(plan: ChangePlan, runs: dict[str, list[dict[str, Any]]], states: l
         "freshness_p50_s": freshness.get("freshness_p50_s"), "freshness_p99_s": freshness.get("freshness_p99_s"),
         "freshness_changes_per_s": freshness.get("records_per_s"),
         "ours_s": round(seconds["ours"], 2), "ours_writer_s": round(ours["writer_s"], 2), "ours_commit_s": round(ours["commit_s"], 2),
-        "ours_batches": ours["batches"], "ours_snapshots": ours["snapshots"],
+        "ours_batches": ours["batches"], "ours_batch_s": ours["batch_s"], "ours_snapshots": ours["snapshots"],
         "changelog_s": round(seconds["changelog"], 2), "changelog_writer_s": round(runs["changelog"][-1]["writer_s"], 2),
+        "changelog_batch_s": runs["changelog"][-1]["batch_s"],
         "baseline_s": round(seconds["baseline"], 2), "baseline_batches": runs["baseline"][-1]["batches"],
         "runs_s": {side: [round(run["seconds"], 2) for run in runs[side]] for side in SIDES},
         "scans": scans, "freshness": freshness, "index": index, "final_states": states,
