@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from bookkeeper.committer import Committer, StaleEpoch, TableCommit
-from bookkeeper.fencing import Fenced, Lease
+from common.fencing import Fenced, Lease
 from bookkeeper.rewrites import RewriteCommitter
 from bookkeeper.observability import BookkeeperMetrics, HealthServer
 from pyiceberg.exceptions import NoSuchTableError

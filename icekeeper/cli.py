@@ -123,7 +123,7 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
                                   "ms": round(table.seconds * 1000, 1)}), flush=True)
 
     from bookkeeper.committer import StaleEpoch
-    from bookkeeper.fencing import Fenced
+    from common.fencing import Fenced
 
     try:
         service.run(once=args.once, on_cycle=show)

@@ -20,7 +20,7 @@ from typing import Callable
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from bookkeeper.fencing import Fenced, Lease
+from common.fencing import Fenced, Lease
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
 from common.in_flight import live_claimed_folders

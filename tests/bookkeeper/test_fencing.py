@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from bookkeeper.fencing import Fenced, Lease
+from common.fencing import Fenced, Lease
 from common.catalog import open_catalog
 from common.transports import open_transport
 from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
