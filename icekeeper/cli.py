@@ -90,23 +90,9 @@ def cmd_produce_synthetic(args: argparse.Namespace) -> int:
 
 
 def cmd_writer(args: argparse.Namespace) -> int:
-    if args.spark_packages:
-        from common.spark import spark_submit_packages
+    from writers.entry import run_writer
 
-        print(spark_submit_packages())
-        return 0
-    from writers.job import WriterJob
-
-    job = WriterJob(_config(args), writer_id=args.writer_id)
-    job.install_signal_handlers()
-
-    def show(report) -> None:  # noqa: ANN001 - BatchReport
-        print(json.dumps({"batch": report.seq, "records": report.records_read, "rows": report.rows_written, "files": report.files,
-                          "monikers": report.monikers, "dead_lettered": report.dead_lettered, "seconds": round(report.seconds, 2)}), flush=True)
-
-    max_batches = 1 if args.once else args.max_batches
-    job.run(max_batches=max_batches, until_idle=args.until_idle, on_batch=show)
-    return 0
+    return run_writer(args)
 
 
 def cmd_bookkeeper(args: argparse.Namespace) -> int:
@@ -303,12 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     synthetic.add_argument("--poison-ratio", type=float, default=0.0)
     synthetic.add_argument("--format", choices=["avro", "json"], default="avro")
 
-    writer = add("writer", cmd_writer, "run a writer: Kafka batches -> Parquet files + monikers (never commits)")
-    writer.add_argument("--writer-id", default=None, help="stable id of this writer (default: writer.writer_id)")
-    writer.add_argument("--once", action="store_true", help="one batch with records, then exit")
-    writer.add_argument("--max-batches", type=int, default=None)
-    writer.add_argument("--until-idle", action="store_true", help="exit when a batch finds nothing new")
-    writer.add_argument("--spark-packages", action="store_true", help="print the --packages value for spark-submit and exit")
+    from writers.entry import add_writer_arguments
+
+    add_writer_arguments(add("writer", cmd_writer, "run a writer: Kafka batches -> Parquet files + monikers (never commits)"))
 
     bookkeeper = add("bookkeeper", cmd_bookkeeper, "run the bookkeeper: commit monikers to Iceberg exactly once")
     bookkeeper.add_argument("--once", action="store_true", help="one cycle, then exit")

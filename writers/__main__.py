@@ -4,9 +4,27 @@ Only the driver runs Python: decoding, flattening and writing are Spark SQL in t
 JVMs, so executors need no icekeeper installation.
 """
 
+import argparse
 import sys
 
-from icekeeper.cli import main
+from common.config import ConfigError
+from common.logs import configure_logging
+from writers.entry import add_writer_arguments, run_writer
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="writers", description="an icekeeper writer: Kafka batches -> Parquet files + monikers")
+    parser.add_argument("--config", "-c", default=None, help="YAML or seed-000 .properties file (default: embedded defaults)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug); JSON lines on stderr")
+    add_writer_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    try:
+        return run_writer(args)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+
 
 if __name__ == "__main__":
-    sys.exit(main(["writer", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,37 @@
+"""The writer's own command line: its arguments and how it runs, for `icekeeper writer` and for
+`spark-submit writers/__main__.py` alike (a role's entry point does not go through another package)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from common.config import load_config
+
+
+def add_writer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--writer-id", default=None, help="stable id of this writer (default: writer.writer_id)")
+    parser.add_argument("--once", action="store_true", help="one batch with records, then exit")
+    parser.add_argument("--max-batches", type=int, default=None)
+    parser.add_argument("--until-idle", action="store_true", help="exit when a batch finds nothing new")
+    parser.add_argument("--spark-packages", action="store_true", help="print the --packages value for spark-submit and exit")
+
+
+def run_writer(args: argparse.Namespace) -> int:
+    """Run batches until stopped (or as `--once`, `--max-batches`, `--until-idle` say), one JSON line per batch."""
+    if args.spark_packages:
+        from common.spark import spark_submit_packages
+
+        print(spark_submit_packages())
+        return 0
+    from writers.job import WriterJob
+
+    job = WriterJob(load_config(args.config), writer_id=args.writer_id)
+    job.install_signal_handlers()
+
+    def show(report) -> None:  # noqa: ANN001 - BatchReport
+        print(json.dumps({"batch": report.seq, "records": report.records_read, "rows": report.rows_written, "files": report.files,
+                          "monikers": report.monikers, "dead_lettered": report.dead_lettered, "seconds": round(report.seconds, 2)}), flush=True)
+
+    job.run(max_batches=1 if args.once else args.max_batches, until_idle=args.until_idle, on_batch=show)
+    return 0
