@@ -80,6 +80,9 @@ class UpsertKeeper:
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="keys")
         self._save_interval_s = save_interval_s
         self._saved_at: dict[str, float] = {}
+        self._doubled: dict[str, np.ndarray] = {}
+        """Per table, rows found at a rebuild whose key has a newer row (a table that was a
+        changelog before): deleted by the next commit, so the table becomes a mirror."""
 
     # -- reading a cycle's keys ----------------------------------------------------------------------
 
@@ -122,12 +125,14 @@ class UpsertKeeper:
                 los.append(lo)
                 locations.append(pack(index.file_ordinal(ref), np.arange(len(hi))))
         changes = index.plan(_concat(his), _concat(los), _concat(locations))
-        return UpsertCycle(identifier, changes, self._write_deletes(table, index, changes.replaced), len(changes.replaced))
+        replaced = _concat([changes.replaced, self._doubled.get(identifier, np.empty(0, np.uint64))])
+        return UpsertCycle(identifier, changes, self._write_deletes(table, index, replaced), len(replaced))
 
     def committed(self, cycle: UpsertCycle, snapshot_id: int, table: Table) -> None:
         """Record a durable commit in the index; save the index now and then."""
         index = self._indexes[cycle.identifier]
         index.apply(cycle.changes, snapshot_id)
+        self._doubled.pop(cycle.identifier, None)
         now = time.monotonic()
         if now - self._saved_at.get(cycle.identifier, 0.0) >= self._save_interval_s:
             self._save(cycle.identifier, table)
@@ -143,6 +148,8 @@ class UpsertKeeper:
         """
         identifier = ".".join(table.name())
         index = self._current(identifier, table)
+        if identifier in self._doubled:
+            raise RewriteRefused("keys with several live rows (found at the index rebuild) are not deleted yet; compact after the next commit")
         key_ids = list(table.schema().identifier_field_ids)
         replaced_ordinals = np.fromiter((o for path in replaced if (o := index.ordinal_of(path)) is not None), np.int64)
         words = list(self._pool.map(lambda data: file_key_words(data.file_path, key_ids, index.exact), new_files))
@@ -187,7 +194,9 @@ class UpsertKeeper:
     def save_all(self, tables: dict[str, Table]) -> None:
         """Persist every index (a clean stop: the next bookkeeper starts from here)."""
         for identifier, table in tables.items():
-            if identifier in self._indexes:
+            # An index whose doubled rows are not deleted yet is not saved: the next bookkeeper
+            # rebuilds it and finds them again.
+            if identifier in self._indexes and identifier not in self._doubled:
                 self._save(identifier, table)
 
     def identifiers(self) -> list[str]:
@@ -247,22 +256,29 @@ class UpsertKeeper:
         return index
 
     def _rebuilt(self, table: Table) -> KeyIndex:
-        """A new index from the table's live rows (every live data file's keys, minus its deletes)."""
+        """A new index from the table's live rows (every live data file's keys, minus its deletes).
+
+        Files are read in commit order (data sequence number), rows in file order, so where a key
+        has several live rows (the table was a changelog before) the newest is kept; the others
+        are deleted by the next commit (`_doubled`)."""
         started = time.monotonic()
+        identifier = ".".join(table.name())
         index = KeyIndex(exact=exact_keys(table.schema()))
         current = table.current_snapshot()
         if current is not None:
-            data, deletes = [], set()
-            for task in table.scan(snapshot_id=current.snapshot_id).plan_files():
-                data.append(task.file)
-                deletes.update(task.delete_files)
-            self._apply_live_rows(table, index, data, list(deletes), current.snapshot_id, forget_first=False)
-        log.info("key index rebuilt", extra={"table": ".".join(table.name()), "keys": index.live_keys, "seconds": round(time.monotonic() - started, 3)})
+            data, deletes = _live_files_in_commit_order(table, current)
+            doubled = self._apply_live_rows(table, index, data, deletes, current.snapshot_id, forget_first=False)
+            if len(doubled):
+                self._doubled[identifier] = doubled
+                log.warning("keys with several live rows: the older ones are deleted by the next commit",
+                            extra={"table": identifier, "rows": len(doubled)})
+        log.info("key index rebuilt", extra={"table": identifier, "keys": index.live_keys, "seconds": round(time.monotonic() - started, 3)})
         return index
 
     def _apply_live_rows(self, table: Table, index: KeyIndex, data: list[DataFile], deletes: list[DataFile], snapshot_id: int | None,
-                         forget_first: bool = True) -> None:
-        """Forget rows that `deletes` remove, then point keys at the live rows of `data`."""
+                         forget_first: bool = True) -> np.ndarray:
+        """Forget rows that `deletes` remove, then point keys at the live rows of `data`; returns
+        the locations of live rows that a later row of the same key replaced."""
         key_ids = list(table.schema().identifier_field_ids)
         deleted: dict[str, set[int]] = {}
         for paths, positions in self._pool.map(lambda d: read_position_deletes(d.file_path), deletes):
@@ -281,7 +297,21 @@ class UpsertKeeper:
             his.append(hi[positions])
             los.append(lo[positions])
             locations.append(pack(index.file_ordinal(file_ref(data_file)), positions))
-        index.apply(index.plan(_concat(his), _concat(los), _concat(locations)), snapshot_id)
+        changes = index.plan(_concat(his), _concat(los), _concat(locations))
+        index.apply(changes, snapshot_id)
+        return changes.replaced
+
+
+def _live_files_in_commit_order(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
+    """The live data files of `snapshot` by data sequence number (then path), and its position-delete files."""
+    data, deletes = [], []
+    for manifest in snapshot.manifests(table.io):
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content == DataFileContent.DATA:
+                data.append((entry.sequence_number or 0, entry.data_file.file_path, entry.data_file))
+            elif entry.data_file.content == DataFileContent.POSITION_DELETES:
+                deletes.append(entry.data_file)
+    return [data_file for _, _, data_file in sorted(data, key=lambda item: item[:2])], deletes
 
 
 def _added_files(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:

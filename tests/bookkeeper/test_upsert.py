@@ -105,3 +105,24 @@ def test_a_missing_or_corrupt_index_is_rebuilt_from_the_table(tmp_path: Path, da
     second.run_cycle()
     expected = {k: (200 + k if 5 <= k < 15 else 100 + k if k < 10 else k) for k in range(29)}
     assert pyiceberg_rows(second) == expected == duckdb_rows(second)
+
+
+def test_a_changelog_table_made_an_upsert_table_keeps_the_newest_row_per_key(tmp_path: Path) -> None:
+    changelog = bookkeeper_config(tmp_path, mode="changelog")
+    transport, writer, bookkeeper = open_transport(changelog), UpsertWriter(changelog), Bookkeeper(changelog)
+    reference = {}
+    for batch in ([(1, 10), (2, 20), (3, 30)], [(1, 11), (2, 21)], [(1, 12), (4, 40)]):
+        transport.publish(writer.batch(batch))
+        bookkeeper.run_cycle()
+        reference.update(batch)
+    assert len(bookkeeper.catalog.load_table("shop.items").scan().to_arrow()) == 7
+    bookkeeper.committer.close()
+    # The same table, now configured as an upsert table: the rebuilt index keeps each key's
+    # newest row and the next commit deletes the older ones.
+    upsert = bookkeeper_config(tmp_path, mode="upsert")
+    mirror = Bookkeeper(upsert)
+    transport.publish(writer.batch([(3, 31)]))
+    report = mirror.run_cycle()
+    reference[3] = 31
+    assert report.tables[0].rows_replaced == 4
+    assert pyiceberg_rows(mirror) == reference == duckdb_rows(mirror)
