@@ -205,4 +205,4 @@ def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, plan: Chan
      .option("kafka.enable.idempotence", "true").option("kafka.linger.ms", "50").option("kafka.batch.size", "1000000")
      .option("kafka.compression.type", "lz4").save())
     return {"topic": topic, "changes": plan.changes, "preload_s": round(time.monotonic() - started, 1), "value_schema_id": value_id,
-            "value_schema": json.dumps(value_schema)}
+            "value_schema": json.dumps(value_schema), "partition_records": np.bincount(plan.key % partitions, minlength=partitions).tolist()}

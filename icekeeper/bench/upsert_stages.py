@@ -28,12 +28,12 @@ from writers.files import parquet_write_options, write_parquet
 from writers.upserts import deleted_partition, last_change_per_key
 
 
-def measure_upsert_stages(spark: SparkSession, config: IcekeeperConfig, loaded: dict, partitions: int, batch_records: int,
-                          key_columns: list[str], folder: Path, repeat: int = 3) -> dict[str, float]:
+def measure_upsert_stages(spark: SparkSession, config: IcekeeperConfig, loaded: dict, batch_records: int, key_columns: list[str],
+                          folder: Path, repeat: int = 3) -> dict[str, float]:
     """Median seconds of each prefix over one batch (`loaded`: what `upsert_data.preload` reported)."""
     topic = loaded["topic"]
-    per_partition = max(1, batch_records // partitions)
-    ending = json.dumps({topic: {str(partition): per_partition for partition in range(partitions)}})
+    per_partition = max(1, batch_records // len(loaded["partition_records"]))
+    ending = json.dumps({topic: {str(partition): min(per_partition, records) for partition, records in enumerate(loaded["partition_records"])}})
 
     def kafka() -> DataFrame:
         return (spark.read.format("kafka").option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
