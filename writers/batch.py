@@ -20,11 +20,12 @@ from common.in_flight import InFlightClaims
 from common.moniker import Moniker
 from writers.columns import ERROR, ROUTE, VERSION
 from writers.dead_letters import send_dead_letters
-from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, decode_avro_confluent, decode_json
+from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, decode_avro_confluent, decode_json, framed_schema_id_sql
 from writers.files import discard_output
 from writers.kafka_io import read_raw
 from writers.offsets import BatchPlan
 from writers.progress import TableProgress
+from writers.record_keys import RecordKeys, record_keys_for
 from writers.registry import RegisteredSchema, TopicSchemas
 from writers.routing import Routes, routed_rows
 from writers.table_versions import predicted_route_versions, prediction_checks, prediction_held, schema_ids_of, versions_by_table
@@ -66,6 +67,8 @@ class BatchWriter:
         self.table_writer = TableWriter(config, catalog, writer_id, claims, tables)
         self._route_schema_ids: dict[str, set[tuple[str, int]] | None] = {}
         """Per source, the (table, schema id) pairs of its last batch: the guess for the next one."""
+        self._key_schemas: dict[str, list[RegisteredSchema]] = {}
+        """Per Avro source, the key schemas its deletes without `before` named so far (`_learn_key_schemas`)."""
 
     def write(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes: Routes) -> BatchOutcome:
         """Write the batch's files, then send its dead letters (nothing is published yet).
@@ -73,7 +76,9 @@ class BatchWriter:
         Dead letters go before the monikers: a moniker covers its whole offset range, poison
         included, so once it is published a restart never reads these records again (chaos found
         it). When a dead letter names a schema id the registry knows under another subject, the
-        files are discarded and the batch is written again with that schema too.
+        files are discarded and the batch is written again with that schema too; likewise when a
+        delete without `before` has a record key whose schema the writer did not know yet (key
+        schemas are learnt this way, by id: batches without such deletes never ask the registry).
         """
         outcome = self._write_tables(source, plan, seq, schemas, routes)
         dead: DataFrame | None = None
@@ -83,7 +88,8 @@ class BatchWriter:
                 # and sent without reading the batch again.
                 dead = self._dead_letter_rows(source, plan, schemas, routes).persist()
                 registered = self._newly_registered(source, dead, schemas)
-                if not registered:
+                learnt_keys = self._learn_key_schemas(source, routes, dead)
+                if not registered and not learnt_keys:
                     break
                 dead.unpersist()
                 dead = None
@@ -98,10 +104,15 @@ class BatchWriter:
                 dead.unpersist()
         return outcome
 
-    def _decode(self, source: KafkaSource, raw: DataFrame, schemas: list[RegisteredSchema]) -> DecodedBatch:
+    def _decode(self, source: KafkaSource, raw: DataFrame, schemas: list[RegisteredSchema], routes: Routes) -> DecodedBatch:
+        keys = self._record_keys(source, routes)
         if source.format == "avro-confluent":
-            return decode_avro_confluent(raw, schemas, self._envelope_fields())
-        return decode_json(self.spark, raw, debezium=source.format == "debezium-json")
+            return decode_avro_confluent(raw, schemas, self._envelope_fields(), keys)
+        return decode_json(self.spark, raw, debezium=source.format == "debezium-json", keys=keys)
+
+    def _record_keys(self, source: KafkaSource, routes: Routes) -> RecordKeys | None:
+        """How record keys are read: only for sources feeding tables with a primary key (`record_keys.py`)."""
+        return record_keys_for(routes.tables, self._key_schemas.get(source.name, []))
 
     def _envelope_fields(self) -> dict[str, set[str]]:
         """Debezium envelope fields the batch uses: the configured metadata columns plus routing."""
@@ -110,7 +121,7 @@ class BatchWriter:
 
     def _write_tables(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes: Routes) -> BatchOutcome:
         raw = read_raw(self.spark, source, plan)
-        decoded = self._decode(source, raw, schemas)
+        decoded = self._decode(source, raw, schemas, routes)
         routed = routed_rows(decoded, routes, self.config.tables)
         batch = RoutedBatch(source, plan, seq, decoded, routed, routes)
         predicted = predicted_route_versions(self._route_schema_ids.get(source.name), decoded.versions)
@@ -160,9 +171,21 @@ class BatchWriter:
         found = [self.schemas[source.name].by_id(int(schema_id)) for schema_id in ids if schema_id is not None and int(schema_id) not in known]
         return [schema for schema in found if schema is not None]
 
+    def _learn_key_schemas(self, source: KafkaSource, routes: Routes, dead: DataFrame) -> bool:
+        """Remember the registry's key schemas that deletes without `before` in `dead` name by id
+        and the writer lacks; True when it found any (then the batch is written again)."""
+        if source.format != "avro-confluent" or self._record_keys(source, routes) is None:
+            return False
+        framed = dead.where("reason = 'delete-without-key'").selectExpr(f"{framed_schema_id_sql('key')} AS id").distinct().collect()
+        known = self._key_schemas.setdefault(source.name, [])
+        ids = {int(row["id"]) for row in framed if row["id"] is not None} - {schema.schema_id for schema in known}
+        found = [schema for schema_id in sorted(ids) if (schema := self.schemas[source.name].by_id(schema_id)) is not None]
+        known.extend(found)
+        return bool(found)
+
     def _dead_letter_rows(self, source: KafkaSource, plan: BatchPlan, schemas: list[RegisteredSchema], routes: Routes) -> DataFrame:
         raw = read_raw(self.spark, source, plan, include_headers=True)
-        decoded = self._decode(source, raw, schemas)
+        decoded = self._decode(source, raw, schemas, routes)
         routed = routed_rows(decoded, routes, self.config.tables)
         failed = routed.where(f"{ERROR} IS NOT NULL" + (f" AND {ERROR} != 'tombstone'" if source.tombstones == "skip" else ""))
         return failed.selectExpr("key", "value", "headers", "topic", "partition", "offset", f"{ERROR} AS reason")

@@ -36,6 +36,11 @@ def json_parsed_column(index: int) -> str:
     return f"_ik_j{index}"
 
 
+def record_key_column(index: int) -> str:
+    """Version `index`'s row as read from the Kafka record key, for deletes without `before` (`record_keys.py`)."""
+    return f"_ik_key{index}"
+
+
 # -- per record, from the decoded versions (`flatten.helper_sql`) -----------------------------------
 
 EVENT_MS = "_ik_event_ms"

@@ -13,13 +13,16 @@ for schemaless JSON, typed by inference.
 Every record also gets `_ik_error`: null when it decoded, else why not (`bad-magic-byte`,
 `unknown-schema-id`, `undecodable-avro`, `invalid-json`, `payload-does-not-match-schema`,
 `unsupported-connect-schema: <why>`, `not-a-debezium-event`, `unconvertible-value`, `tombstone`).
+
+Given `RecordKeys` (a source feeding tables with primary keys), each Debezium version also reads
+the Kafka record key of its deletes without a `before` image, as a row (`record_keys.py`).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -29,8 +32,9 @@ from pyspark.sql import types as T
 from common.schema import COLLECTION, MAX_DECIMAL_PRECISION, Column, EnvelopeShape, SchemaConversionError, envelope_shape, iceberg_type_from_spark, record_types, row_columns
 from pyiceberg.types import IcebergType
 from writers import sql
-from writers.columns import DECODE_BARRIER, ERROR, JSON_CORRUPT, JSON_SCHEMA, JSON_TEXT, VERSION, json_parsed_column, version_column
+from writers.columns import DECODE_BARRIER, ERROR, JSON_CORRUPT, JSON_SCHEMA, JSON_TEXT, VERSION, json_parsed_column, record_key_column, version_column
 from writers.connect_schema import avro_from_connect, avro_value_sql, conversion_failures_sql, is_connect_struct, json_carrier_type
+from writers.record_keys import RecordKeys, avro_key_schemas, delete_without_before_sql, json_key_row_sql, key_columns_of, row_column_name, row_record
 from writers.registry import RegisteredSchema
 
 KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
@@ -48,6 +52,11 @@ class VersionShape:
     schema_id: int | None = None
     namespace: str | None = None
     """Debezium names row records `<server>.<db>.<table>`: tells which table a version belongs to."""
+    record_key: str | None = None
+    """The column holding the Kafka record key read as this version's key columns, for deletes
+    without a `before` image (null for other records); None when keys are not read (`record_keys.py`)."""
+    record_key_fields: tuple[str, ...] = ()
+    """The row columns `record_key` holds: the version's primary-key columns."""
 
 
 @dataclass(frozen=True)
@@ -64,16 +73,20 @@ def frame_prefix(schema_id: int) -> bytes:
     return struct.pack(">bI", 0, schema_id)
 
 
-def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envelope_fields: dict[str, set[str]] | None = None) -> DecodedBatch:
+def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envelope_fields: dict[str, set[str]] | None = None,
+                          keys: RecordKeys | None = None) -> DecodedBatch:
     """Decode each record with the registered schema its frame names.
 
     Args:
         envelope_fields: Debezium `source`/`transaction` fields to keep; the others are skipped
             while decoding (an Avro reader schema), which measured ~20% faster decoding.
+        keys: read the record keys of deletes without a `before` image with these key schemas.
     """
     prefix = "substring(value, 1, 5)"
     versions: list[VersionShape] = []
     decoded_columns: list[str] = []
+    key_columns: list[str] = []
+    key_schemas = [(schema.schema_id, json.loads(spark_decodable(schema.text))) for schema in keys.avro_schemas] if keys else []
     for index, schema in enumerate(schemas):
         column = version_column(index)
         options = "'mode', 'PERMISSIVE'"
@@ -83,7 +96,12 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
             options += f", 'avroSchema', {sql.string(reader)}"
         decoded = f"from_avro(substring(value, 6), {sql.string(writer)}, map({options}))"
         decoded_columns.append(f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END AS {column}")
-        versions.append(_shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id))
+        shape = _shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id)
+        record_key = _avro_record_key_sql(column, json.loads(writer), key_schemas, keys) if keys and shape.is_debezium else None
+        if record_key is not None:
+            key_columns.append(f"{record_key[0]} AS {record_key_column(index)}")
+            shape = replace(shape, record_key=record_key_column(index), record_key_fields=record_key[1])
+        versions.append(shape)
     known = [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas]
     version = f"CASE {prefix} {' '.join(f'WHEN {literal} THEN {index}' for index, literal in enumerate(known))} END" if known else "CAST(NULL AS INT)"
     # `spark_partition_id()` is nondeterministic, which stops Spark from pushing filters on the
@@ -98,7 +116,28 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
         f" WHEN NOT {sql.in_list(prefix, known)} THEN 'unknown-schema-id'"
         f" WHEN NOT {_any_decoded(versions)} THEN 'undecodable-avro' END"
     )
-    return DecodedBatch(frame.selectExpr("*", f"{error} AS {ERROR}"), versions, [schema.schema_id for schema in schemas])
+    # Keys are read after the barrier, from the decoded events, so `from_avro` of values runs once.
+    return DecodedBatch(frame.selectExpr("*", f"{error} AS {ERROR}", *key_columns), versions, [schema.schema_id for schema in schemas])
+
+
+def _avro_record_key_sql(column: str, value_schema: dict[str, Any], key_schemas: list[tuple[int, Any]],
+                         keys: RecordKeys) -> tuple[str, tuple[str, ...]] | None:
+    """SQL reading the record key of a delete without `before` as version `column`'s key columns, by
+    the key schema its frame names, and those columns; None when no known key schema fits the row."""
+    row = row_record(value_schema)
+    if row is None:
+        return None
+    branches = []
+    for schema_id, key_schema in key_schemas:
+        readable = avro_key_schemas(row, key_schema, keys)
+        if readable is not None:
+            writer, reader = readable
+            decoded = f"from_avro(substring(key, 6), {sql.string(writer)}, map('mode', 'PERMISSIVE', 'avroSchema', {sql.string(reader)}))"
+            branches.append(f"WHEN {sql.binary(frame_prefix(schema_id))} THEN {decoded}")
+    if not branches:
+        return None
+    expression = f"CASE WHEN {delete_without_before_sql(sql.ident(column))} THEN CASE substring(key, 1, 5) {' '.join(branches)} END END"
+    return expression, tuple(key_columns_of([field["name"] for field in row["fields"]], keys))
 
 
 def spark_decodable(schema_text: str) -> str:
@@ -161,8 +200,13 @@ def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int | None) -
                         namespace=shape.row.get("namespace"))
 
 
-UNKNOWN_SCHEMA_ID = "CAST(conv(hex(substring(value, 2, 4)), 16, 10) AS BIGINT)"
-"""The schema id a frame names, as a number (only evaluated for records no version matched)."""
+def framed_schema_id_sql(column: str) -> str:
+    """SQL for the schema id the Confluent frame of binary `column` names, as a number; null unframed."""
+    return f"CASE WHEN length({column}) >= 5 AND substring({column}, 1, 1) = X'00' THEN CAST(conv(hex(substring({column}, 2, 4)), 16, 10) AS BIGINT) END"
+
+
+UNKNOWN_SCHEMA_ID = framed_schema_id_sql("value")
+"""The schema id a value's frame names (only evaluated for records no version matched)."""
 
 
 DEBEZIUM_SOURCE_FIELDS = ("name", "db", "table", "ts_ms")
@@ -186,9 +230,13 @@ class _JsonVersion:
     """The Connect schema of this version's records; None for a topic's schemaless records."""
     topic: str | None = None
     """The topic whose schemaless records this version decodes; None for a Connect schema's."""
+    row_carrier: T.StructType | None = None
+    """The type `from_json` reads this version's row (`before`/`after`) into; None when it has no row."""
+    row_avro: dict[str, Any] | None = None
+    """Connect versions: the row as Avro, which says how its carrier converts (`avro_value_sql`)."""
 
 
-def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedBatch:
+def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool, keys: RecordKeys | None = None) -> DecodedBatch:
     """Decode JSON values: one version per Kafka Connect schema, one per topic for schemaless JSON.
 
     Debezium JSON may come with Kafka Connect's schema envelope (`{"schema":..,"payload":..}`,
@@ -197,7 +245,8 @@ def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedB
     as a registered Avro schema is. Records without a schema, and `format: json`, are typed by
     inference, per topic (one more pass), so tables fed by different topics never share columns.
     Every record gets `_ik_version`; a record whose schema no Iceberg table can take goes to the
-    dead letters with `unsupported-connect-schema: <why>`.
+    dead letters with `unsupported-connect-schema: <why>`. With `keys`, a delete without a `before`
+    image reads its record key as its version's row (`record_keys.py`).
     """
     text = "CAST(value AS STRING)"
     schema_text = f"get_json_object({text}, '$.schema')" if debezium else "CAST(NULL AS STRING)"
@@ -224,8 +273,9 @@ def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedB
                 inferred = _same_row_type(inferred)
             index = len(versions)
             parsed = _from_json(payload, T.StructType([*inferred.fields, T.StructField(JSON_CORRUPT, T.StringType())]))
+            row = next((f.dataType for f in inferred.fields if f.name in ("after", "before") and isinstance(f.dataType, T.StructType)), None)
             versions.append(_JsonVersion(_shape_from_spark(version_column(index), inferred, debezium), parsed, envelope=json_parsed_column(index),
-                                         value=json_parsed_column(index), topic=topic))
+                                         value=json_parsed_column(index), topic=topic, row_carrier=row if debezium else None))
 
     staged = staged.selectExpr(*KAFKA_COLUMNS, JSON_TEXT, JSON_SCHEMA, f"{_json_version_sql(versions, refused)} AS {VERSION}")
     # As in `decode_avro_confluent`: the nondeterministic barrier keeps Spark from pushing filters
@@ -233,7 +283,11 @@ def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool) -> DecodedB
     parsed = staged.selectExpr(*KAFKA_COLUMNS, JSON_TEXT, JSON_SCHEMA, VERSION,
                                *[f"CASE WHEN {VERSION} = {i} THEN {v.parsed} END AS {json_parsed_column(i)}" for i, v in enumerate(versions)],
                                f"spark_partition_id() AS {DECODE_BARRIER}")
+    key_rows = {i: key for i, v in enumerate(versions) if keys and (key := _json_record_key_sql(v, keys)) is not None}
+    versions = [replace(v, shape=replace(v.shape, record_key=record_key_column(i), record_key_fields=key_rows[i][1])) if i in key_rows else v
+                for i, v in enumerate(versions)]
     frame = parsed.selectExpr(*KAFKA_COLUMNS, *[f"{v.value} AS {v.shape.column}" for v in versions], VERSION, DECODE_BARRIER,
+                              *[f"{key} AS {record_key_column(i)}" for i, (key, _) in key_rows.items()],
                               f"{_json_error_sql(versions, refused, not_debezium_topics, debezium)} AS {ERROR}")
     return DecodedBatch(frame, [v.shape for v in versions])
 
@@ -260,7 +314,23 @@ def _connect_version(schema_text: str, index: int) -> _JsonVersion | str:
         return "not-a-debezium-event"
     payload = sql.path(json_parsed_column(index), "payload")
     return _JsonVersion(version_shape, _from_json(JSON_TEXT, carrier), envelope=payload, value=avro_value_sql(payload, avro) or payload,
-                        failures=conversion_failures_sql(payload, avro), schema_text=schema_text)
+                        failures=conversion_failures_sql(payload, avro), schema_text=schema_text,
+                        row_carrier=json_carrier_type(shape.row), row_avro=shape.row)
+
+
+def _json_record_key_sql(version: _JsonVersion, keys: RecordKeys) -> tuple[str, tuple[str, ...]] | None:
+    """SQL reading the record key of a delete without `before` as the version's key columns, and
+    those columns: parsed into the row's carrier types and converted as the row is, so each has
+    the type it has in `before`."""
+    columns = key_columns_of([column.name for column in version.shape.row], keys)
+    if version.row_carrier is None or not columns:
+        return None
+    carrier = T.StructType([f for f in version.row_carrier.fields if f.name in columns])
+    options = "map('mode', 'PERMISSIVE')"
+    parsed = f"from_json({json_key_row_sql(row_column_name(columns, keys.single_column))}, {sql.string(carrier.json())}, {options})"
+    row_avro = {**version.row_avro, "fields": [f for f in version.row_avro["fields"] if f["name"] in columns]} if version.row_avro else None
+    converted = avro_value_sql(parsed, row_avro) if row_avro is not None else None
+    return f"CASE WHEN {delete_without_before_sql(version.envelope)} THEN {converted or parsed} END", tuple(columns)
 
 
 def _inferred_by_topic(spark: SparkSession, staged: DataFrame, payload: str, schemaless: str) -> dict[str, T.StructType]:

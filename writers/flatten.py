@@ -1,7 +1,8 @@
 """Flatten decoded change events into table rows: metadata columns + the row, with field ids.
 
-The row is `after`, or `before` for deletes; metadata columns follow seed 000 (`_src_*`, the
-operation, the envelope's ts_ms, `_tsc_*`, `_kfk_*`). Several schema versions become one set of
+The row is `after`, or `before` for deletes (for a delete without `before`, the columns its
+record key gives: `record_keys.py`); metadata columns follow seed 000 (`_src_*`, the operation,
+the envelope's ts_ms, `_tsc_*`, `_kfk_*`). Several schema versions become one set of
 columns (union by name, types widened) whose Iceberg field ids agree with the table, so the
 Parquet files read correctly after the bookkeeper evolves the table to this schema.
 Expressions are Spark SQL text (see `sql.py`); field ids are attached in one final projection.
@@ -137,9 +138,13 @@ def _row_values(name: str, versions: list[VersionShape], converted: bool = True)
 def _carrier_sql(version: VersionShape, name: str) -> str:
     if not version.is_debezium:
         return sql.path(version.column, name)
-    # The row is `after`, or `before` for a delete; never mix fields of the two.
-    after, before = sql.path(version.column, "after"), sql.path(version.column, "before", name)
-    return f"CASE WHEN {after} IS NOT NULL THEN {sql.path(version.column, 'after', name)} ELSE {before} END"
+    # The row is `after`, or `before` for a delete; never mix fields of the two. A delete without
+    # `before` has the key columns its record key gives, if read (`record_keys.py`).
+    after, before = sql.path(version.column, "after"), sql.path(version.column, "before")
+    image = f"CASE WHEN {after} IS NOT NULL THEN {sql.path(version.column, 'after', name)}"
+    if name not in version.record_key_fields:
+        return f"{image} ELSE {sql.path(version.column, 'before', name)} END"
+    return f"{image} WHEN {before} IS NOT NULL THEN {sql.path(version.column, 'before', name)} ELSE {sql.path(version.record_key, name)} END"
 
 
 def unconvertible_sql(versions: list[VersionShape]) -> str:

@@ -2,7 +2,8 @@
 
 A record claimed by no table, on a source without a template, goes to the dead-letter topic as
 `unroutable`, so it is counted rather than silently dropped. The routed frame also marks the other
-records that cannot become rows of their table (`missing-key`, `unconvertible-value`).
+records that cannot become rows of their table (`missing-key`; `delete-without-key` for a delete
+with neither a `before` image nor a record key that gives its key columns; `unconvertible-value`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from writers import sql
 from writers.columns import ERROR, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, ROUTE, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
 from writers.decode import DecodedBatch
 from writers.flatten import helper_sql, row_value_is_null_sql, unconvertible_sql
+from writers.record_keys import delete_without_before_sql
 
 _TEMPLATE_FIELDS = {"topic": KAFKA_TOPIC, "server": SOURCE_SERVER, "db": SOURCE_DB, "table": SOURCE_TABLE}
 
@@ -99,9 +101,14 @@ def routed_rows(decoded: DecodedBatch, routes: Routes, tables: list[TableSpec]) 
     frame = decoded.frame.selectExpr("*", *[f"{helpers[name]} AS {name}" for name in (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET, SOURCE_DB, SOURCE_TABLE, SOURCE_SERVER)])
     frame = frame.selectExpr("*", f"{routes.sql()} AS {ROUTE}")
     error = (f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable'"
-             f" WHEN {_missing_key_sql(decoded, tables, routes)} THEN 'missing-key'"
+             f" WHEN {_missing_key_sql(decoded, tables, routes)} THEN CASE WHEN {_delete_without_before(decoded)} THEN 'delete-without-key' ELSE 'missing-key' END"
              f" WHEN {unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END")
     return frame.selectExpr(*[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}")
+
+
+def _delete_without_before(decoded: DecodedBatch) -> str:
+    """True for Debezium deletes without a `before` image: a missing key is then a missing record key."""
+    return sql.any_of(delete_without_before_sql(sql.ident(v.column)) for v in decoded.versions if v.is_debezium)
 
 
 def _missing_key_sql(decoded: DecodedBatch, tables: list[TableSpec], routes: Routes) -> str:
