@@ -131,3 +131,33 @@ def envelope(shape: TableShape, op: str, before: dict[str, Any] | None, after: d
         "ts_ms": envelope_ts_ms,
         "transaction": {"id": at.gtid, "total_order": 1, "data_collection_order": 1},
     }
+
+
+# -- Debezium JSON (Kafka Connect's JsonConverter) --------------------------------------------------
+
+_CONNECT_PRIMITIVES = {"int": "int32", "long": "int64", "float": "float", "double": "double", "boolean": "boolean", "string": "string", "bytes": "bytes"}
+
+
+def connect_schema(avro_type: Any, optional: bool = False) -> dict[str, Any]:
+    """The Kafka Connect schema JsonConverter (`schemas.enable=true`) writes beside a value that
+    Debezium's Avro converter would register as `avro_type` (records, optional unions, primitives,
+    Connect names and parameters; named-type references must be inlined, `common.schema.resolve_named_types`)."""
+    if isinstance(avro_type, list):
+        branches = [branch for branch in avro_type if branch != "null"]
+        if len(branches) != 1:
+            raise ValueError(f"no Connect schema for the union {avro_type}")
+        return connect_schema(branches[0], optional=len(branches) < len(avro_type))
+    if isinstance(avro_type, str):
+        return {"type": _CONNECT_PRIMITIVES[avro_type], "optional": optional}
+    described: dict[str, Any] = {"optional": optional}
+    if "connect.name" in avro_type:
+        described.update({"name": avro_type["connect.name"], **({"version": avro_type["connect.version"]} if "connect.version" in avro_type else {})})
+    if "connect.parameters" in avro_type:
+        described["parameters"] = avro_type["connect.parameters"]
+    kind = avro_type["type"]
+    if kind == "record":
+        return {"type": "struct", "fields": [{**connect_schema(field["type"]), "field": field["name"]} for field in avro_type["fields"]], **described}
+    if avro_type.get("logicalType") == "decimal":
+        parameters = {"scale": str(avro_type["scale"]), "connect.decimal.precision": str(avro_type["precision"])}
+        return {"type": "bytes", "optional": optional, "name": "org.apache.kafka.connect.data.Decimal", "version": 1, "parameters": parameters}
+    return {**connect_schema(kind), **described}

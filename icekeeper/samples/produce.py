@@ -21,8 +21,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from common.config.model import IcekeeperConfig, KafkaSource
+from common.schema import resolve_named_types
 from icekeeper.samples import seed000
-from icekeeper.samples.debezium import TableShape
+from icekeeper.samples.debezium import TableShape, connect_schema
 from icekeeper.samples.synthetic import SyntheticEvent, SyntheticSpec, schema_versions, synthetic_events
 
 Progress = Callable[[str], None]
@@ -205,6 +206,49 @@ def _json_encoder() -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
         return key, value
 
     return encode
+
+
+def produce_debezium_records(config: IcekeeperConfig, shape: TableShape, records: Iterable[tuple[Any, dict[str, Any] | None]], topic: str,
+                             encoding: str = "avro") -> int:
+    """Produce (record key, Debezium envelope) pairs as given, in order, to partition 0 of `topic`.
+
+    For streams a test spells out record by record: deletes with or without a `before` image or a
+    key, tombstones, changes of primary key. A key is a dict (Debezium's `Key` struct of
+    `shape.key`), a bare value (a primitive key, for a one-column key), or None (no key); an
+    envelope of None is a tombstone.
+
+    Args:
+        encoding: `avro` (Confluent-framed, `shape`'s schemas under `<topic>-key` / `-value`),
+            `json-schemas` (JsonConverter with `schemas.enable=true`: Connect's schema/payload
+            envelope around key and value) or `json` (the bare key and envelope).
+
+    Returns:
+        The number of records produced.
+    """
+    source = config.sources[0]
+    ensure_topic(source.bootstrap_servers, topic, 1)
+    value_schema = shape.value_schema()
+    primitive_key_schema = next(column.avro_type for column in shape.columns if column.name == shape.key[0])
+    if encoding == "avro":
+        framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), topic)
+        value_id = framer.schema_id(value_schema, is_key=False)
+
+        def encode(key: Any, envelope: dict[str, Any] | None) -> tuple[bytes | None, bytes | None]:
+            key_schema = shape.key_schema() if isinstance(key, dict) else primitive_key_schema
+            framed_key = None if key is None else framer.frame(framer.schema_id(key_schema, is_key=True), key)  # type: ignore[arg-type]
+            return framed_key, None if envelope is None else framer.frame(value_id, envelope)
+    elif encoding in ("json", "json-schemas"):
+        value_connect = connect_schema(resolve_named_types(value_schema))
+
+        def enveloped(schema: dict[str, Any], payload: Any) -> bytes:
+            return json.dumps({"schema": schema, "payload": payload} if encoding == "json-schemas" else payload).encode()
+
+        def encode(key: Any, envelope: dict[str, Any] | None) -> tuple[bytes | None, bytes | None]:
+            key_connect = connect_schema(shape.key_schema() if isinstance(key, dict) else primitive_key_schema)
+            return (None if key is None else enveloped(key_connect, key)), (None if envelope is None else enveloped(value_connect, envelope))
+    else:
+        raise ValueError(f"encoding {encoding!r}: use avro, json-schemas or json")
+    return _send(_producer(source), topic, ((0, *encode(key, envelope), None) for key, envelope in records))
 
 
 def produce_at_rate(config: IcekeeperConfig, spec: SyntheticSpec, rate_per_s: float, topic: str | None = None, partitions: int = 3,
