@@ -145,7 +145,7 @@ def run_pipeline(spark: SparkSession, config: IcekeeperConfig, changes: int, tim
             "commit_s": sum(c["latency_ms"] for c in commits) / 1000}
 
 
-def last_change_per_key(frame: DataFrame, op: str) -> DataFrame:
+def changelog_mirror(frame: DataFrame, op: str) -> DataFrame:
     """A changelog's mirror: each key's last change (by Kafka offset), deleted keys left out."""
     latest = Window.partitionBy(*KEY_COLUMNS).orderBy(F.col("_kfk_offset").desc(), F.col("_kfk_partition").desc())
     return frame.withColumn("_last", F.row_number().over(latest)).where("_last = 1").drop("_last").where(F.col(op) != "d")
@@ -165,7 +165,7 @@ def final_states(spark: SparkSession, config: IcekeeperConfig, tables: dict[str,
     frames = {}
     for side, identifier in tables.items():
         frame = spark.table(f"{config.catalog.name}.{identifier}")
-        frames[side] = last_change_per_key(frame, op) if side.startswith("changelog") else frame
+        frames[side] = changelog_mirror(frame, op) if side.startswith("changelog") else frame
     all_columns = sorted(spark.table(f"{config.catalog.name}.{tables['ours']}").columns)
     expected = state_digest(final_state_frame(spark, plan, folder), ROW_COLUMNS)
     states = {side: {"source_columns": state_digest(frame, ROW_COLUMNS), "all_columns": state_digest(frame, all_columns)} for side, frame in frames.items()}
