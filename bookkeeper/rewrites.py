@@ -20,7 +20,7 @@ import logging
 import uuid
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.update import AssertTableUUID
@@ -29,7 +29,7 @@ from bookkeeper.committer import Committer, TableCommit, _Transaction
 from bookkeeper.datafiles import InvalidFile, data_file, validate
 from bookkeeper.manifests import rewrite_files
 from common.delete_files import referenced_data_files
-from bookkeeper.upserts import RewriteCycle, RewriteRefused
+from bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
 from common.catalog import load_table_or_none
 from common.committed_state import committed_state
 from common.rewrites import REWRITE_ID_PROPERTY, RewriteRequest, finish_rewrite, pending_rewrites, refuse_rewrite
@@ -103,7 +103,8 @@ class RewriteCommitter:
 
     def _plan(self, table: Table, request: RewriteRequest) -> tuple[list[DataFile], list[DataFile], RewriteCycle]:
         """(files to remove, data files to add, the key index's plan) for `request` on `table` as it is now."""
-        data_files, delete_files = _live_files(table)
+        live_data, delete_files = live_files(table, table.current_snapshot())
+        data_files = {data.file_path: data for data in live_data}
         gone = [path for path in request.replaced if path not in data_files]
         if gone:
             raise RewriteRefused(f"{len(gone)} replaced files are no longer in the table (another rewrite or retention), e.g. {gone[0]}")
@@ -126,20 +127,6 @@ class RewriteCommitter:
 def _committed_before(table: Table, request_id: str) -> bool:
     return any(snapshot.summary is not None and snapshot.summary.additional_properties.get(REWRITE_ID_PROPERTY) == request_id
                for snapshot in table.snapshots())
-
-
-def _live_files(table: Table) -> tuple[dict[str, DataFile], list[DataFile]]:
-    """The current snapshot's data files by path, and its position-delete files."""
-    data: dict[str, DataFile] = {}
-    deletes: list[DataFile] = []
-    snapshot = table.current_snapshot()
-    for manifest in snapshot.manifests(table.io) if snapshot else []:
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.data_file.content == DataFileContent.DATA:
-                data[entry.data_file.file_path] = entry.data_file
-            elif entry.data_file.content == DataFileContent.POSITION_DELETES:
-                deletes.append(entry.data_file)
-    return data, deletes
 
 
 def _deletes_only_for(delete_files: list[DataFile], replaced: set[str]) -> list[DataFile]:

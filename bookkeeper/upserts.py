@@ -153,9 +153,11 @@ class UpsertKeeper:
         key_ids = list(table.schema().identifier_field_ids)
         replaced_ordinals = np.fromiter((o for path in replaced if (o := index.ordinal_of(path)) is not None), np.int64)
         words = list(self._pool.map(lambda data: file_key_words(data.file_path, key_ids, index.exact), new_files))
-        his, los, locations, stale_targets, stale_positions = [], [], [], [], []
+        his, los, locations, stale_targets, stale_positions, new_ordinals = [], [], [], [], [], []
         for data, (hi, lo) in zip(new_files, words):
-            ordinal = index.file_ordinal(file_ref(data))
+            ref = file_ref(data)
+            ordinal = index.file_ordinal(ref)
+            new_ordinals.append(ordinal)
             current = index.locations_of(hi, lo)
             live = (current != ABSENT) & np.isin(unpack(current)[0], replaced_ordinals)
             positions = np.arange(len(hi))
@@ -163,12 +165,11 @@ class UpsertKeeper:
             los.append(lo[live])
             locations.append(pack(ordinal, positions[live]))
             if not live.all():
-                stale_targets.append(file_ref(data))
+                stale_targets.append(ref)
                 stale_positions.append(positions[~live])
         changes = index.plan(_concat(his), _concat(los), _concat(locations))
         # A key twice among the new files (twice live in the replaced ones): only its last row stays.
-        new_ordinals = {index.ordinal_of(data.file_path) for data in new_files}
-        doubled = changes.replaced[np.isin(unpack(changes.replaced)[0], np.fromiter(new_ordinals, np.int64))]
+        doubled = changes.replaced[np.isin(unpack(changes.replaced)[0], np.array(new_ordinals, np.int64))]
         live_in_replaced = int(np.count_nonzero(np.isin(unpack(index.location[index.location != ABSENT])[0], replaced_ordinals)))
         moved = len(changes.hi)
         if moved < live_in_replaced:
@@ -266,7 +267,7 @@ class UpsertKeeper:
         index = KeyIndex(exact=exact_keys(table.schema()))
         current = table.current_snapshot()
         if current is not None:
-            data, deletes = _live_files_in_commit_order(table, current)
+            data, deletes = live_files(table, current)
             doubled = self._apply_live_rows(table, index, data, deletes, current.snapshot_id, forget_first=False)
             if len(doubled):
                 self._doubled[identifier] = doubled
@@ -302,10 +303,10 @@ class UpsertKeeper:
         return changes.replaced
 
 
-def _live_files_in_commit_order(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
-    """The live data files of `snapshot` by data sequence number (then path), and its position-delete files."""
+def live_files(table: Table, snapshot: Snapshot | None) -> tuple[list[DataFile], list[DataFile]]:
+    """The live data files of `snapshot` by data sequence number (then path), and its position-delete files (none without a snapshot)."""
     data, deletes = [], []
-    for manifest in snapshot.manifests(table.io):
+    for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             if entry.data_file.content == DataFileContent.DATA:
                 data.append((entry.sequence_number or 0, entry.data_file.file_path, entry.data_file))

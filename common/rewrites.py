@@ -91,11 +91,7 @@ def pending_rewrite_folders(table_location: str) -> set[str]:
 
 def finish_rewrite(table_location: str, request_id: str) -> None:
     """Drop a request the bookkeeper committed (its snapshot names it)."""
-    filesystem, folder = open_filesystem(rewrites_folder(table_location))
-    try:
-        filesystem.delete_file(f"{folder}/{request_id}.json")
-    except FileNotFoundError:
-        pass
+    _delete(table_location, f"{request_id}.json")
 
 
 def refuse_rewrite(table_location: str, request_id: str, reason: str) -> None:
@@ -116,9 +112,14 @@ def refusal(table_location: str, request_id: str) -> str | None:
 
 
 def forget_refusal(table_location: str, request_id: str) -> None:
+    _delete(table_location, f"{request_id}{_REFUSED}")
+
+
+def _delete(table_location: str, name: str) -> None:
+    """Delete file `name` of the table's rewrites folder, if it is there."""
     filesystem, folder = open_filesystem(rewrites_folder(table_location))
     try:
-        filesystem.delete_file(f"{folder}/{request_id}{_REFUSED}")
+        filesystem.delete_file(f"{folder}/{name}")
     except FileNotFoundError:
         pass
 

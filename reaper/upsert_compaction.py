@@ -62,7 +62,8 @@ def choose_files(table: Table, snapshot_id: int, target_bytes: int, delete_ratio
         worn = [task.file for task in partition_tasks
                 if len(task.delete_files) >= MANY_DELETE_FILES
                 or deleted.get(normalize_location(task.file.file_path), 0) >= delete_ratio * max(task.file.record_count, 1)]
-        small = [task.file for task in partition_tasks if task.file.file_size_in_bytes < 0.75 * target_bytes and task.file not in worn]
+        worn_paths = {data.file_path for data in worn}
+        small = [task.file for task in partition_tasks if task.file.file_size_in_bytes < 0.75 * target_bytes and task.file.file_path not in worn_paths]
         chosen.extend(worn)
         if len(small) + len(worn) >= 2:
             chosen.extend(small)
