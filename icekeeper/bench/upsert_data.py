@@ -29,18 +29,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from common.config.model import IcekeeperConfig
-from icekeeper.samples.debezium import DEBEZIUM_VERSION, Column, TableShape
+from icekeeper.samples.debezium import DEBEZIUM_VERSION, TableShape
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
+from icekeeper.samples.synthetic import ORDER_COLUMNS
 
-SHAPE = TableShape("bench", "upsert", "rows", (
-    Column("id", "int", optional=False),
-    Column("customer", "string"),
-    Column("amount", "int"),
-    Column("price", "double"),
-    Column("status", "string"),
-    Column("created_at", "long", connect_name="io.debezium.time.Timestamp"),
-    Column("updated_at", "long", connect_name="io.debezium.time.Timestamp"),
-), key=("id",))
+SHAPE = TableShape("bench", "upsert", "rows", ORDER_COLUMNS, key=("id",))
 ROW_COLUMNS = [column.name for column in SHAPE.columns]
 """The source table's columns: what a mirror's rows must equal (metadata columns aside)."""
 OPS = np.array(["c", "u", "d"])

@@ -67,21 +67,25 @@ class SyntheticEvent:
         return zlib.crc32(repr(sorted(self.key.items())).encode()) % partitions
 
 
+ORDER_COLUMNS = (
+    Column("id", "int", optional=False),
+    Column("customer", "string"),
+    Column("amount", "int"),
+    Column("price", "double"),
+    Column("status", "string"),
+    Column("created_at", "long", connect_name="io.debezium.time.Timestamp"),
+    Column("updated_at", "long", connect_name="io.debezium.time.Timestamp"),
+)
+"""The synthetic orders table's first version (keyed by `id`); the upsert benchmark uses it too."""
+
+
 def schema_versions(spec: SyntheticSpec) -> list[TableShape]:
     """Shape of the table at each version (index 0 = version 1).
 
     Change i (1-based) adds column `extra_i`, except the second change, which widens `amount`
     from int to long: the two kinds of change the bookkeeper must evolve a table through.
     """
-    columns = [
-        Column("id", "int", optional=False),
-        Column("customer", "string"),
-        Column("amount", "int"),
-        Column("price", "double"),
-        Column("status", "string"),
-        Column("created_at", "long", connect_name="io.debezium.time.Timestamp"),
-        Column("updated_at", "long", connect_name="io.debezium.time.Timestamp"),
-    ]
+    columns = list(ORDER_COLUMNS)
     shapes = [TableShape(spec.server, spec.db, spec.table, tuple(columns), key=("id",))]
     for change in range(1, spec.schema_changes + 1):
         if change == 2:
