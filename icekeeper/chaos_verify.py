@@ -15,13 +15,11 @@ import logging
 import os
 import subprocess
 import sys
-import time
-import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -32,42 +30,13 @@ from common.catalog import open_catalog
 from common.config import IcekeeperConfig
 from common.config.model import KafkaSource
 from icekeeper.mirror import Key, Row, differences, latest_live_rows
+from icekeeper.samples.readback import topic_messages
 
 KEY = ["id"]
 UPSERT_COLUMNS = ("id", "customer", "amount", "price", "status", "extra_1", "_src_op", "_kfk_partition", "_kfk_offset")
 """The upsert table's columns compared with the reference: the key, the synthetic stream's values
 (`extra_1` arrives with the first schema change, `amount` is widened by the second), the surviving
 change's operation and its Kafka position, which pins which change survived."""
-
-
-def topic_messages(bootstrap_servers: str, topic: str, timeout_s: float = 300.0) -> Iterator[Message]:
-    """Every record of `topic` from offset 0 to its end as of the call, undecoded; nothing if the
-    topic does not exist. Partitions interleave; each partition's records come in offset order.
-
-    Raises:
-        TimeoutError: a partition was not read to its end within `timeout_s`.
-    """
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"chaos-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False}, logger=logging.getLogger("librdkafka"))
-    try:
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata.partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
-        remaining = {p for p, end in ends.items() if end > 0}
-        deadline = time.monotonic() + timeout_s
-        while remaining:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"partitions {sorted(remaining)} of {topic} not read to the end in {timeout_s}s")
-            message = consumer.poll(1)
-            if message is None or message.error() or message.partition() not in remaining:
-                continue
-            yield message
-            if message.offset() + 1 >= ends[message.partition()]:
-                remaining.discard(message.partition())
-    finally:
-        consumer.close()
 
 
 def topic_offsets(bootstrap_servers: str, topic: str) -> set[tuple[int, int]]:

@@ -11,9 +11,9 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -34,35 +34,44 @@ class DecodedRecord:
         return f"partition = {self.partition}, offset = {self.offset}, key={self.key}, value={self.value}, schemaId={self.schema_id}"
 
 
-def read_topic(source: KafkaSource, topic: str, timeout_s: float = 30.0) -> list[DecodedRecord]:
-    """Every record of `topic` from offset 0 to the current end, decoded; ordered by partition, offset."""
-    consumer = Consumer({
-        "bootstrap.servers": source.bootstrap_servers,
-        "group.id": f"icekeeper-readback-{uuid.uuid4().hex[:8]}",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-    }, logger=logging.getLogger("librdkafka"))
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": source.schema_registry_url}))
+def topic_messages(bootstrap_servers: str, topic: str, timeout_s: float = 300.0) -> Iterator[Message]:
+    """Every record of `topic` from offset 0 to its end as of the call, undecoded; nothing if the
+    topic does not exist. Partitions interleave; each partition's records come in offset order.
+
+    Raises:
+        TimeoutError: a partition was not read to its end within `timeout_s`.
+    """
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"icekeeper-readback-{uuid.uuid4().hex[:8]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False}, logger=logging.getLogger("librdkafka"))
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        records: list[DecodedRecord] = []
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata.partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
         remaining = {p for p, end in ends.items() if end > 0}
         deadline = time.monotonic() + timeout_s
-        while remaining and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error():
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"partitions {sorted(remaining)} of {topic} not read to the end in {timeout_s}s")
+            message = consumer.poll(1)
+            if message is None or message.error() or message.partition() not in remaining:
                 continue
-            value_bytes = message.value()
-            schema_id = int.from_bytes(value_bytes[1:5], "big") if value_bytes and value_bytes[0] == 0 else None
-            key = deserializer(message.key(), SerializationContext(topic, MessageField.KEY))
-            value = deserializer(value_bytes, SerializationContext(topic, MessageField.VALUE))
-            records.append(DecodedRecord(message.partition(), message.offset(), message.timestamp()[1], key, value, schema_id))
+            yield message
             if message.offset() + 1 >= ends[message.partition()]:
                 remaining.discard(message.partition())
-        if remaining:
-            raise TimeoutError(f"partitions {sorted(remaining)} of {topic} not read to the end in {timeout_s}s")
-        return sorted(records, key=lambda record: (record.partition, record.offset))
     finally:
         consumer.close()
+
+
+def read_topic(source: KafkaSource, topic: str, timeout_s: float = 30.0) -> list[DecodedRecord]:
+    """Every record of `topic` from offset 0 to the current end, decoded; ordered by partition, offset."""
+    deserializer = AvroDeserializer(SchemaRegistryClient({"url": source.schema_registry_url}))
+    records = []
+    for message in topic_messages(source.bootstrap_servers, topic, timeout_s):
+        value_bytes = message.value()
+        schema_id = int.from_bytes(value_bytes[1:5], "big") if value_bytes and value_bytes[0] == 0 else None
+        key = deserializer(message.key(), SerializationContext(topic, MessageField.KEY))
+        value = deserializer(value_bytes, SerializationContext(topic, MessageField.VALUE))
+        records.append(DecodedRecord(message.partition(), message.offset(), message.timestamp()[1], key, value, schema_id))
+    return sorted(records, key=lambda record: (record.partition, record.offset))
