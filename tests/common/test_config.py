@@ -134,6 +134,18 @@ def test_partition_terms_are_checked(tmp_path: Path) -> None:
         load_config(path, environ={})
 
 
+@pytest.mark.parametrize(("table", "problem"), [
+    ("{identifier: a.b, properties: {format-version: '3'}}", "format-version 3 is not supported"),
+    ("{identifier: a.b, primary_key: [id], properties: {format-version: '1'}}", "upsert table needs format-version 2"),
+])
+def test_a_format_version_the_bookkeeper_cannot_commit_is_refused_at_load(tmp_path: Path, table: str, problem: str) -> None:
+    path = write(tmp_path, "c.yaml", f"tables:\n  - {table}\n")
+    with pytest.raises(ConfigError, match=problem):
+        load_config(path, environ={})
+    changelog_v1 = write(tmp_path, "v1.yaml", "tables:\n  - {identifier: a.b, properties: {format-version: '1'}}\n")
+    assert load_config(changelog_v1, environ={}).tables[0].properties["format-version"] == "1"
+
+
 @pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("10s", 10), ("5m", 300), ("2h", 7200), ("7d", 604800), (3, 3.0), ("1.5", 1.5)])
 def test_durations(text: object, seconds: float) -> None:
     assert parse_duration_s(text) == seconds
