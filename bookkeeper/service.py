@@ -24,7 +24,7 @@ from bookkeeper.rewrites import RewriteCommitter
 from bookkeeper.observability import BookkeeperMetrics, HealthServer
 from pyiceberg.exceptions import NoSuchTableError
 
-from common.catalog import open_catalog
+from common.catalog import load_table_or_none, open_catalog
 from common.file_events import location_key
 from common.config.model import IcekeeperConfig
 from common.transports import Delivery, open_transport
@@ -102,6 +102,7 @@ class Bookkeeper:
             self.serve_http()
         if self.lease is None:
             self.take_lease()
+        self.warm_key_indexes()
         fenced = False
         try:
             while not self.stop.is_set():
@@ -125,6 +126,25 @@ class Bookkeeper:
                 self.http = None
             # A fenced bookkeeper leaves the key indexes to its successor.
             self.committer.close(save_key_indexes=not fenced)
+
+    def warm_key_indexes(self) -> None:
+        """Load (catch up, or rebuild) the key index of every upsert table that exists, so that the
+        first cycle's commit does not wait for it; a table that cannot be loaded now is left to the
+        cycle, which reports it."""
+        for spec in self.config.tables:
+            if not spec.upsert:
+                continue
+            started = time.monotonic()
+            try:
+                table = load_table_or_none(self.catalog, spec.identifier)
+                if table is None:
+                    continue
+                index = self.committer.upserts.warm(table)
+            except Exception as error:  # noqa: BLE001 - the first cycle loads it again and reports a failure there
+                log.warning("key index not loaded at start", extra={"table": spec.identifier, "error": str(error)})
+                continue
+            log.info("key index ready", extra={"table": spec.identifier, "keys": index.live_keys,
+                                                "seconds": round(time.monotonic() - started, 2)})
 
     def run_cycle(self) -> CycleReport:
         started = time.monotonic()

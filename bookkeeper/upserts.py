@@ -206,6 +206,11 @@ class UpsertKeeper:
     def index_of(self, identifier: str) -> KeyIndex | None:
         return self._indexes.get(identifier)
 
+    def warm(self, table: Table) -> KeyIndex:
+        """The table's index, loaded, caught up or rebuilt now rather than in the first cycle that
+        needs it: a bookkeeper starting (or taking over) is ready before its first commit."""
+        return self._current(".".join(table.name()), table)
+
     def _save(self, identifier: str, table: Table) -> None:
         save_index(table, self._indexes[identifier])
         self._saved_at[identifier] = time.monotonic()

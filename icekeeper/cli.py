@@ -197,7 +197,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
             result = run_upsert_bench(config, changes=args.records or 1_000_000, cores=args.cores, repeat=args.repeat or 1,
                                       index_keys=args.keys, freshness_s=args.seconds, rate_per_s=args.rate, freshness_warmup_s=args.warmup,
-                                      progress=_progress)
+                                      table_rows=args.table_rows, progress=_progress)
         else:
             raise SystemExit(f"bench {args.target}: unknown")
     finally:
@@ -319,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rate", type=float, default=2000.0, help="e2e, upsert: records produced per second for freshness")
     bench.add_argument("--warmup", type=float, default=10.0, help="e2e, upsert: seconds of the same load before the freshness clock starts")
     bench.add_argument("--keys", type=int, default=10_000_000, help="key-index, upsert: keys in the upsert key index")
+    bench.add_argument("--table-rows", type=int, default=0, help="upsert: rows every timed run's table starts with (keys the "
+                       "changes never touch, loaded untimed): a source table larger than the keys it changes")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
     bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
 

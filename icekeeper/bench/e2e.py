@@ -127,6 +127,7 @@ def bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
     configure_logging()
     bookkeeper = Bookkeeper(config)
     threading.Thread(target=lambda: (stop.wait(), bookkeeper.stop.set()), daemon=True).start()
+    bookkeeper.warm_key_indexes()  # ready once a table it starts with is indexed, as a long-running bookkeeper's is
     ready.set()
     bookkeeper.run()
 

@@ -38,18 +38,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from common.catalog import load_table_or_none, open_catalog
+from common.catalog import DEFAULT_TABLE_PROPERTIES, load_table_or_none, open_catalog
 from common.committed_state import committed_state
 from common.config import IcekeeperConfig, load_config
 from common.config.model import TableSpec
 from common.schema import op_column
 from icekeeper.bench.upsert_data import ROW_COLUMNS, ChangePlan, final_state_frame, plan_changes, preload
-from icekeeper.bench.upsert_merge import run_merge_baseline
+from icekeeper.bench.upsert_merge import create_merge_table, run_merge_baseline
 from icekeeper.bench.upsert_stages import measure_upsert_stages
+from icekeeper.bench.upsert_table_rows import start_with, write_template
 
 Progress = Callable[[str], None]
 KEY_COLUMNS = ["id"]
@@ -158,16 +161,17 @@ def state_digest(frame: DataFrame, columns: list[str]) -> dict[str, Any]:
     return {"rows": row["rows"], "keys": row["keys"], "digest": str(row["digest"])}
 
 
-def final_states(spark: SparkSession, config: IcekeeperConfig, tables: dict[str, str], plan: ChangePlan, folder: Path) -> dict[str, Any]:
-    """Each table's state (as Spark reads it, deletes applied) against the plan's final state:
-    source columns against the plan, all columns between the tables."""
+def final_states(spark: SparkSession, config: IcekeeperConfig, tables: dict[str, str], plan: ChangePlan, folder: Path,
+                 table_rows: int = 0) -> dict[str, Any]:
+    """Each table's state (as Spark reads it, deletes applied) against the plan's final state (and
+    the `table_rows` starting rows): source columns against the plan, all columns between the tables."""
     op = op_column(config.metadata_columns)
     frames = {}
     for side, identifier in tables.items():
         frame = spark.table(f"{config.catalog.name}.{identifier}")
         frames[side] = changelog_mirror(frame, op) if side.startswith("changelog") else frame
     all_columns = sorted(spark.table(f"{config.catalog.name}.{tables['ours']}").columns)
-    expected = state_digest(final_state_frame(spark, plan, folder), ROW_COLUMNS)
+    expected = state_digest(final_state_frame(spark, plan, folder, table_rows), ROW_COLUMNS)
     states = {side: {"source_columns": state_digest(frame, ROW_COLUMNS), "all_columns": state_digest(frame, all_columns)} for side, frame in frames.items()}
     equal = all(state["source_columns"] == expected and state["all_columns"] == states["ours"]["all_columns"] for state in states.values())
     return {"equal_final_state": equal, "expected": expected, "states": states}
@@ -229,6 +233,16 @@ def measure_scans(spark: SparkSession, config: IcekeeperConfig, identifier: str,
 
 
 @dataclass
+class StartingRows:
+    """The rows every timed run's table starts with (`upsert_table_rows.py`): the template's data
+    files, and each side's schema (the one its warm-up run's table got)."""
+
+    rows: int
+    files: list[DataFile]
+    schemas: dict[str, Schema]
+
+
+@dataclass
 class Sides:
     """Runs one side (ours, changelog or baseline) over a preloaded topic into a new table."""
 
@@ -237,11 +251,14 @@ class Sides:
     work: Path
     batch_records: int
     progress: Progress
+    starting: StartingRows | None = None
 
     def run(self, side: str, name: str, loaded: dict[str, Any]) -> dict[str, Any]:
         """`loaded`: what `preload` reported; returns the run's figures, its table and (ours, changelog) its config."""
         identifier = f"bench.{side}_{name}"
         folder = self.work / f"{side}-{name}"
+        if self.starting is not None and name != "warm":
+            self._start_table(side, identifier)
         if side == "baseline":
             result = run_merge_baseline(self.spark, self.config, loaded["topic"], loaded["value_schema"], loaded["value_schema_id"],
                                         identifier, KEY_COLUMNS, self.batch_records, folder / "checkpoint")
@@ -253,17 +270,43 @@ class Sides:
                           f"{result['snapshots']} snapshots, {result['commit_s']:.1f}s committing)")
         return {**result, "identifier": identifier, "files": table_files(open_catalog(self.config).load_table(identifier))}
 
-    def take_turns(self, loaded: dict[str, Any], warm: dict[str, Any], repeat: int) -> dict[str, list[dict[str, Any]]]:
-        """Each side once over the warm-up topic, then `repeat` turns over the topic, in alternating order."""
+    def _start_table(self, side: str, identifier: str) -> None:
+        """The run's table, made before its clock starts, holding the starting rows."""
+        assert self.starting is not None
+        schema = self.starting.schemas[side]
+        if side == "baseline":
+            table = create_merge_table(self.config, identifier, schema)
+        else:  # as the bookkeeper makes a table (committer.py `_create_table`)
+            table = open_catalog(self.config).create_table(identifier, schema=schema, properties=dict(DEFAULT_TABLE_PROPERTIES))
+        start_with(table, self.starting.files)
+
+    def take_turns(self, loaded: dict[str, Any], warm: dict[str, Any], repeat: int, plan: ChangePlan,
+                   table_rows: int) -> dict[str, list[dict[str, Any]]]:
+        """Each side once over the warm-up topic, then (after writing the starting rows, if any)
+        `repeat` turns over the topic, in alternating order."""
         self.progress(f"warming up: each side once over {warm['changes']:,} changes")
         for side in SIDES:
             self.run(side, "warm", warm)
+        if table_rows:
+            self.starting = self._starting_rows(loaded, plan, table_rows)
         runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
         for turn in range(1, repeat + 1):
             for side in SIDES if turn % 2 else tuple(reversed(SIDES)):
                 runs[side].append(self.run(side, f"r{turn}", loaded))
             self.progress(f"turn {turn}/{repeat}: " + ", ".join(f"{side} {runs[side][-1]['seconds']:.1f}s" for side in SIDES))
         return runs
+
+    def _starting_rows(self, loaded: dict[str, Any], plan: ChangePlan, table_rows: int) -> StartingRows:
+        catalog = open_catalog(self.config)
+        schemas = {side: catalog.load_table(f"bench.{side}_warm").schema() for side in SIDES}
+        field_ids = {side: [(field.name, field.field_id) for field in schema.fields] for side, schema in schemas.items()}
+        if len({tuple(ids) for ids in field_ids.values()}) != 1:
+            raise ValueError(f"the sides' tables number their columns differently, so they cannot share data files: {field_ids}")
+        started = time.monotonic()
+        files = write_template(self.spark, self.config, loaded, plan, table_rows, len(loaded["partition_records"]), schemas["ours"],
+                               "bench.starting_rows")
+        self.progress(f"{table_rows:,} starting rows written in {time.monotonic() - started:.1f}s ({len(files)} files)")
+        return StartingRows(table_rows, files, schemas)
 
 
 def delete_topics(config: IcekeeperConfig, topics: list[str], progress: Progress) -> None:
@@ -281,7 +324,7 @@ def delete_topics(config: IcekeeperConfig, topics: list[str], progress: Progress
 
 def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int = 100_000, partitions: int = 4, batch_records: int = 200_000,
                      cores: int | None = None, repeat: int = 1, warmup_changes: int = 100_000, index_keys: int = 10_000_000,
-                     freshness_s: float = 60.0, rate_per_s: float = 2000.0, freshness_warmup_s: float = 10.0,
+                     freshness_s: float = 60.0, rate_per_s: float = 2000.0, freshness_warmup_s: float = 10.0, table_rows: int = 0,
                      spark: SparkSession | None = None, progress: Progress = print) -> dict[str, Any]:
     """Preload, time ours, our changelog path and the `MERGE INTO` baseline (`repeat` turns, in
     alternating order), check their final states, then scans, freshness and the key index.
@@ -292,6 +335,8 @@ def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int 
             the baseline's `maxOffsetsPerTrigger`).
         spark: a session to use (and leave running); default: one of `cores` local cores, stopped at the end.
         freshness_s: seconds of production at `rate_per_s` for the freshness figures (0: skip them).
+        table_rows: rows every timed run's table starts with, keys the changes never touch
+            (`upsert_table_rows.py`): a source table larger than the keys it changes.
     """
     from common.spark import iceberg_catalog_conf, spark_session
     from icekeeper.bench.e2e import run_e2e_bench
@@ -317,9 +362,9 @@ def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int 
         loaded = preload(spark, config, topic, plan, partitions, work / "plan")
         warm = preload(spark, config, topics[1], plan_changes(warmup_changes, max(10, warmup_changes // 10), seed=7), partitions, work / "warm")
         progress(f"preloaded in {loaded['preload_s']}s")
-        runs = Sides(spark, config, work, batch_records, progress).take_turns(loaded, warm, repeat)
+        runs = Sides(spark, config, work, batch_records, progress).take_turns(loaded, warm, repeat, plan, table_rows)
         progress("checking the final states")
-        states = [final_states(spark, config, {side: runs[side][turn]["identifier"] for side in SIDES}, plan, work / "plan")
+        states = [final_states(spark, config, {side: runs[side][turn]["identifier"] for side in SIDES}, plan, work / "plan", table_rows)
                   for turn in range(repeat)]
         if not all(state["equal_final_state"] for state in states):
             progress(f"FINAL STATES DIFFER: {states}")
@@ -339,7 +384,7 @@ def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int 
     index = run_key_index_bench(keys=index_keys, progress=progress)
     shutil.rmtree(work, ignore_errors=True)
     return summarize(plan, runs, states, scans, freshness, index, batch_records, partitions, cores) | {
-        "stages_s": stages, "preload_s": loaded["preload_s"]}
+        "stages_s": stages, "preload_s": loaded["preload_s"], "table_rows": table_rows}
 
 
 def summarize(plan: ChangePlan, runs: dict[str, list[dict[str, Any]]], states: list[dict[str, Any]], scans: dict[str, Any],

@@ -138,12 +138,16 @@ def plan_frame(spark: SparkSession, plan: ChangePlan, partitions: int, folder: P
     return spark.read.parquet(str(path))
 
 
-def final_state_frame(spark: SparkSession, plan: ChangePlan, folder: Path) -> DataFrame:
-    """The rows (`ROW_COLUMNS`) a mirror of the source table holds after the whole plan; Debezium's
-    `Timestamp` columns (epoch milliseconds) as timestamps, as a table holds them."""
+def final_state_frame(spark: SparkSession, plan: ChangePlan, folder: Path, table_rows: int = 0) -> DataFrame:
+    """The rows (`ROW_COLUMNS`) a mirror of the source table holds after the whole plan, and the
+    `table_rows` rows the tables started with (`upsert_table_rows.py`: key `keys + i` holds row
+    image `changes + i`); Debezium's `Timestamp` columns (epoch milliseconds) as timestamps, as a
+    table holds them."""
     keys, seqs, borns = plan.final_rows()
+    extra = np.arange(table_rows, dtype=np.int64)
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"key": keys, "seq": seqs, "born_seq": borns}), folder / "final-rows.parquet")
+    pq.write_table(pa.table({"key": np.concatenate([keys, extra + plan.keys]), "seq": np.concatenate([seqs, extra + plan.changes]),
+                             "born_seq": np.concatenate([borns, extra + plan.changes])}), folder / "final-rows.parquet")
     frame = spark.read.parquet(str(folder / "final-rows.parquet"))
     rows = frame.select(row_image(F.col("seq"), F.col("born_seq"), F.col("key")).alias("row")).select("row.*")
     timestamps = [column.name for column in SHAPE.columns if column.connect_name == "io.debezium.time.Timestamp"]
@@ -152,19 +156,19 @@ def final_state_frame(spark: SparkSession, plan: ChangePlan, folder: Path) -> Da
 
 def envelope_frame(plan_rows: DataFrame) -> DataFrame:
     """Debezium MySQL envelopes (`key`, `value` structs, `partition`) of the plan's changes, in plan
-    order within each Kafka partition."""
+    order within each Kafka partition; op `r` is a snapshot read (no `before`)."""
     seq, op, key = F.col("seq"), F.col("op"), F.col("key")
     gtid = F.concat(F.lit("bench-upsert:"), (seq + 1).cast("string"))
     source = F.struct(
         F.lit(DEBEZIUM_VERSION).alias("version"), F.lit("mysql").alias("connector"), F.lit(SHAPE.server).alias("name"),
-        (F.lit(_BASE_TS_MS) + seq * 10).cast("long").alias("ts_ms"), F.lit("false").alias("snapshot"), F.lit(SHAPE.db).alias("db"),
+        (F.lit(_BASE_TS_MS) + seq * 10).cast("long").alias("ts_ms"), F.when(op == "r", F.lit("true")).otherwise(F.lit("false")).alias("snapshot"), F.lit(SHAPE.db).alias("db"),
         F.lit(None).cast("string").alias("sequence"), F.lit(SHAPE.table).alias("table"), F.lit(1).cast("long").alias("server_id"),
         gtid.alias("gtid"), F.lit("mysql-bin.000001").alias("file"), (F.lit(4) + seq * 512).cast("long").alias("pos"),
         F.lit(0).alias("row"), F.lit(None).cast("long").alias("thread"), F.lit(None).cast("string").alias("query"),
     )
     transaction = F.struct(gtid.alias("id"), F.lit(1).cast("long").alias("total_order"), F.lit(1).cast("long").alias("data_collection_order"))
     envelope = F.struct(
-        F.when(op != "c", row_image(F.col("prev_seq"), F.col("born_seq"), key)).alias("before"),
+        F.when(~op.isin("c", "r"), row_image(F.col("prev_seq"), F.col("born_seq"), key)).alias("before"),
         F.when(op != "d", row_image(seq, F.col("born_seq"), key)).alias("after"),
         source.alias("source"), op.alias("op"), (F.lit(_BASE_TS_MS + 5) + seq * 10).cast("long").alias("ts_ms"),
         transaction.alias("transaction"),
@@ -178,7 +182,6 @@ def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, plan: Chan
     Each Kafka partition is written by one Spark task in plan order (the Kafka producer keeps a
     connection's order), so every key's changes are in Kafka in the order the plan made them."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
-    from pyspark.sql.avro.functions import to_avro
 
     source = config.sources[0]
     ensure_topic(source.bootstrap_servers, topic, partitions)
@@ -187,15 +190,25 @@ def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, plan: Chan
     value_id = framer.schema_id(value_schema, is_key=False)
     key_id = framer.schema_id(key_schema, is_key=True)
     ordered = plan_frame(spark, plan, partitions, folder).repartition(partitions, "partition").sortWithinPartitions("seq")
-    prefix = lambda schema_id: F.lit(bytes([0]) + schema_id.to_bytes(4, "big"))  # noqa: E731
-    framed = envelope_frame(ordered).select(
-        F.col("partition"),
-        F.concat(prefix(key_id), to_avro(F.col("key"), json.dumps(key_schema))).alias("key"),
-        F.concat(prefix(value_id), to_avro(F.col("value"), json.dumps(value_schema))).alias("value"),
-    )
+    framed = confluent_records(envelope_frame(ordered), key_id, value_id)
     started = time.monotonic()
     (framed.write.format("kafka").mode("append").option("kafka.bootstrap.servers", source.bootstrap_servers).option("topic", topic)
      .option("kafka.enable.idempotence", "true").option("kafka.linger.ms", "50").option("kafka.batch.size", "1000000")
      .option("kafka.compression.type", "lz4").save())
-    return {"topic": topic, "changes": plan.changes, "preload_s": round(time.monotonic() - started, 1), "value_schema_id": value_id,
+    return {"topic": topic, "changes": plan.changes, "preload_s": round(time.monotonic() - started, 1), "value_schema_id": value_id, "key_schema_id": key_id,
             "value_schema": json.dumps(value_schema), "partition_records": np.bincount(plan.key % partitions, minlength=partitions).tolist()}
+
+
+def confluent_records(envelopes: DataFrame, key_id: int, value_id: int, keep: tuple[str, ...] = ()) -> DataFrame:
+    """`envelope_frame`'s rows as Kafka records (`partition`, `key`, `value`, and the columns in
+    `keep`): Confluent-framed Avro of the bench's key and value schemas, registered under `key_id`
+    and `value_id`."""
+    from pyspark.sql.avro.functions import to_avro
+
+    prefix = lambda schema_id: F.lit(bytes([0]) + schema_id.to_bytes(4, "big"))  # noqa: E731
+    return envelopes.select(
+        F.col("partition"),
+        F.concat(prefix(key_id), to_avro(F.col("key"), json.dumps(SHAPE.key_schema()))).alias("key"),
+        F.concat(prefix(value_id), to_avro(F.col("value"), json.dumps(SHAPE.value_schema()))).alias("value"),
+        *keep,
+    )

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -41,7 +42,7 @@ def flat_changes(config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: s
     return flat.frame.where(F.col(ERROR).isNull()), flat.schema
 
 
-def create_merge_table(config: IcekeeperConfig, identifier: str, schema: Schema) -> None:
+def create_merge_table(config: IcekeeperConfig, identifier: str, schema: Schema) -> Table:
     """The baseline's table: our flattened columns (nullable, as Spark's are), our table
     properties, and merge-on-read for MERGE, UPDATE and DELETE."""
     catalog = open_catalog(config)
@@ -49,7 +50,7 @@ def create_merge_table(config: IcekeeperConfig, identifier: str, schema: Schema)
     if (namespace,) not in catalog.list_namespaces():
         catalog.create_namespace(namespace)
     fields = [field.model_copy(update={"required": False}) for field in schema.fields]
-    catalog.create_table(identifier, schema=Schema(*fields), properties={**DEFAULT_TABLE_PROPERTIES, **MERGE_ON_READ})
+    return catalog.create_table(identifier, schema=Schema(*fields), properties={**DEFAULT_TABLE_PROPERTIES, **MERGE_ON_READ})
 
 
 def merge_statement(target: str, source_view: str, key_columns: list[str], op: str) -> str:
@@ -73,7 +74,8 @@ def run_merge_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str,
               .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(batch_records))
               .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
     rows, schema = flat_changes(config, stream, schema_text, schema_id, key_columns)
-    create_merge_table(config, identifier, schema)
+    if not open_catalog(config).table_exists(identifier):  # else made with its starting rows (upsert_table_rows.py)
+        create_merge_table(config, identifier, schema)
     target = f"{config.catalog.name}.{identifier}"
     view = f"bench_changes_{identifier.replace('.', '_')}"
     statement = merge_statement(target, view, key_columns, op_column(config.metadata_columns))
