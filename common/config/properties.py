@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+import javaproperties
+
 _IGNORED_PREFIXES = ("hive.",)
 # spark.yarn.jars listed the old job's jars; the key deserializer is implied by the value format.
 _IGNORED_KEYS = {"spark.yarn.jars", "kafka.consumer.key.deserializer"}
@@ -21,28 +23,11 @@ class PropertiesError(ValueError):
 
 
 def parse_properties(text: str) -> dict[str, str]:
-    """Parse Java `.properties` text: `key = value` / `key: value`, `#`/`!` comments, `\\` continuations.
-
-    A hand-written parser: the format is tiny and no maintained PyPI package is worth a runtime
-    dependency for it.
-    """
-    entries: dict[str, str] = {}
-    logical_line = ""
-    for physical_line in text.splitlines():
-        stripped = physical_line.strip()
-        if not logical_line and (not stripped or stripped[0] in "#!"):
-            continue
-        if stripped.endswith("\\") and not stripped.endswith("\\\\"):
-            logical_line += stripped[:-1]
-            continue
-        logical_line += stripped
-        match = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", logical_line)
-        if match:
-            entries[match.group(1)] = match.group(2).strip()
-        elif logical_line:
-            entries[logical_line] = ""
-        logical_line = ""
-    return entries
+    """Parse Java `.properties` text as `java.util.Properties.load` does (separators `=`, `:` or
+    whitespace, `#`/`!` comments, `\\` continuations, escapes such as `\\:` and `\\u00e9`), through
+    `javaproperties`. Values lose trailing whitespace too, which Java keeps: an invisible space after
+    `500` is not what a user meant."""
+    return {key: value.strip() for key, value in javaproperties.loads(text).items()}
 
 
 def split_top_level(value: str) -> list[str]:

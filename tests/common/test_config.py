@@ -152,8 +152,8 @@ def test_durations(text: object, seconds: float) -> None:
 
 
 def test_properties_parser_handles_continuations_comments_and_separators() -> None:
-    parsed = parse_properties("# c\n! c\na = 1\nb:2\nc 3\nd = x,\\\n    y\n")
-    assert parsed == {"a": "1", "b": "2", "c": "3", "d": "x,y"}
+    parsed = parse_properties("# c\n! c\na = 1 \nb:2\nc 3\nd = x,\\\n    y\nkey\\:with\\=separators = v\nname = caf\\u00e9\n")
+    assert parsed == {"a": "1", "b": "2", "c": "3", "d": "x,y", "key:with=separators": "v", "name": "café"}
     assert split_top_level("bucket(16, id), day(ts)") == ["bucket(16, id)", "day(ts)"]
 
 
