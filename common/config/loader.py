@@ -85,7 +85,13 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def _apply_env_overrides(raw: dict[str, Any], environ: Mapping[str, str], source_name: str) -> dict[str, str]:
-    """Set each `ICEKEEPER__...` variable into `raw`; returns env var name -> dotted model key."""
+    """Set each `ICEKEEPER__...` variable into `raw`; returns env var name -> dotted model key.
+
+    Hand-written rather than pydantic-settings' `env_nested_delimiter`: that addresses nested
+    models but not list items (`ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS`, one field of the first
+    source, the rest kept from the file or the defaults), cannot switch a section's `kind` with
+    the kind's own defaults, and its errors do not name the variable that caused them.
+    """
     defaults = IcekeeperConfig().model_dump(mode="python")
     applied: dict[str, str] = {}
     for name in sorted(environ):
