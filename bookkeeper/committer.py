@@ -8,6 +8,14 @@ between. Each attempt is a single compare-and-swap on the table's current snapsh
 own retry loop is bypassed on purpose, since it rebuilds the snapshot on the refreshed table
 without giving the caller a chance to re-check (pyiceberg 0.12 `Transaction.commit_transaction`).
 A commit whose outcome is unknown is settled by reading the table back for its commit id.
+
+Two things keep a moniker out of a commit without losing it. A file storage cannot serve now
+(not found yet, a network error, throttling) is retried with backoff within the cycle, then the
+moniker is left pending, and with it its writer's later monikers (they wait, as for ordering);
+only a file missing for `bookkeeper.missing_file_timeout`, or definitely not what the moniker
+says (not Parquet, size or field ids differ), quarantines it. And a moniker whose offsets start
+below what the table committed for a partition (a writer restarted under a new id, two writers
+given the same partitions) is refused: committing it would add those records twice.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, TableAlreadyExistsError
@@ -31,7 +40,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from bookkeeper.datafiles import FooterFacts, FooterReader, InvalidFile, data_file, validate
+from bookkeeper.datafiles import Described, FileUnavailable, FooterFacts, FooterReader, InvalidFile, data_file, validate
 from bookkeeper.manifests import merge_append
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
 from bookkeeper.upserts import MonikerKeys, UpsertCycle, UpsertKeeper
@@ -46,6 +55,8 @@ from common.transports.base import Delivery
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8
+FILE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)
+"""Waits before re-reading files storage could not serve, within one cycle (then: next cycle)."""
 
 
 class StaleEpoch(RuntimeError):
@@ -60,7 +71,11 @@ class TableCommit:
     committed: list[Delivery] = field(default_factory=list)
     duplicates: list[Delivery] = field(default_factory=list)
     quarantined: list[tuple[Delivery, str]] = field(default_factory=list)
+    refused: list[tuple[Delivery, str]] = field(default_factory=list)
+    """Monikers whose offsets overlap what the table committed: dead-lettered, their records not added."""
     waiting: list[Delivery] = field(default_factory=list)
+    unavailable: list[tuple[Delivery, str]] = field(default_factory=list)
+    """Monikers left pending because storage could not serve one of their files (also in `waiting`)."""
     snapshot_id: int | None = None
     records: int = 0
     files: int = 0
@@ -78,10 +93,15 @@ class _Selection:
     ready: list[Delivery]
     duplicates: list[Delivery]
     waiting: list[Delivery]
+    refused: list[tuple[Delivery, str]] = field(default_factory=list)
 
 
 def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: int, max_bytes: int) -> _Selection:
-    """Ready monikers in commit order, duplicates, and those waiting for a predecessor."""
+    """Ready monikers in commit order, duplicates, those waiting for a predecessor, and those
+    refused because an offset range starts below what is committed (or what a moniker before it
+    in this commit covers) for its partition: the records below are in the table already, and a
+    moniker cannot be trimmed (its files hold the rows). A refused moniker still moves its
+    writer's chain on, so the writer's next moniker does not wait for it forever."""
     by_writer: dict[str, list[Delivery]] = {}
     duplicates: list[Delivery] = []
     seen_ids: set[str] = set()
@@ -96,6 +116,8 @@ def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: i
         by_writer.setdefault(moniker.writer_id, []).append(delivery)
     ready: list[Delivery] = []
     waiting: list[Delivery] = []
+    refused: list[tuple[Delivery, str]] = []
+    covered = dict(state.offsets)
     files = size = 0
     for writer_id, chain in sorted(by_writer.items()):
         chain.sort(key=lambda d: d.moniker.seq)
@@ -106,11 +128,31 @@ def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: i
             if moniker.prev_seq != expected or over_budget:
                 waiting.append(delivery)
                 continue
+            expected = moniker.seq
+            overlap = overlapping_offsets(moniker, covered)
+            if overlap is not None:
+                refused.append((delivery, overlap))
+                continue
             ready.append(delivery)
             files += len(moniker.files)
             size += moniker.bytes
-            expected = moniker.seq
-    return _Selection(ready, duplicates, waiting)
+            for offset_range in moniker.offsets:
+                key = (offset_range.topic, offset_range.partition)
+                covered[key] = max(covered.get(key, 0), offset_range.until_offset)
+    return _Selection(ready, duplicates, waiting, refused)
+
+
+def overlapping_offsets(moniker: Moniker, committed_offsets: dict[tuple[str, int], int]) -> str | None:
+    """Why `moniker` would add records the table holds already, or None: a non-empty offset range
+    that starts below the next offset committed for its topic-partition."""
+    for offset_range in moniker.offsets:
+        committed = committed_offsets.get((offset_range.topic, offset_range.partition))
+        if offset_range.count and committed is not None and offset_range.from_offset < committed:
+            return (f"offsets overlap the committed ones: writer {moniker.writer_id} seq {moniker.seq} covers "
+                    f"{offset_range.topic}[{offset_range.partition}] {offset_range.from_offset}..{offset_range.until_offset}, "
+                    f"the table has everything below {committed} (records {offset_range.from_offset}.."
+                    f"{min(committed, offset_range.until_offset)} would be added twice)")
+    return None
 
 
 class Committer:
@@ -120,7 +162,13 @@ class Committer:
         self.config = config
         self.catalog = catalog
         self.epoch = epoch
-        self._footers: dict[str, FooterFacts | InvalidFile] = {}
+        self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+        """The clock snapshot ages are measured against (tests move it forward)."""
+        self._footers: dict[str, Described] = {}
+        self._missing_since: dict[str, float] = {}
+        """File path -> when (monotonic) storage first said it does not exist; cleared once it is read."""
+        self._unavailable_before: set[str] = set()
+        """Files storage failed to serve in an earlier cycle: not retried within a cycle again."""
         self.footer_reader = FooterReader(config.bookkeeper.footer_workers or os.cpu_count() or 2)
         self.upserts = UpsertKeeper(config.bookkeeper.footer_workers or os.cpu_count() or 2, config.bookkeeper.key_index_save_interval)
 
@@ -144,12 +192,18 @@ class Committer:
             state = committed_state(table) if table is not None else CommittedState()
             self.check_epoch(identifier, state)
             selection = select_ready(deliveries, state, self.config.bookkeeper.max_files_per_commit, self.config.bookkeeper.max_bytes_per_commit)
-            result.duplicates, result.waiting = selection.duplicates, selection.waiting
-            if not selection.ready:
+            result.duplicates, result.waiting, result.refused = selection.duplicates, selection.waiting, selection.refused
+            if not selection.ready and not selection.refused:
                 break
             plan = self._prepare(table, identifier, selection.ready, result)
             if plan is None:
+                # Nothing was committed to move the refused monikers' writers on: they are refused next time.
+                result.waiting.extend(d for d, _ in result.refused)
+                result.refused = []
                 break
+            plan.refused = result.refused
+            if not (plan.committed or plan.quarantined or plan.refused):
+                break  # every ready moniker waits for a file
             table = plan.table
             new_state = _advance(state, plan, self.epoch)
             snapshot_id = self._commit_settled(table, plan, new_state, attempt)
@@ -167,6 +221,8 @@ class Committer:
             for delivery in plan.committed + [q for q, _ in plan.quarantined]:
                 for entry in delivery.moniker.files:
                     self._footers.pop(entry.path, None)
+                    self._missing_since.pop(entry.path, None)
+                    self._unavailable_before.discard(entry.path)
             break
         else:
             raise CommitFailedException(f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts")
@@ -210,6 +266,11 @@ class Committer:
             for delivery in fresh:
                 path = _local_or_url(delivery.file_event.url, table.location())
                 described = facts[path]
+                if isinstance(described, FileUnavailable):
+                    # Not acknowledged: the queue delivers the event again after its visibility timeout.
+                    result.waiting.append(delivery)
+                    result.unavailable.append((delivery, str(described)))
+                    continue
                 problem = described if isinstance(described, InvalidFile) else None
                 if problem is None and delivery.file_event.size_bytes not in (None, described.size_bytes):
                     problem = InvalidFile(f"{path}: {described.size_bytes} bytes, the event says {delivery.file_event.size_bytes}")
@@ -280,15 +341,26 @@ class Committer:
                 schemas[schema_key] = Schema.model_validate(delivery.moniker.schema_)
             schema_keys.append(schema_key)
         requests = [(entry.path, schemas[key], key) for delivery, key in zip(ready, schema_keys) for entry in delivery.moniker.files
-                    if entry.path not in self._footers]
+                    if not isinstance(self._footers.get(entry.path), (FooterFacts, InvalidFile))]  # unread, or unavailable last time
         properties = table.properties if table is not None else {}
-        self._footers.update(self.footer_reader.describe(requests, properties))
+        self._describe_retrying(requests, properties)
         plan = _Plan(table=table)
+        held_writers: dict[str, int] = {}
+        """Writer -> the seq of its moniker left pending for a file: its later monikers wait behind it."""
         current_schema = table.schema() if table is not None else None
         evolutions: dict[tuple[int, str], object] = {}
         for delivery, schema_key in zip(ready, schema_keys):
             moniker = delivery.moniker
             file_schema = schemas[schema_key]
+            if moniker.writer_id in held_writers:
+                result.waiting.append(delivery)
+                continue
+            unavailable = [facts for entry in moniker.files if isinstance(facts := self._footers[entry.path], FileUnavailable)]
+            if unavailable:
+                held_writers[moniker.writer_id] = moniker.seq
+                result.waiting.append(delivery)
+                result.unavailable.append((delivery, "; ".join(str(problem) for problem in unavailable)))
+                continue
             try:
                 if current_schema is None:
                     table = self._create_table(identifier, moniker, file_schema)
@@ -323,11 +395,44 @@ class Committer:
             plan.files_of[delivery.moniker.id] = files
         if plan.table is not None and plan.committed and self.config.table(identifier).upsert:
             self._plan_upserts(plan, [(d, plan.files_of[d.moniker.id], d.moniker.delete_files) for d in plan.committed])
+        if held_writers:
+            # A refused moniker after one left pending would move its writer's chain past it: it waits too.
+            held = [(d, reason) for d, reason in result.refused if d.moniker.seq > held_writers.get(d.moniker.writer_id, d.moniker.seq)]
+            result.refused = [item for item in result.refused if item not in held]
+            result.waiting.extend(d for d, _ in held)
         result.quarantined = plan.quarantined
         result.schema_changes = plan.schema_changes
         if plan.table is None:
             return None
         return plan
+
+    def _describe_retrying(self, requests: list[tuple[str, Schema, str]], properties: dict[str, str]) -> None:
+        """Describe files into the footer cache. A file storage cannot serve is read again after
+        `FILE_RETRY_DELAYS_S` in the cycle that first meets it (later cycles read it once each: the
+        commit interval spaces them); one missing for `bookkeeper.missing_file_timeout`, counted
+        from when this bookkeeper first found it missing, becomes an `InvalidFile`."""
+        self._footers.update(self.footer_reader.describe(requests, properties))
+        for delay in FILE_RETRY_DELAYS_S:
+            retry = [r for r in requests if isinstance(self._footers[r[0]], FileUnavailable) and r[0] not in self._unavailable_before]
+            if not retry:
+                break
+            time.sleep(delay)
+            self._footers.update(self.footer_reader.describe(retry, properties))
+        now = time.monotonic()
+        timeout = self.config.bookkeeper.missing_file_timeout
+        for path, _, _ in requests:
+            problem = self._footers[path]
+            if not isinstance(problem, FileUnavailable):
+                self._unavailable_before.discard(path)
+                self._missing_since.pop(path, None)
+                continue
+            self._unavailable_before.add(path)
+            if not problem.missing:
+                self._missing_since.pop(path, None)  # it exists and storage failed to serve it: retried as long as it takes
+                continue
+            since = self._missing_since.setdefault(path, now)
+            if now - since >= timeout:
+                self._footers[path] = InvalidFile(f"{path}: missing for {now - since:.0f} s (bookkeeper.missing_file_timeout {timeout:.0f} s)")
 
     def _plan_upserts(self, plan: "_Plan", items: list[tuple[Delivery, list[DataFile], list[FileEntry]]]) -> None:
         """Key look-ups and position deletes for an upsert table's cycle. `items`: each committed
@@ -388,11 +493,10 @@ class Committer:
         """One compare-and-swap: schema change (if any) and the snapshot, atomically."""
         summary = new_state.to_summary([d.moniker.id for d in plan.committed if d.moniker is not None])
         transaction = _Transaction(table)
-        expired = expirable_snapshots(table, self.config.bookkeeper.keep_snapshots - 1)  # the commit adds one
+        expired = self._expirable(table)
         if expired:
-            # In the same transaction: pyiceberg copies the whole metadata several times per commit,
-            # so commit cost grows with the snapshots kept (16 ms at 1 -> ~1 s at 1,000, measured);
-            # keeping a fixed number keeps it flat. Files stay: the reaper deletes unreachable ones.
+            # In the same transaction, so the history kept stays bounded without a commit of its
+            # own. Files stay: the reaper deletes unreachable ones.
             ExpireSnapshots(transaction).by_ids(expired).commit()
         if plan.new_schema is not None:
             transaction._apply(  # noqa: SLF001 - explicit ids: see evolution.py
@@ -408,6 +512,14 @@ class Committer:
         # snapshot our state was read from.
         table._do_commit(updates=updates, requirements=requirements)  # noqa: SLF001
         return table.current_snapshot().snapshot_id
+
+    def _expirable(self, table: Table) -> list[int]:
+        """Snapshots to expire with this commit: beyond the newest `keep_snapshots` (the commit
+        adds one) and older than `keep_snapshots_for`, so that a streaming reader lagging by less
+        than that keeps its place."""
+        settings = self.config.bookkeeper
+        older_than_ms = self.now_ms() - int(settings.keep_snapshots_for * 1000)
+        return expirable_snapshots(table, settings.keep_snapshots - 1, older_than_ms=older_than_ms)
 
     def _settle_unknown(self, identifier: str, commit_id: str | None, error: Exception) -> int | None:
         log.warning("commit outcome unknown, reading the table back", extra={"table": identifier, "error": repr(error)})
@@ -486,6 +598,8 @@ class _Plan:
     schema_changes: list[str] = field(default_factory=list)
     files_of: dict[str, list[DataFile]] = field(default_factory=dict)
     """Moniker id -> its data files, for upsert tables' key look-ups."""
+    refused: list[tuple[Delivery, str]] = field(default_factory=list)
+    """Monikers whose offsets overlap the committed ones: they move their writer's seq on, not the offsets."""
     upsert: UpsertCycle | None = None
 
 
@@ -494,6 +608,8 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
 
     Quarantined monikers advance their writer's seq and offsets too: their records are
     accounted for in the dead-letter place, and later monikers of the writer must not wait.
+    Refused ones (offsets overlapping the committed ones) advance only their writer's seq: the
+    offsets they cover were committed by another moniker, or are still to be.
     """
     writer_seqs = dict(state.writer_seqs)
     offsets = dict(state.offsets)
@@ -509,6 +625,9 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
                 event_ms[key] = max(event_ms.get(key, 0), moniker.max_event_time_ms)
         if delivery in [d for d, _ in plan.quarantined]:
             quarantined += moniker.records
+    for delivery, _ in plan.refused:
+        moniker = delivery.moniker
+        writer_seqs[moniker.writer_id] = max(writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq)
     watermark = min(event_ms.values()) if event_ms else state.watermark_ms
     return CommittedState(writer_seqs, offsets, event_ms, watermark, max(epoch, state.epoch), uuid.uuid4().hex, quarantined, state.event_files)
 

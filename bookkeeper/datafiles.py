@@ -56,6 +56,23 @@ class InvalidFile(ValueError):
     """A file a moniker names that cannot be committed; the message says why."""
 
 
+class FileUnavailable(Exception):
+    """Storage could not serve a file now: not found (yet), a network error, a timeout, throttling.
+
+    Not a verdict on the file: an object store may list a file late, and a blip passes. The
+    committer retries it and leaves its moniker pending; only a file missing for longer than
+    `bookkeeper.missing_file_timeout` is given up (quarantined). `missing`: storage said "no
+    such file" (as opposed to failing to answer).
+    """
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message, missing)  # both in args: the exception crosses worker processes by pickle
+        self.missing = missing
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 @dataclass(frozen=True)
 class FooterFacts:
     """What a footer tells: size, row count, field ids present, and Iceberg column statistics."""
@@ -68,15 +85,33 @@ class FooterFacts:
 
 
 def describe_file(path: str, file_schema: Schema, table_properties: dict[str, str]) -> FooterFacts:
-    """Open one file, read its footer (one ranged read on object stores), compute its statistics."""
-    filesystem, local = open_filesystem(path)
+    """Open one file, read its footer (one ranged read on object stores), compute its statistics.
+
+    Raises `FileUnavailable` when storage cannot serve the file now (reading bytes failed: not
+    found, network, throttling) and `InvalidFile` when the bytes it served are not a Parquet file
+    (bad magic, damaged footer). The two are told apart by *where* it failed, not by the error's
+    type: pyarrow raises OSError for both a dropped connection and a footer thrift cannot parse.
+    """
     try:
+        filesystem, local = open_filesystem(path)
         info = filesystem.get_file_info(local)
+        if info.type == pafs.FileType.NotFound:
+            raise FileUnavailable(f"{path}: not found", missing=True)
         if info.type != pafs.FileType.File:
-            raise InvalidFile(f"{path}: does not exist")
+            raise InvalidFile(f"{path}: not a file")
         with filesystem.open_input_file(local) as handle:
-            metadata = read_footer(handle)
-    except (OSError, ValueError, pa.ArrowException) as error:  # ArrowInvalid: not Parquet (truncated, overwritten)
+            footer = footer_bytes(handle)  # I/O: errors up to here are the storage's
+            try:
+                metadata = parse_footer(handle, footer)
+            except (OSError, ValueError, pa.ArrowException) as error:  # ArrowInvalid / thrift: not Parquet (truncated, overwritten)
+                raise InvalidFile(f"{path}: unreadable ({error})") from None
+    except (InvalidFile, FileUnavailable):
+        raise
+    except FileNotFoundError:  # listed a moment ago, gone when opened
+        raise FileUnavailable(f"{path}: not found", missing=True) from None
+    except OSError as error:
+        raise FileUnavailable(f"{path}: storage error ({error})") from None
+    except (ValueError, pa.ArrowException) as error:
         raise InvalidFile(f"{path}: unreadable ({error})") from None
     layout = _layout(metadata.schema, file_schema, table_properties)
     return FooterFacts(path, info.size, metadata.num_rows, layout.field_ids, _statistics(metadata, layout))
@@ -97,24 +132,40 @@ def read_footer(handle: pa.NativeFile) -> pq.FileMetaData:
     Anything unusual (an encrypted "PARE" footer, a short or damaged tail, a pyarrow without the
     parsing function) goes through `ParquetFile`, which reads or rejects it as it always did.
     """
+    return parse_footer(handle, footer_bytes(handle))
+
+
+def footer_bytes(handle: pa.NativeFile) -> pa.Buffer | None:
+    """The footer's bytes read from the file's tail (only I/O here), or None when the tail is not
+    a plain Parquet tail (or pyarrow has no footer parser): `parse_footer` then asks `ParquetFile`."""
     size = handle.size()
-    if _PARSE_FOOTER is not None and size >= 12:
-        tail = pa.py_buffer(handle.read_at(min(size, FOOTER_READ_BYTES), max(0, size - FOOTER_READ_BYTES)))
-        end = tail.slice(len(tail) - 8).to_pybytes()
-        length = int.from_bytes(end[:4], "little")
-        if end[4:] == b"PAR1" and 0 < length <= size - 12:
-            if length + 8 <= len(tail):
-                footer = tail.slice(len(tail) - 8 - length, length)
-            else:
-                footer = pa.py_buffer(handle.read_at(length, size - 8 - length))
-            return _PARSE_FOOTER(footer)
+    if _PARSE_FOOTER is None or size < 12:
+        return None
+    tail = pa.py_buffer(handle.read_at(min(size, FOOTER_READ_BYTES), max(0, size - FOOTER_READ_BYTES)))
+    end = tail.slice(len(tail) - 8).to_pybytes()
+    length = int.from_bytes(end[:4], "little")
+    if end[4:] != b"PAR1" or not 0 < length <= size - 12:
+        return None
+    if length + 8 <= len(tail):
+        return tail.slice(len(tail) - 8 - length, length)
+    return pa.py_buffer(handle.read_at(length, size - 8 - length))
+
+
+def parse_footer(handle: pa.NativeFile, footer: pa.Buffer | None) -> pq.FileMetaData:
+    """Parse footer bytes from `footer_bytes`; without them, `ParquetFile` reads or rejects the file."""
+    if footer is not None:
+        return _PARSE_FOOTER(footer)
     return pq.ParquetFile(handle).metadata
 
 
 _WORKER_SCHEMAS: dict[str, Schema] = {}
 
 
-def _describe_in_worker(paths: list[str], schema_json: str, properties: tuple[tuple[str, str], ...]) -> list[FooterFacts | InvalidFile]:
+Described = FooterFacts | InvalidFile | FileUnavailable
+"""What describing a file gives: its facts, why it can never be committed, or why not now."""
+
+
+def _describe_in_worker(paths: list[str], schema_json: str, properties: tuple[tuple[str, str], ...]) -> list[Described]:
     """Runs in a worker process, a chunk of files at a time (one schema JSON sent per chunk, not per
     file); the schema is parsed once per process and distinct schema."""
     schema = _WORKER_SCHEMAS.get(schema_json)
@@ -127,10 +178,10 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
-def _describe_or_reason(path: str, schema: Schema, table_properties: dict[str, str]) -> FooterFacts | InvalidFile:
+def _describe_or_reason(path: str, schema: Schema, table_properties: dict[str, str]) -> Described:
     try:
         return describe_file(path, schema, table_properties)
-    except InvalidFile as error:
+    except (InvalidFile, FileUnavailable) as error:
         return error
 
 
@@ -191,13 +242,13 @@ class FooterReader:
         self._pool = pool
         self._ready.set()
 
-    def describe(self, requests: list[_Request], table_properties: dict[str, str]) -> dict[str, FooterFacts | InvalidFile]:
+    def describe(self, requests: list[_Request], table_properties: dict[str, str]) -> dict[str, Described]:
         """`requests`: (path, file schema, the schema's JSON); returns facts or the reason per path."""
         if self.workers == 1 or len(requests) < self.PROCESS_THRESHOLD:
             return {path: _describe_or_reason(path, schema, table_properties) for path, schema, _ in requests}
         if len(requests) >= self.START_THRESHOLD:
             self.start()
-        described: dict[str, FooterFacts | InvalidFile] = {}
+        described: dict[str, Described] = {}
         chunks = _chunks(requests, self.CHUNK_FILES)
         while chunks and not self._ready.is_set():
             self._describe_chunk_here(chunks.pop(), table_properties, described)
@@ -206,14 +257,14 @@ class FooterReader:
         return {path: described[path] for path, _, _ in requests}
 
     def _share_with_workers(self, chunks: list[list[_Request]], table_properties: dict[str, str],
-                            described: dict[str, FooterFacts | InvalidFile]) -> None:
+                            described: dict[str, Described]) -> None:
         """Workers take chunks from the front of the batch and this process from the back; each
         worker is kept `CHUNKS_AHEAD` chunks ahead, fed as results come in. (No queued task is
         ever cancelled: Python 3.11's pool hangs on cancelled tasks when a worker dies.)"""
         assert self._pool is not None
         properties = tuple(sorted(table_properties.items()))
         pending = collections.deque(chunks)
-        in_flight: dict[Future[list[FooterFacts | InvalidFile]], list[_Request]] = {}
+        in_flight: dict[Future[list[Described]], list[_Request]] = {}
         try:
             while pending or in_flight:
                 while pending and len(in_flight) < self.workers * self.CHUNKS_AHEAD:
@@ -237,7 +288,7 @@ class FooterReader:
                 self._describe_chunk_here(chunk, table_properties, described)
 
     @staticmethod
-    def _describe_chunk_here(chunk: list[_Request], table_properties: dict[str, str], described: dict[str, FooterFacts | InvalidFile]) -> None:
+    def _describe_chunk_here(chunk: list[_Request], table_properties: dict[str, str], described: dict[str, Described]) -> None:
         for path, schema, _ in chunk:
             described[path] = _describe_or_reason(path, schema, table_properties)
 

@@ -26,7 +26,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import AssertTableUUID
 
 from bookkeeper.committer import Committer, TableCommit, _Transaction
-from bookkeeper.datafiles import InvalidFile, data_file, validate
+from bookkeeper.datafiles import FileUnavailable, InvalidFile, data_file, validate
 from bookkeeper.manifests import rewrite_files
 from common.delete_files import referenced_data_files
 from bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
@@ -114,8 +114,8 @@ class RewriteCommitter:
         added = []
         for entry in request.files:
             described = facts[entry.path]
-            if isinstance(described, InvalidFile):
-                raise described
+            if isinstance(described, (InvalidFile, FileUnavailable)):
+                raise described  # unavailable: not refused, the request stays pending for the next poll
             validate(entry, described, table.location(), schema)
             added.append(data_file(entry, described, table.specs().get(entry.spec_id, table.spec())))
         replaced = set(request.replaced)

@@ -273,6 +273,10 @@ class BookkeeperConfig(_Model):
     max_bytes_per_commit: int = Field(16 * 1024**3, ge=1, description="Upper bound on bytes in one snapshot.")
     footer_workers: int = Field(0, ge=0, description="Processes that read Parquet footers and compute column metrics in parallel (0: one per core).")
     max_attempts: int = Field(5, ge=1, description="Attempts before an unreadable moniker goes to the dead-letter place.")
+    missing_file_timeout: Duration = Field(
+        3600.0, gt=0, description="How long a file a moniker names may stay missing (storage says it does not exist) before the "
+        "moniker is quarantined; until then it stays pending and is retried every cycle, like a file storage fails to serve "
+        "(network errors, timeouts, throttling), which is retried for as long as it takes. See docs/operations.md.")
     group: str = Field("default", description="Name of this bookkeeper's group of tables; one active bookkeeper per group (lease).")
     lease_uri: str = Field("{state_dir}/bookkeeper-leases", description="Local or mounted folder holding the group's lease files.")
     lease_ttl: Duration = Field(30.0, description="How long a bookkeeper's lease lasts without renewal; a standby takes over after it.")
@@ -287,8 +291,14 @@ class BookkeeperConfig(_Model):
     )
     keep_snapshots: int = Field(
         20, ge=2,
-        description="Snapshots kept in table metadata; older ones are expired in each commit so commit cost stays flat "
-        "(pyiceberg's commit cost grows with the snapshots kept). Streaming readers must not fall further behind than this.",
+        description="Snapshots always kept in table metadata, whatever their age (Iceberg's `history.expire.min-snapshots-to-keep`); "
+        "the bookkeeper expires, as it commits, snapshots beyond these that are older than `keep_snapshots_for`.",
+    )
+    keep_snapshots_for: Duration = Field(
+        3600.0,
+        description="How long the bookkeeper keeps a snapshot (Iceberg's `history.expire.max-snapshot-age-ms`): a streaming "
+        "reader (Spark `readStream`, incremental reads) may fall this far behind and still read every later row once. "
+        "At one commit a second, an hour is 3,600 snapshots; commit cost stays flat (bench/results.md). See docs/operations.md.",
     )
     max_pending_bytes: int = Field(8 * 1024**3, ge=1, description="Writers pause when this many bytes wait to be committed.")
     key_index_save_interval: Duration = Field(

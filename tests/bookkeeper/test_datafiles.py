@@ -19,7 +19,7 @@ from pyiceberg.types import (
 )
 from pyiceberg.utils.truncate import truncate_upper_bound_text_string
 
-from bookkeeper.datafiles import FOOTER_READ_BYTES, FooterReader, InvalidFile, _utf8_lower, _utf8_upper, describe_file, footer_statistics, validate
+from bookkeeper.datafiles import FOOTER_READ_BYTES, FileUnavailable, FooterReader, InvalidFile, _utf8_lower, _utf8_upper, describe_file, footer_statistics, validate
 from common.moniker import FileEntry
 
 SCHEMA = Schema(
@@ -149,8 +149,9 @@ def test_validation_names_what_does_not_match(tmp_path: Path) -> None:
         validate(entry, facts, f"file://{tmp_path}/elsewhere", SCHEMA)
     with pytest.raises(InvalidFile, match="not in the moniker's schema"):
         validate(entry, facts, f"file://{tmp_path}/table", Schema(*SCHEMA.fields[:3]))
-    with pytest.raises(InvalidFile, match="does not exist"):
+    with pytest.raises(FileUnavailable, match="not found") as missing:
         describe_file(f"file://{tmp_path}/missing.parquet", SCHEMA, {})
+    assert missing.value.missing
 
 
 def test_worker_processes_describe_files_like_the_main_process(tmp_path: Path) -> None:
@@ -165,7 +166,7 @@ def test_worker_processes_describe_files_like_the_main_process(tmp_path: Path) -
         reader.close()
     assert reader.described_by_workers > 0
     assert list(described) == paths
-    assert isinstance(described[paths[-1]], InvalidFile)
+    assert isinstance(described[paths[-1]], FileUnavailable) and described[paths[-1]].missing  # pickled back from a worker
     for path in paths[:-1]:
         assert described[path] == describe_file(path, SCHEMA, {})
 
@@ -206,3 +207,26 @@ def test_string_upper_bounds_equal_pyicebergs(text: str) -> None:
     theirs = truncate_upper_bound_text_string(text, 16)
     assert _utf8_upper(16)(text.encode()) == (theirs.encode() if theirs is not None else None)
     assert _utf8_lower(16)(text.encode()) == text[:16].encode()
+
+
+def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only what storage served decides that a file is broken; failing to serve it decides nothing."""
+    good = write(tmp_path / "good.parquet", 10, 100).read_bytes()
+    not_parquet = tmp_path / "not.parquet"
+    not_parquet.write_bytes(b"x" * len(good))
+    with pytest.raises(InvalidFile, match="unreadable"):
+        describe_file(str(not_parquet), SCHEMA, {})
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(good[:len(good) // 2])
+    with pytest.raises(InvalidFile, match="unreadable"):
+        describe_file(str(truncated), SCHEMA, {})
+    (tmp_path / "folder.parquet").mkdir()
+    with pytest.raises(InvalidFile, match="not a file"):
+        describe_file(str(tmp_path / "folder.parquet"), SCHEMA, {})
+    # An object store that does not answer (nothing listens on port 1): a network error, not a verdict.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(FileUnavailable, match="storage error") as unavailable:
+        describe_file("s3://bucket/table/data/f.parquet?endpoint_override=127.0.0.1:1&scheme=http&region=us-east-1", SCHEMA, {})
+    assert not unavailable.value.missing
