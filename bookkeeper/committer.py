@@ -44,7 +44,7 @@ from bookkeeper.manifests import merge_append
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
 from bookkeeper.upserts import MonikerKeys, UpsertCycle, UpsertKeeper
 from common.catalog import load_table_or_none, table_properties
-from common.committed_state import CommittedState, committed_state, expirable_snapshots
+from common.committed_state import QUARANTINED_MONIKERS_KEPT, CommittedState, committed_state, expirable_snapshots
 from common.config.model import IcekeeperConfig
 from common.file_events import location_key
 from common.moniker import FileEntry, Moniker
@@ -100,14 +100,23 @@ def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: i
     refused because an offset range starts below what is committed (or what a moniker before it
     in this commit covers) for its partition: the records below are in the table already, and a
     moniker cannot be trimmed (its files hold the rows). A refused moniker still moves its
-    writer's chain on, so the writer's next moniker does not wait for it forever."""
+    writer's chain on, so the writer's next moniker does not wait for it forever.
+
+    A moniker the table quarantined (its id in `state.quarantined_monikers`) that comes again is a
+    replay: ready whatever its writer's seq has become, once (the commit takes its id off the list).
+    """
     by_writer: dict[str, list[Delivery]] = {}
     duplicates: list[Delivery] = []
+    replays: list[Delivery] = []
     seen_ids: set[str] = set()
     for delivery in deliveries:
         moniker = delivery.moniker
         assert moniker is not None
         committed_seq = state.writer_seqs.get(moniker.writer_id)
+        if moniker.id in state.quarantined_monikers and moniker.id not in seen_ids:
+            seen_ids.add(moniker.id)
+            replays.append(delivery)
+            continue
         if (committed_seq is not None and moniker.seq <= committed_seq) or moniker.id in seen_ids:
             duplicates.append(delivery)
             continue
@@ -138,6 +147,14 @@ def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: i
             for offset_range in moniker.offsets:
                 key = (offset_range.topic, offset_range.partition)
                 covered[key] = max(covered.get(key, 0), offset_range.until_offset)
+    for delivery in replays:
+        moniker = delivery.moniker
+        if ready and (files + len(moniker.files) > max_files or size + moniker.bytes > max_bytes):
+            waiting.append(delivery)
+            continue
+        ready.append(delivery)
+        files += len(moniker.files)
+        size += moniker.bytes
     return _Selection(ready, duplicates, waiting, refused)
 
 
@@ -599,7 +616,8 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
     Quarantined monikers advance their writer's seq and offsets too: their records are
     accounted for in the dead-letter place, and later monikers of the writer must not wait.
     Refused ones (offsets overlapping the committed ones) advance only their writer's seq: the
-    offsets they cover were committed by another moniker, or are still to be.
+    offsets they cover were committed by another moniker, or are still to be. Quarantined ones
+    join `quarantined_monikers`, and a replayed one leaves it (its records leave the count).
     """
     writer_seqs = dict(state.writer_seqs)
     offsets = dict(state.offsets)
@@ -613,13 +631,21 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
             offsets[key] = max(offsets.get(key, 0), offset_range.until_offset)
             if moniker.max_event_time_ms is not None:
                 event_ms[key] = max(event_ms.get(key, 0), moniker.max_event_time_ms)
-        if delivery in [d for d, _ in plan.quarantined]:
-            quarantined += moniker.records
     for delivery, _ in plan.refused:
         moniker = delivery.moniker
         writer_seqs[moniker.writer_id] = max(writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq)
+    listed = list(state.quarantined_monikers)
+    for delivery in plan.committed:
+        if delivery.moniker.id in listed:  # a replay
+            listed.remove(delivery.moniker.id)
+            quarantined -= delivery.moniker.records
+    for delivery, _ in plan.quarantined:
+        if delivery.moniker.id not in listed:
+            listed.append(delivery.moniker.id)
+            quarantined += delivery.moniker.records
     watermark = min(event_ms.values()) if event_ms else state.watermark_ms
-    return CommittedState(writer_seqs, offsets, event_ms, watermark, max(epoch, state.epoch), uuid.uuid4().hex, quarantined, state.event_files)
+    return CommittedState(writer_seqs, offsets, event_ms, watermark, max(epoch, state.epoch), uuid.uuid4().hex, max(0, quarantined),
+                          state.event_files, tuple(listed[-QUARANTINED_MONIKERS_KEPT:]))
 
 
 def describe(result: TableCommit) -> str:

@@ -11,9 +11,11 @@ The topic feeds two tables (`mode` both, the default; or one of them): `chaos.or
 mode and, fanned out from the same records, `chaos.orders_mirror` in upsert mode, kept one row per
 key through the bookkeeper's key index and position deletes while the reaper compacts it. At the
 end (`chaos_verify.py`): every good record exactly once in the changelog table, by
-topic/partition/offset (`duplicates`, `missing`); the upsert table equal to a reference built from
-the Kafka records themselves, no key twice (`upsert_duplicate_keys`, `upsert_mismatched`); every
-poison record in the dead-letter topic; each table read alike by pyiceberg, Spark and DuckDB.
+topic/partition/offset (`duplicates`, `missing`), with the payload of its Kafka record
+(`payload_mismatched`); the upsert table equal to a reference built from the Kafka records
+themselves, no key twice (`upsert_duplicate_keys`, `upsert_mismatched`); every poison record in the
+dead-letter topic exactly once (`dead_letter_duplicates`); each table read by pyiceberg, Spark and
+DuckDB, each read checked on its own and the three alike row by row (`engines_disagreeing`).
 """
 
 from __future__ import annotations

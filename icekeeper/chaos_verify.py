@@ -1,15 +1,21 @@
 """What a chaos run must end with, checked against the Kafka records themselves.
 
 The changelog table (`chaos.orders`): every offset of the topic exactly once, in the table or in
-the dead-letter topic. The upsert table (`chaos.orders_mirror`): the state a reference builds from
-the topic read back and decoded here (the last change of each key in Kafka order, a delete removes
-the key, records that do not decode are poison and left out), with the same keys, no key twice and
-the same values, as pyiceberg, DuckDB and Spark each read it. Nothing here trusts what icekeeper
-reports about itself: the reference never looks at the table, the key index or the dead letters.
+the dead-letter topic, never in both and never twice in either (dead letters are counted by
+(partition, offset) with repeats); each row's payload (`CHANGELOG_PAYLOAD`) equal to the Kafka
+record at its position; and pyiceberg, DuckDB and Spark each reading every row of it, alike
+position by position and payload by payload. The upsert table (`chaos.orders_mirror`): the state
+a reference builds from the topic read back and decoded here (the last change of each key in
+Kafka order, a delete removes the key, records that do not decode are poison and left out), with
+the same keys, no key twice and the same values, as pyiceberg, DuckDB and Spark each read it.
+Nothing here trusts what icekeeper reports about itself: the reference never looks at the table,
+the key index or the dead letters, and the comparisons (`compare_changelog`, `check_dead_letters`,
+`engines_disagreeing`, `compare_with_reference`) are plain functions over values.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -17,7 +23,7 @@ import subprocess
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterable, Iterator, Sequence
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -37,10 +43,23 @@ UPSERT_COLUMNS = ("id", "customer", "amount", "price", "status", "extra_1", "_sr
 """The upsert table's columns compared with the reference: the key, the synthetic stream's values
 (`extra_1` arrives with the first schema change, `amount` is widened by the second), the surviving
 change's operation and its Kafka position, which pins which change survived."""
+CHANGELOG_PAYLOAD = ("id", "customer", "amount", "price", "status", "extra_1", "_src_op")
+"""The changelog table's columns compared with the Kafka record at each row's position: the
+synthetic stream's values (the `after` image, `before` for a delete) and the operation. Plain
+ints, floats and strings, which every engine hands to Python alike (the timestamps are left out:
+each engine gives them another type)."""
+
+CHANGELOG_FAULTS = ("duplicates", "missing", "poison_in_table", "unknown_positions", "payload_mismatched")
+"""The counts of `ChangelogComparison` that fail a run when not 0."""
+
+Position = tuple[int, int]
+"""(Kafka partition, offset) of a record; the topic is the run's one topic."""
+PositionedDigest = tuple[int, int, int]
+"""(partition, offset, `payload_digest`) of one changelog row as an engine read it."""
 
 
-def topic_offsets(bootstrap_servers: str, topic: str) -> set[tuple[int, int]]:
-    """(partition, offset) of every record of `topic`."""
+def topic_offsets(bootstrap_servers: str, topic: str) -> set[Position]:
+    """(partition, offset) of every record of `topic`, from the partitions' end offsets."""
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "chaos-verify"}, logger=logging.getLogger("librdkafka"))
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
@@ -49,17 +68,19 @@ def topic_offsets(bootstrap_servers: str, topic: str) -> set[tuple[int, int]]:
         consumer.close()
 
 
-def dead_letter_positions(config: IcekeeperConfig, topic: str) -> set[tuple[int, int]]:
-    """(source partition, source offset) of every record in the dead-letter topic."""
-    positions = set()
+def dead_letter_positions(config: IcekeeperConfig, topic: str) -> Counter[Position]:
+    """(source partition, source offset) of every record in the dead-letter topic, with repeats:
+    a record dead-lettered twice counts 2 (a set would hide it)."""
+    positions: Counter[Position] = Counter()
     for message in topic_messages(config.sources[0].bootstrap_servers, topic):
         headers = {k: v.decode() for k, v in (message.headers() or [])}
-        positions.add((int(headers["icekeeper.source.partition"]), int(headers["icekeeper.source.offset"])))
+        positions[(int(headers["icekeeper.source.partition"]), int(headers["icekeeper.source.offset"]))] += 1
     return positions
 
 
-def topic_changes(source: KafkaSource, topic: str) -> tuple[list[Row], int]:
-    """The topic's Debezium change events as changelog rows, and how many records did not decode.
+def topic_changes(source: KafkaSource, topic: str) -> tuple[list[Row], list[Position]]:
+    """The topic's Debezium change events as changelog rows, and the positions of the records that
+    did not decode.
 
     A row is the event's `after` image (`before` for a delete) with `_src_op`, `_kfk_partition`
     and `_kfk_offset`, the form `icekeeper.mirror.latest_live_rows` takes. The values are decoded
@@ -68,18 +89,118 @@ def topic_changes(source: KafkaSource, topic: str) -> tuple[list[Row], int]:
     """
     deserializer = AvroDeserializer(SchemaRegistryClient({"url": source.schema_registry_url}))
     context = SerializationContext(topic, MessageField.VALUE)
-    changes, undecodable = [], 0
+    changes: list[Row] = []
+    undecodable: list[Position] = []
     for message in topic_messages(source.bootstrap_servers, topic):
         try:
             event = deserializer(message.value(), context)
         except (SerializationError, SchemaRegistryError, EOFError, ValueError, IndexError):
-            undecodable += 1
+            undecodable.append((message.partition(), message.offset()))
             continue
         if event is None:  # a tombstone: no change of its own
             continue
         image = event["before"] if event["op"] == "d" else event["after"]
         changes.append({**image, "_src_op": event["op"], "_kfk_partition": message.partition(), "_kfk_offset": message.offset()})
     return changes, undecodable
+
+
+def payload_digest(values: Sequence[Any]) -> int:
+    """A 64-bit digest of one row's payload values (in `CHANGELOG_PAYLOAD` order): equal values give
+    equal digests whichever engine read them, so a million rows compare without holding their values."""
+    return int.from_bytes(hashlib.blake2b(repr(tuple(values)).encode(), digest_size=8).digest(), "big")
+
+
+def expected_payloads(changes: Iterable[Row], columns: Sequence[str] = CHANGELOG_PAYLOAD) -> dict[Position, int]:
+    """The digest of each decoded Kafka record's payload, by position (`topic_changes`' rows)."""
+    return {(row["_kfk_partition"], row["_kfk_offset"]): payload_digest([row.get(name) for name in columns]) for row in changes}
+
+
+def positioned_digests(rows: Iterable[Sequence[Any]]) -> list[PositionedDigest]:
+    """Rows read as (partition, offset, *payload in `CHANGELOG_PAYLOAD` order) to (partition, offset, digest)."""
+    return [(int(row[0]), int(row[1]), payload_digest(row[2:])) for row in rows]
+
+
+@dataclass(frozen=True)
+class ChangelogComparison:
+    """A changelog table's rows, as one engine read them, against the topic's records."""
+
+    rows: int
+    duplicates: int
+    """Rows beyond the first at a Kafka position (a record committed twice)."""
+    missing: int
+    """Positions of the topic neither in the table nor in the dead-letter topic (a lost record)."""
+    poison_in_table: int
+    """Rows at the position of a record that does not decode."""
+    unknown_positions: int
+    """Rows at a position the topic does not have (a wrong offset written)."""
+    payload_mismatched: int
+    """Rows whose payload differs from the Kafka record at their position (values crossed or altered)."""
+    examples: tuple[str, ...]
+
+
+def compare_changelog(rows: Sequence[PositionedDigest], expected: dict[Position, int], undecodable: set[Position],
+                      topic_positions: set[Position], dead_letters: Counter[Position]) -> ChangelogComparison:
+    """How one engine's read of the changelog table differs from the topic.
+
+    Args:
+        rows: (partition, offset, payload digest) of each row, as read.
+        expected: the payload digest of each decodable record, by position (`expected_payloads`).
+        undecodable: positions of the records that do not decode (poison).
+        topic_positions: every position of the topic.
+        dead_letters: dead letters by source position, with repeats.
+    """
+    per_position = Counter((partition, offset) for partition, offset, _ in rows)
+    duplicates = sorted(position for position, count in per_position.items() if count > 1)
+    missing = sorted(topic_positions - set(per_position) - set(dead_letters))
+    poison = sorted(set(per_position) & undecodable)
+    unknown = sorted(set(per_position) - topic_positions)
+    mismatched = sorted({(partition, offset) for partition, offset, digest in rows
+                         if (partition, offset) in expected and expected[(partition, offset)] != digest})
+    examples = ([f"{position}: {per_position[position]} rows" for position in duplicates[:3]] + [f"{position}: missing" for position in missing[:3]]
+                + [f"{position}: poison in the table" for position in poison[:3]] + [f"{position}: not in the topic" for position in unknown[:3]]
+                + [f"{position}: payload unlike the Kafka record" for position in mismatched[:3]])
+    return ChangelogComparison(rows=len(rows), duplicates=sum(per_position[position] - 1 for position in duplicates), missing=len(missing),
+                               poison_in_table=len(poison), unknown_positions=len(unknown), payload_mismatched=len(mismatched),
+                               examples=tuple(examples))
+
+
+@dataclass(frozen=True)
+class DeadLetterCheck:
+    """The dead-letter topic against the records that do not decode: each exactly once."""
+
+    dead_lettered: int
+    """Dead letters, repeats included."""
+    positions: int
+    """Distinct source positions among them."""
+    duplicates: int
+    """Dead letters beyond the first of a position (a record dead-lettered twice)."""
+    poison_not_dead_lettered: int
+    """Records that do not decode and have no dead letter."""
+    good_dead_lettered: int
+    """Dead letters of records that decode."""
+    examples: tuple[str, ...]
+
+
+def check_dead_letters(dead_letters: Counter[Position], undecodable: set[Position]) -> DeadLetterCheck:
+    """How the dead letters (by source position, with repeats) differ from one per undecodable record."""
+    repeated = sorted(position for position, count in dead_letters.items() if count > 1)
+    absent = sorted(undecodable - set(dead_letters))
+    good = sorted(set(dead_letters) - undecodable)
+    examples = ([f"{position}: dead-lettered {dead_letters[position]} times" for position in repeated[:3]]
+                + [f"{position}: poison without a dead letter" for position in absent[:3]] + [f"{position}: decodes, yet dead-lettered" for position in good[:3]])
+    return DeadLetterCheck(dead_lettered=sum(dead_letters.values()), positions=len(dead_letters),
+                           duplicates=sum(dead_letters[position] - 1 for position in repeated), poison_not_dead_lettered=len(absent),
+                           good_dead_lettered=len(good), examples=tuple(examples))
+
+
+def engines_disagreeing(reads: dict[str, Sequence[PositionedDigest]]) -> int:
+    """Rows (position and payload digest, with repeats) in which some engine's read differs from the
+    first engine's, counted on both sides: 0 when every engine read the same rows with the same payloads."""
+    reads_by_engine = [Counter(rows) for rows in reads.values()]
+    if not reads_by_engine:
+        return 0
+    first = reads_by_engine[0]
+    return max((sum(((first - other) + (other - first)).values()) for other in reads_by_engine[1:]), default=0)
 
 
 @dataclass(frozen=True)
@@ -119,23 +240,24 @@ def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poiso
     """Every check of the run's tables (those not None), as one flat report (see `failures`)."""
     from icekeeper.readers import duckdb_rows
 
+    catalog = open_catalog(config)
+    changelog = catalog.load_table(changelog_table) if changelog_table else None
+    changelog_columns = changelog_columns(changelog) if changelog is not None else []
     catalog_queries = {}
     if changelog_table:
-        catalog_queries["changelog_count"] = f"SELECT count(*) FROM {{catalog}}.{changelog_table}"
+        catalog_queries["changelog_rows"] = f"SELECT {', '.join(changelog_columns)} FROM {{catalog}}.{changelog_table}"
     if upsert_table:
         catalog_queries["upsert_rows"] = f"SELECT {', '.join(UPSERT_COLUMNS)} FROM {{catalog}}.{upsert_table}"
     spark = spark_reads(overrides, catalog_queries)
+    topic_positions = topic_offsets(config.sources[0].bootstrap_servers, topic)
+    changes, undecodable = topic_changes(config.sources[0], topic)
     dead = dead_letter_positions(config, topic + ".dlq")
-    result: dict[str, Any] = {"records_in": len(topic_offsets(config.sources[0].bootstrap_servers, topic)), "dead_lettered": len(dead),
-                              "poison_expected": poison_expected}
-    catalog = open_catalog(config)
-    if changelog_table:
-        table = catalog.load_table(changelog_table)
-        result.update(verify_changelog(config, table, topic, dead))
-        result.update(spark_rows=spark["changelog_count"][0][0], duckdb_rows=int(duckdb_rows(table, "count(*) AS n")[0]["n"]))
+    result: dict[str, Any] = {"records_in": len(topic_positions), "poison_expected": poison_expected, "undecodable": len(undecodable),
+                              **dead_letter_report(dead, set(undecodable))}
+    if changelog is not None:
+        result.update(verify_changelog(changelog, changelog_columns, spark["changelog_rows"], changes, set(undecodable), topic_positions, dead))
     if upsert_table:
         table = catalog.load_table(upsert_table)
-        changes, undecodable = topic_changes(config.sources[0], topic)
         reference = latest_live_rows(changes, KEY)
         engines = {
             "pyiceberg": table.scan(selected_fields=UPSERT_COLUMNS).to_arrow().to_pylist(),
@@ -144,7 +266,7 @@ def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poiso
         }
         compared = {engine: compare_with_reference(rows, reference) for engine, rows in engines.items()}
         result.update({
-            "upsert_reference_keys": len(reference), "upsert_reference_changes": len(changes), "upsert_undecodable": undecodable,
+            "upsert_reference_keys": len(reference), "upsert_reference_changes": len(changes), "upsert_undecodable": len(undecodable),
             "upsert_rows": compared["pyiceberg"].rows, "upsert_keys": compared["pyiceberg"].keys,
             "upsert_duckdb_rows": compared["duckdb"].rows, "upsert_spark_rows": compared["spark"].rows,
             "upsert_duplicate_keys": max(c.duplicate_keys for c in compared.values()),
@@ -157,14 +279,62 @@ def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poiso
     return result
 
 
-def verify_changelog(config: IcekeeperConfig, table: Table, topic: str, dead: set[tuple[int, int]]) -> dict[str, Any]:
-    """Every offset of `topic` exactly once in the changelog `table`, or in the dead-letter topic."""
-    arrow = table.scan(selected_fields=("_kfk_partition", "_kfk_offset")).to_arrow()
-    positions = Counter(zip(arrow.column("_kfk_partition").to_pylist(), arrow.column("_kfk_offset").to_pylist()))
-    offsets = topic_offsets(config.sources[0].bootstrap_servers, topic)
+def changelog_columns(table: Table) -> list[str]:
+    """The columns read from the changelog table: its Kafka position, then those of
+    `CHANGELOG_PAYLOAD` it has (a short run may end before the schema change adding `extra_1`)."""
+    names = {field.name for field in table.schema().fields}
+    return ["_kfk_partition", "_kfk_offset", *(name for name in CHANGELOG_PAYLOAD if name in names)]
+
+
+def _in_payload_order(rows: Iterable[Sequence[Any]], columns: list[str]) -> Iterator[tuple[Any, ...]]:
+    """Rows read as `columns` (`changelog_columns`) as (partition, offset, *`CHANGELOG_PAYLOAD`),
+    None for a column the table lacks (so a Kafka value for it shows as a payload difference)."""
+    where = [columns.index(name) if name in columns else None for name in CHANGELOG_PAYLOAD]
+    for row in rows:
+        yield (row[0], row[1], *(None if index is None else row[index] for index in where))
+
+
+def _pyiceberg_tuples(table: Table, columns: list[str]) -> Iterator[tuple[Any, ...]]:
+    """The table's rows as pyiceberg reads them, as tuples of `columns`, one Arrow batch at a time."""
+    for batch in table.scan(selected_fields=tuple(columns)).to_arrow_batch_reader():
+        values = batch.to_pydict()
+        yield from zip(*(values[name] for name in columns))
+
+
+def verify_changelog(table: Table, columns: list[str], spark_rows: list[list[Any]], changes: list[Row], undecodable: set[Position],
+                     topic_positions: set[Position], dead_letters: Counter[Position]) -> dict[str, Any]:
+    """Every offset of the topic exactly once in the changelog `table` or in the dead-letter topic,
+    each row with the payload of its Kafka record, as pyiceberg, DuckDB and Spark (`spark_rows`,
+    read as `columns`) each read the table; and the three reads alike, row by row."""
+    from icekeeper.readers import duckdb_tuples
+
+    reads = {
+        "pyiceberg": positioned_digests(_in_payload_order(_pyiceberg_tuples(table, columns), columns)),
+        "duckdb": positioned_digests(_in_payload_order(duckdb_tuples(table, columns), columns)),
+        "spark": positioned_digests(_in_payload_order(spark_rows, columns)),
+    }
+    return {**changelog_report(reads, expected_payloads(changes), undecodable, topic_positions, dead_letters), "snapshots": len(table.snapshots())}
+
+
+def dead_letter_report(dead_letters: Counter[Position], undecodable: set[Position]) -> dict[str, Any]:
+    """`check_dead_letters` as entries of the flat report (see `failures`)."""
+    checked = check_dead_letters(dead_letters, undecodable)
+    return {"dead_lettered": checked.dead_lettered, "dead_letter_positions": checked.positions, "dead_letter_duplicates": checked.duplicates,
+            "poison_not_dead_lettered": checked.poison_not_dead_lettered, "good_dead_lettered": checked.good_dead_lettered,
+            "dead_letter_examples": list(checked.examples)}
+
+
+def changelog_report(reads: dict[str, Sequence[PositionedDigest]], expected: dict[Position, int], undecodable: set[Position],
+                     topic_positions: set[Position], dead_letters: Counter[Position]) -> dict[str, Any]:
+    """Each engine's read (`pyiceberg`, `duckdb`, `spark`) compared with the topic (`compare_changelog`)
+    and with the others (`engines_disagreeing`), as entries of the flat report: each count is the
+    worst engine's."""
+    compared = {engine: compare_changelog(rows, expected, undecodable, topic_positions, dead_letters) for engine, rows in reads.items()}
     return {
-        "rows": sum(positions.values()), "duplicates": sum(count - 1 for count in positions.values() if count > 1),
-        "missing": len(offsets - set(positions) - dead), "poison_in_table": len(dead & set(positions)), "snapshots": len(table.snapshots()),
+        "rows": compared["pyiceberg"].rows, "duckdb_rows": compared["duckdb"].rows, "spark_rows": compared["spark"].rows,
+        **{name: max(getattr(c, name) for c in compared.values()) for name in CHANGELOG_FAULTS},
+        "engines_disagreeing": engines_disagreeing(reads),
+        "changelog_by_engine": {engine: asdict(c) for engine, c in compared.items()},
     }
 
 
@@ -177,11 +347,20 @@ def failures(result: dict[str, Any]) -> list[str]:
         found.append(f"the paused bookkeeper exited with {result.get('fenced_exit_code')}, not 3 (fenced)")
     if result["dead_lettered"] != result["poison_expected"]:
         found.append(f"{result['dead_lettered']} dead letters for {result['poison_expected']} poison records")
+    if result.get("dead_letter_duplicates") or result.get("poison_not_dead_lettered") or result.get("good_dead_lettered"):
+        found.append(f"dead letters: {result['dead_letter_duplicates']} repeated, {result['poison_not_dead_lettered']} poison records without one, "
+                     f"{result['good_dead_lettered']} for records that decode ({'; '.join(result['dead_letter_examples'])})")
+    if result.get("undecodable", result["poison_expected"]) != result["poison_expected"]:
+        found.append(f"{result['undecodable']} records of the topic do not decode for {result['poison_expected']} poison records produced")
     if "rows" in result:
-        if result["duplicates"] or result["missing"] or result["poison_in_table"]:
-            found.append(f"changelog: {result['duplicates']} duplicates, {result['missing']} missing, {result['poison_in_table']} poison in the table")
+        wrong = {name: result[name] for name in CHANGELOG_FAULTS if result.get(name)}
+        if wrong:
+            examples = list(dict.fromkeys(example for compared in result.get("changelog_by_engine", {}).values() for example in compared["examples"]))[:5]
+            found.append(f"changelog: {', '.join(f'{count} {name}' for name, count in wrong.items())} ({'; '.join(examples)})")
         if not result["spark_rows"] == result["duckdb_rows"] == result["rows"]:
             found.append(f"changelog: rows {result['rows']}, Spark {result['spark_rows']}, DuckDB {result['duckdb_rows']}")
+        if result.get("engines_disagreeing"):
+            found.append(f"changelog: {result['engines_disagreeing']} rows (position and payload) not alike in pyiceberg, DuckDB and Spark")
     if "upsert_keys" in result:
         if result["upsert_duplicate_keys"] or result["upsert_mismatched"]:
             found.append(f"upsert: {result['upsert_duplicate_keys']} duplicate keys, {result['upsert_mismatched']} keys unlike the reference "

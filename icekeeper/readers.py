@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pyiceberg.table import Table
 
@@ -43,6 +43,19 @@ def duckdb_rows(table: Table, columns: str = "*", order_by: str | None = None) -
         cursor = connection.execute(query)
         names = [description[0] for description in cursor.description]
         return [dict(zip(names, row)) for row in cursor.fetchall()]
+    finally:
+        connection.close()
+
+
+def duckdb_tuples(table: Table, columns: list[str], batch_rows: int = 100_000) -> Iterator[tuple[Any, ...]]:
+    """The table's current rows as DuckDB reads them, as tuples of `columns`, fetched `batch_rows`
+    at a time: a million-row table is checked without holding every row as a dict."""
+    connection = duckdb_connection()
+    try:
+        names = ", ".join('"' + name.replace('"', '""') + '"' for name in columns)
+        cursor = connection.execute(f"SELECT {names} FROM iceberg_scan('{table.metadata_location}')")
+        while batch := cursor.fetchmany(batch_rows):
+            yield from batch
     finally:
         connection.close()
 

@@ -201,7 +201,10 @@ class TxLogTransport(_Model):
 
     kind: Literal["txlog"] = "txlog"
     uri: str = Field("{state_dir}/txlog", description="Folder that holds pending monikers.")
-    dead_letter_uri: str = Field("{state_dir}/dead-letter/monikers", description="Folder for monikers that stay unreadable.")
+    dead_letter_uri: str = Field(
+        "{state_dir}/dead-letter/monikers",
+        description="Folder for monikers set aside (unreadable, quarantined, refused), with their reasons: `icekeeper dead-letters` "
+        "lists and replays them, the reaper spares their files.")
 
 
 class AzureQueueTransport(_Model):
@@ -215,7 +218,11 @@ class AzureQueueTransport(_Model):
         description="Storage account connection string (default: Azurite's well-known dev account).",
     )
     queue_name: str = Field("icekeeper-monikers", description="Queue that carries monikers.")
-    dead_letter_queue_name: str = Field("icekeeper-monikers-dead-letter", description="Queue for monikers that stay unreadable.")
+    dead_letter_queue_name: str = Field("icekeeper-monikers-dead-letter", description="Queue that gets a message (reason, source) for every dead-lettered moniker, for alerts.")
+    dead_letter_uri: str = Field(
+        "{state_dir}/dead-letter/monikers",
+        description="Folder that keeps dead-lettered monikers whole, with their reasons: `icekeeper dead-letters` lists and replays them, "
+        "the reaper spares their files.")
     api_version: str | None = Field("2026-06-06", description="Storage API version the SDK sends; Azurite 3.37 rejects the SDK's newest.")
     journal_uri: str = Field(
         "{state_dir}/moniker-journal",
