@@ -25,6 +25,10 @@ KEY_WATERMARK = PREFIX + "watermark-ms"
 KEY_MONIKERS = PREFIX + "moniker-ids"
 KEY_QUARANTINED = PREFIX + "quarantined-records"
 KEY_EVENT_FILES = PREFIX + "event-files"
+KEY_QUARANTINED_MONIKERS = PREFIX + "quarantined-monikers"
+
+QUARANTINED_MONIKERS_KEPT = 500
+"""Ids of quarantined monikers the state remembers for replay (quarantines are rare; the oldest go first)."""
 
 TopicPartition = tuple[str, int]
 
@@ -42,6 +46,9 @@ class CommittedState:
     quarantined_records: int = 0
     event_files: tuple[str, ...] = ()
     """Keys of the newest files committed from Event Grid events (no moniker)."""
+    quarantined_monikers: tuple[str, ...] = ()
+    """Ids of quarantined monikers whose records are not in the table: a replayed one is committed
+    once (its id leaves the list in the same snapshot), whatever its writer's seq has become."""
     snapshot_id: int | None = None
 
     def to_summary(self, moniker_ids: list[str]) -> dict[str, str]:
@@ -59,6 +66,8 @@ class CommittedState:
             summary[KEY_WATERMARK] = str(self.watermark_ms)
         if self.event_files:
             summary[KEY_EVENT_FILES] = json.dumps(list(self.event_files))
+        if self.quarantined_monikers:
+            summary[KEY_QUARANTINED_MONIKERS] = ",".join(self.quarantined_monikers[-QUARANTINED_MONIKERS_KEPT:])
         return summary
 
     @classmethod
@@ -73,6 +82,7 @@ class CommittedState:
             commit_id=summary.get(KEY_COMMIT_ID) or None,
             quarantined_records=int(summary.get(KEY_QUARANTINED) or 0),
             event_files=tuple(json.loads(summary.get(KEY_EVENT_FILES) or "[]")),
+            quarantined_monikers=tuple(filter(None, (summary.get(KEY_QUARANTINED_MONIKERS) or "").split(","))),
             snapshot_id=snapshot_id,
         )
 

@@ -162,6 +162,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         time.sleep(args.watch)
 
 
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from icekeeper.dead_letters import run_dead_letters
+
+    return run_dead_letters(_config(args), args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     config = _config(args)
     stack = None
@@ -305,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     status = add("status", cmd_status, "tables, writers, pending monikers, lag, freshness and dead letters at a glance")
     status.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
     status.add_argument("--watch", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS")
+
+    from icekeeper.dead_letters import add_dead_letter_arguments
+
+    add_dead_letter_arguments(add("dead-letters", cmd_dead_letters, "list or replay quarantined monikers and dead-lettered records "
+                                  "(once the cause is fixed; exactly once)"))
 
     bench = add("bench", cmd_bench, "benchmarks that print ratios against a baseline run on the same machine")
     bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e", "key-index", "upsert"])

@@ -2,7 +2,8 @@
 
 Order within a pass, per table: retention (deletes rows), compaction (rewrites small files),
 manifest rewrite, snapshot expiry (deletes what only expired snapshots reached), orphan removal
-(deletes what nothing reaches, older than the grace period, never a pending moniker's file).
+(deletes what nothing reaches, older than the grace period, never a file of a pending or
+quarantined moniker).
 Every step is an Iceberg commit or a deletion of files Iceberg found unreachable, so a pass that
 dies half way is simply run again.
 """
@@ -55,9 +56,11 @@ class PassReport:
 
 
 def pending_files(config: IcekeeperConfig) -> set[str]:
-    """Every file named by a moniker not yet committed (data and delete files), normalized."""
+    """Every file named by a moniker not yet committed (data and delete files), normalized: pending
+    ones, and quarantined ones, whose records are nowhere else until they are replayed."""
+    transport = open_transport(config)
     files = set()
-    for moniker in open_transport(config).pending():
+    for moniker in [*transport.pending(), *(item.moniker for item in transport.quarantined() if item.moniker is not None)]:
         for entry in [*moniker.files, *moniker.delete_files]:
             files.add(normalize_location(entry.path))
     return files

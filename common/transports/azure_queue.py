@@ -6,6 +6,9 @@ copy of every pending moniker because a queue cannot be listed (peek returns at 
 messages): writers resuming after a restart, and the reaper sparing pending files, read it.
 Publish writes the journal copy first, so a crash between the two steps loses nothing: the
 writer finds the copy on restart and sends it again (the bookkeeper drops the duplicate).
+A dead-lettered moniker is kept whole in the dead-letter folder (its journal copy goes, and a
+queue message cannot be listed or taken out by name); the dead-letter queue gets a message too,
+for alerts.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from azure.storage.queue import QueueClient
 from common.config.model import AzureQueueTransport
 from common.file_events import parse_event_grid
 from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
-from common.transports.base import Delivery, MonikerTransport
-from common.transports.folder import MonikerFolder
+from common.transports.base import Delivery, MonikerTransport, Quarantined
+from common.transports.folder import DeadLetterFolder, MonikerFolder
 
 MAX_INLINE_BYTES = 48 * 1024
 """Below the 64 KiB message limit with room for the XML escaping the SDK applies."""
@@ -33,6 +36,7 @@ class AzureQueueMonikerTransport(MonikerTransport):
         self.queue = _queue(settings.connection_string, settings.queue_name, settings.api_version)
         self.dead_letter_queue = _queue(settings.connection_string, settings.dead_letter_queue_name, settings.api_version)
         self.journal = MonikerFolder(settings.journal_uri)
+        self.dead_letters = DeadLetterFolder(settings.dead_letter_uri)
         self.visibility_timeout_s = visibility_timeout_s
 
     def publish(self, moniker: Moniker) -> None:
@@ -80,14 +84,28 @@ class AzureQueueMonikerTransport(MonikerTransport):
             self.journal.delete(self.journal.path_for(delivery.moniker))
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self.dead_letter_queue.send_message(json.dumps({"reason": reason, "source": delivery.source, "content": delivery.raw.decode("utf-8", "replace")}))
+        # The moniker itself, not the message: a big one's message only points to its journal copy,
+        # which the acknowledgement deletes.
+        raw = encode_moniker(delivery.moniker) if delivery.moniker is not None else delivery.raw
+        name = self.dead_letters.put(delivery.source, raw, reason)
+        content = delivery.raw.decode("utf-8", "replace") if len(delivery.raw) <= MAX_INLINE_BYTES else ""
+        self.dead_letter_queue.send_message(json.dumps({"reason": reason, "source": delivery.source, "name": name, "content": content}))
         self.acknowledge(delivery)
 
     def has_pending(self) -> bool:
         return bool(self.queue.peek_messages(max_messages=1))
 
     def dead_letter_count(self) -> int:
-        return self.dead_letter_queue.get_queue_properties().approximate_message_count or 0
+        return self.dead_letters.count()
+
+    def quarantined(self) -> list[Quarantined]:
+        return self.dead_letters.list()
+
+    def replay(self, item: Quarantined) -> None:
+        if item.moniker is None:
+            raise ValueError(f"{item.name}: not a readable moniker; nothing to replay")
+        self.publish(item.moniker)
+        self.dead_letters.remove(item.name)
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
         return [stored.moniker for stored in self.journal.list(table, writer_id)

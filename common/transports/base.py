@@ -3,7 +3,9 @@
 Writers `publish`; the bookkeeper `receive`s deliveries and `acknowledge`s each one only after
 the commit that contains it is durable, or `dead_letter`s it with a reason. `pending` lists what
 is published and not yet acknowledged, for writers resuming after a restart and for the reaper,
-which must never delete a file a pending moniker names. Adding a transport means adding one
+which must never delete a file a pending moniker names. `quarantined` lists what was
+dead-lettered, which the reaper spares as well (its records are nowhere else until replayed),
+and `replay` publishes a quarantined moniker again. Adding a transport means adding one
 module that implements this class.
 """
 
@@ -40,6 +42,20 @@ class Delivery:
         return self.moniker is None and self.file_event is None and self.error is None
 
 
+@dataclass(frozen=True)
+class Quarantined:
+    """A delivery set aside in the dead-letter place: why, and the moniker when it was readable."""
+
+    name: str
+    """Its name in the dead-letter place (what `icekeeper dead-letters replay --id` takes)."""
+    reason: str
+    source: str
+    """Where it was received from (a moniker file, a queue message id)."""
+    moniker: Moniker | None
+    raw: bytes = field(default=b"", repr=False)
+    quarantined_ms: int | None = None
+
+
 class MonikerTransport(ABC):
     """Carries monikers from writers to the bookkeeper."""
 
@@ -66,6 +82,15 @@ class MonikerTransport(ABC):
     @abstractmethod
     def dead_letter_count(self) -> int:
         """How many deliveries sit in the dead-letter place (approximate for queues)."""
+
+    @abstractmethod
+    def quarantined(self) -> list[Quarantined]:
+        """What sits in the dead-letter place, oldest first."""
+
+    @abstractmethod
+    def replay(self, item: Quarantined) -> None:
+        """Publish a quarantined moniker again, then take it out of the dead-letter place (a crash
+        between the two publishes it twice: the bookkeeper commits a replay once, by moniker id)."""
 
     def has_pending(self) -> bool:
         """Whether anything waits to be received; transports override it with a cheaper check."""

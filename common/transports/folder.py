@@ -8,14 +8,17 @@ written under its final name directly. Sorting names orders a writer's monikers 
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
+import time
 from dataclasses import dataclass
 
 from pyarrow import fs as pafs
 
 from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
 from common.storage import open_filesystem, write_whole
+from common.transports.base import Quarantined
 
 log = logging.getLogger(__name__)
 SUFFIX = ".json"
@@ -93,6 +96,63 @@ class MonikerFolder:
     def read_bytes(self, path: str) -> bytes:
         with self.filesystem.open_input_stream(path) as stream:
             return stream.read()
+
+
+REASON_SUFFIX = ".reason"
+
+
+class DeadLetterFolder:
+    """The dead-letter place for monikers: `<ms>-<name>` holds the delivery's bytes (an encoded
+    moniker, or whatever could not be read), `<ms>-<name>.reason` a JSON object with the reason
+    and the source. The reason is written last: a copy without one is not listed (a crash while
+    quarantining leaves the delivery pending, so it is quarantined again)."""
+
+    def __init__(self, uri: str) -> None:
+        self.folder = MonikerFolder(uri)
+
+    def put(self, source: str, raw: bytes, reason: str) -> str:
+        """Keep `raw` with `reason`; returns its name."""
+        name = f"{int(time.time() * 1000)}-{posixpath.basename(source.rstrip('/')) or 'delivery'}"
+        name = _safe(name)
+        self.folder.write_bytes(name, raw)
+        self.folder.write_bytes(name + REASON_SUFFIX, json.dumps({"reason": reason, "source": source}).encode())
+        return name
+
+    def names(self) -> list[str]:
+        """Names of the kept deliveries, oldest first."""
+        selector = pafs.FileSelector(self.folder.root, recursive=False, allow_not_found=True)
+        reasons = [posixpath.basename(info.path) for info in self.folder.filesystem.get_file_info(selector) if info.path.endswith(REASON_SUFFIX)]
+        return sorted((name[:-len(REASON_SUFFIX)] for name in reasons), key=lambda name: (_stamp(name), name))
+
+    def read(self, name: str) -> Quarantined:
+        base = posixpath.join(self.folder.root, name)
+        facts = json.loads(self.folder.read_bytes(base + REASON_SUFFIX))
+        try:
+            raw = self.folder.read_bytes(base)
+        except FileNotFoundError:
+            raw = b""
+        try:
+            moniker = decode_moniker(raw)
+        except MonikerError:
+            moniker = None
+        return Quarantined(name, facts.get("reason", ""), facts.get("source", ""), moniker, raw, _stamp(name))
+
+    def list(self) -> list[Quarantined]:
+        return [self.read(name) for name in self.names()]
+
+    def remove(self, name: str) -> None:
+        """Reason first: a crash half way leaves a copy that is no longer listed, never a listed one without bytes."""
+        base = posixpath.join(self.folder.root, name)
+        self.folder.delete(base + REASON_SUFFIX)
+        self.folder.delete(base)
+
+    def count(self) -> int:
+        return len(self.names())
+
+
+def _stamp(name: str) -> int | None:
+    head = name.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def _safe(name: str) -> str:

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import posixpath
-import time
-
-import pyarrow.fs as pafs
-
 from common.config.model import TxLogTransport
 from common.moniker import Moniker
-from common.transports.base import Delivery, MonikerTransport
-from common.transports.folder import MonikerFolder
+from common.transports.base import Delivery, MonikerTransport, Quarantined
+from common.transports.folder import DeadLetterFolder, MonikerFolder
 
 
 class TxLogMonikerTransport(MonikerTransport):
@@ -19,7 +13,7 @@ class TxLogMonikerTransport(MonikerTransport):
 
     def __init__(self, settings: TxLogTransport) -> None:
         self.folder = MonikerFolder(settings.uri)
-        self.dead_letters = MonikerFolder(settings.dead_letter_uri)
+        self.dead_letters = DeadLetterFolder(settings.dead_letter_uri)
         self._attempts: dict[str, int] = {}
 
     def publish(self, moniker: Moniker) -> None:
@@ -39,18 +33,24 @@ class TxLogMonikerTransport(MonikerTransport):
         self._attempts.pop(delivery.handle, None)
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        name = f"{int(time.time() * 1000)}-{posixpath.basename(delivery.source)}"
         raw = delivery.raw or _read_quietly(self.folder, delivery.handle)
-        self.dead_letters.write_bytes(name, raw)
-        self.dead_letters.write_bytes(name + ".reason", json.dumps({"reason": reason, "source": delivery.source}).encode())
+        self.dead_letters.put(delivery.source, raw, reason)
         self.acknowledge(delivery)
 
     def has_pending(self) -> bool:
         return bool(self.folder.list_paths())
 
     def dead_letter_count(self) -> int:
-        selector = pafs.FileSelector(self.dead_letters.root, recursive=True, allow_not_found=True)
-        return sum(1 for info in self.dead_letters.filesystem.get_file_info(selector) if info.path.endswith(".reason"))
+        return self.dead_letters.count()
+
+    def quarantined(self) -> list[Quarantined]:
+        return self.dead_letters.list()
+
+    def replay(self, item: Quarantined) -> None:
+        if item.moniker is None:
+            raise ValueError(f"{item.name}: not a readable moniker; nothing to replay")
+        self.publish(item.moniker)
+        self.dead_letters.remove(item.name)
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
         return [stored.moniker for stored in self.folder.list(table, writer_id)

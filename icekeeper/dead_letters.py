@@ -1,0 +1,288 @@
+"""`icekeeper dead-letters list | replay`: what was set aside, and putting it back once the cause is fixed.
+
+Two places hold what did not reach a table:
+- quarantined monikers, in the transport's dead-letter folder: monikers the bookkeeper could not
+  read or commit (a file that is not Parquet or not what the moniker says, a file missing past
+  `bookkeeper.missing_file_timeout`, an incompatible schema, offsets overlapping the committed
+  ones), each with its reason. Replay publishes the moniker again. The bookkeeper commits a replay
+  once: the table's committed state lists the ids of the monikers it quarantined, and the commit
+  of a replayed one takes its id off, in the same snapshot; a second replay, or a replay after a
+  crash half way, is then a duplicate. A moniker refused for overlapping offsets is not on that
+  list (its records are in the table from another writer): its replay is dropped as a duplicate.
+- dead-lettered records, in each source's dead-letter topic: records a writer could not decode or
+  route, raw, with the reason and their source topic, partition and offset in headers
+  (`writers/dead_letters.py`). Replay produces them again to their source topic, as Kafka Connect
+  users replay a dead-letter queue: the writers read them like any new record, so a fixed schema
+  registry or routing rule applies to them. (For upsert tables a replayed change lands after the
+  changes the key had since: replay only what the mirror can take out of order, or rebuild it.)
+
+Exactly once, for records: each batch is produced in one Kafka transaction together with the
+replay consumer group's offsets on the dead-letter topic, so a replay that dies resumes after the
+last batch it committed and never produces a record twice. A dead-lettered copy whose source
+record is already in a table (a writer that dead-lettered it, died, and decoded it after a
+restart), or that repeats one replayed before (the writer dead-lettered its batch twice), is
+skipped: the tables' Kafka metadata columns and the headers of the copies replayed before tell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Iterable
+
+from common.config.model import IcekeeperConfig, KafkaSource
+from common.transports.base import MonikerTransport, Quarantined
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message, Producer
+
+# The headers `writers/dead_letters.py` adds (that module imports PySpark, which `icekeeper --help` should not wait for).
+REASON_HEADER = "icekeeper.reason"
+SOURCE_TOPIC_HEADER = "icekeeper.source.topic"
+SOURCE_PARTITION_HEADER = "icekeeper.source.partition"
+SOURCE_OFFSET_HEADER = "icekeeper.source.offset"
+
+log = logging.getLogger(__name__)
+
+REPLAY_OF_HEADER = "icekeeper.replay.of"
+"""Added to a replayed record: `<dead-letter topic>/<partition>/<offset>` of the copy it came from."""
+REPLAY_BATCH = 1000
+"""Records per Kafka transaction."""
+
+SourceRecord = tuple[str, int, int]
+"""A record's source topic, partition and offset."""
+
+
+@dataclass(frozen=True)
+class DeadLetteredRecord:
+    """One record of a dead-letter topic: where it sits, where it came from, why."""
+
+    topic: str
+    partition: int
+    offset: int
+    source: SourceRecord | None
+    reason: str
+    key: bytes | None = field(default=None, repr=False)
+    value: bytes | None = field(default=None, repr=False)
+    headers: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+
+    def to_json(self) -> dict:
+        source = None if self.source is None else {"topic": self.source[0], "partition": self.source[1], "offset": self.source[2]}
+        return {"dead_letter": f"{self.topic}/{self.partition}/{self.offset}", "source": source, "reason": self.reason}
+
+
+@dataclass
+class RecordReplay:
+    """What replaying one dead-letter topic did."""
+
+    dead_letter_topic: str
+    replayed: int = 0
+    already_in_a_table: int = 0
+    already_replayed: int = 0
+    without_source: int = 0
+    """Copies without source headers: nothing says where they belong (not icekeeper's)."""
+
+
+def add_dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
+    """`list` / `replay` and their options (the command itself is registered in `icekeeper.cli`)."""
+    parser.add_argument("action", choices=["list", "replay"])
+    parser.add_argument("--monikers", action="store_true", help="only quarantined monikers (default: monikers and records)")
+    parser.add_argument("--records", action="store_true", help="only records of the sources' dead-letter topics")
+    parser.add_argument("--name", action="append", default=None, metavar="NAME",
+                        help="replay: only the quarantined moniker(s) of this name (as `list` shows them); repeatable")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to read a dead-letter topic to its end")
+
+
+def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
+    from common.catalog import open_catalog
+    from common.transports import open_transport
+
+    monikers = args.monikers or not args.records
+    records = args.records or not args.monikers
+    transport = open_transport(config)
+    if args.action == "list":
+        listing = {
+            "monikers": [_moniker_json(item) for item in transport.quarantined()] if monikers else [],
+            "records": [record.to_json() for source in config.sources for record in dead_lettered_records(source, args.timeout)] if records else [],
+        }
+        if args.json:
+            print(json.dumps(listing))
+        else:
+            _print_listing(listing)
+        return 0
+    outcome: dict = {"monikers": [], "records": []}
+    if monikers:
+        outcome["monikers"] = replay_monikers(transport, args.name)
+    if records:
+        catalog = open_catalog(config)
+        outcome["records"] = [asdict(replay_records(config, source, catalog, args.timeout)) for source in config.sources]
+    if args.json:
+        print(json.dumps(outcome))
+    else:
+        for name in outcome["monikers"]:
+            print(f"moniker {name}: published again")
+        for replay in outcome["records"]:
+            print(f"records of {replay['dead_letter_topic']}: {replay['replayed']} produced again to their source topics; skipped "
+                  f"{replay['already_in_a_table']} already in a table, {replay['already_replayed']} replayed before, "
+                  f"{replay['without_source']} without source headers")
+    return 0
+
+
+# -- monikers ------------------------------------------------------------------------------------
+
+
+def replay_monikers(transport: MonikerTransport, names: Iterable[str] | None = None) -> list[str]:
+    """Publish quarantined monikers again (all, or those `names`); returns the names replayed.
+    Unreadable ones stay where they are: there is no moniker to publish."""
+    wanted = set(names) if names else None
+    replayed = []
+    for item in transport.quarantined():
+        if wanted is not None and item.name not in wanted:
+            continue
+        if item.moniker is None:
+            log.warning("not a readable moniker; left in the dead-letter place", extra={"name": item.name, "reason": item.reason})
+            continue
+        transport.replay(item)
+        replayed.append(item.name)
+    return replayed
+
+
+def _moniker_json(item: Quarantined) -> dict:
+    moniker = item.moniker
+    facts: dict = {"name": item.name, "reason": item.reason, "source": item.source, "quarantined_ms": item.quarantined_ms}
+    if moniker is not None:
+        facts.update(table=moniker.table, writer_id=moniker.writer_id, seq=moniker.seq, records=moniker.records, files=len(moniker.files),
+                     offsets=[f"{r.topic}[{r.partition}] {r.from_offset}..{r.until_offset}" for r in moniker.offsets])
+    return facts
+
+
+def _print_listing(listing: dict) -> None:
+    print(f"quarantined monikers: {len(listing['monikers'])}")
+    for item in listing["monikers"]:
+        what = f"{item['table']} writer {item['writer_id']} seq {item['seq']}, {item['records']} records" if "table" in item else "unreadable"
+        print(f"  {item['name']}  {what}\n      {item['reason']}")
+    print(f"dead-lettered records: {len(listing['records'])}")
+    for record in listing["records"]:
+        source = record["source"]
+        where = f"{source['topic']}[{source['partition']}]@{source['offset']}" if source else "unknown source"
+        print(f"  {record['dead_letter']}  from {where}\n      {record['reason']}")
+
+
+# -- records -------------------------------------------------------------------------------------
+
+
+def dead_lettered_records(source: KafkaSource, timeout_s: float = 60.0) -> list[DeadLetteredRecord]:
+    """Every record of the source's dead-letter topic, in offset order per partition."""
+    from icekeeper.samples.readback import topic_messages
+
+    return [_record(message) for message in topic_messages(source.bootstrap_servers, source.dead_letter_topic, timeout_s)]
+
+
+def replay_group(source: KafkaSource) -> str:
+    """The consumer group whose offsets on the dead-letter topic mark what was replayed."""
+    return f"icekeeper-dead-letter-replay.{source.name}"
+
+
+def replay_records(config: IcekeeperConfig, source: KafkaSource, catalog, timeout_s: float = 60.0) -> RecordReplay:  # noqa: ANN001 - Catalog
+    """Produce the source's dead-lettered records not replayed yet to their source topics, exactly once."""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    outcome = RecordReplay(source.dead_letter_topic)
+    records = dead_lettered_records(source, timeout_s)
+    if not records:
+        return outcome
+    consumer = Consumer({"bootstrap.servers": source.bootstrap_servers, "group.id": replay_group(source), "enable.auto.commit": False},
+                        logger=logging.getLogger("librdkafka"))
+    producer = Producer({"bootstrap.servers": source.bootstrap_servers, "transactional.id": f"{replay_group(source)}.{uuid.uuid4().hex[:8]}",
+                         "enable.idempotence": True, "acks": "all"}, logger=logging.getLogger("librdkafka"))
+    try:
+        partitions = sorted({record.partition for record in records})
+        committed = {tp.partition: tp.offset for tp in consumer.committed([TopicPartition(source.dead_letter_topic, p) for p in partitions], timeout=10)}
+        done = {record.source for record in records if record.offset < committed.get(record.partition, -1) and record.source is not None}
+        todo = [record for record in records if record.offset >= committed.get(record.partition, -1)]
+        in_tables = _already_in_tables(config, catalog, {record.source for record in todo if record.source is not None})
+        producer.init_transactions(30)
+        for start in range(0, len(todo), REPLAY_BATCH):
+            batch = todo[start:start + REPLAY_BATCH]
+            producer.begin_transaction()
+            for record in batch:
+                if record.source is None:
+                    outcome.without_source += 1
+                elif record.source in done:
+                    outcome.already_replayed += 1
+                elif record.source in in_tables:
+                    outcome.already_in_a_table += 1
+                else:
+                    producer.produce(record.source[0], key=record.key, value=record.value, partition=record.source[1],
+                                     headers=[*_own_headers(record.headers), (REPLAY_OF_HEADER, f"{record.topic}/{record.partition}/{record.offset}".encode())])
+                    outcome.replayed += 1
+                if record.source is not None:
+                    done.add(record.source)
+            ends: dict[int, int] = {}
+            for record in batch:
+                ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+            producer.send_offsets_to_transaction([TopicPartition(source.dead_letter_topic, p, o) for p, o in ends.items()],
+                                                 consumer.consumer_group_metadata(), 30)
+            producer.commit_transaction(60)
+    except KafkaException:
+        _abort_quietly(producer)
+        raise
+    finally:
+        consumer.close()
+    log.info("dead-lettered records replayed", extra=asdict(outcome))
+    return outcome
+
+
+def _already_in_tables(config: IcekeeperConfig, catalog, sources: set[SourceRecord]) -> set[SourceRecord]:  # noqa: ANN001 - Catalog
+    """The source records among `sources` that a configured table holds, by its Kafka metadata
+    columns (tables without them cannot tell, and are not asked)."""
+    from pyiceberg.expressions import And, EqualTo, In
+
+    from common.catalog import load_table_or_none
+
+    kafka = config.metadata_columns.kafka
+    names = {field: f"{kafka.prefix}{field}" for field in ("topic", "partition", "offset") if field in kafka.columns}
+    if not sources or len(names) < 3:
+        return set()
+    by_partition: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in sources:
+        by_partition.setdefault((topic, partition), []).append(offset)
+    found: set[SourceRecord] = set()
+    for spec in config.tables:
+        table = load_table_or_none(catalog, spec.identifier)
+        if table is None or not set(names.values()) <= set(table.schema().column_names):
+            continue
+        for (topic, partition), offsets in by_partition.items():
+            condition = And(EqualTo(names["topic"], topic), EqualTo(names["partition"], partition), In(names["offset"], offsets))
+            rows = table.scan(row_filter=condition, selected_fields=(names["offset"],)).to_arrow().column(0).to_pylist()
+            found.update((topic, partition, offset) for offset in rows)
+    return found
+
+
+def _record(message: Message) -> DeadLetteredRecord:
+    headers = tuple((name, value or b"") for name, value in (message.headers() or []))
+    ours = {name: value.decode("utf-8", "replace") for name, value in headers}
+    source = None
+    if {SOURCE_TOPIC_HEADER, SOURCE_PARTITION_HEADER, SOURCE_OFFSET_HEADER} <= ours.keys():
+        source = (ours[SOURCE_TOPIC_HEADER], int(ours[SOURCE_PARTITION_HEADER]), int(ours[SOURCE_OFFSET_HEADER]))
+    return DeadLetteredRecord(message.topic(), message.partition(), message.offset(), source, ours.get(REASON_HEADER, ""),
+                              message.key(), message.value(), headers)
+
+
+def _own_headers(headers: Iterable[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The record's own headers, without those the dead-lettering added."""
+    added = {REASON_HEADER, SOURCE_TOPIC_HEADER, SOURCE_PARTITION_HEADER, SOURCE_OFFSET_HEADER}
+    return [(name, value) for name, value in headers if name not in added]
+
+
+def _abort_quietly(producer: Producer) -> None:
+    from confluent_kafka import KafkaException
+
+    try:
+        producer.abort_transaction(10)
+    except KafkaException:
+        pass
