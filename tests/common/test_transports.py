@@ -69,7 +69,7 @@ def test_txlog_corrupt_moniker_is_delivered_with_its_reason_and_can_be_dead_lett
 def azure_settings(local_stack, tmp_path: Path) -> AzureQueueTransport:
     name = f"m-{uuid.uuid4().hex[:10]}"
     return AzureQueueTransport(connection_string=local_stack.service("azurite-queue").connection_string(), queue_name=name,
-                               dead_letter_queue_name=name + "-dlq", journal_uri=str(tmp_path / "journal"))
+                               dead_letter_queue_name=name + "-dlq", journal_uri=str(tmp_path / "journal"), dead_letter_uri=str(tmp_path / "dlq"))
 
 
 @pytest.mark.integration
@@ -100,6 +100,34 @@ def test_azure_queue_unreadable_message_goes_to_the_dead_letter_queue(azure_sett
     [dead] = transport.dead_letter_queue.receive_messages()
     assert json.loads(dead.content)["content"] == "this is not a moniker"
     assert transport.queue.get_queue_properties().approximate_message_count == 0
+
+
+def exercise_dead_letters(transport: MonikerTransport, moniker: Moniker) -> None:
+    """A dead-lettered moniker is kept whole with its reason, leaves `pending`, and a replay
+    publishes it again and takes it out of the dead-letter place."""
+    transport.publish(moniker)
+    [delivery] = transport.receive()
+    transport.dead_letter(delivery, "a file is not Parquet")
+    assert transport.pending() == [] and transport.dead_letter_count() == 1
+    [item] = transport.quarantined()
+    assert item.moniker == moniker and item.reason == "a file is not Parquet" and item.quarantined_ms is not None
+    transport.replay(item)
+    assert transport.quarantined() == [] and transport.dead_letter_count() == 0
+    assert [m.id for m in transport.pending()] == [moniker.id]
+    [again] = transport.receive()
+    assert again.moniker == moniker
+
+
+def test_txlog_dead_letters_and_replay(tmp_path: Path) -> None:
+    transport = TxLogMonikerTransport(TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq")))
+    exercise_dead_letters(transport, make_moniker(seq=1, prev_seq=None))
+
+
+@pytest.mark.integration
+def test_azure_queue_keeps_a_dead_lettered_moniker_whole_even_one_sent_as_a_pointer(azure_settings: AzureQueueTransport) -> None:
+    transport = AzureQueueMonikerTransport(azure_settings, visibility_timeout_s=30)
+    exercise_dead_letters(transport, big_moniker(files=2000))  # its message only points to the journal copy, which goes
+    assert json.loads(transport.dead_letter_queue.receive_messages().next().content)["reason"] == "a file is not Parquet"
 
 
 def test_pending_filters_by_writer_alone(tmp_path: Path) -> None:
