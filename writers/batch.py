@@ -18,15 +18,16 @@ from pyspark.sql import functions as F
 from common.config.model import IcekeeperConfig, KafkaSource
 from common.in_flight import InFlightClaims
 from common.moniker import Moniker
+from writers import sql
 from writers.columns import ERROR, ROUTE, VERSION
 from writers.dead_letters import send_dead_letters
-from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, decode_avro_confluent, decode_json, framed_schema_id_sql
+from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, decode_avro_confluent, decode_json, frame_prefix, framed_schema_id_sql
 from writers.files import discard_output
 from writers.kafka_io import read_raw
 from writers.offsets import BatchPlan
 from writers.progress import TableProgress
 from writers.record_keys import RecordKeys, record_keys_for
-from writers.registry import RegisteredSchema, TopicSchemas
+from writers.registry import RegisteredSchema, RegistryUnavailable, TopicSchemas, registry_outage
 from writers.routing import Routes, routed_rows
 from writers.table_versions import predicted_route_versions, prediction_checks, prediction_held, schema_ids_of, versions_by_table
 from writers.table_writer import RoutedBatch, TableWriter
@@ -98,7 +99,13 @@ class BatchWriter:
                 outcome = self._write_tables(source, plan, seq, schemas, routes)
             if dead is not None:
                 outcome.errors = {row["reason"]: int(row["count"]) for row in dead.groupBy("reason").count().collect()}
+                if outcome.errors.get("unknown-schema-id") and (outage := self._registry_outage(source, plan, dead, schemas)):
+                    raise RegistryUnavailable(outage)
                 send_dead_letters(dead, source.bootstrap_servers, source.dead_letter_topic)
+        except RegistryUnavailable:
+            # Nothing of the batch is published or dead-lettered: the writer pauses and reads it again.
+            discard_output(outcome.output_dirs)
+            raise
         finally:
             if dead is not None:
                 dead.unpersist()
@@ -170,6 +177,25 @@ class BatchWriter:
         known = {schema.schema_id for schema in schemas}
         found = [self.schemas[source.name].by_id(int(schema_id)) for schema_id in ids if schema_id is not None and int(schema_id) not in known]
         return [schema for schema in found if schema is not None]
+
+    def _registry_outage(self, source: KafkaSource, plan: BatchPlan, dead: DataFrame, schemas: list[RegisteredSchema]) -> str | None:
+        """Why the unknown schema ids of `dead` are the registry's fault (`registry_outage`), or None."""
+        registry = self.schemas[source.name]
+        unknown_topics = {row["topic"] for row in dead.where("reason = 'unknown-schema-id'").select("topic").distinct().collect()}
+        try:
+            subjects: list[str] | RegistryUnavailable = registry.subjects()
+        except RegistryUnavailable as error:
+            subjects = error
+
+        def with_known_ids(topics: set[str]) -> set[str]:
+            if not schemas:
+                return set()
+            prefixes = sql.in_list("substring(value, 1, 5)", [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas])
+            topic_list = sql.in_list("topic", [sql.string(topic) for topic in sorted(topics)])
+            raw = read_raw(self.spark, source, plan)
+            return {row["topic"] for row in raw.where(f"{topic_list} AND {prefixes}").select("topic").distinct().collect()}
+
+        return registry_outage(subjects, unknown_topics, with_known_ids)
 
     def _learn_key_schemas(self, source: KafkaSource, routes: Routes, dead: DataFrame) -> bool:
         """Remember the registry's key schemas that deletes without `before` in `dead` name by id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from common.config import load_config
 
@@ -25,13 +26,22 @@ def run_writer(args: argparse.Namespace) -> int:
         print(spark_submit_packages())
         return 0
     from writers.job import WriterJob
+    from writers.offsets import TopicReset
 
     job = WriterJob(load_config(args.config), writer_id=args.writer_id)
     job.install_signal_handlers()
 
     def show(report) -> None:  # noqa: ANN001 - BatchReport
+        if report.paused:
+            print(json.dumps({"paused": report.paused}), flush=True)
+            return
         print(json.dumps({"batch": report.seq, "records": report.records_read, "rows": report.rows_written, "files": report.files,
-                          "monikers": report.monikers, "dead_lettered": report.dead_lettered, "seconds": round(report.seconds, 2)}), flush=True)
+                          "monikers": report.monikers, "dead_lettered": report.dead_lettered, "lost_to_retention": report.lost_to_retention,
+                          "seconds": round(report.seconds, 2)}), flush=True)
 
-    job.run(max_batches=1 if args.once else args.max_batches, until_idle=args.until_idle, on_batch=show)
+    try:
+        job.run(max_batches=1 if args.once else args.max_batches, until_idle=args.until_idle, on_batch=show)
+    except TopicReset as reset:
+        print(f"error: {reset}", file=sys.stderr, flush=True)
+        return 2
     return 0

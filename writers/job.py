@@ -30,12 +30,14 @@ from common.transports import open_transport
 from writers.batch import BatchOutcome, BatchWriter
 from writers.checkpoints import SourceCheckpoints
 from writers.kafka_io import SourceAdmin
-from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, plan_batch
+from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, TopicReset, plan_batch, topic_reset_message
 from writers.progress import TableProgress, next_seq, refresh_progress, table_positions
-from writers.registry import TopicSchemas
+from writers.registry import RegistryUnavailable, TopicSchemas
 from writers.routing import Routes, routes_for
 
 log = logging.getLogger(__name__)
+_MAX_PAUSE_S = 60.0
+"""Longest wait between two tries of a paused writer (the schema registry does not answer)."""
 
 
 @dataclass
@@ -52,6 +54,10 @@ class BatchReport:
     errors: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     throttled: bool = False
+    lost_to_retention: int = 0
+    """Records Kafka's retention deleted before this writer read them (they are in no table)."""
+    paused: str | None = None
+    """Why the writer paused instead of writing (the schema registry cannot answer); None when it ran."""
 
     def add(self, source: KafkaSource, outcome: BatchOutcome) -> None:
         """Count what one source's batch wrote."""
@@ -91,11 +97,24 @@ class WriterJob:
         """Run batches every trigger interval until stopped (SIGTERM/SIGINT), `max_batches`, or idle."""
         reports = []
         failures = 0
+        pauses = 0
         while not self.stop.is_set():
             started = time.monotonic()
             try:
                 report = self.run_batch()
-                failures = 0
+                failures = pauses = 0
+            except RegistryUnavailable as outage:
+                # Not poison and not a crash: wait for the registry as long as it takes, alerting each time.
+                pauses += 1
+                wait_s = min(_MAX_PAUSE_S, 2.0 ** pauses)
+                log.error("schema registry unavailable; writer paused: nothing is published or dead-lettered until it answers",
+                          extra={"writer": self.writer_id, "reason": str(outage), "pauses": pauses, "retry_in_s": wait_s})
+                if on_batch:
+                    on_batch(BatchReport(seq=self.seq or 0, paused=str(outage)))
+                self.stop.wait(wait_s)
+                continue
+            except TopicReset:
+                raise  # retrying cannot help: the operator decides (docs/operations.md)
             except Exception as error:  # noqa: BLE001 - a failed batch published nothing; retry it
                 failures += 1
                 if failures >= 5:
@@ -162,6 +181,7 @@ class WriterJob:
             self.transport.publish(moniker)
             self.tables.setdefault(moniker.table, TableProgress()).published(moniker)
         report.add(source, outcome)
+        report.lost_to_retention += sum(plan.lost_to_retention.values())
         admin.commit_group_offsets(plan)
         self.checkpoints.advance(source, plan)
 
@@ -174,6 +194,13 @@ class WriterJob:
         cap = source.max_offsets_per_trigger
         per_partition = int(source.max_rate_per_partition * self.config.writer.trigger_interval) if source.max_rate_per_partition else None
         plan = plan_batch(bounds, positions, source.starting_offsets, cap, per_partition)
+        if plan.behind_next:
+            message = topic_reset_message(plan.behind_next)
+            log.error(message, extra={"writer": self.writer_id, "source": source.name,
+                                      "behind": {f"{t}:{p}": {"next": n, "end": e} for (t, p), (n, e) in plan.behind_next.items()}})
+            raise TopicReset(message)
         if plan.lost_to_retention:
-            log.warning("records lost to Kafka retention before they were read", extra={"lost": {f"{t}:{p}": n for (t, p), n in plan.lost_to_retention.items()}})
+            log.error("records lost to Kafka retention before they were read", extra={
+                "writer": self.writer_id, "source": source.name, "records": sum(plan.lost_to_retention.values()),
+                "lost": {f"{t}:{p}": n for (t, p), n in plan.lost_to_retention.items()}})
         return plan

@@ -6,6 +6,12 @@ the writer's pending monikers for it already cover, and what the writer's checkp
 finished (written after a batch's monikers are published and its dead letters sent; it moves on
 a table that the batch gave no rows). The batch reads from the earliest of
 the tables' starts, and each table keeps only rows at or after its own start.
+
+Kafka can also be behind what was read: records lost to retention before a table got them (the
+first retained offset is above the next to read) are counted in the plan, and a partition whose
+end is below the next offset to read (the topic was deleted and recreated, or a broker lost
+records) is named in the plan; the writer stops on it (`TopicReset`) rather than wait, unseen,
+until the new topic's offsets pass the old ones and skip everything before.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ class PartitionBounds:
     latest: int
 
 
+class TopicReset(RuntimeError):
+    """Kafka's end offset of a partition is below the next offset to read: the writer stops."""
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """Read range per topic-partition, and per table the offset each partition starts at."""
@@ -33,6 +43,9 @@ class BatchPlan:
     read_ranges: dict[TopicPartition, tuple[int, int]]
     table_starts: dict[str, dict[TopicPartition, int]]
     lost_to_retention: dict[TopicPartition, int] = field(default_factory=dict)
+    """Records Kafka's retention deleted before a table read them, per topic-partition."""
+    behind_next: dict[TopicPartition, tuple[int, int]] = field(default_factory=dict)
+    """Partitions whose end offset is below the next offset to read: (next offset, end offset)."""
 
     @property
     def records(self) -> int:
@@ -86,6 +99,7 @@ def plan_batch(
     """
     table_starts: dict[str, dict[TopicPartition, int]] = {}
     lost: dict[TopicPartition, int] = {}
+    behind: dict[TopicPartition, tuple[int, int]] = {}
     for table, positions in table_positions.items():
         starts = {}
         for topic_partition, bound in bounds.items():
@@ -96,13 +110,15 @@ def plan_batch(
                 # Kafka's retention dropped records this table never got: report, start at what exists.
                 lost[topic_partition] = max(lost.get(topic_partition, 0), bound.earliest - start)
                 start = bound.earliest
+            if start > bound.latest:
+                behind[topic_partition] = (max(start, behind.get(topic_partition, (0, 0))[0]), bound.latest)
             starts[topic_partition] = min(start, bound.latest)
         table_starts[table] = starts
     read_starts = {tp: min(starts[tp] for starts in table_starts.values()) for tp in bounds} if table_starts else {}
     lags = {tp: bounds[tp].latest - start for tp, start in read_starts.items() if bounds[tp].latest > start}
     caps = _split_cap(lags, max_records, max_per_partition)
     read_ranges = {tp: (read_starts[tp], read_starts[tp] + caps[tp]) for tp in lags if caps[tp] > 0}
-    return BatchPlan(read_ranges, table_starts, lost)
+    return BatchPlan(read_ranges, table_starts, lost, behind)
 
 
 def _split_cap(lags: Mapping[TopicPartition, int], max_records: int | None, max_per_partition: int | None) -> dict[TopicPartition, int]:
@@ -113,3 +129,12 @@ def _split_cap(lags: Mapping[TopicPartition, int], max_records: int | None, max_
     # Proportional to lag, as Spark's maxOffsetsPerTrigger does; every lagging partition moves.
     scaled = {tp: max(1, cap * max_records // total) for tp, cap in caps.items()}
     return {tp: min(caps[tp], cap) for tp, cap in scaled.items()}
+
+
+def topic_reset_message(behind_next: Mapping[TopicPartition, tuple[int, int]]) -> str:
+    """What the operator reads when the writer stops on partitions whose end is below the next offset."""
+    named = ", ".join(f"{topic}:{partition} (next offset {next_offset}, Kafka's end {end})"
+                      for (topic, partition), (next_offset, end) in sorted(behind_next.items()))
+    return (f"Kafka's end offset is below the next offset to read on {named}: the topic was deleted and recreated, or "
+            "its records were lost. The writer stops instead of skipping the new records up to the old offsets; "
+            "see docs/operations.md, 'A topic was deleted or recreated'.")
