@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from bookkeeper.service import Bookkeeper
 from common.committed_state import committed_state
 from common.transports import open_transport
@@ -85,3 +87,33 @@ def test_a_file_that_is_not_parquet_is_quarantined_without_waiting(tmp_path: Pat
     [(_, reason)] = report.tables[0].quarantined
     assert "unreadable" in reason and report.tables[0].unavailable == []
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.heavy
+@pytest.mark.integration
+def test_a_real_writers_batch_survives_one_file_unreachable_for_a_cycle(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:  # noqa: ANN001
+    """The issue's reproduction: 20,000 records, one writer batch, one of its files away for one cycle."""
+    from icekeeper.samples.produce import produce_synthetic
+    from icekeeper.samples.synthetic import SyntheticSpec
+    from tests.conftest import pipeline_config
+    from writers.job import WriterJob
+
+    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+                                                       "ICEKEEPER__TABLES__0__MODE": "changelog"})
+    produce_synthetic(config, SyntheticSpec(seed=14, keys=2000, events=20_000, schema_changes=0), topic=unique_topic, partitions=3,
+                      progress=lambda m: None)
+    job = WriterJob(config, spark=spark)
+    job.run(max_batches=1)
+    [moniker] = job.transport.pending()
+    assert moniker.records == 20_000 and len(moniker.files) > 1
+    unreachable = Path(moniker.files[-1].path.removeprefix("file://"))
+    hidden = unreachable.with_name(unreachable.name + ".away")
+    unreachable.rename(hidden)
+    bookkeeper = Bookkeeper(config)
+    report = bookkeeper.run_cycle()
+    assert report.dead_lettered == [] and report.pending == 1
+    hidden.rename(unreachable)
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    table = bookkeeper.catalog.load_table("shop.orders")
+    assert len(table.scan(selected_fields=("_kfk_offset",)).to_arrow()) == 20_000
+    assert committed_state(table).quarantined_records == 0
