@@ -242,10 +242,10 @@ def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poiso
 
     catalog = open_catalog(config)
     changelog = catalog.load_table(changelog_table) if changelog_table else None
-    changelog_columns = changelog_columns(changelog) if changelog is not None else []
+    read_columns = changelog_columns(changelog) if changelog is not None else []
     catalog_queries = {}
     if changelog_table:
-        catalog_queries["changelog_rows"] = f"SELECT {', '.join(changelog_columns)} FROM {{catalog}}.{changelog_table}"
+        catalog_queries["changelog_rows"] = f"SELECT {', '.join(read_columns)} FROM {{catalog}}.{changelog_table}"
     if upsert_table:
         catalog_queries["upsert_rows"] = f"SELECT {', '.join(UPSERT_COLUMNS)} FROM {{catalog}}.{upsert_table}"
     spark = spark_reads(overrides, catalog_queries)
@@ -255,7 +255,7 @@ def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poiso
     result: dict[str, Any] = {"records_in": len(topic_positions), "poison_expected": poison_expected, "undecodable": len(undecodable),
                               **dead_letter_report(dead, set(undecodable))}
     if changelog is not None:
-        result.update(verify_changelog(changelog, changelog_columns, spark["changelog_rows"], changes, set(undecodable), topic_positions, dead))
+        result.update(verify_changelog(changelog, read_columns, spark["changelog_rows"], changes, set(undecodable), topic_positions, dead))
     if upsert_table:
         table = catalog.load_table(upsert_table)
         reference = latest_live_rows(changes, KEY)
