@@ -16,12 +16,13 @@ Two places hold what did not reach a table:
   registry or routing rule applies to them. (For upsert tables a replayed change lands after the
   changes the key had since: replay only what the mirror can take out of order, or rebuild it.)
 
-Exactly once, for records: each batch is produced in one Kafka transaction together with the
-replay consumer group's offsets on the dead-letter topic, so a replay that dies resumes after the
-last batch it committed and never produces a record twice. A dead-lettered copy whose source
-record is already in a table (a writer that dead-lettered it, died, and decoded it after a
-restart), or that repeats one replayed before (the writer dead-lettered its batch twice), is
-skipped: the tables' Kafka metadata columns and the headers of the copies replayed before tell.
+Exactly once, for records: the replay consumer group's offsets on the dead-letter topic say what
+was replayed, and a batch in flight is marked in them first (see `replay_records`), so a replay
+that dies resumes after the last batch it finished and never produces a record twice. A
+dead-lettered copy whose source record is already in a table (a writer that dead-lettered it,
+died, and decoded it after a restart), or that repeats one replayed before (the writer
+dead-lettered its batch twice), is skipped: the tables' Kafka metadata columns and the source
+coordinates of the copies replayed before tell.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterable
@@ -37,7 +39,7 @@ from common.config.model import IcekeeperConfig, KafkaSource
 from common.transports.base import MonikerTransport, Quarantined
 
 if TYPE_CHECKING:
-    from confluent_kafka import Message, Producer
+    from confluent_kafka import Message
 
 # The headers `writers/dead_letters.py` adds (that module imports PySpark, which `icekeeper --help` should not wait for).
 REASON_HEADER = "icekeeper.reason"
@@ -188,53 +190,107 @@ def replay_group(source: KafkaSource) -> str:
 
 
 def replay_records(config: IcekeeperConfig, source: KafkaSource, catalog, timeout_s: float = 60.0) -> RecordReplay:  # noqa: ANN001 - Catalog
-    """Produce the source's dead-lettered records not replayed yet to their source topics, exactly once."""
+    """Produce the source's dead-lettered records not replayed yet to their source topics, exactly once.
+
+    Not in Kafka transactions: a transaction's commit marker takes an offset of the source topic,
+    and writers refuse offsets without a record (`sources[].offset_gaps`). Instead, before each
+    batch the replay group's offsets on the dead-letter topic are committed again, unchanged, with
+    the source partitions' end offsets as their metadata, and after it, moved past the batch. A
+    replay that finds such a mark (its predecessor died mid-batch) reads the source partitions
+    from the marked offsets and skips the copies whose `icekeeper.replay.of` it finds there.
+    """
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
     outcome = RecordReplay(source.dead_letter_topic)
     records = dead_lettered_records(source, timeout_s)
     if not records:
         return outcome
+    topic = source.dead_letter_topic
     consumer = Consumer({"bootstrap.servers": source.bootstrap_servers, "group.id": replay_group(source), "enable.auto.commit": False},
                         logger=logging.getLogger("librdkafka"))
-    producer = Producer({"bootstrap.servers": source.bootstrap_servers, "transactional.id": f"{replay_group(source)}.{uuid.uuid4().hex[:8]}",
-                         "enable.idempotence": True, "acks": "all"}, logger=logging.getLogger("librdkafka"))
+    producer = Producer({"bootstrap.servers": source.bootstrap_servers, "enable.idempotence": True, "acks": "all", "linger.ms": 5},
+                        logger=logging.getLogger("librdkafka"))
     try:
         partitions = sorted({record.partition for record in records})
-        committed = {tp.partition: tp.offset for tp in consumer.committed([TopicPartition(source.dead_letter_topic, p) for p in partitions], timeout=10)}
-        done = {record.source for record in records if record.offset < committed.get(record.partition, -1) and record.source is not None}
-        todo = [record for record in records if record.offset >= committed.get(record.partition, -1)]
+        committed = {tp.partition: tp for tp in consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)}
+        positions = {p: max(0, tp.offset) for p, tp in committed.items()}
+        marks: dict[str, int] = {}
+        for tp in committed.values():
+            marks.update(json.loads(tp.metadata).get("producing_from", {}) if tp.metadata else {})
+        produced_before = _replayed_copies(source, marks, timeout_s)
+        done = {record.source for record in records if record.offset < positions[record.partition] and record.source is not None}
+        todo = [record for record in records if record.offset >= positions[record.partition]]
         in_tables = _already_in_tables(config, catalog, {record.source for record in todo if record.source is not None})
-        producer.init_transactions(30)
         for start in range(0, len(todo), REPLAY_BATCH):
             batch = todo[start:start + REPLAY_BATCH]
-            producer.begin_transaction()
+            sending = []
             for record in batch:
                 if record.source is None:
                     outcome.without_source += 1
-                elif record.source in done:
+                elif record.source in done or _copy_name(record) in produced_before:
                     outcome.already_replayed += 1
                 elif record.source in in_tables:
                     outcome.already_in_a_table += 1
                 else:
-                    producer.produce(record.source[0], key=record.key, value=record.value, partition=record.source[1],
-                                     headers=[*_own_headers(record.headers), (REPLAY_OF_HEADER, f"{record.topic}/{record.partition}/{record.offset}".encode())])
-                    outcome.replayed += 1
+                    sending.append(record)
                 if record.source is not None:
                     done.add(record.source)
-            ends: dict[int, int] = {}
+            targets = {(r.source[0], r.source[1]) for r in sending}
+            ends = {f"{t}/{p}": consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for t, p in targets}
+            mark = json.dumps({"producing_from": ends})
+            consumer.commit(offsets=[TopicPartition(topic, p, positions[p], metadata=mark) for p in partitions], asynchronous=False)
+            failures: list[str] = []
+            for record in sending:
+                producer.produce(record.source[0], key=record.key, value=record.value, partition=record.source[1],
+                                 headers=[*_own_headers(record.headers), (REPLAY_OF_HEADER, _copy_name(record).encode())],
+                                 on_delivery=lambda error, _: failures.append(str(error)) if error else None)
+                producer.poll(0)
+            if producer.flush(60) or failures:
+                raise KafkaException(f"replayed records not delivered: {failures[:3] or 'flush timed out'}")
+            outcome.replayed += len(sending)
             for record in batch:
-                ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
-            producer.send_offsets_to_transaction([TopicPartition(source.dead_letter_topic, p, o) for p, o in ends.items()],
-                                                 consumer.consumer_group_metadata(), 30)
-            producer.commit_transaction(60)
-    except KafkaException:
-        _abort_quietly(producer)
-        raise
+                positions[record.partition] = max(positions[record.partition], record.offset + 1)
+            consumer.commit(offsets=[TopicPartition(topic, p, positions[p], metadata="") for p in partitions], asynchronous=False)
     finally:
         consumer.close()
     log.info("dead-lettered records replayed", extra=asdict(outcome))
     return outcome
+
+
+def _copy_name(record: DeadLetteredRecord) -> str:
+    """What `icekeeper.replay.of` says of a replayed record: the dead-lettered copy it came from."""
+    return f"{record.topic}/{record.partition}/{record.offset}"
+
+
+def _replayed_copies(source: KafkaSource, marks: dict[str, int], timeout_s: float) -> set[str]:
+    """The `icekeeper.replay.of` values of records in the source partitions from the marked offsets on."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    if not marks:
+        return set()
+    consumer = Consumer({"bootstrap.servers": source.bootstrap_servers, "group.id": f"icekeeper-replay-check-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False}, logger=logging.getLogger("librdkafka"))
+    found: set[str] = set()
+    try:
+        starts = {(name.rsplit("/", 1)[0], int(name.rsplit("/", 1)[1])): offset for name, offset in marks.items()}
+        ends = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=10)[1] for tp in starts}
+        remaining = {tp for tp in starts if ends[tp] > starts[tp]}
+        consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in remaining])
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"source partitions {sorted(remaining)} not read to their ends in {timeout_s}s")
+            message = consumer.poll(1)
+            if message is None or message.error():
+                continue
+            headers = dict(message.headers() or [])
+            if REPLAY_OF_HEADER in headers:
+                found.add(headers[REPLAY_OF_HEADER].decode())
+            if message.offset() + 1 >= ends[(message.topic(), message.partition())]:
+                remaining.discard((message.topic(), message.partition()))
+    finally:
+        consumer.close()
+    return found
 
 
 def _already_in_tables(config: IcekeeperConfig, catalog, sources: set[SourceRecord]) -> set[SourceRecord]:  # noqa: ANN001 - Catalog
@@ -277,12 +333,3 @@ def _own_headers(headers: Iterable[tuple[str, bytes]]) -> list[tuple[str, bytes]
     """The record's own headers, without those the dead-lettering added."""
     added = {REASON_HEADER, SOURCE_TOPIC_HEADER, SOURCE_PARTITION_HEADER, SOURCE_OFFSET_HEADER}
     return [(name, value) for name, value in headers if name not in added]
-
-
-def _abort_quietly(producer: Producer) -> None:
-    from confluent_kafka import KafkaException
-
-    try:
-        producer.abort_transaction(10)
-    except KafkaException:
-        pass

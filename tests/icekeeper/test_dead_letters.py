@@ -141,10 +141,21 @@ def test_dead_lettered_records_go_back_to_their_topic_once(local_stack, tmp_path
     listing = command(config, capsys, "list", "--records")["records"]
     assert [(r["source"]["offset"], r["reason"]) for r in listing] == [(o, "schema id 7 not found") for o in (5, 7, 5, 9)]
 
+    # A replay that died mid-batch: it had marked the batch and produced the first copy, no more.
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": dead_letters.replay_group(config.sources[0])})
+    mark = json.dumps({"producing_from": {f"{unique_topic}/1": 0}})
+    consumer.commit(offsets=[TopicPartition(dead_letter_topic, 0, 0, metadata=mark)], asynchronous=False)
+    consumer.close()
+    producer.produce(unique_topic, key=b"k5", value=b"five", partition=1,
+                     headers=[("trace", b"t-5"), (REPLAY_OF_HEADER, f"{dead_letter_topic}/0/0".encode())])
+    producer.flush(30)
+
     [outcome] = command(config, capsys, "replay", "--records")["records"]
-    assert (outcome["replayed"], outcome["already_replayed"], outcome["already_in_a_table"]) == (2, 1, 1)
+    assert (outcome["replayed"], outcome["already_replayed"], outcome["already_in_a_table"]) == (1, 2, 1)
     replayed = committed_records(servers, unique_topic, 2)
     assert sorted((m.partition(), m.key(), m.value()) for m in replayed) == [(1, b"k5", b"five"), (1, b"k7", b"seven")]
+    # Plain records at consecutive offsets: no transaction markers, which writers would take for lost records.
+    assert sorted(m.offset() for m in replayed) == [0, 1]
     for message in replayed:
         headers = dict(message.headers())
         assert headers["trace"] == b"t-" + message.key()[1:]  # the record's own headers travel; ours do not
