@@ -22,6 +22,7 @@ from bookkeeper.committer import Committer, StaleEpoch, TableCommit
 from common.fencing import Fenced, Lease
 from bookkeeper.rewrites import RewriteCommitter
 from bookkeeper.observability import BookkeeperMetrics, HealthServer
+from bookkeeper.table_metadata import with_lean_commits
 from pyiceberg.exceptions import NoSuchTableError
 
 from common.catalog import load_table_or_none, open_catalog
@@ -51,7 +52,7 @@ class Bookkeeper:
 
     def __init__(self, config: IcekeeperConfig, epoch: int = 0) -> None:
         self.config = config
-        self.catalog = open_catalog(config)
+        self.catalog = with_lean_commits(open_catalog(config))
         self.transport = open_transport(config)
         self.committer = Committer(config, self.catalog, epoch)
         self.rewrites = RewriteCommitter(self.committer)

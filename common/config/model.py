@@ -298,8 +298,14 @@ class BookkeeperConfig(_Model):
     )
     keep_snapshots: int = Field(
         20, ge=2,
-        description="Snapshots kept in table metadata; older ones are expired in each commit so commit cost stays flat "
-        "(pyiceberg's commit cost grows with the snapshots kept). Streaming readers must not fall further behind than this.",
+        description="Snapshots always kept in table metadata, whatever their age (Iceberg's `history.expire.min-snapshots-to-keep`); "
+        "the bookkeeper expires, as it commits, snapshots beyond these that are older than `keep_snapshots_for`.",
+    )
+    keep_snapshots_for: Duration = Field(
+        3600.0,
+        description="How long the bookkeeper keeps a snapshot (Iceberg's `history.expire.max-snapshot-age-ms`): a streaming "
+        "reader (Spark `readStream`, incremental reads) may fall this far behind and still read every later row once. "
+        "At one commit a second, an hour is 3,600 snapshots; commit cost stays flat (bench/results.md). See docs/operations.md.",
     )
     max_pending_bytes: int = Field(8 * 1024**3, ge=1, description="Writers pause when this many bytes wait to be committed.")
     key_index_save_interval: Duration = Field(

@@ -16,7 +16,7 @@ from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
 from common.transports import open_transport
 from reaper.service import Reaper
-from tests.bookkeeper.fixtures import make_moniker
+from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
 from tests.conftest import register_catalog
 from tests.reaper.test_reaper import reaper_config
 
@@ -65,3 +65,44 @@ def test_a_streaming_reader_sees_every_committed_record_once(spark, tmp_path: Pa
     committed = Counter(zip(*(table.scan().to_arrow().column(c).to_pylist() for c in ("_kfk_partition", "_kfk_offset"))))
     assert sum(committed.values()) == monikers * 5
     assert seen == committed and max(seen.values()) == 1
+
+
+def test_a_streaming_reader_ten_minutes_behind_reads_every_later_row_once(spark, tmp_path: Path) -> None:
+    """At default settings (an hour of snapshots kept), a reader stopped for ten minutes resumes
+    from its checkpoint and reads every row committed since, once. The ten minutes pass on the
+    bookkeeper's clock, five seconds a commit (120 snapshots: six times what count-only
+    expiry kept, and few enough for a quick test)."""
+    config = bookkeeper_config(tmp_path, catalog__name=f"cat_{uuid.uuid4().hex[:8]}")
+    assert config.bookkeeper.keep_snapshots_for == 3600 and config.bookkeeper.keep_snapshots == 20
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    transport.publish(make_moniker(config, 1, None, (0, 5)))
+    bookkeeper.run_cycle()
+    catalog_name = register_catalog(spark, config)
+    start_ms = open_catalog(config).load_table("shop.items").current_snapshot().timestamp_ms - 1
+    output, checkpoint = tmp_path / "stream-out", tmp_path / "stream-checkpoint"
+
+    def read_what_is_there() -> None:
+        query = (spark.readStream.format("iceberg").option("stream-from-timestamp", str(start_ms)).load(f"{catalog_name}.shop.items")
+                 .select("_kfk_partition", "_kfk_offset").writeStream.format("parquet").option("path", str(output))
+                 .option("checkpointLocation", str(checkpoint)).trigger(processingTime="1 second").start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    read_what_is_there()
+    assert spark.read.parquet(str(output)).count() == 5
+    commits, step_ms = 120, 5000
+    for seq in range(2, commits + 2):
+        bookkeeper.committer.now_ms = lambda seq=seq: int(time.time() * 1000) + (seq - 1) * step_ms
+        transport.publish(make_moniker(config, seq, seq - 1, ((seq - 1) * 5, seq * 5)))
+        assert bookkeeper.run_cycle().committed_monikers == 1
+    table = open_catalog(config).load_table("shop.items")
+    reader_at = table.snapshots()[0]
+    assert bookkeeper.committer.now_ms() - reader_at.timestamp_ms >= 600_000  # the reader's snapshot is ten minutes old
+    assert len(table.snapshots()) == commits + 1  # nothing younger than an hour expired
+    read_what_is_there()
+    seen = Counter(tuple(row) for row in spark.read.parquet(str(output)).collect())
+    assert sum(seen.values()) == (commits + 1) * 5 and max(seen.values()) == 1
+    assert set(seen) == {(0, offset) for offset in range((commits + 1) * 5)}

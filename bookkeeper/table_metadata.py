@@ -1,0 +1,150 @@
+"""The bookkeeper's catalog: commits whose cost does not grow with the history a table keeps.
+
+A table's metadata file lists every snapshot kept; streaming readers need an hour of them (3,600
+at one commit a second, ~1 KB of JSON each). pyiceberg 0.12's commit path handles that history
+several times per commit, measured at 1,000 snapshots (`python -m icekeeper.bench.snapshot_history`):
+
+- every `load_table` parses the metadata file, ~75 ms, and a cycle loads twice (the committer,
+  then the SQL catalog's `commit_table` once more, to compare-and-swap against);
+- `update_table_metadata` deep-copies the whole metadata after applying the updates, ~195 ms.
+
+For the bookkeeper's catalog object only (nothing global is changed):
+
+- metadata files are immutable (every version is a new file), so the newest metadata of each
+  table that this catalog parsed or wrote is kept by file location and returned instead of
+  parsing that file again (SQL catalogs; other catalogs parse as before);
+- updates are applied without the final deep copy: metadata models are frozen and pyiceberg's
+  update functions build new lists and dicts instead of changing the base's (the reasoning of
+  `committer._Transaction`), so the new metadata may share the untouched snapshots with the old.
+
+What is left grows with history but stays small: writing the metadata file (~17 ms of JSON at
+1,000 snapshots) and the expiry's pass over the snapshot list. Private pyiceberg API (0.12),
+checked at import; tests/bookkeeper/test_table_metadata.py checks each shortcut.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from datetime import datetime
+from typing import Any, Callable
+
+import pyiceberg
+from pyiceberg.catalog import Catalog, MetastoreCatalog
+from pyiceberg.io import FileIO, InputFile, OutputFile
+from pyiceberg.serializers import Compressor, FromInputFile, ToOutputFile
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import (
+    TableUpdate, _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log, update_table_metadata,
+)
+from pyiceberg.utils.config import Config
+from pyiceberg.utils.datetime import datetime_to_millis
+
+if not pyiceberg.__version__.startswith("0.12."):
+    raise ImportError(f"bookkeeper/table_metadata.py relies on pyiceberg 0.12 internals, found {pyiceberg.__version__}")
+
+
+class MetadataCache:
+    """The newest metadata of each table (by the folder of its metadata files), with its file location."""
+
+    def __init__(self) -> None:
+        self._newest: dict[str, tuple[str, TableMetadata]] = {}
+        self._snapshot_json: dict[str, dict[int, tuple[Snapshot, str]]] = {}
+        """Per table, the JSON of each snapshot object of the newest metadata written (the object is kept, so its id is not reused)."""
+        self._lock = threading.Lock()
+        self.parsed = 0
+        """Metadata files parsed (cache misses), for tests and the benchmark."""
+
+    def read(self, input_file: InputFile, encoding: str = "utf-8") -> TableMetadata:
+        """`FromInputFile.table_metadata`, parsing a file only when it is not the newest one known."""
+        location = input_file.location
+        with self._lock:
+            known = self._newest.get(_folder(location))
+        if known is not None and known[0] == location:
+            return known[1]
+        metadata = FromInputFile.table_metadata(input_file, encoding)
+        self.parsed += 1
+        self.remember(location, metadata)
+        return metadata
+
+    def remember(self, location: str, metadata: TableMetadata) -> None:
+        with self._lock:
+            self._newest[_folder(location)] = (location, metadata)
+
+    def write(self, metadata: TableMetadata, output_file: OutputFile) -> None:
+        """`ToOutputFile.table_metadata`, with each snapshot's JSON made once per table: snapshots
+        never change, and serializing them (pyiceberg's summary serializer is Python) was most
+        of the metadata file's cost. The same JSON document as pyiceberg's, with `snapshots` last."""
+        location = output_file.location
+        if metadata.format_version != 2 or Config().get_bool("legacy-current-snapshot-id"):
+            ToOutputFile.table_metadata(metadata, output_file)
+            self.remember(location, metadata)
+            return
+        folder = _folder(location)
+        with self._lock:
+            known = self._snapshot_json.get(folder, {})
+        # By object, not snapshot id: pyiceberg replaces a snapshot whose parent is expired with a
+        # copy that has no parent id.
+        fragments = {id(snapshot): known.get(id(snapshot)) or (snapshot, snapshot.model_dump_json()) for snapshot in metadata.snapshots}
+        head = metadata.model_dump_json(exclude={"snapshots"})
+        document = head[:-1] + ',"snapshots":[' + ",".join(fragments[id(snapshot)][1] for snapshot in metadata.snapshots) + "]}"
+        content = Compressor.get_compressor(location).bytes_compressor()(document.encode("utf-8"))
+        with output_file.create(overwrite=False) as out:
+            out.write(content)
+        with self._lock:
+            self._snapshot_json[folder] = fragments
+        self.remember(location, metadata)
+
+
+def _folder(location: str) -> str:
+    return location.rsplit("/", 1)[0]
+
+
+def update_without_copy(base_metadata: TableMetadata, updates: tuple[TableUpdate, ...], enforce_validation: bool = False,
+                        metadata_location: str | None = None) -> TableMetadata:
+    """pyiceberg 0.12's `update_table_metadata` without its final deep copy (a new table, which
+    pyiceberg validates from scratch, takes pyiceberg's own path)."""
+    if enforce_validation:
+        return update_table_metadata(base_metadata, updates, enforce_validation, metadata_location)
+    context = _TableMetadataUpdateContext()
+    metadata = base_metadata
+    for update in updates:
+        metadata = _apply_table_update(update, metadata, context)
+    if context.has_changes():
+        if metadata_location:
+            metadata = _update_table_metadata_log(metadata, metadata_location, base_metadata.last_updated_ms)
+        if base_metadata.last_updated_ms == metadata.last_updated_ms:
+            metadata = metadata.model_copy(update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())})
+    metadata.spec().check_compatible(metadata.schema())
+    metadata.sort_order().check_compatible(metadata.schema())
+    return metadata
+
+
+def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
+    """A copy of `function` (same code) that sees `replacements` in place of its module's globals."""
+    return types.FunctionType(function.__code__, {**function.__globals__, **replacements}, function.__name__, function.__defaults__,
+                              function.__closure__)
+
+
+def with_lean_commits(catalog: Catalog) -> Catalog:
+    """Give this catalog object the cheap metadata path described above; returns it. Catalogs that
+    keep metadata elsewhere (REST: the server applies the updates) are returned unchanged."""
+    if not isinstance(catalog, MetastoreCatalog):
+        return catalog
+    cache = MetadataCache()
+    catalog.metadata_cache = cache  # type: ignore[attr-defined]
+    stage = _with_globals(MetastoreCatalog._update_and_stage_table, update_table_metadata=update_without_copy)  # noqa: SLF001
+    catalog._update_and_stage_table = types.MethodType(stage, catalog)  # type: ignore[method-assign]  # noqa: SLF001
+
+    def write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
+        cache.write(metadata, io.new_output(metadata_path))
+
+    catalog._write_metadata = write_metadata  # type: ignore[method-assign]  # noqa: SLF001
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    if isinstance(catalog, SqlCatalog):
+        reader = type("CachingFromInputFile", (), {"table_metadata": staticmethod(cache.read)})
+        convert = _with_globals(SqlCatalog._convert_orm_to_iceberg, FromInputFile=reader)  # noqa: SLF001
+        catalog._convert_orm_to_iceberg = types.MethodType(convert, catalog)  # type: ignore[method-assign]  # noqa: SLF001
+    return catalog
