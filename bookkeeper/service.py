@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -66,6 +67,11 @@ class Bookkeeper:
         self._last_cycle_at: float | None = None
         self._report_producer = None
         self._empty_cycles: dict[str, int] = {}
+        self._failed_cycles = 0
+        self._reports_for_file: list[dict] = []
+        self._reports_for_topic: list[dict] = []
+        """Commit report lines not yet written (a full disk, an unreachable topic): retried with the next ones."""
+        self._reports_failed_this_cycle = False
 
     def serve_http(self, port: int | None = None) -> int:
         """Start `/metrics` and `/healthz`; returns the port (0 in config: off, unless a port is given)."""
@@ -114,19 +120,38 @@ class Bookkeeper:
                     fenced = True
                     log.error("bookkeeper fenced: a newer bookkeeper took over; stopping", extra={"reason": str(error)})
                     raise
+                except Exception as error:
+                    # Outside one table's commit (the transport, the catalog, the lease folder):
+                    # nothing was acknowledged that is not durable, so the next cycle redoes
+                    # the rest. A one-off run reports it in its exit status.
+                    if once:
+                        raise
+                    self.metrics.errors.labels("cycle-failed").inc()
+                    log.error("bookkeeper cycle failed; retrying", extra={"error": repr(error), "retry_in_s": self._cycle_backoff_s()})
+                    self.stop.wait(self._cycle_backoff_s())
+                    self._failed_cycles += 1
+                    continue
+                self._failed_cycles = 0
                 if on_cycle:
                     on_cycle(report)
                 if once:
                     return
                 self._wait_for_next_cycle(started, idle=not report.tables and not report.dead_lettered)
         finally:
-            if self.lease is not None and self.stop.is_set():
+            if self.lease is not None and not fenced:
+                # A clean exit (--once, SIGTERM) or a crash: the next bookkeeper need not wait
+                # for the TTL. A fenced one has no lease left to release.
                 self.lease.release()
+                self.lease = None
             if self.http is not None:
                 self.http.stop()
                 self.http = None
             # A fenced bookkeeper leaves the key indexes to its successor.
             self.committer.close(save_key_indexes=not fenced)
+
+    def _cycle_backoff_s(self) -> float:
+        """After failed cycles: the commit interval, doubling per failure, at most 30 s."""
+        return min(30.0, self.config.bookkeeper.commit_interval * 2 ** min(self._failed_cycles, 10))
 
     def warm_key_indexes(self) -> None:
         """Load (catch up, or rebuild) the key index of every upsert table that exists, so that the
@@ -150,6 +175,7 @@ class Bookkeeper:
     def run_cycle(self) -> CycleReport:
         started = time.monotonic()
         report = CycleReport()
+        self._reports_failed_this_cycle = False
         if self.lease is not None:
             self.lease.renew()
         deliveries = self.transport.receive(max_count=100_000)
@@ -160,7 +186,12 @@ class Bookkeeper:
                 self.transport.acknowledge(delivery)
                 continue
             if delivery.file_event is not None:
-                table = self._table_of_file(delivery.file_event.container_path)
+                try:
+                    table = self._table_of_file(delivery.file_event.container_path)
+                except Exception as error:  # noqa: BLE001 - the catalog cannot say where the file belongs now: leave the event pending
+                    self.metrics.errors.labels("catalog-unavailable").inc()
+                    log.error("file event left pending: the catalog cannot be read", extra={"source": delivery.source, "error": repr(error)})
+                    continue
                 if table is None:
                     self.transport.dead_letter(delivery, f"no configured table's location holds {delivery.file_event.url}")
                     report.dead_lettered.append((delivery.source, "no table for file"))
@@ -188,10 +219,19 @@ class Bookkeeper:
                 continue
             self._settle(report, table, result)
         for table, group in sorted(file_events.items()):
-            result = self.committer.commit_files(table, group)
+            try:
+                result = self.committer.commit_files(table, group)
+            except StaleEpoch:
+                raise
+            except Exception as error:  # noqa: BLE001 - as for monikers: the events stay pending
+                self.metrics.errors.labels("commit-failed").inc()
+                log.error("table commit of file events failed; they stay pending", extra={"table": table, "error": repr(error)})
+                continue
             self._settle(report, table, result)
         self._commit_rewrites(report)
         self._heartbeats(report, committed={t.table for t in report.tables if t.snapshot_id is not None})
+        if (self._reports_for_file or self._reports_for_topic) and not self._reports_failed_this_cycle:
+            self._flush_reports()
         report.seconds = time.monotonic() - started
         self._last_cycle_at = time.time()
         self.metrics.refresh_ages()
@@ -289,6 +329,13 @@ class Bookkeeper:
                     result = self.committer.heartbeat(identifier)
                 except NoSuchTableError:
                     continue
+                except StaleEpoch:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a heartbeat carries no data: try again next cycle
+                    self.metrics.errors.labels("heartbeat-failed").inc()
+                    log.error("heartbeat failed; retried next cycle", extra={"table": identifier, "error": repr(error)})
+                    self._empty_cycles[identifier] = every - 1
+                    continue
                 report.tables.append(result)
                 self._write_report(result)
             self._empty_cycles[identifier] = count
@@ -301,15 +348,71 @@ class Bookkeeper:
             "monikers": len(result.committed), "quarantined": len(result.quarantined), "schema_changes": result.schema_changes,
             "committed_at_ms": int(time.time() * 1000),
         }
-        self._report_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._report_path, "a", encoding="utf-8") as out:
-            out.write(json.dumps(line) + "\n")
-        topic = self.config.bookkeeper.commit_report_topic
-        if topic:
-            if self._report_producer is None:
-                from confluent_kafka import Producer
+        self._reports_for_file.append(line)
+        if self.config.bookkeeper.commit_report_topic:
+            self._reports_for_topic.append(line)
+        if not self._reports_failed_this_cycle:  # else the next cycle tries again, once
+            self._flush_reports()
 
-                self._report_producer = Producer({"bootstrap.servers": self.config.sources[0].bootstrap_servers, "linger.ms": 0},
-                                                 logger=logging.getLogger("librdkafka"))
-            self._report_producer.produce(topic, key=result.table.encode(), value=json.dumps(line).encode())
-            self._report_producer.flush(10)
+    def _flush_reports(self) -> None:
+        """Write the report lines not yet written, in order, to the file and the topic.
+
+        The snapshots they describe are durable already: a report that cannot be written (a full
+        disk, the report topic unreachable) is logged, counted and tried again with the next
+        report or cycle; it never fails the cycle. Lines past `UNWRITTEN_REPORTS_KEPT` are dropped
+        (oldest first) and counted."""
+        for pending in (self._reports_for_file, self._reports_for_topic):
+            if len(pending) > UNWRITTEN_REPORTS_KEPT:
+                dropped = len(pending) - UNWRITTEN_REPORTS_KEPT
+                del pending[:dropped]
+                self.metrics.errors.labels("commit-report-dropped").inc(dropped)
+        try:
+            if self._reports_for_file:
+                _append_lines(self._report_path, self._reports_for_file)
+                self._reports_for_file.clear()
+            if self._reports_for_topic:
+                self._send_reports(self._reports_for_topic)
+        except Exception as error:  # noqa: BLE001 - the commits are durable; only their reports wait
+            self._reports_failed_this_cycle = True
+            self.metrics.errors.labels("commit-report-failed").inc()
+            log.error("commit report not written; retried with the next one", extra={
+                "path": str(self._report_path), "waiting": max(len(self._reports_for_file), len(self._reports_for_topic)),
+                "error": repr(error)})
+
+    def _send_reports(self, lines: list[dict]) -> None:
+        topic = self.config.bookkeeper.commit_report_topic
+        if self._report_producer is None:
+            from confluent_kafka import Producer
+
+            self._report_producer = Producer({"bootstrap.servers": self.config.sources[0].bootstrap_servers, "linger.ms": 0},
+                                             logger=logging.getLogger("librdkafka"))
+        while lines:  # a line the producer took is librdkafka's to deliver (it retries for `message.timeout.ms`)
+            self._report_producer.produce(topic, key=lines[0]["table"].encode(), value=json.dumps(lines[0]).encode())
+            del lines[0]
+        if undelivered := self._report_producer.flush(10):
+            log.warning("commit reports not yet delivered to their topic", extra={"topic": topic, "undelivered": undelivered})
+
+
+UNWRITTEN_REPORTS_KEPT = 100_000
+"""Commit report lines kept while they cannot be written (some 30 MB); older ones are dropped and counted."""
+
+
+def _append_lines(path: Path, lines: list[dict]) -> None:
+    """Append JSON lines, all or none: a write cut short (a full disk) is truncated away, so the
+    file never holds half a line. Unbuffered, so nothing is left to be flushed after a failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = memoryview("".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"))
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(descriptor).st_size
+        try:
+            while payload:
+                payload = payload[os.write(descriptor, payload):]
+        except OSError:
+            try:
+                os.ftruncate(descriptor, size)
+            except OSError:
+                pass  # not a regular file (a device, a pipe): nothing to take back
+            raise
+    finally:
+        os.close(descriptor)

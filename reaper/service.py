@@ -109,9 +109,19 @@ class Reaper:
                 except NoSuchTableError:
                     report.skipped.append(f"{spec.identifier}: no such table yet")
                     continue
+                except Exception as error:  # noqa: BLE001 - e.g. the catalog unreachable: the other tables go on, the next pass retries
+                    report.tables.append(TableReport(spec.identifier, dry_run=dry_run, errors=[f"load: {error}"]))
+                    log.error("reaper could not load a table; the next pass retries it", extra={"table": spec.identifier, "error": repr(error)})
+                    continue
                 if progress:
                     progress(f"reaper: {spec.identifier}")
-                report.tables.append(self._table_pass(table, spec.identifier, dry_run, now, lease))
+                try:
+                    report.tables.append(self._table_pass(table, spec.identifier, dry_run, now, lease))
+                except Fenced:
+                    raise
+                except Exception as error:  # noqa: BLE001 - outside a step (pending monikers unreadable, say): as above
+                    report.tables.append(TableReport(spec.identifier, dry_run=dry_run, errors=[f"pass: {error}"]))
+                    log.error("reaper pass of a table failed; the next pass retries it", extra={"table": spec.identifier, "error": repr(error)})
         except Fenced as error:
             report.skipped.append(f"stopped: {error}")
         finally:
@@ -178,7 +188,16 @@ class Reaper:
             self.stop.wait(max(0.0, (first - self.clock()).total_seconds()))
         while not self.stop.is_set():
             began = time.monotonic()
-            result = self.run_pass(dry_run=dry_run)
+            try:
+                result = self.run_pass(dry_run=dry_run)
+            except Exception as error:
+                # Outside every table's pass (the lease folder, the report file): with --every
+                # the reaper lives on and tries again at the next pass.
+                if every_s is None:
+                    raise
+                log.error("reaper pass failed; the next pass retries", extra={"error": repr(error), "next_in_s": every_s})
+                self.stop.wait(every_s)
+                continue
             if on_pass:
                 on_pass(result)
             if every_s is None:

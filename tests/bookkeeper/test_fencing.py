@@ -86,3 +86,23 @@ def _wait_for(condition, timeout_s: float) -> None:  # noqa: ANN001
         if time.monotonic() > deadline:
             raise AssertionError("timed out")
         time.sleep(0.2)
+
+
+def test_a_second_bookkeeper_once_right_after_the_first_does_not_wait_for_the_lease(tmp_path: Path) -> None:
+    """A bookkeeper that exits cleanly releases its lease: the next one takes it at once instead
+    of standing by for the TTL (here two minutes, so a wait fails the test by its timeout)."""
+    config = bookkeeper_config(tmp_path, bookkeeper__lease_ttl="120s")
+    config_path = tmp_path / "bookkeeper.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")
+    transport = open_transport(config)
+    for seq in (1, 2):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "icekeeper.cli", "bookkeeper", "--config", str(config_path), "--once"],
+                              capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "standing by" not in done.stderr, f"run {seq} waited for a lease nobody held"
+        assert time.monotonic() - started < 90
+    assert transport.pending() == []
+    table = open_catalog(config).load_table("shop.items")
+    assert sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist()) == list(range(20))

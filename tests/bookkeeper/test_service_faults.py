@@ -1,0 +1,146 @@
+"""Errors outside one table's commit never stop the bookkeeper or the reaper: an unreachable
+catalog (a SQLite catalog locked by another connection, as a busy or failing catalog database
+answers), a commit report that cannot be written (a full disk: `/dev/full`), a reaper pass whose
+table cannot be loaded. Each is retried or reported and the service lives on."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from bookkeeper.service import Bookkeeper
+from common.catalog import load_table_or_none, open_catalog
+from common.config import IcekeeperConfig
+from common.transports import open_transport
+from reaper.service import Reaper
+from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, make_moniker, write_file
+
+
+def lockable_catalog_config(tmp_path: Path, **overrides: str) -> IcekeeperConfig:
+    """A SQLite catalog that gives up on a lock after 0.2 s (instead of waiting 5 s)."""
+    properties = f"{{type: sql, uri: 'sqlite:///{tmp_path}/catalog.db?timeout=0.2', warehouse: 'file://{tmp_path}/warehouse'}}"
+    return bookkeeper_config(tmp_path, catalog__properties=properties, **overrides)
+
+
+@contextlib.contextmanager
+def catalog_unreachable(tmp_path: Path) -> Iterator[None]:
+    """Another connection holds the catalog database's exclusive lock: every read and write fails."""
+    holder = sqlite3.connect(tmp_path / "catalog.db", timeout=10)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def errors(bookkeeper: Bookkeeper, kind: str) -> float:
+    return bookkeeper.metrics.registry.get_sample_value("icekeeper_errors_total", {"kind": kind}) or 0.0
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def snapshot_count(config: IcekeeperConfig) -> int:
+    table = load_table_or_none(open_catalog(config), "shop.items")
+    return len(table.snapshots()) if table is not None else 0
+
+
+def test_heartbeats_wait_out_an_unreachable_catalog(tmp_path: Path) -> None:
+    config = lockable_catalog_config(tmp_path, bookkeeper__heartbeat_every_empty_cycles="1")
+    open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
+    bookkeeper = Bookkeeper(config)
+    thread = threading.Thread(target=bookkeeper.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: snapshot_count(config) >= 2)  # the commit, then heartbeats
+        with catalog_unreachable(tmp_path):
+            wait_for(lambda: errors(bookkeeper, "heartbeat-failed") >= 3)
+            assert thread.is_alive(), "the bookkeeper died with its catalog"
+        before = snapshot_count(config)
+        wait_for(lambda: snapshot_count(config) >= before + 2)  # heartbeats again
+        assert thread.is_alive()
+    finally:
+        bookkeeper.stop.set()
+        thread.join(timeout=60)
+    summaries = [s.summary.additional_properties for s in open_catalog(config).load_table("shop.items").snapshots()]
+    assert {s["icekeeper.offsets"] for s in summaries} == {'{"items": {"0": 10}}'}
+
+
+def test_commit_reports_wait_out_a_full_disk(tmp_path: Path) -> None:
+    report_path = tmp_path / "reports" / "commits.jsonl"
+    report_path.parent.mkdir(parents=True)
+    report_path.symlink_to("/dev/full")  # every write: "No space left on device"
+    config = bookkeeper_config(tmp_path, bookkeeper__commit_report_path=str(report_path))
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    for seq in (1, 2):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
+        assert bookkeeper.run_cycle().committed_monikers == 1  # committed and acknowledged all the same
+    assert transport.pending() == [] and errors(bookkeeper, "commit-report-failed") == 2
+    report_path.unlink()  # space again
+    transport.publish(make_moniker(config, 3, 2, (20, 30)))
+    bookkeeper.run_cycle()
+    lines = [json.loads(line) for line in report_path.read_text().splitlines()]
+    table = open_catalog(config).load_table("shop.items")
+    assert [line["snapshot_id"] for line in lines] == [s.snapshot_id for s in table.snapshots()]  # none lost, in order
+    assert [line["records"] for line in lines] == [10, 10, 10]
+
+
+def test_a_reaper_pass_whose_tables_cannot_be_loaded_is_reported_and_the_next_one_runs(tmp_path: Path) -> None:
+    config = lockable_catalog_config(tmp_path, catalog__name=f"cat_{uuid.uuid4().hex[:8]}")
+    open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
+    Bookkeeper(config).run_cycle()  # the table exists
+    reaper = Reaper(config)
+    passes = []
+    thread = threading.Thread(target=reaper.run, kwargs={"every_s": 0.2, "on_pass": passes.append}, daemon=True)
+    with catalog_unreachable(tmp_path):
+        thread.start()
+        wait_for(lambda: len(passes) >= 2 or not thread.is_alive())
+        assert thread.is_alive(), "reaper --every died with its catalog"
+        reaper.stop.set()
+        thread.join(timeout=60)
+    [table] = passes[0].tables
+    assert table.table == "shop.items" and "database is locked" in table.errors[0]
+    assert json.loads(Path(config.reaper.report_path).read_text().splitlines()[0])["tables"][0]["errors"] == table.errors
+
+
+@pytest.mark.integration
+def test_file_events_wait_out_an_unreachable_catalog(local_stack, tmp_path: Path) -> None:
+    from tests.bookkeeper.test_event_grid import event_grid
+
+    queue = f"eg-{uuid.uuid4().hex[:10]}"
+    config = lockable_catalog_config(tmp_path, transport__kind="azure-queue", transport__queue_name=queue,
+                                     transport__dead_letter_queue_name=queue + "-dlq",
+                                     transport__connection_string=local_stack.service("azurite-queue").connection_string())
+    transport = open_transport(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.run_cycle()
+    location = Path(open_catalog(config).load_table("shop.items").location().removeprefix("file://"))
+    arrived = write_file(location / "data" / "external" / "f.parquet", SCHEMA,
+                         [{"id": 1000 + i, "amount": i, "_kfk_partition": 9, "_kfk_offset": i} for i in range(3)])
+    transport.queue.send_message(event_grid(arrived.path, "PutBlob", arrived.size_bytes))
+    fresh = Bookkeeper(config)  # knows no table location yet: it must ask the catalog
+    with catalog_unreachable(tmp_path):
+        report = fresh.run_cycle()
+        assert report.dead_lettered == [] and errors(fresh, "catalog-unavailable") == 1
+    report = fresh.run_cycle()
+    while report.committed_monikers == 0 and not report.tables:  # the event becomes visible again after its lease
+        time.sleep(0.5)
+        report = fresh.run_cycle()
+    ids = sorted(open_catalog(config).load_table("shop.items").scan().to_arrow().column("id").to_pylist())
+    assert ids == sorted(list(range(10)) + [1000, 1001, 1002])
+    assert list(transport.dead_letter_queue.receive_messages()) == []
