@@ -95,6 +95,7 @@ class WriterJob:
 
     def run(self, max_batches: int | None = None, until_idle: bool = False, on_batch: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
         """Run batches every trigger interval until stopped (SIGTERM/SIGINT), `max_batches`, or idle."""
+        self._resend_journal()
         reports = []
         failures = 0
         pauses = 0
@@ -132,6 +133,15 @@ class WriterJob:
                 break
             self.stop.wait(max(0.0, self.config.writer.trigger_interval - (time.monotonic() - started)))
         return reports
+
+    def _resend_journal(self) -> None:
+        """Send again what a transport that publishes in two steps (the Azure queue: journal copy,
+        then message) may hold from a writer killed between them (`resend_journal`)."""
+        resend = getattr(self.transport, "resend_journal", None)
+        if resend is not None:
+            resent = resend(self.writer_id)
+            if resent:
+                log.info("pending monikers sent again from the journal", extra={"writer": self.writer_id, "monikers": resent})
 
     def install_signal_handlers(self) -> None:
         """Finish the current batch on SIGTERM/SIGINT, then stop (files and monikers stay consistent)."""

@@ -5,7 +5,8 @@ the queue's 64 KiB message limit travels as a pointer to its journal copy. The j
 copy of every pending moniker because a queue cannot be listed (peek returns at most 32
 messages): writers resuming after a restart, and the reaper sparing pending files, read it.
 Publish writes the journal copy first, so a crash between the two steps loses nothing: the
-writer finds the copy on restart and sends it again (the bookkeeper drops the duplicate).
+writer sends every copy of its own again when it starts (`resend_journal`; the bookkeeper drops
+the duplicates), or its table would wait forever for that moniker.
 A dead-lettered moniker is kept whole in the dead-letter folder (its journal copy goes, and a
 queue message cannot be listed or taken out by name); the dead-letter queue gets a message too,
 for alerts.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow.fs as pafs
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
@@ -50,6 +52,19 @@ class AzureQueueMonikerTransport(MonikerTransport):
             body = json.dumps({POINTER_KEY: journal_path or self.journal.path_for(moniker), "id": moniker.id}).encode()
         self.queue.send_message(body.decode("utf-8"))
 
+    def resend_journal(self, writer_id: str) -> int:
+        """Send again the message of every journal copy of `writer_id`'s monikers; how many.
+
+        A writer killed between the journal write and the send leaves a copy whose message never
+        went out, and every later moniker of its table waits on it (`prev_seq`). A queue cannot
+        be listed, so which copies lack their message is unknown: all go again, oldest seq first.
+        The bookkeeper drops the duplicates (a seq already committed, or an id twice in a receive).
+        """
+        copies = [stored.moniker for stored in self.journal.list() if stored.moniker is not None and stored.moniker.writer_id == writer_id]
+        for moniker in sorted(copies, key=lambda m: (m.table, m.seq)):
+            self.send(moniker)
+        return len(copies)
+
     def receive(self, max_count: int = 1000) -> list[Delivery]:
         deliveries = []
         pages = self.queue.receive_messages(messages_per_page=32, visibility_timeout=self.visibility_timeout_s, max_messages=max_count)
@@ -68,6 +83,10 @@ class AzureQueueMonikerTransport(MonikerTransport):
         except ValueError as error:
             return None, f"not JSON: {error}"
         if isinstance(parsed, dict) and POINTER_KEY in parsed:
+            if self.journal.filesystem.get_file_info(parsed[POINTER_KEY]).type == pafs.FileType.NotFound:
+                # Its copy goes only when the moniker is acknowledged: this is a second message of a
+                # moniker already committed (`resend_journal`), to acknowledge and ignore, not poison.
+                return None, None
             stored = self.journal.read(parsed[POINTER_KEY])
             return stored.moniker, stored.error
         try:
