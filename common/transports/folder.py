@@ -115,14 +115,16 @@ class DeadLetterFolder:
         name = f"{int(time.time() * 1000)}-{posixpath.basename(source.rstrip('/')) or 'delivery'}"
         name = _safe(name)
         self.folder.write_bytes(name, raw)
-        self.folder.write_bytes(name + REASON_SUFFIX, json.dumps({"reason": reason, "source": source}).encode())
+        # Whole or not at all: a listed reason must parse.
+        write_whole(self.folder.filesystem, posixpath.join(self.folder.root, name + REASON_SUFFIX),
+                    json.dumps({"reason": reason, "source": source}).encode())
         return name
 
     def names(self) -> list[str]:
         """Names of the kept deliveries, oldest first."""
         selector = pafs.FileSelector(self.folder.root, recursive=False, allow_not_found=True)
         reasons = [posixpath.basename(info.path) for info in self.folder.filesystem.get_file_info(selector) if info.path.endswith(REASON_SUFFIX)]
-        return sorted((name[:-len(REASON_SUFFIX)] for name in reasons), key=lambda name: (_stamp(name), name))
+        return sorted((name[:-len(REASON_SUFFIX)] for name in reasons), key=lambda name: (_stamp(name) or 0, name))
 
     def read(self, name: str) -> Quarantined:
         base = posixpath.join(self.folder.root, name)
@@ -151,6 +153,7 @@ class DeadLetterFolder:
 
 
 def _stamp(name: str) -> int | None:
+    """When a name was set aside (its millisecond prefix), if it has one."""
     head = name.split("-", 1)[0]
     return int(head) if head.isdigit() else None
 
