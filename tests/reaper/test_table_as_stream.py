@@ -101,8 +101,10 @@ def test_a_streaming_reader_ten_minutes_behind_reads_every_later_row_once(spark,
     table = open_catalog(config).load_table("shop.items")
     reader_at = table.snapshots()[0]
     assert bookkeeper.committer.now_ms() - reader_at.timestamp_ms >= 600_000  # the reader's snapshot is ten minutes old
-    assert len(table.snapshots()) == commits + 1  # nothing younger than an hour expired
+    # Count-only expiry (the newest 20) failed here: "Cannot load current offset at snapshot
+    # <id>, the snapshot was expired or removed".
     read_what_is_there()
+    assert len(table.snapshots()) == commits + 1  # nothing younger than an hour expired
     seen = Counter(tuple(row) for row in spark.read.parquet(str(output)).collect())
     assert sum(seen.values()) == (commits + 1) * 5 and max(seen.values()) == 1
     assert set(seen) == {(0, offset) for offset in range((commits + 1) * 5)}
