@@ -9,7 +9,10 @@ other keys are a 128-bit hash (see `row_keys.py`). The index is three parallel n
 sorted by `hi` (24 bytes per key), not a Python dict: a dict of 10M tuple keys costs ~150 bytes
 per key and ~1 µs per operation, while sorted arrays are searched and updated a whole cycle at a
 time in C. A removed key keeps its slot with location `ABSENT` until compaction, so deletes and
-re-inserts never move memory; only keys new to the index are inserted (one `np.insert` per cycle).
+re-inserts never move memory. Keys new to the index go to a second, small sorted set (`recent`),
+merged into the main arrays once it holds a 32nd of them: inserting into 10M-key arrays every
+cycle copied 240 MB a cycle (a second or more on a busy machine), now it happens every few dozen
+cycles. Slots number the main arrays first, then the recent ones.
 
 Locations pack a file ordinal and a row position into one unsigned 64-bit word; the ordinals name
 entries of `files`.
@@ -56,6 +59,34 @@ class CycleChanges:
     index_version: int
 
 
+def _find_in(keys_hi: np.ndarray, keys_lo: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """The slot of each key (hi, lo) in the sorted set (`keys_hi`, `keys_lo`), or -1 where it has none."""
+    size = len(keys_hi)
+    if size == 0 or len(hi) == 0:
+        return np.full(len(hi), -1, np.int64)
+    start = np.searchsorted(keys_hi, hi, side="left")
+    clipped = np.minimum(start, size - 1)
+    same_hi = (start < size) & (keys_hi[clipped] == hi)
+    found = same_hi & (keys_lo[clipped] == lo)
+    slots = np.where(found, clipped, -1).astype(np.int64)
+    # Two keys whose hashes share the upper 64 bits (about 1 in 10^5 at 10M keys) sit next to
+    # each other in any order: the few such look-ups walk their run.
+    for query in np.nonzero(same_hi & ~found)[0]:
+        slot = int(start[query])
+        while slot < size and keys_hi[slot] == hi[query]:
+            if keys_lo[slot] == lo[query]:
+                slots[query] = slot
+                break
+            slot += 1
+    return slots
+
+
+def _merged(main: tuple[np.ndarray, ...], recent: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """Two sorted sets of (hi, lo, location) arrays as one (new arrays; neither input changes)."""
+    at = np.searchsorted(main[0], recent[0], side="left")
+    return tuple(np.insert(whole, at, part) for whole, part in zip(main, recent))
+
+
 @dataclass
 class KeyIndex:
     """Primary key -> live row location, for one upsert table. See the module docstring."""
@@ -69,8 +100,16 @@ class KeyIndex:
     hi: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
     lo: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
     location: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+    """`hi`, `lo`, `location`: the main sorted arrays; keys added since the last merge are in the
+    recent set, so whoever needs every key reads `arrays()`."""
     version: int = 0
     """Bumped by every change, so a plan made against an older state is refused."""
+
+    recent_min: int = 65_536
+    """Fewest recent keys that are merged into the main arrays (tests lower it)."""
+    _recent_hi: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False)
+    _recent_lo: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False)
+    _recent_location: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._file_ordinals = {ref.path: ordinal for ordinal, ref in enumerate(self.files)}
@@ -93,37 +132,48 @@ class KeyIndex:
 
     @property
     def live_keys(self) -> int:
-        return int(np.count_nonzero(self.location != ABSENT))
+        return int(np.count_nonzero(self.location != ABSENT)) + int(np.count_nonzero(self._recent_location != ABSENT))
 
     @property
     def nbytes(self) -> int:
-        return self.hi.nbytes + self.lo.nbytes + self.location.nbytes
+        return sum(array.nbytes for array in (self.hi, self.lo, self.location, self._recent_hi, self._recent_lo, self._recent_location))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every key as one sorted set (`hi`, `lo`, `location`), what is saved: copies when keys are
+        in the recent set (merging in place would renumber slots a planned cycle still uses)."""
+        if not len(self._recent_hi):
+            return self.hi, self.lo, self.location
+        return _merged((self.hi, self.lo, self.location), (self._recent_hi, self._recent_lo, self._recent_location))
+
+    def live_locations(self) -> np.ndarray:
+        """The location of every live row, in no particular order."""
+        locations = np.concatenate([self.location, self._recent_location])
+        return locations[locations != ABSENT]
 
     def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
         """The slot of each key (hi, lo), or -1 where the index has none."""
-        size = len(self.hi)
-        if size == 0 or len(hi) == 0:
-            return np.full(len(hi), -1, np.int64)
-        start = np.searchsorted(self.hi, hi, side="left")
-        clipped = np.minimum(start, size - 1)
-        same_hi = (start < size) & (self.hi[clipped] == hi)
-        found = same_hi & (self.lo[clipped] == lo)
-        slots = np.where(found, clipped, -1).astype(np.int64)
-        # Two keys whose hashes share the upper 64 bits (about 1 in 10^5 at 10M keys) sit next to
-        # each other in any order: the few such look-ups walk their run.
-        for query in np.nonzero(same_hi & ~found)[0]:
-            slot = int(start[query])
-            while slot < size and self.hi[slot] == hi[query]:
-                if self.lo[slot] == lo[query]:
-                    slots[query] = slot
-                    break
-                slot += 1
+        slots = _find_in(self.hi, self.lo, hi, lo)
+        if len(self._recent_hi):
+            missing = np.flatnonzero(slots < 0)
+            recent = _find_in(self._recent_hi, self._recent_lo, hi[missing], lo[missing])
+            slots[missing] = np.where(recent >= 0, recent + len(self.hi), -1)
         return slots
 
     def locations_of(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
         """The live row location of each key, `ABSENT` where it has none."""
-        slots = self.find(hi, lo)
-        return np.where(slots >= 0, self.location[np.maximum(slots, 0)] if len(self.location) else ABSENT, ABSENT).astype(np.uint64)
+        return self._locations_at(self.find(hi, lo))
+
+    def _locations_at(self, slots: np.ndarray) -> np.ndarray:
+        """The location at each slot, `ABSENT` for slot -1."""
+        found = np.full(len(slots), ABSENT, np.uint64)
+        main, recent = self._split(slots)
+        found[main] = self.location[slots[main]]
+        found[recent] = self._recent_location[slots[recent] - len(self.hi)]
+        return found
+
+    def _split(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Masks of `slots` in the main arrays and in the recent ones."""
+        return (slots >= 0) & (slots < len(self.hi)), slots >= len(self.hi)
 
     # -- a cycle: plan, commit elsewhere, apply ----------------------------------------------------
 
@@ -144,7 +194,7 @@ class KeyIndex:
         previous = np.empty(count, np.uint64)
         previous[1:] = location[:-1]
         slots = self.find(hi[first], lo[first])
-        previous[first] = np.where(slots >= 0, self.location[np.maximum(slots, 0)], ABSENT) if len(self.hi) else ABSENT
+        previous[first] = self._locations_at(slots)
         replaced = previous[previous != ABSENT]
         return CycleChanges(replaced=replaced, hi=hi[last], lo=lo[last], location=location[last], slot=slots, index_version=self.version)
 
@@ -152,9 +202,10 @@ class KeyIndex:
         """Record a committed cycle: keys point at their new rows (or at none) as of `snapshot_id`."""
         if changes.index_version != self.version:
             raise RuntimeError("the key index changed after this cycle was planned; plan it again")
-        present = changes.slot >= 0
-        self.location[changes.slot[present]] = changes.location[present]
-        new = ~present & (changes.location != ABSENT)
+        main, recent = self._split(changes.slot)
+        self.location[changes.slot[main]] = changes.location[main]
+        self._recent_location[changes.slot[recent] - len(self.hi)] = changes.location[recent]
+        new = (changes.slot < 0) & (changes.location != ABSENT)
         if new.any():
             self._insert(changes.hi[new], changes.lo[new], changes.location[new])
         self.snapshot_id = snapshot_id
@@ -163,21 +214,34 @@ class KeyIndex:
 
     def remove_locations(self, locations: np.ndarray) -> None:
         """Forget the keys whose live row is at one of `locations` (position deletes read back)."""
-        if len(locations) and len(self.location):
+        if len(locations) and len(self.location) + len(self._recent_location):
             self.location[np.isin(self.location, locations)] = ABSENT
+            self._recent_location[np.isin(self._recent_location, locations)] = ABSENT
             self.version += 1
 
     def _insert(self, hi: np.ndarray, lo: np.ndarray, location: np.ndarray) -> None:
+        """Add keys the index lacks to the recent set; merge it once it is large enough."""
         order = np.argsort(hi, kind="stable")
         hi, lo, location = hi[order], lo[order], location[order]
-        at = np.searchsorted(self.hi, hi, side="left")
-        self.hi = np.insert(self.hi, at, hi)
-        self.lo = np.insert(self.lo, at, lo)
-        self.location = np.insert(self.location, at, location)
+        at = np.searchsorted(self._recent_hi, hi, side="left")
+        self._recent_hi = np.insert(self._recent_hi, at, hi)
+        self._recent_lo = np.insert(self._recent_lo, at, lo)
+        self._recent_location = np.insert(self._recent_location, at, location)
+        if len(self._recent_hi) >= max(self.recent_min, len(self.hi) // 32):
+            self._merge_recent()
+
+    def _merge_recent(self) -> None:
+        """Move the recent keys into the main arrays (slots change: only while applying a cycle)."""
+        if not len(self._recent_hi):
+            return
+        self.hi, self.lo, self.location = _merged((self.hi, self.lo, self.location), (self._recent_hi, self._recent_lo, self._recent_location))
+        self._recent_hi, self._recent_lo, self._recent_location = (np.empty(0, np.uint64) for _ in range(3))
 
     def _compact_if_sparse(self) -> None:
         """Drop removed keys once they are a quarter of the slots (their slots cost memory only)."""
-        absent = len(self.location) - self.live_keys
-        if absent > 1024 and absent * 4 > len(self.location):
+        slots = len(self.location) + len(self._recent_location)
+        absent = slots - self.live_keys
+        if absent > 1024 and absent * 4 > slots:
+            self._merge_recent()
             keep = self.location != ABSENT
             self.hi, self.lo, self.location = self.hi[keep], self.lo[keep], self.location[keep]

@@ -39,7 +39,8 @@ def save_index(table: Table, index: KeyIndex) -> None:
     """Write `index` for `table`, replacing the previous one only once the new one is complete."""
     header = {"format": _FORMAT, "snapshot_id": index.snapshot_id, "exact": index.exact, "table_uuid": str(table.metadata.table_uuid),
               "files": [[ref.path, ref.spec_id, list(ref.partition)] for ref in index.files]}
-    arrays = pa.table({"hi": index.hi, "lo": index.lo, "location": index.location})
+    hi, lo, location = index.arrays()
+    arrays = pa.table({"hi": hi, "lo": lo, "location": location})
     arrays = arrays.replace_schema_metadata({_METADATA_KEY: json.dumps(header).encode()})
     location = index_location(table.location())
     filesystem, path = open_filesystem(location)

@@ -170,7 +170,7 @@ class UpsertKeeper:
         changes = index.plan(_concat(his), _concat(los), _concat(locations))
         # A key twice among the new files (twice live in the replaced ones): only its last row stays.
         doubled = changes.replaced[np.isin(unpack(changes.replaced)[0], np.array(new_ordinals, np.int64))]
-        live_in_replaced = int(np.count_nonzero(np.isin(unpack(index.location[index.location != ABSENT])[0], replaced_ordinals)))
+        live_in_replaced = int(np.count_nonzero(np.isin(unpack(index.live_locations())[0], replaced_ordinals)))
         moved = len(changes.hi)
         if moved < live_in_replaced:
             raise RewriteRefused(f"{live_in_replaced - moved} live rows of the replaced files are not in the new files")

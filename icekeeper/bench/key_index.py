@@ -52,7 +52,7 @@ def run_key_index_bench(keys: int = 10_000_000, cycle_changes: int = 100_000, cy
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "key-index.parquet"
         began = time.perf_counter()
-        pq.write_table(pa.table({"hi": index.hi, "lo": index.lo, "location": index.location}), path, compression="none")
+        pq.write_table(pa.table(dict(zip(("hi", "lo", "location"), index.arrays()))), path, compression="none")
         save_s = time.perf_counter() - began
         began = time.perf_counter()
         loaded = pq.read_table(path)

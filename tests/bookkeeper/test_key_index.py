@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import pyarrow as pa
 
 from bookkeeper.key_index import ABSENT, KeyIndex, pack, unpack
@@ -21,9 +22,10 @@ def _cycle(index: KeyIndex, events: list[tuple[int, int | None]], snapshot: int)
     return {int(value) for value in changes.replaced}
 
 
-def test_random_cycles_match_a_reference_dict() -> None:
+@pytest.mark.parametrize("recent_min", [65_536, 8])  # new keys merged into the main arrays never, or every few cycles
+def test_random_cycles_match_a_reference_dict(recent_min: int) -> None:
     rng = random.Random(7)
-    index = KeyIndex(exact=True)
+    index = KeyIndex(exact=True, recent_min=recent_min)
     reference: dict[int, int] = {}
     next_location = 0
     for snapshot in range(200):
@@ -47,6 +49,10 @@ def test_random_cycles_match_a_reference_dict() -> None:
         keys = np.array(sorted(range(0, 301)), np.uint64)
         found = index.locations_of(keys, np.zeros(len(keys), np.uint64))
         assert {int(k): int(v) for k, v in zip(keys, found) if v != ABSENT} == reference
+        hi, lo, location = index.arrays()  # what is saved: one sorted set, the same answers
+        assert np.all(hi[1:] >= hi[:-1])
+        saved = KeyIndex(exact=True, hi=hi, lo=lo, location=location)
+        assert saved.locations_of(keys, np.zeros(len(keys), np.uint64)).tolist() == found.tolist()
     assert index.snapshot_id == 199
 
 
