@@ -303,7 +303,7 @@ class Committer:
                 plan.committed.append(delivery)
             if plan.committed and self.config.table(identifier).upsert:
                 # Files written by others into an upsert table replace the rows of their keys too.
-                self._plan_upserts(plan, [(d, [data], []) for d, data in zip(list(plan.committed), list(plan.data_files))])
+                self._plan_upserts(plan, [(d, [data], []) for d, data in zip(list(plan.committed), list(plan.data_files))], result)
                 result.quarantined.extend(plan.quarantined)
             if not plan.committed and not result.quarantined:
                 break
@@ -411,7 +411,8 @@ class Committer:
             plan.data_files.extend(files)
             plan.files_of[delivery.moniker.id] = files
         if plan.table is not None and plan.committed and self.config.table(identifier).upsert:
-            self._plan_upserts(plan, [(d, plan.files_of[d.moniker.id], d.moniker.delete_files) for d in plan.committed])
+            for writer, seq in self._plan_upserts(plan, [(d, plan.files_of[d.moniker.id], d.moniker.delete_files) for d in plan.committed], result).items():
+                held_writers.setdefault(writer, seq)
         if held_writers:
             # A refused moniker after one left pending would move its writer's chain past it: it waits too.
             held = [(d, reason) for d, reason in result.refused if d.moniker.seq > held_writers.get(d.moniker.writer_id, d.moniker.seq)]
@@ -451,24 +452,36 @@ class Committer:
             if now - since >= timeout:
                 self._footers[path] = InvalidFile(f"{path}: missing for {now - since:.0f} s (bookkeeper.missing_file_timeout {timeout:.0f} s)")
 
-    def _plan_upserts(self, plan: "_Plan", items: list[tuple[Delivery, list[DataFile], list[FileEntry]]]) -> None:
+    def _plan_upserts(self, plan: "_Plan", items: list[tuple[Delivery, list[DataFile], list[FileEntry]]], result: TableCommit) -> dict[str, int]:
         """Key look-ups and position deletes for an upsert table's cycle. `items`: each committed
-        delivery with its data files and deleted-keys files; a delivery whose key columns cannot
-        be read is quarantined like one with an invalid file."""
+        delivery with its data files and deleted-keys files. A delivery whose key columns storage
+        cannot serve now waits, with its writer's later deliveries (a key's changes commit in
+        order); one whose key columns cannot be read is quarantined like one with an invalid file.
+        Returns the writers held back, with the seq of each one's first waiting moniker."""
         table = plan.table
         assert table is not None
         keys = self.upserts.read_keys(table, [(files, deleted) for _, files, deleted in items])
         readable: list[MonikerKeys] = []
+        held: dict[str, int] = {}
         for (delivery, files, _), found in zip(items, keys):
-            if isinstance(found, InvalidFile):
+            writer = delivery.moniker.writer_id if delivery.moniker is not None else None
+            if isinstance(found, (InvalidFile, FileUnavailable)) or writer in held:
                 plan.committed.remove(delivery)
-                plan.quarantined.append((delivery, str(found)))
                 gone = {id(data) for data in files}
                 plan.data_files = [data for data in plan.data_files if id(data) not in gone]
+                if isinstance(found, InvalidFile):
+                    plan.quarantined.append((delivery, str(found)))
+                    continue
+                if writer is not None:
+                    held.setdefault(writer, delivery.moniker.seq)
+                result.waiting.append(delivery)
+                if isinstance(found, FileUnavailable):
+                    result.unavailable.append((delivery, str(found)))
             else:
                 readable.append(found)
         if plan.committed:
             plan.upsert = self.upserts.plan(table, readable)
+        return held
 
     def _create_table(self, identifier: str, moniker: Moniker, file_schema: Schema) -> Table:
         spec = self.config.table(identifier)

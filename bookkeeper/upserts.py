@@ -20,11 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from bookkeeper.datafiles import InvalidFile
+from bookkeeper.datafiles import FileUnavailable, InvalidFile
 from bookkeeper.key_index import ABSENT, CycleChanges, KeyIndex, pack, unpack
 from bookkeeper.key_index_store import load_index, save_index
 from bookkeeper.position_deletes import DataFileRef, write_position_deletes
@@ -86,9 +87,10 @@ class UpsertKeeper:
 
     # -- reading a cycle's keys ----------------------------------------------------------------------
 
-    def read_keys(self, table: Table, monikers: list[tuple[list[DataFile], list[FileEntry]]]) -> list[MonikerKeys | InvalidFile]:
-        """Key words of each moniker's data files and deleted-keys files; an unreadable file makes
-        its moniker an `InvalidFile` (quarantined by the committer), the others go on."""
+    def read_keys(self, table: Table, monikers: list[tuple[list[DataFile], list[FileEntry]]]) -> list[MonikerKeys | InvalidFile | FileUnavailable]:
+        """Key words of each moniker's data files and deleted-keys files. A file storage cannot
+        serve now makes its moniker a `FileUnavailable` (it waits), an unreadable one an
+        `InvalidFile` (quarantined by the committer); the others go on."""
         schema = table.schema()
         key_ids = list(schema.identifier_field_ids)
         if not key_ids:
@@ -96,11 +98,12 @@ class UpsertKeeper:
         exact = exact_keys(schema)
         paths = [data.file_path for files, _ in monikers for data in files] + [entry.path for _, deleted in monikers for entry in deleted]
         words = dict(zip(paths, self._pool.map(lambda path: _words_or_error(path, key_ids, exact), paths)))
-        found: list[MonikerKeys | InvalidFile] = []
+        found: list[MonikerKeys | InvalidFile | FileUnavailable] = []
         for files, deleted in monikers:
-            problems = [words[path] for path in [d.file_path for d in files] + [e.path for e in deleted] if isinstance(words[path], InvalidFile)]
-            if problems:
-                found.append(problems[0])
+            problems = [words[path] for path in [d.file_path for d in files] + [e.path for e in deleted]
+                        if isinstance(words[path], (InvalidFile, FileUnavailable))]
+            if problems:  # unavailable first: the moniker waits rather than being quarantined for a blip
+                found.append(next((p for p in problems if isinstance(p, FileUnavailable)), problems[0]))
                 continue
             deleted_words = [words[entry.path] for entry in deleted]
             found.append(MonikerKeys(
@@ -336,11 +339,18 @@ def _added_files(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list
     return data, deletes
 
 
-def _words_or_error(path: str, key_ids: list[int], exact: bool) -> tuple[np.ndarray, np.ndarray] | InvalidFile:
+def _words_or_error(path: str, key_ids: list[int], exact: bool) -> tuple[np.ndarray, np.ndarray] | InvalidFile | FileUnavailable:
+    """The file's key words; `FileUnavailable` when storage fails to serve it (its footer was read
+    a moment ago, so this is storage, not the file: retried), `InvalidFile` when its key columns
+    are missing or not decodable (quarantined)."""
     try:
         return file_key_words(path, key_ids, exact)
-    except (OSError, KeyError, ValueError) as error:
+    except FileNotFoundError:
+        return FileUnavailable(f"{path}: not found", missing=True)
+    except (KeyError, ValueError, pa.ArrowException) as error:  # ArrowInvalid is a ValueError: bad content
         return InvalidFile(f"{path}: key columns unreadable ({error})")
+    except OSError as error:
+        return FileUnavailable(f"{path}: storage error reading key columns ({error})")
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:

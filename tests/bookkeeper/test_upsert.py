@@ -142,3 +142,25 @@ def test_a_changelog_table_made_an_upsert_table_keeps_the_newest_row_per_key(tmp
     reference[3] = 31
     assert report.tables[0].rows_replaced == 4
     assert pyiceberg_rows(mirror) == reference == duckdb_rows(mirror)
+
+
+def test_a_deleted_keys_file_storage_cannot_serve_for_a_cycle_waits_and_loses_nothing(tmp_path: Path) -> None:
+    config = bookkeeper_config(tmp_path, mode="upsert")
+    transport, writer = open_transport(config), UpsertWriter(config)
+    bookkeeper = Bookkeeper(config)
+    transport.publish(writer.batch([(k, k) for k in range(10)]))
+    bookkeeper.run_cycle()
+    deleting = writer.batch([(1, None), (2, 20)])
+    transport.publish(deleting)
+    transport.publish(writer.batch([(2, 21), (3, 30)]))  # the same writer's next batch must not overtake it
+    keys_file = Path(deleting.delete_files[0].path.removeprefix("file://"))
+    away = keys_file.with_name("away")
+    keys_file.rename(away)  # read only for its keys: storage fails to serve it this cycle
+    report = bookkeeper.run_cycle()
+    assert not report.tables[0].committed and not report.tables[0].quarantined
+    assert pyiceberg_rows(bookkeeper) == {k: k for k in range(10)}
+    away.rename(keys_file)
+    bookkeeper.run_cycle()
+    expected = {**{k: k for k in range(10) if k != 1}, 2: 21, 3: 30}
+    assert pyiceberg_rows(bookkeeper) == expected == duckdb_rows(bookkeeper)
+    assert transport.dead_letter_count() == 0
