@@ -557,7 +557,8 @@ class Committer:
         snapshots = table.metadata.snapshots
         if len(snapshots) < settings.keep_snapshots:
             return []
-        if min(snapshot.timestamp_ms for snapshot in snapshots) >= older_than_ms - min(keep_for_ms // 10, 60_000):
+        # Snapshots are listed in commit order: the first is the oldest (a skewed clock only delays expiry).
+        if snapshots[0].timestamp_ms >= older_than_ms - min(keep_for_ms // 10, 60_000):
             return []
         return expirable_snapshots(table, settings.keep_snapshots - 1, older_than_ms=older_than_ms)
 

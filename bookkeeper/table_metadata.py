@@ -24,8 +24,10 @@ checked at import; tests/bookkeeper/test_table_metadata.py checks each shortcut.
 
 from __future__ import annotations
 
+import operator
 import threading
 import types
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
@@ -50,8 +52,8 @@ class MetadataCache:
 
     def __init__(self) -> None:
         self._newest: dict[str, tuple[str, TableMetadata]] = {}
-        self._snapshot_json: dict[str, dict[int, tuple[Snapshot, str]]] = {}
-        """Per table, the JSON of each snapshot object of the newest metadata written (the object is kept, so its id is not reused)."""
+        self._snapshots_written: dict[str, _SnapshotsJson] = {}
+        """Per table, the snapshots of the newest metadata file written and their JSON."""
         self._lock = threading.Lock()
         self.parsed = 0
         """Metadata files parsed (cache misses), for tests and the benchmark."""
@@ -82,19 +84,38 @@ class MetadataCache:
             self.remember(location, metadata)
             return
         folder = _folder(location)
+        snapshots = metadata.snapshots
         with self._lock:
-            known = self._snapshot_json.get(folder, {})
-        # By object, not snapshot id: pyiceberg replaces a snapshot whose parent is expired with a
-        # copy that has no parent id.
-        fragments = {id(snapshot): known.get(id(snapshot)) or (snapshot, snapshot.model_dump_json()) for snapshot in metadata.snapshots}
+            previous = self._snapshots_written.get(folder)
+        if previous is not None and len(snapshots) == len(previous.snapshots) + 1 and all(map(operator.is_, snapshots, previous.snapshots)):
+            # The usual commit: the snapshot objects last written, plus one.
+            fragment = snapshots[-1].model_dump_json()
+            written = _SnapshotsJson(list(snapshots), [*previous.fragments, fragment],
+                                     previous.listed + ("," if previous.listed else "") + fragment)
+        else:
+            # By object, not snapshot id: pyiceberg replaces a snapshot whose parent is expired
+            # with a copy that has no parent id.
+            known = dict(zip(map(id, previous.snapshots), previous.fragments)) if previous is not None else {}
+            fragments = [known.get(id(snapshot)) or snapshot.model_dump_json() for snapshot in snapshots]
+            written = _SnapshotsJson(list(snapshots), fragments, ",".join(fragments))
         head = metadata.model_dump_json(exclude={"snapshots"})
-        document = head[:-1] + ',"snapshots":[' + ",".join(fragments[id(snapshot)][1] for snapshot in metadata.snapshots) + "]}"
+        document = head[:-1] + ',"snapshots":[' + written.listed + "]}"
         content = Compressor.get_compressor(location).bytes_compressor()(document.encode("utf-8"))
         with output_file.create(overwrite=False) as out:
             out.write(content)
         with self._lock:
-            self._snapshot_json[folder] = fragments
+            self._snapshots_written[folder] = written
         self.remember(location, metadata)
+
+
+@dataclass(frozen=True)
+class _SnapshotsJson:
+    """The snapshot objects of a metadata file (kept, so their ids are not reused), each one's
+    JSON, and the JSON of the list joined."""
+
+    snapshots: list[Snapshot]
+    fragments: list[str]
+    listed: str
 
 
 def _folder(location: str) -> str:

@@ -5,6 +5,7 @@ process commits."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 from pyiceberg.serializers import ToOutputFile
@@ -22,6 +23,13 @@ def commit(bookkeeper: Bookkeeper, config, seq: int) -> None:  # noqa: ANN001
     assert bookkeeper.run_cycle().committed_monikers == 1
 
 
+def assert_pyiceberg_would_write_the_same(table, tmp_path: Path) -> None:  # noqa: ANN001
+    ours = json.loads(Path(table.metadata_location.removeprefix("file://")).read_text())
+    theirs = tmp_path / f"pyiceberg-{uuid.uuid4().hex}.metadata.json"
+    ToOutputFile.table_metadata(table.metadata, table.io.new_output(str(theirs)))
+    assert ours == json.loads(theirs.read_text())
+
+
 def test_metadata_files_are_pyiceberg_s_json_and_updates_pyiceberg_s_metadata(tmp_path: Path) -> None:
     config = bookkeeper_config(tmp_path, bookkeeper__keep_snapshots="3", bookkeeper__keep_snapshots_for="0")
     bookkeeper = Bookkeeper(config)
@@ -29,9 +37,7 @@ def test_metadata_files_are_pyiceberg_s_json_and_updates_pyiceberg_s_metadata(tm
         commit(bookkeeper, config, seq)
     table = bookkeeper.catalog.load_table("shop.items")
     assert len(table.snapshots()) == 3
-    ours = json.loads(Path(table.metadata_location.removeprefix("file://")).read_text())
-    ToOutputFile.table_metadata(table.metadata, table.io.new_output(str(tmp_path / "pyiceberg.metadata.json")))
-    assert ours == json.loads((tmp_path / "pyiceberg.metadata.json").read_text())
+    assert_pyiceberg_would_write_the_same(table, tmp_path)  # after an expiry
     previous = table.metadata.snapshots[0]
     # The updates of one more commit, applied both ways.
     commit(bookkeeper, config, 7)
@@ -54,6 +60,7 @@ def test_a_table_committed_by_another_process_is_read_again(tmp_path: Path) -> N
     parsed = cache.parsed
     for seq in range(2, 5):
         commit(bookkeeper, config, seq)
+        assert_pyiceberg_would_write_the_same(open_catalog(config).load_table("shop.items"), tmp_path)  # one snapshot more each
     assert cache.parsed == parsed, "the bookkeeper parsed the metadata files it wrote itself"
     other = open_catalog(config).load_table("shop.items")
     other.manage_snapshots().create_tag(other.current_snapshot().snapshot_id, "by-someone-else").commit()
