@@ -121,7 +121,13 @@ FOOTER_READ_BYTES = 64 * 1024
 """Bytes read from a file's end in one request: the footer and its length (parquet-cpp reads as much)."""
 
 # pyarrow's own unpickling function for FileMetaData: it parses footer bytes and nothing else.
+# Its C++ lets a thrift error escape as `std::terminate`, so a file with a damaged footer aborts
+# the process that parses it: only footer worker processes use it (a dead worker's files are read
+# again in the bookkeeper's own process, `FooterReader._share_with_workers`), the bookkeeper's own
+# process parses through `pq.read_metadata`, which raises instead (about twice the time).
 _PARSE_FOOTER = getattr(pyarrow_parquet_internal, "_reconstruct_filemetadata", None)
+_FAST_FOOTERS = False
+"""True in footer worker processes only."""
 
 
 def read_footer(handle: pa.NativeFile) -> pq.FileMetaData:
@@ -153,9 +159,13 @@ def footer_bytes(handle: pa.NativeFile) -> pa.Buffer | None:
 
 def parse_footer(handle: pa.NativeFile, footer: pa.Buffer | None) -> pq.FileMetaData:
     """Parse footer bytes from `footer_bytes`; without them, `ParquetFile` reads or rejects the file."""
-    if footer is not None:
+    if footer is None:
+        return pq.ParquetFile(handle).metadata
+    if _FAST_FOOTERS:
         return _PARSE_FOOTER(footer)
-    return pq.ParquetFile(handle).metadata
+    # The footer alone, framed as a file (no second read of the object): offsets are not checked.
+    framed = b"PAR1" + footer.to_pybytes() + len(footer).to_bytes(4, "little") + b"PAR1"
+    return pq.read_metadata(pa.BufferReader(framed))
 
 
 _WORKER_SCHEMAS: dict[str, Schema] = {}
@@ -168,6 +178,8 @@ Described = FooterFacts | InvalidFile | FileUnavailable
 def _describe_in_worker(paths: list[str], schema_json: str, properties: tuple[tuple[str, str], ...]) -> list[Described]:
     """Runs in a worker process, a chunk of files at a time (one schema JSON sent per chunk, not per
     file); the schema is parsed once per process and distinct schema."""
+    global _FAST_FOOTERS
+    _FAST_FOOTERS = True  # a damaged footer may abort this process, not the bookkeeper
     schema = _WORKER_SCHEMAS.get(schema_json)
     if schema is None:
         schema = _WORKER_SCHEMAS.setdefault(schema_json, Schema.model_validate_json(schema_json))

@@ -6,6 +6,8 @@ import datetime
 import decimal
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -230,3 +232,36 @@ def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(tmp_path: 
     with pytest.raises(FileUnavailable, match="storage error") as unavailable:
         describe_file("s3://bucket/table/data/f.parquet?endpoint_override=127.0.0.1:1&scheme=http&region=us-east-1", SCHEMA, {})
     assert not unavailable.value.missing
+
+
+_DESCRIBE_DAMAGED = """
+import sys
+from tests.bookkeeper.test_datafiles import SCHEMA
+from bookkeeper.datafiles import FooterReader, InvalidFile
+paths = sys.argv[1:]
+reader = FooterReader(workers=2)
+reader.CHUNK_FILES = 5
+try:
+    alone = reader.describe([(paths[0], SCHEMA, SCHEMA.model_dump_json())], {})  # in this process
+    reader.start(wait=True)
+    batch = reader.describe([(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {})  # workers too
+finally:
+    reader.close()
+print(type(alone[paths[0]]).__name__, sum(isinstance(facts, InvalidFile) for facts in batch.values()),
+      sum(getattr(facts, "num_rows", 0) == 10 for facts in batch.values()))
+"""
+
+
+def test_a_damaged_footer_is_an_invalid_file_not_a_crash(tmp_path: Path) -> None:
+    """A file whose Parquet tail is intact but whose footer thrift is damaged: pyarrow's fast
+    footer parser aborts the process on it (std::terminate), so the bookkeeper would crash-loop."""
+    damaged = write(tmp_path / "damaged.parquet", 10, 1000)
+    data = bytearray(damaged.read_bytes())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[footer_start + 5:footer_start + 25] = b"\xff" * 20
+    damaged.write_bytes(bytes(data))
+    paths = [str(damaged)] + [str(write(tmp_path / f"f{i}.parquet", 10, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD + 6)]
+    run = subprocess.run([sys.executable, "-c", _DESCRIBE_DAMAGED, *paths], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["InvalidFile", "1", str(len(paths) - 1)]
