@@ -15,10 +15,12 @@ For the bookkeeper's catalog object only (nothing global is changed):
   parsing that file again (SQL catalogs; other catalogs parse as before);
 - updates are applied without the final deep copy: metadata models are frozen and pyiceberg's
   update functions build new lists and dicts instead of changing the base's (the reasoning of
-  `committer._Transaction`), so the new metadata may share the untouched snapshots with the old.
+  `committer._Transaction`), so the new metadata may share the untouched snapshots with the old;
+- each snapshot's JSON is made once per table, and the usual commit appends one to the list;
+- snapshots are looked up from the newest end (the current and parent snapshots are).
 
-What is left grows with history but stays small: writing the metadata file (~17 ms of JSON at
-1,000 snapshots) and the expiry's pass over the snapshot list. Private pyiceberg API (0.12),
+What is left grows with history but stays small: the rest of the metadata file's JSON (the
+snapshot log), writing its bytes, and the expiry's pass over the snapshot list (once a minute). Private pyiceberg API (0.12),
 checked at import; tests/bookkeeper/test_table_metadata.py checks each shortcut.
 """
 
@@ -35,7 +37,7 @@ import pyiceberg
 from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.io import FileIO, InputFile, OutputFile
 from pyiceberg.serializers import Compressor, FromInputFile, ToOutputFile
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.metadata import TableMetadata, TableMetadataV2
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import (
     TableUpdate, _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log, update_table_metadata,
@@ -71,6 +73,8 @@ class MetadataCache:
         return metadata
 
     def remember(self, location: str, metadata: TableMetadata) -> None:
+        if type(metadata) is TableMetadataV2:
+            metadata.__class__ = _NewestFirstMetadataV2  # the same fields and values: only look-ups change
         with self._lock:
             self._newest[_folder(location)] = (location, metadata)
 
@@ -106,6 +110,16 @@ class MetadataCache:
         with self._lock:
             self._snapshots_written[folder] = written
         self.remember(location, metadata)
+
+
+class _NewestFirstMetadataV2(TableMetadataV2):
+    """Format-version 2 metadata whose snapshot look-ups start from the newest snapshot. A commit
+    looks up the current and parent snapshots a dozen times (snapshot producer, summary, refs),
+    each a scan of the whole list from the oldest in pyiceberg: ~0.5 ms at 1,000 snapshots,
+    ~1 µs from the newest end (measured)."""
+
+    def snapshot_by_id(self, snapshot_id: int) -> Snapshot | None:
+        return next((snapshot for snapshot in reversed(self.snapshots) if snapshot.snapshot_id == snapshot_id), None)
 
 
 @dataclass(frozen=True)
