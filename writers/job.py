@@ -136,12 +136,10 @@ class WriterJob:
 
     def _resend_journal(self) -> None:
         """Send again what a transport that publishes in two steps (the Azure queue: journal copy,
-        then message) may hold from a writer killed between them (`resend_journal`)."""
-        resend = getattr(self.transport, "resend_journal", None)
-        if resend is not None:
-            resent = resend(self.writer_id)
-            if resent:
-                log.info("pending monikers sent again from the journal", extra={"writer": self.writer_id, "monikers": resent})
+        then message) may hold from a writer killed between them (`MonikerTransport.resume`)."""
+        resent = self.transport.resume(self.writer_id)
+        if resent:
+            log.info("pending monikers sent again from the journal", extra={"writer": self.writer_id, "monikers": resent})
 
     def install_signal_handlers(self) -> None:
         """Finish the current batch on SIGTERM/SIGINT, then stop (files and monikers stay consistent)."""

@@ -52,6 +52,9 @@ class AzureQueueMonikerTransport(MonikerTransport):
             body = json.dumps({POINTER_KEY: journal_path or self.journal.path_for(moniker), "id": moniker.id}).encode()
         self.queue.send_message(body.decode("utf-8"))
 
+    def resume(self, writer_id: str) -> int:
+        return self.resend_journal(writer_id)
+
     def resend_journal(self, writer_id: str) -> int:
         """Send again the message of every journal copy of `writer_id`'s monikers; how many.
 

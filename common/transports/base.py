@@ -63,6 +63,11 @@ class MonikerTransport(ABC):
     def publish(self, moniker: Moniker) -> None:
         """Make `moniker` visible to the bookkeeper; call only after all its files are durable."""
 
+    def resume(self, writer_id: str) -> int:
+        """Called when writer `writer_id` starts: finish what a writer killed mid-publish left
+        half done; returns how many monikers were sent again. Nothing for a one-step publish."""
+        return 0
+
     @abstractmethod
     def receive(self, max_count: int = 1000) -> list[Delivery]:
         """Monikers waiting to be committed, including unreadable ones (with `error` set)."""
