@@ -44,6 +44,7 @@ from common.config import IcekeeperConfig, load_config
 from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 from common.schema import assign_ids, metadata_columns, record_types, row_columns
 from common.transports import open_transport
+from icekeeper.bench.work import fresh_work_folder
 from icekeeper.samples import seed000
 
 Progress = Callable[[str], None]
@@ -195,8 +196,7 @@ def bench_latency(work: Path, commits: int, progress: Progress) -> dict[str, flo
 
 
 def run_bookkeeper_bench(state_dir: str, commits: int = 10_000, footers: int = 10_000, progress: Progress = print) -> dict[str, Any]:
-    work = Path(state_dir) / "bench-bookkeeper"
-    shutil.rmtree(work, ignore_errors=True)
+    work = fresh_work_folder(state_dir, "bench-bookkeeper")
     commit_s, baseline_s = bench_commit_1000(work, progress)
     footers_s, data_files_s = bench_footers(work, footers, progress)
     progress(f"{footers:,} footers in {footers_s:.2f}s; now {commits:,} single-moniker commits")

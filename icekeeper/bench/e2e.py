@@ -47,6 +47,7 @@ from common.committed_state import CommittedState
 from common.config import IcekeeperConfig, load_config
 from common.logs import configure_logging
 from icekeeper.bench.committed_offsets import CommittedOffsets
+from icekeeper.bench.work import fresh_work_folder
 from icekeeper.samples.produce import produce_at_rate
 from icekeeper.samples.synthetic import SyntheticSpec
 
@@ -143,8 +144,7 @@ def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: floa
 
     upsert = mode == "upsert"
     topic = f"bench.freshness.{uuid.uuid4().hex[:8]}"
-    work = Path(base.state_dir) / "bench-e2e"
-    shutil.rmtree(work, ignore_errors=True)
+    work = fresh_work_folder(base.state_dir, "bench-e2e")
     config = e2e_config(base, work, topic, cores, mode)
     shape = {"keys": 20_000, "schema_changes": 0, "server": "bench", "db": "freshness", "table": "rows"}
     if upsert:

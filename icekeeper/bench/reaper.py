@@ -25,6 +25,7 @@ from common.catalog import open_catalog
 from common.config import IcekeeperConfig, load_config
 from common.moniker import FileEntry
 from icekeeper.bench.bookkeeper import seed_schema, write_seed_file
+from icekeeper.bench.work import fresh_work_folder
 
 Progress = Callable[[str], None]
 TABLE = "bench.small_files"
@@ -75,8 +76,7 @@ def run_reaper_bench(state_dir: str, files: int = 1000, cores: int | None = None
     from common.spark import spark_session
     from reaper.service import Reaper
 
-    work = Path(state_dir) / "bench-reaper"
-    shutil.rmtree(work, ignore_errors=True)
+    work = fresh_work_folder(state_dir, "bench-reaper")
     config = bench_config(work)
     catalog = open_catalog(config)
     catalog.create_namespace("bench")

@@ -53,6 +53,7 @@ from icekeeper.bench.upsert_data import ROW_COLUMNS, ChangePlan, final_state_fra
 from icekeeper.bench.upsert_merge import create_merge_table, run_merge_baseline
 from icekeeper.bench.upsert_stages import measure_upsert_stages
 from icekeeper.bench.upsert_table_rows import start_with, write_template
+from icekeeper.bench.work import fresh_work_folder
 
 Progress = Callable[[str], None]
 KEY_COLUMNS = ["id"]
@@ -343,9 +344,7 @@ def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int 
     from icekeeper.bench.key_index import run_key_index_bench
 
     cores = cores or os.cpu_count() or 2
-    work = Path(base.state_dir) / "bench-upsert"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = fresh_work_folder(base.state_dir, "bench-upsert")
     topic = f"bench.upsert.{uuid.uuid4().hex[:8]}"
     config = upsert_bench_config(base, work, topic, batch_records, cores)
     owns_spark = spark is None

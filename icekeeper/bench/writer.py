@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from common.config.model import IcekeeperConfig
 from common.spark import spark_session
+from icekeeper.bench.work import fresh_work_folder
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import DEBEZIUM_VERSION
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
@@ -192,9 +193,7 @@ def run_writer_bench(config: IcekeeperConfig, records: int, progress: Progress =
     see the same drift.
     """
     cores = cores or os.cpu_count() or 2
-    work_dir = Path(config.state_dir) / "bench-writer"
-    shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
+    work_dir = fresh_work_folder(config.state_dir, "bench-writer")
     topic = f"bench.seed.{uuid.uuid4().hex[:8]}"
     warm_topic = topic + ".warmup"
     spark = spark_session(config, "icekeeper-bench-writer", master=f"local[{cores}]",
@@ -221,6 +220,7 @@ def run_writer_bench(config: IcekeeperConfig, records: int, progress: Progress =
     stages = measure_stages(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir)
     progress(f"stages, seconds for the whole topic: {stages}")
     spark.stop()
+    shutil.rmtree(work_dir, ignore_errors=True)
     ours_s, baseline_s = statistics.median(ours_runs), statistics.median(baseline_runs)
     ours_rate = records / ours_s
     baseline_rate = records / baseline_s
