@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.storage import path_segment
+
 log = logging.getLogger(__name__)
 _LEASE_NAME = re.compile(r"^lease-(\d{12})\.json$")
 
@@ -46,7 +48,7 @@ class Lease:
 
     def __init__(self, folder: str, group: str, ttl_s: float, owner: str | None = None, role: str = "bookkeeper") -> None:
         self.role = role
-        self.folder = Path(folder) / _safe(group)
+        self.folder = Path(folder) / path_segment(group)
         self.ttl_ms = int(ttl_s * 1000)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.epoch: int | None = None
@@ -146,7 +148,3 @@ def _name(epoch: int) -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or "default"

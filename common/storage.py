@@ -29,3 +29,9 @@ def write_whole(filesystem: pafs.FileSystem, path: str, body: bytes) -> None:
     with filesystem.open_output_stream(temporary) as out:
         out.write(body)
     filesystem.move(temporary, path)
+
+
+def path_segment(name: str) -> str:
+    """A folder or file name made from a table, writer or group name: no separators, no leading dot."""
+    cleaned = "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
+    return cleaned.lstrip(".") or "_"

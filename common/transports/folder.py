@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
-from common.storage import open_filesystem, write_whole
+from common.storage import open_filesystem, path_segment, write_whole
 from common.transports.base import Quarantined
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class MonikerFolder:
         self.filesystem, self.root = open_filesystem(uri)
 
     def path_for(self, moniker: Moniker) -> str:
-        return posixpath.join(self.root, _safe(moniker.table), _safe(moniker.writer_id), f"{moniker.seq:012d}-{moniker.id}{SUFFIX}")
+        return posixpath.join(self.root, path_segment(moniker.table), path_segment(moniker.writer_id), f"{moniker.seq:012d}-{moniker.id}{SUFFIX}")
 
     def write(self, moniker: Moniker) -> str:
         """Make `moniker` durable and visible as one whole file; returns its path."""
@@ -67,9 +67,9 @@ class MonikerFolder:
         """Paths of whole moniker files (temporary files skipped), sorted: per writer, by seq."""
         base = self.root
         if table is not None:
-            base = posixpath.join(base, _safe(table))
+            base = posixpath.join(base, path_segment(table))
             if writer_id is not None:
-                base = posixpath.join(base, _safe(writer_id))
+                base = posixpath.join(base, path_segment(writer_id))
         selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
         return sorted(
             info.path for info in self.filesystem.get_file_info(selector)
@@ -113,7 +113,7 @@ class DeadLetterFolder:
     def put(self, source: str, raw: bytes, reason: str) -> str:
         """Keep `raw` with `reason`; returns its name."""
         name = f"{int(time.time() * 1000)}-{posixpath.basename(source.rstrip('/')) or 'delivery'}"
-        name = _safe(name)
+        name = path_segment(name)
         self.folder.write_bytes(name, raw)
         # Whole or not at all: a listed reason must parse.
         write_whole(self.folder.filesystem, posixpath.join(self.folder.root, name + REASON_SUFFIX),
@@ -156,9 +156,3 @@ def _stamp(name: str) -> int | None:
     """When a name was set aside (its millisecond prefix), if it has one."""
     head = name.split("-", 1)[0]
     return int(head) if head.isdigit() else None
-
-
-def _safe(name: str) -> str:
-    """A path segment from a table or writer name: no separators, no leading dot."""
-    cleaned = "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
-    return cleaned.lstrip(".") or "_"
