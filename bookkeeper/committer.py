@@ -45,7 +45,7 @@ from bookkeeper.manifests import merge_append
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
 from bookkeeper.upserts import MonikerKeys, UpsertCycle, UpsertKeeper
 from common.catalog import load_table_or_none, table_properties
-from common.committed_state import QUARANTINED_MONIKERS_KEPT, CommittedState, committed_state, expirable_snapshots
+from common.committed_state import KEY_COMMIT_ID, QUARANTINED_MONIKERS_KEPT, CommittedState, committed_state, expirable_snapshots
 from common.config.model import IcekeeperConfig
 from common.file_events import location_key
 from common.moniker import FileEntry, Moniker
@@ -574,7 +574,7 @@ class Committer:
             raise error
         for snapshot in table.snapshots():
             properties = snapshot.summary.additional_properties if snapshot.summary else {}
-            if properties.get("icekeeper.commit-id") == commit_id:
+            if properties.get(KEY_COMMIT_ID) == commit_id:
                 return snapshot.snapshot_id
         return None
 
