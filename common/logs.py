@@ -12,11 +12,16 @@ import logging
 import sys
 import time
 
+from common.config.secrets import mask_strings
+
 _RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
 class JsonLineFormatter(logging.Formatter):
     """One JSON object per record: ts, level, logger, msg, and any `extra` fields.
+
+    Secrets are masked in every string (`common/config/secrets.py`): code should never log one,
+    and this is the last line of defence when an exception message or a setting quotes one.
 
     Our own rather than python-json-logger's `JsonFormatter`: it is these dozen lines, the same
     keys in every process (Spark's driver included) with no renaming or reserved-attribute
@@ -28,13 +33,13 @@ class JsonLineFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": mask_strings(record.getMessage()),
         }
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
-                line[key] = value
+                line[key] = mask_strings(value if isinstance(value, (str, int, float, bool, list, dict, type(None))) else str(value))
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+            line["exc"] = mask_strings(self.formatException(record.exc_info))
         return json.dumps(line, default=str)
 
 

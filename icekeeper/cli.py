@@ -56,13 +56,14 @@ def _print_status(stack) -> None:  # noqa: ANN001 - LocalStack, imported lazily
 
 def cmd_config(args: argparse.Namespace) -> int:
     from common.config.docs import render_markdown
+    from common.config.secrets import masked_dump
 
     if args.action == "docs":
         print(render_markdown(), end="")
         return 0
     config = _config(args)
     if args.action == "show":
-        print(json.dumps(config.model_dump(mode="json"), indent=2))
+        print(json.dumps(masked_dump(config), indent=2))
     else:
         print(f"ok: {args.config or '<embedded defaults>'} ({len(config.tables)} table(s), {len(config.sources)} source(s))")
     return 0

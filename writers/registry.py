@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from common.config.secrets import mask_text
 from common.schema import resolve_named_types
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ class TopicSchemas:
     """Schemas by id, and the ids registered for a topic's value subject (TopicNameStrategy)."""
 
     def __init__(self, registry_url: str) -> None:
-        self.url = registry_url
+        # Error messages (logs, status, alerts) name the registry without the password of its user-info.
+        self.url = mask_text(registry_url)
         self.client = SchemaRegistryClient({"url": registry_url})
         self._by_id: dict[int, RegisteredSchema] = {}
 
@@ -75,7 +77,7 @@ class TopicSchemas:
                 return None
             raise RegistryUnavailable(f"the schema registry at {self.url} answered {error.http_status_code} for {what}: {error.error_message}") from error
         except Exception as error:  # noqa: BLE001 - the HTTP client's transport errors (httpx), or a body that is not JSON
-            raise RegistryUnavailable(f"the schema registry at {self.url} did not answer for {what}: {error!r}") from error
+            raise RegistryUnavailable(mask_text(f"the schema registry at {self.url} did not answer for {what}: {error!r}")) from error
 
     def for_topic(self, topic: str) -> list[RegisteredSchema]:
         """The newest `MAX_VERSIONS_PER_TOPIC` value schemas of `topic`, oldest first."""

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from common.config.model import IcekeeperConfig
 from common.config.properties import translate_properties
+from common.config.secrets import mask_text, remember_secrets_in, resolve_references
 
 ENV_PREFIX = "ICEKEEPER__"
 """Environment variables `ICEKEEPER__A__B__0__C` override key `a.b[0].c`; values are YAML scalars."""
@@ -46,8 +47,9 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
         environ: the environment to read overrides from (default `os.environ`).
 
     Returns:
-        The validated config, with `state_dir` and `cache_dir` made absolute and `{state_dir}`
-        expanded in every string value.
+        The validated config, with `state_dir` and `cache_dir` made absolute, `{state_dir}`
+        expanded in every string value and `${env:NAME}` / `${file:path}` secret references
+        resolved (`common/config/secrets.py`).
     """
     environ = os.environ if environ is None else environ
     if path is None and environ.get(CONFIG_PATH_ENV):
@@ -57,13 +59,20 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
     overridden = _apply_env_overrides(raw, environ, source_name)
     for env_key in overridden:
         key_names.setdefault(overridden[env_key], env_key)
+
+    def reference_error(path: tuple[str | int, ...], reason: str) -> ConfigError:
+        return ConfigError(source_name, _user_key(_dotted_key(path), key_names), reason)
+
+    raw = resolve_references(raw, environ, reference_error)
     try:
         config = IcekeeperConfig.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
         key = _dotted_key(first["loc"])
         raise ConfigError(source_name, _user_key(key, key_names), _describe(first)) from None
-    return _expand_paths(config)
+    config = _expand_paths(config)
+    remember_secrets_in(config)
+    return config
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -194,5 +203,5 @@ def _describe(error: Mapping[str, Any]) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     value = error.get("input")
     if error["type"] != "missing" and not isinstance(value, (dict, list)):
-        message += f" (got {value!r})"
+        message += f" (got {mask_text(repr(value))})"
     return message

@@ -9,9 +9,12 @@ misspelt key that silently falls back to its default is the most common config b
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from common.config.secrets import mask_field
 
 _DURATION_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -36,6 +39,11 @@ def parse_duration_s(value: object) -> float:
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
 
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # A config printed or logged whole (`repr`, `str`, an f-string) shows no secret.
+        for name, value in super().__repr_args__():
+            yield name, mask_field(value)
+
 
 Duration = Annotated[float, BeforeValidator(parse_duration_s)]
 """Seconds; config files may write ``"500ms"``, ``"10s"``, ``"5m"``, ``"2h"``, ``"7d"`` or a number."""
@@ -52,7 +60,8 @@ class KafkaSource(_Model):
     schema_registry_url: str = Field(
         "http://127.0.0.1:8081/apis/ccompat/v7",
         description="Confluent-compatible schema registry URL (seed 000: `kafka.schema.registry.url`). "
-        "For Apicurio include `/apis/ccompat/v7`.",
+        "For Apicurio include `/apis/ccompat/v7`. Basic auth as user-info, with the password referenced: "
+        "`https://user:${env:REGISTRY_PASSWORD}@host/...` (see docs/operations.md, Secrets).",
     )
     topics: list[str] = Field(default_factory=list, description="Topics to read (seed 000: `kafka.consumer.topic`, comma separated).")
     topic_pattern: str | None = Field(None, description="Java regex of topics to read, instead of `topics`.")
@@ -73,7 +82,8 @@ class KafkaSource(_Model):
         description="Route records no table claims to a table named by this template, e.g. `cdc.{db}_{table}`; "
         "fields: `{topic}`, `{server}`, `{db}`, `{table}` (Debezium `source.name`, `source.db`, `source.table`).",
     )
-    consumer_properties: dict[str, str] = Field(default_factory=dict, description="Extra Kafka consumer properties (seed 000: `kafka.consumer.*`, e.g. `max.poll.records`).")
+    consumer_properties: dict[str, str] = Field(default_factory=dict, description="Extra Kafka consumer properties (seed 000: `kafka.consumer.*`, e.g. `max.poll.records`). "
+                                                   "Give credentials as references: `sasl.jaas.config: ${file:/run/secrets/kafka.properties:sasl.jaas.config}`.")
     commit_timeout: Duration = Field(60.0, description="How long committing consumer offsets may take (seed 000: `kafka.consumer.commit.timeout.millis`).")
 
     @model_validator(mode="after")
@@ -211,11 +221,12 @@ class AzureQueueTransport(_Model):
     """Monikers as Azure Storage Queue messages (Azurite locally)."""
 
     kind: Literal["azure-queue"] = "azure-queue"
-    connection_string: str = Field(
+    connection_string: SecretStr = Field(
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
         "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
         "QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;",
-        description="Storage account connection string (default: Azurite's well-known dev account).",
+        description="Storage account connection string (default: Azurite's well-known dev account); a secret: write "
+        "`${env:NAME}` or `${file:/path}` rather than the string itself.",
     )
     queue_name: str = Field("icekeeper-monikers", description="Queue that carries monikers.")
     dead_letter_queue_name: str = Field("icekeeper-monikers-dead-letter", description="Queue that gets a message (reason, source) for every dead-lettered moniker, for alerts.")
@@ -240,7 +251,8 @@ class CatalogConfig(_Model):
     name: str = Field("icekeeper", description="Catalog name (pyiceberg's catalog name; Spark registers it under the same name).")
     properties: dict[str, str] = Field(
         default_factory=lambda: {"type": "sql", "uri": "sqlite:///{state_dir}/catalog.db", "warehouse": "file://{state_dir}/warehouse"},
-        description="pyiceberg catalog properties; default: a SQLite catalog and a local warehouse under the state folder.",
+        description="pyiceberg catalog properties; default: a SQLite catalog and a local warehouse under the state folder. "
+        "Credentials (`credential`, `token`, `s3.secret-access-key`, a password in `uri`) as `${env:NAME}` or `${file:/path}`.",
     )
 
 
@@ -288,6 +300,8 @@ class BookkeeperConfig(_Model):
     lease_uri: str = Field("{state_dir}/bookkeeper-leases", description="Local or mounted folder holding the group's lease files.")
     lease_ttl: Duration = Field(30.0, description="How long a bookkeeper's lease lasts without renewal; a standby takes over after it.")
     http_port: int = Field(9464, ge=0, le=65535, description="Port of the metrics and health endpoint (0: off).")
+    http_host: str = Field("127.0.0.1", description="Address the metrics and health endpoint binds to; `0.0.0.0` for every interface "
+                           "(a Prometheus scraping from another host).")
     heartbeat_every_empty_cycles: int = Field(0, ge=0, description="Commit a watermark-only snapshot every N empty cycles (0: never).")
     commit_report_path: str = Field("{state_dir}/reports/commits.jsonl", description="File that receives one JSON line per snapshot.")
     commit_report_topic: str | None = Field(None, description="Kafka topic that also receives the commit reports.")

@@ -35,8 +35,9 @@ class AzureQueueMonikerTransport(MonikerTransport):
     """One queue message per moniker; the journal folder holds the durable copies."""
 
     def __init__(self, settings: AzureQueueTransport, visibility_timeout_s: int = 60) -> None:
-        self.queue = _queue(settings.connection_string, settings.queue_name, settings.api_version)
-        self.dead_letter_queue = _queue(settings.connection_string, settings.dead_letter_queue_name, settings.api_version)
+        connection_string = settings.connection_string.get_secret_value()
+        self.queue = _queue(connection_string, settings.queue_name, settings.api_version)
+        self.dead_letter_queue = _queue(connection_string, settings.dead_letter_queue_name, settings.api_version)
         self.journal = MonikerFolder(settings.journal_uri)
         self.dead_letters = DeadLetterFolder(settings.dead_letter_uri)
         self.visibility_timeout_s = visibility_timeout_s
