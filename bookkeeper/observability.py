@@ -60,7 +60,9 @@ class BookkeeperMetrics:
 class HealthServer:
     """`/metrics` (Prometheus text) and `/healthz` (JSON, 200 or 503) on one port."""
 
-    def __init__(self, metrics: BookkeeperMetrics, port: int, health: callable, host: str = "0.0.0.0") -> None:  # noqa: ANN001
+    def __init__(self, metrics: BookkeeperMetrics, port: int, health: callable, host: str = "127.0.0.1") -> None:  # noqa: ANN001
+        # Loopback unless asked (`bookkeeper.http_host`): metrics name tables and topics, and
+        # nothing authenticates a scraper.
         self.metrics = metrics
         self.health = health
         handler = self._handler()
