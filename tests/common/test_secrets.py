@@ -114,12 +114,14 @@ sources:
     consumer_properties: {ssl.key.password: inline-key-pw, max.poll.records: "500"}
 tables: [{identifier: shop.orders, topics: [orders]}]
 transport: {kind: azure-queue}
+writer:
+  spark_conf: {spark.hadoop.fs.azure.account.key.prod.dfs.core.windows.net: inline-storage-key, spark.sql.shuffle.partitions: "8"}
 """, encoding="utf-8")
     shown = subprocess.run([ICEKEEPER_CLI, "config", "show", "--config", str(path)],
                            env={"PATH": "/usr/bin:/bin"}, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
-    for secret in ["inline-registry-pw", "inline-key-pw", AZURITE_ACCOUNT_KEY]:
+    for secret in ["inline-registry-pw", "inline-key-pw", "inline-storage-key", AZURITE_ACCOUNT_KEY]:
         assert secret not in shown
-    assert '"max.poll.records": "500"' in shown
+    assert '"max.poll.records": "500"' in shown and '"spark.sql.shuffle.partitions": "8"' in shown
 
 
 def test_a_config_printed_whole_shows_no_secret(tmp_path: Path) -> None:
