@@ -14,7 +14,8 @@ end (`chaos_verify.py`): every good record exactly once in the changelog table, 
 topic/partition/offset (`duplicates`, `missing`), with the payload of its Kafka record
 (`payload_mismatched`); the upsert table equal to a reference built from the Kafka records
 themselves, no key twice (`upsert_duplicate_keys`, `upsert_mismatched`); every poison record in the
-dead-letter topic exactly once (`dead_letter_duplicates`); each table read by pyiceberg, Spark and
+dead-letter topic, repeated at most once per writer kill (`dead_letter_duplicates`: dead letters
+go at least once); each table read by pyiceberg, Spark and
 DuckDB, each read checked on its own and the three alike row by row (`engines_disagreeing`).
 """
 
