@@ -76,7 +76,7 @@ class Bookkeeper:
     def serve_http(self, port: int | None = None) -> int:
         """Start `/metrics` and `/healthz`; returns the port (0 in config: off, unless a port is given)."""
         port = self.config.bookkeeper.http_port if port is None else port
-        self.http = HealthServer(self.metrics, port, self.health).start()
+        self.http = HealthServer(self.metrics, port, self.health, host=self.config.bookkeeper.http_host).start()
         return self.http.port
 
     def health(self) -> tuple[bool, dict]:

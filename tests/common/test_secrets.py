@@ -165,3 +165,13 @@ def test_the_metrics_endpoint_listens_on_loopback_by_default(tmp_path: Path) -> 
         assert bookkeeper.http.server.server_address[0] == "127.0.0.1"
     finally:
         bookkeeper.http.stop()
+
+
+def test_the_metrics_endpoint_listens_where_configured(tmp_path: Path) -> None:
+    config = bookkeeper_config(tmp_path, bookkeeper__http_host="0.0.0.0")
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.serve_http(port=0)
+    try:
+        assert bookkeeper.http.server.server_address[0] == "0.0.0.0"
+    finally:
+        bookkeeper.http.stop()
