@@ -57,8 +57,8 @@ class CommittedState:
             KEY_COMMIT_ID: self.commit_id or "",
             KEY_EPOCH: str(self.epoch),
             KEY_WRITERS: json.dumps(self.writer_seqs, sort_keys=True),
-            KEY_OFFSETS: json.dumps(_nest(self.offsets), sort_keys=True),
-            KEY_EVENT_TIME: json.dumps(_nest(self.partition_event_ms), sort_keys=True),
+            KEY_OFFSETS: json.dumps(nest_by_topic(self.offsets), sort_keys=True),
+            KEY_EVENT_TIME: json.dumps(nest_by_topic(self.partition_event_ms), sort_keys=True),
             KEY_MONIKERS: ",".join(moniker_ids),
             KEY_QUARANTINED: str(self.quarantined_records),
         }
@@ -87,7 +87,9 @@ class CommittedState:
         )
 
 
-def _nest(values: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+def nest_by_topic(values: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    """`{topic: {"partition": value}}`: the JSON form of offsets in snapshot summaries, writer
+    checkpoints and Spark's Kafka source options."""
     nested: dict[str, dict[str, int]] = {}
     for (topic, partition), value in values.items():
         nested.setdefault(topic, {})[str(partition)] = value

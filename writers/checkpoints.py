@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from common.committed_state import nest_by_topic
 from common.config.model import KafkaSource
 from common.transports.folder import MonikerFolder
 from writers.files import path_segment
@@ -41,7 +42,4 @@ class SourceCheckpoints:
         current = self.read(source)
         for key, (_, until) in plan.read_ranges.items():
             current[key] = max(current.get(key, 0), until)
-        nested: dict[str, dict[str, int]] = {}
-        for (topic, partition), offset in current.items():
-            nested.setdefault(topic, {})[str(partition)] = offset
-        self.folder.write_bytes(self._name(source), json.dumps(nested).encode())
+        self.folder.write_bytes(self._name(source), json.dumps(nest_by_topic(current)).encode())

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from common.committed_state import nest_by_topic
 from common.config.model import KafkaSource
 from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP
 
@@ -89,12 +90,10 @@ def read_raw(spark: SparkSession, source: KafkaSource, plan: BatchPlan, include_
             without, `headers` is a null column.
     """
     assign: dict[str, list[int]] = {}
-    starting: dict[str, dict[str, int]] = {}
-    ending: dict[str, dict[str, int]] = {}
-    for (topic, partition), (start, until) in plan.read_ranges.items():
+    for topic, partition in plan.read_ranges:
         assign.setdefault(topic, []).append(partition)
-        starting.setdefault(topic, {})[str(partition)] = start
-        ending.setdefault(topic, {})[str(partition)] = until
+    starting = nest_by_topic({key: start for key, (start, _) in plan.read_ranges.items()})
+    ending = nest_by_topic({key: until for key, (_, until) in plan.read_ranges.items()})
     parallelism = spark.sparkContext.defaultParallelism
     reader = (
         spark.read.format("kafka")
