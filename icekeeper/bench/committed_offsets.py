@@ -3,8 +3,8 @@
 The bookkeeper writes one commit report per snapshot (its commit time) and records in each
 snapshot's summary the next offset of every topic-partition the table covers. A record at offset
 `o` is in the table from the first snapshot whose offset for its partition is past `o`. The
-bookkeeper expires all but its newest snapshots (`bookkeeper.keep_snapshots`), so the summaries
-are read while it runs, as the reports come in.
+bookkeeper expires snapshots (older than `bookkeeper.keep_snapshots_for` and beyond the newest
+`bookkeeper.keep_snapshots`), so the summaries are read while it runs, as the reports come in.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
 from common.transports import open_transport
 from icekeeper.bench.bookkeeper import TABLE, _config, _monikers, seed_schema
+from icekeeper.bench.work import fresh_work_folder
 
 Progress = Callable[[str], None]
 WINDOW = 100
@@ -46,8 +47,7 @@ def _window(latencies: list[float], cpu: list[float], window: slice) -> dict[str
 
 def run_snapshot_history_bench(state_dir: str, commits: int = 3700, plain: bool = False, progress: Progress = print) -> dict[str, Any]:
     """Commit `commits` single-moniker snapshots, then 100 more an hour later; figures as described above."""
-    work = Path(state_dir) / "bench-snapshot-history"
-    shutil.rmtree(work, ignore_errors=True)
+    work = fresh_work_folder(state_dir, "bench-snapshot-history")
     config = _config(work)
     schema = seed_schema(config)
     transport = open_transport(config)
