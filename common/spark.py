@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from common.artifacts import MavenBundle, maven_bundle
 from common.config.model import IcekeeperConfig
+
+if TYPE_CHECKING:  # pyspark is imported where a session starts, not when this module loads
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 

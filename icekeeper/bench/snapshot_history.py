@@ -26,7 +26,6 @@ import os
 import shutil
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from bookkeeper.service import Bookkeeper
