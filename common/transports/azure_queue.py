@@ -23,7 +23,7 @@ from azure.storage.queue import QueueClient
 from common.config.model import AzureQueueTransport
 from common.file_events import parse_event_grid
 from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
-from common.transports.base import Delivery, MonikerTransport, Quarantined
+from common.transports.base import Delivery, MonikerTransport
 from common.transports.folder import DeadLetterFolder, MonikerFolder
 
 MAX_INLINE_BYTES = 48 * 1024
@@ -117,18 +117,6 @@ class AzureQueueMonikerTransport(MonikerTransport):
 
     def has_pending(self) -> bool:
         return bool(self.queue.peek_messages(max_messages=1))
-
-    def dead_letter_count(self) -> int:
-        return self.dead_letters.count()
-
-    def quarantined(self) -> list[Quarantined]:
-        return self.dead_letters.list()
-
-    def replay(self, item: Quarantined) -> None:
-        if item.moniker is None:
-            raise ValueError(f"{item.name}: not a readable moniker; nothing to replay")
-        self.publish(item.moniker)
-        self.dead_letters.remove(item.name)
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
         return [stored.moniker for stored in self.journal.list(table, writer_id)

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.file_events import FileEvent
 from common.moniker import Moniker
+
+if TYPE_CHECKING:
+    from common.transports.folder import DeadLetterFolder
 
 
 @dataclass
@@ -57,7 +60,10 @@ class Quarantined:
 
 
 class MonikerTransport(ABC):
-    """Carries monikers from writers to the bookkeeper."""
+    """Carries monikers from writers to the bookkeeper. Every transport keeps what it dead-letters
+    whole in a dead-letter folder (`dead_letters`), so listing and replaying it is the same for all."""
+
+    dead_letters: DeadLetterFolder
 
     @abstractmethod
     def publish(self, moniker: Moniker) -> None:
@@ -84,18 +90,21 @@ class MonikerTransport(ABC):
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
         """Published, readable, not yet acknowledged monikers (optionally of one table / writer)."""
 
-    @abstractmethod
     def dead_letter_count(self) -> int:
-        """How many deliveries sit in the dead-letter place (approximate for queues)."""
+        """How many deliveries sit in the dead-letter place."""
+        return self.dead_letters.count()
 
-    @abstractmethod
     def quarantined(self) -> list[Quarantined]:
         """What sits in the dead-letter place, oldest first."""
+        return self.dead_letters.list()
 
-    @abstractmethod
     def replay(self, item: Quarantined) -> None:
         """Publish a quarantined moniker again, then take it out of the dead-letter place (a crash
         between the two publishes it twice: the bookkeeper commits a replay once, by moniker id)."""
+        if item.moniker is None:
+            raise ValueError(f"{item.name}: not a readable moniker; nothing to replay")
+        self.publish(item.moniker)
+        self.dead_letters.remove(item.name)
 
     def has_pending(self) -> bool:
         """Whether anything waits to be received; transports override it with a cheaper check."""

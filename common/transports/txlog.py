@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.config.model import TxLogTransport
 from common.moniker import Moniker
-from common.transports.base import Delivery, MonikerTransport, Quarantined
+from common.transports.base import Delivery, MonikerTransport
 from common.transports.folder import DeadLetterFolder, MonikerFolder
 
 
@@ -39,18 +39,6 @@ class TxLogMonikerTransport(MonikerTransport):
 
     def has_pending(self) -> bool:
         return bool(self.folder.list_paths())
-
-    def dead_letter_count(self) -> int:
-        return self.dead_letters.count()
-
-    def quarantined(self) -> list[Quarantined]:
-        return self.dead_letters.list()
-
-    def replay(self, item: Quarantined) -> None:
-        if item.moniker is None:
-            raise ValueError(f"{item.name}: not a readable moniker; nothing to replay")
-        self.publish(item.moniker)
-        self.dead_letters.remove(item.name)
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
         return [stored.moniker for stored in self.folder.list(table, writer_id)
