@@ -10,7 +10,8 @@ import pytest
 
 from bookkeeper.key_index_store import index_location, load_index
 from bookkeeper.service import Bookkeeper
-from common.transports import open_transport
+from common.config import IcekeeperConfig
+from common.transports import MonikerTransport, open_transport
 from icekeeper.readers import duckdb_rows as read_with_duckdb
 from tests.bookkeeper.fixtures import UpsertWriter, bookkeeper_config
 
@@ -26,6 +27,15 @@ def duckdb_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
     rows = [(row["id"], row["amount"]) for row in read_with_duckdb(bookkeeper.catalog.load_table("shop.items"), "id, amount")]
     assert len(rows) == len({key for key, _ in rows}), "a key has two live rows"
     return dict(rows)
+
+
+def upsert_table_with(tmp_path: Path, keys: int) -> tuple[IcekeeperConfig, MonikerTransport, UpsertWriter, Bookkeeper]:
+    """An upsert table whose keys 0..`keys`-1 hold themselves, committed by the bookkeeper returned."""
+    config = bookkeeper_config(tmp_path, mode="upsert")
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    transport.publish(writer.batch([(k, k) for k in range(keys)]))
+    bookkeeper.run_cycle()
+    return config, transport, writer, bookkeeper
 
 
 def test_random_upserts_and_deletes_leave_one_row_per_key(tmp_path: Path) -> None:
@@ -65,11 +75,7 @@ def test_a_key_changed_in_two_batches_of_one_snapshot(tmp_path: Path) -> None:
 
 
 def test_a_new_bookkeeper_starts_from_the_saved_index_and_catches_up(tmp_path: Path) -> None:
-    config = bookkeeper_config(tmp_path, mode="upsert")
-    transport, writer = open_transport(config), UpsertWriter(config)
-    first = Bookkeeper(config)
-    transport.publish(writer.batch([(k, k) for k in range(100)]))
-    first.run_cycle()
+    config, transport, writer, first = upsert_table_with(tmp_path, 100)
     first.committer.close()  # a clean stop saves the index
     saved = load_index(first.catalog.load_table("shop.items"))
     assert saved is not None and saved.live_keys == 100
@@ -86,11 +92,7 @@ def test_a_new_bookkeeper_starts_from_the_saved_index_and_catches_up(tmp_path: P
 
 
 def test_a_starting_bookkeeper_has_its_key_index_ready_before_its_first_cycle(tmp_path: Path) -> None:
-    config = bookkeeper_config(tmp_path, mode="upsert")
-    transport, writer = open_transport(config), UpsertWriter(config)
-    first = Bookkeeper(config)
-    transport.publish(writer.batch([(k, k) for k in range(100)]))
-    first.run_cycle()
+    config, transport, writer, first = upsert_table_with(tmp_path, 100)
     transport.publish(writer.batch([(k, None) for k in range(10)]))
     first.run_cycle()  # not saved: the next one catches up from the saved index or rebuilds
     second = Bookkeeper(config)
@@ -103,11 +105,7 @@ def test_a_starting_bookkeeper_has_its_key_index_ready_before_its_first_cycle(tm
 
 @pytest.mark.parametrize("damage", ["missing", "corrupt"])
 def test_a_missing_or_corrupt_index_is_rebuilt_from_the_table(tmp_path: Path, damage: str) -> None:
-    config = bookkeeper_config(tmp_path, mode="upsert")
-    transport, writer = open_transport(config), UpsertWriter(config)
-    first = Bookkeeper(config)
-    transport.publish(writer.batch([(k, k) for k in range(30)]))
-    first.run_cycle()
+    config, transport, writer, first = upsert_table_with(tmp_path, 30)
     transport.publish(writer.batch([(k, 100 + k) for k in range(10)] + [(29, None)]))
     first.run_cycle()
     first.committer.close()
@@ -145,11 +143,7 @@ def test_a_changelog_table_made_an_upsert_table_keeps_the_newest_row_per_key(tmp
 
 
 def test_a_deleted_keys_file_storage_cannot_serve_for_a_cycle_waits_and_loses_nothing(tmp_path: Path) -> None:
-    config = bookkeeper_config(tmp_path, mode="upsert")
-    transport, writer = open_transport(config), UpsertWriter(config)
-    bookkeeper = Bookkeeper(config)
-    transport.publish(writer.batch([(k, k) for k in range(10)]))
-    bookkeeper.run_cycle()
+    config, transport, writer, bookkeeper = upsert_table_with(tmp_path, 10)
     deleting = writer.batch([(1, None), (2, 20)])
     transport.publish(deleting)
     transport.publish(writer.batch([(2, 21), (3, 30)]))  # the same writer's next batch must not overtake it
