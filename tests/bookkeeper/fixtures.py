@@ -41,6 +41,13 @@ def bookkeeper_config(state_dir: Path, mode: str = "changelog", **overrides: str
     return load_config(None, environ=environ)
 
 
+def azure_queue_settings(local_stack) -> dict[str, str]:  # noqa: ANN001 - the conftest's LocalStack
+    """Config overrides for an Azure queue transport on the stack's Azurite, on queues of the test's own."""
+    queue = f"eg-{uuid.uuid4().hex[:10]}"
+    return {"transport__kind": "azure-queue", "transport__queue_name": queue, "transport__dead_letter_queue_name": queue + "-dlq",
+            "transport__connection_string": local_stack.service("azurite-queue").connection_string()}
+
+
 def write_file(path: Path, schema: Schema, rows: list[dict]) -> FileEntry:
     fields = []
     for field in schema.fields:

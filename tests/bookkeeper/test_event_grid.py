@@ -19,7 +19,7 @@ from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
 from common.file_events import location_key, parse_event_grid
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import SCHEMA, UpsertWriter, bookkeeper_config, make_moniker, write_file
+from tests.bookkeeper.fixtures import SCHEMA, UpsertWriter, azure_queue_settings, bookkeeper_config, make_moniker, write_file
 from tests.bookkeeper.test_upsert import pyiceberg_rows
 
 
@@ -60,10 +60,7 @@ def test_only_complete_parquet_blobs_count() -> None:
 
 @pytest.mark.integration
 def test_event_grid_files_are_committed_once_and_bad_ones_dead_lettered(local_stack, tmp_path: Path) -> None:
-    queue = f"eg-{uuid.uuid4().hex[:10]}"
-    config = bookkeeper_config(tmp_path, transport__kind="azure-queue", transport__queue_name=queue,
-                               transport__dead_letter_queue_name=queue + "-dlq",
-                               transport__connection_string=local_stack.service("azurite-queue").connection_string())
+    config = bookkeeper_config(tmp_path, **azure_queue_settings(local_stack))
     transport = open_transport(config)
     transport.publish(make_moniker(config, 1, None, (0, 10)))  # a writer's moniker creates the table
     bookkeeper = Bookkeeper(config)
@@ -100,10 +97,7 @@ def test_event_grid_files_are_committed_once_and_bad_ones_dead_lettered(local_st
 
 
 def test_event_grid_files_of_an_upsert_table_replace_the_rows_of_their_keys(local_stack, tmp_path: Path) -> None:
-    queue = f"eg-{uuid.uuid4().hex[:10]}"
-    config = bookkeeper_config(tmp_path, mode="upsert", transport__kind="azure-queue", transport__queue_name=queue,
-                               transport__dead_letter_queue_name=queue + "-dlq",
-                               transport__connection_string=local_stack.service("azurite-queue").connection_string())
+    config = bookkeeper_config(tmp_path, mode="upsert", **azure_queue_settings(local_stack))
     transport = open_transport(config)
     transport.publish(UpsertWriter(config).batch([(key, key) for key in range(1, 6)]))
     bookkeeper = Bookkeeper(config)

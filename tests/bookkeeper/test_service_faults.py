@@ -21,7 +21,7 @@ from common.catalog import load_table_or_none, open_catalog
 from common.config import IcekeeperConfig
 from common.transports import open_transport
 from reaper.service import Reaper
-from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, make_moniker, write_file
+from tests.bookkeeper.fixtures import SCHEMA, azure_queue_settings, bookkeeper_config, make_moniker, write_file
 
 
 def lockable_catalog_config(tmp_path: Path, **overrides: str) -> IcekeeperConfig:
@@ -121,10 +121,7 @@ def test_a_reaper_pass_whose_tables_cannot_be_loaded_is_reported_and_the_next_on
 def test_file_events_wait_out_an_unreachable_catalog(local_stack, tmp_path: Path) -> None:
     from tests.bookkeeper.test_event_grid import event_grid
 
-    queue = f"eg-{uuid.uuid4().hex[:10]}"
-    config = lockable_catalog_config(tmp_path, transport__kind="azure-queue", transport__queue_name=queue,
-                                     transport__dead_letter_queue_name=queue + "-dlq",
-                                     transport__connection_string=local_stack.service("azurite-queue").connection_string())
+    config = lockable_catalog_config(tmp_path, **azure_queue_settings(local_stack))
     transport = open_transport(config)
     transport.publish(make_moniker(config, 1, None, (0, 10)))
     bookkeeper = Bookkeeper(config)
