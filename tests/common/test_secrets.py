@@ -156,22 +156,11 @@ def test_log_lines_mask_passwords_nobody_declared() -> None:
     assert "undeclared-pw" not in line and "other-pw" not in line and "abc123" not in line
 
 
-def test_the_metrics_endpoint_listens_on_loopback_by_default(tmp_path: Path) -> None:
-    config = bookkeeper_config(tmp_path)
-    assert config.bookkeeper.http_host == "127.0.0.1"
-    bookkeeper = Bookkeeper(config)
+@pytest.mark.parametrize(("overrides", "host"), [({}, "127.0.0.1"), ({"bookkeeper__http_host": "0.0.0.0"}, "0.0.0.0")])
+def test_the_metrics_endpoint_listens_on_loopback_unless_configured(tmp_path: Path, overrides: dict[str, str], host: str) -> None:
+    bookkeeper = Bookkeeper(bookkeeper_config(tmp_path, **overrides))
     bookkeeper.serve_http(port=0)
     try:
-        assert bookkeeper.http.server.server_address[0] == "127.0.0.1"
-    finally:
-        bookkeeper.http.stop()
-
-
-def test_the_metrics_endpoint_listens_where_configured(tmp_path: Path) -> None:
-    config = bookkeeper_config(tmp_path, bookkeeper__http_host="0.0.0.0")
-    bookkeeper = Bookkeeper(config)
-    bookkeeper.serve_http(port=0)
-    try:
-        assert bookkeeper.http.server.server_address[0] == "0.0.0.0"
+        assert bookkeeper.http.server.server_address[0] == host
     finally:
         bookkeeper.http.stop()

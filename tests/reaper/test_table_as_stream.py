@@ -14,7 +14,8 @@ import pytest
 
 from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
-from common.transports import open_transport
+from common.config import IcekeeperConfig
+from common.transports import MonikerTransport, open_transport
 from reaper.service import Reaper
 from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
 from tests.conftest import register_catalog
@@ -23,16 +24,22 @@ from tests.reaper.test_reaper import reaper_config
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
-def test_a_streaming_reader_sees_every_committed_record_once(spark, tmp_path: Path) -> None:
-    # The reader must stay within the retained history: expiry keeps the newest 20 snapshots and
-    # the reader polls every second while the bookkeeper commits a few times a second.
-    config = reaper_config(tmp_path, reaper__retain_last="20")
+def table_with_a_first_commit(spark, config: IcekeeperConfig) -> tuple[MonikerTransport, Bookkeeper, str, int]:  # noqa: ANN001 - the spark fixture
+    """`shop.items` with one committed moniker (offsets 0..5): the transport and bookkeeper that
+    commit it, the table's Spark catalog name, and a time just before its first snapshot."""
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
     transport.publish(make_moniker(config, 1, None, (0, 5)))
     bookkeeper.run_cycle()
     catalog_name = register_catalog(spark, config)
-    start_ms = open_catalog(config).load_table("shop.items").current_snapshot().timestamp_ms - 1
+    return transport, bookkeeper, catalog_name, open_catalog(config).load_table("shop.items").current_snapshot().timestamp_ms - 1
+
+
+def test_a_streaming_reader_sees_every_committed_record_once(spark, tmp_path: Path) -> None:
+    # The reader must stay within the retained history: expiry keeps the newest 20 snapshots and
+    # the reader polls every second while the bookkeeper commits a few times a second.
+    config = reaper_config(tmp_path, reaper__retain_last="20")
+    transport, bookkeeper, catalog_name, start_ms = table_with_a_first_commit(spark, config)
     query_name = f"stream_{uuid.uuid4().hex[:8]}"
     stream = (spark.readStream.format("iceberg").option("stream-from-timestamp", str(start_ms))
               .load(f"{catalog_name}.shop.items")
@@ -74,12 +81,7 @@ def test_a_streaming_reader_ten_minutes_behind_reads_every_later_row_once(spark,
     expiry kept, and few enough for a quick test)."""
     config = bookkeeper_config(tmp_path, catalog__name=f"cat_{uuid.uuid4().hex[:8]}")
     assert config.bookkeeper.keep_snapshots_for == 3600 and config.bookkeeper.keep_snapshots == 20
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    transport.publish(make_moniker(config, 1, None, (0, 5)))
-    bookkeeper.run_cycle()
-    catalog_name = register_catalog(spark, config)
-    start_ms = open_catalog(config).load_table("shop.items").current_snapshot().timestamp_ms - 1
+    transport, bookkeeper, catalog_name, start_ms = table_with_a_first_commit(spark, config)
     output, checkpoint = tmp_path / "stream-out", tmp_path / "stream-checkpoint"
 
     def read_what_is_there() -> None:
