@@ -184,8 +184,6 @@ class Committer:
         self._footers: dict[str, Described] = {}
         self._missing_since: dict[str, float] = {}
         """File path -> when (monotonic) storage first said it does not exist; cleared once it is read."""
-        self._unavailable_before: set[str] = set()
-        """Files storage failed to serve in an earlier cycle: not retried within a cycle again."""
         self.footer_reader = FooterReader(config.bookkeeper.footer_workers or os.cpu_count() or 2)
         self.upserts = UpsertKeeper(config.bookkeeper.footer_workers or os.cpu_count() or 2, config.bookkeeper.key_index_save_interval)
 
@@ -239,7 +237,6 @@ class Committer:
                 for entry in delivery.moniker.files:
                     self._footers.pop(entry.path, None)
                     self._missing_since.pop(entry.path, None)
-                    self._unavailable_before.discard(entry.path)
             break
         else:
             raise CommitFailedException(f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts")
@@ -429,9 +426,10 @@ class Committer:
         `FILE_RETRY_DELAYS_S` in the cycle that first meets it (later cycles read it once each: the
         commit interval spaces them); one missing for `bookkeeper.missing_file_timeout`, counted
         from when this bookkeeper first found it missing, becomes an `InvalidFile`."""
+        unavailable_before = {path for path, _, _ in requests if isinstance(self._footers.get(path), FileUnavailable)}
         self._footers.update(self.footer_reader.describe(requests, properties))
         for delay in FILE_RETRY_DELAYS_S:
-            retry = [r for r in requests if isinstance(self._footers[r[0]], FileUnavailable) and r[0] not in self._unavailable_before]
+            retry = [r for r in requests if isinstance(self._footers[r[0]], FileUnavailable) and r[0] not in unavailable_before]
             if not retry:
                 break
             time.sleep(delay)
@@ -441,10 +439,8 @@ class Committer:
         for path, _, _ in requests:
             problem = self._footers[path]
             if not isinstance(problem, FileUnavailable):
-                self._unavailable_before.discard(path)
                 self._missing_since.pop(path, None)
                 continue
-            self._unavailable_before.add(path)
             if not problem.missing:
                 self._missing_since.pop(path, None)  # it exists and storage failed to serve it: retried as long as it takes
                 continue
