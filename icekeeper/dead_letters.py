@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
@@ -264,32 +262,14 @@ def _copy_name(record: DeadLetteredRecord) -> str:
 
 def _replayed_copies(source: KafkaSource, marks: dict[str, int], timeout_s: float) -> set[str]:
     """The `icekeeper.replay.of` values of records in the source partitions from the marked offsets on."""
-    from confluent_kafka import Consumer, TopicPartition
+    from icekeeper.samples.readback import partition_messages
 
-    if not marks:
-        return set()
-    consumer = Consumer({"bootstrap.servers": source.bootstrap_servers, "group.id": f"icekeeper-replay-check-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False}, logger=logging.getLogger("librdkafka"))
+    starts = {(name.rsplit("/", 1)[0], int(name.rsplit("/", 1)[1])): offset for name, offset in marks.items()}
     found: set[str] = set()
-    try:
-        starts = {(name.rsplit("/", 1)[0], int(name.rsplit("/", 1)[1])): offset for name, offset in marks.items()}
-        ends = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=10)[1] for tp in starts}
-        remaining = {tp for tp in starts if ends[tp] > starts[tp]}
-        consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in remaining])
-        deadline = time.monotonic() + timeout_s
-        while remaining:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"source partitions {sorted(remaining)} not read to their ends in {timeout_s}s")
-            message = consumer.poll(1)
-            if message is None or message.error():
-                continue
-            headers = dict(message.headers() or [])
-            if REPLAY_OF_HEADER in headers:
-                found.add(headers[REPLAY_OF_HEADER].decode())
-            if message.offset() + 1 >= ends[(message.topic(), message.partition())]:
-                remaining.discard((message.topic(), message.partition()))
-    finally:
-        consumer.close()
+    for message in partition_messages(source.bootstrap_servers, starts, timeout_s):
+        headers = dict(message.headers() or [])
+        if REPLAY_OF_HEADER in headers:
+            found.add(headers[REPLAY_OF_HEADER].decode())
     return found
 
 

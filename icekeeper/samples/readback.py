@@ -41,25 +41,40 @@ def topic_messages(bootstrap_servers: str, topic: str, timeout_s: float = 300.0)
     Raises:
         TimeoutError: a partition was not read to its end within `timeout_s`.
     """
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"icekeeper-readback-{uuid.uuid4().hex[:8]}"},
+                        logger=logging.getLogger("librdkafka"))
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    finally:
+        consumer.close()
+    if metadata is None or metadata.error is not None:
+        return
+    yield from partition_messages(bootstrap_servers, {(topic, partition): 0 for partition in metadata.partitions}, timeout_s)
+
+
+def partition_messages(bootstrap_servers: str, starts: dict[tuple[str, int], int], timeout_s: float = 300.0) -> Iterator[Message]:
+    """Every record of each (topic, partition) in `starts` from its start offset (or the first one
+    retention kept) to the partition's end as of the call, undecoded; each partition in offset order.
+
+    Raises:
+        TimeoutError: a partition was not read to its end within `timeout_s`.
+    """
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"icekeeper-readback-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False}, logger=logging.getLogger("librdkafka"))
     try:
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata.partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
-        remaining = {p for p, end in ends.items() if end > 0}
+        ends = {key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)[1] for key in starts}
+        remaining = {key for key, end in ends.items() if end > starts[key]}
+        consumer.assign([TopicPartition(topic, partition, starts[(topic, partition)]) for topic, partition in remaining])
         deadline = time.monotonic() + timeout_s
         while remaining:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"partitions {sorted(remaining)} of {topic} not read to the end in {timeout_s}s")
+                raise TimeoutError(f"partitions {sorted(remaining)} not read to their ends in {timeout_s}s")
             message = consumer.poll(1)
-            if message is None or message.error() or message.partition() not in remaining:
+            if message is None or message.error() or (key := (message.topic(), message.partition())) not in remaining:
                 continue
             yield message
-            if message.offset() + 1 >= ends[message.partition()]:
-                remaining.discard(message.partition())
+            if message.offset() + 1 >= ends[key]:
+                remaining.discard(key)
     finally:
         consumer.close()
 
