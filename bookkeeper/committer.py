@@ -26,26 +26,50 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    TableAlreadyExistsError,
+)
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
-    AddSchemaUpdate, AssertCurrentSchemaId, AssertTableUUID, SetCurrentSchemaUpdate, TableUpdate, _apply_table_update, _TableMetadataUpdateContext,
+    AddSchemaUpdate,
+    AssertCurrentSchemaId,
+    AssertTableUUID,
+    SetCurrentSchemaUpdate,
+    TableUpdate,
+    _apply_table_update,
+    _TableMetadataUpdateContext,
 )
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from bookkeeper.datafiles import Described, FileUnavailable, FooterFacts, FooterReader, InvalidFile, data_file, validate
-from bookkeeper.manifests import merge_append
+from bookkeeper.datafiles import (
+    Described,
+    FileUnavailable,
+    FooterFacts,
+    FooterReader,
+    InvalidFile,
+    data_file,
+    validate,
+)
 from bookkeeper.evolution import IncompatibleSchema, plan_evolution
+from bookkeeper.manifests import merge_append
 from bookkeeper.upserts import MonikerKeys, UpsertCycle, UpsertKeeper
 from common.catalog import load_table_or_none, table_properties
-from common.committed_state import KEY_COMMIT_ID, QUARANTINED_MONIKERS_KEPT, CommittedState, committed_state, expirable_snapshots
+from common.committed_state import (
+    KEY_COMMIT_ID,
+    QUARANTINED_MONIKERS_KEPT,
+    CommittedState,
+    committed_state,
+    expirable_snapshots,
+)
 from common.config.model import IcekeeperConfig
 from common.file_events import location_key
 from common.moniker import FileEntry, Moniker
@@ -96,7 +120,9 @@ class _Selection:
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
 
 
-def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: int, max_bytes: int) -> _Selection:
+def select_ready(
+    deliveries: list[Delivery], state: CommittedState, max_files: int, max_bytes: int
+) -> _Selection:
     """Ready monikers in commit order, duplicates, those waiting for a predecessor, and those
     refused because an offset range starts below what is committed (or what a moniker before it
     in this commit covers) for its partition: the records below are in the table already, and a
@@ -133,7 +159,9 @@ def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: i
         expected = state.writer_seqs.get(writer_id)
         for delivery in chain:
             moniker = delivery.moniker
-            over_budget = ready and (files + len(moniker.files) > max_files or size + moniker.bytes > max_bytes)
+            over_budget = ready and (
+                files + len(moniker.files) > max_files or size + moniker.bytes > max_bytes
+            )
             if moniker.prev_seq != expected or over_budget:
                 waiting.append(delivery)
                 continue
@@ -159,16 +187,20 @@ def select_ready(deliveries: list[Delivery], state: CommittedState, max_files: i
     return _Selection(ready, duplicates, waiting, refused)
 
 
-def overlapping_offsets(moniker: Moniker, committed_offsets: dict[tuple[str, int], int]) -> str | None:
+def overlapping_offsets(
+    moniker: Moniker, committed_offsets: dict[tuple[str, int], int]
+) -> str | None:
     """Why `moniker` would add records the table holds already, or None: a non-empty offset range
     that starts below the next offset committed for its topic-partition."""
     for offset_range in moniker.offsets:
         committed = committed_offsets.get((offset_range.topic, offset_range.partition))
         if offset_range.count and committed is not None and offset_range.from_offset < committed:
-            return (f"offsets overlap the committed ones: writer {moniker.writer_id} seq {moniker.seq} covers "
-                    f"{offset_range.topic}[{offset_range.partition}] {offset_range.from_offset}..{offset_range.until_offset}, "
-                    f"the table has everything below {committed} (records {offset_range.from_offset}.."
-                    f"{min(committed, offset_range.until_offset)} would be added twice)")
+            return (
+                f"offsets overlap the committed ones: writer {moniker.writer_id} seq {moniker.seq} covers "
+                f"{offset_range.topic}[{offset_range.partition}] {offset_range.from_offset}..{offset_range.until_offset}, "
+                f"the table has everything below {committed} (records {offset_range.from_offset}.."
+                f"{min(committed, offset_range.until_offset)} would be added twice)"
+            )
     return None
 
 
@@ -185,14 +217,21 @@ class Committer:
         self._missing_since: dict[str, float] = {}
         """File path -> when (monotonic) storage first said it does not exist; cleared once it is read."""
         self.footer_reader = FooterReader(config.bookkeeper.footer_workers or os.cpu_count() or 2)
-        self.upserts = UpsertKeeper(config.bookkeeper.footer_workers or os.cpu_count() or 2, config.bookkeeper.key_index_save_interval)
+        self.upserts = UpsertKeeper(
+            config.bookkeeper.footer_workers or os.cpu_count() or 2,
+            config.bookkeeper.key_index_save_interval,
+        )
 
     def close(self, save_key_indexes: bool = True) -> None:
         """Stop the footer readers; save the upsert tables' key indexes, the next bookkeeper's start."""
         self.footer_reader.close()
         if save_key_indexes:
             try:
-                tables = {identifier: table for identifier in self.upserts.identifiers() if (table := load_table_or_none(self.catalog, identifier))}
+                tables = {
+                    identifier: table
+                    for identifier in self.upserts.identifiers()
+                    if (table := load_table_or_none(self.catalog, identifier))
+                }
                 self.upserts.save_all(tables)
             except Exception as error:  # noqa: BLE001 - a stop must not fail: the next bookkeeper catches up or rebuilds
                 log.warning("could not save the key indexes", extra={"error": repr(error)})
@@ -206,8 +245,17 @@ class Committer:
             table = load_table_or_none(self.catalog, identifier)
             state = committed_state(table) if table is not None else CommittedState()
             self.check_epoch(identifier, state)
-            selection = select_ready(deliveries, state, self.config.bookkeeper.max_files_per_commit, self.config.bookkeeper.max_bytes_per_commit)
-            result.duplicates, result.waiting, result.refused = selection.duplicates, selection.waiting, selection.refused
+            selection = select_ready(
+                deliveries,
+                state,
+                self.config.bookkeeper.max_files_per_commit,
+                self.config.bookkeeper.max_bytes_per_commit,
+            )
+            result.duplicates, result.waiting, result.refused = (
+                selection.duplicates,
+                selection.waiting,
+                selection.refused,
+            )
             if not selection.ready and not selection.refused:
                 break
             plan = self._prepare(table, identifier, selection.ready, result)
@@ -239,7 +287,9 @@ class Committer:
                     self._missing_since.pop(entry.path, None)
             break
         else:
-            raise CommitFailedException(f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts")
+            raise CommitFailedException(
+                f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts"
+            )
         result.seconds = time.monotonic() - started
         return result
 
@@ -271,11 +321,20 @@ class Committer:
             if not fresh:
                 break
             if table.spec().fields:
-                result.quarantined = [(d, f"{identifier} is partitioned; files need a moniker with partition values") for d in fresh]
+                result.quarantined = [
+                    (d, f"{identifier} is partitioned; files need a moniker with partition values")
+                    for d in fresh
+                ]
                 fresh = []
             schema = table.schema()
             schema_json = schema.model_dump_json()
-            facts = self.footer_reader.describe([(_local_or_url(d.file_event.url, table.location()), schema, schema_json) for d in fresh], table.properties)
+            facts = self.footer_reader.describe(
+                [
+                    (_local_or_url(d.file_event.url, table.location()), schema, schema_json)
+                    for d in fresh
+                ],
+                table.properties,
+            )
             plan = _Plan(table=table)
             for delivery in fresh:
                 path = _local_or_url(delivery.file_event.url, table.location())
@@ -286,27 +345,49 @@ class Committer:
                     result.unavailable.append((delivery, str(described)))
                     continue
                 problem = described if isinstance(described, InvalidFile) else None
-                if problem is None and delivery.file_event.size_bytes not in (None, described.size_bytes):
-                    problem = InvalidFile(f"{path}: {described.size_bytes} bytes, the event says {delivery.file_event.size_bytes}")
+                if problem is None and delivery.file_event.size_bytes not in (
+                    None,
+                    described.size_bytes,
+                ):
+                    problem = InvalidFile(
+                        f"{path}: {described.size_bytes} bytes, the event says {delivery.file_event.size_bytes}"
+                    )
                 if problem is None and not described.field_ids:
-                    problem = InvalidFile(f"{path}: no Iceberg field ids in the Parquet schema (write it with the table's schema)")
+                    problem = InvalidFile(
+                        f"{path}: no Iceberg field ids in the Parquet schema (write it with the table's schema)"
+                    )
                 if problem is None and described.field_ids - schema.field_ids:
-                    problem = InvalidFile(f"{path}: field ids {sorted(described.field_ids - schema.field_ids)} are not in the table's schema")
+                    problem = InvalidFile(
+                        f"{path}: field ids {sorted(described.field_ids - schema.field_ids)} are not in the table's schema"
+                    )
                 if problem is not None:
                     result.quarantined.append((delivery, str(problem)))
                     continue
-                entry = FileEntry(path=path, size_bytes=described.size_bytes, record_count=described.num_rows)
+                entry = FileEntry(
+                    path=path, size_bytes=described.size_bytes, record_count=described.num_rows
+                )
                 plan.data_files.append(data_file(entry, described, table.spec()))
                 plan.committed.append(delivery)
             if plan.committed and self.config.table(identifier).upsert:
                 # Files written by others into an upsert table replace the rows of their keys too.
-                self._plan_upserts(plan, [(d, [data], []) for d, data in zip(list(plan.committed), list(plan.data_files))], result)
+                self._plan_upserts(
+                    plan,
+                    [
+                        (d, [data], [])
+                        for d, data in zip(list(plan.committed), list(plan.data_files))
+                    ],
+                    result,
+                )
                 result.quarantined.extend(plan.quarantined)
             if not plan.committed and not result.quarantined:
                 break
             keys = [d.file_event.container_path for d in plan.committed]
-            new_state = dataclasses.replace(state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch),
-                                            event_files=(list(state.event_files) + keys)[-EVENT_FILES_KEPT:])
+            new_state = dataclasses.replace(
+                state,
+                commit_id=uuid.uuid4().hex,
+                epoch=max(self.epoch, state.epoch),
+                event_files=(list(state.event_files) + keys)[-EVENT_FILES_KEPT:],
+            )
             result.snapshot_id = self._commit_settled(table, plan, new_state, attempt)
             if result.snapshot_id is None:
                 continue
@@ -320,7 +401,9 @@ class Committer:
             result.watermark_ms = new_state.watermark_ms
             break
         else:
-            raise CommitFailedException(f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts")
+            raise CommitFailedException(
+                f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts"
+            )
         result.seconds = time.monotonic() - started
         return result
 
@@ -330,17 +413,29 @@ class Committer:
         table = self.catalog.load_table(identifier)
         state = committed_state(table)
         self.check_epoch(identifier, state)
-        new_state = dataclasses.replace(state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch))
+        new_state = dataclasses.replace(
+            state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch)
+        )
         snapshot_id = self._commit_once(table, _Plan(table=table), new_state)
-        return TableCommit(identifier, snapshot_id=snapshot_id, watermark_ms=new_state.watermark_ms, attempts=1, seconds=time.monotonic() - started)
+        return TableCommit(
+            identifier,
+            snapshot_id=snapshot_id,
+            watermark_ms=new_state.watermark_ms,
+            attempts=1,
+            seconds=time.monotonic() - started,
+        )
 
     def check_epoch(self, identifier: str, state: CommittedState) -> None:
         if state.epoch > self.epoch:
-            raise StaleEpoch(f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}")
+            raise StaleEpoch(
+                f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}"
+            )
 
     # -- building the commit -------------------------------------------------------------------------
 
-    def _prepare(self, table: Table | None, identifier: str, ready: list[Delivery], result: TableCommit) -> "_Plan | None":
+    def _prepare(
+        self, table: Table | None, identifier: str, ready: list[Delivery], result: TableCommit
+    ) -> _Plan | None:
         """Validate files, evolve the schema, build data files; quarantine monikers that cannot go in."""
         # Monikers of a batch share their schema: parse (and below, compare) each distinct one once.
         schemas: dict[str, Schema] = {}
@@ -350,12 +445,19 @@ class Committer:
             # Comparing with the previous moniker's schema dict (C, ~1 µs) spares serializing
             # each one (~40 µs): 1,000 monikers of a cycle usually carry equal schemas.
             if delivery.moniker.schema_ != previous_schema:
-                previous_schema, schema_key = delivery.moniker.schema_, json.dumps(delivery.moniker.schema_, sort_keys=True)
+                previous_schema, schema_key = (
+                    delivery.moniker.schema_,
+                    json.dumps(delivery.moniker.schema_, sort_keys=True),
+                )
             if schema_key not in schemas:
                 schemas[schema_key] = Schema.model_validate(delivery.moniker.schema_)
             schema_keys.append(schema_key)
-        requests = [(entry.path, schemas[key], key) for delivery, key in zip(ready, schema_keys) for entry in delivery.moniker.files
-                    if not isinstance(self._footers.get(entry.path), (FooterFacts, InvalidFile))]  # unread, or unavailable last time
+        requests = [
+            (entry.path, schemas[key], key)
+            for delivery, key in zip(ready, schema_keys)
+            for entry in delivery.moniker.files
+            if not isinstance(self._footers.get(entry.path), (FooterFacts, InvalidFile))
+        ]  # unread, or unavailable last time
         properties = table.properties if table is not None else {}
         self._describe_retrying(requests, properties)
         plan = _Plan(table=table)
@@ -369,11 +471,17 @@ class Committer:
             if moniker.writer_id in held_writers:
                 result.waiting.append(delivery)
                 continue
-            unavailable = [facts for entry in moniker.files if isinstance(facts := self._footers[entry.path], FileUnavailable)]
+            unavailable = [
+                facts
+                for entry in moniker.files
+                if isinstance(facts := self._footers[entry.path], FileUnavailable)
+            ]
             if unavailable:
                 held_writers[moniker.writer_id] = moniker.seq
                 result.waiting.append(delivery)
-                result.unavailable.append((delivery, "; ".join(str(problem) for problem in unavailable)))
+                result.unavailable.append(
+                    (delivery, "; ".join(str(problem) for problem in unavailable))
+                )
                 continue
             try:
                 if current_schema is None:
@@ -382,7 +490,9 @@ class Committer:
                 evolution_key = (id(current_schema), schema_key)
                 if evolution_key not in evolutions:
                     try:
-                        evolutions[evolution_key] = plan_evolution(current_schema, file_schema, self.config.bookkeeper.allow_drop_columns)
+                        evolutions[evolution_key] = plan_evolution(
+                            current_schema, file_schema, self.config.bookkeeper.allow_drop_columns
+                        )
                     except IncompatibleSchema as error:
                         evolutions[evolution_key] = error
                 evolution = evolutions[evolution_key]
@@ -408,11 +518,19 @@ class Committer:
             plan.data_files.extend(files)
             plan.files_of[delivery.moniker.id] = files
         if plan.table is not None and plan.committed and self.config.table(identifier).upsert:
-            for writer, seq in self._plan_upserts(plan, [(d, plan.files_of[d.moniker.id], d.moniker.delete_files) for d in plan.committed], result).items():
+            for writer, seq in self._plan_upserts(
+                plan,
+                [(d, plan.files_of[d.moniker.id], d.moniker.delete_files) for d in plan.committed],
+                result,
+            ).items():
                 held_writers.setdefault(writer, seq)
         if held_writers:
             # A refused moniker after one left pending would move its writer's chain past it: it waits too.
-            held = [(d, reason) for d, reason in result.refused if d.moniker.seq > held_writers.get(d.moniker.writer_id, d.moniker.seq)]
+            held = [
+                (d, reason)
+                for d, reason in result.refused
+                if d.moniker.seq > held_writers.get(d.moniker.writer_id, d.moniker.seq)
+            ]
             result.refused = [item for item in result.refused if item not in held]
             result.waiting.extend(d for d, _ in held)
         result.quarantined = plan.quarantined
@@ -421,15 +539,24 @@ class Committer:
             return None
         return plan
 
-    def _describe_retrying(self, requests: list[tuple[str, Schema, str]], properties: dict[str, str]) -> None:
+    def _describe_retrying(
+        self, requests: list[tuple[str, Schema, str]], properties: dict[str, str]
+    ) -> None:
         """Describe files into the footer cache. A file storage cannot serve is read again after
         `FILE_RETRY_DELAYS_S` in the cycle that first meets it (later cycles read it once each: the
         commit interval spaces them); one missing for `bookkeeper.missing_file_timeout`, counted
         from when this bookkeeper first found it missing, becomes an `InvalidFile`."""
-        unavailable_before = {path for path, _, _ in requests if isinstance(self._footers.get(path), FileUnavailable)}
+        unavailable_before = {
+            path for path, _, _ in requests if isinstance(self._footers.get(path), FileUnavailable)
+        }
         self._footers.update(self.footer_reader.describe(requests, properties))
         for delay in FILE_RETRY_DELAYS_S:
-            retry = [r for r in requests if isinstance(self._footers[r[0]], FileUnavailable) and r[0] not in unavailable_before]
+            retry = [
+                r
+                for r in requests
+                if isinstance(self._footers[r[0]], FileUnavailable)
+                and r[0] not in unavailable_before
+            ]
             if not retry:
                 break
             time.sleep(delay)
@@ -442,13 +569,22 @@ class Committer:
                 self._missing_since.pop(path, None)
                 continue
             if not problem.missing:
-                self._missing_since.pop(path, None)  # it exists and storage failed to serve it: retried as long as it takes
+                self._missing_since.pop(
+                    path, None
+                )  # it exists and storage failed to serve it: retried as long as it takes
                 continue
             since = self._missing_since.setdefault(path, now)
             if now - since >= timeout:
-                self._footers[path] = InvalidFile(f"{path}: missing for {now - since:.0f} s (bookkeeper.missing_file_timeout {timeout:.0f} s)")
+                self._footers[path] = InvalidFile(
+                    f"{path}: missing for {now - since:.0f} s (bookkeeper.missing_file_timeout {timeout:.0f} s)"
+                )
 
-    def _plan_upserts(self, plan: "_Plan", items: list[tuple[Delivery, list[DataFile], list[FileEntry]]], result: TableCommit) -> dict[str, int]:
+    def _plan_upserts(
+        self,
+        plan: _Plan,
+        items: list[tuple[Delivery, list[DataFile], list[FileEntry]]],
+        result: TableCommit,
+    ) -> dict[str, int]:
         """Key look-ups and position deletes for an upsert table's cycle. `items`: each committed
         delivery with its data files and deleted-keys files. A delivery whose key columns storage
         cannot serve now waits, with its writer's later deliveries (a key's changes commit in
@@ -491,33 +627,47 @@ class Committer:
             properties["comment"] = spec.comment
         location = spec.location or moniker.table_location
         try:
-            table = self.catalog.create_table(identifier, schema=file_schema, partition_spec=partition_spec(spec.partition_by, file_schema),
-                                              location=location, properties=properties)
+            table = self.catalog.create_table(
+                identifier,
+                schema=file_schema,
+                partition_spec=partition_spec(spec.partition_by, file_schema),
+                location=location,
+                properties=properties,
+            )
         except TableAlreadyExistsError:
             table = self.catalog.load_table(identifier)
         created_ids = {f.name: f.field_id for f in table.schema().fields}
         if created_ids != {f.name: f.field_id for f in file_schema.fields}:
-            raise IncompatibleSchema(f"{identifier}: the new table's field ids differ from the files' ({created_ids})")
+            raise IncompatibleSchema(
+                f"{identifier}: the new table's field ids differ from the files' ({created_ids})"
+            )
         log.info("table created", extra={"table": identifier, "location": table.location()})
         return table
 
-    def _commit_settled(self, table: Table, plan: "_Plan", new_state: CommittedState, attempt: int) -> int | None:
+    def _commit_settled(
+        self, table: Table, plan: _Plan, new_state: CommittedState, attempt: int
+    ) -> int | None:
         """One commit attempt: the new snapshot id, or None after a conflict (the caller re-checks
         the refreshed table). An unknown outcome is settled by reading the table back."""
         identifier = ".".join(table.name())
         try:
             return self._commit_once(table, plan, new_state)
         except CommitFailedException as error:
-            log.info("commit conflict, re-checking the refreshed table", extra={"table": identifier, "attempt": attempt, "error": str(error)})
+            log.info(
+                "commit conflict, re-checking the refreshed table",
+                extra={"table": identifier, "attempt": attempt, "error": str(error)},
+            )
             return None
         except (StaleEpoch, InvalidFile):
             raise
         except Exception as error:  # noqa: BLE001 - outcome unknown: read the table back, never assume
             return self._settle_unknown(identifier, new_state.commit_id, error)
 
-    def _commit_once(self, table: Table, plan: "_Plan", new_state: CommittedState) -> int:
+    def _commit_once(self, table: Table, plan: _Plan, new_state: CommittedState) -> int:
         """One compare-and-swap: schema change (if any) and the snapshot, atomically."""
-        summary = new_state.to_summary([d.moniker.id for d in plan.committed if d.moniker is not None])
+        summary = new_state.to_summary(
+            [d.moniker.id for d in plan.committed if d.moniker is not None]
+        )
         transaction = _Transaction(table)
         expired = self._expirable(table)
         if expired:
@@ -529,11 +679,15 @@ class Committer:
                 (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
                 (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
             )
-        with merge_append(transaction, summary, plan.upsert.delete_files if plan.upsert else None) as append:
+        with merge_append(
+            transaction, summary, plan.upsert.delete_files if plan.upsert else None
+        ) as append:
             for data in plan.data_files:
                 append.append_data_file(data)
         updates = transaction._updates  # noqa: SLF001
-        requirements = transaction._requirements + (AssertTableUUID(uuid=table.metadata.table_uuid),)  # noqa: SLF001
+        requirements = transaction._requirements + (
+            AssertTableUUID(uuid=table.metadata.table_uuid),
+        )
         # A single attempt; the snapshot producer's AssertRefSnapshotId makes it a CAS on the
         # snapshot our state was read from.
         table._do_commit(updates=updates, requirements=requirements)  # noqa: SLF001
@@ -558,8 +712,13 @@ class Committer:
             return []
         return expirable_snapshots(table, settings.keep_snapshots - 1, older_than_ms=older_than_ms)
 
-    def _settle_unknown(self, identifier: str, commit_id: str | None, error: Exception) -> int | None:
-        log.warning("commit outcome unknown, reading the table back", extra={"table": identifier, "error": repr(error)})
+    def _settle_unknown(
+        self, identifier: str, commit_id: str | None, error: Exception
+    ) -> int | None:
+        log.warning(
+            "commit outcome unknown, reading the table back",
+            extra={"table": identifier, "error": repr(error)},
+        )
         for _ in range(10):
             try:
                 table = self.catalog.load_table(identifier)
@@ -586,7 +745,7 @@ def _local_or_url(url: str, table_location: str) -> str:
         return url if url.startswith("file:") else "file://" + url
     table_key, file_key = location_key(table_location), location_key(url)
     if file_key.startswith(table_key + "/"):
-        return table_location.rstrip("/") + file_key[len(table_key):]
+        return table_location.rstrip("/") + file_key[len(table_key) :]
     return url
 
 
@@ -653,9 +812,14 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
     offsets = dict(state.offsets)
     event_ms = dict(state.partition_event_ms)
     quarantined = state.quarantined_records
-    for delivery in sorted(plan.committed + [d for d, _ in plan.quarantined], key=lambda d: (d.moniker.writer_id, d.moniker.seq)):
+    for delivery in sorted(
+        plan.committed + [d for d, _ in plan.quarantined],
+        key=lambda d: (d.moniker.writer_id, d.moniker.seq),
+    ):
         moniker = delivery.moniker
-        writer_seqs[moniker.writer_id] = max(writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq)
+        writer_seqs[moniker.writer_id] = max(
+            writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq
+        )
         for offset_range in moniker.offsets:
             key = (offset_range.topic, offset_range.partition)
             offsets[key] = max(offsets.get(key, 0), offset_range.until_offset)
@@ -663,7 +827,9 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
                 event_ms[key] = max(event_ms.get(key, 0), moniker.max_event_time_ms)
     for delivery, _ in plan.refused:
         moniker = delivery.moniker
-        writer_seqs[moniker.writer_id] = max(writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq)
+        writer_seqs[moniker.writer_id] = max(
+            writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq
+        )
     listed = list(state.quarantined_monikers)
     for delivery in plan.committed:
         if delivery.moniker.id in listed:  # a replay
@@ -674,9 +840,25 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
             listed.append(delivery.moniker.id)
             quarantined += delivery.moniker.records
     watermark = min(event_ms.values()) if event_ms else state.watermark_ms
-    return CommittedState(writer_seqs, offsets, event_ms, watermark, max(epoch, state.epoch), uuid.uuid4().hex, max(0, quarantined),
-                          state.event_files, tuple(listed[-QUARANTINED_MONIKERS_KEPT:]))
+    return CommittedState(
+        writer_seqs,
+        offsets,
+        event_ms,
+        watermark,
+        max(epoch, state.epoch),
+        uuid.uuid4().hex,
+        max(0, quarantined),
+        state.event_files,
+        tuple(listed[-QUARANTINED_MONIKERS_KEPT:]),
+    )
 
 
 def describe(result: TableCommit) -> str:
-    return json.dumps({"table": result.table, "snapshot_id": result.snapshot_id, "files": result.files, "records": result.records})
+    return json.dumps(
+        {
+            "table": result.table,
+            "snapshot_id": result.snapshot_id,
+            "files": result.files,
+            "records": result.records,
+        }
+    )

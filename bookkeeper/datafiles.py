@@ -22,28 +22,47 @@ import os
 import posixpath
 import struct
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import _parquet as pyarrow_parquet_internal
 from pyarrow import fs as pafs
 from pyiceberg.conversions import to_bytes
-from pyiceberg.io.pyarrow import MetricModeTypes, compute_statistics_plan, parquet_path_to_id_mapping
+from pyiceberg.io.pyarrow import (
+    MetricModeTypes,
+    compute_statistics_plan,
+    parquet_path_to_id_mapping,
+)
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import TruncateTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import (
-    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, PrimitiveType, StringType,
-    TimestampType, TimestamptzType, TimeType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    PrimitiveType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
 )
 from pyiceberg.utils.decimal import unscaled_to_decimal
-from pyiceberg.utils.truncate import truncate_upper_bound_binary_string, truncate_upper_bound_text_string
+from pyiceberg.utils.truncate import (
+    truncate_upper_bound_binary_string,
+    truncate_upper_bound_text_string,
+)
 
 from common.locations import normalize_location
 from common.moniker import FileEntry
@@ -66,7 +85,9 @@ class FileUnavailable(Exception):
     """
 
     def __init__(self, message: str, missing: bool = False) -> None:
-        super().__init__(message, missing)  # both in args: the exception crosses worker processes by pickle
+        super().__init__(
+            message, missing
+        )  # both in args: the exception crosses worker processes by pickle
         self.missing = missing
 
     def __str__(self) -> str:
@@ -103,7 +124,11 @@ def describe_file(path: str, file_schema: Schema, table_properties: dict[str, st
             footer = footer_bytes(handle)  # I/O: errors up to here are the storage's
             try:
                 metadata = parse_footer(handle, footer)
-            except (OSError, ValueError, pa.ArrowException) as error:  # ArrowInvalid / thrift: not Parquet (truncated, overwritten)
+            except (
+                OSError,
+                ValueError,
+                pa.ArrowException,
+            ) as error:  # ArrowInvalid / thrift: not Parquet (truncated, overwritten)
                 raise InvalidFile(f"{path}: unreadable ({error})") from None
     except (InvalidFile, FileUnavailable):
         raise
@@ -114,7 +139,9 @@ def describe_file(path: str, file_schema: Schema, table_properties: dict[str, st
     except (ValueError, pa.ArrowException) as error:
         raise InvalidFile(f"{path}: unreadable ({error})") from None
     layout = _layout(metadata.schema, file_schema, table_properties)
-    return FooterFacts(path, info.size, metadata.num_rows, layout.field_ids, _statistics(metadata, layout))
+    return FooterFacts(
+        path, info.size, metadata.num_rows, layout.field_ids, _statistics(metadata, layout)
+    )
 
 
 FOOTER_READ_BYTES = 64 * 1024
@@ -147,7 +174,9 @@ def footer_bytes(handle: pa.NativeFile) -> pa.Buffer | None:
     size = handle.size()
     if _PARSE_FOOTER is None or size < 12:
         return None
-    tail = pa.py_buffer(handle.read_at(min(size, FOOTER_READ_BYTES), max(0, size - FOOTER_READ_BYTES)))
+    tail = pa.py_buffer(
+        handle.read_at(min(size, FOOTER_READ_BYTES), max(0, size - FOOTER_READ_BYTES))
+    )
     end = tail.slice(len(tail) - 8).to_pybytes()
     length = int.from_bytes(end[:4], "little")
     if end[4:] != b"PAR1" or not 0 < length <= size - 12:
@@ -175,7 +204,9 @@ Described = FooterFacts | InvalidFile | FileUnavailable
 """What describing a file gives: its facts, why it can never be committed, or why not now."""
 
 
-def _describe_in_worker(paths: list[str], schema_json: str, properties: tuple[tuple[str, str], ...]) -> list[Described]:
+def _describe_in_worker(
+    paths: list[str], schema_json: str, properties: tuple[tuple[str, str], ...]
+) -> list[Described]:
     """Runs in a worker process, a chunk of files at a time (one schema JSON sent per chunk, not per
     file); the schema is parsed once per process and distinct schema."""
     global _FAST_FOOTERS
@@ -232,7 +263,9 @@ class FooterReader:
         """Start the worker processes in the background (no-op with one worker or once started);
         `wait`: return once they are up (or failed to start: then everything stays in-process)."""
         if self.workers > 1 and self._starter is None:
-            self._starter = threading.Thread(target=self._start_pool, name="footer-workers", daemon=True)
+            self._starter = threading.Thread(
+                target=self._start_pool, name="footer-workers", daemon=True
+            )
             self._starter.start()
         if wait and self._starter is not None:
             self._starter.join()
@@ -248,16 +281,24 @@ class FooterReader:
             for future in [pool.submit(_worker_ready) for _ in range(self.workers)]:
                 future.result()
         except Exception as error:  # noqa: BLE001 - no workers: footers are read in-process
-            log.warning("footer worker processes did not start; reading footers in-process", extra={"error": repr(error)})
+            log.warning(
+                "footer worker processes did not start; reading footers in-process",
+                extra={"error": repr(error)},
+            )
             pool.shutdown(wait=False, cancel_futures=True)
             return
         self._pool = pool
         self._ready.set()
 
-    def describe(self, requests: list[_Request], table_properties: dict[str, str]) -> dict[str, Described]:
+    def describe(
+        self, requests: list[_Request], table_properties: dict[str, str]
+    ) -> dict[str, Described]:
         """`requests`: (path, file schema, the schema's JSON); returns facts or the reason per path."""
         if self.workers == 1 or len(requests) < self.PROCESS_THRESHOLD:
-            return {path: _describe_or_reason(path, schema, table_properties) for path, schema, _ in requests}
+            return {
+                path: _describe_or_reason(path, schema, table_properties)
+                for path, schema, _ in requests
+            }
         if len(requests) >= self.START_THRESHOLD:
             self.start()
         described: dict[str, Described] = {}
@@ -268,8 +309,12 @@ class FooterReader:
             self._share_with_workers(chunks, table_properties, described)
         return {path: described[path] for path, _, _ in requests}
 
-    def _share_with_workers(self, chunks: list[list[_Request]], table_properties: dict[str, str],
-                            described: dict[str, Described]) -> None:
+    def _share_with_workers(
+        self,
+        chunks: list[list[_Request]],
+        table_properties: dict[str, str],
+        described: dict[str, Described],
+    ) -> None:
         """Workers take chunks from the front of the batch and this process from the back; each
         worker is kept `CHUNKS_AHEAD` chunks ahead, fed as results come in. (No queued task is
         ever cancelled: Python 3.11's pool hangs on cancelled tasks when a worker dies.)"""
@@ -283,7 +328,11 @@ class FooterReader:
                     # Taken off `pending` only once submitted: a submit to a pool whose worker just
                     # died raises, and a chunk already taken would then be read by nobody (CI saw it).
                     chunk = pending[0]
-                    in_flight[self._pool.submit(_describe_in_worker, [r[0] for r in chunk], chunk[0][2], properties)] = chunk
+                    in_flight[
+                        self._pool.submit(
+                            _describe_in_worker, [r[0] for r in chunk], chunk[0][2], properties
+                        )
+                    ] = chunk
                     pending.popleft()
                 for future in [future for future in in_flight if future.done()]:
                     results = future.result()
@@ -300,7 +349,9 @@ class FooterReader:
                 self._describe_chunk_here(chunk, table_properties, described)
 
     @staticmethod
-    def _describe_chunk_here(chunk: list[_Request], table_properties: dict[str, str], described: dict[str, Described]) -> None:
+    def _describe_chunk_here(
+        chunk: list[_Request], table_properties: dict[str, str], described: dict[str, Described]
+    ) -> None:
         for path, schema, _ in chunk:
             described[path] = _describe_or_reason(path, schema, table_properties)
 
@@ -332,20 +383,26 @@ def _chunks(requests: list[_Request], size: int) -> list[list[_Request]]:
     return chunks
 
 
-def validate(entry: FileEntry, facts: FooterFacts, table_location: str, file_schema: Schema) -> None:
+def validate(
+    entry: FileEntry, facts: FooterFacts, table_location: str, file_schema: Schema
+) -> None:
     """Raise `InvalidFile` unless the file is where, how big and what the moniker says."""
     location = normalize_location(table_location) + "/"
     if not normalize_location(entry.path).startswith(location):
         raise InvalidFile(f"{entry.path}: not under the table location {table_location}")
     if facts.size_bytes != entry.size_bytes:
-        raise InvalidFile(f"{entry.path}: size {facts.size_bytes} bytes, moniker says {entry.size_bytes}")
+        raise InvalidFile(
+            f"{entry.path}: size {facts.size_bytes} bytes, moniker says {entry.size_bytes}"
+        )
     if facts.num_rows != entry.record_count:
         raise InvalidFile(f"{entry.path}: {facts.num_rows} rows, moniker says {entry.record_count}")
     if not facts.field_ids:
         raise InvalidFile(f"{entry.path}: no Iceberg field ids in the Parquet schema")
     unknown = facts.field_ids - {f.field_id for f in file_schema.fields}
     if unknown:
-        raise InvalidFile(f"{entry.path}: field ids {sorted(unknown)} are not in the moniker's schema")
+        raise InvalidFile(
+            f"{entry.path}: field ids {sorted(unknown)} are not in the moniker's schema"
+        )
 
 
 @dataclass(frozen=True)
@@ -358,11 +415,16 @@ class _ColumnPlan:
     truncate: int | None
 
 
-_PLANS: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Schema, dict[str, _ColumnPlan], list[tuple[pq.ParquetSchema, "_Layout"]]]] = {}
+_PLANS: dict[
+    tuple[int, tuple[tuple[str, str], ...]],
+    tuple[Schema, dict[str, _ColumnPlan], list[tuple[pq.ParquetSchema, _Layout]]],
+] = {}
 _LAYOUTS_PER_PLAN = 16
 
 
-def _column_plans(file_schema: Schema, table_properties: dict[str, str]) -> tuple[dict[str, _ColumnPlan], list[tuple[pq.ParquetSchema, "_Layout"]]]:
+def _column_plans(
+    file_schema: Schema, table_properties: dict[str, str]
+) -> tuple[dict[str, _ColumnPlan], list[tuple[pq.ParquetSchema, _Layout]]]:
     """Parquet column path -> plan, and the layouts seen with it, cached per (schema object, properties).
 
     Callers reuse one `Schema` object per distinct moniker schema (see the committer), so the
@@ -373,8 +435,14 @@ def _column_plans(file_schema: Schema, table_properties: dict[str, str]) -> tupl
     if cached is None or cached[0] is not file_schema:
         collectors = compute_statistics_plan(file_schema, table_properties)
         plans = {
-            path: _ColumnPlan(field_id, collectors[field_id].iceberg_type, collectors[field_id].mode.type, collectors[field_id].mode.length)
-            for path, field_id in parquet_path_to_id_mapping(file_schema).items() if field_id in collectors
+            path: _ColumnPlan(
+                field_id,
+                collectors[field_id].iceberg_type,
+                collectors[field_id].mode.type,
+                collectors[field_id].mode.length,
+            )
+            for path, field_id in parquet_path_to_id_mapping(file_schema).items()
+            if field_id in collectors
         }
         if len(_PLANS) > 256:
             _PLANS.clear()
@@ -404,7 +472,9 @@ class _Layout:
     columns: tuple[tuple[int, int, int, int, int, _Encoder, _Encoder], ...]
 
 
-def _layout(parquet_schema: pq.ParquetSchema, file_schema: Schema, table_properties: dict[str, str]) -> _Layout:
+def _layout(
+    parquet_schema: pq.ParquetSchema, file_schema: Schema, table_properties: dict[str, str]
+) -> _Layout:
     """The layout for a file's Parquet schema; comparing schemas (C++, ~1 µs) is far cheaper than
     working out field ids and column conversions for every file."""
     plans, layouts = _column_plans(file_schema, table_properties)
@@ -417,10 +487,16 @@ def _layout(parquet_schema: pq.ParquetSchema, file_schema: Schema, table_propert
         plan = plans.get(column.path)
         if plan is None:
             continue
-        collect = {MetricModeTypes.NONE: _SIZES, MetricModeTypes.COUNTS: _COUNTS}.get(plan.mode, _BOUNDS)
-        source = _value_source(plan.iceberg_type, column.physical_type, json.loads(column.logical_type.to_json()))
+        collect = {MetricModeTypes.NONE: _SIZES, MetricModeTypes.COUNTS: _COUNTS}.get(
+            plan.mode, _BOUNDS
+        )
+        source = _value_source(
+            plan.iceberg_type, column.physical_type, json.loads(column.logical_type.to_json())
+        )
         scale = plan.iceberg_type.scale if isinstance(plan.iceberg_type, DecimalType) else 0
-        columns.append((position, plan.field_id, collect, source, scale, *_bound_encoders(plan, source)))
+        columns.append(
+            (position, plan.field_id, collect, source, scale, *_bound_encoders(plan, source))
+        )
     layout = _Layout(frozenset(_field_ids(parquet_schema)), tuple(columns))
     if len(layouts) >= _LAYOUTS_PER_PLAN:
         layouts.pop(0)
@@ -465,22 +541,36 @@ def _value_source(iceberg_type: PrimitiveType, physical_type: str, logical: dict
     return _LOGICAL
 
 
-_PACKERS = {IntegerType: "<i", DateType: "<i", LongType: "<q", TimestampType: "<q", TimestamptzType: "<q", TimeType: "<q",
-            FloatType: "<f", DoubleType: "<d", BooleanType: "<?"}
+_PACKERS = {
+    IntegerType: "<i",
+    DateType: "<i",
+    LongType: "<q",
+    TimestampType: "<q",
+    TimestamptzType: "<q",
+    TimeType: "<q",
+    FloatType: "<f",
+    DoubleType: "<d",
+    BooleanType: "<?",
+}
 """Iceberg's single-value serialization of fixed-width types, as `pyiceberg.conversions.to_bytes` packs them."""
 
 
 def _bound_encoders(plan: _ColumnPlan, source: int) -> tuple[_Encoder, _Encoder]:
     """Functions turning a column's aggregated min and max into Iceberg bound bytes (None: no bound),
     equal to pyiceberg's `StatsAggregator.min_as_bytes`/`max_as_bytes`."""
-    iceberg_type, width = plan.iceberg_type, plan.truncate if isinstance(plan.iceberg_type, (StringType, BinaryType)) else None
+    iceberg_type, width = (
+        plan.iceberg_type,
+        plan.truncate if isinstance(plan.iceberg_type, (StringType, BinaryType)) else None,
+    )
     if source == _RAW and type(iceberg_type) in _PACKERS:
         pack = struct.Struct(_PACKERS[type(iceberg_type)]).pack
         return pack, pack
     if source == _RAW and isinstance(iceberg_type, StringType):
         return _utf8_lower(width), _utf8_upper(width)
     if source == _RAW and isinstance(iceberg_type, BinaryType):
-        return (lambda value: value[:width]), (lambda value: truncate_upper_bound_binary_string(value, width))
+        return (lambda value: value[:width]), (
+            lambda value: truncate_upper_bound_binary_string(value, width)
+        )
     return _generic_lower(iceberg_type, width), _generic_upper(iceberg_type, width)
 
 
@@ -488,7 +578,9 @@ def _utf8_lower(width: int | None) -> _Encoder:
     if width is None:
         return lambda value: value
     # A value of at most `width` bytes has at most `width` characters: nothing to truncate.
-    return lambda value: value if len(value) <= width else value.decode("utf-8")[:width].encode("utf-8")
+    return lambda value: (
+        value if len(value) <= width else value.decode("utf-8")[:width].encode("utf-8")
+    )
 
 
 def _utf8_upper(width: int | None) -> _Encoder:
@@ -502,9 +594,10 @@ def _utf8_upper(width: int | None) -> _Encoder:
         # kept character can be incremented (all but U+10FFFF), its answer is this one.
         last = ord(text[width - 1])
         if last < 0x10FFFF:
-            return (text[:width - 1] + chr(last + 1)).encode("utf-8")
+            return (text[: width - 1] + chr(last + 1)).encode("utf-8")
         bound = truncate_upper_bound_text_string(text, width)
         return bound.encode("utf-8") if bound is not None else None
+
     return upper
 
 
@@ -516,12 +609,19 @@ def _generic_lower(iceberg_type: PrimitiveType, width: int | None) -> _Encoder:
 def _generic_upper(iceberg_type: PrimitiveType, width: int | None) -> _Encoder:
     def upper(value: Any) -> bytes | None:
         if width is not None:
-            value = (truncate_upper_bound_text_string if isinstance(iceberg_type, StringType) else truncate_upper_bound_binary_string)(value, width)
+            value = (
+                truncate_upper_bound_text_string
+                if isinstance(iceberg_type, StringType)
+                else truncate_upper_bound_binary_string
+            )(value, width)
         return to_bytes(iceberg_type, value) if value is not None else None
+
     return upper
 
 
-def footer_statistics(metadata: pq.FileMetaData, file_schema: Schema, table_properties: dict[str, str]) -> dict[str, object]:
+def footer_statistics(
+    metadata: pq.FileMetaData, file_schema: Schema, table_properties: dict[str, str]
+) -> dict[str, object]:
     """Iceberg column metrics from a footer, keyed by field id: sizes, counts, bounds.
 
     Same metrics as pyiceberg's `data_file_statistics_from_parquet_metadata` (metrics modes,
@@ -544,8 +644,11 @@ def _statistics(metadata: pq.FileMetaData, layout: _Layout) -> dict[str, object]
     for group_index in range(metadata.num_row_groups):
         group = metadata.row_group(group_index)
         first = group.column(0)
-        split_offsets.append(first.dictionary_page_offset if first.has_dictionary_page and first.dictionary_page_offset < first.data_page_offset
-                             else first.data_page_offset)
+        split_offsets.append(
+            first.dictionary_page_offset
+            if first.has_dictionary_page and first.dictionary_page_offset < first.data_page_offset
+            else first.data_page_offset
+        )
         for position, field_id, collect, source, scale, _, _ in layout.columns:
             column = group.column(position)
             sizes[field_id] = sizes.get(field_id, 0) + column.total_compressed_size
@@ -564,7 +667,10 @@ def _statistics(metadata: pq.FileMetaData, layout: _Layout) -> dict[str, object]
             if source == _RAW:
                 low, high = statistics.min_raw, statistics.max_raw
             elif source == _DECIMAL:
-                low, high = unscaled_to_decimal(statistics.min_raw, scale), unscaled_to_decimal(statistics.max_raw, scale)
+                low, high = (
+                    unscaled_to_decimal(statistics.min_raw, scale),
+                    unscaled_to_decimal(statistics.max_raw, scale),
+                )
             else:
                 low, high = statistics.min, statistics.max
             if field_id in lows:
@@ -582,8 +688,14 @@ def _statistics(metadata: pq.FileMetaData, layout: _Layout) -> dict[str, object]
     for field_id in no_stats:
         nulls.pop(field_id, None)
     return {
-        "record_count": metadata.num_rows, "column_sizes": sizes, "value_counts": values, "null_value_counts": nulls,
-        "nan_value_counts": {}, "lower_bounds": lower, "upper_bounds": upper, "split_offsets": sorted(split_offsets),
+        "record_count": metadata.num_rows,
+        "column_sizes": sizes,
+        "value_counts": values,
+        "null_value_counts": nulls,
+        "nan_value_counts": {},
+        "lower_bounds": lower,
+        "upper_bounds": upper,
+        "split_offsets": sorted(split_offsets),
     }
 
 
@@ -592,7 +704,9 @@ def data_file(entry: FileEntry, facts: FooterFacts, spec: PartitionSpec) -> Data
     values = []
     for field in spec.fields:
         if field.name not in entry.partition:
-            raise InvalidFile(f"{entry.path}: no value for partition field {field.name!r} (spec {spec.spec_id})")
+            raise InvalidFile(
+                f"{entry.path}: no value for partition field {field.name!r} (spec {spec.spec_id})"
+            )
         values.append(entry.partition[field.name])
     data = DataFile.from_args(
         content=DataFileContent.DATA,

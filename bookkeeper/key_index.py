@@ -39,7 +39,9 @@ def pack(file_ordinal: int, positions: np.ndarray) -> np.ndarray:
 
 def unpack(locations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(file ordinals, row positions) of `locations`."""
-    return (locations >> np.uint64(_POSITION_BITS)).astype(np.int64), (locations & _POSITION_MASK).astype(np.int64)
+    return (locations >> np.uint64(_POSITION_BITS)).astype(np.int64), (
+        locations & _POSITION_MASK
+    ).astype(np.int64)
 
 
 @dataclass
@@ -59,7 +61,9 @@ class CycleChanges:
     index_version: int
 
 
-def _find_in(keys_hi: np.ndarray, keys_lo: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+def _find_in(
+    keys_hi: np.ndarray, keys_lo: np.ndarray, hi: np.ndarray, lo: np.ndarray
+) -> np.ndarray:
     """The slot of each key (hi, lo) in the sorted set (`keys_hi`, `keys_lo`), or -1 where it has none."""
     size = len(keys_hi)
     if size == 0 or len(hi) == 0:
@@ -107,9 +111,15 @@ class KeyIndex:
 
     recent_min: int = 65_536
     """Fewest recent keys that are merged into the main arrays (tests lower it)."""
-    _recent_hi: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False)
-    _recent_lo: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False)
-    _recent_location: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False)
+    _recent_hi: np.ndarray = field(
+        default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False
+    )
+    _recent_lo: np.ndarray = field(
+        default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False
+    )
+    _recent_location: np.ndarray = field(
+        default_factory=lambda: np.empty(0, np.uint64), init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._file_ordinals = {ref.path: ordinal for ordinal, ref in enumerate(self.files)}
@@ -132,18 +142,33 @@ class KeyIndex:
 
     @property
     def live_keys(self) -> int:
-        return int(np.count_nonzero(self.location != ABSENT)) + int(np.count_nonzero(self._recent_location != ABSENT))
+        return int(np.count_nonzero(self.location != ABSENT)) + int(
+            np.count_nonzero(self._recent_location != ABSENT)
+        )
 
     @property
     def nbytes(self) -> int:
-        return sum(array.nbytes for array in (self.hi, self.lo, self.location, self._recent_hi, self._recent_lo, self._recent_location))
+        return sum(
+            array.nbytes
+            for array in (
+                self.hi,
+                self.lo,
+                self.location,
+                self._recent_hi,
+                self._recent_lo,
+                self._recent_location,
+            )
+        )
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every key as one sorted set (`hi`, `lo`, `location`), what is saved: copies when keys are
         in the recent set (merging in place would renumber slots a planned cycle still uses)."""
         if not len(self._recent_hi):
             return self.hi, self.lo, self.location
-        return _merged((self.hi, self.lo, self.location), (self._recent_hi, self._recent_lo, self._recent_location))
+        return _merged(
+            (self.hi, self.lo, self.location),
+            (self._recent_hi, self._recent_lo, self._recent_location),
+        )
 
     def live_locations(self) -> np.ndarray:
         """The location of every live row, in no particular order."""
@@ -196,7 +221,14 @@ class KeyIndex:
         slots = self.find(hi[first], lo[first])
         previous[first] = self._locations_at(slots)
         replaced = previous[previous != ABSENT]
-        return CycleChanges(replaced=replaced, hi=hi[last], lo=lo[last], location=location[last], slot=slots, index_version=self.version)
+        return CycleChanges(
+            replaced=replaced,
+            hi=hi[last],
+            lo=lo[last],
+            location=location[last],
+            slot=slots,
+            index_version=self.version,
+        )
 
     def apply(self, changes: CycleChanges, snapshot_id: int | None) -> None:
         """Record a committed cycle: keys point at their new rows (or at none) as of `snapshot_id`."""
@@ -234,8 +266,13 @@ class KeyIndex:
         """Move the recent keys into the main arrays (slots change: only while applying a cycle)."""
         if not len(self._recent_hi):
             return
-        self.hi, self.lo, self.location = _merged((self.hi, self.lo, self.location), (self._recent_hi, self._recent_lo, self._recent_location))
-        self._recent_hi, self._recent_lo, self._recent_location = (np.empty(0, np.uint64) for _ in range(3))
+        self.hi, self.lo, self.location = _merged(
+            (self.hi, self.lo, self.location),
+            (self._recent_hi, self._recent_lo, self._recent_location),
+        )
+        self._recent_hi, self._recent_lo, self._recent_location = (
+            np.empty(0, np.uint64) for _ in range(3)
+        )
 
     def _compact_if_sparse(self) -> None:
         """Drop removed keys once they are a quarter of the slots (their slots cost memory only)."""

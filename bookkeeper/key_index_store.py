@@ -37,8 +37,13 @@ def index_location(table_location: str) -> str:
 
 def save_index(table: Table, index: KeyIndex) -> None:
     """Write `index` for `table`, replacing the previous one only once the new one is complete."""
-    header = {"format": _FORMAT, "snapshot_id": index.snapshot_id, "exact": index.exact, "table_uuid": str(table.metadata.table_uuid),
-              "files": [[ref.path, ref.spec_id, list(ref.partition)] for ref in index.files]}
+    header = {
+        "format": _FORMAT,
+        "snapshot_id": index.snapshot_id,
+        "exact": index.exact,
+        "table_uuid": str(table.metadata.table_uuid),
+        "files": [[ref.path, ref.spec_id, list(ref.partition)] for ref in index.files],
+    }
     hi, lo, location = index.arrays()
     arrays = pa.table({"hi": hi, "lo": lo, "location": location})
     arrays = arrays.replace_schema_metadata({_METADATA_KEY: json.dumps(header).encode()})
@@ -63,17 +68,35 @@ def load_index(table: Table) -> KeyIndex | None:
         with filesystem.open_input_file(path) as handle:
             arrays = pq.read_table(handle)
         header = json.loads(arrays.schema.metadata[_METADATA_KEY])
-        if header.get("format") != _FORMAT or header.get("table_uuid") != str(table.metadata.table_uuid):
+        if header.get("format") != _FORMAT or header.get("table_uuid") != str(
+            table.metadata.table_uuid
+        ):
             return None
-        files = [DataFileRef(path, spec_id, tuple(partition)) for path, spec_id, partition in header["files"]]
-        index = KeyIndex(exact=bool(header["exact"]), files=files, snapshot_id=header["snapshot_id"],
-                         hi=_column(arrays, "hi"), lo=_column(arrays, "lo"), location=_column(arrays, "location"))
+        files = [
+            DataFileRef(path, spec_id, tuple(partition))
+            for path, spec_id, partition in header["files"]
+        ]
+        index = KeyIndex(
+            exact=bool(header["exact"]),
+            files=files,
+            snapshot_id=header["snapshot_id"],
+            hi=_column(arrays, "hi"),
+            lo=_column(arrays, "lo"),
+            location=_column(arrays, "location"),
+        )
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as error:
-        log.warning("saved key index unreadable; rebuilding from the table", extra={"location": location, "error": str(error)})
+        log.warning(
+            "saved key index unreadable; rebuilding from the table",
+            extra={"location": location, "error": str(error)},
+        )
         return None
     return index
 
 
 def _column(arrays: pa.Table, name: str) -> np.ndarray:
-    return arrays.column(name).combine_chunks().to_numpy(zero_copy_only=False).astype(np.uint64, copy=True)
-
+    return (
+        arrays.column(name)
+        .combine_chunks()
+        .to_numpy(zero_copy_only=False)
+        .astype(np.uint64, copy=True)
+    )

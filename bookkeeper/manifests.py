@@ -15,8 +15,9 @@ from __future__ import annotations
 import io
 import threading
 import types
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 from pyiceberg.avro.codecs import AvroCompressionCodec
 from pyiceberg.avro.encoder import BinaryEncoder
@@ -24,8 +25,18 @@ from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.avro.resolver import construct_writer
 from pyiceberg.io import OutputFile
 from pyiceberg.manifest import (
-    DEFAULT_READ_VERSION, MANIFEST_LIST_FILE_SCHEMAS, DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile,
-    ManifestListWriter, ManifestListWriterV2, ManifestWriter, ManifestWriterV2, write_manifest_list,
+    DEFAULT_READ_VERSION,
+    MANIFEST_LIST_FILE_SCHEMAS,
+    DataFile,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestListWriter,
+    ManifestListWriterV2,
+    ManifestWriter,
+    ManifestWriterV2,
+    write_manifest_list,
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Transaction
@@ -51,7 +62,10 @@ def _varint(value: int) -> bytes:
 
 # Varints of 0 .. 16383: field ids, counts and most column sizes are small non-negative ints.
 _VARINTS = tuple(_varint(value) for value in range(_VARINT_TABLE_SIZE))
-_NULL, _PRESENT = _VARINTS[0], _VARINTS[1]  # union branches ["null", type]; also the end of a non-empty block
+_NULL, _PRESENT = (
+    _VARINTS[0],
+    _VARINTS[1],
+)  # union branches ["null", type]; also the end of a non-empty block
 
 
 def _long(value: int) -> bytes:
@@ -77,8 +91,14 @@ def _optional_long_map(out: bytearray, values: dict[int, int] | None) -> None:
     if values:
         # One list comprehension with table lookups: measured 2.5x as fast as a loop calling `_long`.
         table, size = _VARINTS, _VARINT_TABLE_SIZE
-        out += b"".join([table[key] + table[value] if 0 <= key < size and 0 <= value < size else _varint(key) + _varint(value)
-                         for key, value in values.items()])
+        out += b"".join(
+            [
+                table[key] + table[value]
+                if 0 <= key < size and 0 <= value < size
+                else _varint(key) + _varint(value)
+                for key, value in values.items()
+            ]
+        )
         out += _NULL
 
 
@@ -91,9 +111,14 @@ def _optional_bytes_map(out: bytearray, values: dict[int, bytes] | None) -> None
     out += _long(len(values))
     if values:
         table, size = _VARINTS, _VARINT_TABLE_SIZE
-        out += b"".join([table[key] + table[len(value)] + value if 0 <= key < size and len(value) < size
-                         else _varint(key) + _varint(len(value)) + value
-                         for key, value in values.items()])
+        out += b"".join(
+            [
+                table[key] + table[len(value)] + value
+                if 0 <= key < size and len(value) < size
+                else _varint(key) + _varint(len(value)) + value
+                for key, value in values.items()
+            ]
+        )
         out += _NULL
 
 
@@ -118,14 +143,32 @@ _V2_DATA_FILE_FIELDS = 16
 """Fields of a format-version 2 `DataFile` record, in the order of the manifest's Avro schema."""
 
 
-def encode_manifest_entry(out: bytearray, entry: ManifestEntry, partition: Callable[[Record], bytes]) -> bool:
+def encode_manifest_entry(
+    out: bytearray, entry: ManifestEntry, partition: Callable[[Record], bytes]
+) -> bool:
     """Append a format-version 2 manifest entry's Avro encoding to `out`, byte for byte what
     pyiceberg's writer produces; False (nothing appended) for a record of another shape."""
     status, snapshot_id, sequence_number, file_sequence_number, data = entry._data  # noqa: SLF001 - positional, like pyiceberg's writer
     if len(data._data) != _V2_DATA_FILE_FIELDS:  # noqa: SLF001
         return False
-    (content, file_path, file_format, partition_values, record_count, file_size, column_sizes, value_counts, null_counts, nan_counts,
-     lower_bounds, upper_bounds, key_metadata, split_offsets, equality_ids, sort_order_id) = data._data  # noqa: SLF001
+    (
+        content,
+        file_path,
+        file_format,
+        partition_values,
+        record_count,
+        file_size,
+        column_sizes,
+        value_counts,
+        null_counts,
+        nan_counts,
+        lower_bounds,
+        upper_bounds,
+        key_metadata,
+        split_offsets,
+        equality_ids,
+        sort_order_id,
+    ) = data._data  # noqa: SLF001
     out += _long(status)
     _optional_long(out, snapshot_id)
     _optional_long(out, sequence_number)
@@ -164,6 +207,7 @@ def _partition_encoder(partition_type: StructType) -> Callable[[Record], bytes]:
         buffer = io.BytesIO()
         writer.write(BinaryEncoder(buffer), values)
         return buffer.getvalue()
+
     return encode
 
 
@@ -176,13 +220,40 @@ def encode_manifest_file(out: bytearray, manifest: ManifestFile) -> bool:
     pyiceberg's writer produces; False (nothing appended) for a record of another shape."""
     if len(manifest._data) != _V2_MANIFEST_FILE_FIELDS:  # noqa: SLF001
         return False
-    (path, length, spec_id, content, sequence_number, min_sequence_number, snapshot_id, added_files, existing_files, deleted_files,
-     added_rows, existing_rows, deleted_rows, partitions, key_metadata) = manifest._data  # noqa: SLF001
+    (
+        path,
+        length,
+        spec_id,
+        content,
+        sequence_number,
+        min_sequence_number,
+        snapshot_id,
+        added_files,
+        existing_files,
+        deleted_files,
+        added_rows,
+        existing_rows,
+        deleted_rows,
+        partitions,
+        key_metadata,
+    ) = manifest._data  # noqa: SLF001
     if partitions is not None and any(len(summary._data) != 4 for summary in partitions):  # noqa: SLF001
         return False
     _string(out, path)
-    for number in (length, spec_id, content, sequence_number, min_sequence_number, snapshot_id, added_files, existing_files, deleted_files,
-                   added_rows, existing_rows, deleted_rows):
+    for number in (
+        length,
+        spec_id,
+        content,
+        sequence_number,
+        min_sequence_number,
+        snapshot_id,
+        added_files,
+        existing_files,
+        deleted_files,
+        added_rows,
+        existing_rows,
+        deleted_rows,
+    ):
         out += _long(number)
     if partitions is None:
         out += _NULL
@@ -258,7 +329,12 @@ class _BlockAvroFile(AvroOutputFile[Any]):
     def tell(self) -> int:
         return self.output_stream.tell() + len(self._block)
 
-    def __exit__(self, exctype: type[BaseException] | None, excinst: BaseException | None, exctb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exctype: type[BaseException] | None,
+        excinst: BaseException | None,
+        exctb: TracebackType | None,
+    ) -> None:
         if exctype is None:
             self._flush()
         super().__exit__(exctype, excinst, exctb)
@@ -317,7 +393,12 @@ class _ManifestListWriter(ManifestListWriterV2):
         self._manifest_files.extend(prepared)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc_value: BaseException | None, traceback: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         super().__exit__(exc_type, exc_value, traceback)
         if exc_type is None:
             with _written_lock:
@@ -332,18 +413,38 @@ def written_manifest_list(location: str) -> tuple[ManifestFile, ...] | None:
         return _WRITTEN_MANIFEST_LISTS.get(location)
 
 
-def _write_manifest_list(format_version: TableVersion, output_file: OutputFile, snapshot_id: int, parent_snapshot_id: int | None,
-                         sequence_number: int | None, avro_compression: AvroCompressionCodec) -> ManifestListWriter:
+def _write_manifest_list(
+    format_version: TableVersion,
+    output_file: OutputFile,
+    snapshot_id: int,
+    parent_snapshot_id: int | None,
+    sequence_number: int | None,
+    avro_compression: AvroCompressionCodec,
+) -> ManifestListWriter:
     """`pyiceberg.manifest.write_manifest_list`, with `_ManifestListWriter` for format version 2."""
     if format_version == 2 and sequence_number is not None:
-        return _ManifestListWriter(output_file, snapshot_id, parent_snapshot_id, sequence_number, avro_compression)
-    return write_manifest_list(format_version, output_file, snapshot_id, parent_snapshot_id, sequence_number, avro_compression)
+        return _ManifestListWriter(
+            output_file, snapshot_id, parent_snapshot_id, sequence_number, avro_compression
+        )
+    return write_manifest_list(
+        format_version,
+        output_file,
+        snapshot_id,
+        parent_snapshot_id,
+        sequence_number,
+        avro_compression,
+    )
 
 
 def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
     """A copy of `function` (same code) that sees `replacements` in place of its module's globals."""
-    return types.FunctionType(function.__code__, {**function.__globals__, **replacements}, function.__name__, function.__defaults__,
-                              function.__closure__)
+    return types.FunctionType(
+        function.__code__,
+        {**function.__globals__, **replacements},
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
 
 
 class _MergeAppend(_MergeAppendFiles):
@@ -374,11 +475,24 @@ class _MergeAppend(_MergeAppendFiles):
             by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
         written = []
         for spec_id, delete_files in by_spec.items():
-            writer = _DeleteManifestWriter(self.spec(spec_id), self.schema(), self.new_manifest_output(), self.snapshot_id, self._compression)
+            writer = _DeleteManifestWriter(
+                self.spec(spec_id),
+                self.schema(),
+                self.new_manifest_output(),
+                self.snapshot_id,
+                self._compression,
+            )
             with writer:
                 for delete_file in delete_files:
-                    writer.add_entry(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self.snapshot_id,
-                                                             sequence_number=None, file_sequence_number=None, data_file=delete_file))
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self.snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=delete_file,
+                        )
+                    )
             written.append(writer.to_manifest_file())
         return written + super()._manifests()
 
@@ -392,19 +506,34 @@ class _MergeAppend(_MergeAppendFiles):
             self._added_data_files = data_files
 
     def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
-        return _ManifestWriter(spec, self.schema(), self.new_manifest_output(), self.snapshot_id, self._compression)
+        return _ManifestWriter(
+            spec, self.schema(), self.new_manifest_output(), self.snapshot_id, self._compression
+        )
 
     def _existing_manifests(self) -> list[ManifestFile]:
-        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        parent = (
+            self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id)
+            if self._parent_snapshot_id is not None
+            else None
+        )
         written = written_manifest_list(parent.manifest_list) if parent is not None else None
         if written is None:
             return super()._existing_manifests()
         # pyiceberg's `_FastAppendFiles._existing_manifests`, on the remembered list.
-        return [manifest for manifest in written
-                if manifest.has_added_files() or manifest.has_existing_files() or manifest.added_snapshot_id == self._snapshot_id]
+        return [
+            manifest
+            for manifest in written
+            if manifest.has_added_files()
+            or manifest.has_existing_files()
+            or manifest.added_snapshot_id == self._snapshot_id
+        ]
 
 
-def merge_append(transaction: Transaction, snapshot_properties: dict[str, str], delete_files: list[DataFile] | None = None) -> _SnapshotProducer[Any]:
+def merge_append(
+    transaction: Transaction,
+    snapshot_properties: dict[str, str],
+    delete_files: list[DataFile] | None = None,
+) -> _SnapshotProducer[Any]:
     """`transaction.update_snapshot(snapshot_properties).merge_append()`, written by `_MergeAppend`
     for format-version 2 tables (other versions keep pyiceberg's writers).
 
@@ -413,16 +542,21 @@ def merge_append(transaction: Transaction, snapshot_properties: dict[str, str], 
     """
     if transaction.table_metadata.format_version != 2:
         if delete_files:
-            raise ValueError(f"position deletes need a format-version 2 table, not {transaction.table_metadata.format_version}")
+            raise ValueError(
+                f"position deletes need a format-version 2 table, not {transaction.table_metadata.format_version}"
+            )
         return transaction.update_snapshot(snapshot_properties=snapshot_properties).merge_append()
     operation = Operation.OVERWRITE if delete_files else Operation.APPEND
-    producer = _MergeAppend(operation=operation, transaction=transaction, io=transaction._table.io, branch=MAIN_BRANCH,  # noqa: SLF001
-                            snapshot_properties=snapshot_properties)
+    producer = _MergeAppend(
+        operation=operation,
+        transaction=transaction,
+        io=transaction._table.io,
+        branch=MAIN_BRANCH,
+        snapshot_properties=snapshot_properties,
+    )
     for delete_file in delete_files or []:
         producer.append_delete_file(delete_file)
     return producer
-
-
 
 
 class _RewriteFiles(_MergeAppend):
@@ -454,7 +588,11 @@ class _RewriteFiles(_MergeAppend):
         return Summary(operation=Operation.REPLACE, **summary.additional_properties)
 
     def _existing_manifests(self) -> list[ManifestFile]:
-        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        parent = (
+            self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id)
+            if self._parent_snapshot_id is not None
+            else None
+        )
         if parent is None:
             return []
         removed = {data.file_path for data in self._removed}
@@ -467,30 +605,59 @@ class _RewriteFiles(_MergeAppend):
             if not any(entry.data_file.file_path in removed for entry in entries):
                 kept.append(manifest)
                 continue
-            writer_kind = _DeleteManifestWriter if manifest.content == ManifestContent.DELETES else _ManifestWriter
-            writer = writer_kind(self.spec(manifest.partition_spec_id), self.schema(), self.new_manifest_output(), self.snapshot_id, self._compression)
+            writer_kind = (
+                _DeleteManifestWriter
+                if manifest.content == ManifestContent.DELETES
+                else _ManifestWriter
+            )
+            writer = writer_kind(
+                self.spec(manifest.partition_spec_id),
+                self.schema(),
+                self.new_manifest_output(),
+                self.snapshot_id,
+                self._compression,
+            )
             with writer:
                 for entry in entries:
                     gone = entry.data_file.file_path in removed
                     found.update([entry.data_file.file_path] if gone else [])
-                    writer.add_entry(ManifestEntry.from_args(
-                        status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
-                        snapshot_id=self.snapshot_id if gone else entry.snapshot_id,
-                        sequence_number=entry.sequence_number, file_sequence_number=entry.file_sequence_number, data_file=entry.data_file))
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.DELETED
+                            if gone
+                            else ManifestEntryStatus.EXISTING,
+                            snapshot_id=self.snapshot_id if gone else entry.snapshot_id,
+                            sequence_number=entry.sequence_number,
+                            file_sequence_number=entry.file_sequence_number,
+                            data_file=entry.data_file,
+                        )
+                    )
             kept.append(writer.to_manifest_file())
         if missing := removed - found:
             raise ValueError(f"files to replace are not in the table: {sorted(missing)[:3]}")
         return kept
 
 
-def rewrite_files(transaction: Transaction, snapshot_properties: dict[str, str], removed: list[DataFile], added_deletes: list[DataFile]) -> _SnapshotProducer[Any]:
+def rewrite_files(
+    transaction: Transaction,
+    snapshot_properties: dict[str, str],
+    removed: list[DataFile],
+    added_deletes: list[DataFile],
+) -> _SnapshotProducer[Any]:
     """A `replace` snapshot producer (format-version 2): `removed` data and delete files leave;
     add the new data files with `append_data_file`; `added_deletes` (position deletes) come in
     with the snapshot's sequence number, so they apply to its new data files."""
     if transaction.table_metadata.format_version != 2:
-        raise ValueError(f"icekeeper rewrites need a format-version 2 table, not {transaction.table_metadata.format_version}")
-    producer = _RewriteFiles(operation=Operation.REPLACE, transaction=transaction, io=transaction._table.io, branch=MAIN_BRANCH,  # noqa: SLF001
-                             snapshot_properties=snapshot_properties)
+        raise ValueError(
+            f"icekeeper rewrites need a format-version 2 table, not {transaction.table_metadata.format_version}"
+        )
+    producer = _RewriteFiles(
+        operation=Operation.REPLACE,
+        transaction=transaction,
+        io=transaction._table.io,
+        branch=MAIN_BRANCH,
+        snapshot_properties=snapshot_properties,
+    )
     producer.remove_files(removed)
     for delete_file in added_deletes:
         producer.append_delete_file(delete_file)

@@ -21,24 +21,68 @@ class BookkeeperMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.pending_monikers = Gauge("icekeeper_pending_monikers", "Monikers received but not yet committed", ["table"], registry=self.registry)
-        self.pending_bytes = Gauge("icekeeper_pending_bytes", "Bytes of files named by pending monikers", ["table"], registry=self.registry)
+        self.pending_monikers = Gauge(
+            "icekeeper_pending_monikers",
+            "Monikers received but not yet committed",
+            ["table"],
+            registry=self.registry,
+        )
+        self.pending_bytes = Gauge(
+            "icekeeper_pending_bytes",
+            "Bytes of files named by pending monikers",
+            ["table"],
+            registry=self.registry,
+        )
         self.commit_latency = Histogram(
-            "icekeeper_commit_latency_seconds", "Time to commit one table's snapshot, footers included", ["table"], registry=self.registry,
+            "icekeeper_commit_latency_seconds",
+            "Time to commit one table's snapshot, footers included",
+            ["table"],
+            registry=self.registry,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
-        self.last_commit = Gauge("icekeeper_last_commit_timestamp_seconds", "When the table's last snapshot was committed", ["table"], registry=self.registry)
-        self.last_commit_age = Gauge("icekeeper_last_commit_age_seconds", "Seconds since the table's last committed snapshot", ["table"], registry=self.registry)
-        self.freshness_lag = Gauge("icekeeper_freshness_lag_seconds", "Now minus the table's watermark (event time fully committed)", ["table"], registry=self.registry)
-        self.records = Counter("icekeeper_records_committed_total", "Rows committed", ["table"], registry=self.registry)
-        self.commits = Counter("icekeeper_commits_total", "Snapshots committed", ["table"], registry=self.registry)
-        self.errors = Counter("icekeeper_errors_total", "Errors by kind", ["kind"], registry=self.registry)
-        self.epoch = Gauge("icekeeper_bookkeeper_epoch", "Epoch of the lease this bookkeeper holds", registry=self.registry)
-        self.last_cycle = Gauge("icekeeper_last_cycle_timestamp_seconds", "When the last cycle finished", registry=self.registry)
+        self.last_commit = Gauge(
+            "icekeeper_last_commit_timestamp_seconds",
+            "When the table's last snapshot was committed",
+            ["table"],
+            registry=self.registry,
+        )
+        self.last_commit_age = Gauge(
+            "icekeeper_last_commit_age_seconds",
+            "Seconds since the table's last committed snapshot",
+            ["table"],
+            registry=self.registry,
+        )
+        self.freshness_lag = Gauge(
+            "icekeeper_freshness_lag_seconds",
+            "Now minus the table's watermark (event time fully committed)",
+            ["table"],
+            registry=self.registry,
+        )
+        self.records = Counter(
+            "icekeeper_records_committed_total", "Rows committed", ["table"], registry=self.registry
+        )
+        self.commits = Counter(
+            "icekeeper_commits_total", "Snapshots committed", ["table"], registry=self.registry
+        )
+        self.errors = Counter(
+            "icekeeper_errors_total", "Errors by kind", ["kind"], registry=self.registry
+        )
+        self.epoch = Gauge(
+            "icekeeper_bookkeeper_epoch",
+            "Epoch of the lease this bookkeeper holds",
+            registry=self.registry,
+        )
+        self.last_cycle = Gauge(
+            "icekeeper_last_cycle_timestamp_seconds",
+            "When the last cycle finished",
+            registry=self.registry,
+        )
         self._watermarks: dict[str, float] = {}
         self._committed_at: dict[str, float] = {}
 
-    def observe_commit(self, table: str, seconds: float, records: int, watermark_ms: int | None) -> None:
+    def observe_commit(
+        self, table: str, seconds: float, records: int, watermark_ms: int | None
+    ) -> None:
         now = time.time()
         self.commit_latency.labels(table).observe(seconds)
         self.commits.labels(table).inc()
@@ -60,7 +104,9 @@ class BookkeeperMetrics:
 class HealthServer:
     """`/metrics` (Prometheus text) and `/healthz` (JSON, 200 or 503) on one port."""
 
-    def __init__(self, metrics: BookkeeperMetrics, port: int, health: callable, host: str = "127.0.0.1") -> None:  # noqa: ANN001
+    def __init__(
+        self, metrics: BookkeeperMetrics, port: int, health: callable, host: str = "127.0.0.1"
+    ) -> None:
         # Loopback unless asked (`bookkeeper.http_host`): metrics name tables and topics, and
         # nothing authenticates a scraper.
         self.metrics = metrics
@@ -68,9 +114,11 @@ class HealthServer:
         handler = self._handler()
         self.server = ThreadingHTTPServer((host, port), handler)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, name="icekeeper-http", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, name="icekeeper-http", daemon=True
+        )
 
-    def start(self) -> "HealthServer":
+    def start(self) -> HealthServer:
         self.thread.start()
         return self
 
@@ -82,13 +130,21 @@ class HealthServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:
                 if self.path.startswith("/metrics"):
                     outer.metrics.refresh_ages()
-                    body, status, content_type = generate_latest(outer.metrics.registry), 200, CONTENT_TYPE_LATEST
+                    body, status, content_type = (
+                        generate_latest(outer.metrics.registry),
+                        200,
+                        CONTENT_TYPE_LATEST,
+                    )
                 elif self.path.startswith("/healthz"):
                     ok, details = outer.health()
-                    body, status, content_type = json.dumps({"ok": ok, **details}).encode(), 200 if ok else 503, "application/json"
+                    body, status, content_type = (
+                        json.dumps({"ok": ok, **details}).encode(),
+                        200 if ok else 503,
+                        "application/json",
+                    )
                 else:
                     body, status, content_type = b"not found\n", 404, "text/plain"
                 self.send_response(status)

@@ -31,10 +31,22 @@ from common.storage import open_filesystem
 DELETES_FOLDER = "icekeeper-deletes"
 """Under the table's `data/` folder."""
 
-_SCHEMA = pa.schema([
-    pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(POSITION_DELETE_PATH_ID).encode()}),
-    pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POSITION_DELETE_POS_ID).encode()}),
-])
+_SCHEMA = pa.schema(
+    [
+        pa.field(
+            "file_path",
+            pa.string(),
+            nullable=False,
+            metadata={b"PARQUET:field_id": str(POSITION_DELETE_PATH_ID).encode()},
+        ),
+        pa.field(
+            "pos",
+            pa.int64(),
+            nullable=False,
+            metadata={b"PARQUET:field_id": str(POSITION_DELETE_POS_ID).encode()},
+        ),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -46,29 +58,45 @@ class DataFileRef:
     partition: tuple
 
 
-def write_position_deletes(table_location: str, targets: list[DataFileRef], positions: list[np.ndarray]) -> list[DataFile]:
+def write_position_deletes(
+    table_location: str, targets: list[DataFileRef], positions: list[np.ndarray]
+) -> list[DataFile]:
     """Write the deletes of rows `positions[i]` of data file `targets[i]`, one delete file per data
     file (in parallel: on object stores each is a round trip). Returns them as manifest entries'
     data files, with their metrics."""
     folder = f"{table_location.rstrip('/')}/data/{DELETES_FOLDER}"
     filesystem, local_folder = open_filesystem(folder)
     filesystem.create_dir(local_folder, recursive=True)
-    work = [(target, np.sort(np.asarray(rows, np.int64))) for target, rows in zip(targets, positions) if len(rows)]
+    work = [
+        (target, np.sort(np.asarray(rows, np.int64)))
+        for target, rows in zip(targets, positions)
+        if len(rows)
+    ]
 
     def write(item: tuple[DataFileRef, np.ndarray]) -> DataFile:
         target, rows = item
-        table = pa.table({"file_path": pa.array([target.path] * len(rows), pa.string()), "pos": pa.array(rows, pa.int64())}, schema=_SCHEMA)
+        table = pa.table(
+            {
+                "file_path": pa.array([target.path] * len(rows), pa.string()),
+                "pos": pa.array(rows, pa.int64()),
+            },
+            schema=_SCHEMA,
+        )
         name = f"{uuid.uuid4().hex}.parquet"
         with filesystem.open_output_stream(f"{local_folder}/{name}") as stream:
             pq.write_table(table, stream, compression="zstd")
         size = filesystem.get_file_info(f"{local_folder}/{name}").size
-        return _delete_file(f"{folder}/{name}", size, len(rows), target, (int(rows[0]), int(rows[-1])))
+        return _delete_file(
+            f"{folder}/{name}", size, len(rows), target, (int(rows[0]), int(rows[-1]))
+        )
 
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(work)))) as pool:
         return list(pool.map(write, work))
 
 
-def _delete_file(location: str, size: int, rows: int, target: DataFileRef, position_range: tuple[int, int]) -> DataFile:
+def _delete_file(
+    location: str, size: int, rows: int, target: DataFileRef, position_range: tuple[int, int]
+) -> DataFile:
     delete = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
         file_path=location,
@@ -80,8 +108,14 @@ def _delete_file(location: str, size: int, rows: int, target: DataFileRef, posit
         value_counts={POSITION_DELETE_PATH_ID: rows, POSITION_DELETE_POS_ID: rows},
         null_value_counts={POSITION_DELETE_PATH_ID: 0, POSITION_DELETE_POS_ID: 0},
         nan_value_counts={},
-        lower_bounds={POSITION_DELETE_PATH_ID: target.path.encode(), POSITION_DELETE_POS_ID: _long(position_range[0])},
-        upper_bounds={POSITION_DELETE_PATH_ID: target.path.encode(), POSITION_DELETE_POS_ID: _long(position_range[1])},
+        lower_bounds={
+            POSITION_DELETE_PATH_ID: target.path.encode(),
+            POSITION_DELETE_POS_ID: _long(position_range[0]),
+        },
+        upper_bounds={
+            POSITION_DELETE_PATH_ID: target.path.encode(),
+            POSITION_DELETE_POS_ID: _long(position_range[1]),
+        },
         key_metadata=None,
         split_offsets=None,
         equality_ids=None,

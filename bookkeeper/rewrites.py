@@ -28,11 +28,17 @@ from pyiceberg.table.update import AssertTableUUID
 from bookkeeper.committer import Committer, TableCommit, _Transaction
 from bookkeeper.datafiles import FileUnavailable, InvalidFile, data_file, validate
 from bookkeeper.manifests import rewrite_files
-from common.delete_files import referenced_data_files
 from bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
 from common.catalog import load_table_or_none
 from common.committed_state import committed_state
-from common.rewrites import REWRITE_ID_PROPERTY, RewriteRequest, finish_rewrite, pending_rewrites, refuse_rewrite
+from common.delete_files import referenced_data_files
+from common.rewrites import (
+    REWRITE_ID_PROPERTY,
+    RewriteRequest,
+    finish_rewrite,
+    pending_rewrites,
+    refuse_rewrite,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +63,10 @@ class RewriteCommitter:
             if isinstance(request, tuple):
                 request_id, reason = request
                 refuse_rewrite(table.location(), request_id, reason)
-                log.warning("rewrite request refused", extra={"table": identifier, "request": request_id, "reason": reason})
+                log.warning(
+                    "rewrite request refused",
+                    extra={"table": identifier, "request": request_id, "reason": reason},
+                )
                 continue
             results.append(self.commit(identifier, request))
         return results
@@ -76,59 +85,101 @@ class RewriteCommitter:
                 removed, added, cycle = self._plan(table, request)
             except (RewriteRefused, InvalidFile) as error:
                 refuse_rewrite(table.location(), request.id, str(error))
-                log.warning("rewrite request refused", extra={"table": identifier, "request": request.id, "reason": str(error)})
+                log.warning(
+                    "rewrite request refused",
+                    extra={"table": identifier, "request": request.id, "reason": str(error)},
+                )
                 return result
-            new_state = dataclasses.replace(state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch))
+            new_state = dataclasses.replace(
+                state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch)
+            )
             properties = {**new_state.to_summary([]), REWRITE_ID_PROPERTY: request.id}
             transaction = _Transaction(table)
             with rewrite_files(transaction, properties, removed, cycle.delete_files) as producer:
                 for data in added:
                     producer.append_data_file(data)
-            requirements = transaction._requirements + (AssertTableUUID(uuid=table.metadata.table_uuid),)  # noqa: SLF001
+            requirements = transaction._requirements + (
+                AssertTableUUID(uuid=table.metadata.table_uuid),
+            )
             try:
                 table._do_commit(updates=transaction._updates, requirements=requirements)  # noqa: SLF001 - one CAS, as the committer's
             except CommitFailedException:
-                log.info("rewrite commit conflict, planning again", extra={"table": identifier, "attempt": attempt})
+                log.info(
+                    "rewrite commit conflict, planning again",
+                    extra={"table": identifier, "attempt": attempt},
+                )
                 continue
             snapshot_id = table.current_snapshot().snapshot_id
             self.committer.upserts.rewritten(cycle, snapshot_id, table)
             finish_rewrite(table.location(), request.id)
-            log.info("rewrite committed", extra={"table": identifier, "request": request.id, "snapshot_id": snapshot_id,
-                                                  "files_replaced": len(request.replaced), "files_added": len(added),
-                                                  "rows_moved": cycle.rows_moved, "rows_stale": cycle.rows_stale})
-            result.snapshot_id, result.files, result.rows_replaced = snapshot_id, len(added), cycle.rows_stale
+            log.info(
+                "rewrite committed",
+                extra={
+                    "table": identifier,
+                    "request": request.id,
+                    "snapshot_id": snapshot_id,
+                    "files_replaced": len(request.replaced),
+                    "files_added": len(added),
+                    "rows_moved": cycle.rows_moved,
+                    "rows_stale": cycle.rows_stale,
+                },
+            )
+            result.snapshot_id, result.files, result.rows_replaced = (
+                snapshot_id,
+                len(added),
+                cycle.rows_stale,
+            )
             result.records = sum(data.record_count for data in added)
             return result
-        raise CommitFailedException(f"{identifier}: rewrite {request.id} gave up after {MAX_ATTEMPTS} conflicting attempts")
+        raise CommitFailedException(
+            f"{identifier}: rewrite {request.id} gave up after {MAX_ATTEMPTS} conflicting attempts"
+        )
 
-    def _plan(self, table: Table, request: RewriteRequest) -> tuple[list[DataFile], list[DataFile], RewriteCycle]:
+    def _plan(
+        self, table: Table, request: RewriteRequest
+    ) -> tuple[list[DataFile], list[DataFile], RewriteCycle]:
         """(files to remove, data files to add, the key index's plan) for `request` on `table` as it is now."""
         live_data, delete_files = live_files(table, table.current_snapshot())
         data_files = {data.file_path: data for data in live_data}
         gone = [path for path in request.replaced if path not in data_files]
         if gone:
-            raise RewriteRefused(f"{len(gone)} replaced files are no longer in the table (another rewrite or retention), e.g. {gone[0]}")
+            raise RewriteRefused(
+                f"{len(gone)} replaced files are no longer in the table (another rewrite or retention), e.g. {gone[0]}"
+            )
         schema = Schema.model_validate(request.schema_)
         schema_json = schema.model_dump_json()
-        facts = self.committer.footer_reader.describe([(entry.path, schema, schema_json) for entry in request.files], table.properties)
+        facts = self.committer.footer_reader.describe(
+            [(entry.path, schema, schema_json) for entry in request.files], table.properties
+        )
         added = []
         for entry in request.files:
             described = facts[entry.path]
             if isinstance(described, (InvalidFile, FileUnavailable)):
                 raise described  # unavailable: not refused, the request stays pending for the next poll
             validate(entry, described, table.location(), schema)
-            added.append(data_file(entry, described, table.specs().get(entry.spec_id, table.spec())))
+            added.append(
+                data_file(entry, described, table.specs().get(entry.spec_id, table.spec()))
+            )
         replaced = set(request.replaced)
         cycle = self.committer.upserts.plan_rewrite(table, added, replaced)
-        removed = [data_files[path] for path in request.replaced] + _deletes_only_for(delete_files, replaced)
+        removed = [data_files[path] for path in request.replaced] + _deletes_only_for(
+            delete_files, replaced
+        )
         return removed, added, cycle
 
 
 def _committed_before(table: Table, request_id: str) -> bool:
-    return any(snapshot.summary is not None and snapshot.summary.additional_properties.get(REWRITE_ID_PROPERTY) == request_id
-               for snapshot in table.snapshots())
+    return any(
+        snapshot.summary is not None
+        and snapshot.summary.additional_properties.get(REWRITE_ID_PROPERTY) == request_id
+        for snapshot in table.snapshots()
+    )
 
 
 def _deletes_only_for(delete_files: list[DataFile], replaced: set[str]) -> list[DataFile]:
     """Delete files every entry of which points into `replaced` data files: they leave with them."""
-    return [delete_file for delete_file in delete_files if (targets := referenced_data_files(delete_file)) and targets <= replaced]
+    return [
+        delete_file
+        for delete_file in delete_files
+        if (targets := referenced_data_files(delete_file)) and targets <= replaced
+    ]

@@ -25,21 +25,29 @@ from common.delete_files import read_columns_by_id
 def exact_keys(schema: Schema) -> bool:
     """True when the table's key is one integer column, which the index stores as itself."""
     key_ids = list(schema.identifier_field_ids)
-    return len(key_ids) == 1 and isinstance(schema.find_field(key_ids[0]).field_type, (IntegerType, LongType))
+    return len(key_ids) == 1 and isinstance(
+        schema.find_field(key_ids[0]).field_type, (IntegerType, LongType)
+    )
 
 
-def key_words(columns: list[pa.ChunkedArray | pa.Array], exact: bool) -> tuple[np.ndarray, np.ndarray]:
+def key_words(
+    columns: list[pa.ChunkedArray | pa.Array], exact: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """(hi, lo) words of each row's key, given the key columns in the table's key order."""
     rows = len(columns[0]) if columns else 0
     if exact:
         values = pc.cast(columns[0], pa.int64())
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks()
-        return values.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64), np.zeros(rows, np.uint64)
+        return values.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64), np.zeros(
+            rows, np.uint64
+        )
     # Hashing in Python (~1.5 µs a key): pyarrow has no public hash kernel, and the hashes of
     # DuckDB and polars may change between their versions, while these are persisted.
     values = zip(*[column.to_pylist() for column in columns])
-    digests = b"".join(hashlib.blake2b(repr(key).encode(), digest_size=16).digest() for key in values)
+    digests = b"".join(
+        hashlib.blake2b(repr(key).encode(), digest_size=16).digest() for key in values
+    )
     words = np.frombuffer(digests, dtype=">u8").astype(np.uint64).reshape(rows, 2)
     return words[:, 0].copy(), words[:, 1].copy()
 

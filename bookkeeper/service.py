@@ -15,20 +15,20 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from bookkeeper.committer import Committer, StaleEpoch, TableCommit
-from common.fencing import Fenced, Lease
-from bookkeeper.rewrites import RewriteCommitter
-from bookkeeper.observability import BookkeeperMetrics, HealthServer
-from bookkeeper.table_metadata import with_lean_commits
 from pyiceberg.exceptions import NoSuchTableError
 
+from bookkeeper.committer import Committer, StaleEpoch, TableCommit
+from bookkeeper.observability import BookkeeperMetrics, HealthServer
+from bookkeeper.rewrites import RewriteCommitter
+from bookkeeper.table_metadata import with_lean_commits
 from common.catalog import load_table_or_none, open_catalog
-from common.file_events import location_key
 from common.config.model import IcekeeperConfig
+from common.fencing import Fenced, Lease
+from common.file_events import location_key
 from common.transports import Delivery, open_transport
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,9 @@ class Bookkeeper:
     def serve_http(self, port: int | None = None) -> int:
         """Start `/metrics` and `/healthz`; returns the port (0 in config: off, unless a port is given)."""
         port = self.config.bookkeeper.http_port if port is None else port
-        self.http = HealthServer(self.metrics, port, self.health, host=self.config.bookkeeper.http_host).start()
+        self.http = HealthServer(
+            self.metrics, port, self.health, host=self.config.bookkeeper.http_host
+        ).start()
         return self.http.port
 
     def health(self) -> tuple[bool, dict]:
@@ -103,7 +105,9 @@ class Bookkeeper:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop.set())
 
-    def run(self, once: bool = False, on_cycle: Callable[[CycleReport], None] | None = None) -> None:
+    def run(
+        self, once: bool = False, on_cycle: Callable[[CycleReport], None] | None = None
+    ) -> None:
         """Hold the lease and run cycles until stopped; a fenced bookkeeper stops, never commits."""
         if self.http is None and self.config.bookkeeper.http_port:
             self.serve_http()
@@ -118,7 +122,10 @@ class Bookkeeper:
                     report = self.run_cycle()
                 except (Fenced, StaleEpoch) as error:
                     fenced = True
-                    log.error("bookkeeper fenced: a newer bookkeeper took over; stopping", extra={"reason": str(error)})
+                    log.error(
+                        "bookkeeper fenced: a newer bookkeeper took over; stopping",
+                        extra={"reason": str(error)},
+                    )
                     raise
                 except Exception as error:
                     # Outside one table's commit (the transport, the catalog, the lease folder):
@@ -127,7 +134,10 @@ class Bookkeeper:
                     if once:
                         raise
                     self.metrics.errors.labels("cycle-failed").inc()
-                    log.error("bookkeeper cycle failed; retrying", extra={"error": repr(error), "retry_in_s": self._cycle_backoff_s()})
+                    log.error(
+                        "bookkeeper cycle failed; retrying",
+                        extra={"error": repr(error), "retry_in_s": self._cycle_backoff_s()},
+                    )
                     self.stop.wait(self._cycle_backoff_s())
                     self._failed_cycles += 1
                     continue
@@ -136,7 +146,9 @@ class Bookkeeper:
                     on_cycle(report)
                 if once:
                     return
-                self._wait_for_next_cycle(started, idle=not report.tables and not report.dead_lettered)
+                self._wait_for_next_cycle(
+                    started, idle=not report.tables and not report.dead_lettered
+                )
         finally:
             if self.lease is not None and not fenced:
                 # A clean exit (--once, SIGTERM) or a crash: the next bookkeeper need not wait
@@ -167,10 +179,19 @@ class Bookkeeper:
                     continue
                 index = self.committer.upserts.warm(table)
             except Exception as error:  # noqa: BLE001 - the first cycle loads it again and reports a failure there
-                log.warning("key index not loaded at start", extra={"table": spec.identifier, "error": str(error)})
+                log.warning(
+                    "key index not loaded at start",
+                    extra={"table": spec.identifier, "error": str(error)},
+                )
                 continue
-            log.info("key index ready", extra={"table": spec.identifier, "keys": index.live_keys,
-                                                "seconds": round(time.monotonic() - started, 2)})
+            log.info(
+                "key index ready",
+                extra={
+                    "table": spec.identifier,
+                    "keys": index.live_keys,
+                    "seconds": round(time.monotonic() - started, 2),
+                },
+            )
 
     def run_cycle(self) -> CycleReport:
         started = time.monotonic()
@@ -190,10 +211,15 @@ class Bookkeeper:
                     table = self._table_of_file(delivery.file_event.container_path)
                 except Exception as error:  # noqa: BLE001 - the catalog cannot say where the file belongs now: leave the event pending
                     self.metrics.errors.labels("catalog-unavailable").inc()
-                    log.error("file event left pending: the catalog cannot be read", extra={"source": delivery.source, "error": repr(error)})
+                    log.error(
+                        "file event left pending: the catalog cannot be read",
+                        extra={"source": delivery.source, "error": repr(error)},
+                    )
                     continue
                 if table is None:
-                    self.transport.dead_letter(delivery, f"no configured table's location holds {delivery.file_event.url}")
+                    self.transport.dead_letter(
+                        delivery, f"no configured table's location holds {delivery.file_event.url}"
+                    )
                     report.dead_lettered.append((delivery.source, "no table for file"))
                 else:
                     file_events.setdefault(table, []).append(delivery)
@@ -203,7 +229,10 @@ class Bookkeeper:
                 if delivery.attempts >= self.config.bookkeeper.max_attempts:
                     self.transport.dead_letter(delivery, delivery.error or "unreadable")
                     report.dead_lettered.append((delivery.source, delivery.error or "unreadable"))
-                    log.warning("unreadable moniker dead-lettered", extra={"source": delivery.source, "reason": delivery.error})
+                    log.warning(
+                        "unreadable moniker dead-lettered",
+                        extra={"source": delivery.source, "reason": delivery.error},
+                    )
                 continue
             readable.setdefault(delivery.moniker.table, []).append(delivery)
         for table, group in sorted(readable.items()):
@@ -215,7 +244,10 @@ class Bookkeeper:
                 raise
             except Exception as error:  # noqa: BLE001 - one table's failure must not stop the others
                 self.metrics.errors.labels("commit-failed").inc()
-                log.error("table commit failed; its monikers stay pending", extra={"table": table, "error": repr(error)})
+                log.error(
+                    "table commit failed; its monikers stay pending",
+                    extra={"table": table, "error": repr(error)},
+                )
                 continue
             self._settle(report, table, result)
         for table, group in sorted(file_events.items()):
@@ -225,12 +257,19 @@ class Bookkeeper:
                 raise
             except Exception as error:  # noqa: BLE001 - as for monikers: the events stay pending
                 self.metrics.errors.labels("commit-failed").inc()
-                log.error("table commit of file events failed; they stay pending", extra={"table": table, "error": repr(error)})
+                log.error(
+                    "table commit of file events failed; they stay pending",
+                    extra={"table": table, "error": repr(error)},
+                )
                 continue
             self._settle(report, table, result)
         self._commit_rewrites(report)
-        self._heartbeats(report, committed={t.table for t in report.tables if t.snapshot_id is not None})
-        if (self._reports_for_file or self._reports_for_topic) and not self._reports_failed_this_cycle:
+        self._heartbeats(
+            report, committed={t.table for t in report.tables if t.snapshot_id is not None}
+        )
+        if (
+            self._reports_for_file or self._reports_for_topic
+        ) and not self._reports_failed_this_cycle:
             self._flush_reports()
         report.seconds = time.monotonic() - started
         self._last_cycle_at = time.time()
@@ -247,7 +286,9 @@ class Bookkeeper:
             self.stop.wait(max(0.0, next_cycle - time.monotonic()))
             return
         while not self.stop.is_set() and time.monotonic() < next_cycle:
-            self.stop.wait(min(settings.idle_poll_interval, max(0.0, next_cycle - time.monotonic())))
+            self.stop.wait(
+                min(settings.idle_poll_interval, max(0.0, next_cycle - time.monotonic()))
+            )
             try:
                 if self.transport.has_pending():
                     return
@@ -263,16 +304,24 @@ class Bookkeeper:
             self.metrics.errors.labels("quarantined").inc()
             self.transport.dead_letter(delivery, reason)
             report.dead_lettered.append((delivery.source, reason))
-            log.warning("delivery quarantined", extra={"table": table, "source": delivery.source, "reason": reason})
+            log.warning(
+                "delivery quarantined",
+                extra={"table": table, "source": delivery.source, "reason": reason},
+            )
         for delivery, reason in result.refused:
             self.metrics.errors.labels("overlapping-offsets").inc()
             self.transport.dead_letter(delivery, reason)
             report.dead_lettered.append((delivery.source, reason))
-            log.error("moniker refused: its offsets overlap the committed ones", extra={"table": table, "source": delivery.source, "reason": reason})
+            log.error(
+                "moniker refused: its offsets overlap the committed ones",
+                extra={"table": table, "source": delivery.source, "reason": reason},
+            )
         for delivery, reason in result.unavailable:
             self.metrics.errors.labels("file-unavailable").inc()
-            log.warning("moniker left pending: storage cannot serve a file now; retried next cycle",
-                        extra={"table": table, "source": delivery.source, "reason": reason})
+            log.warning(
+                "moniker left pending: storage cannot serve a file now; retried next cycle",
+                extra={"table": table, "source": delivery.source, "reason": reason},
+            )
         report.pending += len(result.waiting)
         report.tables.append(result)
         self.metrics.pending_monikers.labels(table).set(len(result.waiting))
@@ -288,7 +337,9 @@ class Bookkeeper:
             location = self._table_locations.get(spec.identifier)
             if location is None:
                 try:
-                    location = self._table_locations[spec.identifier] = location_key(self.catalog.load_table(spec.identifier).location())
+                    location = self._table_locations[spec.identifier] = location_key(
+                        self.catalog.load_table(spec.identifier).location()
+                    )
                 except NoSuchTableError:
                     continue
             if file_key.startswith(location + "/"):
@@ -297,7 +348,10 @@ class Bookkeeper:
 
     def _commit_rewrites(self, report: CycleReport) -> None:
         """Every `rewrite_poll_interval`, the compactions the reaper left for the upsert tables."""
-        if time.monotonic() - self._rewrites_polled_at < self.config.bookkeeper.rewrite_poll_interval:
+        if (
+            time.monotonic() - self._rewrites_polled_at
+            < self.config.bookkeeper.rewrite_poll_interval
+        ):
             return
         self._rewrites_polled_at = time.monotonic()
         for spec in self.config.tables:
@@ -309,7 +363,10 @@ class Bookkeeper:
                 raise
             except Exception as error:  # noqa: BLE001 - a rewrite is maintenance: it waits for the next poll
                 self.metrics.errors.labels("rewrite-failed").inc()
-                log.error("rewrite commit failed; it stays pending", extra={"table": spec.identifier, "error": repr(error)})
+                log.error(
+                    "rewrite commit failed; it stays pending",
+                    extra={"table": spec.identifier, "error": repr(error)},
+                )
                 continue
             for result in results:
                 if result.snapshot_id is not None:
@@ -333,7 +390,10 @@ class Bookkeeper:
                     raise
                 except Exception as error:  # noqa: BLE001 - a heartbeat carries no data: try again next cycle
                     self.metrics.errors.labels("heartbeat-failed").inc()
-                    log.error("heartbeat failed; retried next cycle", extra={"table": identifier, "error": repr(error)})
+                    log.error(
+                        "heartbeat failed; retried next cycle",
+                        extra={"table": identifier, "error": repr(error)},
+                    )
                     self._empty_cycles[identifier] = every - 1
                     continue
                 report.tables.append(result)
@@ -343,9 +403,16 @@ class Bookkeeper:
     def _write_report(self, result: TableCommit) -> None:
         """One JSON line per snapshot, for downstream schedulers waiting on a watermark (seed 004)."""
         line = {
-            "table": result.table, "snapshot_id": result.snapshot_id, "files": result.files, "records": result.records,
-            "bytes": result.bytes, "watermark_ms": result.watermark_ms, "latency_ms": round(result.seconds * 1000, 1),
-            "monikers": len(result.committed), "quarantined": len(result.quarantined), "schema_changes": result.schema_changes,
+            "table": result.table,
+            "snapshot_id": result.snapshot_id,
+            "files": result.files,
+            "records": result.records,
+            "bytes": result.bytes,
+            "watermark_ms": result.watermark_ms,
+            "latency_ms": round(result.seconds * 1000, 1),
+            "monikers": len(result.committed),
+            "quarantined": len(result.quarantined),
+            "schema_changes": result.schema_changes,
             "committed_at_ms": int(time.time() * 1000),
         }
         self._reports_for_file.append(line)
@@ -375,22 +442,34 @@ class Bookkeeper:
         except Exception as error:  # noqa: BLE001 - the commits are durable; only their reports wait
             self._reports_failed_this_cycle = True
             self.metrics.errors.labels("commit-report-failed").inc()
-            log.error("commit report not written; retried with the next one", extra={
-                "path": str(self._report_path), "waiting": max(len(self._reports_for_file), len(self._reports_for_topic)),
-                "error": repr(error)})
+            log.error(
+                "commit report not written; retried with the next one",
+                extra={
+                    "path": str(self._report_path),
+                    "waiting": max(len(self._reports_for_file), len(self._reports_for_topic)),
+                    "error": repr(error),
+                },
+            )
 
     def _send_reports(self, lines: list[dict]) -> None:
         topic = self.config.bookkeeper.commit_report_topic
         if self._report_producer is None:
             from confluent_kafka import Producer
 
-            self._report_producer = Producer({"bootstrap.servers": self.config.sources[0].bootstrap_servers, "linger.ms": 0},
-                                             logger=logging.getLogger("librdkafka"))
+            self._report_producer = Producer(
+                {"bootstrap.servers": self.config.sources[0].bootstrap_servers, "linger.ms": 0},
+                logger=logging.getLogger("librdkafka"),
+            )
         while lines:  # a line the producer took is librdkafka's to deliver (it retries for `message.timeout.ms`)
-            self._report_producer.produce(topic, key=lines[0]["table"].encode(), value=json.dumps(lines[0]).encode())
+            self._report_producer.produce(
+                topic, key=lines[0]["table"].encode(), value=json.dumps(lines[0]).encode()
+            )
             del lines[0]
         if undelivered := self._report_producer.flush(10):
-            log.warning("commit reports not yet delivered to their topic", extra={"topic": topic, "undelivered": undelivered})
+            log.warning(
+                "commit reports not yet delivered to their topic",
+                extra={"topic": topic, "undelivered": undelivered},
+            )
 
 
 UNWRITTEN_REPORTS_KEPT = 100_000
@@ -407,7 +486,7 @@ def _append_lines(path: Path, lines: list[dict]) -> None:
         size = os.fstat(descriptor).st_size
         try:
             while payload:
-                payload = payload[os.write(descriptor, payload):]
+                payload = payload[os.write(descriptor, payload) :]
         except OSError:
             try:
                 os.ftruncate(descriptor, size)

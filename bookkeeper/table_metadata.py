@@ -29,9 +29,10 @@ from __future__ import annotations
 import operator
 import threading
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import pyiceberg
 from pyiceberg.catalog import Catalog, MetastoreCatalog
@@ -40,13 +41,19 @@ from pyiceberg.serializers import Compressor, FromInputFile, ToOutputFile
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV2
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import (
-    TableUpdate, _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log, update_table_metadata,
+    TableUpdate,
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+    _update_table_metadata_log,
+    update_table_metadata,
 )
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
 
 if not pyiceberg.__version__.startswith("0.12."):
-    raise ImportError(f"bookkeeper/table_metadata.py relies on pyiceberg 0.12 internals, found {pyiceberg.__version__}")
+    raise ImportError(
+        f"bookkeeper/table_metadata.py relies on pyiceberg 0.12 internals, found {pyiceberg.__version__}"
+    )
 
 
 class MetadataCache:
@@ -74,7 +81,9 @@ class MetadataCache:
 
     def remember(self, location: str, metadata: TableMetadata) -> None:
         if type(metadata) is TableMetadataV2:
-            metadata.__class__ = _NewestFirstMetadataV2  # the same fields and values: only look-ups change
+            metadata.__class__ = (
+                _NewestFirstMetadataV2  # the same fields and values: only look-ups change
+            )
         with self._lock:
             self._newest[_folder(location)] = (location, metadata)
 
@@ -91,16 +100,29 @@ class MetadataCache:
         snapshots = metadata.snapshots
         with self._lock:
             previous = self._snapshots_written.get(folder)
-        if previous is not None and len(snapshots) == len(previous.snapshots) + 1 and all(map(operator.is_, snapshots, previous.snapshots)):
+        if (
+            previous is not None
+            and len(snapshots) == len(previous.snapshots) + 1
+            and all(map(operator.is_, snapshots, previous.snapshots))
+        ):
             # The usual commit: the snapshot objects last written, plus one.
             fragment = snapshots[-1].model_dump_json()
-            written = _SnapshotsJson(list(snapshots), [*previous.fragments, fragment],
-                                     previous.listed + ("," if previous.listed else "") + fragment)
+            written = _SnapshotsJson(
+                list(snapshots),
+                [*previous.fragments, fragment],
+                previous.listed + ("," if previous.listed else "") + fragment,
+            )
         else:
             # By object, not snapshot id: pyiceberg replaces a snapshot whose parent is expired
             # with a copy that has no parent id.
-            known = dict(zip(map(id, previous.snapshots), previous.fragments)) if previous is not None else {}
-            fragments = [known.get(id(snapshot)) or snapshot.model_dump_json() for snapshot in snapshots]
+            known = (
+                dict(zip(map(id, previous.snapshots), previous.fragments))
+                if previous is not None
+                else {}
+            )
+            fragments = [
+                known.get(id(snapshot)) or snapshot.model_dump_json() for snapshot in snapshots
+            ]
             written = _SnapshotsJson(list(snapshots), fragments, ",".join(fragments))
         head = metadata.model_dump_json(exclude={"snapshots"})
         document = head[:-1] + ',"snapshots":[' + written.listed + "]}"
@@ -119,7 +141,14 @@ class _NewestFirstMetadataV2(TableMetadataV2):
     ~1 µs from the newest end (measured)."""
 
     def snapshot_by_id(self, snapshot_id: int) -> Snapshot | None:
-        return next((snapshot for snapshot in reversed(self.snapshots) if snapshot.snapshot_id == snapshot_id), None)
+        return next(
+            (
+                snapshot
+                for snapshot in reversed(self.snapshots)
+                if snapshot.snapshot_id == snapshot_id
+            ),
+            None,
+        )
 
 
 @dataclass(frozen=True)
@@ -136,8 +165,12 @@ def _folder(location: str) -> str:
     return location.rsplit("/", 1)[0]
 
 
-def update_without_copy(base_metadata: TableMetadata, updates: tuple[TableUpdate, ...], enforce_validation: bool = False,
-                        metadata_location: str | None = None) -> TableMetadata:
+def update_without_copy(
+    base_metadata: TableMetadata,
+    updates: tuple[TableUpdate, ...],
+    enforce_validation: bool = False,
+    metadata_location: str | None = None,
+) -> TableMetadata:
     """pyiceberg 0.12's `update_table_metadata` without its final deep copy (a new table, which
     pyiceberg validates from scratch, takes pyiceberg's own path)."""
     if enforce_validation:
@@ -148,9 +181,13 @@ def update_without_copy(base_metadata: TableMetadata, updates: tuple[TableUpdate
         metadata = _apply_table_update(update, metadata, context)
     if context.has_changes():
         if metadata_location:
-            metadata = _update_table_metadata_log(metadata, metadata_location, base_metadata.last_updated_ms)
+            metadata = _update_table_metadata_log(
+                metadata, metadata_location, base_metadata.last_updated_ms
+            )
         if base_metadata.last_updated_ms == metadata.last_updated_ms:
-            metadata = metadata.model_copy(update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())})
+            metadata = metadata.model_copy(
+                update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())}
+            )
     metadata.spec().check_compatible(metadata.schema())
     metadata.sort_order().check_compatible(metadata.schema())
     return metadata
@@ -158,8 +195,13 @@ def update_without_copy(base_metadata: TableMetadata, updates: tuple[TableUpdate
 
 def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
     """A copy of `function` (same code) that sees `replacements` in place of its module's globals."""
-    return types.FunctionType(function.__code__, {**function.__globals__, **replacements}, function.__name__, function.__defaults__,
-                              function.__closure__)
+    return types.FunctionType(
+        function.__code__,
+        {**function.__globals__, **replacements},
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
 
 
 def with_lean_commits(catalog: Catalog) -> Catalog:
@@ -169,7 +211,9 @@ def with_lean_commits(catalog: Catalog) -> Catalog:
         return catalog
     cache = MetadataCache()
     catalog.metadata_cache = cache  # type: ignore[attr-defined]
-    stage = _with_globals(MetastoreCatalog._update_and_stage_table, update_table_metadata=update_without_copy)  # noqa: SLF001
+    stage = _with_globals(
+        MetastoreCatalog._update_and_stage_table, update_table_metadata=update_without_copy
+    )
     catalog._update_and_stage_table = types.MethodType(stage, catalog)  # type: ignore[method-assign]  # noqa: SLF001
 
     def write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:

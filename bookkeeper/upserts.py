@@ -87,29 +87,51 @@ class UpsertKeeper:
 
     # -- reading a cycle's keys ----------------------------------------------------------------------
 
-    def read_keys(self, table: Table, monikers: list[tuple[list[DataFile], list[FileEntry]]]) -> list[MonikerKeys | InvalidFile | FileUnavailable]:
+    def read_keys(
+        self, table: Table, monikers: list[tuple[list[DataFile], list[FileEntry]]]
+    ) -> list[MonikerKeys | InvalidFile | FileUnavailable]:
         """Key words of each moniker's data files and deleted-keys files. A file storage cannot
         serve now makes its moniker a `FileUnavailable` (it waits), an unreadable one an
         `InvalidFile` (quarantined by the committer); the others go on."""
         schema = table.schema()
         key_ids = list(schema.identifier_field_ids)
         if not key_ids:
-            return [InvalidFile(f"{'.'.join(table.name())} is an upsert table without identifier fields (primary key)")] * len(monikers)
+            return [
+                InvalidFile(
+                    f"{'.'.join(table.name())} is an upsert table without identifier fields (primary key)"
+                )
+            ] * len(monikers)
         exact = exact_keys(schema)
-        paths = [data.file_path for files, _ in monikers for data in files] + [entry.path for _, deleted in monikers for entry in deleted]
-        words = dict(zip(paths, self._pool.map(lambda path: _words_or_error(path, key_ids, exact), paths)))
+        paths = [data.file_path for files, _ in monikers for data in files] + [
+            entry.path for _, deleted in monikers for entry in deleted
+        ]
+        words = dict(
+            zip(paths, self._pool.map(lambda path: _words_or_error(path, key_ids, exact), paths))
+        )
         found: list[MonikerKeys | InvalidFile | FileUnavailable] = []
         for files, deleted in monikers:
-            problems = [words[path] for path in [d.file_path for d in files] + [e.path for e in deleted]
-                        if isinstance(words[path], (InvalidFile, FileUnavailable))]
-            if problems:  # unavailable first: the moniker waits rather than being quarantined for a blip
-                found.append(next((p for p in problems if isinstance(p, FileUnavailable)), problems[0]))
+            problems = [
+                words[path]
+                for path in [d.file_path for d in files] + [e.path for e in deleted]
+                if isinstance(words[path], (InvalidFile, FileUnavailable))
+            ]
+            if (
+                problems
+            ):  # unavailable first: the moniker waits rather than being quarantined for a blip
+                found.append(
+                    next((p for p in problems if isinstance(p, FileUnavailable)), problems[0])
+                )
                 continue
             deleted_words = [words[entry.path] for entry in deleted]
-            found.append(MonikerKeys(
-                files=[(file_ref(data), *words[data.file_path]) for data in files],
-                deleted=(_concat([w[0] for w in deleted_words]), _concat([w[1] for w in deleted_words])),
-            ))
+            found.append(
+                MonikerKeys(
+                    files=[(file_ref(data), *words[data.file_path]) for data in files],
+                    deleted=(
+                        _concat([w[0] for w in deleted_words]),
+                        _concat([w[1] for w in deleted_words]),
+                    ),
+                )
+            )
         return found
 
     # -- planning and committing ---------------------------------------------------------------------
@@ -128,8 +150,12 @@ class UpsertKeeper:
                 los.append(lo)
                 locations.append(pack(index.file_ordinal(ref), np.arange(len(hi))))
         changes = index.plan(_concat(his), _concat(los), _concat(locations))
-        replaced = _concat([changes.replaced, self._doubled.get(identifier, np.empty(0, np.uint64))])
-        return UpsertCycle(identifier, changes, self._write_deletes(table, index, replaced), len(replaced))
+        replaced = _concat(
+            [changes.replaced, self._doubled.get(identifier, np.empty(0, np.uint64))]
+        )
+        return UpsertCycle(
+            identifier, changes, self._write_deletes(table, index, replaced), len(replaced)
+        )
 
     def committed(self, cycle: UpsertCycle, snapshot_id: int, table: Table) -> None:
         """Record a durable commit in the index; save the index now and then."""
@@ -140,7 +166,9 @@ class UpsertKeeper:
         if now - self._saved_at.get(cycle.identifier, 0.0) >= self._save_interval_s:
             self._save(cycle.identifier, table)
 
-    def plan_rewrite(self, table: Table, new_files: list[DataFile], replaced: set[str]) -> RewriteCycle:
+    def plan_rewrite(
+        self, table: Table, new_files: list[DataFile], replaced: set[str]
+    ) -> RewriteCycle:
         """Commit plan for compacted `new_files` that replace the data files `replaced`.
 
         The new files hold the rows of `replaced` that were live when the compaction read them. A
@@ -152,10 +180,18 @@ class UpsertKeeper:
         identifier = ".".join(table.name())
         index = self._current(identifier, table)
         if identifier in self._doubled:
-            raise RewriteRefused("keys with several live rows (found at the index rebuild) are not deleted yet; compact after the next commit")
+            raise RewriteRefused(
+                "keys with several live rows (found at the index rebuild) are not deleted yet; compact after the next commit"
+            )
         key_ids = list(table.schema().identifier_field_ids)
-        replaced_ordinals = np.fromiter((o for path in replaced if (o := index.ordinal_of(path)) is not None), np.int64)
-        words = list(self._pool.map(lambda data: file_key_words(data.file_path, key_ids, index.exact), new_files))
+        replaced_ordinals = np.fromiter(
+            (o for path in replaced if (o := index.ordinal_of(path)) is not None), np.int64
+        )
+        words = list(
+            self._pool.map(
+                lambda data: file_key_words(data.file_path, key_ids, index.exact), new_files
+            )
+        )
         his, los, locations, stale_targets, stale_positions, new_ordinals = [], [], [], [], [], []
         for data, (hi, lo) in zip(new_files, words):
             ref = file_ref(data)
@@ -172,11 +208,17 @@ class UpsertKeeper:
                 stale_positions.append(positions[~live])
         changes = index.plan(_concat(his), _concat(los), _concat(locations))
         # A key twice among the new files (twice live in the replaced ones): only its last row stays.
-        doubled = changes.replaced[np.isin(unpack(changes.replaced)[0], np.array(new_ordinals, np.int64))]
-        live_in_replaced = int(np.count_nonzero(np.isin(unpack(index.live_locations())[0], replaced_ordinals)))
+        doubled = changes.replaced[
+            np.isin(unpack(changes.replaced)[0], np.array(new_ordinals, np.int64))
+        ]
+        live_in_replaced = int(
+            np.count_nonzero(np.isin(unpack(index.live_locations())[0], replaced_ordinals))
+        )
         moved = len(changes.hi)
         if moved < live_in_replaced:
-            raise RewriteRefused(f"{live_in_replaced - moved} live rows of the replaced files are not in the new files")
+            raise RewriteRefused(
+                f"{live_in_replaced - moved} live rows of the replaced files are not in the new files"
+            )
         if len(doubled):
             ordinals, positions = unpack(doubled)
             for ordinal in np.unique(ordinals):
@@ -186,7 +228,11 @@ class UpsertKeeper:
         for target, positions in zip(stale_targets, stale_positions):
             merged.setdefault(target.path, (target, []))[1].append(positions)
         targets = [target for target, _ in merged.values()]
-        delete_files = write_position_deletes(table.location(), targets, [np.sort(np.concatenate(parts)) for _, parts in merged.values()])
+        delete_files = write_position_deletes(
+            table.location(),
+            targets,
+            [np.sort(np.concatenate(parts)) for _, parts in merged.values()],
+        )
         stale = sum(len(positions) for positions in stale_positions)
         return RewriteCycle(identifier, changes, delete_files, moved, stale)
 
@@ -225,7 +271,9 @@ class UpsertKeeper:
         starts = np.flatnonzero(np.r_[True, ordinals[1:] != ordinals[:-1]])
         ends = np.r_[starts[1:], len(ordinals)]
         targets = [index.files[int(ordinals[start])] for start in starts]
-        return write_position_deletes(table.location(), targets, [positions[start:end] for start, end in zip(starts, ends)])
+        return write_position_deletes(
+            table.location(), targets, [positions[start:end] for start, end in zip(starts, ends)]
+        )
 
     # -- following the table -------------------------------------------------------------------------
 
@@ -252,16 +300,30 @@ class UpsertKeeper:
         snapshot = table.current_snapshot()
         while snapshot is not None and snapshot.snapshot_id != index.snapshot_id:
             later.append(snapshot)
-            snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
+            snapshot = (
+                table.snapshot_by_id(snapshot.parent_snapshot_id)
+                if snapshot.parent_snapshot_id is not None
+                else None
+            )
         if snapshot is None and index.snapshot_id is not None:
-            log.info("key index is not from this table's history; rebuilding", extra={"table": ".".join(table.name())})
+            log.info(
+                "key index is not from this table's history; rebuilding",
+                extra={"table": ".".join(table.name())},
+            )
             return None
         started = time.monotonic()
         for snapshot in reversed(later):
             data, deletes = _added_files(table, snapshot)
             self._apply_live_rows(table, index, data, deletes, snapshot.snapshot_id)
         if later:
-            log.info("key index caught up", extra={"table": ".".join(table.name()), "snapshots": len(later), "seconds": round(time.monotonic() - started, 3)})
+            log.info(
+                "key index caught up",
+                extra={
+                    "table": ".".join(table.name()),
+                    "snapshots": len(later),
+                    "seconds": round(time.monotonic() - started, 3),
+                },
+            )
         return index
 
     def _rebuilt(self, table: Table) -> KeyIndex:
@@ -276,33 +338,58 @@ class UpsertKeeper:
         current = table.current_snapshot()
         if current is not None:
             data, deletes = live_files(table, current)
-            doubled = self._apply_live_rows(table, index, data, deletes, current.snapshot_id, forget_first=False)
+            doubled = self._apply_live_rows(
+                table, index, data, deletes, current.snapshot_id, forget_first=False
+            )
             if len(doubled):
                 self._doubled[identifier] = doubled
-                log.warning("keys with several live rows: the older ones are deleted by the next commit",
-                            extra={"table": identifier, "rows": len(doubled)})
-        log.info("key index rebuilt", extra={"table": identifier, "keys": index.live_keys, "seconds": round(time.monotonic() - started, 3)})
+                log.warning(
+                    "keys with several live rows: the older ones are deleted by the next commit",
+                    extra={"table": identifier, "rows": len(doubled)},
+                )
+        log.info(
+            "key index rebuilt",
+            extra={
+                "table": identifier,
+                "keys": index.live_keys,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
         return index
 
-    def _apply_live_rows(self, table: Table, index: KeyIndex, data: list[DataFile], deletes: list[DataFile], snapshot_id: int | None,
-                         forget_first: bool = True) -> np.ndarray:
+    def _apply_live_rows(
+        self,
+        table: Table,
+        index: KeyIndex,
+        data: list[DataFile],
+        deletes: list[DataFile],
+        snapshot_id: int | None,
+        forget_first: bool = True,
+    ) -> np.ndarray:
         """Forget rows that `deletes` remove, then point keys at the live rows of `data`; returns
         the locations of live rows that a later row of the same key replaced."""
         key_ids = list(table.schema().identifier_field_ids)
         deleted: dict[str, set[int]] = {}
-        for paths, positions in self._pool.map(lambda d: read_position_deletes(d.file_path), deletes):
+        for paths, positions in self._pool.map(
+            lambda d: read_position_deletes(d.file_path), deletes
+        ):
             for path, position in zip(paths, positions.tolist()):
                 deleted.setdefault(path, set()).add(position)
         if forget_first:
-            gone = [pack(ordinal, np.fromiter(positions, np.int64)) for path, positions in deleted.items()
-                    if (ordinal := index.ordinal_of(path)) is not None]
+            gone = [
+                pack(ordinal, np.fromiter(positions, np.int64))
+                for path, positions in deleted.items()
+                if (ordinal := index.ordinal_of(path)) is not None
+            ]
             index.remove_locations(_concat(gone))
         his, los, locations = [], [], []
         words = self._pool.map(lambda d: file_key_words(d.file_path, key_ids, index.exact), data)
         for data_file, (hi, lo) in zip(data, words):
             positions = np.arange(len(hi))
             if data_file.file_path in deleted:
-                positions = np.setdiff1d(positions, np.fromiter(deleted[data_file.file_path], np.int64))
+                positions = np.setdiff1d(
+                    positions, np.fromiter(deleted[data_file.file_path], np.int64)
+                )
             his.append(hi[positions])
             los.append(lo[positions])
             locations.append(pack(index.file_ordinal(file_ref(data_file)), positions))
@@ -317,7 +404,9 @@ def live_files(table: Table, snapshot: Snapshot | None) -> tuple[list[DataFile],
     for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             if entry.data_file.content == DataFileContent.DATA:
-                data.append((entry.sequence_number or 0, entry.data_file.file_path, entry.data_file))
+                data.append(
+                    (entry.sequence_number or 0, entry.data_file.file_path, entry.data_file)
+                )
             elif entry.data_file.content == DataFileContent.POSITION_DELETES:
                 deletes.append(entry.data_file)
     return [data_file for _, _, data_file in sorted(data, key=lambda item: item[:2])], deletes
@@ -330,7 +419,10 @@ def _added_files(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list
         if manifest.added_snapshot_id != snapshot.snapshot_id:
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.status != ManifestEntryStatus.ADDED or entry.snapshot_id != snapshot.snapshot_id:
+            if (
+                entry.status != ManifestEntryStatus.ADDED
+                or entry.snapshot_id != snapshot.snapshot_id
+            ):
                 continue
             if entry.data_file.content == DataFileContent.DATA:
                 data.append(entry.data_file)
@@ -339,7 +431,9 @@ def _added_files(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list
     return data, deletes
 
 
-def _words_or_error(path: str, key_ids: list[int], exact: bool) -> tuple[np.ndarray, np.ndarray] | InvalidFile | FileUnavailable:
+def _words_or_error(
+    path: str, key_ids: list[int], exact: bool
+) -> tuple[np.ndarray, np.ndarray] | InvalidFile | FileUnavailable:
     """The file's key words; `FileUnavailable` when storage fails to serve it (its footer was read
     a moment ago, so this is storage, not the file: retried), `InvalidFile` when its key columns
     are missing or not decodable (quarantined)."""
@@ -347,7 +441,11 @@ def _words_or_error(path: str, key_ids: list[int], exact: bool) -> tuple[np.ndar
         return file_key_words(path, key_ids, exact)
     except FileNotFoundError:
         return FileUnavailable(f"{path}: not found", missing=True)
-    except (KeyError, ValueError, pa.ArrowException) as error:  # ArrowInvalid is a ValueError: bad content
+    except (
+        KeyError,
+        ValueError,
+        pa.ArrowException,
+    ) as error:  # ArrowInvalid is a ValueError: bad content
         return InvalidFile(f"{path}: key columns unreadable ({error})")
     except OSError as error:
         return FileUnavailable(f"{path}: storage error reading key columns ({error})")

@@ -13,9 +13,9 @@ import shutil
 import subprocess
 import tarfile
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +52,30 @@ def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.
     lib = home / "lib"
     if not (home / _COMPLETE).exists():
         if shutil.which("mvn") is None:
-            raise ArtifactError("Maven (`mvn`) is needed once to fetch jars from Maven Central; install it (Debian: apt-get install maven)")
+            raise ArtifactError(
+                "Maven (`mvn`) is needed once to fetch jars from Maven Central; install it (Debian: apt-get install maven)"
+            )
         progress(f"fetching {bundle.name} from Maven Central (once; cached in {home})")
         if lib.exists():
             shutil.rmtree(lib)
         home.mkdir(parents=True, exist_ok=True)
         (home / "pom.xml").write_text(_pom(bundle), encoding="utf-8")
         command = [
-            "mvn", "-q", "-B", "-f", str(home / "pom.xml"), "dependency:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={lib}", f"-DexcludeTransitive={'false' if bundle.transitive else 'true'}",
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(home / "pom.xml"),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={lib}",
+            f"-DexcludeTransitive={'false' if bundle.transitive else 'true'}",
         ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise ArtifactError(f"mvn could not fetch {bundle.name}:\n{(result.stdout + result.stderr)[-3000:]}")
+            raise ArtifactError(
+                f"mvn could not fetch {bundle.name}:\n{(result.stdout + result.stderr)[-3000:]}"
+            )
         (home / _COMPLETE).touch()
     return sorted(lib.glob("*.jar"))
 
@@ -143,25 +154,45 @@ def npm_package(cache_dir: Path, package: str, version: str, progress: Progress 
     bin_dir = home / "node_modules" / ".bin"
     if not (home / _COMPLETE).exists():
         if shutil.which("npm") is None:
-            raise ArtifactError(f"npm is needed once to install {package}; install Node.js 18+ with npm")
+            raise ArtifactError(
+                f"npm is needed once to install {package}; install Node.js 18+ with npm"
+            )
         progress(f"installing {package}@{version} from npm (once; cached in {home})")
         for attempt in (1, 2):
             if home.exists():
                 shutil.rmtree(home)
             home.mkdir(parents=True)
             result = subprocess.run(
-                ["npm", "install", "--prefix", str(home), "--no-audit", "--no-fund", "--loglevel=error", f"{package}@{version}"],
-                capture_output=True, text=True,
+                [
+                    "npm",
+                    "install",
+                    "--prefix",
+                    str(home),
+                    "--no-audit",
+                    "--no-fund",
+                    "--loglevel=error",
+                    f"{package}@{version}",
+                ],
+                capture_output=True,
+                text=True,
             )
             if result.returncode != 0:
-                raise ArtifactError(f"npm could not install {package}@{version}:\n{(result.stdout + result.stderr)[-3000:]}")
+                raise ArtifactError(
+                    f"npm could not install {package}@{version}:\n{(result.stdout + result.stderr)[-3000:]}"
+                )
             # npm once exited 0 here with half of Azurite's tree missing (https-proxy-agent among
             # it), and the cache then held a server that could not start: `npm ls` checks the tree.
-            check = subprocess.run(["npm", "ls", "--prefix", str(home), "--all"], capture_output=True, text=True)
+            check = subprocess.run(
+                ["npm", "ls", "--prefix", str(home), "--all"], capture_output=True, text=True
+            )
             if check.returncode == 0:
                 break
-            progress(f"npm left {package}@{version} incomplete (attempt {attempt}): {check.stderr.strip()[-300:]}")
+            progress(
+                f"npm left {package}@{version} incomplete (attempt {attempt}): {check.stderr.strip()[-300:]}"
+            )
         else:
-            raise ArtifactError(f"npm installed {package}@{version} incompletely twice; see `npm ls --prefix {home} --all`")
+            raise ArtifactError(
+                f"npm installed {package}@{version} incompletely twice; see `npm ls --prefix {home} --all`"
+            )
         (home / _COMPLETE).touch()
     return bin_dir

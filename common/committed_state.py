@@ -9,8 +9,8 @@ that carries them; the reaper never expires that one.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
@@ -67,14 +67,20 @@ class CommittedState:
         if self.event_files:
             summary[KEY_EVENT_FILES] = json.dumps(list(self.event_files))
         if self.quarantined_monikers:
-            summary[KEY_QUARANTINED_MONIKERS] = ",".join(self.quarantined_monikers[-QUARANTINED_MONIKERS_KEPT:])
+            summary[KEY_QUARANTINED_MONIKERS] = ",".join(
+                self.quarantined_monikers[-QUARANTINED_MONIKERS_KEPT:]
+            )
         return summary
 
     @classmethod
-    def from_summary(cls, summary: Mapping[str, str], snapshot_id: int | None = None) -> "CommittedState":
+    def from_summary(
+        cls, summary: Mapping[str, str], snapshot_id: int | None = None
+    ) -> CommittedState:
         watermark = summary.get(KEY_WATERMARK)
         return cls(
-            writer_seqs={k: int(v) for k, v in json.loads(summary.get(KEY_WRITERS) or "{}").items()},
+            writer_seqs={
+                k: int(v) for k, v in json.loads(summary.get(KEY_WRITERS) or "{}").items()
+            },
             offsets=_flatten(json.loads(summary.get(KEY_OFFSETS) or "{}")),
             partition_event_ms=_flatten(json.loads(summary.get(KEY_EVENT_TIME) or "{}")),
             watermark_ms=int(watermark) if watermark else None,
@@ -82,7 +88,9 @@ class CommittedState:
             commit_id=summary.get(KEY_COMMIT_ID) or None,
             quarantined_records=int(summary.get(KEY_QUARANTINED) or 0),
             event_files=tuple(json.loads(summary.get(KEY_EVENT_FILES) or "[]")),
-            quarantined_monikers=tuple(filter(None, (summary.get(KEY_QUARANTINED_MONIKERS) or "").split(","))),
+            quarantined_monikers=tuple(
+                filter(None, (summary.get(KEY_QUARANTINED_MONIKERS) or "").split(","))
+            ),
             snapshot_id=snapshot_id,
         )
 
@@ -97,7 +105,11 @@ def nest_by_topic(values: Mapping[TopicPartition, int]) -> dict[str, dict[str, i
 
 
 def _flatten(nested: Mapping[str, Mapping[str, int]]) -> dict[TopicPartition, int]:
-    return {(topic, int(partition)): int(value) for topic, partitions in nested.items() for partition, value in partitions.items()}
+    return {
+        (topic, int(partition)): int(value)
+        for topic, partitions in nested.items()
+        for partition, value in partitions.items()
+    }
 
 
 def committed_state(table: Table) -> CommittedState:
@@ -110,10 +122,20 @@ def committed_state(table: Table) -> CommittedState:
     snapshot = table.current_snapshot()
     while snapshot is not None:
         if _carries_state(snapshot):
-            return CommittedState.from_summary(snapshot.summary.additional_properties, snapshot.snapshot_id)
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
+            return CommittedState.from_summary(
+                snapshot.summary.additional_properties, snapshot.snapshot_id
+            )
+        snapshot = (
+            table.snapshot_by_id(snapshot.parent_snapshot_id)
+            if snapshot.parent_snapshot_id is not None
+            else None
+        )
     carrier = newest_state_carrier(table)
-    return CommittedState.from_summary(carrier.summary.additional_properties, carrier.snapshot_id) if carrier else CommittedState()
+    return (
+        CommittedState.from_summary(carrier.summary.additional_properties, carrier.snapshot_id)
+        if carrier
+        else CommittedState()
+    )
 
 
 def newest_state_carrier(table: Table) -> Snapshot | None:
@@ -125,13 +147,19 @@ def newest_state_carrier(table: Table) -> Snapshot | None:
 def expirable_snapshots(table: Table, keep: int, older_than_ms: int | None = None) -> list[int]:
     """Snapshots that may be expired: beyond the newest `keep` (and older than `older_than_ms`
     when given), never a branch or tag head, never the newest snapshot carrying icekeeper's state."""
-    snapshots = sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms), reverse=True)
+    snapshots = sorted(
+        table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms), reverse=True
+    )
     protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
     carrier = newest_state_carrier(table)
     if carrier is not None:
         protected.add(carrier.snapshot_id)
-    return [s.snapshot_id for s in snapshots[max(keep, 1):]
-            if s.snapshot_id not in protected and (older_than_ms is None or s.timestamp_ms < older_than_ms)]
+    return [
+        s.snapshot_id
+        for s in snapshots[max(keep, 1) :]
+        if s.snapshot_id not in protected
+        and (older_than_ms is None or s.timestamp_ms < older_than_ms)
+    ]
 
 
 def _carries_state(snapshot: Snapshot) -> bool:

@@ -7,7 +7,7 @@ deleted and which delete files leave with a data file.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -69,5 +69,7 @@ def deleted_positions_per_file(delete_files: Iterable[DataFile]) -> Counter[str]
         if target is not None:
             counts[normalize_location(target)] += delete_file.record_count
         else:
-            counts.update(normalize_location(path) for path in read_position_deletes(delete_file.file_path)[0])
+            counts.update(
+                normalize_location(path) for path in read_position_deletes(delete_file.file_path)[0]
+            )
     return counts

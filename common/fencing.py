@@ -46,7 +46,14 @@ class LeaseRecord:
 class Lease:
     """The lease of one bookkeeper group (or its reaper), in a local (or mounted) folder."""
 
-    def __init__(self, folder: str, group: str, ttl_s: float, owner: str | None = None, role: str = "bookkeeper") -> None:
+    def __init__(
+        self,
+        folder: str,
+        group: str,
+        ttl_s: float,
+        owner: str | None = None,
+        role: str = "bookkeeper",
+    ) -> None:
         self.role = role
         self.folder = Path(folder) / path_segment(group)
         self.ttl_ms = int(ttl_s * 1000)
@@ -66,21 +73,33 @@ class Lease:
                 if self._create(epoch):
                     self.epoch = epoch
                     # A bookkeeper taking over matters to operators; a reaper's pass does not.
-                    log.log(logging.WARNING if self.role == "bookkeeper" else logging.INFO, f"{self.role} lease acquired",
-                            extra={"epoch": epoch, "owner": self.owner, "group": self.folder.name})
+                    log.log(
+                        logging.WARNING if self.role == "bookkeeper" else logging.INFO,
+                        f"{self.role} lease acquired",
+                        extra={"epoch": epoch, "owner": self.owner, "group": self.folder.name},
+                    )
                     return epoch
             elif not announced:
-                log.warning(f"another {self.role} holds the lease; standing by", extra={"holder": current.owner, "epoch": current.epoch})
+                log.warning(
+                    f"another {self.role} holds the lease; standing by",
+                    extra={"holder": current.owner, "epoch": current.epoch},
+                )
                 announced = True
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"lease of {self.folder.name} still held by {current.owner if current else '?'}")
+                raise TimeoutError(
+                    f"lease of {self.folder.name} still held by {current.owner if current else '?'}"
+                )
             time.sleep(poll_s)
 
     def renew(self) -> None:
         """Extend the lease; raises `Fenced` if a newer epoch exists."""
         self.check()
         assert self.epoch is not None
-        self._write(self.folder / _name(self.epoch), LeaseRecord(self.epoch, self.owner, _now_ms(), self.ttl_ms), exclusive=False)
+        self._write(
+            self.folder / _name(self.epoch),
+            LeaseRecord(self.epoch, self.owner, _now_ms(), self.ttl_ms),
+            exclusive=False,
+        )
 
     def check(self) -> None:
         """Raise `Fenced` when a newer lease exists (or ours expired and was taken)."""
@@ -88,7 +107,9 @@ class Lease:
             raise Fenced("no lease held")
         newest = self._newest()
         if newest is not None and newest.epoch > self.epoch:
-            raise Fenced(f"{self.role} epoch {self.epoch} is stale: {newest.owner} holds epoch {newest.epoch}; stopping without committing")
+            raise Fenced(
+                f"{self.role} epoch {self.epoch} is stale: {newest.owner} holds epoch {newest.epoch}; stopping without committing"
+            )
 
     def release(self) -> None:
         """Expire our lease now so a successor does not wait for the TTL."""
@@ -98,12 +119,21 @@ class Lease:
         try:
             record = _read(path)
             if record is not None and record.owner == self.owner:
-                self._write(path, LeaseRecord(self.epoch, self.owner, 0, self.ttl_ms), exclusive=False)
+                self._write(
+                    path, LeaseRecord(self.epoch, self.owner, 0, self.ttl_ms), exclusive=False
+                )
         except OSError:
             pass
 
     def _newest(self) -> LeaseRecord | None:
-        epochs = sorted((int(m.group(1)) for p in self.folder.glob("lease-*.json") if (m := _LEASE_NAME.match(p.name))), reverse=True)
+        epochs = sorted(
+            (
+                int(m.group(1))
+                for p in self.folder.glob("lease-*.json")
+                if (m := _LEASE_NAME.match(p.name))
+            ),
+            reverse=True,
+        )
         for epoch in epochs:
             record = _read(self.folder / _name(epoch))
             if record is not None:
@@ -113,7 +143,11 @@ class Lease:
         return None
 
     def _create(self, epoch: int) -> bool:
-        return self._write(self.folder / _name(epoch), LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms), exclusive=True)
+        return self._write(
+            self.folder / _name(epoch),
+            LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms),
+            exclusive=True,
+        )
 
     @staticmethod
     def _write(path: Path, record: LeaseRecord, exclusive: bool) -> bool:
@@ -137,7 +171,9 @@ class Lease:
 def _read(path: Path) -> LeaseRecord | None:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        return LeaseRecord(int(raw["epoch"]), str(raw["owner"]), int(raw["renewed_ms"]), int(raw["ttl_ms"]))
+        return LeaseRecord(
+            int(raw["epoch"]), str(raw["owner"]), int(raw["renewed_ms"]), int(raw["ttl_ms"])
+        )
     except (OSError, ValueError, KeyError):
         return None
 

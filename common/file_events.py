@@ -87,8 +87,13 @@ def parse_event_grid(raw: bytes | str) -> EventGridMessage | None:
     if data.get("api") not in COMPLETE_APIS or not data["url"].endswith(".parquet"):
         return EventGridMessage()
     size = data.get("contentLength")
-    return EventGridMessage(FileEvent(url=data["url"], size_bytes=size if isinstance(size, int) else None,
-                                      event_id=str(parsed.get("id", ""))))
+    return EventGridMessage(
+        FileEvent(
+            url=data["url"],
+            size_bytes=size if isinstance(size, int) else None,
+            event_id=str(parsed.get("id", "")),
+        )
+    )
 
 
 def _json(text: str) -> object | None:

@@ -76,14 +76,19 @@ class InFlightClaims:
     def release(self, batch_folders: list[str]) -> None:
         """Drop the claims on these folders (their moniker is published, or they were discarded)."""
         with self._lock:
-            released = [self._claims.pop(folder) for folder in batch_folders if folder in self._claims]
+            released = [
+                self._claims.pop(folder) for folder in batch_folders if folder in self._claims
+            ]
         for claim in released:
             filesystem, path = open_filesystem(claim.path)
             try:
                 filesystem.delete_file(path)
             except (FileNotFoundError, OSError) as error:
                 # Harmless: a claim no one rewrites goes stale and the reaper removes it.
-                log.warning("could not release an in-flight claim", extra={"claim": claim.path, "error": str(error)})
+                log.warning(
+                    "could not release an in-flight claim",
+                    extra={"claim": claim.path, "error": str(error)},
+                )
 
     def held(self) -> list[str]:
         with self._lock:
@@ -95,7 +100,9 @@ class InFlightClaims:
 
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._refresh_loop, name="in-flight-claims", daemon=True)
+            self._thread = threading.Thread(
+                target=self._refresh_loop, name="in-flight-claims", daemon=True
+            )
             self._thread.start()
 
     def _refresh_loop(self) -> None:
@@ -107,7 +114,10 @@ class InFlightClaims:
                 try:
                     write_whole(filesystem, path, claim.body)
                 except OSError as error:
-                    log.warning("could not refresh an in-flight claim", extra={"claim": claim.path, "error": str(error)})
+                    log.warning(
+                        "could not refresh an in-flight claim",
+                        extra={"claim": claim.path, "error": str(error)},
+                    )
             # A claim released while being rewritten would be re-created: delete it again.
             with self._lock:
                 current = {claim.path for claim in self._claims.values()}
@@ -120,7 +130,9 @@ class InFlightClaims:
                         pass
 
 
-def live_claimed_folders(table_location: str, grace_s: float, remove_stale: bool = True) -> set[str]:
+def live_claimed_folders(
+    table_location: str, grace_s: float, remove_stale: bool = True
+) -> set[str]:
     """Batch folders claimed by a claim rewritten within `grace_s` (normalized: no scheme for
     local paths, no trailing slash). Stale claims are deleted unless `remove_stale` is False."""
     filesystem, folder = open_filesystem(claims_folder(table_location))
@@ -145,7 +157,9 @@ def live_claimed_folders(table_location: str, grace_s: float, remove_stale: bool
         except (OSError, ValueError, KeyError) as error:
             # Half-written or unreadable: it cannot say which folder it protects, so nothing is
             # deleted this pass rather than guessing.
-            raise RuntimeError(f"in-flight claim {info.path} is unreadable ({error}); orphan removal skipped") from error
+            raise RuntimeError(
+                f"in-flight claim {info.path} is unreadable ({error}); orphan removal skipped"
+            ) from error
         folders.add(normalize_location(claimed))
     return folders
 

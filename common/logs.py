@@ -30,14 +30,19 @@ class JsonLineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, object] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": mask_strings(record.getMessage()),
         }
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
-                line[key] = mask_strings(value if isinstance(value, (str, int, float, bool, list, dict, type(None))) else str(value))
+                line[key] = mask_strings(
+                    value
+                    if isinstance(value, (str, int, float, bool, list, dict, type(None)))
+                    else str(value)
+                )
         if record.exc_info:
             line["exc"] = mask_strings(self.formatException(record.exc_info))
         return json.dumps(line, default=str)

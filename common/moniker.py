@@ -41,7 +41,7 @@ class OffsetRange(_Value):
     until_offset: int = Field(ge=0)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "OffsetRange":
+    def _ordered(self) -> OffsetRange:
         if self.until_offset < self.from_offset:
             raise ValueError(f"until_offset {self.until_offset} < from_offset {self.from_offset}")
         return self
@@ -69,8 +69,12 @@ class FileEntry(_Value):
     size_bytes: int = Field(ge=0)
     record_count: int = Field(ge=0)
     content: Literal["data", "deleted-keys"] = Field(
-        "data", description="`deleted-keys`: rows (of the table's schema) whose keys' last change in the batch is a delete (upsert tables).")
-    partition: dict[str, Any] = Field(default_factory=dict, description="Partition field name -> transformed value.")
+        "data",
+        description="`deleted-keys`: rows (of the table's schema) whose keys' last change in the batch is a delete (upsert tables).",
+    )
+    partition: dict[str, Any] = Field(
+        default_factory=dict, description="Partition field name -> transformed value."
+    )
     spec_id: int = 0
     metrics: ColumnMetrics | None = None
 
@@ -84,24 +88,34 @@ class Moniker(_Value):
     seq: int = Field(ge=0)
     prev_seq: int | None = None
     table: str
-    table_location: str | None = Field(None, description="Where the writer placed files of a table not created yet.")
-    schema_: dict[str, Any] = Field(alias="schema", description="Iceberg schema (pyiceberg JSON) the files were written with.")
+    table_location: str | None = Field(
+        None, description="Where the writer placed files of a table not created yet."
+    )
+    schema_: dict[str, Any] = Field(
+        alias="schema", description="Iceberg schema (pyiceberg JSON) the files were written with."
+    )
     files: list[FileEntry] = Field(default_factory=list)
     delete_files: list[FileEntry] = Field(
-        default_factory=list, description="Upsert tables: deleted-keys files; the bookkeeper turns them into position deletes.")
+        default_factory=list,
+        description="Upsert tables: deleted-keys files; the bookkeeper turns them into position deletes.",
+    )
     offsets: list[OffsetRange]
     records: int = Field(ge=0, description="Rows in `files`.")
-    dead_lettered: int = Field(0, ge=0, description="Records of `offsets` routed here that went to the dead-letter topic.")
+    dead_lettered: int = Field(
+        0, ge=0, description="Records of `offsets` routed here that went to the dead-letter topic."
+    )
     min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
     created_ms: int = Field(default_factory=lambda: int(time.time() * 1000))
 
     @property
     def bytes(self) -> int:
-        return sum(entry.size_bytes for entry in self.files) + sum(entry.size_bytes for entry in self.delete_files)
+        return sum(entry.size_bytes for entry in self.files) + sum(
+            entry.size_bytes for entry in self.delete_files
+        )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Moniker":
+    def _consistent(self) -> Moniker:
         if self.records != sum(entry.record_count for entry in self.files):
             raise ValueError(f"records {self.records} != sum of file record counts")
         if self.prev_seq is not None and self.prev_seq >= self.seq:
@@ -136,7 +150,9 @@ def decode_moniker(data: bytes | str) -> Moniker:
         moniker = Moniker.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
-        raise MonikerError(f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}") from None
+        raise MonikerError(
+            f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}"
+        ) from None
     if moniker.id != moniker_id(moniker.writer_id, moniker.table, moniker.offsets):
         raise MonikerError(f"id {moniker.id} does not match its writer, table and offsets")
     return moniker

@@ -13,10 +13,19 @@ from dataclasses import dataclass
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import (
-    BucketTransform, DayTransform, HourTransform, IdentityTransform, MonthTransform, Transform, TruncateTransform, YearTransform,
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
 )
 
-_TERM = re.compile(r"^\s*(?:(?P<fn>\w+)\(\s*(?:(?P<arg>\d+)\s*,\s*)?(?P<col1>[\w.]+)\s*\)|(?P<col2>[\w.]+))\s*$")
+_TERM = re.compile(
+    r"^\s*(?:(?P<fn>\w+)\(\s*(?:(?P<arg>\d+)\s*,\s*)?(?P<col1>[\w.]+)\s*\)|(?P<col2>[\w.]+))\s*$"
+)
 _FIRST_PARTITION_FIELD_ID = 1000
 
 
@@ -30,7 +39,15 @@ class PartitionTerm:
 
     @property
     def field_name(self) -> str:
-        suffix = {"identity": "", "year": "_year", "month": "_month", "day": "_day", "hour": "_hour", "bucket": "_bucket", "truncate": "_trunc"}[self.transform]
+        suffix = {
+            "identity": "",
+            "year": "_year",
+            "month": "_month",
+            "day": "_day",
+            "hour": "_hour",
+            "bucket": "_bucket",
+            "truncate": "_trunc",
+        }[self.transform]
         return f"{self.source}{suffix}"
 
     def iceberg_transform(self) -> Transform:
@@ -38,7 +55,13 @@ class PartitionTerm:
             return BucketTransform(self.argument or 0)
         if self.transform == "truncate":
             return TruncateTransform(self.argument or 0)
-        return {"identity": IdentityTransform(), "year": YearTransform(), "month": MonthTransform(), "day": DayTransform(), "hour": HourTransform()}[self.transform]
+        return {
+            "identity": IdentityTransform(),
+            "year": YearTransform(),
+            "month": MonthTransform(),
+            "day": DayTransform(),
+            "hour": HourTransform(),
+        }[self.transform]
 
 
 def parse_term(term: str) -> PartitionTerm:
@@ -47,7 +70,11 @@ def parse_term(term: str) -> PartitionTerm:
         raise ValueError(f"{term!r} is not a partition term")
     if match.group("col2"):
         return PartitionTerm("identity", match.group("col2"))
-    name = match.group("fn").lower().rstrip("s") if match.group("fn").lower() in ("years", "months", "days", "hours") else match.group("fn").lower()
+    name = (
+        match.group("fn").lower().rstrip("s")
+        if match.group("fn").lower() in ("years", "months", "days", "hours")
+        else match.group("fn").lower()
+    )
     if name not in ("year", "month", "day", "hour", "bucket", "truncate", "identity"):
         raise ValueError(f"{term!r}: unknown transform {match.group('fn')!r}")
     argument = int(match.group("arg")) if match.group("arg") else None
@@ -70,7 +97,10 @@ def resolve_column(schema: Schema, name: str) -> str:
 def partition_terms(terms: list[str], schema: Schema) -> list[PartitionTerm]:
     """Parsed terms with source names resolved against the schema."""
     parsed = [parse_term(term) for term in terms]
-    return [PartitionTerm(term.transform, resolve_column(schema, term.source), term.argument) for term in parsed]
+    return [
+        PartitionTerm(term.transform, resolve_column(schema, term.source), term.argument)
+        for term in parsed
+    ]
 
 
 def partition_spec(terms: list[str], schema: Schema) -> PartitionSpec:
@@ -78,5 +108,12 @@ def partition_spec(terms: list[str], schema: Schema) -> PartitionSpec:
     fields = []
     for index, term in enumerate(partition_terms(terms, schema)):
         source_id = schema.find_field(term.source).field_id
-        fields.append(PartitionField(source_id=source_id, field_id=_FIRST_PARTITION_FIELD_ID + index, transform=term.iceberg_transform(), name=term.field_name))
+        fields.append(
+            PartitionField(
+                source_id=source_id,
+                field_id=_FIRST_PARTITION_FIELD_ID + index,
+                transform=term.iceberg_transform(),
+                name=term.field_name,
+            )
+        )
     return PartitionSpec(*fields, spec_id=0)

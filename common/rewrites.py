@@ -41,8 +41,13 @@ class RewriteRequest(BaseModel):
     table: str
     base_snapshot_id: int
     replaced: list[str] = Field(description="Data file paths, as the table's manifests spell them.")
-    files: list[FileEntry] = Field(description="The new data files (all rows of `replaced` live at the base snapshot).")
-    schema_: dict[str, Any] = Field(alias="schema", description="Iceberg schema (pyiceberg JSON) the new files were written with.")
+    files: list[FileEntry] = Field(
+        description="The new data files (all rows of `replaced` live at the base snapshot)."
+    )
+    schema_: dict[str, Any] = Field(
+        alias="schema",
+        description="Iceberg schema (pyiceberg JSON) the new files were written with.",
+    )
     output_folder: str
     created_ms: int = Field(default_factory=lambda: int(time.time() * 1000))
 
@@ -59,7 +64,9 @@ def output_folder(table_location: str, request_id: str) -> str:
 def publish_rewrite(table_location: str, request: RewriteRequest) -> None:
     filesystem, folder = open_filesystem(rewrites_folder(table_location))
     filesystem.create_dir(folder, recursive=True)
-    write_whole(filesystem, f"{folder}/{request.id}.json", request.model_dump_json(by_alias=True).encode())
+    write_whole(
+        filesystem, f"{folder}/{request.id}.json", request.model_dump_json(by_alias=True).encode()
+    )
 
 
 def pending_rewrites(table_location: str) -> list[RewriteRequest | tuple[str, str]]:
@@ -72,7 +79,12 @@ def pending_rewrites(table_location: str) -> list[RewriteRequest | tuple[str, st
     found: list[RewriteRequest | tuple[str, str]] = []
     for info in sorted(listed, key=lambda info: info.mtime_ns or 0):
         name = info.base_name
-        if info.type != pafs.FileType.File or not name.endswith(".json") or name.endswith(_REFUSED) or name.startswith("."):
+        if (
+            info.type != pafs.FileType.File
+            or not name.endswith(".json")
+            or name.endswith(_REFUSED)
+            or name.startswith(".")
+        ):
             continue
         try:
             with filesystem.open_input_stream(info.path) as stream:
@@ -86,7 +98,11 @@ def pending_rewrites(table_location: str) -> list[RewriteRequest | tuple[str, st
 
 def pending_rewrite_folders(table_location: str) -> set[str]:
     """The output folders of pending requests (normalized), which orphan removal must spare."""
-    return {normalize_location(request.output_folder) for request in pending_rewrites(table_location) if isinstance(request, RewriteRequest)}
+    return {
+        normalize_location(request.output_folder)
+        for request in pending_rewrites(table_location)
+        if isinstance(request, RewriteRequest)
+    }
 
 
 def finish_rewrite(table_location: str, request_id: str) -> None:

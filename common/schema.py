@@ -10,13 +10,30 @@ as `parquet.field.id` metadata, which Spark's Parquet writer stores in the file.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import (
-    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FixedType, FloatType, IcebergType, IntegerType, ListType,
-    LongType, MapType, NestedField, PrimitiveType, StringType, StructType, TimestampType, TimestamptzType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    PrimitiveType,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
 )
 
 from common.config.model import MetadataColumns
@@ -87,8 +104,13 @@ SEMANTIC_TYPES: dict[str, IcebergType] = {
 """Iceberg type of each Connect / Debezium semantic type whose carrier is not what users expect."""
 
 _AVRO_PRIMITIVES: dict[str, IcebergType] = {
-    "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
-    "double": DoubleType(), "bytes": BinaryType(), "string": StringType(),
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "bytes": BinaryType(),
+    "string": StringType(),
 }
 
 
@@ -100,7 +122,9 @@ def avro_to_iceberg(avro_type: Any, path: str = "") -> tuple[IcebergType, bool]:
     if isinstance(avro_type, list):
         branches = [branch for branch in avro_type if branch != "null"]
         if len(branches) != 1:
-            raise SchemaConversionError(f"{path or 'value'}: unions of several types are not supported ({avro_type})")
+            raise SchemaConversionError(
+                f"{path or 'value'}: unions of several types are not supported ({avro_type})"
+            )
         converted, _ = avro_to_iceberg(branches[0], path)
         return converted, "null" in avro_type
     if isinstance(avro_type, str):
@@ -128,8 +152,17 @@ def avro_to_iceberg(avro_type: Any, path: str = "") -> tuple[IcebergType, bool]:
     if kind == "record":
         fields = []
         for index, field in enumerate(avro_type["fields"]):
-            field_type, optional = avro_to_iceberg(field["type"], f"{path}.{field['name']}" if path else field["name"])
-            fields.append(NestedField(field_id=1000 + index, name=field["name"], field_type=field_type, required=not optional))
+            field_type, optional = avro_to_iceberg(
+                field["type"], f"{path}.{field['name']}" if path else field["name"]
+            )
+            fields.append(
+                NestedField(
+                    field_id=1000 + index,
+                    name=field["name"],
+                    field_type=field_type,
+                    required=not optional,
+                )
+            )
         return StructType(*fields), False
     if kind in ("array", "map"):
         # As JSON text: Spark's Parquet writer gives list elements and map keys/values no field
@@ -145,7 +178,9 @@ def avro_to_iceberg(avro_type: Any, path: str = "") -> tuple[IcebergType, bool]:
     raise SchemaConversionError(f"{path}: Avro type {kind!r} is not supported")
 
 
-def resolve_named_types(schema: Any, known: dict[str, Any] | None = None, namespace: str = "") -> Any:
+def resolve_named_types(
+    schema: Any, known: dict[str, Any] | None = None, namespace: str = ""
+) -> Any:
     """Inline references to named types (Debezium's `after` refers to `before`'s record by name)."""
     known = {} if known is None else known
     if isinstance(schema, str):
@@ -163,7 +198,10 @@ def resolve_named_types(schema: Any, known: dict[str, Any] | None = None, namesp
         if kind == "record":
             resolved = dict(schema)
             known[full] = resolved
-            resolved["fields"] = [{**field, "type": resolve_named_types(field["type"], known, own_namespace)} for field in schema["fields"]]
+            resolved["fields"] = [
+                {**field, "type": resolve_named_types(field["type"], known, own_namespace)}
+                for field in schema["fields"]
+            ]
             return resolved
         known[full] = schema
         return schema
@@ -195,24 +233,45 @@ def envelope_shape(value_schema: dict[str, Any]) -> EnvelopeShape:
     if {"after", "op", "source"} <= set(fields):
         row = _record_of(fields["after"]) or _record_of(fields.get("before"))
         if row is None:
-            raise SchemaConversionError("Debezium envelope without a row record in `after`/`before`")
-        return EnvelopeShape(True, row, _record_of(fields["source"]), _record_of(fields.get("transaction")))
+            raise SchemaConversionError(
+                "Debezium envelope without a row record in `after`/`before`"
+            )
+        return EnvelopeShape(
+            True, row, _record_of(fields["source"]), _record_of(fields.get("transaction"))
+        )
     return EnvelopeShape(False, value_schema, None, None)
 
 
 def _record_of(avro_type: Any) -> dict[str, Any] | None:
     if isinstance(avro_type, list):
-        return next((branch for branch in avro_type if isinstance(branch, dict) and branch.get("type") == "record"), None)
+        return next(
+            (
+                branch
+                for branch in avro_type
+                if isinstance(branch, dict) and branch.get("type") == "record"
+            ),
+            None,
+        )
     return avro_type if isinstance(avro_type, dict) and avro_type.get("type") == "record" else None
 
 
 # -- flattened rows ---------------------------------------------------------------------------------
 
-KAFKA_COLUMN_TYPES: dict[str, IcebergType] = {"topic": StringType(), "partition": IntegerType(), "offset": LongType(), "timestamp": TimestamptzType(), "key": BinaryType()}
+KAFKA_COLUMN_TYPES: dict[str, IcebergType] = {
+    "topic": StringType(),
+    "partition": IntegerType(),
+    "offset": LongType(),
+    "timestamp": TimestamptzType(),
+    "key": BinaryType(),
+}
 
 
-def metadata_columns(metadata: MetadataColumns, is_debezium: bool, source_types: dict[str, IcebergType] | None = None,
-                     transaction_types: dict[str, IcebergType] | None = None) -> list[Column]:
+def metadata_columns(
+    metadata: MetadataColumns,
+    is_debezium: bool,
+    source_types: dict[str, IcebergType] | None = None,
+    transaction_types: dict[str, IcebergType] | None = None,
+) -> list[Column]:
     """Seed 000's metadata columns, in its order: source, op, envelope ts, transaction, Kafka.
 
     Source and transaction columns take the types the envelope gives those fields (string when
@@ -222,11 +281,17 @@ def metadata_columns(metadata: MetadataColumns, is_debezium: bool, source_types:
     if is_debezium:
         source_types, transaction_types = source_types or {}, transaction_types or {}
         for name in metadata.source.columns:
-            columns.append(Column(metadata.source.prefix + name, source_types.get(name, StringType())))
+            columns.append(
+                Column(metadata.source.prefix + name, source_types.get(name, StringType()))
+            )
         columns.append(Column(op_column(metadata), StringType()))
         columns.append(Column(envelope_ts_column(metadata), LongType()))
         for name in metadata.transaction.columns:
-            columns.append(Column(metadata.transaction.prefix + name, transaction_types.get(name, StringType())))
+            columns.append(
+                Column(
+                    metadata.transaction.prefix + name, transaction_types.get(name, StringType())
+                )
+            )
     for name in metadata.kafka.columns:
         columns.append(Column(metadata.kafka.prefix + name, KAFKA_COLUMN_TYPES[name]))
     return columns
@@ -236,7 +301,10 @@ def record_types(record: dict[str, Any] | None) -> dict[str, IcebergType]:
     """Field name -> Iceberg type of an Avro record (empty for None)."""
     if record is None:
         return {}
-    return {field["name"]: avro_to_iceberg(field["type"], field["name"])[0] for field in record["fields"]}
+    return {
+        field["name"]: avro_to_iceberg(field["type"], field["name"])[0]
+        for field in record["fields"]
+    }
 
 
 def op_column(metadata: MetadataColumns) -> str:
@@ -253,7 +321,14 @@ def row_columns(shape: EnvelopeShape, primary_key: Iterable[str] = ()) -> list[C
     columns = []
     for field in shape.row["fields"]:
         field_type, _ = avro_to_iceberg(field["type"], field["name"])
-        columns.append(Column(field["name"], field_type, required=field["name"].lower() in keys, semantic=semantic_type(field["type"])))
+        columns.append(
+            Column(
+                field["name"],
+                field_type,
+                required=field["name"].lower() in keys,
+                semantic=semantic_type(field["type"]),
+            )
+        )
     return columns
 
 
@@ -269,7 +344,10 @@ def semantic_type(avro_type: Any) -> str | None:
         return "avro." + avro_type["logicalType"]
     if avro_type.get("type") in ("array", "map"):
         return COLLECTION
-    if avro_type.get("logicalType") == "decimal" and int(avro_type["precision"]) > MAX_DECIMAL_PRECISION:
+    if (
+        avro_type.get("logicalType") == "decimal"
+        and int(avro_type["precision"]) > MAX_DECIMAL_PRECISION
+    ):
         return f"{WIDE_DECIMAL}{int(avro_type.get('scale', 0))}"
     return None
 
@@ -287,7 +365,11 @@ def merge_columns(versions: list[list[Column]]) -> list[Column]:
             if current is None:
                 merged[column.name] = column
             else:
-                merged[column.name] = Column(column.name, wider_type(current.type, column.type), current.required and column.required)
+                merged[column.name] = Column(
+                    column.name,
+                    wider_type(current.type, column.type),
+                    current.required and column.required,
+                )
     return list(merged.values())
 
 
@@ -302,17 +384,24 @@ def wider_type(old: IcebergType, new: IcebergType) -> IcebergType:
     if isinstance(old, DecimalType) and isinstance(new, DecimalType) and old.scale == new.scale:
         return DecimalType(max(old.precision, new.precision), old.scale)
     if isinstance(old, StructType) and isinstance(new, StructType):
-        merged = merge_columns([
-            [Column(f.name, f.field_type, f.required) for f in old.fields],
-            [Column(f.name, f.field_type, f.required) for f in new.fields],
-        ])
-        return StructType(*[NestedField(1000 + i, c.name, c.type, c.required) for i, c in enumerate(merged)])
+        merged = merge_columns(
+            [
+                [Column(f.name, f.field_type, f.required) for f in old.fields],
+                [Column(f.name, f.field_type, f.required) for f in new.fields],
+            ]
+        )
+        return StructType(
+            *[NestedField(1000 + i, c.name, c.type, c.required) for i, c in enumerate(merged)]
+        )
     return new
 
 
 # -- field ids -------------------------------------------------------------------------------------
 
-def assign_ids(columns: list[Column], existing: Schema | None, identifier_names: Iterable[str] = ()) -> Schema:
+
+def assign_ids(
+    columns: list[Column], existing: Schema | None, identifier_names: Iterable[str] = ()
+) -> Schema:
     """A schema for `columns` whose ids agree with `existing`.
 
     Names the table has keep their ids; new names get ids after the table's highest, in order
@@ -321,7 +410,10 @@ def assign_ids(columns: list[Column], existing: Schema | None, identifier_names:
     """
     identifier_names = list(identifier_names)
     if existing is None:
-        fields = [NestedField(1000 + index, column.name, column.type, column.required) for index, column in enumerate(columns)]
+        fields = [
+            NestedField(1000 + index, column.name, column.type, column.required)
+            for index, column in enumerate(columns)
+        ]
         provisional = Schema(*fields)
         fresh = assign_fresh_schema_ids(provisional)
         ids = [fresh.find_field(name).field_id for name in identifier_names]
@@ -335,34 +427,63 @@ def assign_ids(columns: list[Column], existing: Schema | None, identifier_names:
             old = None
         field_id = old.field_id if old is not None else next(counter)
         old_type = old.field_type if old is not None else None
-        fields.append(NestedField(field_id, column.name, _with_ids(column.type, old_type, counter), column.required))
+        fields.append(
+            NestedField(
+                field_id, column.name, _with_ids(column.type, old_type, counter), column.required
+            )
+        )
     schema = Schema(*fields)
-    return Schema(*fields, identifier_field_ids=[schema.find_field(name).field_id for name in identifier_names])
+    return Schema(
+        *fields,
+        identifier_field_ids=[schema.find_field(name).field_id for name in identifier_names],
+    )
 
 
-def _with_ids(field_type: IcebergType, existing: IcebergType | None, counter: Iterable[int]) -> IcebergType:
+def _with_ids(
+    field_type: IcebergType, existing: IcebergType | None, counter: Iterable[int]
+) -> IcebergType:
     """Nested ids: reuse those of the existing type by name, new ones from `counter`."""
     if isinstance(field_type, StructType):
-        existing_fields = {f.name: f for f in existing.fields} if isinstance(existing, StructType) else {}
+        existing_fields = (
+            {f.name: f for f in existing.fields} if isinstance(existing, StructType) else {}
+        )
         fields = []
         for nested in field_type.fields:
             old = existing_fields.get(nested.name)
             field_id = old.field_id if old is not None else next(counter)  # type: ignore[call-overload]
-            fields.append(NestedField(field_id, nested.name, _with_ids(nested.field_type, old.field_type if old else None, counter), nested.required))
+            fields.append(
+                NestedField(
+                    field_id,
+                    nested.name,
+                    _with_ids(nested.field_type, old.field_type if old else None, counter),
+                    nested.required,
+                )
+            )
         return StructType(*fields)
     if isinstance(field_type, ListType):
         element_id = existing.element_id if isinstance(existing, ListType) else next(counter)  # type: ignore[call-overload]
         old_element = existing.element_type if isinstance(existing, ListType) else None
-        return ListType(element_id, _with_ids(field_type.element_type, old_element, counter), field_type.element_required)
+        return ListType(
+            element_id,
+            _with_ids(field_type.element_type, old_element, counter),
+            field_type.element_required,
+        )
     if isinstance(field_type, MapType):
         key_id = existing.key_id if isinstance(existing, MapType) else next(counter)  # type: ignore[call-overload]
         value_id = existing.value_id if isinstance(existing, MapType) else next(counter)  # type: ignore[call-overload]
         old_value = existing.value_type if isinstance(existing, MapType) else None
-        return MapType(key_id, field_type.key_type, value_id, _with_ids(field_type.value_type, old_value, counter), field_type.value_required)
+        return MapType(
+            key_id,
+            field_type.key_type,
+            value_id,
+            _with_ids(field_type.value_type, old_value, counter),
+            field_type.value_required,
+        )
     return field_type
 
 
 # -- Iceberg -> Spark --------------------------------------------------------------------------------
+
 
 def spark_type(field_type: IcebergType):  # noqa: ANN201 - pyspark types imported lazily
     """The Spark type Spark's Parquet writer turns into this Iceberg type (nested ids included)."""
@@ -373,13 +494,25 @@ def spark_type(field_type: IcebergType):  # noqa: ANN201 - pyspark types importe
     if isinstance(field_type, ListType):
         return T.ArrayType(spark_type(field_type.element_type), not field_type.element_required)
     if isinstance(field_type, MapType):
-        return T.MapType(spark_type(field_type.key_type), spark_type(field_type.value_type), not field_type.value_required)
+        return T.MapType(
+            spark_type(field_type.key_type),
+            spark_type(field_type.value_type),
+            not field_type.value_required,
+        )
     if isinstance(field_type, DecimalType):
         return T.DecimalType(field_type.precision, field_type.scale)
     simple = {
-        BooleanType: T.BooleanType, IntegerType: T.IntegerType, LongType: T.LongType, FloatType: T.FloatType, DoubleType: T.DoubleType,
-        StringType: T.StringType, BinaryType: T.BinaryType, FixedType: T.BinaryType, DateType: T.DateType,
-        TimestamptzType: T.TimestampType, TimestampType: T.TimestampNTZType,
+        BooleanType: T.BooleanType,
+        IntegerType: T.IntegerType,
+        LongType: T.LongType,
+        FloatType: T.FloatType,
+        DoubleType: T.DoubleType,
+        StringType: T.StringType,
+        BinaryType: T.BinaryType,
+        FixedType: T.BinaryType,
+        DateType: T.DateType,
+        TimestamptzType: T.TimestampType,
+        TimestampType: T.TimestampNTZType,
     }
     for iceberg_class, spark_class in simple.items():
         if isinstance(field_type, iceberg_class):
@@ -390,7 +523,12 @@ def spark_type(field_type: IcebergType):  # noqa: ANN201 - pyspark types importe
 def spark_field(field: NestedField):  # noqa: ANN201
     from pyspark.sql import types as T
 
-    return T.StructField(field.name, spark_type(field.field_type), not field.required, metadata={PARQUET_FIELD_ID: field.field_id})
+    return T.StructField(
+        field.name,
+        spark_type(field.field_type),
+        not field.required,
+        metadata={PARQUET_FIELD_ID: field.field_id},
+    )
 
 
 def spark_schema(schema: Schema):  # noqa: ANN201
@@ -408,15 +546,30 @@ def iceberg_type_from_spark(data_type) -> IcebergType:  # noqa: ANN001 - a pyspa
     from pyspark.sql import types as T
 
     if isinstance(data_type, T.StructType):
-        return StructType(*[NestedField(1000 + i, f.name, iceberg_type_from_spark(f.dataType), False) for i, f in enumerate(data_type.fields)])
+        return StructType(
+            *[
+                NestedField(1000 + i, f.name, iceberg_type_from_spark(f.dataType), False)
+                for i, f in enumerate(data_type.fields)
+            ]
+        )
     if isinstance(data_type, (T.ArrayType, T.MapType)):
         return StringType()  # JSON text, as Avro collections (see `avro_to_iceberg`)
     if isinstance(data_type, T.DecimalType):
         return DecimalType(data_type.precision, data_type.scale)
     simple = {
-        T.BooleanType: BooleanType, T.ByteType: IntegerType, T.ShortType: IntegerType, T.IntegerType: IntegerType, T.LongType: LongType,
-        T.FloatType: FloatType, T.DoubleType: DoubleType, T.StringType: StringType, T.BinaryType: BinaryType, T.DateType: DateType,
-        T.TimestampType: TimestamptzType, T.TimestampNTZType: TimestampType, T.NullType: StringType,
+        T.BooleanType: BooleanType,
+        T.ByteType: IntegerType,
+        T.ShortType: IntegerType,
+        T.IntegerType: IntegerType,
+        T.LongType: LongType,
+        T.FloatType: FloatType,
+        T.DoubleType: DoubleType,
+        T.StringType: StringType,
+        T.BinaryType: BinaryType,
+        T.DateType: DateType,
+        T.TimestampType: TimestamptzType,
+        T.TimestampNTZType: TimestampType,
+        T.NullType: StringType,
     }
     for spark_class, iceberg_class in simple.items():
         if isinstance(data_type, spark_class):
@@ -427,17 +580,31 @@ def iceberg_type_from_spark(data_type) -> IcebergType:  # noqa: ANN001 - a pyspa
 def spark_sql_type(field_type: IcebergType) -> str:
     """The Spark SQL type name for CAST(... AS <type>)."""
     if isinstance(field_type, StructType):
-        inner = ", ".join(f"`{f.name.replace('`', '``')}`: {spark_sql_type(f.field_type)}" for f in field_type.fields)
+        inner = ", ".join(
+            f"`{f.name.replace('`', '``')}`: {spark_sql_type(f.field_type)}"
+            for f in field_type.fields
+        )
         return f"STRUCT<{inner}>"
     if isinstance(field_type, ListType):
         return f"ARRAY<{spark_sql_type(field_type.element_type)}>"
     if isinstance(field_type, MapType):
-        return f"MAP<{spark_sql_type(field_type.key_type)}, {spark_sql_type(field_type.value_type)}>"
+        return (
+            f"MAP<{spark_sql_type(field_type.key_type)}, {spark_sql_type(field_type.value_type)}>"
+        )
     if isinstance(field_type, DecimalType):
         return f"DECIMAL({field_type.precision}, {field_type.scale})"
     names = {
-        BooleanType: "BOOLEAN", IntegerType: "INT", LongType: "BIGINT", FloatType: "FLOAT", DoubleType: "DOUBLE", StringType: "STRING",
-        BinaryType: "BINARY", FixedType: "BINARY", DateType: "DATE", TimestamptzType: "TIMESTAMP", TimestampType: "TIMESTAMP_NTZ",
+        BooleanType: "BOOLEAN",
+        IntegerType: "INT",
+        LongType: "BIGINT",
+        FloatType: "FLOAT",
+        DoubleType: "DOUBLE",
+        StringType: "STRING",
+        BinaryType: "BINARY",
+        FixedType: "BINARY",
+        DateType: "DATE",
+        TimestamptzType: "TIMESTAMP",
+        TimestampType: "TIMESTAMP_NTZ",
     }
     for iceberg_class, name in names.items():
         if isinstance(field_type, iceberg_class):

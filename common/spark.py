@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from common.artifacts import MavenBundle, maven_bundle
 from common.config.model import IcekeeperConfig
@@ -43,7 +44,11 @@ FUNCTIONS_CATALOG = "ik_functions"
 
 def spark_jars(cache_dir: Path) -> list[Path]:
     """The jars above, without their dependencies: PySpark already ships the rest."""
-    bundle = MavenBundle(name=f"spark-{SPARK_VERSION}-iceberg-{ICEBERG_VERSION}", coordinates=SPARK_PACKAGES, transitive=False)
+    bundle = MavenBundle(
+        name=f"spark-{SPARK_VERSION}-iceberg-{ICEBERG_VERSION}",
+        coordinates=SPARK_PACKAGES,
+        transitive=False,
+    )
     return maven_bundle(cache_dir, bundle)
 
 
@@ -61,8 +66,16 @@ def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
     if kind == "sql":
         uri = properties["uri"]
         if not uri.startswith("sqlite:///"):
-            raise ValueError(f"catalog.properties.uri {uri!r}: Spark can open SQL catalogs on SQLite only here; use a REST catalog otherwise")
-        conf.update({f"{prefix}.type": "jdbc", f"{prefix}.uri": "jdbc:sqlite:" + uri.removeprefix("sqlite://"), f"{prefix}.jdbc.schema-version": "V1"})
+            raise ValueError(
+                f"catalog.properties.uri {uri!r}: Spark can open SQL catalogs on SQLite only here; use a REST catalog otherwise"
+            )
+        conf.update(
+            {
+                f"{prefix}.type": "jdbc",
+                f"{prefix}.uri": "jdbc:sqlite:" + uri.removeprefix("sqlite://"),
+                f"{prefix}.jdbc.schema-version": "V1",
+            }
+        )
     elif kind == "rest":
         conf.update({f"{prefix}.type": "rest", f"{prefix}.uri": properties["uri"]})
     else:
@@ -96,7 +109,12 @@ FIXED_SQL_CONF = {
 """Settings the writer's output depends on: applied after, and over, `writer.spark_conf`."""
 
 
-def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = None, extra_conf: Mapping[str, str] | None = None):
+def spark_session(
+    config: IcekeeperConfig,
+    app_name: str,
+    master: str | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+):
     """A SparkSession with Kafka, Avro and Iceberg on the classpath and the catalog registered."""
     from pyspark.sql import SparkSession
 
@@ -105,12 +123,16 @@ def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = N
     if not launched_by_spark_submit():
         # Under spark-submit, master and jars come from its command line (`--packages`).
         jars = spark_jars(Path(config.cache_dir))
-        builder = builder.master(master or config.writer.spark_master).config("spark.jars", ",".join(str(jar) for jar in jars))
+        builder = builder.master(master or config.writer.spark_master).config(
+            "spark.jars", ",".join(str(jar) for jar in jars)
+        )
     builder = (
-        builder
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        .config(
+            "spark.sql.extensions",
+            "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        )
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.parquet.fieldId.write.enabled", "true")
         .config("spark.sql.parquet.compression.codec", "zstd")
@@ -124,7 +146,12 @@ def spark_session(config: IcekeeperConfig, app_name: str, master: str | None = N
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.type", "hadoop")
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.warehouse", functions_warehouse.as_uri())
     )
-    for key, value in {**iceberg_catalog_conf(config), **config.writer.spark_conf, **(extra_conf or {}), **FIXED_SQL_CONF}.items():
+    for key, value in {
+        **iceberg_catalog_conf(config),
+        **config.writer.spark_conf,
+        **(extra_conf or {}),
+        **FIXED_SQL_CONF,
+    }.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

@@ -25,7 +25,9 @@ def write_whole(filesystem: pafs.FileSystem, path: str, body: bytes) -> None:
         with filesystem.open_output_stream(path) as out:
             out.write(body)
         return
-    temporary = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    temporary = posixpath.join(
+        posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
+    )
     with filesystem.open_output_stream(temporary) as out:
         out.write(body)
     filesystem.move(temporary, path)

@@ -32,9 +32,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pyiceberg.table import Table
 
@@ -64,7 +65,10 @@ def chaos_tables(mode: Mode) -> dict[str, bool]:
     """
     if mode not in MODES:
         raise ValueError(f"chaos mode {mode!r}: use one of {', '.join(MODES)}")
-    return {**({UPSERT_TABLE: True} if mode != "changelog" else {}), **({CHANGELOG_TABLE: False} if mode != "upsert" else {})}
+    return {
+        **({UPSERT_TABLE: True} if mode != "changelog" else {}),
+        **({CHANGELOG_TABLE: False} if mode != "upsert" else {}),
+    }
 
 
 @dataclass
@@ -80,8 +84,10 @@ class Component:
 
     def start(self) -> None:
         self.starts += 1
-        log = open(self.logs / f"{self.name}.{self.starts}.log", "wb")  # noqa: SIM115 - the child owns it
-        self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log = open(self.logs / f"{self.name}.{self.starts}.log", "wb")
+        self.process = subprocess.Popen(
+            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -113,12 +119,16 @@ class ChaosRun:
     restarts: int = 0
 
 
-def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: int = 500, mode: Mode = "both") -> dict[str, str]:
+def chaos_environ(
+    base: IcekeeperConfig, work: Path, topic: str, max_offsets: int = 500, mode: Mode = "both"
+) -> dict[str, str]:
     """Settings every component gets (environment overrides on the embedded defaults)."""
     source = base.sources[0]
     # Both tables claim the topic alike, so the writers fan each batch out to both (writers/routing.py).
-    tables = ", ".join(f"{{identifier: {identifier}, topics: [{topic}], primary_key: [id], mode: {'upsert' if upsert else 'changelog'}}}"
-                       for identifier, upsert in chaos_tables(mode).items())
+    tables = ", ".join(
+        f"{{identifier: {identifier}, topics: [{topic}], primary_key: [id], mode: {'upsert' if upsert else 'changelog'}}}"
+        for identifier, upsert in chaos_tables(mode).items()
+    )
     return {
         "ICEKEEPER__STATE_DIR": str(work / "state"),
         "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
@@ -141,8 +151,15 @@ def chaos_environ(base: IcekeeperConfig, work: Path, topic: str, max_offsets: in
     }
 
 
-def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progress: Progress = print,
-              timeout_s: float = 900, mode: Mode = "both") -> dict[str, Any]:
+def run_chaos(
+    base: IcekeeperConfig,
+    records: int,
+    kills: int,
+    seed: int,
+    progress: Progress = print,
+    timeout_s: float = 900,
+    mode: Mode = "both",
+) -> dict[str, Any]:
     """One chaos run; the report's `failures` lists, in words, every check that did not hold (see
     `chaos_verify.failures`), and the logs of every component stay under `logs`."""
     tables = chaos_tables(mode)
@@ -158,16 +175,37 @@ def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progre
     # A bounded key set, each key changed about ten times: deletes nearly as frequent as creates
     # and any free key re-created, so keys are deleted and come back all along, and about a
     # third of them end deleted (the upsert table's hard deletes must show).
-    spec = SyntheticSpec(seed=seed, keys=max(10, records // 10), events=records, update_ratio=0.5, delete_ratio=0.22, key_reuse="random",
-                         schema_changes=2, poison_ratio=0.02, server="chaos", db="shop", table="orders")
+    spec = SyntheticSpec(
+        seed=seed,
+        keys=max(10, records // 10),
+        events=records,
+        update_ratio=0.5,
+        delete_ratio=0.22,
+        key_reuse="random",
+        schema_changes=2,
+        poison_ratio=0.02,
+        server="chaos",
+        db="shop",
+        table="orders",
+    )
     ensure_topic(config.sources[0].bootstrap_servers, topic, PARTITIONS)
 
     environ = {**os.environ, **overrides}
     command = [sys.executable, "-m", "icekeeper.cli"]
     logs = work / "logs"
     components = {
-        "writer-1": Component("writer-1", [*command, "writer", "--writer-id", "w1"], {**environ, "ICEKEEPER__WRITER__INSTANCE_INDEX": "0"}, logs),
-        "writer-2": Component("writer-2", [*command, "writer", "--writer-id", "w2"], {**environ, "ICEKEEPER__WRITER__INSTANCE_INDEX": "1"}, logs),
+        "writer-1": Component(
+            "writer-1",
+            [*command, "writer", "--writer-id", "w1"],
+            {**environ, "ICEKEEPER__WRITER__INSTANCE_INDEX": "0"},
+            logs,
+        ),
+        "writer-2": Component(
+            "writer-2",
+            [*command, "writer", "--writer-id", "w2"],
+            {**environ, "ICEKEEPER__WRITER__INSTANCE_INDEX": "1"},
+            logs,
+        ),
         "bookkeeper": Component("bookkeeper", [*command, "bookkeeper"], environ, logs),
         "reaper": Component("reaper", [*command, "reaper", "--every", "20s"], environ, logs),
     }
@@ -175,38 +213,74 @@ def run_chaos(base: IcekeeperConfig, records: int, kills: int, seed: int, progre
     # in the middle of batches, commits and maintenance passes.
     produced: dict[str, Any] = {}
     rate = records / max(20.0, 10.0 * kills + 20.0)
-    producer = threading.Thread(target=lambda: produced.update(produce_at_rate(config, spec, rate, topic=topic, partitions=PARTITIONS)))
+    producer = threading.Thread(
+        target=lambda: produced.update(
+            produce_at_rate(config, spec, rate, topic=topic, partitions=PARTITIONS)
+        )
+    )
     run = ChaosRun()
     try:
         for component in components.values():
             component.start()
         producer.start()
-        progress(f"producing {records:,} records (+2% poison) at {rate:,.0f}/s to {topic} while killing")
+        progress(
+            f"producing {records:,} records (+2% poison) at {rate:,.0f}/s to {topic} while killing"
+        )
         pause_at = rng.randint(0, kills) if kills else 0
         for index in range(kills + 1):
             if index == pause_at:
-                _pause_and_fence(components, environ, command, logs, run, Path(config.bookkeeper.lease_uri) / config.bookkeeper.group, progress)
+                _pause_and_fence(
+                    components,
+                    environ,
+                    command,
+                    logs,
+                    run,
+                    Path(config.bookkeeper.lease_uri) / config.bookkeeper.group,
+                    progress,
+                )
             if index == kills:
                 break
             time.sleep(rng.uniform(4, 12))
             victim = components[rng.choice(sorted(components))]
             victim.kill()
-            run.kills.append({"component": victim.name, "at_s": round(time.monotonic() - started, 1)})
+            run.kills.append(
+                {"component": victim.name, "at_s": round(time.monotonic() - started, 1)}
+            )
             progress(f"kill -9 {victim.name} ({len(run.kills)}/{kills})")
             time.sleep(rng.uniform(0.5, 3))
             victim.start()
         producer.join()
         poison_expected = sum(produced["poison"].values())
-        progress(f"chaos over; {produced['records']:,} records produced ({poison_expected} poison); waiting until all are settled")
-        settled = _wait_until_settled(config, topic, produced["records"], tables, components, deadline=started + timeout_s)
+        progress(
+            f"chaos over; {produced['records']:,} records produced ({poison_expected} poison); waiting until all are settled"
+        )
+        settled = _wait_until_settled(
+            config, topic, produced["records"], tables, components, deadline=started + timeout_s
+        )
     finally:
         for component in components.values():
             component.terminate()
     progress("verifying against the topic read back")
-    result = verify(config, overrides, topic, poison_expected, changelog_table=CHANGELOG_TABLE if CHANGELOG_TABLE in tables else None,
-                    upsert_table=UPSERT_TABLE if UPSERT_TABLE in tables else None)
-    result.update({"mode": mode, "settled": settled, "kills": len(run.kills), "killed": Counter(k["component"] for k in run.kills), "fenced_exit_code": run.fenced_exit_code,
-                   "seed": seed, "seconds": round(time.monotonic() - started, 1), "logs": str(logs)})
+    result = verify(
+        config,
+        overrides,
+        topic,
+        poison_expected,
+        changelog_table=CHANGELOG_TABLE if CHANGELOG_TABLE in tables else None,
+        upsert_table=UPSERT_TABLE if UPSERT_TABLE in tables else None,
+    )
+    result.update(
+        {
+            "mode": mode,
+            "settled": settled,
+            "kills": len(run.kills),
+            "killed": Counter(k["component"] for k in run.kills),
+            "fenced_exit_code": run.fenced_exit_code,
+            "seed": seed,
+            "seconds": round(time.monotonic() - started, 1),
+            "logs": str(logs),
+        }
+    )
     result.update(reaper_files_compacted=_files_compacted(Path(config.reaper.report_path)))
     result["failures"] = failures(result)
     return result
@@ -223,21 +297,34 @@ def _files_compacted(report_path: Path) -> dict[str, int]:
         except ValueError:  # the reaper was killed while writing this line
             continue
         for table in tables:
-            compacted[table["table"]] = compacted.get(table["table"], 0) + int(table.get("files_compacted", 0))
+            compacted[table["table"]] = compacted.get(table["table"], 0) + int(
+                table.get("files_compacted", 0)
+            )
     return compacted
 
 
 def lease_holder_pid(folder: Path) -> int | None:
     """The process id in the newest lease file of the bookkeeper group (owner `host:pid:nonce`)."""
-    leases = sorted(folder.glob("lease-*.json"), key=lambda p: int(p.stem.split("-")[1])) if folder.exists() else []
+    leases = (
+        sorted(folder.glob("lease-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+        if folder.exists()
+        else []
+    )
     try:
         return int(json.loads(leases[-1].read_text())["owner"].split(":")[1]) if leases else None
     except (ValueError, KeyError, IndexError, OSError):
         return None
 
 
-def _pause_and_fence(components: dict[str, Component], environ: dict[str, str], command: list[str], logs: Path, run: ChaosRun,
-                     lease_folder: Path, progress: Progress) -> None:
+def _pause_and_fence(
+    components: dict[str, Component],
+    environ: dict[str, str],
+    command: list[str],
+    logs: Path,
+    run: ChaosRun,
+    lease_folder: Path,
+    progress: Progress,
+) -> None:
     """SIGSTOP the bookkeeper; a second one takes the lease and commits; SIGCONT: the first is fenced."""
     first = components["bookkeeper"]
     if not first.alive():
@@ -262,8 +349,14 @@ def _pause_and_fence(components: dict[str, Component], environ: dict[str, str], 
     components["bookkeeper"] = second
 
 
-def _wait_until_settled(config: IcekeeperConfig, topic: str, records: int, tables: dict[str, bool], components: dict[str, Component],
-                        deadline: float) -> bool:
+def _wait_until_settled(
+    config: IcekeeperConfig,
+    topic: str,
+    records: int,
+    tables: dict[str, bool],
+    components: dict[str, Component],
+    deadline: float,
+) -> bool:
     """Until every table covers every offset and nothing is pending (True), or the deadline (False):
     a changelog table's rows plus the dead letters, an upsert table's committed offsets (one row
     per key, so its rows count nothing)."""
@@ -273,18 +366,32 @@ def _wait_until_settled(config: IcekeeperConfig, topic: str, records: int, table
         for component in components.values():
             if not component.alive():
                 component.start()  # a crashed component (say, fenced) comes back, as a supervisor would
-        if all(_covers(config, load_table_or_none(catalog, identifier), upsert, topic, records) for identifier, upsert in tables.items()) \
-                and not transport.pending():
+        if (
+            all(
+                _covers(config, load_table_or_none(catalog, identifier), upsert, topic, records)
+                for identifier, upsert in tables.items()
+            )
+            and not transport.pending()
+        ):
             return True
         time.sleep(2)
     return False
 
 
-def _covers(config: IcekeeperConfig, table: Table | None, upsert: bool, topic: str, records: int) -> bool:
+def _covers(
+    config: IcekeeperConfig, table: Table | None, upsert: bool, topic: str, records: int
+) -> bool:
     """Whether `table` has committed all `records` of `topic`."""
     if table is None or table.current_snapshot() is None:
         return False
     if upsert:
-        return sum(offset for (committed_topic, _), offset in committed_state(table).offsets.items() if committed_topic == topic) >= records
+        return (
+            sum(
+                offset
+                for (committed_topic, _), offset in committed_state(table).offsets.items()
+                if committed_topic == topic
+            )
+            >= records
+        )
     rows = int(table.current_snapshot().summary.additional_properties.get("total-records", 0))
     return rows + len(dead_letter_positions(config, topic + ".dlq")) >= records

@@ -22,8 +22,9 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -39,7 +40,17 @@ from icekeeper.mirror import Key, Row, differences, latest_live_rows
 from icekeeper.samples.readback import topic_messages
 
 KEY = ["id"]
-UPSERT_COLUMNS = ("id", "customer", "amount", "price", "status", "extra_1", "_src_op", "_kfk_partition", "_kfk_offset")
+UPSERT_COLUMNS = (
+    "id",
+    "customer",
+    "amount",
+    "price",
+    "status",
+    "extra_1",
+    "_src_op",
+    "_kfk_partition",
+    "_kfk_offset",
+)
 """The upsert table's columns compared with the reference: the key, the synthetic stream's values
 (`extra_1` arrives with the first schema change, `amount` is widened by the second), the surviving
 change's operation and its Kafka position, which pins which change survived."""
@@ -49,7 +60,13 @@ synthetic stream's values (the `after` image, `before` for a delete) and the ope
 ints, floats and strings, which every engine hands to Python alike (the timestamps are left out:
 each engine gives them another type)."""
 
-CHANGELOG_FAULTS = ("duplicates", "missing", "poison_in_table", "unknown_positions", "payload_mismatched")
+CHANGELOG_FAULTS = (
+    "duplicates",
+    "missing",
+    "poison_in_table",
+    "unknown_positions",
+    "payload_mismatched",
+)
 """The counts of `ChangelogComparison` that fail a run when not 0."""
 
 Position = tuple[int, int]
@@ -60,10 +77,17 @@ PositionedDigest = tuple[int, int, int]
 
 def topic_offsets(bootstrap_servers: str, topic: str) -> set[Position]:
     """(partition, offset) of every record of `topic`, from the partitions' end offsets."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "chaos-verify"}, logger=logging.getLogger("librdkafka"))
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": "chaos-verify"},
+        logger=logging.getLogger("librdkafka"),
+    )
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return {(p, o) for p in partitions for o in range(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])}
+        return {
+            (p, o)
+            for p in partitions
+            for o in range(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+        }
     finally:
         consumer.close()
 
@@ -74,7 +98,9 @@ def dead_letter_positions(config: IcekeeperConfig, topic: str) -> Counter[Positi
     positions: Counter[Position] = Counter()
     for message in topic_messages(config.sources[0].bootstrap_servers, topic):
         headers = {k: v.decode() for k, v in (message.headers() or [])}
-        positions[(int(headers["icekeeper.source.partition"]), int(headers["icekeeper.source.offset"]))] += 1
+        positions[
+            (int(headers["icekeeper.source.partition"]), int(headers["icekeeper.source.offset"]))
+        ] += 1
     return positions
 
 
@@ -100,19 +126,35 @@ def topic_changes(source: KafkaSource, topic: str) -> tuple[list[Row], list[Posi
         if event is None:  # a tombstone: no change of its own
             continue
         image = event["before"] if event["op"] == "d" else event["after"]
-        changes.append({**image, "_src_op": event["op"], "_kfk_partition": message.partition(), "_kfk_offset": message.offset()})
+        changes.append(
+            {
+                **image,
+                "_src_op": event["op"],
+                "_kfk_partition": message.partition(),
+                "_kfk_offset": message.offset(),
+            }
+        )
     return changes, undecodable
 
 
 def payload_digest(values: Sequence[Any]) -> int:
     """A 64-bit digest of one row's payload values (in `CHANGELOG_PAYLOAD` order): equal values give
     equal digests whichever engine read them, so a million rows compare without holding their values."""
-    return int.from_bytes(hashlib.blake2b(repr(tuple(values)).encode(), digest_size=8).digest(), "big")
+    return int.from_bytes(
+        hashlib.blake2b(repr(tuple(values)).encode(), digest_size=8).digest(), "big"
+    )
 
 
-def expected_payloads(changes: Iterable[Row], columns: Sequence[str] = CHANGELOG_PAYLOAD) -> dict[Position, int]:
+def expected_payloads(
+    changes: Iterable[Row], columns: Sequence[str] = CHANGELOG_PAYLOAD
+) -> dict[Position, int]:
     """The digest of each decoded Kafka record's payload, by position (`topic_changes`' rows)."""
-    return {(row["_kfk_partition"], row["_kfk_offset"]): payload_digest([row.get(name) for name in columns]) for row in changes}
+    return {
+        (row["_kfk_partition"], row["_kfk_offset"]): payload_digest(
+            [row.get(name) for name in columns]
+        )
+        for row in changes
+    }
 
 
 def positioned_digests(rows: Iterable[Sequence[Any]]) -> list[PositionedDigest]:
@@ -138,8 +180,13 @@ class ChangelogComparison:
     examples: tuple[str, ...]
 
 
-def compare_changelog(rows: Sequence[PositionedDigest], expected: dict[Position, int], undecodable: set[Position],
-                      topic_positions: set[Position], dead_letters: Counter[Position]) -> ChangelogComparison:
+def compare_changelog(
+    rows: Sequence[PositionedDigest],
+    expected: dict[Position, int],
+    undecodable: set[Position],
+    topic_positions: set[Position],
+    dead_letters: Counter[Position],
+) -> ChangelogComparison:
     """How one engine's read of the changelog table differs from the topic.
 
     Args:
@@ -154,14 +201,29 @@ def compare_changelog(rows: Sequence[PositionedDigest], expected: dict[Position,
     missing = sorted(topic_positions - set(per_position) - set(dead_letters))
     poison = sorted(set(per_position) & undecodable)
     unknown = sorted(set(per_position) - topic_positions)
-    mismatched = sorted({(partition, offset) for partition, offset, digest in rows
-                         if (partition, offset) in expected and expected[(partition, offset)] != digest})
-    examples = ([f"{position}: {per_position[position]} rows" for position in duplicates[:3]] + [f"{position}: missing" for position in missing[:3]]
-                + [f"{position}: poison in the table" for position in poison[:3]] + [f"{position}: not in the topic" for position in unknown[:3]]
-                + [f"{position}: payload unlike the Kafka record" for position in mismatched[:3]])
-    return ChangelogComparison(rows=len(rows), duplicates=sum(per_position[position] - 1 for position in duplicates), missing=len(missing),
-                               poison_in_table=len(poison), unknown_positions=len(unknown), payload_mismatched=len(mismatched),
-                               examples=tuple(examples))
+    mismatched = sorted(
+        {
+            (partition, offset)
+            for partition, offset, digest in rows
+            if (partition, offset) in expected and expected[(partition, offset)] != digest
+        }
+    )
+    examples = (
+        [f"{position}: {per_position[position]} rows" for position in duplicates[:3]]
+        + [f"{position}: missing" for position in missing[:3]]
+        + [f"{position}: poison in the table" for position in poison[:3]]
+        + [f"{position}: not in the topic" for position in unknown[:3]]
+        + [f"{position}: payload unlike the Kafka record" for position in mismatched[:3]]
+    )
+    return ChangelogComparison(
+        rows=len(rows),
+        duplicates=sum(per_position[position] - 1 for position in duplicates),
+        missing=len(missing),
+        poison_in_table=len(poison),
+        unknown_positions=len(unknown),
+        payload_mismatched=len(mismatched),
+        examples=tuple(examples),
+    )
 
 
 @dataclass(frozen=True)
@@ -183,16 +245,27 @@ class DeadLetterCheck:
     """Dead letters of the most often dead-lettered position."""
 
 
-def check_dead_letters(dead_letters: Counter[Position], undecodable: set[Position]) -> DeadLetterCheck:
+def check_dead_letters(
+    dead_letters: Counter[Position], undecodable: set[Position]
+) -> DeadLetterCheck:
     """How the dead letters (by source position, with repeats) differ from one per undecodable record."""
     repeated = sorted(position for position, count in dead_letters.items() if count > 1)
     absent = sorted(undecodable - set(dead_letters))
     good = sorted(set(dead_letters) - undecodable)
-    examples = ([f"{position}: dead-lettered {dead_letters[position]} times" for position in repeated[:3]]
-                + [f"{position}: poison without a dead letter" for position in absent[:3]] + [f"{position}: decodes, yet dead-lettered" for position in good[:3]])
-    return DeadLetterCheck(dead_lettered=sum(dead_letters.values()), positions=len(dead_letters),
-                           duplicates=sum(dead_letters[position] - 1 for position in repeated), poison_not_dead_lettered=len(absent),
-                           good_dead_lettered=len(good), examples=tuple(examples), most_copies=max(dead_letters.values(), default=0))
+    examples = (
+        [f"{position}: dead-lettered {dead_letters[position]} times" for position in repeated[:3]]
+        + [f"{position}: poison without a dead letter" for position in absent[:3]]
+        + [f"{position}: decodes, yet dead-lettered" for position in good[:3]]
+    )
+    return DeadLetterCheck(
+        dead_lettered=sum(dead_letters.values()),
+        positions=len(dead_letters),
+        duplicates=sum(dead_letters[position] - 1 for position in repeated),
+        poison_not_dead_lettered=len(absent),
+        good_dead_lettered=len(good),
+        examples=tuple(examples),
+        most_copies=max(dead_letters.values(), default=0),
+    )
 
 
 def engines_disagreeing(reads: dict[str, Sequence[PositionedDigest]]) -> int:
@@ -202,7 +275,10 @@ def engines_disagreeing(reads: dict[str, Sequence[PositionedDigest]]) -> int:
     if not reads_by_engine:
         return 0
     first = reads_by_engine[0]
-    return max((sum(((first - other) + (other - first)).values()) for other in reads_by_engine[1:]), default=0)
+    return max(
+        (sum(((first - other) + (other - first)).values()) for other in reads_by_engine[1:]),
+        default=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -222,7 +298,9 @@ class UpsertComparison:
     examples: tuple[str, ...]
 
 
-def compare_with_reference(rows: list[Row], reference: dict[Key, Row], columns: tuple[str, ...] = UPSERT_COLUMNS) -> UpsertComparison:
+def compare_with_reference(
+    rows: list[Row], reference: dict[Key, Row], columns: tuple[str, ...] = UPSERT_COLUMNS
+) -> UpsertComparison:
     """How `rows` (one engine's read of the upsert table) differ from `reference` (latest live rows by key)."""
     per_key = Counter(tuple(row[name] for name in KEY) for row in rows)
     mirror = {tuple(row[name] for name in KEY): row for row in rows}
@@ -230,15 +308,25 @@ def compare_with_reference(rows: list[Row], reference: dict[Key, Row], columns: 
     found = differences(expected, mirror)
     one_side = [d for d in found if d.column is None]
     return UpsertComparison(
-        rows=len(rows), keys=len(per_key), duplicate_keys=sum(count - 1 for count in per_key.values() if count > 1),
-        missing_keys=sum(1 for d in one_side if d.key in expected), extra_keys=sum(1 for d in one_side if d.key not in expected),
+        rows=len(rows),
+        keys=len(per_key),
+        duplicate_keys=sum(count - 1 for count in per_key.values() if count > 1),
+        missing_keys=sum(1 for d in one_side if d.key in expected),
+        extra_keys=sum(1 for d in one_side if d.key not in expected),
         mismatched_keys=len({d.key for d in found if d.column is not None}),
-        examples=tuple(str(d) for d in found[:5]) + tuple(f"key {key[0]}: {count} rows" for key, count in per_key.items() if count > 1)[:5],
+        examples=tuple(str(d) for d in found[:5])
+        + tuple(f"key {key[0]}: {count} rows" for key, count in per_key.items() if count > 1)[:5],
     )
 
 
-def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poison_expected: int,
-           changelog_table: str | None, upsert_table: str | None) -> dict[str, Any]:
+def verify(
+    config: IcekeeperConfig,
+    overrides: dict[str, str],
+    topic: str,
+    poison_expected: int,
+    changelog_table: str | None,
+    upsert_table: str | None,
+) -> dict[str, Any]:
     """Every check of the run's tables (those not None), as one flat report (see `failures`)."""
     from icekeeper.readers import duckdb_rows
 
@@ -247,17 +335,35 @@ def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poiso
     read_columns = changelog_columns(changelog) if changelog is not None else []
     catalog_queries = {}
     if changelog_table:
-        catalog_queries["changelog_rows"] = f"SELECT {', '.join(read_columns)} FROM {{catalog}}.{changelog_table}"
+        catalog_queries["changelog_rows"] = (
+            f"SELECT {', '.join(read_columns)} FROM {{catalog}}.{changelog_table}"
+        )
     if upsert_table:
-        catalog_queries["upsert_rows"] = f"SELECT {', '.join(UPSERT_COLUMNS)} FROM {{catalog}}.{upsert_table}"
+        catalog_queries["upsert_rows"] = (
+            f"SELECT {', '.join(UPSERT_COLUMNS)} FROM {{catalog}}.{upsert_table}"
+        )
     spark = spark_reads(overrides, catalog_queries)
     topic_positions = topic_offsets(config.sources[0].bootstrap_servers, topic)
     changes, undecodable = topic_changes(config.sources[0], topic)
     dead = dead_letter_positions(config, topic + ".dlq")
-    result: dict[str, Any] = {"records_in": len(topic_positions), "poison_expected": poison_expected, "undecodable": len(undecodable),
-                              **dead_letter_report(dead, set(undecodable))}
+    result: dict[str, Any] = {
+        "records_in": len(topic_positions),
+        "poison_expected": poison_expected,
+        "undecodable": len(undecodable),
+        **dead_letter_report(dead, set(undecodable)),
+    }
     if changelog is not None:
-        result.update(verify_changelog(changelog, read_columns, spark["changelog_rows"], changes, set(undecodable), topic_positions, dead))
+        result.update(
+            verify_changelog(
+                changelog,
+                read_columns,
+                spark["changelog_rows"],
+                changes,
+                set(undecodable),
+                topic_positions,
+                dead,
+            )
+        )
     if upsert_table:
         table = catalog.load_table(upsert_table)
         reference = latest_live_rows(changes, KEY)
@@ -266,18 +372,28 @@ def verify(config: IcekeeperConfig, overrides: dict[str, str], topic: str, poiso
             "duckdb": duckdb_rows(table, ", ".join(UPSERT_COLUMNS)),
             "spark": [dict(zip(UPSERT_COLUMNS, row)) for row in spark["upsert_rows"]],
         }
-        compared = {engine: compare_with_reference(rows, reference) for engine, rows in engines.items()}
-        result.update({
-            "upsert_reference_keys": len(reference), "upsert_reference_changes": len(changes), "upsert_undecodable": len(undecodable),
-            "upsert_rows": compared["pyiceberg"].rows, "upsert_keys": compared["pyiceberg"].keys,
-            "upsert_duckdb_rows": compared["duckdb"].rows, "upsert_spark_rows": compared["spark"].rows,
-            "upsert_duplicate_keys": max(c.duplicate_keys for c in compared.values()),
-            "upsert_missing_keys": max(c.missing_keys for c in compared.values()),
-            "upsert_extra_keys": max(c.extra_keys for c in compared.values()),
-            "upsert_mismatched": max(c.mismatched_keys + c.missing_keys + c.extra_keys for c in compared.values()),
-            "upsert_by_engine": {engine: asdict(c) for engine, c in compared.items()},
-            "upsert_snapshots": len(table.snapshots()),
-        })
+        compared = {
+            engine: compare_with_reference(rows, reference) for engine, rows in engines.items()
+        }
+        result.update(
+            {
+                "upsert_reference_keys": len(reference),
+                "upsert_reference_changes": len(changes),
+                "upsert_undecodable": len(undecodable),
+                "upsert_rows": compared["pyiceberg"].rows,
+                "upsert_keys": compared["pyiceberg"].keys,
+                "upsert_duckdb_rows": compared["duckdb"].rows,
+                "upsert_spark_rows": compared["spark"].rows,
+                "upsert_duplicate_keys": max(c.duplicate_keys for c in compared.values()),
+                "upsert_missing_keys": max(c.missing_keys for c in compared.values()),
+                "upsert_extra_keys": max(c.extra_keys for c in compared.values()),
+                "upsert_mismatched": max(
+                    c.mismatched_keys + c.missing_keys + c.extra_keys for c in compared.values()
+                ),
+                "upsert_by_engine": {engine: asdict(c) for engine, c in compared.items()},
+                "upsert_snapshots": len(table.snapshots()),
+            }
+        )
     return result
 
 
@@ -288,7 +404,9 @@ def changelog_columns(table: Table) -> list[str]:
     return ["_kfk_partition", "_kfk_offset", *(name for name in CHANGELOG_PAYLOAD if name in names)]
 
 
-def _in_payload_order(rows: Iterable[Sequence[Any]], columns: list[str]) -> Iterator[tuple[Any, ...]]:
+def _in_payload_order(
+    rows: Iterable[Sequence[Any]], columns: list[str]
+) -> Iterator[tuple[Any, ...]]:
     """Rows read as `columns` (`changelog_columns`) as (partition, offset, *`CHANGELOG_PAYLOAD`),
     None for a column the table lacks (so a Kafka value for it shows as a payload difference)."""
     where = [columns.index(name) if name in columns else None for name in CHANGELOG_PAYLOAD]
@@ -303,37 +421,69 @@ def _pyiceberg_tuples(table: Table, columns: list[str]) -> Iterator[tuple[Any, .
         yield from zip(*(values[name] for name in columns))
 
 
-def verify_changelog(table: Table, columns: list[str], spark_rows: list[list[Any]], changes: list[Row], undecodable: set[Position],
-                     topic_positions: set[Position], dead_letters: Counter[Position]) -> dict[str, Any]:
+def verify_changelog(
+    table: Table,
+    columns: list[str],
+    spark_rows: list[list[Any]],
+    changes: list[Row],
+    undecodable: set[Position],
+    topic_positions: set[Position],
+    dead_letters: Counter[Position],
+) -> dict[str, Any]:
     """Every offset of the topic exactly once in the changelog `table` or in the dead-letter topic,
     each row with the payload of its Kafka record, as pyiceberg, DuckDB and Spark (`spark_rows`,
     read as `columns`) each read the table; and the three reads alike, row by row."""
     from icekeeper.readers import duckdb_tuples
 
     reads = {
-        "pyiceberg": positioned_digests(_in_payload_order(_pyiceberg_tuples(table, columns), columns)),
+        "pyiceberg": positioned_digests(
+            _in_payload_order(_pyiceberg_tuples(table, columns), columns)
+        ),
         "duckdb": positioned_digests(_in_payload_order(duckdb_tuples(table, columns), columns)),
         "spark": positioned_digests(_in_payload_order(spark_rows, columns)),
     }
-    return {**changelog_report(reads, expected_payloads(changes), undecodable, topic_positions, dead_letters), "snapshots": len(table.snapshots())}
+    return {
+        **changelog_report(
+            reads, expected_payloads(changes), undecodable, topic_positions, dead_letters
+        ),
+        "snapshots": len(table.snapshots()),
+    }
 
 
-def dead_letter_report(dead_letters: Counter[Position], undecodable: set[Position]) -> dict[str, Any]:
+def dead_letter_report(
+    dead_letters: Counter[Position], undecodable: set[Position]
+) -> dict[str, Any]:
     """`check_dead_letters` as entries of the flat report (see `failures`)."""
     checked = check_dead_letters(dead_letters, undecodable)
-    return {"dead_lettered": checked.dead_lettered, "dead_letter_positions": checked.positions, "dead_letter_duplicates": checked.duplicates,
-            "poison_not_dead_lettered": checked.poison_not_dead_lettered, "good_dead_lettered": checked.good_dead_lettered,
-            "dead_letter_examples": list(checked.examples), "dead_letter_most_copies": checked.most_copies}
+    return {
+        "dead_lettered": checked.dead_lettered,
+        "dead_letter_positions": checked.positions,
+        "dead_letter_duplicates": checked.duplicates,
+        "poison_not_dead_lettered": checked.poison_not_dead_lettered,
+        "good_dead_lettered": checked.good_dead_lettered,
+        "dead_letter_examples": list(checked.examples),
+        "dead_letter_most_copies": checked.most_copies,
+    }
 
 
-def changelog_report(reads: dict[str, Sequence[PositionedDigest]], expected: dict[Position, int], undecodable: set[Position],
-                     topic_positions: set[Position], dead_letters: Counter[Position]) -> dict[str, Any]:
+def changelog_report(
+    reads: dict[str, Sequence[PositionedDigest]],
+    expected: dict[Position, int],
+    undecodable: set[Position],
+    topic_positions: set[Position],
+    dead_letters: Counter[Position],
+) -> dict[str, Any]:
     """Each engine's read (`pyiceberg`, `duckdb`, `spark`) compared with the topic (`compare_changelog`)
     and with the others (`engines_disagreeing`), as entries of the flat report: each count is the
     worst engine's."""
-    compared = {engine: compare_changelog(rows, expected, undecodable, topic_positions, dead_letters) for engine, rows in reads.items()}
+    compared = {
+        engine: compare_changelog(rows, expected, undecodable, topic_positions, dead_letters)
+        for engine, rows in reads.items()
+    }
     return {
-        "rows": compared["pyiceberg"].rows, "duckdb_rows": compared["duckdb"].rows, "spark_rows": compared["spark"].rows,
+        "rows": compared["pyiceberg"].rows,
+        "duckdb_rows": compared["duckdb"].rows,
+        "spark_rows": compared["spark"].rows,
         **{name: max(getattr(c, name) for c in compared.values()) for name in CHANGELOG_FAULTS},
         "engines_disagreeing": engines_disagreeing(reads),
         "changelog_by_engine": {engine: asdict(c) for engine, c in compared.items()},
@@ -346,37 +496,79 @@ def failures(result: dict[str, Any]) -> list[str]:
     if not result.get("settled", True):
         found.append("the tables did not take in every record before the timeout")
     if result.get("fenced_exit_code", 3) != 3:  # every run pauses a bookkeeper once
-        found.append(f"the paused bookkeeper exited with {result.get('fenced_exit_code')}, not 3 (fenced)")
+        found.append(
+            f"the paused bookkeeper exited with {result.get('fenced_exit_code')}, not 3 (fenced)"
+        )
     if result.get("dead_letter_positions", result["dead_lettered"]) != result["poison_expected"]:
-        found.append(f"{result['dead_lettered']} dead letters for {result['poison_expected']} poison records")
+        found.append(
+            f"{result['dead_lettered']} dead letters for {result['poison_expected']} poison records"
+        )
     # Dead letters are sent at least once (writers/dead_letters.py): a writer killed after sending a
     # batch's dead letters and before publishing its moniker sends them again when it restarts.
     # A repeat is a failure only beyond what the run's writer kills can explain.
-    writer_kills = sum(count for component, count in dict(result.get("killed") or {}).items() if component.startswith("writer"))
-    repeated_beyond_kills = result.get("dead_letter_most_copies", 1 + bool(result.get("dead_letter_duplicates"))) > 1 + writer_kills
-    if repeated_beyond_kills or result.get("poison_not_dead_lettered") or result.get("good_dead_lettered"):
-        found.append(f"dead letters: {result['dead_letter_duplicates']} repeated, {result['poison_not_dead_lettered']} poison records without one, "
-                     f"{result['good_dead_lettered']} for records that decode ({'; '.join(result['dead_letter_examples'])})")
+    writer_kills = sum(
+        count
+        for component, count in dict(result.get("killed") or {}).items()
+        if component.startswith("writer")
+    )
+    repeated_beyond_kills = (
+        result.get("dead_letter_most_copies", 1 + bool(result.get("dead_letter_duplicates")))
+        > 1 + writer_kills
+    )
+    if (
+        repeated_beyond_kills
+        or result.get("poison_not_dead_lettered")
+        or result.get("good_dead_lettered")
+    ):
+        found.append(
+            f"dead letters: {result['dead_letter_duplicates']} repeated, {result['poison_not_dead_lettered']} poison records without one, "
+            f"{result['good_dead_lettered']} for records that decode ({'; '.join(result['dead_letter_examples'])})"
+        )
     if result.get("undecodable", result["poison_expected"]) != result["poison_expected"]:
-        found.append(f"{result['undecodable']} records of the topic do not decode for {result['poison_expected']} poison records produced")
+        found.append(
+            f"{result['undecodable']} records of the topic do not decode for {result['poison_expected']} poison records produced"
+        )
     if "rows" in result:
         wrong = {name: result[name] for name in CHANGELOG_FAULTS if result.get(name)}
         if wrong:
-            examples = list(dict.fromkeys(example for compared in result.get("changelog_by_engine", {}).values() for example in compared["examples"]))[:5]
-            found.append(f"changelog: {', '.join(f'{count} {name}' for name, count in wrong.items())} ({'; '.join(examples)})")
+            examples = list(
+                dict.fromkeys(
+                    example
+                    for compared in result.get("changelog_by_engine", {}).values()
+                    for example in compared["examples"]
+                )
+            )[:5]
+            found.append(
+                f"changelog: {', '.join(f'{count} {name}' for name, count in wrong.items())} ({'; '.join(examples)})"
+            )
         if not result["spark_rows"] == result["duckdb_rows"] == result["rows"]:
-            found.append(f"changelog: rows {result['rows']}, Spark {result['spark_rows']}, DuckDB {result['duckdb_rows']}")
+            found.append(
+                f"changelog: rows {result['rows']}, Spark {result['spark_rows']}, DuckDB {result['duckdb_rows']}"
+            )
         if result.get("engines_disagreeing"):
-            found.append(f"changelog: {result['engines_disagreeing']} rows (position and payload) not alike in pyiceberg, DuckDB and Spark")
+            found.append(
+                f"changelog: {result['engines_disagreeing']} rows (position and payload) not alike in pyiceberg, DuckDB and Spark"
+            )
     if "upsert_keys" in result:
         if result["upsert_duplicate_keys"] or result["upsert_mismatched"]:
-            found.append(f"upsert: {result['upsert_duplicate_keys']} duplicate keys, {result['upsert_mismatched']} keys unlike the reference "
-                         f"({result['upsert_missing_keys']} missing, {result['upsert_extra_keys']} extra)")
-        if not result["upsert_spark_rows"] == result["upsert_duckdb_rows"] == result["upsert_rows"] == result["upsert_reference_keys"]:
-            found.append(f"upsert: rows {result['upsert_rows']}, Spark {result['upsert_spark_rows']}, DuckDB {result['upsert_duckdb_rows']}, "
-                         f"reference {result['upsert_reference_keys']} keys")
+            found.append(
+                f"upsert: {result['upsert_duplicate_keys']} duplicate keys, {result['upsert_mismatched']} keys unlike the reference "
+                f"({result['upsert_missing_keys']} missing, {result['upsert_extra_keys']} extra)"
+            )
+        if (
+            not result["upsert_spark_rows"]
+            == result["upsert_duckdb_rows"]
+            == result["upsert_rows"]
+            == result["upsert_reference_keys"]
+        ):
+            found.append(
+                f"upsert: rows {result['upsert_rows']}, Spark {result['upsert_spark_rows']}, DuckDB {result['upsert_duckdb_rows']}, "
+                f"reference {result['upsert_reference_keys']} keys"
+            )
         if result["upsert_undecodable"] != result["poison_expected"]:
-            found.append(f"upsert reference: {result['upsert_undecodable']} undecodable records for {result['poison_expected']} poison")
+            found.append(
+                f"upsert reference: {result['upsert_undecodable']} undecodable records for {result['poison_expected']} poison"
+            )
     return found
 
 
@@ -386,11 +578,19 @@ def spark_reads(overrides: dict[str, str], queries: dict[str, str]) -> dict[str,
     reused with another catalog nor stopped. One process for all queries: a JVM start costs seconds."""
     if not queries:
         return {}
-    code = ("import json, sys; from common.config import load_config; from common.spark import spark_session; c = load_config(None); "
-            "s = spark_session(c, 'icekeeper-chaos-verify', master='local[1]'); queries = json.loads(sys.argv[1]); "
-            "print(json.dumps({name: [list(row) for row in s.sql(q.format(catalog=c.catalog.name)).collect()] for name, q in queries.items()})); s.stop()")
-    result = subprocess.run([sys.executable, "-c", code, json.dumps(queries)], env={**os.environ, **overrides}, capture_output=True, text=True,
-                            timeout=600, check=False)
+    code = (
+        "import json, sys; from common.config import load_config; from common.spark import spark_session; c = load_config(None); "
+        "s = spark_session(c, 'icekeeper-chaos-verify', master='local[1]'); queries = json.loads(sys.argv[1]); "
+        "print(json.dumps({name: [list(row) for row in s.sql(q.format(catalog=c.catalog.name)).collect()] for name, q in queries.items()})); s.stop()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(queries)],
+        env={**os.environ, **overrides},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"Spark could not read the chaos tables: {result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ import json
 import signal
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from common.config import ConfigError, IcekeeperConfig, load_config
 from common.logs import configure_logging
@@ -33,7 +33,9 @@ def cmd_stack(args: argparse.Namespace) -> int:
     with_services = list(args.with_services or [])
     if args.action != "up":
         # `down` and `status` also cover the optional services an earlier `up --with` started.
-        with_services += [name for name in started_optional_services(config) if name not in with_services]
+        with_services += [
+            name for name in started_optional_services(config) if name not in with_services
+        ]
     stack = LocalStack(config, only=args.only, with_services=with_services)
     if args.action == "up":
         report = stack.up(_progress)
@@ -65,7 +67,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "show":
         print(json.dumps(masked_dump(config), indent=2))
     else:
-        print(f"ok: {args.config or '<embedded defaults>'} ({len(config.tables)} table(s), {len(config.sources)} source(s))")
+        print(
+            f"ok: {args.config or '<embedded defaults>'} ({len(config.tables)} table(s), {len(config.sources)} source(s))"
+        )
     return 0
 
 
@@ -82,10 +86,18 @@ def cmd_produce_synthetic(args: argparse.Namespace) -> int:
     from icekeeper.samples.synthetic import SyntheticSpec
 
     spec = SyntheticSpec(
-        seed=args.seed, keys=args.keys, events=args.events, update_ratio=args.update_ratio, delete_ratio=args.delete_ratio,
-        schema_changes=args.schema_changes, poison_ratio=args.poison_ratio, format=args.format,
+        seed=args.seed,
+        keys=args.keys,
+        events=args.events,
+        update_ratio=args.update_ratio,
+        delete_ratio=args.delete_ratio,
+        schema_changes=args.schema_changes,
+        poison_ratio=args.poison_ratio,
+        format=args.format,
     )
-    report = produce_synthetic(_config(args), spec, topic=args.topic, partitions=args.partitions, progress=_progress)
+    report = produce_synthetic(
+        _config(args), spec, topic=args.topic, partitions=args.partitions, progress=_progress
+    )
     print(json.dumps(report))
     return 0
 
@@ -105,9 +117,20 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
     def show(report) -> None:  # noqa: ANN001 - CycleReport
         for table in report.tables:
             if table.snapshot_id is not None or table.quarantined:
-                print(json.dumps({"table": table.table, "snapshot_id": table.snapshot_id, "monikers": len(table.committed),
-                                  "records": table.records, "files": table.files, "quarantined": len(table.quarantined),
-                                  "ms": round(table.seconds * 1000, 1)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "table": table.table,
+                            "snapshot_id": table.snapshot_id,
+                            "monikers": len(table.committed),
+                            "records": table.records,
+                            "files": table.files,
+                            "quarantined": len(table.quarantined),
+                            "ms": round(table.seconds * 1000, 1),
+                        }
+                    ),
+                    flush=True,
+                )
 
     from bookkeeper.committer import StaleEpoch
     from common.fencing import Fenced
@@ -115,7 +138,9 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
     try:
         service.run(once=args.once, on_cycle=show)
     except (Fenced, StaleEpoch) as error:
-        print(f"icekeeper bookkeeper: stopped, fenced by a newer bookkeeper: {error}", file=sys.stderr)
+        print(
+            f"icekeeper bookkeeper: stopped, fenced by a newer bookkeeper: {error}", file=sys.stderr
+        )
         return 3
     return 0
 
@@ -126,9 +151,16 @@ def cmd_reaper(args: argparse.Namespace) -> int:
 
     config = _config(args)
     if not config.reaper.enabled and not args.dry_run:
-        print("icekeeper reaper: reaper.enabled is false (seed 000: iceberg.maintenance.enabled); nothing to do", file=sys.stderr)
+        print(
+            "icekeeper reaper: reaper.enabled is false (seed 000: iceberg.maintenance.enabled); nothing to do",
+            file=sys.stderr,
+        )
         return 0
-    every = parse_duration_s(args.every) if args.every else (None if args.once else config.reaper.execute_interval)
+    every = (
+        parse_duration_s(args.every)
+        if args.every
+        else (None if args.once else config.reaper.execute_interval)
+    )
     service = Reaper(config)
     signal.signal(signal.SIGTERM, lambda *_: service.stop.set())
 
@@ -141,11 +173,19 @@ def cmd_reaper(args: argparse.Namespace) -> int:
 
     failed = []
     try:
-        service.run(every_s=every, dry_run=args.dry_run, on_pass=lambda report: (show(report), failed.extend(
-            error for table in report.tables for error in table.errors)))
+        service.run(
+            every_s=every,
+            dry_run=args.dry_run,
+            on_pass=lambda report: (
+                show(report),
+                failed.extend(error for table in report.tables for error in table.errors),
+            ),
+        )
     finally:
         service.close()
-    return 1 if failed and every is None else 0  # a one-off pass (cron) reports failed steps in its exit code
+    return (
+        1 if failed and every is None else 0
+    )  # a one-off pass (cron) reports failed steps in its exit code
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -182,19 +222,36 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.target == "writer":
             from icekeeper.bench.writer import run_writer_bench
 
-            result = run_writer_bench(config, args.records or 1_000_000, progress=_progress, cores=args.cores, repeat=args.repeat or 3)
+            result = run_writer_bench(
+                config,
+                args.records or 1_000_000,
+                progress=_progress,
+                cores=args.cores,
+                repeat=args.repeat or 3,
+            )
         elif args.target == "bookkeeper":
             from icekeeper.bench.bookkeeper import run_bookkeeper_bench
 
-            result = run_bookkeeper_bench(config.state_dir, commits=args.commits, footers=args.footers, progress=_progress)
+            result = run_bookkeeper_bench(
+                config.state_dir, commits=args.commits, footers=args.footers, progress=_progress
+            )
         elif args.target == "reaper":
             from icekeeper.bench.reaper import run_reaper_bench
 
-            result = run_reaper_bench(config.state_dir, files=args.files, cores=args.cores, progress=_progress)
+            result = run_reaper_bench(
+                config.state_dir, files=args.files, cores=args.cores, progress=_progress
+            )
         elif args.target == "e2e":
             from icekeeper.bench.e2e import run_e2e_bench
 
-            result = run_e2e_bench(config, seconds=args.seconds, rate_per_s=args.rate, cores=args.cores, warmup_s=args.warmup, progress=_progress)
+            result = run_e2e_bench(
+                config,
+                seconds=args.seconds,
+                rate_per_s=args.rate,
+                cores=args.cores,
+                warmup_s=args.warmup,
+                progress=_progress,
+            )
         elif args.target == "key-index":
             from icekeeper.bench.key_index import run_key_index_bench
 
@@ -202,9 +259,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         elif args.target == "upsert":
             from icekeeper.bench.upsert import run_upsert_bench
 
-            result = run_upsert_bench(config, changes=args.records or 1_000_000, cores=args.cores, repeat=args.repeat or 1,
-                                      index_keys=args.keys, freshness_s=args.seconds, rate_per_s=args.rate, freshness_warmup_s=args.warmup,
-                                      table_rows=args.table_rows, progress=_progress)
+            result = run_upsert_bench(
+                config,
+                changes=args.records or 1_000_000,
+                cores=args.cores,
+                repeat=args.repeat or 1,
+                index_keys=args.keys,
+                freshness_s=args.seconds,
+                rate_per_s=args.rate,
+                freshness_warmup_s=args.warmup,
+                table_rows=args.table_rows,
+                progress=_progress,
+            )
         else:
             raise SystemExit(f"bench {args.target}: unknown")
     finally:
@@ -222,7 +288,15 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     stack = LocalStack(config)
     started = stack.up(_progress).started  # idempotent: reuses a running stack
     try:
-        result = run_chaos(config, records=args.records, kills=args.kills, seed=args.seed, progress=_progress, timeout_s=args.timeout, mode=args.mode)
+        result = run_chaos(
+            config,
+            records=args.records,
+            kills=args.kills,
+            seed=args.seed,
+            progress=_progress,
+            timeout_s=args.timeout,
+            mode=args.mode,
+        )
     finally:
         if started:
             stack.down(lambda message: None)
@@ -238,7 +312,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from icekeeper.localstack.stack import StackError
 
         try:
-            summary = run_mariadb_demo(_config(args), keep_stack=args.keep_stack, progress=_progress)
+            summary = run_mariadb_demo(
+                _config(args), keep_stack=args.keep_stack, progress=_progress
+            )
         except StackError as error:  # e.g. MariaDB's Debian package missing and not root: the message says what to install
             print(f"icekeeper demo --source mariadb: {error}", file=sys.stderr)
             return 2
@@ -261,30 +337,72 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="icekeeper", description="Stream change data from Kafka into Apache Iceberg tables.")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug); JSON lines on stderr")
+    parser = argparse.ArgumentParser(
+        prog="icekeeper", description="Stream change data from Kafka into Apache Iceberg tables."
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging (-v info, -vv debug); JSON lines on stderr",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
 
-    def add(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+    def add(
+        name: str, handler: Callable[[argparse.Namespace], int], help_text: str
+    ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--config", "-c", default=None, help="YAML or seed-000 .properties file (default: embedded defaults)")
+        sub.add_argument(
+            "--config",
+            "-c",
+            default=None,
+            help="YAML or seed-000 .properties file (default: embedded defaults)",
+        )
         sub.set_defaults(handler=handler)
         return sub
 
-    stack = add("stack", cmd_stack, "start, stop or show the local Kafka, schema registry and Azurite (and MariaDB, PostgreSQL, Debezium)")
+    stack = add(
+        "stack",
+        cmd_stack,
+        "start, stop or show the local Kafka, schema registry and Azurite (and MariaDB, PostgreSQL, Debezium)",
+    )
     stack.add_argument("action", choices=["up", "down", "status"])
-    stack.add_argument("--only", nargs="+", metavar="SERVICE", help="kafka, registry, azurite-queue, azurite-blob, and those --with adds (default: all)")
-    stack.add_argument("--with", dest="with_services", nargs="+", choices=["mariadb", "postgres", "connect"], metavar="SERVICE",
-                       help="also run a CDC source: mariadb and/or postgres (each with Kafka Connect running Debezium), or connect alone; "
-                            "down and status cover what an earlier up --with started")
+    stack.add_argument(
+        "--only",
+        nargs="+",
+        metavar="SERVICE",
+        help="kafka, registry, azurite-queue, azurite-blob, and those --with adds (default: all)",
+    )
+    stack.add_argument(
+        "--with",
+        dest="with_services",
+        nargs="+",
+        choices=["mariadb", "postgres", "connect"],
+        metavar="SERVICE",
+        help="also run a CDC source: mariadb and/or postgres (each with Kafka Connect running Debezium), or connect alone; "
+        "down and status cover what an earlier up --with started",
+    )
 
-    config = add("config", cmd_config, "check a config file, print it resolved, or print the documentation of every key")
+    config = add(
+        "config",
+        cmd_config,
+        "check a config file, print it resolved, or print the documentation of every key",
+    )
     config.add_argument("action", choices=["check", "show", "docs"], nargs="?", default="check")
 
-    sample = add("produce-sample", cmd_produce_sample, "produce the seed 000 tbl_test_1 CDC stream as Confluent-framed Avro")
-    sample.add_argument("--topic", default=None, help="topic (default: the first topic of the first source)")
+    sample = add(
+        "produce-sample",
+        cmd_produce_sample,
+        "produce the seed 000 tbl_test_1 CDC stream as Confluent-framed Avro",
+    )
+    sample.add_argument(
+        "--topic", default=None, help="topic (default: the first topic of the first source)"
+    )
 
-    synthetic = add("produce-synthetic", cmd_produce_synthetic, "produce a larger reproducible CDC stream")
+    synthetic = add(
+        "produce-synthetic", cmd_produce_synthetic, "produce a larger reproducible CDC stream"
+    )
     synthetic.add_argument("--topic", default=None)
     synthetic.add_argument("--partitions", type=int, default=3)
     synthetic.add_argument("--seed", type=int, default=1)
@@ -298,60 +416,174 @@ def build_parser() -> argparse.ArgumentParser:
 
     from writers.entry import add_writer_arguments
 
-    add_writer_arguments(add("writer", cmd_writer, "run a writer: Kafka batches -> Parquet files + monikers (never commits)"))
+    add_writer_arguments(
+        add(
+            "writer",
+            cmd_writer,
+            "run a writer: Kafka batches -> Parquet files + monikers (never commits)",
+        )
+    )
 
-    bookkeeper = add("bookkeeper", cmd_bookkeeper, "run the bookkeeper: commit monikers to Iceberg exactly once")
+    bookkeeper = add(
+        "bookkeeper", cmd_bookkeeper, "run the bookkeeper: commit monikers to Iceberg exactly once"
+    )
     bookkeeper.add_argument("--once", action="store_true", help="one cycle, then exit")
 
-    reaper = add("reaper", cmd_reaper, "maintenance: retention, compaction, snapshot expiry, orphan removal (never pending files)")
+    reaper = add(
+        "reaper",
+        cmd_reaper,
+        "maintenance: retention, compaction, snapshot expiry, orphan removal (never pending files)",
+    )
     when = reaper.add_mutually_exclusive_group()
-    when.add_argument("--once", action="store_true", help="one pass, then exit (for cron and Kubernetes CronJobs)")
-    when.add_argument("--every", default=None, help="a pass every DURATION (10m, 1h, seconds); default: reaper.execute_interval")
-    reaper.add_argument("--dry-run", action="store_true", help="list what would change, change nothing")
+    when.add_argument(
+        "--once", action="store_true", help="one pass, then exit (for cron and Kubernetes CronJobs)"
+    )
+    when.add_argument(
+        "--every",
+        default=None,
+        help="a pass every DURATION (10m, 1h, seconds); default: reaper.execute_interval",
+    )
+    reaper.add_argument(
+        "--dry-run", action="store_true", help="list what would change, change nothing"
+    )
 
-    status = add("status", cmd_status, "tables, writers, pending monikers, lag, freshness and dead letters at a glance")
+    status = add(
+        "status",
+        cmd_status,
+        "tables, writers, pending monikers, lag, freshness and dead letters at a glance",
+    )
     status.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
-    status.add_argument("--watch", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS")
+    status.add_argument(
+        "--watch", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS"
+    )
 
     from icekeeper.dead_letters import add_dead_letter_arguments
 
-    add_dead_letter_arguments(add("dead-letters", cmd_dead_letters, "list or replay quarantined monikers and dead-lettered records "
-                                  "(once the cause is fixed; exactly once)"))
+    add_dead_letter_arguments(
+        add(
+            "dead-letters",
+            cmd_dead_letters,
+            "list or replay quarantined monikers and dead-lettered records "
+            "(once the cause is fixed; exactly once)",
+        )
+    )
 
-    bench = add("bench", cmd_bench, "benchmarks that print ratios against a baseline run on the same machine")
-    bench.add_argument("target", choices=["writer", "bookkeeper", "reaper", "e2e", "key-index", "upsert"])
-    bench.add_argument("--records", type=int, default=None, help="records to preload (writer, upsert: default 1,000,000)")
+    bench = add(
+        "bench",
+        cmd_bench,
+        "benchmarks that print ratios against a baseline run on the same machine",
+    )
+    bench.add_argument(
+        "target", choices=["writer", "bookkeeper", "reaper", "e2e", "key-index", "upsert"]
+    )
+    bench.add_argument(
+        "--records",
+        type=int,
+        default=None,
+        help="records to preload (writer, upsert: default 1,000,000)",
+    )
     bench.add_argument("--cores", type=int, default=None, help="Spark local cores (default: all)")
-    bench.add_argument("--repeat", type=int, default=None, help="writer (default 3), upsert (default 1): runs of ours and the "
-                       "baseline (upsert: and our changelog path), taken in turns (figures are medians)")
-    bench.add_argument("--commits", type=int, default=10_000, help="bookkeeper: single-moniker commits for the latency curve")
+    bench.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="writer (default 3), upsert (default 1): runs of ours and the "
+        "baseline (upsert: and our changelog path), taken in turns (figures are medians)",
+    )
+    bench.add_argument(
+        "--commits",
+        type=int,
+        default=10_000,
+        help="bookkeeper: single-moniker commits for the latency curve",
+    )
     bench.add_argument("--footers", type=int, default=10_000, help="bookkeeper: footers to read")
-    bench.add_argument("--files", type=int, default=1000, help="reaper: small files (one snapshot each) in the table")
-    bench.add_argument("--seconds", type=float, default=60.0, help="e2e, upsert: how long to produce for freshness (upsert: 0 skips it)")
-    bench.add_argument("--rate", type=float, default=2000.0, help="e2e, upsert: records produced per second for freshness")
-    bench.add_argument("--warmup", type=float, default=10.0, help="e2e, upsert: seconds of the same load before the freshness clock starts")
-    bench.add_argument("--keys", type=int, default=10_000_000, help="key-index, upsert: keys in the upsert key index")
-    bench.add_argument("--table-rows", type=int, default=0, help="upsert: rows every timed run's table starts with (keys the "
-                       "changes never touch, loaded untimed): a source table larger than the keys it changes")
-    bench.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
-    bench.add_argument("--start-stack", action="store_true", help="start the local stack first (and stop it after)")
+    bench.add_argument(
+        "--files",
+        type=int,
+        default=1000,
+        help="reaper: small files (one snapshot each) in the table",
+    )
+    bench.add_argument(
+        "--seconds",
+        type=float,
+        default=60.0,
+        help="e2e, upsert: how long to produce for freshness (upsert: 0 skips it)",
+    )
+    bench.add_argument(
+        "--rate",
+        type=float,
+        default=2000.0,
+        help="e2e, upsert: records produced per second for freshness",
+    )
+    bench.add_argument(
+        "--warmup",
+        type=float,
+        default=10.0,
+        help="e2e, upsert: seconds of the same load before the freshness clock starts",
+    )
+    bench.add_argument(
+        "--keys",
+        type=int,
+        default=10_000_000,
+        help="key-index, upsert: keys in the upsert key index",
+    )
+    bench.add_argument(
+        "--table-rows",
+        type=int,
+        default=0,
+        help="upsert: rows every timed run's table starts with (keys the "
+        "changes never touch, loaded untimed): a source table larger than the keys it changes",
+    )
+    bench.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON line (last line of stdout)",
+    )
+    bench.add_argument(
+        "--start-stack", action="store_true", help="start the local stack first (and stop it after)"
+    )
 
-    chaos = add("chaos", cmd_chaos, "kill -9 writers, bookkeeper and reaper at random; verify exactly-once by offset and the upsert table's state")
+    chaos = add(
+        "chaos",
+        cmd_chaos,
+        "kill -9 writers, bookkeeper and reaper at random; verify exactly-once by offset and the upsert table's state",
+    )
     chaos.add_argument("--records", type=int, default=5000)
     chaos.add_argument("--kills", type=int, default=5)
     chaos.add_argument("--seed", type=int, default=1)
-    chaos.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for everything to settle (a 20,000-record "
-                       "run took 870 s on a busy 2-core machine)")
-    chaos.add_argument("--mode", choices=["both", "changelog", "upsert"], default="both",
-                       help="tables fed by the topic: both (default): chaos.orders (changelog, checked by offset) and chaos.orders_mirror "
-                            "(upsert, checked against a reference built from the Kafka records); or only one of them")
-    chaos.add_argument("--json", action="store_true", help="print the result as one JSON line (last line of stdout)")
+    chaos.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="seconds to wait for everything to settle (a 20,000-record "
+        "run took 870 s on a busy 2-core machine)",
+    )
+    chaos.add_argument(
+        "--mode",
+        choices=["both", "changelog", "upsert"],
+        default="both",
+        help="tables fed by the topic: both (default): chaos.orders (changelog, checked by offset) and chaos.orders_mirror "
+        "(upsert, checked against a reference built from the Kafka records); or only one of them",
+    )
+    chaos.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON line (last line of stdout)",
+    )
 
     demo = add("demo", cmd_demo, "run the whole pipeline on the local stack and show the result")
-    demo.add_argument("--source", choices=["seed000", "mariadb"], default="seed000",
-                      help="seed000: seed 000's sample stream (default); mariadb: a real MariaDB through Debezium, compared with the table "
-                           "(exit 2 if the stack cannot start, e.g. the mariadb-server package is missing)")
-    demo.add_argument("--keep-stack", action="store_true", help="leave the local stack (and with --source mariadb, the connector) running afterwards")
+    demo.add_argument(
+        "--source",
+        choices=["seed000", "mariadb"],
+        default="seed000",
+        help="seed000: seed 000's sample stream (default); mariadb: a real MariaDB through Debezium, compared with the table "
+        "(exit 2 if the stack cannot start, e.g. the mariadb-server package is missing)",
+    )
+    demo.add_argument(
+        "--keep-stack",
+        action="store_true",
+        help="leave the local stack (and with --source mariadb, the connector) running afterwards",
+    )
     demo.add_argument("--json", action="store_true", help="end with one JSON line of figures")
     return parser
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from common.config.model import IcekeeperConfig, KafkaSource
 from common.transports.base import MonikerTransport, Quarantined
@@ -70,8 +71,16 @@ class DeadLetteredRecord:
     headers: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
 
     def to_json(self) -> dict:
-        source = None if self.source is None else {"topic": self.source[0], "partition": self.source[1], "offset": self.source[2]}
-        return {"dead_letter": f"{self.topic}/{self.partition}/{self.offset}", "source": source, "reason": self.reason}
+        source = (
+            None
+            if self.source is None
+            else {"topic": self.source[0], "partition": self.source[1], "offset": self.source[2]}
+        )
+        return {
+            "dead_letter": f"{self.topic}/{self.partition}/{self.offset}",
+            "source": source,
+            "reason": self.reason,
+        }
 
 
 @dataclass
@@ -89,12 +98,25 @@ class RecordReplay:
 def add_dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
     """`list` / `replay` and their options (the command itself is registered in `icekeeper.cli`)."""
     parser.add_argument("action", choices=["list", "replay"])
-    parser.add_argument("--monikers", action="store_true", help="only quarantined monikers (default: monikers and records)")
-    parser.add_argument("--records", action="store_true", help="only records of the sources' dead-letter topics")
-    parser.add_argument("--name", action="append", default=None, metavar="NAME",
-                        help="replay: only the quarantined moniker(s) of this name (as `list` shows them); repeatable")
+    parser.add_argument(
+        "--monikers",
+        action="store_true",
+        help="only quarantined monikers (default: monikers and records)",
+    )
+    parser.add_argument(
+        "--records", action="store_true", help="only records of the sources' dead-letter topics"
+    )
+    parser.add_argument(
+        "--name",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="replay: only the quarantined moniker(s) of this name (as `list` shows them); repeatable",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to read a dead-letter topic to its end")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to read a dead-letter topic to its end"
+    )
 
 
 def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
@@ -106,8 +128,16 @@ def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
     transport = open_transport(config)
     if args.action == "list":
         listing = {
-            "monikers": [_moniker_json(item) for item in transport.quarantined()] if monikers else [],
-            "records": [record.to_json() for source in config.sources for record in dead_lettered_records(source, args.timeout)] if records else [],
+            "monikers": [_moniker_json(item) for item in transport.quarantined()]
+            if monikers
+            else [],
+            "records": [
+                record.to_json()
+                for source in config.sources
+                for record in dead_lettered_records(source, args.timeout)
+            ]
+            if records
+            else [],
         }
         if args.json:
             print(json.dumps(listing))
@@ -119,16 +149,21 @@ def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
         outcome["monikers"] = replay_monikers(transport, args.name)
     if records:
         catalog = open_catalog(config)
-        outcome["records"] = [asdict(replay_records(config, source, catalog, args.timeout)) for source in config.sources]
+        outcome["records"] = [
+            asdict(replay_records(config, source, catalog, args.timeout))
+            for source in config.sources
+        ]
     if args.json:
         print(json.dumps(outcome))
     else:
         for name in outcome["monikers"]:
             print(f"moniker {name}: published again")
         for replay in outcome["records"]:
-            print(f"records of {replay['dead_letter_topic']}: {replay['replayed']} produced again to their source topics; skipped "
-                  f"{replay['already_in_a_table']} already in a table, {replay['already_replayed']} replayed before, "
-                  f"{replay['without_source']} without source headers")
+            print(
+                f"records of {replay['dead_letter_topic']}: {replay['replayed']} produced again to their source topics; skipped "
+                f"{replay['already_in_a_table']} already in a table, {replay['already_replayed']} replayed before, "
+                f"{replay['without_source']} without source headers"
+            )
     return 0
 
 
@@ -144,7 +179,10 @@ def replay_monikers(transport: MonikerTransport, names: Iterable[str] | None = N
         if wanted is not None and item.name not in wanted:
             continue
         if item.moniker is None:
-            log.warning("not a readable moniker; left in the dead-letter place", extra={"name": item.name, "reason": item.reason})
+            log.warning(
+                "not a readable moniker; left in the dead-letter place",
+                extra={"name": item.name, "reason": item.reason},
+            )
             continue
         transport.replay(item)
         replayed.append(item.name)
@@ -153,22 +191,44 @@ def replay_monikers(transport: MonikerTransport, names: Iterable[str] | None = N
 
 def _moniker_json(item: Quarantined) -> dict:
     moniker = item.moniker
-    facts: dict = {"name": item.name, "reason": item.reason, "source": item.source, "quarantined_ms": item.quarantined_ms}
+    facts: dict = {
+        "name": item.name,
+        "reason": item.reason,
+        "source": item.source,
+        "quarantined_ms": item.quarantined_ms,
+    }
     if moniker is not None:
-        facts.update(table=moniker.table, writer_id=moniker.writer_id, seq=moniker.seq, records=moniker.records, files=len(moniker.files),
-                     offsets=[f"{r.topic}[{r.partition}] {r.from_offset}..{r.until_offset}" for r in moniker.offsets])
+        facts.update(
+            table=moniker.table,
+            writer_id=moniker.writer_id,
+            seq=moniker.seq,
+            records=moniker.records,
+            files=len(moniker.files),
+            offsets=[
+                f"{r.topic}[{r.partition}] {r.from_offset}..{r.until_offset}"
+                for r in moniker.offsets
+            ],
+        )
     return facts
 
 
 def _print_listing(listing: dict) -> None:
     print(f"quarantined monikers: {len(listing['monikers'])}")
     for item in listing["monikers"]:
-        what = f"{item['table']} writer {item['writer_id']} seq {item['seq']}, {item['records']} records" if "table" in item else "unreadable"
+        what = (
+            f"{item['table']} writer {item['writer_id']} seq {item['seq']}, {item['records']} records"
+            if "table" in item
+            else "unreadable"
+        )
         print(f"  {item['name']}  {what}\n      {item['reason']}")
     print(f"dead-lettered records: {len(listing['records'])}")
     for record in listing["records"]:
         source = record["source"]
-        where = f"{source['topic']}[{source['partition']}]@{source['offset']}" if source else "unknown source"
+        where = (
+            f"{source['topic']}[{source['partition']}]@{source['offset']}"
+            if source
+            else "unknown source"
+        )
         print(f"  {record['dead_letter']}  from {where}\n      {record['reason']}")
 
 
@@ -179,7 +239,10 @@ def dead_lettered_records(source: KafkaSource, timeout_s: float = 60.0) -> list[
     """Every record of the source's dead-letter topic, in offset order per partition."""
     from icekeeper.samples.readback import topic_messages
 
-    return [_record(message) for message in topic_messages(source.bootstrap_servers, source.dead_letter_topic, timeout_s)]
+    return [
+        _record(message)
+        for message in topic_messages(source.bootstrap_servers, source.dead_letter_topic, timeout_s)
+    ]
 
 
 def replay_group(source: KafkaSource) -> str:
@@ -187,7 +250,9 @@ def replay_group(source: KafkaSource) -> str:
     return f"icekeeper-dead-letter-replay.{source.name}"
 
 
-def replay_records(config: IcekeeperConfig, source: KafkaSource, catalog, timeout_s: float = 60.0) -> RecordReplay:  # noqa: ANN001 - Catalog
+def replay_records(
+    config: IcekeeperConfig, source: KafkaSource, catalog, timeout_s: float = 60.0
+) -> RecordReplay:
     """Produce the source's dead-lettered records not replayed yet to their source topics, exactly once.
 
     Not in Kafka transactions: a transaction's commit marker takes an offset of the source topic,
@@ -204,23 +269,45 @@ def replay_records(config: IcekeeperConfig, source: KafkaSource, catalog, timeou
     if not records:
         return outcome
     topic = source.dead_letter_topic
-    consumer = Consumer({"bootstrap.servers": source.bootstrap_servers, "group.id": replay_group(source), "enable.auto.commit": False},
-                        logger=logging.getLogger("librdkafka"))
-    producer = Producer({"bootstrap.servers": source.bootstrap_servers, "enable.idempotence": True, "acks": "all", "linger.ms": 5},
-                        logger=logging.getLogger("librdkafka"))
+    consumer = Consumer(
+        {
+            "bootstrap.servers": source.bootstrap_servers,
+            "group.id": replay_group(source),
+            "enable.auto.commit": False,
+        },
+        logger=logging.getLogger("librdkafka"),
+    )
+    producer = Producer(
+        {
+            "bootstrap.servers": source.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        },
+        logger=logging.getLogger("librdkafka"),
+    )
     try:
         partitions = sorted({record.partition for record in records})
-        committed = {tp.partition: tp for tp in consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)}
+        committed = {
+            tp.partition: tp
+            for tp in consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        }
         positions = {p: max(0, tp.offset) for p, tp in committed.items()}
         marks: dict[str, int] = {}
         for tp in committed.values():
             marks.update(json.loads(tp.metadata).get("producing_from", {}) if tp.metadata else {})
         produced_before = _replayed_copies(source, marks, timeout_s)
-        done = {record.source for record in records if record.offset < positions[record.partition] and record.source is not None}
+        done = {
+            record.source
+            for record in records
+            if record.offset < positions[record.partition] and record.source is not None
+        }
         todo = [record for record in records if record.offset >= positions[record.partition]]
-        in_tables = _already_in_tables(config, catalog, {record.source for record in todo if record.source is not None})
+        in_tables = _already_in_tables(
+            config, catalog, {record.source for record in todo if record.source is not None}
+        )
         for start in range(0, len(todo), REPLAY_BATCH):
-            batch = todo[start:start + REPLAY_BATCH]
+            batch = todo[start : start + REPLAY_BATCH]
             sending = []
             for record in batch:
                 if record.source is None:
@@ -234,21 +321,40 @@ def replay_records(config: IcekeeperConfig, source: KafkaSource, catalog, timeou
                 if record.source is not None:
                     done.add(record.source)
             targets = {(r.source[0], r.source[1]) for r in sending}
-            ends = {f"{t}/{p}": consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for t, p in targets}
+            ends = {
+                f"{t}/{p}": consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+                for t, p in targets
+            }
             mark = json.dumps({"producing_from": ends})
-            consumer.commit(offsets=[TopicPartition(topic, p, positions[p], metadata=mark) for p in partitions], asynchronous=False)
+            consumer.commit(
+                offsets=[TopicPartition(topic, p, positions[p], metadata=mark) for p in partitions],
+                asynchronous=False,
+            )
             failures: list[str] = []
             for record in sending:
-                producer.produce(record.source[0], key=record.key, value=record.value, partition=record.source[1],
-                                 headers=[*_own_headers(record.headers), (REPLAY_OF_HEADER, _copy_name(record).encode())],
-                                 on_delivery=lambda error, _: failures.append(str(error)) if error else None)
+                producer.produce(
+                    record.source[0],
+                    key=record.key,
+                    value=record.value,
+                    partition=record.source[1],
+                    headers=[
+                        *_own_headers(record.headers),
+                        (REPLAY_OF_HEADER, _copy_name(record).encode()),
+                    ],
+                    on_delivery=lambda error, _: failures.append(str(error)) if error else None,
+                )
                 producer.poll(0)
             if producer.flush(60) or failures:
-                raise KafkaException(f"replayed records not delivered: {failures[:3] or 'flush timed out'}")
+                raise KafkaException(
+                    f"replayed records not delivered: {failures[:3] or 'flush timed out'}"
+                )
             outcome.replayed += len(sending)
             for record in batch:
                 positions[record.partition] = max(positions[record.partition], record.offset + 1)
-            consumer.commit(offsets=[TopicPartition(topic, p, positions[p], metadata="") for p in partitions], asynchronous=False)
+            consumer.commit(
+                offsets=[TopicPartition(topic, p, positions[p], metadata="") for p in partitions],
+                asynchronous=False,
+            )
     finally:
         consumer.close()
     log.info("dead-lettered records replayed", extra=asdict(outcome))
@@ -264,7 +370,10 @@ def _replayed_copies(source: KafkaSource, marks: dict[str, int], timeout_s: floa
     """The `icekeeper.replay.of` values of records in the source partitions from the marked offsets on."""
     from icekeeper.samples.readback import partition_messages
 
-    starts = {(name.rsplit("/", 1)[0], int(name.rsplit("/", 1)[1])): offset for name, offset in marks.items()}
+    starts = {
+        (name.rsplit("/", 1)[0], int(name.rsplit("/", 1)[1])): offset
+        for name, offset in marks.items()
+    }
     found: set[str] = set()
     for message in partition_messages(source.bootstrap_servers, starts, timeout_s):
         headers = dict(message.headers() or [])
@@ -273,7 +382,9 @@ def _replayed_copies(source: KafkaSource, marks: dict[str, int], timeout_s: floa
     return found
 
 
-def _already_in_tables(config: IcekeeperConfig, catalog, sources: set[SourceRecord]) -> set[SourceRecord]:  # noqa: ANN001 - Catalog
+def _already_in_tables(
+    config: IcekeeperConfig, catalog, sources: set[SourceRecord]
+) -> set[SourceRecord]:
     """The source records among `sources` that a configured table holds, by its Kafka metadata
     columns (tables without them cannot tell, and are not asked)."""
     from pyiceberg.expressions import And, EqualTo, In
@@ -281,7 +392,11 @@ def _already_in_tables(config: IcekeeperConfig, catalog, sources: set[SourceReco
     from common.catalog import load_table_or_none
 
     kafka = config.metadata_columns.kafka
-    names = {field: f"{kafka.prefix}{field}" for field in ("topic", "partition", "offset") if field in kafka.columns}
+    names = {
+        field: f"{kafka.prefix}{field}"
+        for field in ("topic", "partition", "offset")
+        if field in kafka.columns
+    }
     if not sources or len(names) < 3:
         return set()
     by_partition: dict[tuple[str, int], list[int]] = {}
@@ -293,8 +408,17 @@ def _already_in_tables(config: IcekeeperConfig, catalog, sources: set[SourceReco
         if table is None or not set(names.values()) <= set(table.schema().column_names):
             continue
         for (topic, partition), offsets in by_partition.items():
-            condition = And(EqualTo(names["topic"], topic), EqualTo(names["partition"], partition), In(names["offset"], offsets))
-            rows = table.scan(row_filter=condition, selected_fields=(names["offset"],)).to_arrow().column(0).to_pylist()
+            condition = And(
+                EqualTo(names["topic"], topic),
+                EqualTo(names["partition"], partition),
+                In(names["offset"], offsets),
+            )
+            rows = (
+                table.scan(row_filter=condition, selected_fields=(names["offset"],))
+                .to_arrow()
+                .column(0)
+                .to_pylist()
+            )
             found.update((topic, partition, offset) for offset in rows)
     return found
 
@@ -304,9 +428,21 @@ def _record(message: Message) -> DeadLetteredRecord:
     ours = {name: value.decode("utf-8", "replace") for name, value in headers}
     source = None
     if {SOURCE_TOPIC_HEADER, SOURCE_PARTITION_HEADER, SOURCE_OFFSET_HEADER} <= ours.keys():
-        source = (ours[SOURCE_TOPIC_HEADER], int(ours[SOURCE_PARTITION_HEADER]), int(ours[SOURCE_OFFSET_HEADER]))
-    return DeadLetteredRecord(message.topic(), message.partition(), message.offset(), source, ours.get(REASON_HEADER, ""),
-                              message.key(), message.value(), headers)
+        source = (
+            ours[SOURCE_TOPIC_HEADER],
+            int(ours[SOURCE_PARTITION_HEADER]),
+            int(ours[SOURCE_OFFSET_HEADER]),
+        )
+    return DeadLetteredRecord(
+        message.topic(),
+        message.partition(),
+        message.offset(),
+        source,
+        ours.get(REASON_HEADER, ""),
+        message.key(),
+        message.value(),
+        headers,
+    )
 
 
 def _own_headers(headers: Iterable[tuple[str, bytes]]) -> list[tuple[str, bytes]]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import datetime
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bookkeeper.service import Bookkeeper
 from common.committed_state import KEY_WATERMARK
@@ -24,8 +25,22 @@ from icekeeper.samples.produce import produce_seed_sample
 
 Progress = Callable[[str], None]
 SHOWN_COLUMNS = [
-    "_src_name", "_src_db", "_src_table", "_src_ts_ms", "_src_server_id", "_src_file", "_src_pos", "_src_op", "_src_ts_ms_r",
-    "_tsc_id", "_tsc_total_order", "_tsc_data_collection_order", "_kfk_topic", "_kfk_partition", "_kfk_offset", "_kfk_timestamp",
+    "_src_name",
+    "_src_db",
+    "_src_table",
+    "_src_ts_ms",
+    "_src_server_id",
+    "_src_file",
+    "_src_pos",
+    "_src_op",
+    "_src_ts_ms_r",
+    "_tsc_id",
+    "_tsc_total_order",
+    "_tsc_data_collection_order",
+    "_kfk_topic",
+    "_kfk_partition",
+    "_kfk_offset",
+    "_kfk_timestamp",
 ]
 
 
@@ -46,7 +61,9 @@ def _replace_prefix(node: Any, old: str, new: str) -> Any:
     return node
 
 
-def fresh_stack(config: IcekeeperConfig, with_services: list[str] | None = None, progress: Progress = print) -> LocalStack:
+def fresh_stack(
+    config: IcekeeperConfig, with_services: list[str] | None = None, progress: Progress = print
+) -> LocalStack:
     """The demo's stack started from nothing, so every run shows the same result.
 
     Whatever an earlier demo left running in the demo's folder (`--keep-stack`, with or without
@@ -57,7 +74,9 @@ def fresh_stack(config: IcekeeperConfig, with_services: list[str] | None = None,
         config: a `demo_config`.
         with_services: optional services to add (`stack up --with`).
     """
-    LocalStack(config, with_services=started_optional_services(config)).down(progress=lambda message: None)
+    LocalStack(config, with_services=started_optional_services(config)).down(
+        progress=lambda message: None
+    )
     shutil.rmtree(config.state_dir, ignore_errors=True)
     stack = LocalStack(config, with_services=with_services)
     try:
@@ -69,7 +88,9 @@ def fresh_stack(config: IcekeeperConfig, with_services: list[str] | None = None,
     return stack
 
 
-def run_demo(config: IcekeeperConfig, keep_stack: bool = False, progress: Progress = print) -> dict[str, Any]:
+def run_demo(
+    config: IcekeeperConfig, keep_stack: bool = False, progress: Progress = print
+) -> dict[str, Any]:
     """Run the demo; returns the figures `icekeeper demo --json` prints."""
     started = time.monotonic()
     config = demo_config(config)
@@ -91,27 +112,44 @@ def run_demo(config: IcekeeperConfig, keep_stack: bool = False, progress: Progre
             for batch in batches:
                 read += batch.records_read
                 dead_lettered += batch.dead_lettered + batch.tombstones_skipped
-                progress(f"writer: batch {batch.seq}: {batch.records_read} records -> {batch.rows_written} rows in {batch.files} files")
+                progress(
+                    f"writer: batch {batch.seq}: {batch.records_read} records -> {batch.rows_written} rows in {batch.files} files"
+                )
             cycle = bookkeeper.run_cycle()
             for table in cycle.tables:
                 if table.snapshot_id:
-                    progress(f"bookkeeper: committed {table.records} rows of {table.table} as snapshot {table.snapshot_id}"
-                             + (f", replacing {table.rows_replaced} earlier rows" if table.rows_replaced else ""))
-            if read >= produced["records"] and not batches and not cycle.pending and not cycle.committed_monikers:
+                    progress(
+                        f"bookkeeper: committed {table.records} rows of {table.table} as snapshot {table.snapshot_id}"
+                        + (
+                            f", replacing {table.rows_replaced} earlier rows"
+                            if table.rows_replaced
+                            else ""
+                        )
+                    )
+            if (
+                read >= produced["records"]
+                and not batches
+                and not cycle.pending
+                and not cycle.committed_monikers
+            ):
                 break
         from reaper.service import Reaper
 
         maintenance = Reaper(config, spark=spark).run_pass()
         totals = maintenance.totals()
-        progress(f"reaper: compacted {totals['files_compacted']} files into {totals['files_added']}, expired {totals['snapshots_expired']} "
-                 f"snapshots, deleted {totals['files_deleted']} files in {maintenance.seconds:.1f}s")
+        progress(
+            f"reaper: compacted {totals['files_compacted']} files into {totals['files_added']}, expired {totals['snapshots_expired']} "
+            f"snapshots, deleted {totals['files_deleted']} files in {maintenance.seconds:.1f}s"
+        )
         identifier = config.tables[0].identifier
         table = bookkeeper.catalog.load_table(identifier)
         rows = table.scan().to_arrow().to_pylist()
         rows.sort(key=lambda r: tuple(r[k] for k in config.tables[0].primary_key))
         data_columns = [c for c in rows[0] if c not in SHOWN_COLUMNS] if rows else []
-        print(f"\n# {identifier}: {len(rows)} rows, one per primary key, as seed 000's result table shows it "
-              f"(an upsert table: read with pyiceberg as it is, no read-time deduplication)")
+        print(
+            f"\n# {identifier}: {len(rows)} rows, one per primary key, as seed 000's result table shows it "
+            f"(an upsert table: read with pyiceberg as it is, no read-time deduplication)"
+        )
         print(render_grid(rows, ["_src_op", "_kfk_partition", "_kfk_offset", *data_columns]))
         print("\n# the same rows' metadata columns")
         print(render_grid(rows, SHOWN_COLUMNS, max_width=24))
@@ -119,9 +157,18 @@ def run_demo(config: IcekeeperConfig, keep_stack: bool = False, progress: Progre
         print(f"\n# snapshots of {identifier}")
         for line in snapshots:
             print(line)
-        spark_result = spark_rows(spark, config, identifier, "count(*) AS rows, sum(C2) AS sum_c2, max(UPDATE_TIME) AS last_update")
-        print(f"\n# Spark SQL (iceberg-spark-runtime) on catalog {config.catalog.name}: {spark_result[0]}")
-        duck_result = duckdb_rows(table, "count(*) AS rows, sum(C2) AS sum_c2, max(UPDATE_TIME) AS last_update")
+        spark_result = spark_rows(
+            spark,
+            config,
+            identifier,
+            "count(*) AS rows, sum(C2) AS sum_c2, max(UPDATE_TIME) AS last_update",
+        )
+        print(
+            f"\n# Spark SQL (iceberg-spark-runtime) on catalog {config.catalog.name}: {spark_result[0]}"
+        )
+        duck_result = duckdb_rows(
+            table, "count(*) AS rows, sum(C2) AS sum_c2, max(UPDATE_TIME) AS last_update"
+        )
         print(f"# DuckDB iceberg_scan: {duck_result[0]}\n")
         return {
             "records_produced": produced["records"],
@@ -145,9 +192,19 @@ def _snapshot_lines(table) -> list[str]:  # noqa: ANN001 - pyiceberg Table
     lines = []
     for snapshot in table.snapshots():
         summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        when = datetime.datetime.fromtimestamp(snapshot.timestamp_ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        when = datetime.datetime.fromtimestamp(
+            snapshot.timestamp_ms / 1000, datetime.UTC
+        ).strftime("%Y-%m-%d %H:%M:%S")
         watermark = summary.get(KEY_WATERMARK)
-        watermark_text = datetime.datetime.fromtimestamp(int(watermark) / 1000, datetime.timezone.utc).isoformat() if watermark else "-"
-        lines.append(f"  {snapshot.snapshot_id}  {when}Z  {snapshot.summary.operation.value if snapshot.summary else '?':<8} "
-                     f"added-records={summary.get('added-records', '0'):<6} total-records={summary.get('total-records', '?'):<6} watermark={watermark_text}")
+        watermark_text = (
+            datetime.datetime.fromtimestamp(
+                int(watermark) / 1000, datetime.UTC
+            ).isoformat()
+            if watermark
+            else "-"
+        )
+        lines.append(
+            f"  {snapshot.snapshot_id}  {when}Z  {snapshot.summary.operation.value if snapshot.summary else '?':<8} "
+            f"added-records={summary.get('added-records', '0'):<6} total-records={summary.get('total-records', '?'):<6} watermark={watermark_text}"
+        )
     return lines

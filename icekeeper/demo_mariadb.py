@@ -27,7 +27,15 @@ from common.config.model import IcekeeperConfig
 from icekeeper.demo import Progress, demo_config, fresh_stack
 from icekeeper.localstack.cdc import ConnectClient, MariaDbSource
 from icekeeper.localstack.databases import DATABASE, OWNER
-from icekeeper.mirror import Difference, differences, engine_rows, iceberg_types, latest_live_rows, ordered_keys, source_value
+from icekeeper.mirror import (
+    Difference,
+    differences,
+    engine_rows,
+    iceberg_types,
+    latest_live_rows,
+    ordered_keys,
+    source_value,
+)
 from icekeeper.readers import duckdb_rows, render_grid, spark_rows
 
 TABLE = "orders"
@@ -100,11 +108,20 @@ def mariadb_demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     topic = MariaDbSource(config.stack).topic(TOPIC_PREFIX, TABLE)
     dumped = config.model_dump(mode="python")
     dumped["sources"] = [{**dumped["sources"][0], "topics": [topic], "topic_pattern": None}]
-    dumped["tables"] = [{**dumped["tables"][0], "identifier": IDENTIFIER, "source": dumped["sources"][0]["name"], "topics": [topic],
-                         "source_db": None, "source_table": None, "primary_key": KEY,
-                         # A changelog: the demo shows every change beside the source, and the latest
-                         # live row per key worked out from it (`icekeeper demo` shows an upsert mirror).
-                         "mode": "changelog"}]
+    dumped["tables"] = [
+        {
+            **dumped["tables"][0],
+            "identifier": IDENTIFIER,
+            "source": dumped["sources"][0]["name"],
+            "topics": [topic],
+            "source_db": None,
+            "source_table": None,
+            "primary_key": KEY,
+            # A changelog: the demo shows every change beside the source, and the latest
+            # live row per key worked out from it (`icekeeper demo` shows an upsert mirror).
+            "mode": "changelog",
+        }
+    ]
     return IcekeeperConfig.model_validate(dumped)
 
 
@@ -122,7 +139,9 @@ def expected_records(statement: str, affected_rows: int) -> int:
     return 0
 
 
-def run_mariadb_demo(config: IcekeeperConfig, keep_stack: bool = False, progress: Progress = print) -> dict[str, Any]:
+def run_mariadb_demo(
+    config: IcekeeperConfig, keep_stack: bool = False, progress: Progress = print
+) -> dict[str, Any]:
     """Run the demo against MariaDB; returns the figures `icekeeper demo --source mariadb --json` prints.
 
     Raises:
@@ -138,7 +157,9 @@ def run_mariadb_demo(config: IcekeeperConfig, keep_stack: bool = False, progress
     try:
         db = source.connect()
         with db.cursor() as cursor:
-            cursor.execute("SET time_zone = '+00:00'")  # TIMESTAMP values in and out in UTC, as the table holds them
+            cursor.execute(
+                "SET time_zone = '+00:00'"
+            )  # TIMESTAMP values in and out in UTC, as the table holds them
         statements = 0
         expected = 0
         for statement in SNAPSHOT_STATEMENTS:
@@ -146,7 +167,9 @@ def run_mariadb_demo(config: IcekeeperConfig, keep_stack: bool = False, progress
             statements += 1
         connect.create(source.connector_config(CONNECTOR, TOPIC_PREFIX, [TABLE]))
         connector_created = True
-        progress(f"registered Debezium's MariaDB connector {CONNECTOR}: {DATABASE}.{TABLE} -> topic {config.sources[0].topics[0]} (Avro via the registry)")
+        progress(
+            f"registered Debezium's MariaDB connector {CONNECTOR}: {DATABASE}.{TABLE} -> topic {config.sources[0].topics[0]} (Avro via the registry)"
+        )
         from common.spark import spark_session
         from writers.job import WriterJob
 
@@ -154,7 +177,11 @@ def run_mariadb_demo(config: IcekeeperConfig, keep_stack: bool = False, progress
         spark = spark_session(config, "icekeeper-demo", master="local[2]")
         connect.wait_for_snapshot(CONNECTOR, timeout_s=WAIT_S)
         progress(f"connector {CONNECTOR}: initial snapshot of {DATABASE}.{TABLE} is in Kafka")
-        writer, bookkeeper, figures = WriterJob(config, spark=spark), Bookkeeper(config), PipelineFigures()
+        writer, bookkeeper, figures = (
+            WriterJob(config, spark=spark),
+            Bookkeeper(config),
+            PipelineFigures(),
+        )
         _sync_until(writer, bookkeeper, figures, expected, progress)
         for round_statements in STREAMED_ROUNDS:
             for statement in round_statements:
@@ -165,13 +192,21 @@ def run_mariadb_demo(config: IcekeeperConfig, keep_stack: bool = False, progress
         table = bookkeeper.catalog.load_table(IDENTIFIER)
         types = iceberg_types(table)
         source_rows, source_types = _select_star(db)
-        expected_rows = {tuple(row[k] for k in KEY): {name: source_value(value, types.get(name, "")) for name, value in row.items()}
-                         for row in source_rows}
-        engines = engine_rows(table, lambda columns: spark_rows(spark, config, IDENTIFIER, columns), duckdb_rows)
+        expected_rows = {
+            tuple(row[k] for k in KEY): {
+                name: source_value(value, types.get(name, "")) for name, value in row.items()
+            }
+            for row in source_rows
+        }
+        engines = engine_rows(
+            table, lambda columns: spark_rows(spark, config, IDENTIFIER, columns), duckdb_rows
+        )
         mirrors = {engine: latest_live_rows(rows, KEY) for engine, rows in engines.items()}
         found = {engine: differences(expected_rows, mirror) for engine, mirror in mirrors.items()}
         columns = list(source_types)
-        _print_side_by_side(expected_rows, mirrors["pyiceberg"], engines["pyiceberg"], columns, found["pyiceberg"])
+        _print_side_by_side(
+            expected_rows, mirrors["pyiceberg"], engines["pyiceberg"], columns, found["pyiceberg"]
+        )
         _print_types(source_types, types)
         _print_engines(config, engines, mirrors, found)
         equal = not any(found.values())
@@ -200,8 +235,10 @@ def run_mariadb_demo(config: IcekeeperConfig, keep_stack: bool = False, progress
         if spark is not None:
             spark.stop()
         if keep_stack:
-            progress(f"stack kept: MariaDB at {config.stack.host}:{config.stack.mariadb_port} (user {OWNER.name}, password {OWNER.password}), "
-                     f"connector {CONNECTOR} at {connect.url}; stop with: ICEKEEPER__STATE_DIR={config.state_dir} icekeeper stack down --with mariadb")
+            progress(
+                f"stack kept: MariaDB at {config.stack.host}:{config.stack.mariadb_port} (user {OWNER.name}, password {OWNER.password}), "
+                f"connector {CONNECTOR} at {connect.url}; stop with: ICEKEEPER__STATE_DIR={config.state_dir} icekeeper stack down --with mariadb"
+            )
         else:
             if connector_created:
                 try:
@@ -219,26 +256,38 @@ def _execute(db, statement: str, progress: Progress) -> int:  # noqa: ANN001 - p
         return cursor.execute(statement)
 
 
-def _sync_until(writer, bookkeeper: Bookkeeper, figures: PipelineFigures, expected: int, progress: Progress) -> None:  # noqa: ANN001 - WriterJob
+def _sync_until(
+    writer, bookkeeper: Bookkeeper, figures: PipelineFigures, expected: int, progress: Progress
+) -> None:
     """Run writer batches and bookkeeper cycles until `expected` records are accounted for (or WAIT_S passes)."""
     deadline = time.monotonic() + WAIT_S
     while figures.records_accounted < expected:
         if time.monotonic() > deadline:
-            progress(f"gave up waiting after {WAIT_S:.0f}s: {figures.records_accounted} of {expected} records committed; comparing what is there")
+            progress(
+                f"gave up waiting after {WAIT_S:.0f}s: {figures.records_accounted} of {expected} records committed; comparing what is there"
+            )
             return
         for batch in writer.run(until_idle=True):
             figures.records_read += batch.records_read
             figures.tombstones_skipped += batch.tombstones_skipped
             figures.dead_lettered += batch.dead_lettered
-            progress(f"writer: batch {batch.seq}: {batch.records_read} records -> {batch.rows_written} rows in {batch.files} files"
-                     + (f", {batch.tombstones_skipped} tombstones skipped" if batch.tombstones_skipped else ""))
+            progress(
+                f"writer: batch {batch.seq}: {batch.records_read} records -> {batch.rows_written} rows in {batch.files} files"
+                + (
+                    f", {batch.tombstones_skipped} tombstones skipped"
+                    if batch.tombstones_skipped
+                    else ""
+                )
+            )
         for _ in range(5):
             cycle = bookkeeper.run_cycle()
             for table in cycle.tables:
                 if table.snapshot_id:
                     figures.rows_committed += table.records
                     figures.snapshots.append(table.snapshot_id)
-                    progress(f"bookkeeper: committed {table.records} rows of {table.table} as snapshot {table.snapshot_id}")
+                    progress(
+                        f"bookkeeper: committed {table.records} rows of {table.table} as snapshot {table.snapshot_id}"
+                    )
             if not cycle.pending:
                 break
         if figures.records_accounted < expected:
@@ -252,8 +301,11 @@ def _select_star(db) -> tuple[list[dict[str, Any]], dict[str, str]]:  # noqa: AN
     with db.cursor(pymysql.cursors.DictCursor) as cursor:
         cursor.execute(f"SELECT * FROM {TABLE} ORDER BY {', '.join(KEY)}")
         rows = list(cursor.fetchall())
-        cursor.execute("SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-                       "ORDER BY ORDINAL_POSITION", (DATABASE, TABLE))
+        cursor.execute(
+            "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+            "ORDER BY ORDINAL_POSITION",
+            (DATABASE, TABLE),
+        )
         types = {row["COLUMN_NAME"]: row["COLUMN_TYPE"] for row in cursor.fetchall()}
     return rows, types
 
@@ -261,7 +313,13 @@ def _select_star(db) -> tuple[list[dict[str, Any]], dict[str, str]]:  # noqa: AN
 def _shown(value: Any) -> Any:
     """A value as the grid shows it: the same text for equal values on both sides, short where that loses nothing."""
     if isinstance(value, dt.datetime):
-        spec = "seconds" if not value.microsecond else "milliseconds" if not value.microsecond % 1000 else "microseconds"
+        spec = (
+            "seconds"
+            if not value.microsecond
+            else "milliseconds"
+            if not value.microsecond % 1000
+            else "microseconds"
+        )
         text = value.isoformat(sep=" ", timespec=spec)
         return text[:-6] + "Z" if text.endswith("+00:00") else text
     if isinstance(value, Decimal):
@@ -269,30 +327,71 @@ def _shown(value: Any) -> Any:
     return value
 
 
-def _print_side_by_side(expected_rows: dict[tuple, dict[str, Any]], mirror: dict[tuple, dict[str, Any]], changelog: list[dict[str, Any]],
-                        columns: list[str], found: list[Difference]) -> None:
+def _print_side_by_side(
+    expected_rows: dict[tuple, dict[str, Any]],
+    mirror: dict[tuple, dict[str, Any]],
+    changelog: list[dict[str, Any]],
+    columns: list[str],
+    found: list[Difference],
+) -> None:
     ops = Counter(row["_src_op"] for row in changelog)
-    op_text = ", ".join(f"{ops[op]} {op} ({meaning})" for op, meaning in OP_MEANINGS.items() if ops[op])
-    print(f"\n# MariaDB {DATABASE}.{TABLE} (SELECT *, {len(expected_rows)} rows) beside Iceberg {IDENTIFIER}, read with pyiceberg")
-    print(f"# {IDENTIFIER} is a changelog of {len(changelog)} rows by _src_op: {op_text}; shown is its latest row per {', '.join(KEY)} by "
-          f"Kafka partition and offset, leaving out keys whose last _src_op is 'd'")
-    data_columns = [c for c in columns if c not in KEY and c not in SHOWN_LAST] + [c for c in SHOWN_LAST if c in columns]
+    op_text = ", ".join(
+        f"{ops[op]} {op} ({meaning})" for op, meaning in OP_MEANINGS.items() if ops[op]
+    )
+    print(
+        f"\n# MariaDB {DATABASE}.{TABLE} (SELECT *, {len(expected_rows)} rows) beside Iceberg {IDENTIFIER}, read with pyiceberg"
+    )
+    print(
+        f"# {IDENTIFIER} is a changelog of {len(changelog)} rows by _src_op: {op_text}; shown is its latest row per {', '.join(KEY)} by "
+        f"Kafka partition and offset, leaving out keys whose last _src_op is 'd'"
+    )
+    data_columns = [c for c in columns if c not in KEY and c not in SHOWN_LAST] + [
+        c for c in SHOWN_LAST if c in columns
+    ]
     grid_rows = []
     for identity in ordered_keys(set(expected_rows) | set(mirror)):
         key_cells = dict(zip(KEY, identity))
         differing = [d.column for d in found if d.key == identity and d.column]
         if identity in expected_rows:
             check = "" if identity in mirror else "not in Iceberg"
-            grid_rows.append({**key_cells, "side": "MariaDB", "check": check, **{c: _shown(expected_rows[identity].get(c)) for c in data_columns}})
+            grid_rows.append(
+                {
+                    **key_cells,
+                    "side": "MariaDB",
+                    "check": check,
+                    **{c: _shown(expected_rows[identity].get(c)) for c in data_columns},
+                }
+            )
         if identity in mirror:
             row = mirror[identity]
-            check = "differs: " + ", ".join(differing) if differing else "same" if identity in expected_rows else "not in MariaDB"
-            grid_rows.append({**key_cells, "side": "Iceberg", "check": check,
-                              "_src_op": row["_src_op"], "_kfk_partition": row["_kfk_partition"], "_kfk_offset": row["_kfk_offset"], **{c: _shown(row.get(c)) for c in data_columns}})
+            check = (
+                "differs: " + ", ".join(differing)
+                if differing
+                else "same"
+                if identity in expected_rows
+                else "not in MariaDB"
+            )
+            grid_rows.append(
+                {
+                    **key_cells,
+                    "side": "Iceberg",
+                    "check": check,
+                    "_src_op": row["_src_op"],
+                    "_kfk_partition": row["_kfk_partition"],
+                    "_kfk_offset": row["_kfk_offset"],
+                    **{c: _shown(row.get(c)) for c in data_columns},
+                }
+            )
     for row in grid_rows:
         if row["side"] == "MariaDB":
             row.update({"_src_op": "", "_kfk_partition": "", "_kfk_offset": ""})
-    print(render_grid(grid_rows, [*KEY, "side", "check", "_src_op", "_kfk_partition", "_kfk_offset", *data_columns], max_width=26))
+    print(
+        render_grid(
+            grid_rows,
+            [*KEY, "side", "check", "_src_op", "_kfk_partition", "_kfk_offset", *data_columns],
+            max_width=26,
+        )
+    )
     live = set(mirror)
     gone = {}
     for row in sorted(changelog, key=lambda r: (r["_kfk_partition"], r["_kfk_offset"])):
@@ -300,35 +399,62 @@ def _print_side_by_side(expected_rows: dict[tuple, dict[str, Any]], mirror: dict
         if identity not in live:
             gone[identity] = row
     for identity, row in gone.items():
-        print(f"# {', '.join(KEY)} {', '.join(map(str, identity))}: left out, its last change is a delete (_src_op '{row['_src_op']}' at partition {row['_kfk_partition']}, offset {row['_kfk_offset']})")
+        print(
+            f"# {', '.join(KEY)} {', '.join(map(str, identity))}: left out, its last change is a delete (_src_op '{row['_src_op']}' at partition {row['_kfk_partition']}, offset {row['_kfk_offset']})"
+        )
 
 
 def _print_types(source_types: dict[str, str], types: dict[str, str]) -> None:
     print(f"\n# column types: MariaDB {DATABASE}.{TABLE} -> Iceberg {IDENTIFIER} (docs/types.md)")
-    rows = [{"column": name, "MariaDB": source_type, "Iceberg": types.get(name, "(missing)")} for name, source_type in source_types.items()]
+    rows = [
+        {"column": name, "MariaDB": source_type, "Iceberg": types.get(name, "(missing)")}
+        for name, source_type in source_types.items()
+    ]
     print(render_grid(rows, ["column", "MariaDB", "Iceberg"]))
     metadata = [name for name in types if name not in source_types]
     print(f"# plus {len(metadata)} metadata columns: {', '.join(metadata)}")
 
 
-def _print_engines(config: IcekeeperConfig, engines: dict[str, list[dict[str, Any]]], mirrors: dict[str, dict[tuple, dict[str, Any]]],
-                   found: dict[str, list[Difference]]) -> None:
-    names = {"pyiceberg": "pyiceberg", "spark": f"Spark SQL (iceberg-spark-runtime) on catalog {config.catalog.name}", "duckdb": "DuckDB iceberg_scan"}
+def _print_engines(
+    config: IcekeeperConfig,
+    engines: dict[str, list[dict[str, Any]]],
+    mirrors: dict[str, dict[tuple, dict[str, Any]]],
+    found: dict[str, list[Difference]],
+) -> None:
+    names = {
+        "pyiceberg": "pyiceberg",
+        "spark": f"Spark SQL (iceberg-spark-runtime) on catalog {config.catalog.name}",
+        "duckdb": "DuckDB iceberg_scan",
+    }
     print()
     for engine in ("pyiceberg", "spark", "duckdb"):
-        outcome = "equal to MariaDB" if not found[engine] else f"{len(found[engine])} differences from MariaDB"
-        print(f"# {names[engine]}: {len(engines[engine])} changelog rows -> {len(mirrors[engine])} live keys, {outcome}")
+        outcome = (
+            "equal to MariaDB"
+            if not found[engine]
+            else f"{len(found[engine])} differences from MariaDB"
+        )
+        print(
+            f"# {names[engine]}: {len(engines[engine])} changelog rows -> {len(mirrors[engine])} live keys, {outcome}"
+        )
 
 
 def _difference_lines(found: dict[str, list[Difference]]) -> list[str]:
     """Each difference once, whichever engines saw it."""
-    return list(dict.fromkeys(str(difference) for differences_seen in found.values() for difference in differences_seen))
+    return list(
+        dict.fromkeys(
+            str(difference)
+            for differences_seen in found.values()
+            for difference in differences_seen
+        )
+    )
 
 
 def _verdict(source_rows: int, found: dict[str, list[Difference]]) -> str:
     if not any(found.values()):
-        return (f"\nverdict: EQUAL: MariaDB's {source_rows} rows are the latest live rows of {IDENTIFIER}, every key and every column, "
-                f"through pyiceberg, Spark SQL and DuckDB")
+        return (
+            f"\nverdict: EQUAL: MariaDB's {source_rows} rows are the latest live rows of {IDENTIFIER}, every key and every column, "
+            f"through pyiceberg, Spark SQL and DuckDB"
+        )
     engines = ", ".join(engine for engine, lines in found.items() if lines)
     lines = _difference_lines(found)
     shown = "; ".join(lines[:10]) + (f"; and {len(lines) - 10} more" if len(lines) > 10 else "")

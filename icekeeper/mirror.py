@@ -11,13 +11,14 @@ sides' values into one form: the one docs/types.md gives for the Iceberg type.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from pyiceberg.table import Table
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 Key = tuple
 Row = dict[str, Any]
@@ -46,7 +47,9 @@ def latest_live_rows(changelog: Iterable[Row], key: list[str]) -> dict[Key, Row]
     for row in sorted(changelog, key=lambda r: (r["_kfk_partition"], r["_kfk_offset"])):
         identity = tuple(row[name] for name in key)
         if partitions.setdefault(identity, row["_kfk_partition"]) != row["_kfk_partition"]:
-            raise ValueError(f"key {identity} in partitions {partitions[identity]} and {row['_kfk_partition']}")
+            raise ValueError(
+                f"key {identity} in partitions {partitions[identity]} and {row['_kfk_partition']}"
+            )
         last[identity] = row
     return {identity: row for identity, row in last.items() if row["_src_op"] != "d"}
 
@@ -95,7 +98,11 @@ def iceberg_types(table: Table) -> dict[str, str]:
     return {field.name: str(field.field_type) for field in table.schema().fields}
 
 
-def engine_rows(table: Table, spark_reader: Callable[[str], list[Row]], duckdb_reader: Callable[[Table], list[Row]]) -> dict[str, list[Row]]:
+def engine_rows(
+    table: Table,
+    spark_reader: Callable[[str], list[Row]],
+    duckdb_reader: Callable[[Table], list[Row]],
+) -> dict[str, list[Row]]:
     """The table's rows as pyiceberg, DuckDB and Spark read them, values normalized by Iceberg type.
 
     Args:
@@ -104,8 +111,15 @@ def engine_rows(table: Table, spark_reader: Callable[[str], list[Row]], duckdb_r
         duckdb_reader: reads the table through DuckDB (`icekeeper.readers.duckdb_rows`).
     """
     types = iceberg_types(table)
-    raw = {"pyiceberg": table.scan().to_arrow().to_pylist(), "duckdb": duckdb_reader(table), "spark": spark_reader("*")}
-    return {engine: [{name: normalized(row[name], types[name]) for name in types} for row in rows] for engine, rows in raw.items()}
+    raw = {
+        "pyiceberg": table.scan().to_arrow().to_pylist(),
+        "duckdb": duckdb_reader(table),
+        "spark": spark_reader("*"),
+    }
+    return {
+        engine: [{name: normalized(row[name], types[name]) for name in types} for row in rows]
+        for engine, rows in raw.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -138,9 +152,17 @@ def differences(source: Mapping[Key, Row], mirror: Mapping[Key, Row]) -> list[Di
             mirror_row = mirror[identity]
             for column, value in source[identity].items():
                 if column not in mirror_row:
-                    found.append(Difference(identity, column, f"column {column} is not in the table"))
+                    found.append(
+                        Difference(identity, column, f"column {column} is not in the table")
+                    )
                 elif mirror_row[column] != value:
-                    found.append(Difference(identity, column, f"{column}: source {value!r}, table {mirror_row[column]!r}"))
+                    found.append(
+                        Difference(
+                            identity,
+                            column,
+                            f"{column}: source {value!r}, table {mirror_row[column]!r}",
+                        )
+                    )
     return found
 
 

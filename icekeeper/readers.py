@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pyiceberg.table import Table
 
@@ -16,7 +17,9 @@ def _extension_file(package: str, name: str) -> str:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"{package} is not installed (pip install '.[test]')")
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob(f"{name}.duckdb_extension"))
+    found = sorted(
+        Path(next(iter(spec.submodule_search_locations))).rglob(f"{name}.duckdb_extension")
+    )
     if not found:
         raise RuntimeError(f"no {name}.duckdb_extension inside {package}")
     return str(found[-1])
@@ -26,14 +29,18 @@ def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
     """A DuckDB connection with the avro and iceberg extensions loaded from their wheels."""
     import duckdb
 
-    connection = duckdb.connect(config={"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"})
+    connection = duckdb.connect(
+        config={"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+    )
     # avro first: iceberg needs it and would otherwise try to download it.
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_avro', 'avro')}'")
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_iceberg', 'iceberg')}'")
     return connection
 
 
-def duckdb_rows(table: Table, columns: str = "*", order_by: str | None = None) -> list[dict[str, Any]]:
+def duckdb_rows(
+    table: Table, columns: str = "*", order_by: str | None = None
+) -> list[dict[str, Any]]:
     """The table's current rows as DuckDB reads them (via the current metadata file)."""
     connection = duckdb_connection()
     try:
@@ -47,20 +54,26 @@ def duckdb_rows(table: Table, columns: str = "*", order_by: str | None = None) -
         connection.close()
 
 
-def duckdb_tuples(table: Table, columns: list[str], batch_rows: int = 100_000) -> Iterator[tuple[Any, ...]]:
+def duckdb_tuples(
+    table: Table, columns: list[str], batch_rows: int = 100_000
+) -> Iterator[tuple[Any, ...]]:
     """The table's current rows as DuckDB reads them, as tuples of `columns`, fetched `batch_rows`
     at a time: a million-row table is checked without holding every row as a dict."""
     connection = duckdb_connection()
     try:
         names = ", ".join('"' + name.replace('"', '""') + '"' for name in columns)
-        cursor = connection.execute(f"SELECT {names} FROM iceberg_scan('{table.metadata_location}')")
+        cursor = connection.execute(
+            f"SELECT {names} FROM iceberg_scan('{table.metadata_location}')"
+        )
         while batch := cursor.fetchmany(batch_rows):
             yield from batch
     finally:
         connection.close()
 
 
-def spark_rows(spark, config: IcekeeperConfig, identifier: str, columns: str = "*", order_by: str | None = None) -> list[dict[str, Any]]:  # noqa: ANN001
+def spark_rows(
+    spark, config: IcekeeperConfig, identifier: str, columns: str = "*", order_by: str | None = None
+) -> list[dict[str, Any]]:
     """The table's rows as Spark SQL reads them through iceberg-spark-runtime on the same catalog."""
     from common.spark import iceberg_catalog_conf
 
@@ -72,7 +85,9 @@ def spark_rows(spark, config: IcekeeperConfig, identifier: str, columns: str = "
     return [row.asDict() for row in spark.sql(query).collect()]
 
 
-def render_grid(rows: list[dict[str, Any]], columns: list[str] | None = None, max_width: int = 40) -> str:
+def render_grid(
+    rows: list[dict[str, Any]], columns: list[str] | None = None, max_width: int = 40
+) -> str:
     """Rows as the `+---+` grid Spark's `show()` prints (the seed article's result listing)."""
     if not rows:
         return "(no rows)"

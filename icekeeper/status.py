@@ -46,22 +46,37 @@ def collect_status(config: IcekeeperConfig, kafka_timeout_s: float = 5.0) -> Sta
     committed_seqs: dict[str, int] = {}
     for spec in config.tables:
         waiting = [m for m in pending if m.table == spec.identifier]
-        row: dict[str, Any] = {"table": spec.identifier, "pending_monikers": len(waiting), "pending_bytes": sum(m.bytes for m in waiting),
-                               "pending_records": sum(m.records for m in waiting)}
+        row: dict[str, Any] = {
+            "table": spec.identifier,
+            "pending_monikers": len(waiting),
+            "pending_bytes": sum(m.bytes for m in waiting),
+            "pending_records": sum(m.records for m in waiting),
+        }
         table = load_table_or_none(catalog, spec.identifier)
         if table is None:
             row["exists"] = False
         else:
             state = committed_state(table)
             snapshot = table.current_snapshot()
-            summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
-            row.update({
-                "exists": True, "snapshots": len(table.snapshots()), "rows": int(summary.get("total-records", 0)),
-                "last_commit_age_s": round((status.taken_ms - snapshot.timestamp_ms) / 1000, 1) if snapshot else None,
-                "watermark_ms": state.watermark_ms,
-                "freshness_s": round((status.taken_ms - state.watermark_ms) / 1000, 1) if state.watermark_ms else None,
-                "quarantined_records": state.quarantined_records, "epoch": state.epoch,
-            })
+            summary = (
+                snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
+            )
+            row.update(
+                {
+                    "exists": True,
+                    "snapshots": len(table.snapshots()),
+                    "rows": int(summary.get("total-records", 0)),
+                    "last_commit_age_s": round((status.taken_ms - snapshot.timestamp_ms) / 1000, 1)
+                    if snapshot
+                    else None,
+                    "watermark_ms": state.watermark_ms,
+                    "freshness_s": round((status.taken_ms - state.watermark_ms) / 1000, 1)
+                    if state.watermark_ms
+                    else None,
+                    "quarantined_records": state.quarantined_records,
+                    "epoch": state.epoch,
+                }
+            )
             for writer_id, seq in state.writer_seqs.items():
                 committed_seqs[writer_id] = max(committed_seqs.get(writer_id, 0), seq)
         status.tables.append(row)
@@ -72,26 +87,49 @@ def collect_status(config: IcekeeperConfig, kafka_timeout_s: float = 5.0) -> Sta
         partitions = []
         for (topic, partition), position in sorted(positions.items()):
             end = ends.get((topic, partition))
-            partitions.append({"topic": topic, "partition": partition, "read_until": position, "end": end,
-                               "lag": None if end is None else max(0, end - position)})
-        status.writers.append({
-            "writer": writer_id, "last_batch_age_s": round((status.taken_ms - last_batch_ms) / 1000, 1),
-            "last_moniker": ({"seq": newest.seq, "table": newest.table, "records": newest.records, "state": "pending",
-                              "age_s": round((status.taken_ms - newest.created_ms) / 1000, 1)} if newest
-                             else {"seq": committed_seqs.get(writer_id), "state": "committed"}),
-            "pending_monikers": len(mine), "partitions": partitions,
-            "lag": sum(p["lag"] for p in partitions if p["lag"] is not None),
-        })
+            partitions.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "read_until": position,
+                    "end": end,
+                    "lag": None if end is None else max(0, end - position),
+                }
+            )
+        status.writers.append(
+            {
+                "writer": writer_id,
+                "last_batch_age_s": round((status.taken_ms - last_batch_ms) / 1000, 1),
+                "last_moniker": (
+                    {
+                        "seq": newest.seq,
+                        "table": newest.table,
+                        "records": newest.records,
+                        "state": "pending",
+                        "age_s": round((status.taken_ms - newest.created_ms) / 1000, 1),
+                    }
+                    if newest
+                    else {"seq": committed_seqs.get(writer_id), "state": "committed"}
+                ),
+                "pending_monikers": len(mine),
+                "partitions": partitions,
+                "lag": sum(p["lag"] for p in partitions if p["lag"] is not None),
+            }
+        )
     try:
         status.dead_letters["monikers"] = transport.dead_letter_count()
     except Exception as error:  # noqa: BLE001 - a status screen shows what it can
         status.problems.append(f"moniker dead letters: {error}")
     for source in config.sources:
-        status.dead_letters[f"topic {source.dead_letter_topic}"] = _topic_size(source, source.dead_letter_topic, kafka_timeout_s, status.problems)
+        status.dead_letters[f"topic {source.dead_letter_topic}"] = _topic_size(
+            source, source.dead_letter_topic, kafka_timeout_s, status.problems
+        )
     return status
 
 
-def _writer_checkpoints(config: IcekeeperConfig) -> list[tuple[str, dict[TopicPartition, int], int]]:
+def _writer_checkpoints(
+    config: IcekeeperConfig,
+) -> list[tuple[str, dict[TopicPartition, int], int]]:
     """(writer id, read position per partition, time of its last batch) from writer checkpoints."""
     root = Path(config.writer.checkpoint_uri.removeprefix("file://"))
     writers = []
@@ -107,17 +145,28 @@ def _writer_checkpoints(config: IcekeeperConfig) -> list[tuple[str, dict[TopicPa
     return writers
 
 
-def _kafka_end_offsets(config: IcekeeperConfig, timeout_s: float, problems: list[str]) -> dict[TopicPartition, int]:
+def _kafka_end_offsets(
+    config: IcekeeperConfig, timeout_s: float, problems: list[str]
+) -> dict[TopicPartition, int]:
     ends: dict[TopicPartition, int] = {}
     for source in config.sources:
         try:
             consumer = _consumer(source)
             try:
                 metadata = consumer.list_topics(timeout=timeout_s)
-                topics = [t for t in metadata.topics if (t in source.topics or (source.topic_pattern and re.fullmatch(source.topic_pattern, t)))]
+                topics = [
+                    t
+                    for t in metadata.topics
+                    if (
+                        t in source.topics
+                        or (source.topic_pattern and re.fullmatch(source.topic_pattern, t))
+                    )
+                ]
                 for topic in topics:
                     for partition in metadata.topics[topic].partitions:
-                        _, high = consumer.get_watermark_offsets(_tp(topic, partition), timeout=timeout_s)
+                        _, high = consumer.get_watermark_offsets(
+                            _tp(topic, partition), timeout=timeout_s
+                        )
                         ends[(topic, partition)] = high
             finally:
                 consumer.close()
@@ -126,7 +175,9 @@ def _kafka_end_offsets(config: IcekeeperConfig, timeout_s: float, problems: list
     return ends
 
 
-def _topic_size(source: KafkaSource, topic: str, timeout_s: float, problems: list[str]) -> int | None:
+def _topic_size(
+    source: KafkaSource, topic: str, timeout_s: float, problems: list[str]
+) -> int | None:
     """Records currently in a topic (sum of high minus low watermarks)."""
     try:
         consumer = _consumer(source)
@@ -149,8 +200,19 @@ def _topic_size(source: KafkaSource, topic: str, timeout_s: float, problems: lis
 def _consumer(source: KafkaSource):  # noqa: ANN202 - confluent_kafka.Consumer
     from confluent_kafka import Consumer
 
-    return Consumer({"bootstrap.servers": source.bootstrap_servers, "group.id": "icekeeper-status", "enable.auto.commit": False,
-                     "allow.auto.create.topics": False, **{k: v for k, v in source.consumer_properties.items() if k.startswith(("security.", "sasl.", "ssl."))}})
+    return Consumer(
+        {
+            "bootstrap.servers": source.bootstrap_servers,
+            "group.id": "icekeeper-status",
+            "enable.auto.commit": False,
+            "allow.auto.create.topics": False,
+            **{
+                k: v
+                for k, v in source.consumer_properties.items()
+                if k.startswith(("security.", "sasl.", "ssl."))
+            },
+        }
+    )
 
 
 def _tp(topic: str, partition: int):  # noqa: ANN202
@@ -161,23 +223,37 @@ def _tp(topic: str, partition: int):  # noqa: ANN202
 
 def render_status(status: Status) -> str:
     """The status as a few aligned text blocks."""
-    lines = [f"icekeeper status at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(status.taken_ms / 1000))}Z", "", "TABLES"]
-    lines.append(f"  {'table':<36} {'rows':>10} {'snaps':>6} {'last commit':>12} {'freshness':>10} {'pending':>8} {'pending MB':>10} {'quarantined':>11}")
+    lines = [
+        f"icekeeper status at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(status.taken_ms / 1000))}Z",
+        "",
+        "TABLES",
+    ]
+    lines.append(
+        f"  {'table':<36} {'rows':>10} {'snaps':>6} {'last commit':>12} {'freshness':>10} {'pending':>8} {'pending MB':>10} {'quarantined':>11}"
+    )
     for row in status.tables:
         if not row.get("exists"):
-            lines.append(f"  {row['table']:<36} {'(not created yet)':>29} {'':>10} {row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f}")
+            lines.append(
+                f"  {row['table']:<36} {'(not created yet)':>29} {'':>10} {row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f}"
+            )
             continue
-        lines.append(f"  {row['table']:<36} {row['rows']:>10} {row['snapshots']:>6} {_age(row['last_commit_age_s']):>12} {_age(row['freshness_s']):>10} "
-                     f"{row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f} {row['quarantined_records']:>11}")
+        lines.append(
+            f"  {row['table']:<36} {row['rows']:>10} {row['snapshots']:>6} {_age(row['last_commit_age_s']):>12} {_age(row['freshness_s']):>10} "
+            f"{row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f} {row['quarantined_records']:>11}"
+        )
     lines += ["", "WRITERS"]
     if not status.writers:
         lines.append("  (no writer has run yet)")
     for writer in status.writers:
         last = writer["last_moniker"]
-        lines.append(f"  {writer['writer']}: last batch {_age(writer['last_batch_age_s'])} ago, last moniker seq {last['seq']} ({last['state']}), "
-                     f"{writer['pending_monikers']} pending, lag {writer['lag']}")
+        lines.append(
+            f"  {writer['writer']}: last batch {_age(writer['last_batch_age_s'])} ago, last moniker seq {last['seq']} ({last['state']}), "
+            f"{writer['pending_monikers']} pending, lag {writer['lag']}"
+        )
         for p in writer["partitions"]:
-            lines.append(f"    {p['topic']}[{p['partition']}]: read until {p['read_until']} of {p['end'] if p['end'] is not None else '?'}, lag {p['lag'] if p['lag'] is not None else '?'}")
+            lines.append(
+                f"    {p['topic']}[{p['partition']}]: read until {p['read_until']} of {p['end'] if p['end'] is not None else '?'}, lag {p['lag'] if p['lag'] is not None else '?'}"
+            )
     lines += ["", "DEAD LETTERS"]
     for place, count in status.dead_letters.items():
         lines.append(f"  {place}: {count if count is not None else '?'}")

@@ -18,19 +18,19 @@ import logging
 import posixpath
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Callable
+from datetime import UTC, datetime, timedelta
 
 import pyarrow.fs as pafs
 from pyiceberg.table import Table
 from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, TimestamptzType
 
-from common.locations import normalize_location
 from common.committed_state import expirable_snapshots
-from common.in_flight import under_any
-from common.storage import open_filesystem
 from common.config.model import ReaperConfig
+from common.in_flight import under_any
+from common.locations import normalize_location
+from common.storage import open_filesystem
 from reaper.upsert_compaction import UpsertCompaction
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,10 @@ def is_commit_conflict(error: BaseException) -> bool:
     # the Java one as `_origin`.
     java_exception = getattr(error, "java_exception", None) or getattr(error, "_origin", None)
     while java_exception is not None:
-        if java_exception.getClass().getName() == "org.apache.iceberg.exceptions.CommitFailedException":
+        if (
+            java_exception.getClass().getName()
+            == "org.apache.iceberg.exceptions.CommitFailedException"
+        ):
             return True
         # A partial-progress rewrite reports file groups that lost their commits this way, as a
         # plain RuntimeException without the CommitFailedException as its cause.
@@ -78,7 +81,9 @@ class TableReport:
     """Dry run: what would change, one line each."""
 
     def to_json(self) -> dict:
-        return {key: value for key, value in self.__dict__.items() if key != "planned" or self.dry_run}
+        return {
+            key: value for key, value in self.__dict__.items() if key != "planned" or self.dry_run
+        }
 
 
 class FileDeleter:
@@ -89,7 +94,9 @@ class FileDeleter:
     (Iceberg's actions report counts but not bytes). In a dry run it only lists.
     """
 
-    def __init__(self, spared: set[str], dry_run: bool, spared_folders: set[str] | None = None) -> None:
+    def __init__(
+        self, spared: set[str], dry_run: bool, spared_folders: set[str] | None = None
+    ) -> None:
         self.spared = spared
         self.spared_folders = spared_folders or set()
         self.dry_run = dry_run
@@ -99,7 +106,9 @@ class FileDeleter:
 
     def accept(self, location: str) -> None:
         try:
-            if normalize_location(location) in self.spared or under_any(location, self.spared_folders):
+            if normalize_location(location) in self.spared or under_any(
+                location, self.spared_folders
+            ):
                 self.kept.append(location)
                 return
             filesystem, path = open_filesystem(location)
@@ -110,12 +119,14 @@ class FileDeleter:
                 filesystem.delete_file(path)
                 if isinstance(filesystem, pafs.LocalFileSystem):
                     # Hadoop's local filesystem leaves a `.name.crc` beside files Java wrote.
-                    checksum = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.crc")
+                    checksum = posixpath.join(
+                        posixpath.dirname(path), f".{posixpath.basename(path)}.crc"
+                    )
                     if filesystem.get_file_info(checksum).type == pafs.FileType.File:
                         filesystem.delete_file(checksum)
             self.deleted.append(location)
             self.bytes += info.size or 0
-        except Exception:  # noqa: BLE001 - an exception must not cross into the JVM thread
+        except Exception:
             log.exception("could not delete", extra={"file": location})
 
     class Java:
@@ -139,7 +150,9 @@ class SparkMaintenance:
 
     def _java_table(self, identifier: str):
         self.spark.sql(f"REFRESH TABLE {self.spark_name(identifier)}")
-        return self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, f"{self.catalog_name}.{identifier}")  # noqa: SLF001
+        return self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            self.spark._jsparkSession, f"{self.catalog_name}.{identifier}"
+        )
 
     def _until_committed(self, identifier: str, step: str, action: Callable[[], None]) -> None:
         """Run `action` again while its commit loses to concurrent commits, up to `commit_attempts`.
@@ -156,11 +169,16 @@ class SparkMaintenance:
             except Exception as error:
                 if not is_commit_conflict(error) or attempt == attempts:
                     raise
-                log.info("maintenance commit lost to concurrent commits", extra={"table": identifier, "step": step, "attempt": attempt})
+                log.info(
+                    "maintenance commit lost to concurrent commits",
+                    extra={"table": identifier, "step": step, "attempt": attempt},
+                )
                 time.sleep(random.uniform(0.1, 0.5) * attempt)
 
     def _actions(self):
-        return self._jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession)  # noqa: SLF001
+        return self._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
+            self.spark._jsparkSession
+        )
 
     # -- retention ---------------------------------------------------------------------------
 
@@ -170,7 +188,9 @@ class SparkMaintenance:
         settings = self.settings
         if settings.retention is None or not settings.retention_column:
             return
-        condition = time_filter(table, settings.retention_column, upper=now - timedelta(seconds=settings.retention))
+        condition = time_filter(
+            table, settings.retention_column, upper=now - timedelta(seconds=settings.retention)
+        )
         report.retention_filter = condition
         name = self.spark_name(identifier)
         if report.dry_run:
@@ -179,7 +199,9 @@ class SparkMaintenance:
             report.retention_rows_deleted = rows
             return
         before = table.current_snapshot()
-        self._until_committed(identifier, "retention", lambda: self.spark.sql(f"DELETE FROM {name} WHERE {condition}"))
+        self._until_committed(
+            identifier, "retention", lambda: self.spark.sql(f"DELETE FROM {name} WHERE {condition}")
+        )
         after = table.refresh().current_snapshot()
         if after is not None and (before is None or after.snapshot_id != before.snapshot_id):
             summary = after.summary.additional_properties if after.summary else {}
@@ -188,7 +210,14 @@ class SparkMaintenance:
 
     # -- compaction --------------------------------------------------------------------------
 
-    def compact(self, table: Table, identifier: str, report: TableReport, now: datetime, upsert: bool = False) -> None:
+    def compact(
+        self,
+        table: Table,
+        identifier: str,
+        report: TableReport,
+        now: datetime,
+        upsert: bool = False,
+    ) -> None:
         """Bin-pack small files to the target size (Iceberg's `rewrite_data_files`), limited to one
         day of the compact filter column when set (seed 000: offset 0 is yesterday). Upsert tables
         are compacted through the bookkeeper instead (`upsert_compaction.py`)."""
@@ -198,26 +227,43 @@ class SparkMaintenance:
             return
         where = None
         if settings.compact_filter_column:
-            day = (now - timedelta(days=1 + settings.compact_day_offset)).replace(hour=0, minute=0, second=0, microsecond=0)
-            where = time_filter(table, settings.compact_filter_column, lower=day, upper=day + timedelta(days=1))
+            day = (now - timedelta(days=1 + settings.compact_day_offset)).replace(
+                hour=0, minute=0, second=0, microsecond=0
+            )
+            where = time_filter(
+                table, settings.compact_filter_column, lower=day, upper=day + timedelta(days=1)
+            )
         target = settings.compact_target_file_size_bytes
         if report.dry_run:
-            small = self.spark.sql(f"SELECT count(*) FROM {self.spark_name(identifier)}.files WHERE file_size_in_bytes < {int(target * 0.75)}").first()[0]
-            report.planned.append(f"compaction: of {small} files under 75% of {target} bytes, those" + (f" where {where}" if where else ""))
+            small = self.spark.sql(
+                f"SELECT count(*) FROM {self.spark_name(identifier)}.files WHERE file_size_in_bytes < {int(target * 0.75)}"
+            ).first()[0]
+            report.planned.append(
+                f"compaction: of {small} files under 75% of {target} bytes, those"
+                + (f" where {where}" if where else "")
+            )
             return
-        options = {"target-file-size-bytes": str(target), "min-input-files": "2",
-                   # Upsert tables: a file whose rows are mostly replaced is rewritten without them,
-                   # and delete files that no longer apply to any live file leave in the same pass.
-                   "delete-ratio-threshold": str(settings.compact_delete_ratio), "remove-dangling-deletes": "true",
-                   # Partial progress commits per file group, so an append that lands meanwhile
-                   # costs one group a retry, not the whole rewrite. A group whose commit lost
-                   # every retry is dropped silently (not in `failed_data_files_count`) unless the
-                   # allowed failures are 0: then the call raises and `_until_committed` replans.
-                   "partial-progress.enabled": "true", "partial-progress.max-commits": "10",
-                   "partial-progress.max-failed-commits": "0"}
-        arguments = [f"table => '{self.catalog_name}.{identifier}'", f"options => map({_sql_map(options)})"]
+        options = {
+            "target-file-size-bytes": str(target),
+            "min-input-files": "2",
+            # Upsert tables: a file whose rows are mostly replaced is rewritten without them,
+            # and delete files that no longer apply to any live file leave in the same pass.
+            "delete-ratio-threshold": str(settings.compact_delete_ratio),
+            "remove-dangling-deletes": "true",
+            # Partial progress commits per file group, so an append that lands meanwhile
+            # costs one group a retry, not the whole rewrite. A group whose commit lost
+            # every retry is dropped silently (not in `failed_data_files_count`) unless the
+            # allowed failures are 0: then the call raises and `_until_committed` replans.
+            "partial-progress.enabled": "true",
+            "partial-progress.max-commits": "10",
+            "partial-progress.max-failed-commits": "0",
+        }
+        arguments = [
+            f"table => '{self.catalog_name}.{identifier}'",
+            f"options => map({_sql_map(options)})",
+        ]
         if where:
-            arguments.append(f"where => \"{where}\"")
+            arguments.append(f'where => "{where}"')
         call = f"CALL `{self.catalog_name}`.system.rewrite_data_files({', '.join(arguments)})"
 
         def rewrite_once() -> None:
@@ -230,14 +276,20 @@ class SparkMaintenance:
         def rewrite_deletes_once() -> None:
             # Position deletes of upsert tables, one small file per bookkeeper cycle: merged into
             # fewer files, dropping entries whose data files compaction just replaced.
-            self.spark.sql(f"CALL `{self.catalog_name}`.system.rewrite_position_delete_files("
-                           f"table => '{self.catalog_name}.{identifier}', options => map('rewrite-all', 'true'))")
+            self.spark.sql(
+                f"CALL `{self.catalog_name}`.system.rewrite_position_delete_files("
+                f"table => '{self.catalog_name}.{identifier}', options => map('rewrite-all', 'true'))"
+            )
 
         before = {snapshot.snapshot_id for snapshot in table.refresh().snapshots()}
         try:
             self._until_committed(identifier, "compaction", rewrite_once)
             current = table.refresh().current_snapshot()
-            if current is not None and current.summary is not None and int(current.summary.get("total-delete-files", "0") or 0):
+            if (
+                current is not None
+                and current.summary is not None
+                and int(current.summary.get("total-delete-files", "0") or 0)
+            ):
                 self._until_committed(identifier, "compaction", rewrite_deletes_once)
         finally:
             # Counted from the table's history rather than the calls' results: a call that raised
@@ -254,14 +306,27 @@ class SparkMaintenance:
         before = {snapshot.snapshot_id for snapshot in table.refresh().snapshots()}
         try:
             outcome = UpsertCompaction(self.spark, self.catalog_name).run(
-                table, identifier, settings.compact_target_file_size_bytes, settings.compact_delete_ratio, settings.rewrite_wait)
+                table,
+                identifier,
+                settings.compact_target_file_size_bytes,
+                settings.compact_delete_ratio,
+                settings.rewrite_wait,
+            )
         finally:
             _count_replaced(table, before, report)
         if outcome.refused:
-            report.errors.append(f"compaction: the bookkeeper refused it ({outcome.refused}); the next pass plans again")
+            report.errors.append(
+                f"compaction: the bookkeeper refused it ({outcome.refused}); the next pass plans again"
+            )
         elif outcome.waiting:
-            log.info("compaction handed to the bookkeeper, not committed yet",
-                     extra={"table": identifier, "files": outcome.files_replaced, "waited_s": settings.rewrite_wait})
+            log.info(
+                "compaction handed to the bookkeeper, not committed yet",
+                extra={
+                    "table": identifier,
+                    "files": outcome.files_replaced,
+                    "waited_s": settings.rewrite_wait,
+                },
+            )
 
     def rewrite_manifests(self, table: Table, identifier: str, report: TableReport) -> None:
         """Rewrite manifests when the current snapshot has more than `max_manifests`."""
@@ -270,25 +335,35 @@ class SparkMaintenance:
         if count <= self.settings.max_manifests:
             return
         if report.dry_run:
-            report.planned.append(f"manifests: rewrite {count} manifests (over {self.settings.max_manifests})")
+            report.planned.append(
+                f"manifests: rewrite {count} manifests (over {self.settings.max_manifests})"
+            )
             return
         target = str(self.settings.manifests_file_length)
         if table.properties.get("commit.manifest.target-size-bytes") != target:
             # The rewrite sizes manifests by this table property (seed 000: manifests.file.length).
-            table.transaction().set_properties({"commit.manifest.target-size-bytes": target}).commit_transaction()
+            table.transaction().set_properties(
+                {"commit.manifest.target-size-bytes": target}
+            ).commit_transaction()
         call = f"CALL `{self.catalog_name}`.system.rewrite_manifests(table => '{self.catalog_name}.{identifier}')"
 
         def rewrite_once() -> None:
-            report.manifests_rewritten = int(self.spark.sql(call).first()["rewritten_manifests_count"])
+            report.manifests_rewritten = int(
+                self.spark.sql(call).first()["rewritten_manifests_count"]
+            )
 
         self._until_committed(identifier, "manifests", rewrite_once)
 
     # -- expiry and deletion -----------------------------------------------------------------
 
-    def expire(self, table: Table, identifier: str, report: TableReport, spared: set[str], now: datetime) -> None:
+    def expire(
+        self, table: Table, identifier: str, report: TableReport, spared: set[str], now: datetime
+    ) -> None:
         """Expire snapshots older than `snapshot_expire_time` beyond the newest `retain_last`, then
         let Iceberg delete the files only they reached (data, manifests, manifest lists)."""
-        older_than_ms = int((now - timedelta(seconds=self.settings.snapshot_expire_time)).timestamp() * 1000)
+        older_than_ms = int(
+            (now - timedelta(seconds=self.settings.snapshot_expire_time)).timestamp() * 1000
+        )
         deleter = FileDeleter(spared, dry_run=False)
 
         def expire_once() -> None:
@@ -296,7 +371,9 @@ class SparkMaintenance:
             if not expired:
                 return
             if report.dry_run:
-                report.planned.append(f"expiry: {len(expired)} snapshots ({expired[-1]} ... {expired[0]})")
+                report.planned.append(
+                    f"expiry: {len(expired)} snapshots ({expired[-1]} ... {expired[0]})"
+                )
                 report.snapshots_expired = len(expired)
                 return
             # Iceberg's core `ExpireSnapshots` (with file cleanup) rather than the Spark action: the
@@ -313,7 +390,14 @@ class SparkMaintenance:
         self._until_committed(identifier, "expiry", expire_once)
         self._count(report, deleter)
 
-    def remove_orphans(self, identifier: str, report: TableReport, spared: set[str], claimed: set[str], now: datetime) -> None:
+    def remove_orphans(
+        self,
+        identifier: str,
+        report: TableReport,
+        spared: set[str],
+        claimed: set[str],
+        now: datetime,
+    ) -> None:
         """Delete files under the table location that no snapshot reaches and that are older than
         the grace period; files named by pending monikers, and files inside batch folders that
         writers still claim, are spared whatever their age (common/in_flight.py).
@@ -321,9 +405,13 @@ class SparkMaintenance:
         The Java action rather than the SQL procedure: the procedure refuses grace periods under
         24 hours, which tests and small deployments need (pending and claimed files are protected
         by name, the grace covers a claim's or a file's first moments)."""
-        older_than_ms = int((now - timedelta(seconds=self.settings.orphan_grace)).timestamp() * 1000)
+        older_than_ms = int(
+            (now - timedelta(seconds=self.settings.orphan_grace)).timestamp() * 1000
+        )
         deleter = FileDeleter(spared, dry_run=report.dry_run, spared_folders=claimed)
-        self._actions().deleteOrphanFiles(self._java_table(identifier)).olderThan(older_than_ms).deleteWith(deleter).execute()
+        self._actions().deleteOrphanFiles(self._java_table(identifier)).olderThan(
+            older_than_ms
+        ).deleteWith(deleter).execute()
         if report.dry_run:
             report.planned.extend(f"orphan: {path}" for path in deleter.deleted)
         self._count(report, deleter)
@@ -339,7 +427,11 @@ def _count_replaced(table: Table, before: set[int], report: TableReport) -> None
     """Count the `replace` snapshots committed since the snapshots `before` into `report`."""
     for snapshot in table.refresh().snapshots():
         summary = snapshot.summary
-        if snapshot.snapshot_id in before or summary is None or summary.operation.value != "replace":
+        if (
+            snapshot.snapshot_id in before
+            or summary is None
+            or summary.operation.value != "replace"
+        ):
             continue
         properties = summary.additional_properties
         report.files_compacted += int(properties.get("deleted-data-files", 0))
@@ -347,18 +439,24 @@ def _count_replaced(table: Table, before: set[int], report: TableReport) -> None
         report.bytes_compacted += int(properties.get("removed-files-size", 0))
 
 
-def time_filter(table: Table, column: str, lower: datetime | None = None, upper: datetime | None = None) -> str:
+def time_filter(
+    table: Table, column: str, lower: datetime | None = None, upper: datetime | None = None
+) -> str:
     """`column >= lower AND column < upper` as Spark SQL (also parsed by pyiceberg), typed by the
     column: timestamps and dates compare as literals, integers as epoch milliseconds."""
     field_type = table.schema().find_field(column).field_type
+
     def literal(moment: datetime) -> str:
         if isinstance(field_type, (TimestampType, TimestamptzType)):
-            return f"TIMESTAMP '{moment.astimezone(timezone.utc).strftime('%Y-%m-%d %H:%M:%S')}'"
+            return f"TIMESTAMP '{moment.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S')}'"
         if isinstance(field_type, DateType):
             return f"DATE '{moment.date().isoformat()}'"
         if isinstance(field_type, (LongType, IntegerType)):
             return str(int(moment.timestamp() * 1000))
-        raise ValueError(f"{column} is {field_type}: time filters need a timestamp, date or epoch-millisecond column")
+        raise ValueError(
+            f"{column} is {field_type}: time filters need a timestamp, date or epoch-millisecond column"
+        )
+
     parts = []
     if lower is not None:
         parts.append(f"{column} >= {literal(lower)}")
@@ -369,4 +467,3 @@ def time_filter(table: Table, column: str, lower: datetime | None = None, upper:
 
 def _sql_map(options: dict[str, str]) -> str:
     return ", ".join(f"'{key}', '{value}'" for key, value in options.items())
-

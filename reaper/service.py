@@ -14,19 +14,19 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Callable
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from common.fencing import Fenced, Lease
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
+from common.fencing import Fenced, Lease
 from common.in_flight import live_claimed_folders
-from common.rewrites import pending_rewrite_folders
 from common.locations import normalize_location, table_state_folder
+from common.rewrites import pending_rewrite_folders
 from common.transports import open_transport
 from reaper.maintenance import SparkMaintenance, TableReport
 
@@ -46,13 +46,27 @@ class PassReport:
     seconds: float = 0.0
 
     def totals(self) -> dict[str, int]:
-        keys = ["snapshots_expired", "files_deleted", "bytes_deleted", "files_compacted", "files_added",
-                "retention_rows_deleted", "manifests_rewritten", "orphans_spared"]
+        keys = [
+            "snapshots_expired",
+            "files_deleted",
+            "bytes_deleted",
+            "files_compacted",
+            "files_added",
+            "retention_rows_deleted",
+            "manifests_rewritten",
+            "orphans_spared",
+        ]
         return {key: sum(getattr(table, key) for table in self.tables) for key in keys}
 
     def to_json(self) -> dict:
-        return {"started_at": self.started_at, "dry_run": self.dry_run, "seconds": round(self.seconds, 3), **self.totals(),
-                "tables": [table.to_json() for table in self.tables], "skipped": self.skipped}
+        return {
+            "started_at": self.started_at,
+            "dry_run": self.dry_run,
+            "seconds": round(self.seconds, 3),
+            **self.totals(),
+            "tables": [table.to_json() for table in self.tables],
+            "skipped": self.skipped,
+        }
 
 
 def pending_files(config: IcekeeperConfig) -> set[str]:
@@ -60,7 +74,10 @@ def pending_files(config: IcekeeperConfig) -> set[str]:
     ones, and quarantined ones, whose records are nowhere else until they are replayed."""
     transport = open_transport(config)
     files = set()
-    for moniker in [*transport.pending(), *(item.moniker for item in transport.quarantined() if item.moniker is not None)]:
+    for moniker in [
+        *transport.pending(),
+        *(item.moniker for item in transport.quarantined() if item.moniker is not None),
+    ]:
         for entry in [*moniker.files, *moniker.delete_files]:
             files.add(normalize_location(entry.path))
     return files
@@ -69,13 +86,15 @@ def pending_files(config: IcekeeperConfig) -> set[str]:
 class Reaper:
     """Runs maintenance passes; Spark starts on the first pass and is reused."""
 
-    def __init__(self, config: IcekeeperConfig, spark=None, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self, config: IcekeeperConfig, spark=None, clock: Callable[[], datetime] | None = None
+    ) -> None:
         self.config = config
         self.catalog = open_catalog(config)
         self._spark = spark
         self._owns_spark = spark is None
         self._maintenance: SparkMaintenance | None = None
-        self.clock = clock or (lambda: datetime.now(timezone.utc))
+        self.clock = clock or (lambda: datetime.now(UTC))
         self.stop = threading.Event()
 
     @property
@@ -85,7 +104,9 @@ class Reaper:
                 from common.spark import spark_session
 
                 self._spark = spark_session(self.config, "icekeeper-reaper")
-            self._maintenance = SparkMaintenance(self._spark, self.config.catalog.name, self.config.reaper)
+            self._maintenance = SparkMaintenance(
+                self._spark, self.config.catalog.name, self.config.reaper
+            )
         return self._maintenance
 
     def run_pass(self, dry_run: bool = False, progress: Progress | None = None) -> PassReport:
@@ -94,7 +115,12 @@ class Reaper:
         report = PassReport(started_at=now.isoformat(timespec="seconds"), dry_run=dry_run)
         started = time.monotonic()
         settings = self.config.bookkeeper
-        lease = Lease(settings.lease_uri, f"{settings.group}-reaper", ttl_s=self.config.reaper.lease_ttl, role="reaper")
+        lease = Lease(
+            settings.lease_uri,
+            f"{settings.group}-reaper",
+            ttl_s=self.config.reaper.lease_ttl,
+            role="reaper",
+        )
         try:
             lease.acquire(timeout_s=0)
         except TimeoutError as error:
@@ -110,18 +136,30 @@ class Reaper:
                     report.skipped.append(f"{spec.identifier}: no such table yet")
                     continue
                 except Exception as error:  # noqa: BLE001 - e.g. the catalog unreachable: the other tables go on, the next pass retries
-                    report.tables.append(TableReport(spec.identifier, dry_run=dry_run, errors=[f"load: {error}"]))
-                    log.error("reaper could not load a table; the next pass retries it", extra={"table": spec.identifier, "error": repr(error)})
+                    report.tables.append(
+                        TableReport(spec.identifier, dry_run=dry_run, errors=[f"load: {error}"])
+                    )
+                    log.error(
+                        "reaper could not load a table; the next pass retries it",
+                        extra={"table": spec.identifier, "error": repr(error)},
+                    )
                     continue
                 if progress:
                     progress(f"reaper: {spec.identifier}")
                 try:
-                    report.tables.append(self._table_pass(table, spec.identifier, dry_run, now, lease))
+                    report.tables.append(
+                        self._table_pass(table, spec.identifier, dry_run, now, lease)
+                    )
                 except Fenced:
                     raise
                 except Exception as error:  # noqa: BLE001 - outside a step (pending monikers unreadable, say): as above
-                    report.tables.append(TableReport(spec.identifier, dry_run=dry_run, errors=[f"pass: {error}"]))
-                    log.error("reaper pass of a table failed; the next pass retries it", extra={"table": spec.identifier, "error": repr(error)})
+                    report.tables.append(
+                        TableReport(spec.identifier, dry_run=dry_run, errors=[f"pass: {error}"])
+                    )
+                    log.error(
+                        "reaper pass of a table failed; the next pass retries it",
+                        extra={"table": spec.identifier, "error": repr(error)},
+                    )
         except Fenced as error:
             report.skipped.append(f"stopped: {error}")
         finally:
@@ -130,7 +168,9 @@ class Reaper:
         self._write_report(report)
         return report
 
-    def _table_pass(self, table, identifier: str, dry_run: bool, now: datetime, lease: Lease) -> TableReport:
+    def _table_pass(
+        self, table, identifier: str, dry_run: bool, now: datetime, lease: Lease
+    ) -> TableReport:
         started = time.monotonic()
         report = TableReport(identifier, dry_run=dry_run)
         maintenance = self.maintenance
@@ -144,21 +184,35 @@ class Reaper:
                 action()
             except Exception as error:  # noqa: BLE001 - e.g. a commit conflict that ran out of retries
                 report.errors.append(f"{name}: {error}")
-                log.warning("reaper step failed; the next pass retries it", extra={"table": identifier, "step": name, "error": str(error)[:2000]})
+                log.warning(
+                    "reaper step failed; the next pass retries it",
+                    extra={"table": identifier, "step": name, "error": str(error)[:2000]},
+                )
             report.step_seconds[name] = round(time.monotonic() - began, 3)
 
         step("retention", lambda: maintenance.retention(table, identifier, report, now))
-        step("compaction", lambda: maintenance.compact(table, identifier, report, now, upsert=self.config.table(identifier).upsert))
+        step(
+            "compaction",
+            lambda: maintenance.compact(
+                table, identifier, report, now, upsert=self.config.table(identifier).upsert
+            ),
+        )
         step("manifests", lambda: maintenance.rewrite_manifests(table, identifier, report))
         # Writers' claims, then pending monikers, then (inside each step) what snapshots reach: in
         # this order every file of a batch not yet committed is covered by one of the three.
         claims_error: Exception | None = None
         try:
-            claimed = live_claimed_folders(table.location(), self.config.reaper.orphan_grace, remove_stale=not dry_run)
-            claimed |= pending_rewrite_folders(table.location())  # compactions the bookkeeper has yet to commit
+            claimed = live_claimed_folders(
+                table.location(), self.config.reaper.orphan_grace, remove_stale=not dry_run
+            )
+            claimed |= pending_rewrite_folders(
+                table.location()
+            )  # compactions the bookkeeper has yet to commit
         except Exception as error:  # noqa: BLE001 - reported by the orphans step below
             claimed, claims_error = set(), error
-        claimed.add(table_state_folder(table.location()))  # the upsert key index: not in any snapshot, never an orphan
+        claimed.add(
+            table_state_folder(table.location())
+        )  # the upsert key index: not in any snapshot, never an orphan
         spared = pending_files(self.config)
 
         def remove_orphans() -> None:
@@ -180,7 +234,12 @@ class Reaper:
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(report.to_json()) + "\n")
 
-    def run(self, every_s: float | None, dry_run: bool = False, on_pass: Callable[[PassReport], None] | None = None) -> None:
+    def run(
+        self,
+        every_s: float | None,
+        dry_run: bool = False,
+        on_pass: Callable[[PassReport], None] | None = None,
+    ) -> None:
         """Passes every `every_s` seconds (the first at `reaper.triggering_time` when set), until
         stopped; with `every_s` None, one pass now (cron and CronJobs choose the time)."""
         first = self._first_run_at() if every_s is not None else None
@@ -195,7 +254,10 @@ class Reaper:
                 # the reaper lives on and tries again at the next pass.
                 if every_s is None:
                     raise
-                log.error("reaper pass failed; the next pass retries", extra={"error": repr(error), "next_in_s": every_s})
+                log.error(
+                    "reaper pass failed; the next pass retries",
+                    extra={"error": repr(error), "next_in_s": every_s},
+                )
                 self.stop.wait(every_s)
                 continue
             if on_pass:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -52,7 +52,9 @@ def stack_environ(state_dir: Path, ports: dict[str, int]) -> dict[str, str]:
 
 
 # A shifted session gets its own state folder too: pid files there say which processes are its own.
-TEST_STACK_STATE_DIR = REPO_ROOT / ".icekeeper" / ("test-stack" if not _PORT_OFFSET else f"test-stack-{_PORT_OFFSET}")
+TEST_STACK_STATE_DIR = (
+    REPO_ROOT / ".icekeeper" / ("test-stack" if not _PORT_OFFSET else f"test-stack-{_PORT_OFFSET}")
+)
 
 
 @pytest.fixture(scope="session")
@@ -81,14 +83,16 @@ def _optional_service(config: IcekeeperConfig, name: str) -> Iterator[None]:
 
     stack = LocalStack(config, only=[name], with_services=[name])
     report = stack.up(progress=lambda message: print(f"[stack] {message}"))
-    print(f"[stack] {name} up in {report.seconds:.1f}s (started: {report.started or 'none, reused'})")
+    print(
+        f"[stack] {name} up in {report.seconds:.1f}s (started: {report.started or 'none, reused'})"
+    )
     yield
     if report.started and not os.environ.get("ICEKEEPER_TEST_KEEP_STACK"):
         stack.down(progress=lambda message: None)
 
 
 @pytest.fixture(scope="session")
-def kafka_connect(local_stack, stack_config: IcekeeperConfig):  # noqa: ANN001 - LocalStack
+def kafka_connect(local_stack, stack_config: IcekeeperConfig):
     """Kafka Connect with Debezium's connectors (`stack up --with connect`), started once; yields its REST client."""
     from icekeeper.localstack.cdc import ConnectClient
 
@@ -97,7 +101,7 @@ def kafka_connect(local_stack, stack_config: IcekeeperConfig):  # noqa: ANN001 -
 
 
 @pytest.fixture(scope="session")
-def mariadb_cdc(kafka_connect, stack_config: IcekeeperConfig):  # noqa: ANN001 - ConnectClient
+def mariadb_cdc(kafka_connect, stack_config: IcekeeperConfig):
     """The stack's MariaDB (binlog on) beside Kafka Connect, started once; yields a `MariaDbSource`."""
     from icekeeper.localstack.cdc import MariaDbSource
 
@@ -106,7 +110,7 @@ def mariadb_cdc(kafka_connect, stack_config: IcekeeperConfig):  # noqa: ANN001 -
 
 
 @pytest.fixture(scope="session")
-def postgres_cdc(kafka_connect, stack_config: IcekeeperConfig):  # noqa: ANN001 - ConnectClient
+def postgres_cdc(kafka_connect, stack_config: IcekeeperConfig):
     """The stack's PostgreSQL (wal_level=logical) beside Kafka Connect, started once; yields a `PostgresSource`."""
     from icekeeper.localstack.cdc import PostgresSource
 
@@ -122,21 +126,25 @@ def unique_topic() -> str:
     return f"test.{uuid.uuid4().hex[:10]}"
 
 
-def pipeline_config(state_dir: Path, topic: str, extra: dict[str, str] | None = None) -> IcekeeperConfig:
+def pipeline_config(
+    state_dir: Path, topic: str, extra: dict[str, str] | None = None
+) -> IcekeeperConfig:
     """A config for one test: the session stack, its own state folder, catalog and topic.
 
     The catalog name is unique per test because Spark's Iceberg JdbcCatalog stores its Spark
     catalog name in the catalog database, so a shared SparkSession registers one per test.
     """
     environ = stack_environ(state_dir, TEST_STACK_PORTS)
-    environ.update({
-        "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
-        "ICEKEEPER__TABLES__0__TOPICS": f"[{topic}]",
-        "ICEKEEPER__CATALOG__NAME": f"cat_{uuid.uuid4().hex[:8]}",
-        "ICEKEEPER__WRITER__SPARK_MASTER": "local[2]",
-        "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
-        "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0",
-    })
+    environ.update(
+        {
+            "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
+            "ICEKEEPER__TABLES__0__TOPICS": f"[{topic}]",
+            "ICEKEEPER__CATALOG__NAME": f"cat_{uuid.uuid4().hex[:8]}",
+            "ICEKEEPER__WRITER__SPARK_MASTER": "local[2]",
+            "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
+            "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0",
+        }
+    )
     environ.update(extra or {})
     return load_config(None, environ=environ)
 
@@ -146,12 +154,17 @@ def spark(stack_config: IcekeeperConfig):
     """One local SparkSession (2 cores) for the whole test session; starting one takes 10-20 s."""
     from common.spark import spark_session
 
-    session = spark_session(stack_config, "icekeeper-tests", master="local[2]", extra_conf={"spark.sql.shuffle.partitions": "4"})
+    session = spark_session(
+        stack_config,
+        "icekeeper-tests",
+        master="local[2]",
+        extra_conf={"spark.sql.shuffle.partitions": "4"},
+    )
     yield session
     session.stop()
 
 
-def register_catalog(spark, config: IcekeeperConfig) -> str:  # noqa: ANN001
+def register_catalog(spark, config: IcekeeperConfig) -> str:
     """Register the test's catalog in the shared SparkSession; returns its name."""
     from common.spark import iceberg_catalog_conf
 

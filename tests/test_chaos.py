@@ -19,32 +19,57 @@ from icekeeper.mirror import latest_live_rows
 
 @pytest.mark.integration
 @pytest.mark.spark
-def test_quick_chaos_keeps_exactly_once_and_the_upsert_state(local_stack, stack_config, tmp_path: Path) -> None:
+def test_quick_chaos_keeps_exactly_once_and_the_upsert_state(
+    local_stack, stack_config, tmp_path: Path
+) -> None:
     base = stack_config.model_copy(update={"state_dir": str(tmp_path)})
     result = run_chaos(base, records=2000, kills=3, seed=2, progress=print, timeout_s=600)
-    summary = {key: value for key, value in result.items() if key not in ("upsert_by_engine", "changelog_by_engine")}
+    summary = {
+        key: value
+        for key, value in result.items()
+        if key not in ("upsert_by_engine", "changelog_by_engine")
+    }
     print("chaos result:", summary)
     assert result["kills"] == 3 and result["fenced_exit_code"] == 3, summary
     assert result["duplicates"] == 0 and result["missing"] == 0, summary
     # Dead letters by position, repeats counted: each poison record dead-lettered, no other record.
     # Sent at least once, so a writer killed between a batch's dead letters and its moniker may
     # repeat that batch's: at most once per writer kill (`failures` checks it).
-    assert result["dead_letter_positions"] == result["undecodable"] == result["poison_expected"] > 0, summary
-    assert result["dead_letter_most_copies"] <= 1 + result["killed"].get("writer-1", 0) + result["killed"].get("writer-2", 0), summary
+    assert (
+        result["dead_letter_positions"] == result["undecodable"] == result["poison_expected"] > 0
+    ), summary
+    assert result["dead_letter_most_copies"] <= 1 + result["killed"].get("writer-1", 0) + result[
+        "killed"
+    ].get("writer-2", 0), summary
     assert result["good_dead_lettered"] == result["poison_in_table"] == 0, summary
     assert result["rows"] + result["dead_letter_positions"] == result["records_in"], summary
     assert not result["failures"], summary
     # Each engine's rows, position by position, with the payload of the Kafka record there.
     assert result["spark_rows"] == result["duckdb_rows"] == result["rows"], summary
-    assert result["payload_mismatched"] == result["unknown_positions"] == result["engines_disagreeing"] == 0, summary
+    assert (
+        result["payload_mismatched"]
+        == result["unknown_positions"]
+        == result["engines_disagreeing"]
+        == 0
+    ), summary
     # The upsert table: the reference's keys (a bounded set, updated and deleted many times over),
     # each once, with the values and Kafka position of its last change, in every engine.
     assert result["upsert_undecodable"] == result["poison_expected"], summary
-    assert result["upsert_reference_changes"] == result["records_in"] - result["poison_expected"], summary
+    assert result["upsert_reference_changes"] == result["records_in"] - result["poison_expected"], (
+        summary
+    )
     assert 0 < result["upsert_reference_keys"] < result["upsert_reference_changes"] / 3, summary
-    assert result["upsert_duplicate_keys"] == 0 and result["upsert_mismatched"] == 0, result["failures"]
-    assert result["upsert_keys"] == result["upsert_rows"] == result["upsert_reference_keys"], summary
-    assert result["upsert_spark_rows"] == result["upsert_duckdb_rows"] == result["upsert_reference_keys"], summary
+    assert result["upsert_duplicate_keys"] == 0 and result["upsert_mismatched"] == 0, result[
+        "failures"
+    ]
+    assert result["upsert_keys"] == result["upsert_rows"] == result["upsert_reference_keys"], (
+        summary
+    )
+    assert (
+        result["upsert_spark_rows"]
+        == result["upsert_duckdb_rows"]
+        == result["upsert_reference_keys"]
+    ), summary
     assert result["failures"] == [], result["failures"]
 
 
@@ -61,7 +86,16 @@ def test_the_upsert_comparison_counts_each_way_a_table_can_differ_from_its_refer
     reference = latest_live_rows(changes, KEY)
     assert sorted(reference) == [(1,), (3,), (4,)]
     columns = ("id", "amount", "_kfk_partition", "_kfk_offset")
-    assert compare_with_reference([changes[1], changes[4], changes[5]], reference, columns).examples == ()
-    broken = compare_with_reference([changes[0], changes[2], changes[4], changes[4]], reference, columns)
+    assert (
+        compare_with_reference([changes[1], changes[4], changes[5]], reference, columns).examples
+        == ()
+    )
+    broken = compare_with_reference(
+        [changes[0], changes[2], changes[4], changes[4]], reference, columns
+    )
     assert (broken.rows, broken.keys, broken.duplicate_keys) == (4, 3, 1)
-    assert (broken.missing_keys, broken.extra_keys, broken.mismatched_keys) == (1, 1, 1)  # key 4 lost, key 2 back, key 1 stale
+    assert (broken.missing_keys, broken.extra_keys, broken.mismatched_keys) == (
+        1,
+        1,
+        1,
+    )  # key 4 lost, key 2 back, key 1 stale

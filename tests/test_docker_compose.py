@@ -37,28 +37,50 @@ def test_host_ports_match_the_embedded_defaults_so_one_config_serves_both() -> N
     assert host_ports("kafka") == {STACK.kafka_port}
     assert host_ports("registry") == {STACK.registry_port}
     assert host_ports("azurite") == {STACK.azurite_blob_port, STACK.azurite_queue_port}
-    assert all(mapping.startswith("127.0.0.1:") for service in SERVICES.values() for mapping in service.get("ports", []))
+    assert all(
+        mapping.startswith("127.0.0.1:")
+        for service in SERVICES.values()
+        for mapping in service.get("ports", [])
+    )
 
 
 def test_kafka_runs_kraft_and_advertises_an_address_containers_can_reach() -> None:
     env = SERVICES["kafka"]["environment"]
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert f"127.0.0.1:{STACK.kafka_port}" in env["KAFKA_ADVERTISED_LISTENERS"]
-    internal = next(part.split("//")[1] for part in env["KAFKA_ADVERTISED_LISTENERS"].split(",") if "kafka:" in part)
+    internal = next(
+        part.split("//")[1]
+        for part in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+        if "kafka:" in part
+    )
     assert SERVICES["connect"]["environment"]["BOOTSTRAP_SERVERS"] == internal
 
 
 def test_connect_waits_for_healthy_dependencies_and_every_service_has_a_healthcheck() -> None:
     depends = SERVICES["connect"]["depends_on"]
-    assert all(depends[name]["condition"] == "service_healthy" for name in ("kafka", "registry", "mariadb"))
-    assert all("healthcheck" in SERVICES[name] for name in ("kafka", "registry", "azurite", "mariadb", "connect"))
+    assert all(
+        depends[name]["condition"] == "service_healthy" for name in ("kafka", "registry", "mariadb")
+    )
+    assert all(
+        "healthcheck" in SERVICES[name]
+        for name in ("kafka", "registry", "azurite", "mariadb", "connect")
+    )
 
 
 def test_mariadb_writes_a_row_binlog_and_the_connector_reads_it_into_seed_topics() -> None:
     command = SERVICES["mariadb"]["command"]
-    assert "--binlog-format=ROW" in command and "--binlog-row-image=FULL" in command and "--log-bin" in command
-    connector = json.loads((REPO_ROOT / "docker" / "mariadb-connector.json").read_text(encoding="utf-8"))
+    assert (
+        "--binlog-format=ROW" in command
+        and "--binlog-row-image=FULL" in command
+        and "--log-bin" in command
+    )
+    connector = json.loads(
+        (REPO_ROOT / "docker" / "mariadb-connector.json").read_text(encoding="utf-8")
+    )
     assert connector["connector.class"] == "io.debezium.connector.mariadb.MariaDbConnector"
-    assert connector["topic.prefix"] == "test" and connector["database.include.list"] == "db_gb18030_test"
+    assert (
+        connector["topic.prefix"] == "test"
+        and connector["database.include.list"] == "db_gb18030_test"
+    )
     for mount in SERVICES["mariadb"]["volumes"] + SERVICES["connector-init"]["volumes"]:
         assert (REPO_ROOT / mount.split(":")[0]).exists(), mount

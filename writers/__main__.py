@@ -13,9 +13,22 @@ from writers.entry import add_writer_arguments, run_writer
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="writers", description="an icekeeper writer: Kafka batches -> Parquet files + monikers")
-    parser.add_argument("--config", "-c", default=None, help="YAML or seed-000 .properties file (default: embedded defaults)")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug); JSON lines on stderr")
+    parser = argparse.ArgumentParser(
+        prog="writers", description="an icekeeper writer: Kafka batches -> Parquet files + monikers"
+    )
+    parser.add_argument(
+        "--config",
+        "-c",
+        default=None,
+        help="YAML or seed-000 .properties file (default: embedded defaults)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging (-v info, -vv debug); JSON lines on stderr",
+    )
     add_writer_arguments(parser)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)

@@ -21,7 +21,14 @@ from common.moniker import Moniker
 from writers import sql
 from writers.columns import ERROR, ROUTE, VERSION
 from writers.dead_letters import send_dead_letters
-from writers.decode import UNKNOWN_SCHEMA_ID, DecodedBatch, decode_avro_confluent, decode_json, frame_prefix, framed_schema_id_sql
+from writers.decode import (
+    UNKNOWN_SCHEMA_ID,
+    DecodedBatch,
+    decode_avro_confluent,
+    decode_json,
+    frame_prefix,
+    framed_schema_id_sql,
+)
 from writers.files import discard_output
 from writers.kafka_io import read_raw
 from writers.offsets import BatchPlan
@@ -29,7 +36,13 @@ from writers.progress import TableProgress
 from writers.record_keys import RecordKeys, record_keys_for
 from writers.registry import RegisteredSchema, RegistryUnavailable, TopicSchemas, registry_outage
 from writers.routing import Routes, routed_rows
-from writers.table_versions import predicted_route_versions, prediction_checks, prediction_held, schema_ids_of, versions_by_table
+from writers.table_versions import (
+    predicted_route_versions,
+    prediction_checks,
+    prediction_held,
+    schema_ids_of,
+    versions_by_table,
+)
 from writers.table_writer import RoutedBatch, TableWriter
 
 
@@ -60,8 +73,16 @@ class BatchOutcome:
 class BatchWriter:
     """Writes sources' batches for one writer; remembers per source which tables and versions its last batch fed."""
 
-    def __init__(self, config: IcekeeperConfig, spark: SparkSession, catalog: Catalog, writer_id: str, claims: InFlightClaims,
-                 tables: dict[str, TableProgress], schemas: dict[str, TopicSchemas]) -> None:
+    def __init__(
+        self,
+        config: IcekeeperConfig,
+        spark: SparkSession,
+        catalog: Catalog,
+        writer_id: str,
+        claims: InFlightClaims,
+        tables: dict[str, TableProgress],
+        schemas: dict[str, TopicSchemas],
+    ) -> None:
         self.config = config
         self.spark = spark
         self.schemas = schemas
@@ -71,7 +92,14 @@ class BatchWriter:
         self._key_schemas: dict[str, list[RegisteredSchema]] = {}
         """Per Avro source, the key schemas its deletes without `before` named so far (`_learn_key_schemas`)."""
 
-    def write(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes: Routes) -> BatchOutcome:
+    def write(
+        self,
+        source: KafkaSource,
+        plan: BatchPlan,
+        seq: int,
+        schemas: list[RegisteredSchema],
+        routes: Routes,
+    ) -> BatchOutcome:
         """Write the batch's files, then send its dead letters (nothing is published yet).
 
         Dead letters go before the monikers: a moniker covers its whole offset range, poison
@@ -98,8 +126,13 @@ class BatchWriter:
                 schemas = schemas + registered
                 outcome = self._write_tables(source, plan, seq, schemas, routes)
             if dead is not None:
-                outcome.errors = {row["reason"]: int(row["count"]) for row in dead.groupBy("reason").count().collect()}
-                if outcome.errors.get("unknown-schema-id") and (outage := self._registry_outage(source, plan, dead, schemas)):
+                outcome.errors = {
+                    row["reason"]: int(row["count"])
+                    for row in dead.groupBy("reason").count().collect()
+                }
+                if outcome.errors.get("unknown-schema-id") and (
+                    outage := self._registry_outage(source, plan, dead, schemas)
+                ):
                     raise RegistryUnavailable(outage)
                 send_dead_letters(dead, source.bootstrap_servers, source.dead_letter_topic)
         except RegistryUnavailable:
@@ -111,7 +144,9 @@ class BatchWriter:
                 dead.unpersist()
         return outcome
 
-    def _decode(self, source: KafkaSource, raw: DataFrame, schemas: list[RegisteredSchema], routes: Routes) -> DecodedBatch:
+    def _decode(
+        self, source: KafkaSource, raw: DataFrame, schemas: list[RegisteredSchema], routes: Routes
+    ) -> DecodedBatch:
         keys = self._record_keys(source, routes)
         if source.format == "avro-confluent":
             return decode_avro_confluent(raw, schemas, self._envelope_fields(), keys)
@@ -124,14 +159,26 @@ class BatchWriter:
     def _envelope_fields(self) -> dict[str, set[str]]:
         """Debezium envelope fields the batch uses: the configured metadata columns plus routing."""
         metadata = self.config.metadata_columns
-        return {"source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"}, "transaction": set(metadata.transaction.columns)}
+        return {
+            "source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"},
+            "transaction": set(metadata.transaction.columns),
+        }
 
-    def _write_tables(self, source: KafkaSource, plan: BatchPlan, seq: int, schemas: list[RegisteredSchema], routes: Routes) -> BatchOutcome:
+    def _write_tables(
+        self,
+        source: KafkaSource,
+        plan: BatchPlan,
+        seq: int,
+        schemas: list[RegisteredSchema],
+        routes: Routes,
+    ) -> BatchOutcome:
         raw = read_raw(self.spark, source, plan)
         decoded = self._decode(source, raw, schemas, routes)
         routed = routed_rows(decoded, routes, self.config.tables)
         batch = RoutedBatch(source, plan, seq, decoded, routed, routes)
-        predicted = predicted_route_versions(self._route_schema_ids.get(source.name), decoded.versions)
+        predicted = predicted_route_versions(
+            self._route_schema_ids.get(source.name), decoded.versions
+        )
         outcome = self._write_routed(batch, predicted) if predicted else None
         if outcome is None:
             # No guess, or the guess missed (a new table or schema version): learn the pairs, then write.
@@ -141,23 +188,46 @@ class BatchWriter:
         metrics = outcome.batch_metrics if outcome.batch_metrics else _batch_metrics_alone(routed)
         outcome.failed = int(metrics.get("failed") or 0)
         outcome.tombstones = int(metrics.get("tombstone") or 0)
-        if not source.offset_gaps and metrics.get("records") is not None and int(metrics["records"]) != plan.records:
+        if (
+            not source.offset_gaps
+            and metrics.get("records") is not None
+            and int(metrics["records"]) != plan.records
+        ):
             discard_output(outcome.output_dirs)
-            raise BatchIncomplete(f"read {metrics['records']} records where offsets span {plan.records}; the batch is retried")
+            raise BatchIncomplete(
+                f"read {metrics['records']} records where offsets span {plan.records}; the batch is retried"
+            )
         return outcome
 
-    def _write_routed(self, batch: RoutedBatch, predicted: list[tuple[str, int]] | None,
-                      learned: list[tuple[str, int]] | None = None) -> BatchOutcome | None:
+    def _write_routed(
+        self,
+        batch: RoutedBatch,
+        predicted: list[tuple[str, int]] | None,
+        learned: list[tuple[str, int]] | None = None,
+    ) -> BatchOutcome | None:
         """Write every table of the batch with its own versions: `learned` route versions, or
         `predicted`, checked while the first table is written; None (nothing kept) when it missed."""
         outcome = BatchOutcome()
         checks = prediction_checks(predicted, ROUTE, VERSION) if predicted else {}
         table_versions = versions_by_table(predicted or learned or [], batch.decoded.versions)
-        writes = [(route, identifier, versions) for route, versions in table_versions.items() for identifier in batch.routes.fed_by(route)]
+        writes = [
+            (route, identifier, versions)
+            for route, versions in table_versions.items()
+            for identifier in batch.routes.fed_by(route)
+        ]
         for index, (route, identifier, versions) in enumerate(writes):
             # The first table's write also counts the whole batch (and checks the guess).
-            observations = [*batch_metric_columns(), *[F.expr(expression).alias(name) for name, expression in checks.items()]] if index == 0 else None
-            written = self.table_writer.write(batch, identifier, versions, observations, route=route)
+            observations = (
+                [
+                    *batch_metric_columns(),
+                    *[F.expr(expression).alias(name) for name, expression in checks.items()],
+                ]
+                if index == 0
+                else None
+            )
+            written = self.table_writer.write(
+                batch, identifier, versions, observations, route=route
+            )
             outcome.output_dirs.append(written.output_dir)
             if index == 0:
                 outcome.batch_metrics = written.observed
@@ -169,19 +239,39 @@ class BatchWriter:
                 outcome.rows += written.moniker.records
         return outcome
 
-    def _newly_registered(self, source: KafkaSource, dead: DataFrame, schemas: list[RegisteredSchema]) -> list[RegisteredSchema]:
+    def _newly_registered(
+        self, source: KafkaSource, dead: DataFrame, schemas: list[RegisteredSchema]
+    ) -> list[RegisteredSchema]:
         """Schemas the registry knows by id that dead letters of this batch name but `schemas` lacks."""
         if source.format != "avro-confluent":
             return []
-        ids = [row[0] for row in dead.where("reason = 'unknown-schema-id'").selectExpr(f"{UNKNOWN_SCHEMA_ID} AS id").distinct().collect()]
+        ids = [
+            row[0]
+            for row in dead.where("reason = 'unknown-schema-id'")
+            .selectExpr(f"{UNKNOWN_SCHEMA_ID} AS id")
+            .distinct()
+            .collect()
+        ]
         known = {schema.schema_id for schema in schemas}
-        found = [self.schemas[source.name].by_id(int(schema_id)) for schema_id in ids if schema_id is not None and int(schema_id) not in known]
+        found = [
+            self.schemas[source.name].by_id(int(schema_id))
+            for schema_id in ids
+            if schema_id is not None and int(schema_id) not in known
+        ]
         return [schema for schema in found if schema is not None]
 
-    def _registry_outage(self, source: KafkaSource, plan: BatchPlan, dead: DataFrame, schemas: list[RegisteredSchema]) -> str | None:
+    def _registry_outage(
+        self, source: KafkaSource, plan: BatchPlan, dead: DataFrame, schemas: list[RegisteredSchema]
+    ) -> str | None:
         """Why the unknown schema ids of `dead` are the registry's fault (`registry_outage`), or None."""
         registry = self.schemas[source.name]
-        unknown_topics = {row["topic"] for row in dead.where("reason = 'unknown-schema-id'").select("topic").distinct().collect()}
+        unknown_topics = {
+            row["topic"]
+            for row in dead.where("reason = 'unknown-schema-id'")
+            .select("topic")
+            .distinct()
+            .collect()
+        }
         try:
             subjects: list[str] | RegistryUnavailable = registry.subjects()
         except RegistryUnavailable as error:
@@ -190,10 +280,19 @@ class BatchWriter:
         def with_known_ids(topics: set[str]) -> set[str]:
             if not schemas:
                 return set()
-            prefixes = sql.in_list("substring(value, 1, 5)", [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas])
+            prefixes = sql.in_list(
+                "substring(value, 1, 5)",
+                [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas],
+            )
             topic_list = sql.in_list("topic", [sql.string(topic) for topic in sorted(topics)])
             raw = read_raw(self.spark, source, plan)
-            return {row["topic"] for row in raw.where(f"{topic_list} AND {prefixes}").select("topic").distinct().collect()}
+            return {
+                row["topic"]
+                for row in raw.where(f"{topic_list} AND {prefixes}")
+                .select("topic")
+                .distinct()
+                .collect()
+            }
 
         return registry_outage(subjects, unknown_topics, with_known_ids)
 
@@ -202,19 +301,37 @@ class BatchWriter:
         and the writer lacks; True when it found any (then the batch is written again)."""
         if source.format != "avro-confluent" or self._record_keys(source, routes) is None:
             return False
-        framed = dead.where("reason = 'delete-without-key'").selectExpr(f"{framed_schema_id_sql('key')} AS id").distinct().collect()
+        framed = (
+            dead.where("reason = 'delete-without-key'")
+            .selectExpr(f"{framed_schema_id_sql('key')} AS id")
+            .distinct()
+            .collect()
+        )
         known = self._key_schemas.setdefault(source.name, [])
-        ids = {int(row["id"]) for row in framed if row["id"] is not None} - {schema.schema_id for schema in known}
-        found = [schema for schema_id in sorted(ids) if (schema := self.schemas[source.name].by_id(schema_id)) is not None]
+        ids = {int(row["id"]) for row in framed if row["id"] is not None} - {
+            schema.schema_id for schema in known
+        }
+        found = [
+            schema
+            for schema_id in sorted(ids)
+            if (schema := self.schemas[source.name].by_id(schema_id)) is not None
+        ]
         known.extend(found)
         return bool(found)
 
-    def _dead_letter_rows(self, source: KafkaSource, plan: BatchPlan, schemas: list[RegisteredSchema], routes: Routes) -> DataFrame:
+    def _dead_letter_rows(
+        self, source: KafkaSource, plan: BatchPlan, schemas: list[RegisteredSchema], routes: Routes
+    ) -> DataFrame:
         raw = read_raw(self.spark, source, plan, include_headers=True)
         decoded = self._decode(source, raw, schemas, routes)
         routed = routed_rows(decoded, routes, self.config.tables)
-        failed = routed.where(f"{ERROR} IS NOT NULL" + (f" AND {ERROR} != 'tombstone'" if source.tombstones == "skip" else ""))
-        return failed.selectExpr("key", "value", "headers", "topic", "partition", "offset", f"{ERROR} AS reason")
+        failed = routed.where(
+            f"{ERROR} IS NOT NULL"
+            + (f" AND {ERROR} != 'tombstone'" if source.tombstones == "skip" else "")
+        )
+        return failed.selectExpr(
+            "key", "value", "headers", "topic", "partition", "offset", f"{ERROR} AS reason"
+        )
 
 
 def route_versions(routed: DataFrame) -> list[tuple[str, int]]:
@@ -225,7 +342,12 @@ def route_versions(routed: DataFrame) -> list[tuple[str, int]]:
     routing is by topic, since the route and the version then depend on the topic and the
     frame's first five bytes alone.
     """
-    pairs = routed.where(f"{ROUTE} IS NOT NULL AND {VERSION} IS NOT NULL").groupBy(ROUTE, VERSION).count().collect()
+    pairs = (
+        routed.where(f"{ROUTE} IS NOT NULL AND {VERSION} IS NOT NULL")
+        .groupBy(ROUTE, VERSION)
+        .count()
+        .collect()
+    )
     return [(row[ROUTE], int(row[VERSION])) for row in pairs]
 
 

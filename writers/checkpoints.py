@@ -16,7 +16,8 @@ from common.committed_state import nest_by_topic
 from common.config.model import KafkaSource
 from common.transports.folder import MonikerFolder
 from writers.files import path_segment
-from writers.offsets import BatchPlan, TopicPartition as TP
+from writers.offsets import BatchPlan
+from writers.offsets import TopicPartition as TP
 
 
 class SourceCheckpoints:
@@ -35,7 +36,11 @@ class SourceCheckpoints:
             raw = json.loads(self.folder.read_bytes(f"{self.folder.root}/{self._name(source)}"))
         except (OSError, ValueError):
             return {}
-        return {(topic, int(partition)): int(offset) for topic, partitions in raw.items() for partition, offset in partitions.items()}
+        return {
+            (topic, int(partition)): int(offset)
+            for topic, partitions in raw.items()
+            for partition, offset in partitions.items()
+        }
 
     def advance(self, source: KafkaSource, plan: BatchPlan) -> None:
         """Note the end of the batch's read ranges (offsets only move forward)."""

@@ -48,7 +48,16 @@ SOURCE_DB = "_ik_source_db"
 SOURCE_TABLE = "_ik_source_table"
 SOURCE_SERVER = "_ik_source_server"
 KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET = "_ik_topic", "_ik_partition", "_ik_offset"
-HELPER_COLUMNS = (ERROR, EVENT_MS, SOURCE_DB, SOURCE_TABLE, SOURCE_SERVER, KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET)
+HELPER_COLUMNS = (
+    ERROR,
+    EVENT_MS,
+    SOURCE_DB,
+    SOURCE_TABLE,
+    SOURCE_SERVER,
+    KAFKA_TOPIC,
+    KAFKA_PARTITION,
+    KAFKA_OFFSET,
+)
 """Columns next to the row columns that the writer uses and drops before writing files."""
 
 # -- routing and writing a table (`routing.py`, `table_writer.py`) ----------------------------------

@@ -33,9 +33,18 @@ _CONNECT_LOGICAL = {
 }
 """Connect's own logical types: (Connect type, Avro type, Avro logical type), as AvroConverter maps them."""
 _PRIMITIVES = {
-    "int8": "int", "int16": "int", "int32": "int", "int64": "long", "float32": "float", "float64": "double",
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "long",
+    "float32": "float",
+    "float64": "double",
     # JsonConverter writes FLOAT32 / FLOAT64 as "float" / "double".
-    "float": "float", "double": "double", "boolean": "boolean", "string": "string", "bytes": "bytes",
+    "float": "float",
+    "double": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
 }
 _MAX_TIMESTAMP_MILLIS = 9_223_372_036_854_775
 """timestamp_millis() overflows past this (Spark keeps microseconds in a long)."""
@@ -47,7 +56,11 @@ def is_connect_struct(schema: Any) -> bool:
     JsonConverter writes `"schema": null` for values without a schema; a `schema` without a list
     of fields carries no types either, and its records are decoded as schemaless JSON.
     """
-    return isinstance(schema, dict) and schema.get("type") == "struct" and isinstance(schema.get("fields"), list)
+    return (
+        isinstance(schema, dict)
+        and schema.get("type") == "struct"
+        and isinstance(schema.get("fields"), list)
+    )
 
 
 def avro_from_connect(schema: dict[str, Any]) -> dict[str, Any]:
@@ -79,14 +92,25 @@ def _required(schema: dict[str, Any], path: str) -> Any:
     semantic = {"connect.name": name} if name else {}
     if name == CONNECT_DECIMAL:
         if kind != "bytes" or "scale" not in parameters:
-            raise SchemaConversionError(f"{where}: a Connect Decimal must be bytes with a `scale` parameter ({schema})")
+            raise SchemaConversionError(
+                f"{where}: a Connect Decimal must be bytes with a `scale` parameter ({schema})"
+            )
         scale = int(parameters["scale"])
         # AvroConverter assumes 64 digits without the parameter; 38 is the most Iceberg holds, and
         # values that do not fit are dead-lettered (`conversion_failures_sql`).
         precision = int(parameters.get("connect.decimal.precision", ICEBERG_MAX_PRECISION))
         if precision > ICEBERG_MAX_PRECISION or not 0 <= scale <= precision:
-            raise SchemaConversionError(f"{where}: decimal({precision}, {scale}) does not fit an Iceberg decimal (at most 38 digits)")
-        return {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale, **semantic, "connect.parameters": parameters}
+            raise SchemaConversionError(
+                f"{where}: decimal({precision}, {scale}) does not fit an Iceberg decimal (at most 38 digits)"
+            )
+        return {
+            "type": "bytes",
+            "logicalType": "decimal",
+            "precision": precision,
+            "scale": scale,
+            **semantic,
+            "connect.parameters": parameters,
+        }
     if name in _CONNECT_LOGICAL:
         connect_type, avro_type, logical = _CONNECT_LOGICAL[name]
         if kind != connect_type:
@@ -100,8 +124,19 @@ def _required(schema: dict[str, Any], path: str) -> Any:
         if not isinstance(fields, list):
             raise SchemaConversionError(f"{where}: a struct without a list of fields")
         namespace, _, short = (name or "ConnectDefault").rpartition(".")
-        record: dict[str, Any] = {"type": "record", "name": short, **({"namespace": namespace} if namespace else {}), **semantic}
-        record["fields"] = [{"name": field["field"], "type": _avro(field, f"{path}.{field['field']}" if path else field["field"])} for field in fields]
+        record: dict[str, Any] = {
+            "type": "record",
+            "name": short,
+            **({"namespace": namespace} if namespace else {}),
+            **semantic,
+        }
+        record["fields"] = [
+            {
+                "name": field["field"],
+                "type": _avro(field, f"{path}.{field['field']}" if path else field["field"]),
+            }
+            for field in fields
+        ]
         return record
     if kind == "array":
         return {"type": "array", "items": _avro(schema["items"], f"{where}[]"), **semantic}
@@ -109,12 +144,15 @@ def _required(schema: dict[str, Any], path: str) -> Any:
         if schema["keys"].get("type") != "string":
             # JsonConverter writes such maps as arrays of [key, value] pairs, which no Iceberg map
             # of this schema's types describes.
-            raise SchemaConversionError(f"{where}: maps with {schema['keys'].get('type')} keys are not supported (only string keys)")
+            raise SchemaConversionError(
+                f"{where}: maps with {schema['keys'].get('type')} keys are not supported (only string keys)"
+            )
         return {"type": "map", "values": _avro(schema["values"], f"{where}{{}}"), **semantic}
     raise SchemaConversionError(f"{where}: Connect type {kind!r} is not supported")
 
 
 # -- how JSON carries the values ---------------------------------------------------------------------
+
 
 def json_carrier_type(avro_type: Any) -> T.DataType:
     """The Spark type `from_json` reads a value of `avro_type` into, as JsonConverter writes it.
@@ -127,13 +165,25 @@ def json_carrier_type(avro_type: Any) -> T.DataType:
         return json_carrier_type(_non_null(avro_type))
     kind = avro_type.get("type") if isinstance(avro_type, dict) else avro_type
     if kind == "record":
-        return T.StructType([T.StructField(field["name"], json_carrier_type(field["type"]), True) for field in avro_type["fields"]])
+        return T.StructType(
+            [
+                T.StructField(field["name"], json_carrier_type(field["type"]), True)
+                for field in avro_type["fields"]
+            ]
+        )
     if kind == "array":
         return T.ArrayType(json_carrier_type(avro_type["items"]), True)
     if kind == "map":
         return T.MapType(T.StringType(), json_carrier_type(avro_type["values"]), True)
-    simple = {"int": T.IntegerType(), "long": T.LongType(), "float": T.FloatType(), "double": T.DoubleType(), "boolean": T.BooleanType(),
-              "string": T.StringType(), "bytes": T.BinaryType()}
+    simple = {
+        "int": T.IntegerType(),
+        "long": T.LongType(),
+        "float": T.FloatType(),
+        "double": T.DoubleType(),
+        "boolean": T.BooleanType(),
+        "string": T.StringType(),
+        "bytes": T.BinaryType(),
+    }
     if kind in simple:
         return simple[kind]
     raise SchemaConversionError(f"no JSON carrier for Avro type {avro_type!r}")
@@ -154,12 +204,20 @@ def avro_value_sql(value: str, avro_type: Any, depth: int = 0) -> str | None:
     if kind == "int" and logical == "date":
         return f"date_from_unix_date({value})"
     if kind == "long" and logical == "timestamp-millis":
-        return f"CASE WHEN abs({value}) <= {_MAX_TIMESTAMP_MILLIS} THEN timestamp_millis({value}) END"
+        return (
+            f"CASE WHEN abs({value}) <= {_MAX_TIMESTAMP_MILLIS} THEN timestamp_millis({value}) END"
+        )
     if kind == "record":
-        converted = {field["name"]: avro_value_sql(_field(value, field["name"]), field["type"], depth) for field in avro_type["fields"]}
+        converted = {
+            field["name"]: avro_value_sql(_field(value, field["name"]), field["type"], depth)
+            for field in avro_type["fields"]
+        }
         if all(expression is None for expression in converted.values()):
             return None
-        fields = ", ".join(f"{sql.string(name)}, {expression if expression is not None else _field(value, name)}" for name, expression in converted.items())
+        fields = ", ".join(
+            f"{sql.string(name)}, {expression if expression is not None else _field(value, name)}"
+            for name, expression in converted.items()
+        )
         return f"CASE WHEN {value} IS NULL THEN NULL ELSE named_struct({fields}) END"
     element = f"_ik_e{depth}"
     if kind == "array":
@@ -167,7 +225,11 @@ def avro_value_sql(value: str, avro_type: Any, depth: int = 0) -> str | None:
         return f"transform({value}, {element} -> {item})" if item is not None else None
     if kind == "map":
         item = avro_value_sql(element, avro_type["values"], depth + 1)
-        return f"transform_values({value}, (_ik_k{depth}, {element}) -> {item})" if item is not None else None
+        return (
+            f"transform_values({value}, (_ik_k{depth}, {element}) -> {item})"
+            if item is not None
+            else None
+        )
     return None
 
 
@@ -177,14 +239,24 @@ def conversion_failures_sql(value: str, avro_type: Any, depth: int = 0) -> list[
         return conversion_failures_sql(value, _non_null(avro_type), depth)
     kind = avro_type.get("type") if isinstance(avro_type, dict) else avro_type
     if kind == "record":
-        return [condition for field in avro_type["fields"] for condition in conversion_failures_sql(_field(value, field["name"]), field["type"], depth)]
+        return [
+            condition
+            for field in avro_type["fields"]
+            for condition in conversion_failures_sql(
+                _field(value, field["name"]), field["type"], depth
+            )
+        ]
     element = f"_ik_e{depth}"
     if kind in ("array", "map"):
-        inner = conversion_failures_sql(element, avro_type["items" if kind == "array" else "values"], depth + 1)
+        inner = conversion_failures_sql(
+            element, avro_type["items" if kind == "array" else "values"], depth + 1
+        )
         collection = value if kind == "array" else f"map_values({value})"
         return [f"exists({collection}, {element} -> {sql.any_of(inner)})"] if inner else []
     converted = avro_value_sql(value, avro_type, depth)
-    if converted is None or (isinstance(avro_type, dict) and avro_type.get("logicalType") == "date"):
+    if converted is None or (
+        isinstance(avro_type, dict) and avro_type.get("logicalType") == "date"
+    ):
         return []  # unchanged, or total (every int is a day Spark can hold)
     return [f"({value} IS NOT NULL AND {converted} IS NULL)"]
 

@@ -26,8 +26,10 @@ def _time_of_day(micros: str) -> str:
     """`[-]HH:MM:SS[.ffffff]`, as MariaDB prints TIME (hours may pass 24, values may be negative)."""
     magnitude = f"abs({micros})"
     fraction = f"CASE WHEN {magnitude} % 1000000 = 0 THEN '' ELSE format_string('.%06d', {magnitude} % 1000000) END"
-    return (f"CASE WHEN {micros} IS NULL THEN NULL ELSE format_string('%s%02d:%02d:%02d%s', CASE WHEN {micros} < 0 THEN '-' ELSE '' END, "
-            f"{magnitude} DIV 3600000000, ({magnitude} DIV 60000000) % 60, ({magnitude} DIV 1000000) % 60, {fraction}) END")
+    return (
+        f"CASE WHEN {micros} IS NULL THEN NULL ELSE format_string('%s%02d:%02d:%02d%s', CASE WHEN {micros} < 0 THEN '-' ELSE '' END, "
+        f"{magnitude} DIV 3600000000, ({magnitude} DIV 60000000) % 60, ({magnitude} DIV 1000000) % 60, {fraction}) END"
+    )
 
 
 def _unscaled_decimal_text(value_bytes: str) -> str:
@@ -37,8 +39,10 @@ def _unscaled_decimal_text(value_bytes: str) -> str:
     negative = f"({first} >= 128)"
     byte = f"CAST(conv(hex(substring({value_bytes}, i, 1)), 16, 10) AS INT)"
     digit = f"CASE WHEN {negative} THEN 255 - {byte} ELSE {byte} END"
-    magnitude = (f"aggregate(sequence(1, length({value_bytes})), CAST(0 AS DECIMAL(38, 0)), "
-                 f"(acc, i) -> CAST(try_add(try_multiply(acc, CAST(256 AS DECIMAL(38, 0))), {digit}) AS DECIMAL(38, 0)))")
+    magnitude = (
+        f"aggregate(sequence(1, length({value_bytes})), CAST(0 AS DECIMAL(38, 0)), "
+        f"(acc, i) -> CAST(try_add(try_multiply(acc, CAST(256 AS DECIMAL(38, 0))), {digit}) AS DECIMAL(38, 0)))"
+    )
     return f"CAST(CASE WHEN {negative} THEN -({magnitude} + 1) ELSE {magnitude} END AS STRING)"
 
 
@@ -63,7 +67,9 @@ _CONVERSIONS: dict[str, str] = {
     "org.apache.kafka.connect.data.Time": _time_of_day("CAST({} AS BIGINT) * 1000"),
     "avro.time-millis": _time_of_day("CAST({} AS BIGINT) * 1000"),
     "avro.time-micros": _time_of_day("{}"),
-    "io.debezium.data.VariableScaleDecimal": _scaled_text(_unscaled_decimal_text("{}.value"), "{}.scale"),
+    "io.debezium.data.VariableScaleDecimal": _scaled_text(
+        _unscaled_decimal_text("{}.value"), "{}.scale"
+    ),
     "io.debezium.data.geometry.Geometry": "{}.wkb",
     "io.debezium.data.geometry.Geography": "{}.wkb",
     "io.debezium.data.geometry.Point": "{}.wkb",
@@ -81,7 +87,9 @@ def converted_sql(value: str, semantic: str | None) -> str:
     if semantic and semantic.startswith(WIDE_DECIMAL):
         # A decimal wider than 38 digits, decoded as its bytes: exact text while the value itself
         # has at most 38 digits (Spark's arithmetic), a dead letter beyond.
-        return _scaled_text(_unscaled_decimal_text(f"({value})"), semantic.removeprefix(WIDE_DECIMAL))
+        return _scaled_text(
+            _unscaled_decimal_text(f"({value})"), semantic.removeprefix(WIDE_DECIMAL)
+        )
     template = _CONVERSIONS.get(semantic or "")
     return template.replace("{}", f"({value})") if template else value
 

@@ -33,7 +33,8 @@ def send_dead_letters(failed: DataFrame, bootstrap_servers: str, topic: str) -> 
     headers = F.when(F.col("headers").isNull(), ours).otherwise(F.concat(F.col("headers"), ours))
     (
         failed.select(F.lit(topic).alias("topic"), "key", "value", headers.alias("headers"))
-        .write.format("kafka").mode("append")
+        .write.format("kafka")
+        .mode("append")
         .option("kafka.bootstrap.servers", bootstrap_servers)
         .option("kafka.enable.idempotence", "true")
         .option("kafka.acks", "all")

@@ -25,16 +25,50 @@ import struct
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pyiceberg.types import IcebergType
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from common.schema import COLLECTION, MAX_DECIMAL_PRECISION, Column, EnvelopeShape, SchemaConversionError, envelope_shape, iceberg_type_from_spark, record_types, row_columns
-from pyiceberg.types import IcebergType
+from common.schema import (
+    COLLECTION,
+    MAX_DECIMAL_PRECISION,
+    Column,
+    EnvelopeShape,
+    SchemaConversionError,
+    envelope_shape,
+    iceberg_type_from_spark,
+    record_types,
+    row_columns,
+)
 from writers import sql
-from writers.columns import DECODE_BARRIER, ERROR, JSON_CORRUPT, JSON_SCHEMA, JSON_TEXT, VERSION, json_parsed_column, record_key_column, version_column
-from writers.connect_schema import avro_from_connect, avro_value_sql, conversion_failures_sql, is_connect_struct, json_carrier_type
-from writers.record_keys import RecordKeys, avro_key_schemas, delete_without_before_sql, json_key_row_sql, key_columns_of, row_column_name, row_record
+from writers.columns import (
+    DECODE_BARRIER,
+    ERROR,
+    JSON_CORRUPT,
+    JSON_SCHEMA,
+    JSON_TEXT,
+    VERSION,
+    json_parsed_column,
+    record_key_column,
+    version_column,
+)
+from writers.connect_schema import (
+    avro_from_connect,
+    avro_value_sql,
+    conversion_failures_sql,
+    is_connect_struct,
+    json_carrier_type,
+)
+from writers.record_keys import (
+    RecordKeys,
+    avro_key_schemas,
+    delete_without_before_sql,
+    json_key_row_sql,
+    key_columns_of,
+    row_column_name,
+    row_record,
+)
 from writers.registry import RegisteredSchema
 
 KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
@@ -73,8 +107,12 @@ def frame_prefix(schema_id: int) -> bytes:
     return struct.pack(">bI", 0, schema_id)
 
 
-def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envelope_fields: dict[str, set[str]] | None = None,
-                          keys: RecordKeys | None = None) -> DecodedBatch:
+def decode_avro_confluent(
+    raw: DataFrame,
+    schemas: list[RegisteredSchema],
+    envelope_fields: dict[str, set[str]] | None = None,
+    keys: RecordKeys | None = None,
+) -> DecodedBatch:
     """Decode each record with the registered schema its frame names.
 
     Args:
@@ -86,7 +124,14 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
     versions: list[VersionShape] = []
     decoded_columns: list[str] = []
     key_columns: list[str] = []
-    key_schemas = [(schema.schema_id, json.loads(spark_decodable(schema.text))) for schema in keys.avro_schemas] if keys else []
+    key_schemas = (
+        [
+            (schema.schema_id, json.loads(spark_decodable(schema.text)))
+            for schema in keys.avro_schemas
+        ]
+        if keys
+        else []
+    )
     for index, schema in enumerate(schemas):
         column = version_column(index)
         options = "'mode', 'PERMISSIVE'"
@@ -95,20 +140,37 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
         if reader is not None:
             options += f", 'avroSchema', {sql.string(reader)}"
         decoded = f"from_avro(substring(value, 6), {sql.string(writer)}, map({options}))"
-        decoded_columns.append(f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END AS {column}")
+        decoded_columns.append(
+            f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END AS {column}"
+        )
         shape = _shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id)
-        record_key = _avro_record_key_sql(column, json.loads(writer), key_schemas, keys) if keys and shape.is_debezium else None
+        record_key = (
+            _avro_record_key_sql(column, json.loads(writer), key_schemas, keys)
+            if keys and shape.is_debezium
+            else None
+        )
         if record_key is not None:
             key_columns.append(f"{record_key[0]} AS {record_key_column(index)}")
-            shape = replace(shape, record_key=record_key_column(index), record_key_fields=record_key[1])
+            shape = replace(
+                shape, record_key=record_key_column(index), record_key_fields=record_key[1]
+            )
         versions.append(shape)
     known = [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas]
-    version = f"CASE {prefix} {' '.join(f'WHEN {literal} THEN {index}' for index, literal in enumerate(known))} END" if known else "CAST(NULL AS INT)"
+    version = (
+        f"CASE {prefix} {' '.join(f'WHEN {literal} THEN {index}' for index, literal in enumerate(known))} END"
+        if known
+        else "CAST(NULL AS INT)"
+    )
     # `spark_partition_id()` is nondeterministic, which stops Spark from pushing filters on the
     # decoded columns through this projection: pushing them would inline, and so repeat,
     # `from_avro` in the filter and the projection. The error column refers to it so that
     # column pruning keeps it.
-    frame = raw.selectExpr(*KAFKA_COLUMNS, *decoded_columns, f"{version} AS {VERSION}", f"spark_partition_id() AS {DECODE_BARRIER}")
+    frame = raw.selectExpr(
+        *KAFKA_COLUMNS,
+        *decoded_columns,
+        f"{version} AS {VERSION}",
+        f"spark_partition_id() AS {DECODE_BARRIER}",
+    )
     error = (
         f"CASE WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'"
         " WHEN value IS NULL THEN 'tombstone'"
@@ -117,11 +179,16 @@ def decode_avro_confluent(raw: DataFrame, schemas: list[RegisteredSchema], envel
         f" WHEN NOT {_any_decoded(versions)} THEN 'undecodable-avro' END"
     )
     # Keys are read after the barrier, from the decoded events, so `from_avro` of values runs once.
-    return DecodedBatch(frame.selectExpr("*", f"{error} AS {ERROR}", *key_columns), versions, [schema.schema_id for schema in schemas])
+    return DecodedBatch(
+        frame.selectExpr("*", f"{error} AS {ERROR}", *key_columns),
+        versions,
+        [schema.schema_id for schema in schemas],
+    )
 
 
-def _avro_record_key_sql(column: str, value_schema: dict[str, Any], key_schemas: list[tuple[int, Any]],
-                         keys: RecordKeys) -> tuple[str, tuple[str, ...]] | None:
+def _avro_record_key_sql(
+    column: str, value_schema: dict[str, Any], key_schemas: list[tuple[int, Any]], keys: RecordKeys
+) -> tuple[str, tuple[str, ...]] | None:
     """SQL reading the record key of a delete without `before` as version `column`'s key columns, by
     the key schema its frame names, and those columns; None when no known key schema fits the row."""
     row = row_record(value_schema)
@@ -155,7 +222,10 @@ def spark_decodable(schema_text: str) -> str:
             return [narrowed(item) for item in node]
         if not isinstance(node, dict):
             return node
-        if node.get("logicalType") == "decimal" and int(node.get("precision", 0)) > MAX_DECIMAL_PRECISION:
+        if (
+            node.get("logicalType") == "decimal"
+            and int(node.get("precision", 0)) > MAX_DECIMAL_PRECISION
+        ):
             return {key: value for key, value in node.items() if key != "logicalType"}
         return {key: narrowed(value) for key, value in node.items()}
 
@@ -185,19 +255,33 @@ def reader_schema(writer_schema: str, keep: dict[str, set[str]]) -> str | None:
         for branch in branches:
             if isinstance(branch, dict) and branch.get("type") == "record":
                 # An Avro record needs a field; keep the first when none is wanted.
-                branch["fields"] = [f for f in branch["fields"] if f["name"] in wanted] or branch["fields"][:1]
+                branch["fields"] = [f for f in branch["fields"] if f["name"] in wanted] or branch[
+                    "fields"
+                ][:1]
     return json.dumps(parsed)
 
 
 def _any_decoded(versions: list[VersionShape]) -> str:
     """True when a version decoded the record. In PERMISSIVE mode a malformed body yields a
     struct of nulls rather than null, so a Debezium event counts only with its required `op`."""
-    return sql.any_of(f"{sql.path(v.column, 'op')} IS NOT NULL" if v.is_debezium else f"{sql.ident(v.column)} IS NOT NULL" for v in versions)
+    return sql.any_of(
+        f"{sql.path(v.column, 'op')} IS NOT NULL"
+        if v.is_debezium
+        else f"{sql.ident(v.column)} IS NOT NULL"
+        for v in versions
+    )
 
 
 def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int | None) -> VersionShape:
-    return VersionShape(column, shape.is_debezium, row_columns(shape), record_types(shape.source), record_types(shape.transaction), schema_id,
-                        namespace=shape.row.get("namespace"))
+    return VersionShape(
+        column,
+        shape.is_debezium,
+        row_columns(shape),
+        record_types(shape.source),
+        record_types(shape.transaction),
+        schema_id,
+        namespace=shape.row.get("namespace"),
+    )
 
 
 def framed_schema_id_sql(column: str) -> str:
@@ -236,7 +320,9 @@ class _JsonVersion:
     """Connect versions: the row as Avro, which says how its carrier converts (`avro_value_sql`)."""
 
 
-def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool, keys: RecordKeys | None = None) -> DecodedBatch:
+def decode_json(
+    spark: SparkSession, raw: DataFrame, debezium: bool, keys: RecordKeys | None = None
+) -> DecodedBatch:
     """Decode JSON values: one version per Kafka Connect schema, one per topic for schemaless JSON.
 
     Debezium JSON may come with Kafka Connect's schema envelope (`{"schema":..,"payload":..}`,
@@ -250,7 +336,9 @@ def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool, keys: Recor
     """
     text = "CAST(value AS STRING)"
     schema_text = f"get_json_object({text}, '$.schema')" if debezium else "CAST(NULL AS STRING)"
-    staged = raw.selectExpr(*KAFKA_COLUMNS, f"{text} AS {JSON_TEXT}", f"{schema_text} AS {JSON_SCHEMA}")
+    staged = raw.selectExpr(
+        *KAFKA_COLUMNS, f"{text} AS {JSON_TEXT}", f"{schema_text} AS {JSON_SCHEMA}"
+    )
     connect_texts, any_schemaless = _distinct_connect_schemas(staged) if debezium else ([], True)
     versions: list[_JsonVersion] = []
     refused: dict[str, str] = {}
@@ -262,7 +350,11 @@ def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool, keys: Recor
             versions.append(version)
     # Records whose `schema` has no field types (`{"schema": null, ...}`) are schemaless too.
     schemaless = f"({JSON_SCHEMA} IS NULL OR NOT {sql.in_list(JSON_SCHEMA, [sql.string(s) for s in connect_texts])})"
-    payload = f"coalesce(get_json_object({JSON_TEXT}, '$.payload'), {JSON_TEXT})" if debezium else JSON_TEXT
+    payload = (
+        f"coalesce(get_json_object({JSON_TEXT}, '$.payload'), {JSON_TEXT})"
+        if debezium
+        else JSON_TEXT
+    )
     not_debezium_topics: list[str] = []
     if any_schemaless:
         for topic, inferred in _inferred_by_topic(spark, staged, payload, schemaless).items():
@@ -272,31 +364,89 @@ def decode_json(spark: SparkSession, raw: DataFrame, debezium: bool, keys: Recor
                     continue
                 inferred = _same_row_type(inferred)
             index = len(versions)
-            parsed = _from_json(payload, T.StructType([*inferred.fields, T.StructField(JSON_CORRUPT, T.StringType())]))
-            row = next((f.dataType for f in inferred.fields if f.name in ("after", "before") and isinstance(f.dataType, T.StructType)), None)
-            versions.append(_JsonVersion(_shape_from_spark(version_column(index), inferred, debezium), parsed, envelope=json_parsed_column(index),
-                                         value=json_parsed_column(index), topic=topic, row_carrier=row if debezium else None))
+            parsed = _from_json(
+                payload,
+                T.StructType([*inferred.fields, T.StructField(JSON_CORRUPT, T.StringType())]),
+            )
+            row = next(
+                (
+                    f.dataType
+                    for f in inferred.fields
+                    if f.name in ("after", "before") and isinstance(f.dataType, T.StructType)
+                ),
+                None,
+            )
+            versions.append(
+                _JsonVersion(
+                    _shape_from_spark(version_column(index), inferred, debezium),
+                    parsed,
+                    envelope=json_parsed_column(index),
+                    value=json_parsed_column(index),
+                    topic=topic,
+                    row_carrier=row if debezium else None,
+                )
+            )
 
-    staged = staged.selectExpr(*KAFKA_COLUMNS, JSON_TEXT, JSON_SCHEMA, f"{_json_version_sql(versions, refused)} AS {VERSION}")
+    staged = staged.selectExpr(
+        *KAFKA_COLUMNS,
+        JSON_TEXT,
+        JSON_SCHEMA,
+        f"{_json_version_sql(versions, refused)} AS {VERSION}",
+    )
     # As in `decode_avro_confluent`: the nondeterministic barrier keeps Spark from pushing filters
     # through this projection, which would parse every record once more per filter.
-    parsed = staged.selectExpr(*KAFKA_COLUMNS, JSON_TEXT, JSON_SCHEMA, VERSION,
-                               *[f"CASE WHEN {VERSION} = {i} THEN {v.parsed} END AS {json_parsed_column(i)}" for i, v in enumerate(versions)],
-                               f"spark_partition_id() AS {DECODE_BARRIER}")
-    key_rows = {i: key for i, v in enumerate(versions) if keys and (key := _json_record_key_sql(v, keys)) is not None}
-    versions = [replace(v, shape=replace(v.shape, record_key=record_key_column(i), record_key_fields=key_rows[i][1])) if i in key_rows else v
-                for i, v in enumerate(versions)]
-    frame = parsed.selectExpr(*KAFKA_COLUMNS, *[f"{v.value} AS {v.shape.column}" for v in versions], VERSION, DECODE_BARRIER,
-                              *[f"{key} AS {record_key_column(i)}" for i, (key, _) in key_rows.items()],
-                              f"{_json_error_sql(versions, refused, not_debezium_topics, debezium)} AS {ERROR}")
+    parsed = staged.selectExpr(
+        *KAFKA_COLUMNS,
+        JSON_TEXT,
+        JSON_SCHEMA,
+        VERSION,
+        *[
+            f"CASE WHEN {VERSION} = {i} THEN {v.parsed} END AS {json_parsed_column(i)}"
+            for i, v in enumerate(versions)
+        ],
+        f"spark_partition_id() AS {DECODE_BARRIER}",
+    )
+    key_rows = {
+        i: key
+        for i, v in enumerate(versions)
+        if keys and (key := _json_record_key_sql(v, keys)) is not None
+    }
+    versions = [
+        replace(
+            v,
+            shape=replace(
+                v.shape, record_key=record_key_column(i), record_key_fields=key_rows[i][1]
+            ),
+        )
+        if i in key_rows
+        else v
+        for i, v in enumerate(versions)
+    ]
+    frame = parsed.selectExpr(
+        *KAFKA_COLUMNS,
+        *[f"{v.value} AS {v.shape.column}" for v in versions],
+        VERSION,
+        DECODE_BARRIER,
+        *[f"{key} AS {record_key_column(i)}" for i, (key, _) in key_rows.items()],
+        f"{_json_error_sql(versions, refused, not_debezium_topics, debezium)} AS {ERROR}",
+    )
     return DecodedBatch(frame, [v.shape for v in versions])
 
 
 def _distinct_connect_schemas(staged: DataFrame) -> tuple[list[str], bool]:
     """The batch's distinct Connect schemas (as JSON text, first seen first), and whether any
     record comes without one. One aggregate pass."""
-    rows = staged.where("value IS NOT NULL").groupBy(JSON_SCHEMA).agg(F.min("timestamp").alias("first_seen")).collect()
-    connect = [(row["first_seen"], row[JSON_SCHEMA]) for row in rows if row[JSON_SCHEMA] is not None and is_connect_struct(json.loads(row[JSON_SCHEMA]))]
+    rows = (
+        staged.where("value IS NOT NULL")
+        .groupBy(JSON_SCHEMA)
+        .agg(F.min("timestamp").alias("first_seen"))
+        .collect()
+    )
+    connect = [
+        (row["first_seen"], row[JSON_SCHEMA])
+        for row in rows
+        if row[JSON_SCHEMA] is not None and is_connect_struct(json.loads(row[JSON_SCHEMA]))
+    ]
     connect.sort(key=lambda pair: (pair[0] is None, pair[0] or 0, pair[1]))
     return [text for _, text in connect], len(connect) < len(rows)
 
@@ -307,18 +457,32 @@ def _connect_version(schema_text: str, index: int) -> _JsonVersion | str:
         avro = avro_from_connect(json.loads(schema_text))
         shape = envelope_shape(avro)
         version_shape = _shape_from_avro(version_column(index), shape, None)
-        carrier = T.StructType([T.StructField("payload", json_carrier_type(avro)), T.StructField(JSON_CORRUPT, T.StringType())])
+        carrier = T.StructType(
+            [
+                T.StructField("payload", json_carrier_type(avro)),
+                T.StructField(JSON_CORRUPT, T.StringType()),
+            ]
+        )
     except SchemaConversionError as error:
         return f"unsupported-connect-schema: {error}"
     if not shape.is_debezium or not set(DEBEZIUM_SOURCE_FIELDS) <= set(version_shape.source):
         return "not-a-debezium-event"
     payload = sql.path(json_parsed_column(index), "payload")
-    return _JsonVersion(version_shape, _from_json(JSON_TEXT, carrier), envelope=payload, value=avro_value_sql(payload, avro) or payload,
-                        failures=conversion_failures_sql(payload, avro), schema_text=schema_text,
-                        row_carrier=json_carrier_type(shape.row), row_avro=shape.row)
+    return _JsonVersion(
+        version_shape,
+        _from_json(JSON_TEXT, carrier),
+        envelope=payload,
+        value=avro_value_sql(payload, avro) or payload,
+        failures=conversion_failures_sql(payload, avro),
+        schema_text=schema_text,
+        row_carrier=json_carrier_type(shape.row),
+        row_avro=shape.row,
+    )
 
 
-def _json_record_key_sql(version: _JsonVersion, keys: RecordKeys) -> tuple[str, tuple[str, ...]] | None:
+def _json_record_key_sql(
+    version: _JsonVersion, keys: RecordKeys
+) -> tuple[str, tuple[str, ...]] | None:
     """SQL reading the record key of a delete without `before` as the version's key columns, and
     those columns: parsed into the row's carrier types and converted as the row is, so each has
     the type it has in `before`."""
@@ -328,23 +492,42 @@ def _json_record_key_sql(version: _JsonVersion, keys: RecordKeys) -> tuple[str, 
     carrier = T.StructType([f for f in version.row_carrier.fields if f.name in columns])
     options = "map('mode', 'PERMISSIVE')"
     parsed = f"from_json({json_key_row_sql(row_column_name(columns, keys.single_column))}, {sql.string(carrier.json())}, {options})"
-    row_avro = {**version.row_avro, "fields": [f for f in version.row_avro["fields"] if f["name"] in columns]} if version.row_avro else None
+    row_avro = (
+        {
+            **version.row_avro,
+            "fields": [f for f in version.row_avro["fields"] if f["name"] in columns],
+        }
+        if version.row_avro
+        else None
+    )
     converted = avro_value_sql(parsed, row_avro) if row_avro is not None else None
-    return f"CASE WHEN {delete_without_before_sql(version.envelope)} THEN {converted or parsed} END", tuple(columns)
+    return (
+        f"CASE WHEN {delete_without_before_sql(version.envelope)} THEN {converted or parsed} END",
+        tuple(columns),
+    )
 
 
-def _inferred_by_topic(spark: SparkSession, staged: DataFrame, payload: str, schemaless: str) -> dict[str, T.StructType]:
+def _inferred_by_topic(
+    spark: SparkSession, staged: DataFrame, payload: str, schemaless: str
+) -> dict[str, T.StructType]:
     """The type Spark infers for each topic's schemaless JSON objects, in one pass over the batch.
 
     Each payload is wrapped as `{"<topic>": <payload>}`, so one inference gives one struct per
     topic (Kafka topic names are ASCII letters, digits, `.`, `_` and `-`: nothing a JSON key must
     escape). Only objects are wrapped: one scalar would turn its topic's type into a string.
     """
-    lines = staged.where(f"{schemaless} AND ltrim({payload}) LIKE '{{%'").selectExpr(f"concat('{{\"', topic, '\":', {payload}, '}}') AS line")
-    inferred = spark.read.option("mode", "DROPMALFORMED").json(lines.rdd.map(lambda row: row[0])).schema
+    lines = staged.where(f"{schemaless} AND ltrim({payload}) LIKE '{{%'").selectExpr(
+        f"concat('{{\"', topic, '\":', {payload}, '}}') AS line"
+    )
+    inferred = (
+        spark.read.option("mode", "DROPMALFORMED").json(lines.rdd.map(lambda row: row[0])).schema
+    )
     return {
-        f.name: T.StructType([nested for nested in f.dataType.fields if nested.name != "_corrupt_record"])
-        for f in inferred.fields if isinstance(f.dataType, T.StructType)
+        f.name: T.StructType(
+            [nested for nested in f.dataType.fields if nested.name != "_corrupt_record"]
+        )
+        for f in inferred.fields
+        if isinstance(f.dataType, T.StructType)
     }
 
 
@@ -354,14 +537,27 @@ def _has_debezium_parts(inferred: T.StructType) -> bool:
     fields = {f.name: f.dataType for f in inferred.fields}
     source = fields.get("source")
     has_row = any(isinstance(fields.get(name), T.StructType) for name in ("after", "before"))
-    return "op" in fields and has_row and isinstance(source, T.StructType) and set(DEBEZIUM_SOURCE_FIELDS) <= set(source.fieldNames())
+    return (
+        "op" in fields
+        and has_row
+        and isinstance(source, T.StructType)
+        and set(DEBEZIUM_SOURCE_FIELDS) <= set(source.fieldNames())
+    )
 
 
 def _json_version_sql(versions: list[_JsonVersion], refused: dict[str, str]) -> str:
     """Index of the version of each record: by its Connect schema, else by its topic."""
-    by_schema = [f"WHEN {JSON_SCHEMA} = {sql.string(v.schema_text)} THEN {i}" for i, v in enumerate(versions) if v.schema_text is not None]
+    by_schema = [
+        f"WHEN {JSON_SCHEMA} = {sql.string(v.schema_text)} THEN {i}"
+        for i, v in enumerate(versions)
+        if v.schema_text is not None
+    ]
     by_schema += [f"WHEN {JSON_SCHEMA} = {sql.string(schema)} THEN NULL" for schema in refused]
-    by_topic = [f"WHEN {sql.string(v.topic)} THEN {i}" for i, v in enumerate(versions) if v.topic is not None]
+    by_topic = [
+        f"WHEN {sql.string(v.topic)} THEN {i}"
+        for i, v in enumerate(versions)
+        if v.topic is not None
+    ]
     schemaless = f"CASE topic {' '.join(by_topic)} END" if by_topic else "NULL"
     return f"CAST(CASE WHEN value IS NULL THEN NULL {' '.join(by_schema)} ELSE {schemaless} END AS INT)"
 
@@ -371,35 +567,64 @@ def _from_json(text: str, carrier: T.StructType) -> str:
     return f"from_json({text}, {sql.string(carrier.json())}, {options})"
 
 
-def _json_error_sql(versions: list[_JsonVersion], refused: dict[str, str], not_debezium_topics: list[str], debezium: bool) -> str:
+def _json_error_sql(
+    versions: list[_JsonVersion],
+    refused: dict[str, str],
+    not_debezium_topics: list[str],
+    debezium: bool,
+) -> str:
     """Why a JSON record did not decode (see the module docstring), or null."""
 
     def any_version(condition) -> str:  # noqa: ANN001 - (index, version) -> SQL or None
-        return sql.any_of(f"({VERSION} = {i} AND {c})" for i, v in enumerate(versions) if (c := condition(i, v)) is not None)
+        return sql.any_of(
+            f"({VERSION} = {i} AND {c})"
+            for i, v in enumerate(versions)
+            if (c := condition(i, v)) is not None
+        )
 
     def unparsed(i: int) -> str:
         return f"({json_parsed_column(i)} IS NULL OR {sql.path(json_parsed_column(i), JSON_CORRUPT)} IS NOT NULL)"
 
-    branches = [f"WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'", "WHEN value IS NULL THEN 'tombstone'"]
-    branches += [f"WHEN {JSON_SCHEMA} = {sql.string(schema)} THEN {sql.string(reason)}" for schema, reason in refused.items()]
+    branches = [
+        f"WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'",
+        "WHEN value IS NULL THEN 'tombstone'",
+    ]
+    branches += [
+        f"WHEN {JSON_SCHEMA} = {sql.string(schema)} THEN {sql.string(reason)}"
+        for schema, reason in refused.items()
+    ]
     if not_debezium_topics:
         not_debezium = sql.in_list("topic", [sql.string(t) for t in not_debezium_topics])
-        branches.append(f"WHEN {VERSION} IS NULL AND {not_debezium} AND try_parse_json({JSON_TEXT}) IS NOT NULL THEN 'not-a-debezium-event'")
+        branches.append(
+            f"WHEN {VERSION} IS NULL AND {not_debezium} AND try_parse_json({JSON_TEXT}) IS NOT NULL THEN 'not-a-debezium-event'"
+        )
     branches.append(f"WHEN {VERSION} IS NULL THEN 'invalid-json'")
-    branches.append(f"WHEN {any_version(lambda i, v: None if v.schema_text else unparsed(i))} THEN 'invalid-json'")
+    branches.append(
+        f"WHEN {any_version(lambda i, v: None if v.schema_text else unparsed(i))} THEN 'invalid-json'"
+    )
     # A record whose schema was read is JSON, unless it breaks off after the schema.
-    branches.append(f"WHEN {any_version(lambda i, v: unparsed(i) if v.schema_text else None)} THEN "
-                    f"CASE WHEN try_parse_json({JSON_TEXT}) IS NULL THEN 'invalid-json' ELSE 'payload-does-not-match-schema' END")
+    branches.append(
+        f"WHEN {any_version(lambda i, v: unparsed(i) if v.schema_text else None)} THEN "
+        f"CASE WHEN try_parse_json({JSON_TEXT}) IS NULL THEN 'invalid-json' ELSE 'payload-does-not-match-schema' END"
+    )
     if debezium:
-        branches.append(f"WHEN {any_version(lambda i, v: v.envelope + '.op IS NULL')} THEN 'not-a-debezium-event'")
-    branches.append(f"WHEN {any_version(lambda i, v: sql.any_of(v.failures) if v.failures else None)} THEN 'unconvertible-value'")
+        branches.append(
+            f"WHEN {any_version(lambda i, v: v.envelope + '.op IS NULL')} THEN 'not-a-debezium-event'"
+        )
+    branches.append(
+        f"WHEN {any_version(lambda i, v: sql.any_of(v.failures) if v.failures else None)} THEN 'unconvertible-value'"
+    )
     return f"CASE {' '.join(branches)} END"
 
 
 def _same_row_type(inferred: T.StructType) -> T.StructType:
     """Give `before` and `after` one struct type: inferred apart, they can differ in fields."""
     fields = {f.name: f for f in inferred.fields}
-    rows = [fields[name].dataType for name in ("before", "after") if isinstance(fields.get(name) and fields[name].dataType, T.StructType)]
+    rows = [
+        fields[name].dataType
+        for name in ("before", "after")
+        if isinstance(fields.get(name) and fields[name].dataType, T.StructType)
+    ]
     if not rows:
         return inferred
     merged: dict[str, T.StructField] = {}
@@ -407,7 +632,12 @@ def _same_row_type(inferred: T.StructType) -> T.StructType:
         for f in row.fields:
             merged.setdefault(f.name, f)
     row_type = T.StructType(list(merged.values()))
-    return T.StructType([T.StructField(f.name, row_type, True) if f.name in ("before", "after") else f for f in inferred.fields])
+    return T.StructType(
+        [
+            T.StructField(f.name, row_type, True) if f.name in ("before", "after") else f
+            for f in inferred.fields
+        ]
+    )
 
 
 def _inferred_column(name: str, data_type: T.DataType) -> Column:
@@ -419,9 +649,23 @@ def _inferred_column(name: str, data_type: T.DataType) -> Column:
 def _shape_from_spark(column: str, inferred: T.StructType, debezium: bool) -> VersionShape:
     fields = {f.name: f.dataType for f in inferred.fields}
     if not debezium:
-        return VersionShape(column, False, [_inferred_column(name, dt) for name, dt in fields.items()])
+        return VersionShape(
+            column, False, [_inferred_column(name, dt) for name, dt in fields.items()]
+        )
     row_struct = fields.get("after") or fields.get("before")
-    row = [_inferred_column(f.name, f.dataType) for f in row_struct.fields] if isinstance(row_struct, T.StructType) else []
-    source = {f.name: iceberg_type_from_spark(f.dataType) for f in fields["source"].fields} if isinstance(fields.get("source"), T.StructType) else {}
-    transaction = {f.name: iceberg_type_from_spark(f.dataType) for f in fields["transaction"].fields} if isinstance(fields.get("transaction"), T.StructType) else {}
+    row = (
+        [_inferred_column(f.name, f.dataType) for f in row_struct.fields]
+        if isinstance(row_struct, T.StructType)
+        else []
+    )
+    source = (
+        {f.name: iceberg_type_from_spark(f.dataType) for f in fields["source"].fields}
+        if isinstance(fields.get("source"), T.StructType)
+        else {}
+    )
+    transaction = (
+        {f.name: iceberg_type_from_spark(f.dataType) for f in fields["transaction"].fields}
+        if isinstance(fields.get("transaction"), T.StructType)
+        else {}
+    )
     return VersionShape(column, True, row, source, transaction)

@@ -11,11 +11,19 @@ from common.config import load_config
 
 
 def add_writer_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--writer-id", default=None, help="stable id of this writer (default: writer.writer_id)")
+    parser.add_argument(
+        "--writer-id", default=None, help="stable id of this writer (default: writer.writer_id)"
+    )
     parser.add_argument("--once", action="store_true", help="one batch with records, then exit")
     parser.add_argument("--max-batches", type=int, default=None)
-    parser.add_argument("--until-idle", action="store_true", help="exit when a batch finds nothing new")
-    parser.add_argument("--spark-packages", action="store_true", help="print the --packages value for spark-submit and exit")
+    parser.add_argument(
+        "--until-idle", action="store_true", help="exit when a batch finds nothing new"
+    )
+    parser.add_argument(
+        "--spark-packages",
+        action="store_true",
+        help="print the --packages value for spark-submit and exit",
+    )
 
 
 def run_writer(args: argparse.Namespace) -> int:
@@ -35,12 +43,28 @@ def run_writer(args: argparse.Namespace) -> int:
         if report.paused:
             print(json.dumps({"paused": report.paused}), flush=True)
             return
-        print(json.dumps({"batch": report.seq, "records": report.records_read, "rows": report.rows_written, "files": report.files,
-                          "monikers": report.monikers, "dead_lettered": report.dead_lettered, "lost_to_retention": report.lost_to_retention,
-                          "seconds": round(report.seconds, 2)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "batch": report.seq,
+                    "records": report.records_read,
+                    "rows": report.rows_written,
+                    "files": report.files,
+                    "monikers": report.monikers,
+                    "dead_lettered": report.dead_lettered,
+                    "lost_to_retention": report.lost_to_retention,
+                    "seconds": round(report.seconds, 2),
+                }
+            ),
+            flush=True,
+        )
 
     try:
-        job.run(max_batches=1 if args.once else args.max_batches, until_idle=args.until_idle, on_batch=show)
+        job.run(
+            max_batches=1 if args.once else args.max_batches,
+            until_idle=args.until_idle,
+            on_batch=show,
+        )
     except TopicReset as reset:
         print(f"error: {reset}", file=sys.stderr, flush=True)
         return 2

@@ -13,14 +13,22 @@ import datetime
 import posixpath
 import urllib.parse
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.transforms import BucketTransform, DayTransform, HourTransform, IdentityTransform, MonthTransform, TruncateTransform, YearTransform
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    TruncateTransform,
+    YearTransform,
+)
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -63,9 +71,17 @@ def partition_columns(spec: PartitionSpec, schema: Schema) -> list[PartitionColu
         if isinstance(transform, IdentityTransform):
             expression, kind = column, _identity_kind(str(source.field_type))
         elif isinstance(transform, BucketTransform):
-            expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.bucket({transform.num_buckets}, `{source.name}`)"), "int"
+            expression, kind = (
+                F.expr(
+                    f"{FUNCTIONS_CATALOG}.system.bucket({transform.num_buckets}, `{source.name}`)"
+                ),
+                "int",
+            )
         elif isinstance(transform, TruncateTransform):
-            expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.truncate({transform.width}, `{source.name}`)"), _identity_kind(str(source.field_type))
+            expression, kind = (
+                F.expr(f"{FUNCTIONS_CATALOG}.system.truncate({transform.width}, `{source.name}`)"),
+                _identity_kind(str(source.field_type)),
+            )
         elif isinstance(transform, DayTransform):
             expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.days(`{source.name}`)"), "date"
         elif isinstance(transform, HourTransform):
@@ -103,7 +119,9 @@ def parquet_write_options(table_properties: Mapping[str, str]) -> dict[str, str]
     options: dict[str, str] = {}
     for key, value in table_properties.items():
         if key in _PARQUET_OPTIONS:
-            options[_PARQUET_OPTIONS[key]] = value.lower() if key == "write.parquet.compression-codec" else value
+            options[_PARQUET_OPTIONS[key]] = (
+                value.lower() if key == "write.parquet.compression-codec" else value
+            )
         elif key.startswith(_BLOOM_COLUMN):
             options[f"parquet.bloom.filter.enabled#{key.removeprefix(_BLOOM_COLUMN)}"] = value
     level = table_properties.get("write.parquet.compression-level")
@@ -112,8 +130,14 @@ def parquet_write_options(table_properties: Mapping[str, str]) -> dict[str, str]
     return options
 
 
-def write_parquet(rows: DataFrame, output_uri: str, partitions: list[PartitionColumn], max_records_per_file: int, rebalance: bool = False,
-                  options: Mapping[str, str] | None = None) -> None:
+def write_parquet(
+    rows: DataFrame,
+    output_uri: str,
+    partitions: list[PartitionColumn],
+    max_records_per_file: int,
+    rebalance: bool = False,
+    options: Mapping[str, str] | None = None,
+) -> None:
     """Write `rows` (row columns only) under `output_uri`, laid out by `partitions`.
 
     Without `rebalance`, every Kafka task writes its own files: no shuffle, and a skewed
@@ -121,10 +145,16 @@ def write_parquet(rows: DataFrame, output_uri: str, partitions: list[PartitionCo
     rows are shuffled by partition and Spark's adaptive rebalancing splits skewed partitions,
     giving fewer, larger files.
     """
-    staged = rows.select("*", *[p.expression.alias(p.name) for p in partitions]) if partitions else rows
+    staged = (
+        rows.select("*", *[p.expression.alias(p.name) for p in partitions]) if partitions else rows
+    )
     if rebalance and partitions:
         staged = staged.hint("rebalance", *[p.name for p in partitions])
-    writer = staged.write.mode("errorifexists").option("maxRecordsPerFile", max_records_per_file).options(**(options or {}))
+    writer = (
+        staged.write.mode("errorifexists")
+        .option("maxRecordsPerFile", max_records_per_file)
+        .options(**(options or {}))
+    )
     if partitions:
         writer = writer.partitionBy(*[p.name for p in partitions])
     writer.parquet(output_uri)
@@ -150,7 +180,9 @@ def discard_output(output_dirs: list[str]) -> None:
             pass
 
 
-def list_written_files(output_uri: str, partitions: list[PartitionColumn], spec_id: int) -> list[FileEntry]:
+def list_written_files(
+    output_uri: str, partitions: list[PartitionColumn], spec_id: int
+) -> list[FileEntry]:
     """Every Parquet file under `output_uri`, with size, record count (from its footer) and partition."""
     filesystem, root = pafs.FileSystem.from_uri(output_uri)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
@@ -158,15 +190,24 @@ def list_written_files(output_uri: str, partitions: list[PartitionColumn], spec_
     scheme = output_uri.split("://", 1)[0] + "://" if "://" in output_uri else ""
     for info in filesystem.get_file_info(selector):
         name = posixpath.basename(info.path)
-        if info.type != pafs.FileType.File or not name.endswith(".parquet") or name.startswith((".", "_")):
+        if (
+            info.type != pafs.FileType.File
+            or not name.endswith(".parquet")
+            or name.startswith((".", "_"))
+        ):
             continue
         with filesystem.open_input_file(info.path) as handle:
             record_count = pq.ParquetFile(handle).metadata.num_rows
         relative = posixpath.relpath(posixpath.dirname(info.path), root)
-        entries.append(FileEntry(
-            path=_uri(scheme, info.path), size_bytes=info.size, record_count=record_count,
-            partition=_partition_values(relative, partitions), spec_id=spec_id,
-        ))
+        entries.append(
+            FileEntry(
+                path=_uri(scheme, info.path),
+                size_bytes=info.size,
+                record_count=record_count,
+                partition=_partition_values(relative, partitions),
+                spec_id=spec_id,
+            )
+        )
     return sorted(entries, key=lambda entry: entry.path)
 
 

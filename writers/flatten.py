@@ -17,9 +17,28 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from common.config.model import MetadataColumns
-from common.schema import PARQUET_FIELD_ID, Column, assign_ids, envelope_ts_column, merge_columns, metadata_columns, op_column, spark_sql_type
+from common.schema import (
+    PARQUET_FIELD_ID,
+    Column,
+    assign_ids,
+    envelope_ts_column,
+    merge_columns,
+    metadata_columns,
+    op_column,
+    spark_sql_type,
+)
 from writers import sql
-from writers.columns import ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+from writers.columns import (
+    ERROR,
+    EVENT_MS,
+    HELPER_COLUMNS,
+    KAFKA_OFFSET,
+    KAFKA_PARTITION,
+    KAFKA_TOPIC,
+    SOURCE_DB,
+    SOURCE_SERVER,
+    SOURCE_TABLE,
+)
 from writers.conversions import converted_sql, failed_sql
 from writers.decode import VersionShape
 
@@ -35,7 +54,12 @@ class FlatRows:
 def table_columns(versions: list[VersionShape], metadata: MetadataColumns) -> list[Column]:
     """Metadata columns then row columns, merged over `versions`."""
     debezium = [v for v in versions if v.is_debezium]
-    meta = metadata_columns(metadata, bool(debezium), _merged_types([v.source for v in debezium]), _merged_types([v.transaction for v in debezium]))
+    meta = metadata_columns(
+        metadata,
+        bool(debezium),
+        _merged_types([v.source for v in debezium]),
+        _merged_types([v.transaction for v in debezium]),
+    )
     return meta + merge_columns([v.row for v in versions])
 
 
@@ -44,8 +68,14 @@ def _merged_types(type_maps: list[dict]) -> dict:
     return {column.name: column.type for column in merged}
 
 
-def flatten(frame: DataFrame, versions: list[VersionShape], metadata: MetadataColumns, existing: Schema | None,
-            primary_key: list[str], carry: list[str] | None = None) -> FlatRows:
+def flatten(
+    frame: DataFrame,
+    versions: list[VersionShape],
+    metadata: MetadataColumns,
+    existing: Schema | None,
+    primary_key: list[str],
+    carry: list[str] | None = None,
+) -> FlatRows:
     """Rows of `versions` flattened into the table's columns (ids from `existing` where it has them).
 
     The frame keeps the helper columns, and the columns named in `carry`, next to the row's.
@@ -63,8 +93,14 @@ def flatten(frame: DataFrame, versions: list[VersionShape], metadata: MetadataCo
     flat = frame.selectExpr(*projections)
     # Field ids travel as column metadata, which SQL text cannot set: one projection adds them.
     with_ids = flat.select(
-        *[F.col(sql.ident(field.name)).alias(field.name, metadata={PARQUET_FIELD_ID: field.field_id}) for field in schema.fields],
-        *HELPER_COLUMNS, *(carry or []),
+        *[
+            F.col(sql.ident(field.name)).alias(
+                field.name, metadata={PARQUET_FIELD_ID: field.field_id}
+            )
+            for field in schema.fields
+        ],
+        *HELPER_COLUMNS,
+        *(carry or []),
     )
     return FlatRows(with_ids, schema)
 
@@ -74,9 +110,17 @@ def helper_sql(versions: list[VersionShape]) -> dict[str, str]:
     debezium = [v for v in versions if v.is_debezium]
 
     def source_field(name: str) -> str:
-        return f"CAST({across(debezium, lambda v: sql.path(v.column, 'source', name))} AS STRING)" if debezium else "CAST(NULL AS STRING)"
+        return (
+            f"CAST({across(debezium, lambda v: sql.path(v.column, 'source', name))} AS STRING)"
+            if debezium
+            else "CAST(NULL AS STRING)"
+        )
 
-    source_ms = f"CAST({across(debezium, lambda v: sql.path(v.column, 'source', 'ts_ms'))} AS BIGINT)" if debezium else "CAST(NULL AS BIGINT)"
+    source_ms = (
+        f"CAST({across(debezium, lambda v: sql.path(v.column, 'source', 'ts_ms'))} AS BIGINT)"
+        if debezium
+        else "CAST(NULL AS BIGINT)"
+    )
     return {
         EVENT_MS: f"coalesce({source_ms}, CAST(unix_micros(timestamp) / 1000 AS BIGINT))",
         SOURCE_DB: source_field("db"),
@@ -113,7 +157,9 @@ def row_value_sql(name: str, versions: list[VersionShape]) -> str:
     return sql.coalesce(values) if values else "NULL"
 
 
-def row_value_is_null_sql(name: str, versions: list[VersionShape], case_insensitive: bool = False) -> str:
+def row_value_is_null_sql(
+    name: str, versions: list[VersionShape], case_insensitive: bool = False
+) -> str:
     """SQL true where row column `name` is null, whichever version decoded the record."""
     names = {c.name for v in versions for c in v.row}
     if case_insensitive and name not in names:
@@ -160,8 +206,8 @@ def unconvertible_sql(versions: list[VersionShape]) -> str:
 def value_sql(name: str, versions: list[VersionShape], metadata: MetadataColumns) -> str:
     """SQL for table column `name`: a Kafka field, an envelope field, or a row column."""
     kafka_prefix = metadata.kafka.prefix
-    if name.startswith(kafka_prefix) and name[len(kafka_prefix):] in metadata.kafka.columns:
-        return sql.ident(name[len(kafka_prefix):])
+    if name.startswith(kafka_prefix) and name[len(kafka_prefix) :] in metadata.kafka.columns:
+        return sql.ident(name[len(kafka_prefix) :])
     debezium = [v for v in versions if v.is_debezium]
     if debezium:
         if name == op_column(metadata):
@@ -169,10 +215,21 @@ def value_sql(name: str, versions: list[VersionShape], metadata: MetadataColumns
         if name == envelope_ts_column(metadata):
             return across(debezium, lambda v: sql.path(v.column, "ts_ms"))
         source_prefix, transaction_prefix = metadata.source.prefix, metadata.transaction.prefix
-        if name.startswith(source_prefix) and name[len(source_prefix):] in metadata.source.columns:
-            field = name[len(source_prefix):]
-            return across(debezium, lambda v: sql.path(v.column, "source", field) if field in v.source else "NULL")
-        if name.startswith(transaction_prefix) and name[len(transaction_prefix):] in metadata.transaction.columns:
-            field = name[len(transaction_prefix):]
-            return across(debezium, lambda v: sql.path(v.column, "transaction", field) if field in v.transaction else "NULL")
+        if name.startswith(source_prefix) and name[len(source_prefix) :] in metadata.source.columns:
+            field = name[len(source_prefix) :]
+            return across(
+                debezium,
+                lambda v: sql.path(v.column, "source", field) if field in v.source else "NULL",
+            )
+        if (
+            name.startswith(transaction_prefix)
+            and name[len(transaction_prefix) :] in metadata.transaction.columns
+        ):
+            field = name[len(transaction_prefix) :]
+            return across(
+                debezium,
+                lambda v: (
+                    sql.path(v.column, "transaction", field) if field in v.transaction else "NULL"
+                ),
+            )
     return row_value_sql(name, versions)

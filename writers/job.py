@@ -30,7 +30,16 @@ from common.transports import open_transport
 from writers.batch import BatchOutcome, BatchWriter
 from writers.checkpoints import SourceCheckpoints
 from writers.kafka_io import SourceAdmin
-from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP, TopicReset, plan_batch, topic_reset_message
+from writers.offsets import (
+    BatchPlan,
+    PartitionBounds,
+    TopicReset,
+    plan_batch,
+    topic_reset_message,
+)
+from writers.offsets import (
+    TopicPartition as TP,
+)
 from writers.progress import TableProgress, next_seq, refresh_progress, table_positions
 from writers.registry import RegistryUnavailable, TopicSchemas
 from writers.routing import Routes, routes_for
@@ -73,14 +82,21 @@ class BatchReport:
 class WriterJob:
     """One writer (stable `writer_id`) over every source and table of a config."""
 
-    def __init__(self, config: IcekeeperConfig, spark: SparkSession | None = None, writer_id: str | None = None) -> None:
+    def __init__(
+        self,
+        config: IcekeeperConfig,
+        spark: SparkSession | None = None,
+        writer_id: str | None = None,
+    ) -> None:
         self.config = config
         self.writer_id = writer_id or config.writer.writer_id
         self.catalog = open_catalog(config)
         self.transport = open_transport(config)
         self.checkpoints = SourceCheckpoints(config.writer.checkpoint_uri, self.writer_id)
         self.spark = spark or spark_session(config, f"{config.writer.app_name}-{self.writer_id}")
-        self.schemas = {source.name: TopicSchemas(source.schema_registry_url) for source in config.sources}
+        self.schemas = {
+            source.name: TopicSchemas(source.schema_registry_url) for source in config.sources
+        }
         self.tables: dict[str, TableProgress] = {}
         self.seq: int | None = None
         self.pending_bytes = 0
@@ -89,11 +105,18 @@ class WriterJob:
         # A quarter of the reaper's grace: three missed rewrites still leave the claim live.
         heartbeat_s = max(0.5, min(30.0, config.reaper.orphan_grace / 4))
         self.claims = InFlightClaims(self.writer_id, heartbeat_s)
-        self.batches = BatchWriter(config, self.spark, self.catalog, self.writer_id, self.claims, self.tables, self.schemas)
+        self.batches = BatchWriter(
+            config, self.spark, self.catalog, self.writer_id, self.claims, self.tables, self.schemas
+        )
 
     # -- the loop -----------------------------------------------------------------------------------
 
-    def run(self, max_batches: int | None = None, until_idle: bool = False, on_batch: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
+    def run(
+        self,
+        max_batches: int | None = None,
+        until_idle: bool = False,
+        on_batch: Callable[[BatchReport], None] | None = None,
+    ) -> list[BatchReport]:
         """Run batches every trigger interval until stopped (SIGTERM/SIGINT), `max_batches`, or idle."""
         self._resend_journal()
         reports = []
@@ -107,21 +130,31 @@ class WriterJob:
             except RegistryUnavailable as outage:
                 # Not poison and not a crash: wait for the registry as long as it takes, alerting each time.
                 pauses += 1
-                wait_s = min(_MAX_PAUSE_S, 2.0 ** pauses)
-                log.error("schema registry unavailable; writer paused: nothing is published or dead-lettered until it answers",
-                          extra={"writer": self.writer_id, "reason": str(outage), "pauses": pauses, "retry_in_s": wait_s})
+                wait_s = min(_MAX_PAUSE_S, 2.0**pauses)
+                log.error(
+                    "schema registry unavailable; writer paused: nothing is published or dead-lettered until it answers",
+                    extra={
+                        "writer": self.writer_id,
+                        "reason": str(outage),
+                        "pauses": pauses,
+                        "retry_in_s": wait_s,
+                    },
+                )
                 if on_batch:
                     on_batch(BatchReport(seq=self.seq or 0, paused=str(outage)))
                 self.stop.wait(wait_s)
                 continue
             except TopicReset:
                 raise  # retrying cannot help: the operator decides (docs/operations.md)
-            except Exception as error:  # noqa: BLE001 - a failed batch published nothing; retry it
+            except Exception as error:
                 failures += 1
                 if failures >= 5:
                     raise
-                log.error("batch failed; nothing was published, retrying", extra={"writer": self.writer_id, "error": repr(error), "failures": failures})
-                self.stop.wait(min(30.0, 2.0 ** failures))
+                log.error(
+                    "batch failed; nothing was published, retrying",
+                    extra={"writer": self.writer_id, "error": repr(error), "failures": failures},
+                )
+                self.stop.wait(min(30.0, 2.0**failures))
                 continue
             if report.records_read:
                 reports.append(report)
@@ -131,7 +164,9 @@ class WriterJob:
                 break
             if until_idle and not report.records_read and not report.throttled:
                 break
-            self.stop.wait(max(0.0, self.config.writer.trigger_interval - (time.monotonic() - started)))
+            self.stop.wait(
+                max(0.0, self.config.writer.trigger_interval - (time.monotonic() - started))
+            )
         return reports
 
     def _resend_journal(self) -> None:
@@ -139,7 +174,10 @@ class WriterJob:
         then message) may hold from a writer killed between them (`MonikerTransport.resume`)."""
         resent = self.transport.resume(self.writer_id)
         if resent:
-            log.info("pending monikers sent again from the journal", extra={"writer": self.writer_id, "monikers": resent})
+            log.info(
+                "pending monikers sent again from the journal",
+                extra={"writer": self.writer_id, "monikers": resent},
+            )
 
     def install_signal_handlers(self) -> None:
         """Finish the current batch on SIGTERM/SIGINT, then stop (files and monikers stay consistent)."""
@@ -150,12 +188,21 @@ class WriterJob:
         """Plan, read, write and publish one batch over every source."""
         started = time.monotonic()
         pending = self.transport.pending(writer_id=None)
-        self.pending_bytes = refresh_progress(self.tables, pending, self.catalog, [spec.identifier for spec in self.config.tables], self.writer_id)
+        self.pending_bytes = refresh_progress(
+            self.tables,
+            pending,
+            self.catalog,
+            [spec.identifier for spec in self.config.tables],
+            self.writer_id,
+        )
         seq = next_seq(self.tables, self.seq)
         report = BatchReport(seq=seq)
         if self.pending_bytes > self.config.bookkeeper.max_pending_bytes:
             # Backpressure: the bookkeeper is behind; reading more would only pile up files.
-            log.warning("pending monikers over bookkeeper.max_pending_bytes; waiting", extra={"pending_bytes": self.pending_bytes})
+            log.warning(
+                "pending monikers over bookkeeper.max_pending_bytes; waiting",
+                extra={"pending_bytes": self.pending_bytes},
+            )
             report.throttled = True
             return report
         try:
@@ -183,7 +230,11 @@ class WriterJob:
         if not plan.read_ranges:
             return
         report.records_read += plan.records
-        schemas = self.schemas[source.name].for_topics(topic for topic, _ in plan.read_ranges) if source.format == "avro-confluent" else []
+        schemas = (
+            self.schemas[source.name].for_topics(topic for topic, _ in plan.read_ranges)
+            if source.format == "avro-confluent"
+            else []
+        )
         outcome = self.batches.write(source, plan, seq, schemas, routes)
         for moniker in outcome.monikers:
             self.transport.publish(moniker)
@@ -193,22 +244,47 @@ class WriterJob:
         admin.commit_group_offsets(plan)
         self.checkpoints.advance(source, plan)
 
-    def _plan(self, source: KafkaSource, routes: Routes, bounds: dict[TP, PartitionBounds]) -> BatchPlan:
+    def _plan(
+        self, source: KafkaSource, routes: Routes, bounds: dict[TP, PartitionBounds]
+    ) -> BatchPlan:
         """The source's next offset ranges, from its tables' progress and this writer's checkpoint."""
         configured = {s.identifier for s in self.config.tables}
-        table_ids = [t.identifier for t in routes.tables] + [t for t in self.tables if source.table_template and t not in configured]
+        table_ids = [t.identifier for t in routes.tables] + [
+            t for t in self.tables if source.table_template and t not in configured
+        ]
         checkpoint = self.checkpoints.read(source)
-        positions = table_positions(self.tables, table_ids, checkpoint, templated=bool(source.table_template))
+        positions = table_positions(
+            self.tables, table_ids, checkpoint, templated=bool(source.table_template)
+        )
         cap = source.max_offsets_per_trigger
-        per_partition = int(source.max_rate_per_partition * self.config.writer.trigger_interval) if source.max_rate_per_partition else None
+        per_partition = (
+            int(source.max_rate_per_partition * self.config.writer.trigger_interval)
+            if source.max_rate_per_partition
+            else None
+        )
         plan = plan_batch(bounds, positions, source.starting_offsets, cap, per_partition)
         if plan.behind_next:
             message = topic_reset_message(plan.behind_next)
-            log.error(message, extra={"writer": self.writer_id, "source": source.name,
-                                      "behind": {f"{t}:{p}": {"next": n, "end": e} for (t, p), (n, e) in plan.behind_next.items()}})
+            log.error(
+                message,
+                extra={
+                    "writer": self.writer_id,
+                    "source": source.name,
+                    "behind": {
+                        f"{t}:{p}": {"next": n, "end": e}
+                        for (t, p), (n, e) in plan.behind_next.items()
+                    },
+                },
+            )
             raise TopicReset(message)
         if plan.lost_to_retention:
-            log.error("records lost to Kafka retention before they were read", extra={
-                "writer": self.writer_id, "source": source.name, "records": sum(plan.lost_to_retention.values()),
-                "lost": {f"{t}:{p}": n for (t, p), n in plan.lost_to_retention.items()}})
+            log.error(
+                "records lost to Kafka retention before they were read",
+                extra={
+                    "writer": self.writer_id,
+                    "source": source.name,
+                    "records": sum(plan.lost_to_retention.values()),
+                    "lost": {f"{t}:{p}": n for (t, p), n in plan.lost_to_retention.items()},
+                },
+            )
         return plan

@@ -19,13 +19,18 @@ from pyspark.sql import functions as F
 
 from common.committed_state import nest_by_topic
 from common.config.model import KafkaSource
-from writers.offsets import BatchPlan, PartitionBounds, TopicPartition as TP
+from writers.offsets import BatchPlan, PartitionBounds
+from writers.offsets import TopicPartition as TP
 
 log = logging.getLogger(__name__)
 
 _SMALLEST_TASK_RECORDS = 50_000
 """Batches are split across more tasks than Kafka partitions only into pieces of at least this."""
-_FETCH_DEFAULTS = {"max.partition.fetch.bytes": "10485760", "fetch.max.bytes": "52428800", "max.poll.records": "10000"}
+_FETCH_DEFAULTS = {
+    "max.partition.fetch.bytes": "10485760",
+    "fetch.max.bytes": "52428800",
+    "max.poll.records": "10000",
+}
 
 
 class SourceAdmin:
@@ -39,7 +44,10 @@ class SourceAdmin:
     def client(self) -> AdminClient:
         """One admin client per source for the writer's life (a new client per batch cost ~70 ms)."""
         if self._client is None:
-            self._client = AdminClient({"bootstrap.servers": self.source.bootstrap_servers}, logger=logging.getLogger("librdkafka"))
+            self._client = AdminClient(
+                {"bootstrap.servers": self.source.bootstrap_servers},
+                logger=logging.getLogger("librdkafka"),
+            )
         return self._client
 
     def bounds(self, instance_index: int, instance_count: int) -> dict[TP, PartitionBounds]:
@@ -52,20 +60,29 @@ class SourceAdmin:
         source = self.source
         admin = self.client
         metadata = admin.list_topics(timeout=10)
-        topics = source.topics or sorted(t for t in metadata.topics if source.topic_pattern and _matches(source.topic_pattern, t))
+        topics = source.topics or sorted(
+            t for t in metadata.topics if source.topic_pattern and _matches(source.topic_pattern, t)
+        )
         partitions = []
         for topic in topics:
             described = metadata.topics.get(topic)
             if described is None or described.error is not None:
                 continue
-            partitions.extend(TopicPartition(topic, partition) for partition in sorted(described.partitions)
-                              if partition % instance_count == instance_index)
+            partitions.extend(
+                TopicPartition(topic, partition)
+                for partition in sorted(described.partitions)
+                if partition % instance_count == instance_index
+            )
         if not partitions:
             return {}
         # Two batched ListOffsets requests for every partition, not a watermark round trip per
         # partition: with hundreds of small tables' partitions (seed 000) that was most of a batch.
-        earliest = admin.list_offsets({tp: OffsetSpec.earliest() for tp in partitions}, request_timeout=10)
-        latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=10)
+        earliest = admin.list_offsets(
+            {tp: OffsetSpec.earliest() for tp in partitions}, request_timeout=10
+        )
+        latest = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in partitions}, request_timeout=10
+        )
         low = {(tp.topic, tp.partition): future.result().offset for tp, future in earliest.items()}
         high = {(tp.topic, tp.partition): future.result().offset for tp, future in latest.items()}
         return {key: PartitionBounds(low[key], high[key]) for key in sorted(low)}
@@ -73,16 +90,26 @@ class SourceAdmin:
     def commit_group_offsets(self, plan: BatchPlan) -> None:
         """Set the consumer group's offsets to the end of the batch's read ranges (for lag reports)."""
         source = self.source
-        offsets = [TopicPartition(topic, partition, until) for (topic, partition), (_, until) in plan.read_ranges.items()]
+        offsets = [
+            TopicPartition(topic, partition, until)
+            for (topic, partition), (_, until) in plan.read_ranges.items()
+        ]
         try:
             request = ConsumerGroupTopicPartitions(source.consumer_group, offsets)
-            for future in self.client.alter_consumer_group_offsets([request], request_timeout=10).values():
+            for future in self.client.alter_consumer_group_offsets(
+                [request], request_timeout=10
+            ).values():
                 future.result()
         except Exception as error:  # noqa: BLE001 - lag reporting must not stop the writer
-            log.warning("could not commit consumer group offsets", extra={"group": source.consumer_group, "error": str(error)})
+            log.warning(
+                "could not commit consumer group offsets",
+                extra={"group": source.consumer_group, "error": str(error)},
+            )
 
 
-def read_raw(spark: SparkSession, source: KafkaSource, plan: BatchPlan, include_headers: bool = False) -> DataFrame:
+def read_raw(
+    spark: SparkSession, source: KafkaSource, plan: BatchPlan, include_headers: bool = False
+) -> DataFrame:
     """The batch's records as Spark's Kafka source gives them (key, value, topic, ..., headers).
 
     Args:
@@ -104,7 +131,10 @@ def read_raw(spark: SparkSession, source: KafkaSource, plan: BatchPlan, include_
         .option("failOnDataLoss", "true" if not source.offset_gaps else "false")
         .option("includeHeaders", "true" if include_headers else "false")
         .option("minPartitions", str(parallelism))
-        .option("maxRecordsPerPartition", str(plan.records_per_task(parallelism, _SMALLEST_TASK_RECORDS)))
+        .option(
+            "maxRecordsPerPartition",
+            str(plan.records_per_task(parallelism, _SMALLEST_TASK_RECORDS)),
+        )
     )
     # Larger fetches than the consumer defaults (1 MB per partition, 500 records per poll):
     # measured ~20% faster reads of 200k seed-like records; the user's settings win.

@@ -16,8 +16,8 @@ until the new topic's offsets pass the old ones and skip everything before.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from common.moniker import Moniker
 
@@ -65,7 +65,9 @@ class BatchPlan:
         """`[start, until)` of `table` in this batch, or None when it has nothing to read there."""
         if topic_partition not in self.read_ranges:
             return None
-        start = self.table_starts.get(table, {}).get(topic_partition, self.read_ranges[topic_partition][0])
+        start = self.table_starts.get(table, {}).get(
+            topic_partition, self.read_ranges[topic_partition][0]
+        )
         until = self.read_ranges[topic_partition][1]
         return (start, until) if until > start else None
 
@@ -111,18 +113,33 @@ def plan_batch(
                 lost[topic_partition] = max(lost.get(topic_partition, 0), bound.earliest - start)
                 start = bound.earliest
             if start > bound.latest:
-                behind[topic_partition] = (max(start, behind.get(topic_partition, (0, 0))[0]), bound.latest)
+                behind[topic_partition] = (
+                    max(start, behind.get(topic_partition, (0, 0))[0]),
+                    bound.latest,
+                )
             starts[topic_partition] = min(start, bound.latest)
         table_starts[table] = starts
-    read_starts = {tp: min(starts[tp] for starts in table_starts.values()) for tp in bounds} if table_starts else {}
-    lags = {tp: bounds[tp].latest - start for tp, start in read_starts.items() if bounds[tp].latest > start}
+    read_starts = (
+        {tp: min(starts[tp] for starts in table_starts.values()) for tp in bounds}
+        if table_starts
+        else {}
+    )
+    lags = {
+        tp: bounds[tp].latest - start
+        for tp, start in read_starts.items()
+        if bounds[tp].latest > start
+    }
     caps = _split_cap(lags, max_records, max_per_partition)
     read_ranges = {tp: (read_starts[tp], read_starts[tp] + caps[tp]) for tp in lags if caps[tp] > 0}
     return BatchPlan(read_ranges, table_starts, lost, behind)
 
 
-def _split_cap(lags: Mapping[TopicPartition, int], max_records: int | None, max_per_partition: int | None) -> dict[TopicPartition, int]:
-    caps = {tp: min(lag, max_per_partition) if max_per_partition else lag for tp, lag in lags.items()}
+def _split_cap(
+    lags: Mapping[TopicPartition, int], max_records: int | None, max_per_partition: int | None
+) -> dict[TopicPartition, int]:
+    caps = {
+        tp: min(lag, max_per_partition) if max_per_partition else lag for tp, lag in lags.items()
+    }
     total = sum(caps.values())
     if max_records is None or total <= max_records:
         return caps
@@ -133,8 +150,12 @@ def _split_cap(lags: Mapping[TopicPartition, int], max_records: int | None, max_
 
 def topic_reset_message(behind_next: Mapping[TopicPartition, tuple[int, int]]) -> str:
     """What the operator reads when the writer stops on partitions whose end is below the next offset."""
-    named = ", ".join(f"{topic}:{partition} (next offset {next_offset}, Kafka's end {end})"
-                      for (topic, partition), (next_offset, end) in sorted(behind_next.items()))
-    return (f"Kafka's end offset is below the next offset to read on {named}: the topic was deleted and recreated, or "
-            "its records were lost. The writer stops instead of skipping the new records up to the old offsets; "
-            "see docs/operations.md, 'A topic was deleted or recreated'.")
+    named = ", ".join(
+        f"{topic}:{partition} (next offset {next_offset}, Kafka's end {end})"
+        for (topic, partition), (next_offset, end) in sorted(behind_next.items())
+    )
+    return (
+        f"Kafka's end offset is below the next offset to read on {named}: the topic was deleted and recreated, or "
+        "its records were lost. The writer stops instead of skipping the new records up to the old offsets; "
+        "see docs/operations.md, 'A topic was deleted or recreated'."
+    )

@@ -16,7 +16,8 @@ from pyiceberg.catalog import Catalog
 from common.catalog import load_table_or_none
 from common.committed_state import committed_state
 from common.moniker import Moniker
-from writers.offsets import TopicPartition as TP, pending_until
+from writers.offsets import TopicPartition as TP
+from writers.offsets import pending_until
 
 _INITIAL_BYTES_PER_ROW = 64
 
@@ -36,7 +37,13 @@ class TableProgress:
             self.positions[(offsets.topic, offsets.partition)] = offsets.until_offset
 
 
-def refresh_progress(tables: dict[str, TableProgress], pending: list[Moniker], catalog: Catalog, configured: list[str], writer_id: str) -> int:
+def refresh_progress(
+    tables: dict[str, TableProgress],
+    pending: list[Moniker],
+    catalog: Catalog,
+    configured: list[str],
+    writer_id: str,
+) -> int:
     """Bring `tables` up to date with committed state and this writer's pending monikers.
 
     Args:
@@ -57,7 +64,13 @@ def refresh_progress(tables: dict[str, TableProgress], pending: list[Moniker], c
     return pending_bytes
 
 
-def _progress_of(tables: dict[str, TableProgress], catalog: Catalog, identifier: str, my_pending: list[Moniker], writer_id: str) -> TableProgress:
+def _progress_of(
+    tables: dict[str, TableProgress],
+    catalog: Catalog,
+    identifier: str,
+    my_pending: list[Moniker],
+    writer_id: str,
+) -> TableProgress:
     progress = tables.setdefault(identifier, TableProgress())
     table = load_table_or_none(catalog, identifier)
     state = committed_state(table) if table is not None else None
@@ -83,7 +96,12 @@ def next_seq(tables: dict[str, TableProgress], last_batch_seq: int | None) -> in
     return (max(known) + 1) if known else 1
 
 
-def table_positions(tables: dict[str, TableProgress], table_ids: Iterable[str], checkpoint: dict[TP, int], templated: bool) -> dict[str, dict[TP, int]]:
+def table_positions(
+    tables: dict[str, TableProgress],
+    table_ids: Iterable[str],
+    checkpoint: dict[TP, int],
+    templated: bool,
+) -> dict[str, dict[TP, int]]:
     """Per table of a source, the next offset it needs per topic-partition (`plan_batch`'s input).
 
     Args:

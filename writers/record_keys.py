@@ -37,8 +37,16 @@ from common.config.model import TableSpec
 from writers import sql
 from writers.registry import RegisteredSchema
 
-_PROMOTIONS = {("int", "long"), ("int", "float"), ("int", "double"), ("long", "float"), ("long", "double"), ("float", "double"),
-               ("string", "bytes"), ("bytes", "string")}
+_PROMOTIONS = {
+    ("int", "long"),
+    ("int", "float"),
+    ("int", "double"),
+    ("long", "float"),
+    ("long", "double"),
+    ("float", "double"),
+    ("string", "bytes"),
+    ("bytes", "string"),
+}
 """Avro's schema resolution: (writer type, reader type) pairs it converts besides equal types."""
 
 
@@ -56,7 +64,9 @@ class RecordKeys:
     """The Avro key schemas known so far; a key's frame names its schema by id."""
 
 
-def record_keys_for(tables: Iterable[TableSpec], avro_schemas: Iterable[RegisteredSchema] = ()) -> RecordKeys | None:
+def record_keys_for(
+    tables: Iterable[TableSpec], avro_schemas: Iterable[RegisteredSchema] = ()
+) -> RecordKeys | None:
     """How keys are read for a source's `tables`; None when no table has a primary key (keys unread)."""
     keyed = [table.primary_key for table in tables if table.primary_key]
     if not keyed:
@@ -82,13 +92,20 @@ def row_column_name(row_names: Iterable[str], column: str | None) -> str | None:
 
 def key_columns_of(row_names: Iterable[str], keys: RecordKeys) -> list[str]:
     """The key columns a row has, as it spells them, in the row's order."""
-    wanted = {name for column in keys.columns if (name := row_column_name(list(row_names), column)) is not None}
+    wanted = {
+        name
+        for column in keys.columns
+        if (name := row_column_name(list(row_names), column)) is not None
+    }
     return [name for name in row_names if name in wanted]
 
 
 # -- Avro keys -------------------------------------------------------------------------------------
 
-def avro_key_schemas(row: dict[str, Any], key_schema: Any, keys: RecordKeys) -> tuple[str, str] | None:
+
+def avro_key_schemas(
+    row: dict[str, Any], key_schema: Any, keys: RecordKeys
+) -> tuple[str, str] | None:
     """(writer, reader) schema texts that read a key of `key_schema` as `row`'s key columns; None
     when they cannot (no key column in the row or the key, or a type Avro cannot resolve).
 
@@ -105,10 +122,16 @@ def avro_key_schemas(row: dict[str, Any], key_schema: Any, keys: RecordKeys) -> 
         if column is None:
             return None
         # A record of one field is encoded exactly as the field's value: the same bytes.
-        writer = {"type": "record", "name": "PrimitiveKey", "fields": [{"name": column, "type": key_schema}]}
+        writer = {
+            "type": "record",
+            "name": "PrimitiveKey",
+            "fields": [{"name": column, "type": key_schema}],
+        }
     row_types = {field["name"]: field["type"] for field in key_row["fields"]}
     shared = [field for field in writer["fields"] if field["name"] in row_types]
-    if not shared or not all(_resolvable(field["type"], row_types[field["name"]]) for field in shared):
+    if not shared or not all(
+        _resolvable(field["type"], row_types[field["name"]]) for field in shared
+    ):
         return None
     return json.dumps(writer), json.dumps(_nullable_row(key_row))
 
@@ -124,7 +147,11 @@ def row_record(envelope_schema: Any) -> dict[str, Any] | None:
             if isinstance(branch, dict) and branch.get("type") == "record":
                 row = copy.deepcopy(branch)
                 # Nested in the envelope, the row inherits its namespace; standalone it must name it.
-                if "namespace" not in row and "." not in row["name"] and envelope_schema.get("namespace"):
+                if (
+                    "namespace" not in row
+                    and "." not in row["name"]
+                    and envelope_schema.get("namespace")
+                ):
                     row["namespace"] = envelope_schema["namespace"]
                 return row
     return None
@@ -135,7 +162,13 @@ def _nullable_row(row: dict[str, Any]) -> dict[str, Any]:
     fields = []
     for field in row["fields"]:
         branches = field["type"] if isinstance(field["type"], list) else [field["type"]]
-        fields.append({**{k: v for k, v in field.items() if k != "default"}, "type": ["null", *[b for b in branches if b != "null"]], "default": None})
+        fields.append(
+            {
+                **{k: v for k, v in field.items() if k != "default"},
+                "type": ["null", *[b for b in branches if b != "null"]],
+                "default": None,
+            }
+        )
     return {**row, "fields": fields}
 
 
@@ -154,7 +187,13 @@ def _resolvable(writer: Any, reader: Any) -> bool:
     if writer is None or reader is None:
         return False
     kinds = (_kind(writer), _kind(reader))
-    if kinds[0] in ("record", "enum", "fixed", "array", "map") or kinds[1] in ("record", "enum", "fixed", "array", "map"):
+    if kinds[0] in ("record", "enum", "fixed", "array", "map") or kinds[1] in (
+        "record",
+        "enum",
+        "fixed",
+        "array",
+        "map",
+    ):
         return json.dumps(writer, sort_keys=True) == json.dumps(reader, sort_keys=True)
     if _logical(writer) != _logical(reader):
         return False
@@ -163,7 +202,11 @@ def _resolvable(writer: Any, reader: Any) -> bool:
 
 def _logical(avro_type: Any) -> tuple:
     """What a logical type makes of the bytes (a decimal's scale, say), which resolution ignores."""
-    return tuple(avro_type.get(name) for name in ("logicalType", "precision", "scale")) if isinstance(avro_type, dict) else (None, None, None)
+    return (
+        tuple(avro_type.get(name) for name in ("logicalType", "precision", "scale"))
+        if isinstance(avro_type, dict)
+        else (None, None, None)
+    )
 
 
 def _non_null(avro_type: Any) -> Any:
@@ -176,6 +219,7 @@ def _non_null(avro_type: Any) -> Any:
 
 # -- JSON keys -------------------------------------------------------------------------------------
 
+
 def json_key_row_sql(single_column: str | None) -> str:
     """SQL for the record key as the JSON text of a row object, or null.
 
@@ -185,5 +229,9 @@ def json_key_row_sql(single_column: str | None) -> str:
     text = "CAST(key AS STRING)"
     enveloped = f"(array_sort(json_object_keys({text})) = array('payload', 'schema'))"
     payload = f"to_json(CASE WHEN {enveloped} THEN variant_get(try_parse_json({text}), '$.payload') ELSE try_parse_json({text}) END)"
-    primitive = f"concat({sql.string('{' + json.dumps(single_column) + ':')}, {payload}, '}}')" if single_column else "NULL"
+    primitive = (
+        f"concat({sql.string('{' + json.dumps(single_column) + ':')}, {payload}, '}}')"
+        if single_column
+        else "NULL"
+    )
     return f"CASE WHEN startswith({payload}, '{{') THEN {payload} ELSE {primitive} END"

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 class RegistryUnavailable(RuntimeError):
     """The schema registry cannot say which schemas the batch's records name; nothing is published."""
 
+
 T = TypeVar("T")
 MAX_VERSIONS_PER_TOPIC = 64
 """Versions decoded per batch; older ones are looked up by id if a batch still contains them."""
@@ -53,11 +54,15 @@ class TopicSchemas:
     def by_id(self, schema_id: int) -> RegisteredSchema | None:
         """The schema with this id, or None if the registry answers that it does not know it."""
         if schema_id not in self._by_id:
-            registered = self._ask(f"schema id {schema_id}", lambda: self.client.get_schema(schema_id))
+            registered = self._ask(
+                f"schema id {schema_id}", lambda: self.client.get_schema(schema_id)
+            )
             if registered is None:
                 return None
             text = registered.schema_str
-            self._by_id[schema_id] = RegisteredSchema(schema_id, text, resolve_named_types(json.loads(text)))
+            self._by_id[schema_id] = RegisteredSchema(
+                schema_id, text, resolve_named_types(json.loads(text))
+            )
         return self._by_id[schema_id]
 
     def subjects(self) -> list[str]:
@@ -65,7 +70,9 @@ class TopicSchemas:
         (a wrong URL answers 404 here, where a registry always has the endpoint)."""
         subjects = self._ask("subjects", self.client.get_subjects, missing_is_none=False)
         if not isinstance(subjects, list):
-            raise RegistryUnavailable(f"the schema registry at {self.url} does not list subjects (wrong URL?)")
+            raise RegistryUnavailable(
+                f"the schema registry at {self.url} does not list subjects (wrong URL?)"
+            )
         return subjects
 
     def _ask(self, what: str, request: Callable[[], T], missing_is_none: bool = True) -> T | None:
@@ -75,9 +82,13 @@ class TopicSchemas:
         except SchemaRegistryError as error:
             if error.http_status_code == 404 and missing_is_none:
                 return None
-            raise RegistryUnavailable(f"the schema registry at {self.url} answered {error.http_status_code} for {what}: {error.error_message}") from error
-        except Exception as error:  # noqa: BLE001 - the HTTP client's transport errors (httpx), or a body that is not JSON
-            raise RegistryUnavailable(mask_text(f"the schema registry at {self.url} did not answer for {what}: {error!r}")) from error
+            raise RegistryUnavailable(
+                f"the schema registry at {self.url} answered {error.http_status_code} for {what}: {error.error_message}"
+            ) from error
+        except Exception as error:
+            raise RegistryUnavailable(
+                mask_text(f"the schema registry at {self.url} did not answer for {what}: {error!r}")
+            ) from error
 
     def for_topic(self, topic: str) -> list[RegisteredSchema]:
         """The newest `MAX_VERSIONS_PER_TOPIC` value schemas of `topic`, oldest first."""
@@ -85,7 +96,10 @@ class TopicSchemas:
         versions = self._ask(f"subject {subject}", lambda: self.client.get_versions(subject)) or []
         schemas = []
         for version in sorted(versions)[-MAX_VERSIONS_PER_TOPIC:]:
-            registered = self._ask(f"subject {subject} version {version}", lambda version=version: self.client.get_version(subject, version))
+            registered = self._ask(
+                f"subject {subject} version {version}",
+                lambda version=version: self.client.get_version(subject, version),
+            )
             schema = self.by_id(registered.schema_id) if registered is not None else None
             if schema is not None:
                 schemas.append(schema)
@@ -100,8 +114,11 @@ class TopicSchemas:
         return list(seen.values())
 
 
-def registry_outage(subjects: list[str] | RegistryUnavailable, unknown_topics: set[str],
-                    with_known_ids: Callable[[set[str]], set[str]]) -> str | None:
+def registry_outage(
+    subjects: list[str] | RegistryUnavailable,
+    unknown_topics: set[str],
+    with_known_ids: Callable[[set[str]], set[str]],
+) -> str | None:
     """Why the batch's unknown schema ids are the registry's fault, not poison; None when they are poison.
 
     The registry is at fault when it does not list its subjects (down, or a wrong URL), when it

@@ -16,12 +16,26 @@ from pyspark.sql import DataFrame
 
 from common.config.model import KafkaSource, TableSpec
 from writers import sql
-from writers.columns import ERROR, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, ROUTE, SOURCE_DB, SOURCE_SERVER, SOURCE_TABLE
+from writers.columns import (
+    ERROR,
+    KAFKA_OFFSET,
+    KAFKA_PARTITION,
+    KAFKA_TOPIC,
+    ROUTE,
+    SOURCE_DB,
+    SOURCE_SERVER,
+    SOURCE_TABLE,
+)
 from writers.decode import DecodedBatch
 from writers.flatten import helper_sql, row_value_is_null_sql, unconvertible_sql
 from writers.record_keys import delete_without_before_sql
 
-_TEMPLATE_FIELDS = {"topic": KAFKA_TOPIC, "server": SOURCE_SERVER, "db": SOURCE_DB, "table": SOURCE_TABLE}
+_TEMPLATE_FIELDS = {
+    "topic": KAFKA_TOPIC,
+    "server": SOURCE_SERVER,
+    "db": SOURCE_DB,
+    "table": SOURCE_TABLE,
+}
 
 
 @dataclass(frozen=True)
@@ -39,8 +53,12 @@ class Routes:
 
     def sql(self) -> str:
         """SQL for the route (a table identifier) of each row, or null when nothing claims it."""
-        branches = [f"WHEN {claim} THEN {sql.string(table.identifier)}" for table in self.tables
-                    if (claim := _claims(table)) is not None and self.route_of(table.identifier) == table.identifier]
+        branches = [
+            f"WHEN {claim} THEN {sql.string(table.identifier)}"
+            for table in self.tables
+            if (claim := _claims(table)) is not None
+            and self.route_of(table.identifier) == table.identifier
+        ]
         fallback = template_sql(self.template) if self.template else "CAST(NULL AS STRING)"
         return f"CASE {' '.join(branches)} ELSE {fallback} END" if branches else fallback
 
@@ -51,7 +69,11 @@ class Routes:
         routes = {}
         for table in self.tables:
             claim = _claims(table)
-            routes[table.identifier] = table.identifier if claim is None else first_by_claim.setdefault(claim, table.identifier)
+            routes[table.identifier] = (
+                table.identifier
+                if claim is None
+                else first_by_claim.setdefault(claim, table.identifier)
+            )
         return routes
 
     def route_of(self, identifier: str) -> str:
@@ -60,7 +82,14 @@ class Routes:
 
     def fed_by(self, route: str) -> list[str]:
         """The tables that get the records of `route`: the route's own table, then its followers."""
-        return [route, *[identifier for identifier, own in self._routes.items() if own == route and identifier != route]]
+        return [
+            route,
+            *[
+                identifier
+                for identifier, own in self._routes.items()
+                if own == route and identifier != route
+            ],
+        ]
 
 
 def _claims(table: TableSpec) -> str | None:
@@ -82,7 +111,9 @@ def template_sql(template: str) -> str:
             parts.append(sql.string(literal))
         if field_name is not None:
             if field_name not in _TEMPLATE_FIELDS:
-                raise ValueError(f"table_template {template!r}: unknown field {{{field_name}}}; use {sorted(_TEMPLATE_FIELDS)}")
+                raise ValueError(
+                    f"table_template {template!r}: unknown field {{{field_name}}}; use {sorted(_TEMPLATE_FIELDS)}"
+                )
             parts.append(_TEMPLATE_FIELDS[field_name])
     return f"concat({', '.join(parts)})"
 
@@ -98,17 +129,36 @@ def routed_rows(decoded: DecodedBatch, routes: Routes, tables: list[TableSpec]) 
         tables: the config's tables (their primary keys decide `missing-key`).
     """
     helpers = helper_sql(decoded.versions)
-    frame = decoded.frame.selectExpr("*", *[f"{helpers[name]} AS {name}" for name in (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET, SOURCE_DB, SOURCE_TABLE, SOURCE_SERVER)])
+    frame = decoded.frame.selectExpr(
+        "*",
+        *[
+            f"{helpers[name]} AS {name}"
+            for name in (
+                KAFKA_TOPIC,
+                KAFKA_PARTITION,
+                KAFKA_OFFSET,
+                SOURCE_DB,
+                SOURCE_TABLE,
+                SOURCE_SERVER,
+            )
+        ],
+    )
     frame = frame.selectExpr("*", f"{routes.sql()} AS {ROUTE}")
-    error = (f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable'"
-             f" WHEN {_missing_key_sql(decoded, tables, routes)} THEN CASE WHEN {_delete_without_before(decoded)} THEN 'delete-without-key' ELSE 'missing-key' END"
-             f" WHEN {unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END")
-    return frame.selectExpr(*[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}")
+    error = (
+        f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable'"
+        f" WHEN {_missing_key_sql(decoded, tables, routes)} THEN CASE WHEN {_delete_without_before(decoded)} THEN 'delete-without-key' ELSE 'missing-key' END"
+        f" WHEN {unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END"
+    )
+    return frame.selectExpr(
+        *[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}"
+    )
 
 
 def _delete_without_before(decoded: DecodedBatch) -> str:
     """True for Debezium deletes without a `before` image: a missing key is then a missing record key."""
-    return sql.any_of(delete_without_before_sql(sql.ident(v.column)) for v in decoded.versions if v.is_debezium)
+    return sql.any_of(
+        delete_without_before_sql(sql.ident(v.column)) for v in decoded.versions if v.is_debezium
+    )
 
 
 def _missing_key_sql(decoded: DecodedBatch, tables: list[TableSpec], routes: Routes) -> str:
@@ -121,6 +171,11 @@ def _missing_key_sql(decoded: DecodedBatch, tables: list[TableSpec], routes: Rou
     conditions = []
     for spec in tables:
         if spec.primary_key:
-            any_null = sql.any_of(row_value_is_null_sql(key, decoded.versions, case_insensitive=True) for key in spec.primary_key)
-            conditions.append(f"({ROUTE} = {sql.string(routes.route_of(spec.identifier))} AND {any_null})")
+            any_null = sql.any_of(
+                row_value_is_null_sql(key, decoded.versions, case_insensitive=True)
+                for key in spec.primary_key
+            )
+            conditions.append(
+                f"({ROUTE} = {sql.string(routes.route_of(spec.identifier))} AND {any_null})"
+            )
     return sql.any_of(conditions)

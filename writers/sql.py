@@ -8,7 +8,7 @@ quote identifiers and literals correctly so the text is safe for any column name
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def ident(name: str) -> str:

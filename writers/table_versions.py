@@ -11,13 +11,15 @@ alone.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from writers import sql
 from writers.decode import VersionShape
 
 
-def versions_by_table(route_versions: Iterable[tuple[str, int]], versions: list[VersionShape]) -> dict[str, list[VersionShape]]:
+def versions_by_table(
+    route_versions: Iterable[tuple[str, int]], versions: list[VersionShape]
+) -> dict[str, list[VersionShape]]:
     """Table identifier -> the versions (oldest registered first) whose records route to it.
 
     Args:
@@ -27,10 +29,15 @@ def versions_by_table(route_versions: Iterable[tuple[str, int]], versions: list[
     indices: dict[str, set[int]] = {}
     for table, index in route_versions:
         indices.setdefault(table, set()).add(index)
-    return {table: [versions[index] for index in sorted(chosen)] for table, chosen in sorted(indices.items())}
+    return {
+        table: [versions[index] for index in sorted(chosen)]
+        for table, chosen in sorted(indices.items())
+    }
 
 
-def predicted_route_versions(last_batch: set[tuple[str, int]] | None, versions: list[VersionShape]) -> list[tuple[str, int]] | None:
+def predicted_route_versions(
+    last_batch: set[tuple[str, int]] | None, versions: list[VersionShape]
+) -> list[tuple[str, int]] | None:
     """The previous batch's (table, schema id) pairs as this batch's (table, version index) pairs.
 
     A steady stream keeps its tables and schema versions from batch to batch, so the writer can
@@ -46,7 +53,9 @@ def predicted_route_versions(last_batch: set[tuple[str, int]] | None, versions: 
     return sorted((table, index_of[schema_id]) for table, schema_id in last_batch)
 
 
-def schema_ids_of(route_versions: Iterable[tuple[str, int]], versions: list[VersionShape]) -> set[tuple[str, int]] | None:
+def schema_ids_of(
+    route_versions: Iterable[tuple[str, int]], versions: list[VersionShape]
+) -> set[tuple[str, int]] | None:
     """(table, schema id) pairs to predict the next batch with; None when a version has no id."""
     pairs = {(table, versions[index].schema_id) for table, index in route_versions}
     return None if any(schema_id is None for _, schema_id in pairs) else pairs  # type: ignore[return-value]
@@ -58,7 +67,10 @@ def prediction_checks(predicted: list[tuple[str, int]], route: str, version: str
     The guess held when every pair has records and together they are all the routed records:
     then no table got a version it has no records of, and no records went unwritten.
     """
-    checks = {f"_ik_pair_{n}": f"count_if({route} = {sql.string(table)} AND {version} = {index})" for n, (table, index) in enumerate(predicted)}
+    checks = {
+        f"_ik_pair_{n}": f"count_if({route} = {sql.string(table)} AND {version} = {index})"
+        for n, (table, index) in enumerate(predicted)
+    }
     checks["_ik_routed"] = f"count_if({route} IS NOT NULL AND {version} IS NOT NULL)"
     return checks
 

@@ -27,9 +27,26 @@ from common.moniker import Moniker, OffsetRange, moniker_id
 from common.partitioning import partition_spec
 from common.schema import op_column
 from writers import sql
-from writers.columns import ERROR, EVENT_MS, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION, KAFKA_TOPIC, KEEP, ROUTE, VERSION
+from writers.columns import (
+    ERROR,
+    EVENT_MS,
+    HELPER_COLUMNS,
+    KAFKA_OFFSET,
+    KAFKA_PARTITION,
+    KAFKA_TOPIC,
+    KEEP,
+    ROUTE,
+    VERSION,
+)
 from writers.decode import DecodedBatch, VersionShape
-from writers.files import batch_folder, discard_output, list_written_files, parquet_write_options, partition_columns, write_parquet
+from writers.files import (
+    batch_folder,
+    discard_output,
+    list_written_files,
+    parquet_write_options,
+    partition_columns,
+    write_parquet,
+)
 from writers.flatten import flatten, resolve_keys
 from writers.offsets import BatchPlan
 from writers.progress import TableProgress
@@ -64,7 +81,14 @@ class TableWrite:
 class TableWriter:
     """Writes tables' rows of batches for one writer."""
 
-    def __init__(self, config: IcekeeperConfig, catalog: Catalog, writer_id: str, claims: InFlightClaims, tables: dict[str, TableProgress]) -> None:
+    def __init__(
+        self,
+        config: IcekeeperConfig,
+        catalog: Catalog,
+        writer_id: str,
+        claims: InFlightClaims,
+        tables: dict[str, TableProgress],
+    ) -> None:
         """
         Args:
             tables: the writer's progress per table: gives a moniker its `prev_seq`, and learns each
@@ -76,8 +100,14 @@ class TableWriter:
         self.claims = claims
         self.tables = tables
 
-    def write(self, batch: RoutedBatch, identifier: str, versions: list[VersionShape], batch_observations: list[Column] | None = None,
-              route: str | None = None) -> TableWrite:
+    def write(
+        self,
+        batch: RoutedBatch,
+        identifier: str,
+        versions: list[VersionShape],
+        batch_observations: list[Column] | None = None,
+        route: str | None = None,
+    ) -> TableWrite:
         """Write `identifier`'s rows of the batch; with `batch_observations`, also count the whole batch.
 
         The rows are the records of `route` (default: the table's own; see `Routes` for fan-out).
@@ -98,28 +128,63 @@ class TableWriter:
         if not observes_batch:
             frame = frame.where(keep)
         frame = frame.selectExpr("*", f"{keep} AS {KEEP}")
-        frame = frame.withColumns({v.column: F.expr(f"CASE WHEN {KEEP} THEN {sql.ident(v.column)} END") for v in decoded.versions})
-        flat = flatten(frame, versions, self.config.metadata_columns, existing, spec.primary_key, carry=[KEEP, ROUTE, VERSION])
+        frame = frame.withColumns(
+            {
+                v.column: F.expr(f"CASE WHEN {KEEP} THEN {sql.ident(v.column)} END")
+                for v in decoded.versions
+            }
+        )
+        flat = flatten(
+            frame,
+            versions,
+            self.config.metadata_columns,
+            existing,
+            spec.primary_key,
+            carry=[KEEP, ROUTE, VERSION],
+        )
         schema: Schema = flat.schema
-        spec_obj: PartitionSpec = table.spec() if table is not None else partition_spec(spec.partition_by, schema)
+        spec_obj: PartitionSpec = (
+            table.spec() if table is not None else partition_spec(spec.partition_by, schema)
+        )
         partitions = partition_columns(spec_obj, schema)
         metrics = Observation(f"table-{uuid.uuid4().hex[:8]}")
-        counts = [F.expr(f"count_if({KEEP})").alias("rows"), F.expr(f"min(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("min_ms"),
-                  F.expr(f"max(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("max_ms")]
+        counts = [
+            F.expr(f"count_if({KEEP})").alias("rows"),
+            F.expr(f"min(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("min_ms"),
+            F.expr(f"max(CASE WHEN {KEEP} THEN {EVENT_MS} END)").alias("max_ms"),
+        ]
         observed = flat.frame.observe(metrics, *counts, *(batch_observations or []))
         rows = observed.where(KEEP)
         if spec.upsert:
             op = op_column(self.config.metadata_columns)
             rows = last_change_per_key(rows, resolve_keys(schema.column_names, spec.primary_key))
-            partitions = [deleted_partition(op if op in schema.column_names else None, hard_deletes=spec.delete_mode == "hard"), *partitions]
+            partitions = [
+                deleted_partition(
+                    op if op in schema.column_names else None,
+                    hard_deletes=spec.delete_mode == "hard",
+                ),
+                *partitions,
+            ]
         rows = rows.drop(*HELPER_COLUMNS, KEEP, ROUTE, VERSION)
-        location = table.location() if table is not None else default_table_location(self.config, identifier)
+        location = (
+            table.location()
+            if table is not None
+            else default_table_location(self.config, identifier)
+        )
         output = batch_folder(location, self.writer_id, batch.seq)
         progress = self.tables.setdefault(identifier, TableProgress())
-        max_records = max(1000, int(self.config.writer.target_file_size_bytes / max(progress.bytes_per_row, 1.0)))
+        max_records = max(
+            1000, int(self.config.writer.target_file_size_bytes / max(progress.bytes_per_row, 1.0))
+        )
         self.claims.claim(location, output)
-        write_parquet(rows, output, partitions, max_records, rebalance=self.config.writer.distribution == "rebalance",
-                      options=parquet_write_options(table_properties(table, spec)))
+        write_parquet(
+            rows,
+            output,
+            partitions,
+            max_records,
+            rebalance=self.config.writer.distribution == "rebalance",
+            options=parquet_write_options(table_properties(table, spec)),
+        )
         observed_rows = metrics.get
         rows_written = int(observed_rows.get("rows") or 0)
         files = list_written_files(output, partitions, spec_obj.spec_id) if rows_written else []
@@ -132,10 +197,18 @@ class TableWriter:
         rows_written = sum(f.record_count for f in files)  # upsert tables: one row per key
         ranges = offset_ranges(plan, identifier)
         moniker = Moniker(
-            id=moniker_id(self.writer_id, identifier, ranges), writer_id=self.writer_id, seq=batch.seq, prev_seq=progress.last_seq,
-            table=identifier, schema=json.loads(schema.model_dump_json()), files=files, delete_files=deleted_keys, offsets=ranges,
+            id=moniker_id(self.writer_id, identifier, ranges),
+            writer_id=self.writer_id,
+            seq=batch.seq,
+            prev_seq=progress.last_seq,
+            table=identifier,
+            schema=json.loads(schema.model_dump_json()),
+            files=files,
+            delete_files=deleted_keys,
+            offsets=ranges,
             records=rows_written,
-            min_event_time_ms=observed_rows.get("min_ms"), max_event_time_ms=observed_rows.get("max_ms"),
+            min_event_time_ms=observed_rows.get("min_ms"),
+            max_event_time_ms=observed_rows.get("max_ms"),
             table_location=location,
         )
         return TableWrite(moniker, output, observed_rows)
@@ -157,5 +230,7 @@ def _at_or_after(plan: BatchPlan, identifier: str) -> str:
     for (topic, partition), (read_start, _) in plan.read_ranges.items():
         start = plan.table_starts.get(identifier, {}).get((topic, partition), read_start)
         if start > read_start:
-            skipped.append(f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND {KAFKA_OFFSET} < {start})")
+            skipped.append(
+                f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND {KAFKA_OFFSET} < {start})"
+            )
     return f"NOT {sql.any_of(skipped)}" if skipped else "true"

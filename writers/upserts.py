@@ -29,14 +29,24 @@ _LATEST = "_ik_latest"
 
 def last_change_per_key(rows: DataFrame, key_columns: list[str]) -> DataFrame:
     """One row per key of `rows` (which carry the Kafka position helpers): its last change."""
-    latest = Window.partitionBy(*[F.col(sql.ident(key)) for key in key_columns]).orderBy(F.col(KAFKA_OFFSET).desc(), F.col(KAFKA_PARTITION).desc())
-    return rows.withColumn(_LATEST, F.row_number().over(latest)).where(F.col(_LATEST) == 1).drop(_LATEST)
+    latest = Window.partitionBy(*[F.col(sql.ident(key)) for key in key_columns]).orderBy(
+        F.col(KAFKA_OFFSET).desc(), F.col(KAFKA_PARTITION).desc()
+    )
+    return (
+        rows.withColumn(_LATEST, F.row_number().over(latest))
+        .where(F.col(_LATEST) == 1)
+        .drop(_LATEST)
+    )
 
 
 def deleted_partition(op_column: str | None, hard_deletes: bool) -> PartitionColumn:
     """Lays a batch's files out by whether their rows' last change deletes the key (Debezium's op
     `d`) and deletes remove rows (`hard_deletes`); see the module docstring."""
-    deleted = F.coalesce(F.col(sql.ident(op_column)) == F.lit("d"), F.lit(False)) if op_column and hard_deletes else F.lit(False)
+    deleted = (
+        F.coalesce(F.col(sql.ident(op_column)) == F.lit("d"), F.lit(False))
+        if op_column and hard_deletes
+        else F.lit(False)
+    )
     return PartitionColumn(DELETED, DELETED, deleted, "bool")
 
 
@@ -46,7 +56,9 @@ def split_deleted(files: list[FileEntry]) -> tuple[list[FileEntry], list[FileEnt
     for entry in files:
         partition = {name: value for name, value in entry.partition.items() if name != DELETED}
         if entry.partition.get(DELETED):
-            deleted.append(entry.model_copy(update={"partition": partition, "content": "deleted-keys"}))
+            deleted.append(
+                entry.model_copy(update={"partition": partition, "content": "deleted-keys"})
+            )
         else:
             data.append(entry.model_copy(update={"partition": partition}))
     return data, deleted

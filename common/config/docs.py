@@ -15,7 +15,12 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from common.config.model import AzureQueueTransport, IcekeeperConfig, TxLogTransport, parse_duration_s
+from common.config.model import (
+    AzureQueueTransport,
+    IcekeeperConfig,
+    TxLogTransport,
+    parse_duration_s,
+)
 
 _HEADER = """# Configuration reference
 
@@ -45,7 +50,13 @@ def render_markdown() -> str:
             sections.append(_render_model(title, model, prefix=f"{name}{suffix}."))
             for sub_name, sub_field in model.model_fields.items():
                 for sub_model, sub_suffix in _nested_models(sub_field.annotation):
-                    sections.append(_render_model(f"`{name}{suffix}.{sub_name}{sub_suffix}`", sub_model, prefix=f"{name}{suffix}.{sub_name}{sub_suffix}."))
+                    sections.append(
+                        _render_model(
+                            f"`{name}{suffix}.{sub_name}{sub_suffix}`",
+                            sub_model,
+                            prefix=f"{name}{suffix}.{sub_name}{sub_suffix}.",
+                        )
+                    )
     return "\n".join(sections)
 
 
@@ -55,7 +66,10 @@ def _nested_models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [(annotation, "")]
     if origin is list:
-        return [(model, "[]" + suffix) for model, suffix in _nested_models(typing.get_args(annotation)[0])]
+        return [
+            (model, "[]" + suffix)
+            for model, suffix in _nested_models(typing.get_args(annotation)[0])
+        ]
     if origin in (typing.Union, types.UnionType, typing.Annotated):
         found = []
         for arg in typing.get_args(annotation):
@@ -65,13 +79,22 @@ def _nested_models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
 
 
 def _render_model(title: str, model: type[BaseModel], prefix: str) -> str:
-    lines = [f"## {title}", "", (model.__doc__ or "").strip().splitlines()[0], "", "| key | type | default | description |", "|---|---|---|---|"]
+    lines = [
+        f"## {title}",
+        "",
+        (model.__doc__ or "").strip().splitlines()[0],
+        "",
+        "| key | type | default | description |",
+        "|---|---|---|---|",
+    ]
     for name, field in model.model_fields.items():
         if _nested_models(field.annotation) and name != "transport":
             default = "see below"
         else:
             default = _default(field)
-        lines.append(f"| `{prefix}{name}` | {_type_name(field)} | {default} | {(field.description or '').replace('|', '/')} |")
+        lines.append(
+            f"| `{prefix}{name}` | {_type_name(field)} | {default} | {(field.description or '').replace('|', '/')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -80,7 +103,10 @@ def _default(field: FieldInfo) -> str:
         value = field.default_factory()
         value = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
         if isinstance(value, list):
-            value = [item.model_dump(mode="json") if isinstance(item, BaseModel) else item for item in value]
+            value = [
+                item.model_dump(mode="json") if isinstance(item, BaseModel) else item
+                for item in value
+            ]
     elif field.default is PydanticUndefined:
         return "required"
     else:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -38,7 +39,9 @@ class ConfigError(ValueError):
         super().__init__(f"config error in {location}: {message}")
 
 
-def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> IcekeeperConfig:
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> IcekeeperConfig:
     """Load, override from the environment, validate and expand a config.
 
     Args:
@@ -93,7 +96,9 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return raw, {}
 
 
-def _apply_env_overrides(raw: dict[str, Any], environ: Mapping[str, str], source_name: str) -> dict[str, str]:
+def _apply_env_overrides(
+    raw: dict[str, Any], environ: Mapping[str, str], source_name: str
+) -> dict[str, str]:
     """Set each `ICEKEEPER__...` variable into `raw`; returns env var name -> dotted model key.
 
     Hand-written rather than pydantic-settings' `env_nested_delimiter`: that addresses nested
@@ -106,13 +111,19 @@ def _apply_env_overrides(raw: dict[str, Any], environ: Mapping[str, str], source
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
             continue
-        segments = [segment.lower() for segment in name[len(ENV_PREFIX):].split("__")]
-        path: list[str | int] = [int(segment) if segment.isdigit() else segment for segment in segments]
+        segments = [segment.lower() for segment in name[len(ENV_PREFIX) :].split("__")]
+        path: list[str | int] = [
+            int(segment) if segment.isdigit() else segment for segment in segments
+        ]
         value = yaml.safe_load(environ[name]) if environ[name] != "" else ""
         try:
             _set_path(raw, defaults, path, value)
         except (KeyError, IndexError, TypeError) as error:
-            raise ConfigError(f"environment variable {name}", _dotted_key(tuple(path)), f"cannot be set here ({error})") from None
+            raise ConfigError(
+                f"environment variable {name}",
+                _dotted_key(tuple(path)),
+                f"cannot be set here ({error})",
+            ) from None
         applied[name] = _dotted_key(tuple(path))
     return applied
 
@@ -128,7 +139,11 @@ def _set_path(raw: Any, defaults: Any, path: list[str | int], value: Any) -> Non
         default_child = _child(default_node, segment)
         if isinstance(node, dict):
             if segment not in node:
-                node[segment] = copy.deepcopy(default_child) if default_child is not None else ({} if isinstance(next_segment, str) else [])
+                node[segment] = (
+                    copy.deepcopy(default_child)
+                    if default_child is not None
+                    else ({} if isinstance(next_segment, str) else [])
+                )
             node = node[segment]
         elif isinstance(node, list) and isinstance(segment, int):
             while len(node) <= segment:
@@ -192,7 +207,11 @@ def _dotted_key(loc: tuple[Any, ...]) -> str:
 def _user_key(model_key: str, key_names: dict[str, str]) -> str:
     """The key as the user wrote it (a `.properties` key, an env var) when it differs."""
     for candidate, written in key_names.items():
-        if model_key == candidate or model_key.startswith(candidate + ".") or model_key.startswith(candidate + "["):
+        if (
+            model_key == candidate
+            or model_key.startswith(candidate + ".")
+            or model_key.startswith(candidate + "[")
+        ):
             return f"{written} ({model_key})" if written != model_key else model_key
     return model_key
 

@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from common.config.secrets import mask_field
 
@@ -23,13 +31,17 @@ _DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 def parse_duration_s(value: object) -> float:
     """Turn ``"500ms"``, ``"10m"``, ``"7d"`` or a bare number of seconds into seconds."""
     if isinstance(value, bool):
-        raise ValueError("a duration must be a number of seconds or a string like '10s', '5m', '7d'")
+        raise ValueError(
+            "a duration must be a number of seconds or a string like '10s', '5m', '7d'"
+        )
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
         match = _DURATION_PATTERN.match(str(value))
         if not match:
-            raise ValueError(f"{value!r} is not a duration: use seconds or a string like '500ms', '10s', '5m', '2h', '7d'")
+            raise ValueError(
+                f"{value!r} is not a duration: use seconds or a string like '500ms', '10s', '5m', '2h', '7d'"
+            )
         seconds = float(match.group(1)) * _DURATION_UNITS_S[match.group(2) or "s"]
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
@@ -56,22 +68,53 @@ class KafkaSource(_Model):
     """A Kafka cluster and the topics icekeeper reads change data from."""
 
     name: str = Field("default", description="Name that tables use to refer to this source.")
-    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers (seed 000: `kafka.bootstrap.servers`).")
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092",
+        description="Kafka bootstrap servers (seed 000: `kafka.bootstrap.servers`).",
+    )
     schema_registry_url: str = Field(
         "http://127.0.0.1:8081/apis/ccompat/v7",
         description="Confluent-compatible schema registry URL (seed 000: `kafka.schema.registry.url`). "
         "For Apicurio include `/apis/ccompat/v7`. Basic auth as user-info, with the password referenced: "
         "`https://user:${env:REGISTRY_PASSWORD}@host/...` (see docs/operations.md, Secrets).",
     )
-    topics: list[str] = Field(default_factory=list, description="Topics to read (seed 000: `kafka.consumer.topic`, comma separated).")
-    topic_pattern: str | None = Field(None, description="Java regex of topics to read, instead of `topics`.")
-    consumer_group: str = Field("icekeeper", description="Consumer group whose offsets writers commit so lag shows in Kafka tools (seed 000: `kafka.consumer.group.id`).")
-    format: SourceFormat = Field("avro-confluent", description="Message format: `avro-confluent` (magic byte + schema id), `debezium-json` (with or without schema envelope) or `json`.")
-    starting_offsets: Literal["earliest", "latest"] = Field("earliest", description="Where a topic-partition starts when the table has nothing committed for it.")
-    max_offsets_per_trigger: int | None = Field(200_000, ge=1, description="Upper bound on records per writer batch (Spark `maxOffsetsPerTrigger`).")
-    max_rate_per_partition: int | None = Field(None, ge=1, description="Records per second per partition; caps a batch at rate x trigger interval x partitions (seed 000: `spark.streaming.kafka.maxRatePerPartition`).")
-    dead_letter_topic: str = Field("icekeeper.dead-letter", description="Topic that receives records which cannot be decoded or routed, with the reason in headers.")
-    tombstones: Literal["skip", "dead-letter"] = Field("skip", description="Kafka tombstones (null value, Debezium's follow-up to a delete): `skip` counts and drops them; `dead-letter` sends them to the dead-letter topic.")
+    topics: list[str] = Field(
+        default_factory=list,
+        description="Topics to read (seed 000: `kafka.consumer.topic`, comma separated).",
+    )
+    topic_pattern: str | None = Field(
+        None, description="Java regex of topics to read, instead of `topics`."
+    )
+    consumer_group: str = Field(
+        "icekeeper",
+        description="Consumer group whose offsets writers commit so lag shows in Kafka tools (seed 000: `kafka.consumer.group.id`).",
+    )
+    format: SourceFormat = Field(
+        "avro-confluent",
+        description="Message format: `avro-confluent` (magic byte + schema id), `debezium-json` (with or without schema envelope) or `json`.",
+    )
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        "earliest",
+        description="Where a topic-partition starts when the table has nothing committed for it.",
+    )
+    max_offsets_per_trigger: int | None = Field(
+        200_000,
+        ge=1,
+        description="Upper bound on records per writer batch (Spark `maxOffsetsPerTrigger`).",
+    )
+    max_rate_per_partition: int | None = Field(
+        None,
+        ge=1,
+        description="Records per second per partition; caps a batch at rate x trigger interval x partitions (seed 000: `spark.streaming.kafka.maxRatePerPartition`).",
+    )
+    dead_letter_topic: str = Field(
+        "icekeeper.dead-letter",
+        description="Topic that receives records which cannot be decoded or routed, with the reason in headers.",
+    )
+    tombstones: Literal["skip", "dead-letter"] = Field(
+        "skip",
+        description="Kafka tombstones (null value, Debezium's follow-up to a delete): `skip` counts and drops them; `dead-letter` sends them to the dead-letter topic.",
+    )
     offset_gaps: bool = Field(
         False,
         description="Allow offsets with no record (compacted or transactional topics). Off: a batch that reads fewer records than "
@@ -82,12 +125,18 @@ class KafkaSource(_Model):
         description="Route records no table claims to a table named by this template, e.g. `cdc.{db}_{table}`; "
         "fields: `{topic}`, `{server}`, `{db}`, `{table}` (Debezium `source.name`, `source.db`, `source.table`).",
     )
-    consumer_properties: dict[str, str] = Field(default_factory=dict, description="Extra Kafka consumer properties (seed 000: `kafka.consumer.*`, e.g. `max.poll.records`). "
-                                                   "Give credentials as references: `sasl.jaas.config: ${file:/run/secrets/kafka.properties:sasl.jaas.config}`.")
-    commit_timeout: Duration = Field(60.0, description="How long committing consumer offsets may take (seed 000: `kafka.consumer.commit.timeout.millis`).")
+    consumer_properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Kafka consumer properties (seed 000: `kafka.consumer.*`, e.g. `max.poll.records`). "
+        "Give credentials as references: `sasl.jaas.config: ${file:/run/secrets/kafka.properties:sasl.jaas.config}`.",
+    )
+    commit_timeout: Duration = Field(
+        60.0,
+        description="How long committing consumer offsets may take (seed 000: `kafka.consumer.commit.timeout.millis`).",
+    )
 
     @model_validator(mode="after")
-    def _one_topic_selector(self) -> "KafkaSource":
+    def _one_topic_selector(self) -> KafkaSource:
         if self.topics and self.topic_pattern:
             raise ValueError("set either `topics` or `topic_pattern`, not both")
         return self
@@ -96,12 +145,25 @@ class KafkaSource(_Model):
 class TableSpec(_Model):
     """One Iceberg table and which records land in it."""
 
-    identifier: str = Field(..., description="`namespace.table` in the catalog (seed 000: `iceberg.table.name`; a leading Spark catalog name is dropped).")
+    identifier: str = Field(
+        ...,
+        description="`namespace.table` in the catalog (seed 000: `iceberg.table.name`; a leading Spark catalog name is dropped).",
+    )
     source: str = Field("default", description="Name of the source this table reads from.")
-    topics: list[str] = Field(default_factory=list, description="Route every record of these topics to this table.")
-    source_db: str | None = Field(None, description="Route Debezium records whose `source.db` equals this (with `source_table`).")
-    source_table: str | None = Field(None, description="Route Debezium records whose `source.table` equals this.")
-    primary_key: list[str] = Field(default_factory=list, description="Key columns (seed 000: `iceberg.table.primaryKey`); becomes the table's identifier fields.")
+    topics: list[str] = Field(
+        default_factory=list, description="Route every record of these topics to this table."
+    )
+    source_db: str | None = Field(
+        None,
+        description="Route Debezium records whose `source.db` equals this (with `source_table`).",
+    )
+    source_table: str | None = Field(
+        None, description="Route Debezium records whose `source.table` equals this."
+    )
+    primary_key: list[str] = Field(
+        default_factory=list,
+        description="Key columns (seed 000: `iceberg.table.primaryKey`); becomes the table's identifier fields.",
+    )
     mode: Literal["changelog", "upsert"] | None = Field(
         None,
         description="`upsert`: the table mirrors the source table, one live row per primary key (position deletes through the "
@@ -109,7 +171,8 @@ class TableSpec(_Model):
         "primaryKey tables answer one row per key), else `changelog`.",
     )
     delete_mode: Literal["hard", "soft"] = Field(
-        "hard", description="Upsert tables: `hard` removes a deleted key's row; `soft` keeps its last row with the delete operation "
+        "hard",
+        description="Upsert tables: `hard` removes a deleted key's row; `soft` keeps its last row with the delete operation "
         "in the op column (`<prefix>op` = 'd').",
     )
     partition_by: list[str] = Field(
@@ -123,8 +186,13 @@ class TableSpec(_Model):
         "changelog tables, 1; the bookkeeper does not write format-version 3 metadata (so no deletion vectors: upsert tables "
         "get position-delete files).",
     )
-    comment: str | None = Field(None, description="Table comment (seed 000: `iceberg.table.comment`).")
-    location: str | None = Field(None, description="Table location; default: under the catalog warehouse (seed 000: `iceberg.table.location`).")
+    comment: str | None = Field(
+        None, description="Table comment (seed 000: `iceberg.table.comment`)."
+    )
+    location: str | None = Field(
+        None,
+        description="Table location; default: under the catalog warehouse (seed 000: `iceberg.table.location`).",
+    )
 
     @field_validator("identifier")
     @classmethod
@@ -135,22 +203,26 @@ class TableSpec(_Model):
         return identifier
 
     @model_validator(mode="after")
-    def _upsert_needs_a_key(self) -> "TableSpec":
+    def _upsert_needs_a_key(self) -> TableSpec:
         if self.mode == "upsert" and not self.primary_key:
             raise ValueError(f"{self.identifier}: mode upsert needs primary_key")
         return self
 
     @model_validator(mode="after")
-    def _a_format_version_the_bookkeeper_writes(self) -> "TableSpec":
+    def _a_format_version_the_bookkeeper_writes(self) -> TableSpec:
         # The bookkeeper commits through pyiceberg 0.12's snapshot producer and its own v2 manifest
         # encoder; pyiceberg writes no v3 manifests, manifest lists or row lineage, so a v3 table
         # would fail at its first commit. Say so now instead.
         version = self.properties.get("format-version", "2")
         if version not in ("1", "2"):
-            raise ValueError(f"{self.identifier}: format-version {version} is not supported; the bookkeeper writes format-version 2 "
-                             "(upsert tables: position-delete files, which every engine reads; deletion vectors need format-version 3)")
+            raise ValueError(
+                f"{self.identifier}: format-version {version} is not supported; the bookkeeper writes format-version 2 "
+                "(upsert tables: position-delete files, which every engine reads; deletion vectors need format-version 3)"
+            )
         if version == "1" and self.upsert:
-            raise ValueError(f"{self.identifier}: an upsert table needs format-version 2 (row-level deletes); format-version 1 has none")
+            raise ValueError(
+                f"{self.identifier}: an upsert table needs format-version 2 (row-level deletes); format-version 1 has none"
+            )
         return self
 
     @property
@@ -163,7 +235,9 @@ class TableSpec(_Model):
     def _partition_terms(cls, terms: list[str]) -> list[str]:
         for term in terms:
             if not _PARTITION_TERM.match(term):
-                raise ValueError(f"{term!r} is not a partition term: use col, day(col), hour(col), bucket(N, col), truncate(W, col)")
+                raise ValueError(
+                    f"{term!r} is not a partition term: use col, day(col), hour(col), bucket(N, col), truncate(W, col)"
+                )
         return terms
 
 
@@ -176,7 +250,9 @@ _PARTITION_TERM = re.compile(
 class MetadataGroup(_Model):
     """A group of metadata columns copied from the envelope, each named prefix + field."""
 
-    columns: list[str] = Field(default_factory=list, description="Fields to copy; empty turns the group off.")
+    columns: list[str] = Field(
+        default_factory=list, description="Fields to copy; empty turns the group off."
+    )
     prefix: str = Field("", description="Prefix of the column names.")
 
 
@@ -184,16 +260,22 @@ class MetadataColumns(_Model):
     """Metadata columns added to every row, as in seed 000 (`record.metadata.*`)."""
 
     source: MetadataGroup = Field(
-        default_factory=lambda: MetadataGroup(columns=["name", "db", "table", "ts_ms", "server_id", "file", "pos"], prefix="_src_"),
+        default_factory=lambda: MetadataGroup(
+            columns=["name", "db", "table", "ts_ms", "server_id", "file", "pos"], prefix="_src_"
+        ),
         description="Debezium `source` fields (seed 000: `record.metadata.source.columns` / `.prefix`). "
         "The operation (`<prefix>op`) and the envelope's `ts_ms` (`<prefix>ts_ms_r`) are always added.",
     )
     transaction: MetadataGroup = Field(
-        default_factory=lambda: MetadataGroup(columns=["id", "total_order", "data_collection_order"], prefix="_tsc_"),
+        default_factory=lambda: MetadataGroup(
+            columns=["id", "total_order", "data_collection_order"], prefix="_tsc_"
+        ),
         description="Debezium `transaction` fields (seed 000: `record.metadata.transaction.columns` / `.prefix`).",
     )
     kafka: MetadataGroup = Field(
-        default_factory=lambda: MetadataGroup(columns=["topic", "partition", "offset", "timestamp"], prefix="_kfk_"),
+        default_factory=lambda: MetadataGroup(
+            columns=["topic", "partition", "offset", "timestamp"], prefix="_kfk_"
+        ),
         description="Kafka record fields: topic, partition, offset, timestamp (seed 000: `record.metadata.kafka.columns` / `.prefix`).",
     )
 
@@ -202,7 +284,9 @@ class MetadataColumns(_Model):
     def _known_kafka_fields(cls, group: MetadataGroup) -> MetadataGroup:
         unknown = set(group.columns) - {"topic", "partition", "offset", "timestamp", "key"}
         if unknown:
-            raise ValueError(f"unknown Kafka metadata fields {sorted(unknown)}: use topic, partition, offset, timestamp, key")
+            raise ValueError(
+                f"unknown Kafka metadata fields {sorted(unknown)}: use topic, partition, offset, timestamp, key"
+            )
         return group
 
 
@@ -214,7 +298,8 @@ class TxLogTransport(_Model):
     dead_letter_uri: str = Field(
         "{state_dir}/dead-letter/monikers",
         description="Folder for monikers set aside (unreadable, quarantined, refused), with their reasons: `icekeeper dead-letters` "
-        "lists and replays them, the reaper spares their files.")
+        "lists and replays them, the reaper spares their files.",
+    )
 
 
 class AzureQueueTransport(_Model):
@@ -229,12 +314,19 @@ class AzureQueueTransport(_Model):
         "`${env:NAME}` or `${file:/path}` rather than the string itself.",
     )
     queue_name: str = Field("icekeeper-monikers", description="Queue that carries monikers.")
-    dead_letter_queue_name: str = Field("icekeeper-monikers-dead-letter", description="Queue that gets a message (reason, source) for every dead-lettered moniker, for alerts.")
+    dead_letter_queue_name: str = Field(
+        "icekeeper-monikers-dead-letter",
+        description="Queue that gets a message (reason, source) for every dead-lettered moniker, for alerts.",
+    )
     dead_letter_uri: str = Field(
         "{state_dir}/dead-letter/monikers",
         description="Folder that keeps dead-lettered monikers whole, with their reasons: `icekeeper dead-letters` lists and replays them, "
-        "the reaper spares their files.")
-    api_version: str | None = Field("2026-06-06", description="Storage API version the SDK sends; Azurite 3.37 rejects the SDK's newest.")
+        "the reaper spares their files.",
+    )
+    api_version: str | None = Field(
+        "2026-06-06",
+        description="Storage API version the SDK sends; Azurite 3.37 rejects the SDK's newest.",
+    )
     journal_uri: str = Field(
         "{state_dir}/moniker-journal",
         description="Folder that keeps a copy of every pending moniker: writers resume from it, the reaper spares its files, "
@@ -242,15 +334,22 @@ class AzureQueueTransport(_Model):
     )
 
 
-Transport = Annotated[Union[TxLogTransport, AzureQueueTransport], Field(discriminator="kind")]
+Transport = Annotated[TxLogTransport | AzureQueueTransport, Field(discriminator="kind")]
 
 
 class CatalogConfig(_Model):
     """The Iceberg catalog, as pyiceberg catalog properties."""
 
-    name: str = Field("icekeeper", description="Catalog name (pyiceberg's catalog name; Spark registers it under the same name).")
+    name: str = Field(
+        "icekeeper",
+        description="Catalog name (pyiceberg's catalog name; Spark registers it under the same name).",
+    )
     properties: dict[str, str] = Field(
-        default_factory=lambda: {"type": "sql", "uri": "sqlite:///{state_dir}/catalog.db", "warehouse": "file://{state_dir}/warehouse"},
+        default_factory=lambda: {
+            "type": "sql",
+            "uri": "sqlite:///{state_dir}/catalog.db",
+            "warehouse": "file://{state_dir}/warehouse",
+        },
         description="pyiceberg catalog properties; default: a SQLite catalog and a local warehouse under the state folder. "
         "Credentials (`credential`, `token`, `s3.secret-access-key`, a password in `uri`) as `${env:NAME}` or `${file:/path}`.",
     )
@@ -259,15 +358,35 @@ class CatalogConfig(_Model):
 class WriterConfig(_Model):
     """The Spark writer job."""
 
-    writer_id: str = Field("writer-1", description="Stable id of this writer; part of every moniker id, so keep it across restarts.")
+    writer_id: str = Field(
+        "writer-1",
+        description="Stable id of this writer; part of every moniker id, so keep it across restarts.",
+    )
     spark_master: str = Field("local[*]", description="Spark master (seed 000: `spark.master`).")
-    app_name: str = Field("icekeeper-writer", description="Spark application name (seed 000: `spark.app.name`).")
+    app_name: str = Field(
+        "icekeeper-writer", description="Spark application name (seed 000: `spark.app.name`)."
+    )
     trigger_interval: Duration = Field(1.0, description="Time between batches.")
-    target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of a data file.")
-    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (seed 000: any `spark.*` key).")
-    instance_index: int = Field(0, ge=0, description="This writer's share of each topic: partitions p with p % instance_count == instance_index.")
-    instance_count: int = Field(1, ge=1, description="How many writers share the source topics (each with its own writer_id and index).")
-    checkpoint_uri: str = Field("{state_dir}/writer-checkpoints", description="Folder where a writer notes how far it has read each source (advisory; tables and pending monikers decide).")
+    target_file_size_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024, description="Target size of a data file."
+    )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict, description="Extra Spark settings (seed 000: any `spark.*` key)."
+    )
+    instance_index: int = Field(
+        0,
+        ge=0,
+        description="This writer's share of each topic: partitions p with p % instance_count == instance_index.",
+    )
+    instance_count: int = Field(
+        1,
+        ge=1,
+        description="How many writers share the source topics (each with its own writer_id and index).",
+    )
+    checkpoint_uri: str = Field(
+        "{state_dir}/writer-checkpoints",
+        description="Folder where a writer notes how far it has read each source (advisory; tables and pending monikers decide).",
+    )
     distribution: Literal["none", "rebalance"] = Field(
         "none",
         description="`none`: each Kafka task writes its own files (no shuffle); `rebalance`: shuffle by partition with Spark's adaptive "
@@ -275,9 +394,11 @@ class WriterConfig(_Model):
     )
 
     @model_validator(mode="after")
-    def _index_in_range(self) -> "WriterConfig":
+    def _index_in_range(self) -> WriterConfig:
         if self.instance_index >= self.instance_count:
-            raise ValueError(f"instance_index {self.instance_index} must be below instance_count {self.instance_count}")
+            raise ValueError(
+                f"instance_index {self.instance_index} must be below instance_count {self.instance_count}"
+            )
         return self
 
 
@@ -286,32 +407,69 @@ class BookkeeperConfig(_Model):
 
     commit_interval: Duration = Field(1.0, description="Time between commit cycles.")
     idle_poll_interval: Duration = Field(
-        0.1, description="After a cycle that committed nothing, how often to look for new monikers until the next cycle (one "
-        "folder listing or queue peek each); one that arrives starts a cycle at once. 0: look only at cycles.")
-    max_files_per_commit: int = Field(10_000, ge=1, description="Upper bound on files in one snapshot.")
-    max_bytes_per_commit: int = Field(16 * 1024**3, ge=1, description="Upper bound on bytes in one snapshot.")
-    footer_workers: int = Field(0, ge=0, description="Processes that read Parquet footers and compute column metrics in parallel (0: one per core).")
-    max_attempts: int = Field(5, ge=1, description="Attempts before an unreadable moniker goes to the dead-letter place.")
+        0.1,
+        description="After a cycle that committed nothing, how often to look for new monikers until the next cycle (one "
+        "folder listing or queue peek each); one that arrives starts a cycle at once. 0: look only at cycles.",
+    )
+    max_files_per_commit: int = Field(
+        10_000, ge=1, description="Upper bound on files in one snapshot."
+    )
+    max_bytes_per_commit: int = Field(
+        16 * 1024**3, ge=1, description="Upper bound on bytes in one snapshot."
+    )
+    footer_workers: int = Field(
+        0,
+        ge=0,
+        description="Processes that read Parquet footers and compute column metrics in parallel (0: one per core).",
+    )
+    max_attempts: int = Field(
+        5, ge=1, description="Attempts before an unreadable moniker goes to the dead-letter place."
+    )
     missing_file_timeout: Duration = Field(
-        3600.0, gt=0, description="How long a file a moniker names may stay missing (storage says it does not exist) before the "
+        3600.0,
+        gt=0,
+        description="How long a file a moniker names may stay missing (storage says it does not exist) before the "
         "moniker is quarantined; until then it stays pending and is retried every cycle, like a file storage fails to serve "
-        "(network errors, timeouts, throttling), which is retried for as long as it takes. See docs/operations.md.")
-    group: str = Field("default", description="Name of this bookkeeper's group of tables; one active bookkeeper per group (lease).")
-    lease_uri: str = Field("{state_dir}/bookkeeper-leases", description="Local or mounted folder holding the group's lease files.")
-    lease_ttl: Duration = Field(30.0, description="How long a bookkeeper's lease lasts without renewal; a standby takes over after it.")
-    http_port: int = Field(9464, ge=0, le=65535, description="Port of the metrics and health endpoint (0: off).")
-    http_host: str = Field("127.0.0.1", description="Address the metrics and health endpoint binds to; `0.0.0.0` for every interface "
-                           "(a Prometheus scraping from another host).")
-    heartbeat_every_empty_cycles: int = Field(0, ge=0, description="Commit a watermark-only snapshot every N empty cycles (0: never).")
-    commit_report_path: str = Field("{state_dir}/reports/commits.jsonl", description="File that receives one JSON line per snapshot.")
-    commit_report_topic: str | None = Field(None, description="Kafka topic that also receives the commit reports.")
+        "(network errors, timeouts, throttling), which is retried for as long as it takes. See docs/operations.md.",
+    )
+    group: str = Field(
+        "default",
+        description="Name of this bookkeeper's group of tables; one active bookkeeper per group (lease).",
+    )
+    lease_uri: str = Field(
+        "{state_dir}/bookkeeper-leases",
+        description="Local or mounted folder holding the group's lease files.",
+    )
+    lease_ttl: Duration = Field(
+        30.0,
+        description="How long a bookkeeper's lease lasts without renewal; a standby takes over after it.",
+    )
+    http_port: int = Field(
+        9464, ge=0, le=65535, description="Port of the metrics and health endpoint (0: off)."
+    )
+    http_host: str = Field(
+        "127.0.0.1",
+        description="Address the metrics and health endpoint binds to; `0.0.0.0` for every interface "
+        "(a Prometheus scraping from another host).",
+    )
+    heartbeat_every_empty_cycles: int = Field(
+        0, ge=0, description="Commit a watermark-only snapshot every N empty cycles (0: never)."
+    )
+    commit_report_path: str = Field(
+        "{state_dir}/reports/commits.jsonl",
+        description="File that receives one JSON line per snapshot.",
+    )
+    commit_report_topic: str | None = Field(
+        None, description="Kafka topic that also receives the commit reports."
+    )
     allow_drop_columns: bool = Field(
         False,
         description="Drop a column from the table once a batch's records for it no longer carry the column (the source dropped it); "
         "when false, the column stays and is null in later rows. See docs/types.md.",
     )
     keep_snapshots: int = Field(
-        20, ge=2,
+        20,
+        ge=2,
         description="Snapshots always kept in table metadata, whatever their age (Iceberg's `history.expire.min-snapshots-to-keep`); "
         "the bookkeeper expires, as it commits, snapshots beyond these that are older than `keep_snapshots_for`.",
     )
@@ -321,50 +479,106 @@ class BookkeeperConfig(_Model):
         "reader (Spark `readStream`, incremental reads) may fall this far behind and still read every later row once. "
         "At one commit a second, an hour is 3,600 snapshots; commit cost stays flat (bench/results.md). See docs/operations.md.",
     )
-    max_pending_bytes: int = Field(8 * 1024**3, ge=1, description="Writers pause when this many bytes wait to be committed.")
+    max_pending_bytes: int = Field(
+        8 * 1024**3, ge=1, description="Writers pause when this many bytes wait to be committed."
+    )
     key_index_save_interval: Duration = Field(
-        60.0, description="Upsert tables: how often the key index is saved beside the table (and at a clean stop); a restarted "
-        "bookkeeper replays only the snapshots committed since.")
+        60.0,
+        description="Upsert tables: how often the key index is saved beside the table (and at a clean stop); a restarted "
+        "bookkeeper replays only the snapshots committed since.",
+    )
     rewrite_poll_interval: Duration = Field(
-        5.0, gt=0, description="Upsert tables: how often the bookkeeper looks for compactions the reaper left for it to commit "
-        "(the reaper cannot commit them itself while updates continue).")
+        5.0,
+        gt=0,
+        description="Upsert tables: how often the bookkeeper looks for compactions the reaper left for it to commit "
+        "(the reaper cannot commit them itself while updates continue).",
+    )
 
 
 class ReaperConfig(_Model):
     """Scheduled maintenance (seed 000: `iceberg.maintenance.*`)."""
 
-    enabled: bool = Field(True, description="Run maintenance at all (seed 000: `iceberg.maintenance.enabled`).")
-    triggering_time: str | None = Field(None, description="Earliest time of day of the first run, `HH:MM:SS` (seed 000: `.triggering.time`).")
-    execute_interval: Duration = Field(3600.0, description="Time between runs (seed 000: `.execute.interval`, milliseconds there).")
-    snapshot_expire_time: Duration = Field(86400.0, description="Expire snapshots older than this (seed 000: `.snapshot.expire.time`, milliseconds there).")
+    enabled: bool = Field(
+        True, description="Run maintenance at all (seed 000: `iceberg.maintenance.enabled`)."
+    )
+    triggering_time: str | None = Field(
+        None,
+        description="Earliest time of day of the first run, `HH:MM:SS` (seed 000: `.triggering.time`).",
+    )
+    execute_interval: Duration = Field(
+        3600.0, description="Time between runs (seed 000: `.execute.interval`, milliseconds there)."
+    )
+    snapshot_expire_time: Duration = Field(
+        86400.0,
+        description="Expire snapshots older than this (seed 000: `.snapshot.expire.time`, milliseconds there).",
+    )
     retain_last: int = Field(10, ge=1, description="Snapshots always kept, whatever their age.")
-    orphan_grace: Duration = Field(86400.0, description="Files younger than this are never treated as orphans; writers rewrite their claims on the batch folders they are filling every quarter of it (at most 30 s), and a claim not rewritten within it protects nothing.")
-    retention: Duration | None = Field(None, description="Delete rows older than this by `retention_column` (off when unset).")
+    orphan_grace: Duration = Field(
+        86400.0,
+        description="Files younger than this are never treated as orphans; writers rewrite their claims on the batch folders they are filling every quarter of it (at most 30 s), and a claim not rewritten within it protects nothing.",
+    )
+    retention: Duration | None = Field(
+        None, description="Delete rows older than this by `retention_column` (off when unset)."
+    )
     retention_column: str | None = Field(None, description="Time column that retention filters on.")
-    compact_filter_column: str | None = Field(None, description="Time column that selects what to compact (seed 000: `.compact.filter.column`).")
-    compact_day_offset: int = Field(0, ge=0, description="Compact data of the day this many days before yesterday; 0 = yesterday (seed 000: `.compact.day.offset`).")
-    compact_target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="Target size of compacted files (seed 000: `.compact.target.file.size.bytes`).")
+    compact_filter_column: str | None = Field(
+        None,
+        description="Time column that selects what to compact (seed 000: `.compact.filter.column`).",
+    )
+    compact_day_offset: int = Field(
+        0,
+        ge=0,
+        description="Compact data of the day this many days before yesterday; 0 = yesterday (seed 000: `.compact.day.offset`).",
+    )
+    compact_target_file_size_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=1024,
+        description="Target size of compacted files (seed 000: `.compact.target.file.size.bytes`).",
+    )
     compact_delete_ratio: float = Field(
-        0.3, gt=0, le=1, description="Upsert tables: compaction also rewrites any data file once this share of its rows is deleted "
+        0.3,
+        gt=0,
+        le=1,
+        description="Upsert tables: compaction also rewrites any data file once this share of its rows is deleted "
         "(or that has collected 8 delete files), dropping the deleted rows and the file's delete files; the bookkeeper commits "
-        "such compactions, so they land while updates continue.")
-    manifests_file_length: int = Field(8 * 1024 * 1024, ge=1024, description="Target manifest size when rewriting manifests (seed 000: `.manifests.file.length`).")
-    max_manifests: int = Field(100, ge=1, description="Rewrite manifests when a table has more than this many.")
+        "such compactions, so they land while updates continue.",
+    )
+    manifests_file_length: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Target manifest size when rewriting manifests (seed 000: `.manifests.file.length`).",
+    )
+    max_manifests: int = Field(
+        100, ge=1, description="Rewrite manifests when a table has more than this many."
+    )
     rewrite_wait: Duration = Field(
-        300.0, description="Upsert tables: how long a compaction waits for the bookkeeper to commit the files it wrote (the "
+        300.0,
+        description="Upsert tables: how long a compaction waits for the bookkeeper to commit the files it wrote (the "
         "bookkeeper commits them, since it keeps adding deletes to the same files); after that the pass goes on and the "
-        "bookkeeper commits them when it can.")
-    commit_attempts: int = Field(5, ge=1, description="A maintenance commit (a compaction file group, the manifest rewrite, the "
-                                 "expiry, the retention delete) that lost every one of Iceberg's retries to concurrent "
-                                 "bookkeeper commits is tried again, up to this many times per pass.")
-    report_path: str = Field("{state_dir}/reports/reaper.jsonl", description="File that receives one JSON line per pass.")
-    lease_ttl: Duration = Field(600.0, description="Lease that keeps two reapers of a group apart, renewed between steps; a killed "
-                                "reaper delays the next pass by at most this long.")
+        "bookkeeper commits them when it can.",
+    )
+    commit_attempts: int = Field(
+        5,
+        ge=1,
+        description="A maintenance commit (a compaction file group, the manifest rewrite, the "
+        "expiry, the retention delete) that lost every one of Iceberg's retries to concurrent "
+        "bookkeeper commits is tried again, up to this many times per pass.",
+    )
+    report_path: str = Field(
+        "{state_dir}/reports/reaper.jsonl", description="File that receives one JSON line per pass."
+    )
+    lease_ttl: Duration = Field(
+        600.0,
+        description="Lease that keeps two reapers of a group apart, renewed between steps; a killed "
+        "reaper delays the next pass by at most this long.",
+    )
 
     @field_validator("triggering_time")
     @classmethod
     def _time_of_day(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?$", value.strip()):
+        if value is not None and not re.match(
+            r"^([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?$", value.strip()
+        ):
             raise ValueError(f"{value!r} is not a time of day: use HH:MM:SS")
         return value.strip() if value else value
 
@@ -375,47 +589,96 @@ class StackConfig(_Model):
     host: str = Field("127.0.0.1", description="Address every local service binds to.")
     kafka_port: int = Field(9092, description="Kafka broker port.")
     kafka_controller_port: int = Field(9093, description="KRaft controller port.")
-    registry_port: int = Field(8081, description="Apicurio Registry HTTP port (Confluent API under `/apis/ccompat/v7`).")
+    registry_port: int = Field(
+        8081, description="Apicurio Registry HTTP port (Confluent API under `/apis/ccompat/v7`)."
+    )
     registry_management_port: int = Field(9001, description="Apicurio (Quarkus) management port.")
     azurite_queue_port: int = Field(10001, description="Azurite queue port.")
     azurite_blob_port: int = Field(10000, description="Azurite blob port.")
-    kafka_version: str = Field("4.3.1", description="Apache Kafka version (org.apache.kafka:kafka_2.13 on Maven Central).")
-    registry_version: str = Field("3.3.3", description="Apicurio Registry version (io.apicurio:apicurio-registry-app, tar.gz `all`).")
+    kafka_version: str = Field(
+        "4.3.1", description="Apache Kafka version (org.apache.kafka:kafka_2.13 on Maven Central)."
+    )
+    registry_version: str = Field(
+        "3.3.3",
+        description="Apicurio Registry version (io.apicurio:apicurio-registry-app, tar.gz `all`).",
+    )
     azurite_version: str = Field("3.37.0", description="Azurite version from npm.")
-    registry_java_home: str | None = Field(None, description="JDK (21+) for the registry; default: the newest JDK found.")
-    mariadb_port: int = Field(3306, description="Port of the stack's MariaDB (`stack up --with mariadb`; Debian's `mariadb-server`, binlog in ROW format).")
-    postgres_port: int = Field(5432, description="Port of the stack's PostgreSQL (`stack up --with postgres`; Debian's `postgresql`, `wal_level=logical`).")
-    connect_port: int = Field(8083, description="Kafka Connect REST port (started with `--with mariadb`, `--with postgres` or `--with connect`); "
-                              "Kafka Connect itself is `kafka_version`.")
-    debezium_version: str = Field("3.5.0.Final", description="Debezium connectors for Kafka Connect (io.debezium:debezium-connector-mariadb and "
-                                  "-postgres, tar.gz `plugin`, from Maven Central).")
-    apicurio_converter_version: str = Field("2.6.13.Final", description="Apicurio's Kafka Connect converters (io.apicurio:apicurio-registry-utils-converter), "
-                                            "which write Avro in Confluent framing through the stack's registry.")
-    start_timeout: Duration = Field(120.0, description="How long `stack up` waits for services to become healthy.")
+    registry_java_home: str | None = Field(
+        None, description="JDK (21+) for the registry; default: the newest JDK found."
+    )
+    mariadb_port: int = Field(
+        3306,
+        description="Port of the stack's MariaDB (`stack up --with mariadb`; Debian's `mariadb-server`, binlog in ROW format).",
+    )
+    postgres_port: int = Field(
+        5432,
+        description="Port of the stack's PostgreSQL (`stack up --with postgres`; Debian's `postgresql`, `wal_level=logical`).",
+    )
+    connect_port: int = Field(
+        8083,
+        description="Kafka Connect REST port (started with `--with mariadb`, `--with postgres` or `--with connect`); "
+        "Kafka Connect itself is `kafka_version`.",
+    )
+    debezium_version: str = Field(
+        "3.5.0.Final",
+        description="Debezium connectors for Kafka Connect (io.debezium:debezium-connector-mariadb and "
+        "-postgres, tar.gz `plugin`, from Maven Central).",
+    )
+    apicurio_converter_version: str = Field(
+        "2.6.13.Final",
+        description="Apicurio's Kafka Connect converters (io.apicurio:apicurio-registry-utils-converter), "
+        "which write Avro in Confluent framing through the stack's registry.",
+    )
+    start_timeout: Duration = Field(
+        120.0, description="How long `stack up` waits for services to become healthy."
+    )
 
 
 class IcekeeperConfig(_Model):
     """A whole icekeeper config file."""
 
-    state_dir: str = Field(".icekeeper", description="Folder for local state: stack data and logs, catalog, warehouse, transaction log, reports. `{state_dir}` in other values expands to it.")
-    cache_dir: str = Field(".cache", description="Folder that caches downloads (jars, registry, Azurite); safe to delete.")
-    sources: list[KafkaSource] = Field(default_factory=lambda: [KafkaSource(topics=["test.db_gb18030_test.tbl_test_1"])], description="Kafka sources.")
+    state_dir: str = Field(
+        ".icekeeper",
+        description="Folder for local state: stack data and logs, catalog, warehouse, transaction log, reports. `{state_dir}` in other values expands to it.",
+    )
+    cache_dir: str = Field(
+        ".cache",
+        description="Folder that caches downloads (jars, registry, Azurite); safe to delete.",
+    )
+    sources: list[KafkaSource] = Field(
+        default_factory=lambda: [KafkaSource(topics=["test.db_gb18030_test.tbl_test_1"])],
+        description="Kafka sources.",
+    )
     tables: list[TableSpec] = Field(
         default_factory=lambda: [
-            TableSpec(identifier="db_gb18030_test.tbl_test_1", topics=["test.db_gb18030_test.tbl_test_1"], primary_key=["ID1", "ID2"])
+            TableSpec(
+                identifier="db_gb18030_test.tbl_test_1",
+                topics=["test.db_gb18030_test.tbl_test_1"],
+                primary_key=["ID1", "ID2"],
+            )
         ],
         description="Iceberg tables and their routing.",
     )
-    metadata_columns: MetadataColumns = Field(default_factory=MetadataColumns, description="Metadata columns added to every row.")
-    transport: Transport = Field(default_factory=TxLogTransport, description="How writers hand monikers to the bookkeeper.")
-    catalog: CatalogConfig = Field(default_factory=CatalogConfig, description="The Iceberg catalog.")
+    metadata_columns: MetadataColumns = Field(
+        default_factory=MetadataColumns, description="Metadata columns added to every row."
+    )
+    transport: Transport = Field(
+        default_factory=TxLogTransport, description="How writers hand monikers to the bookkeeper."
+    )
+    catalog: CatalogConfig = Field(
+        default_factory=CatalogConfig, description="The Iceberg catalog."
+    )
     writer: WriterConfig = Field(default_factory=WriterConfig, description="The Spark writer job.")
-    bookkeeper: BookkeeperConfig = Field(default_factory=BookkeeperConfig, description="The committing service.")
+    bookkeeper: BookkeeperConfig = Field(
+        default_factory=BookkeeperConfig, description="The committing service."
+    )
     reaper: ReaperConfig = Field(default_factory=ReaperConfig, description="Scheduled maintenance.")
-    stack: StackConfig = Field(default_factory=StackConfig, description="The local stack for development and tests.")
+    stack: StackConfig = Field(
+        default_factory=StackConfig, description="The local stack for development and tests."
+    )
 
     @model_validator(mode="after")
-    def _references_resolve(self) -> "IcekeeperConfig":
+    def _references_resolve(self) -> IcekeeperConfig:
         source_names = [source.name for source in self.sources]
         if len(set(source_names)) != len(source_names):
             raise ValueError(f"source names must be unique, got {source_names}")
@@ -424,7 +687,9 @@ class IcekeeperConfig(_Model):
             raise ValueError(f"table identifiers must be unique, got {identifiers}")
         for index, table in enumerate(self.tables):
             if table.source not in source_names:
-                raise ValueError(f"tables[{index}].source: no source named {table.source!r} (sources: {source_names})")
+                raise ValueError(
+                    f"tables[{index}].source: no source named {table.source!r} (sources: {source_names})"
+                )
         return self
 
     def source(self, name: str) -> KafkaSource:

@@ -9,7 +9,8 @@ Hive external tables) are accepted and reported as ignored; anything else unknow
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import javaproperties
 
@@ -84,7 +85,9 @@ def _format_from_deserializer(value: str) -> str:
         return "avro-confluent"
     if "Json" in value or "JSON" in value or "String" in value:
         return "debezium-json"
-    raise PropertiesError(f"{value!r}: icekeeper reads KafkaAvroDeserializer (avro-confluent) or JSON")
+    raise PropertiesError(
+        f"{value!r}: icekeeper reads KafkaAvroDeserializer (avro-confluent) or JSON"
+    )
 
 
 # property key -> (model path, converter)
@@ -118,7 +121,10 @@ _DIRECT: dict[str, tuple[tuple[Any, ...], Callable[[str], Any]]] = {
     "iceberg.maintenance.snapshot.expire.time": (("reaper", "snapshot_expire_time"), _milliseconds),
     "iceberg.maintenance.compact.filter.column": (("reaper", "compact_filter_column"), str),
     "iceberg.maintenance.compact.day.offset": (("reaper", "compact_day_offset"), str),
-    "iceberg.maintenance.compact.target.file.size.bytes": (("reaper", "compact_target_file_size_bytes"), str),
+    "iceberg.maintenance.compact.target.file.size.bytes": (
+        ("reaper", "compact_target_file_size_bytes"),
+        str,
+    ),
     "iceberg.maintenance.manifests.file.length": (("reaper", "manifests_file_length"), str),
 }
 
@@ -151,7 +157,11 @@ def translate_properties(text: str, source_name: str) -> tuple[dict[str, Any], d
             consumer_key = key.removeprefix("kafka.consumer.")
             raw["sources"][0].setdefault("consumer_properties", {})[consumer_key] = value
         else:
-            raise ConfigError(source_name, key, "unknown key (seed 000 keys: spark.*, kafka.*, record.metadata.*, iceberg.table.*, iceberg.maintenance.*)")
+            raise ConfigError(
+                source_name,
+                key,
+                "unknown key (seed 000 keys: spark.*, kafka.*, record.metadata.*, iceberg.table.*, iceberg.maintenance.*)",
+            )
     table, source = raw["tables"][0], raw["sources"][0]
     if "topics" in source and "topics" not in table:
         table["topics"] = list(source["topics"])
@@ -162,7 +172,11 @@ def translate_properties(text: str, source_name: str) -> tuple[dict[str, Any], d
 
 def ignored_properties(text: str) -> list[str]:
     """Keys of a seed-000 file that icekeeper accepts but does not use (`hive.*`)."""
-    return [key for key in parse_properties(text) if key.startswith(_IGNORED_PREFIXES) or key in _IGNORED_KEYS]
+    return [
+        key
+        for key in parse_properties(text)
+        if key.startswith(_IGNORED_PREFIXES) or key in _IGNORED_KEYS
+    ]
 
 
 def _set(raw: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:

@@ -27,7 +27,10 @@ MASK = "**********"
 """What a secret prints as (pydantic's `SecretStr` prints the same)."""
 
 _REFERENCE = re.compile(r"\$\{(env|file):([^}]*)\}")
-_SECRET_KEY = re.compile(r"(password|passwd|secret|token|credential|jaas|user\.info|(^|[._-])key$|api[._-]?key|account[._-]key)", re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r"(password|passwd|secret|token|credential|jaas|user\.info|(^|[._-])key$|api[._-]?key|account[._-]key)",
+    re.IGNORECASE,
+)
 _URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@")
 _ASSIGNED_SECRET = re.compile(
     r"\b(AccountKey|SharedAccessSignature|SharedAccessKey|sig|password|passwd|secret|token)(\s*=\s*)(\"[^\"]*\"|'[^']*'|[^;&\s\"',}]+)",
@@ -44,8 +47,12 @@ class SecretReferenceError(ValueError):
     """A `${env:...}` or `${file:...}` reference that cannot be resolved; the message says why."""
 
 
-def resolve_references(node: Any, environ: Mapping[str, str], on_error: Callable[[tuple[str | int, ...], str], Exception],
-                       path: tuple[str | int, ...] = ()) -> Any:
+def resolve_references(
+    node: Any,
+    environ: Mapping[str, str],
+    on_error: Callable[[tuple[str | int, ...], str], Exception],
+    path: tuple[str | int, ...] = (),
+) -> Any:
     """`node` with every `${env:NAME}` / `${file:path[:key]}` in its strings replaced by the secret.
 
     Args:
@@ -58,9 +65,15 @@ def resolve_references(node: Any, environ: Mapping[str, str], on_error: Callable
         A copy of `node`; resolved values are remembered in `known_secret_values`.
     """
     if isinstance(node, dict):
-        return {key: resolve_references(value, environ, on_error, path + (key,)) for key, value in node.items()}
+        return {
+            key: resolve_references(value, environ, on_error, path + (key,))
+            for key, value in node.items()
+        }
     if isinstance(node, list):
-        return [resolve_references(value, environ, on_error, path + (index,)) for index, value in enumerate(node)]
+        return [
+            resolve_references(value, environ, on_error, path + (index,))
+            for index, value in enumerate(node)
+        ]
     if not isinstance(node, str) or "${" not in node:
         return node
 
@@ -78,7 +91,9 @@ def resolve_references(node: Any, environ: Mapping[str, str], on_error: Callable
 def _resolve(provider: str, argument: str, environ: Mapping[str, str]) -> str:
     if provider == "env":
         if argument not in environ:
-            raise SecretReferenceError(f"${{env:{argument}}}: environment variable {argument} is not set")
+            raise SecretReferenceError(
+                f"${{env:{argument}}}: environment variable {argument} is not set"
+            )
         return environ[argument]
     whole = Path(argument)
     if whole.is_file():
@@ -134,7 +149,10 @@ def mask_text(text: str) -> str:
 
 def mask_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a properties mapping with secret-named keys' values masked and the rest through `mask_text`."""
-    return {key: MASK if is_secret_key(str(key)) else mask_strings(value) for key, value in properties.items()}
+    return {
+        key: MASK if is_secret_key(str(key)) else mask_strings(value)
+        for key, value in properties.items()
+    }
 
 
 def mask_strings(value: Any) -> Any:
@@ -165,9 +183,14 @@ def masked_dump(model: BaseModel) -> dict[str, Any]:
         if isinstance(value, BaseModel):
             dumped[name] = masked_dump(value)
         elif isinstance(value, list) and any(isinstance(item, BaseModel) for item in value):
-            dumped[name] = [masked_dump(item) if isinstance(item, BaseModel) else mask_field(item) for item in value]
+            dumped[name] = [
+                masked_dump(item) if isinstance(item, BaseModel) else mask_field(item)
+                for item in value
+            ]
         else:
-            dumped[name] = mask_field(to_jsonable_python(value) if not isinstance(value, SecretStr) else value)
+            dumped[name] = mask_field(
+                to_jsonable_python(value) if not isinstance(value, SecretStr) else value
+            )
     return dumped
 
 
@@ -193,4 +216,4 @@ def _remember(value: Any) -> None:
             _remember(item)
     elif isinstance(value, str):
         for match in _URL_PASSWORD.finditer(value):
-            remember_secret(match.group(0)[len(match.group(1)):-1])
+            remember_secret(match.group(0)[len(match.group(1)) : -1])

@@ -37,7 +37,9 @@ class AzureQueueMonikerTransport(MonikerTransport):
     def __init__(self, settings: AzureQueueTransport, visibility_timeout_s: int = 60) -> None:
         connection_string = settings.connection_string.get_secret_value()
         self.queue = _queue(connection_string, settings.queue_name, settings.api_version)
-        self.dead_letter_queue = _queue(connection_string, settings.dead_letter_queue_name, settings.api_version)
+        self.dead_letter_queue = _queue(
+            connection_string, settings.dead_letter_queue_name, settings.api_version
+        )
         self.journal = MonikerFolder(settings.journal_uri)
         self.dead_letters = DeadLetterFolder(settings.dead_letter_uri)
         self.visibility_timeout_s = visibility_timeout_s
@@ -50,7 +52,9 @@ class AzureQueueMonikerTransport(MonikerTransport):
         """(Re)send the message of a moniker whose journal copy exists."""
         body = encode_moniker(moniker)
         if len(body) > MAX_INLINE_BYTES:
-            body = json.dumps({POINTER_KEY: journal_path or self.journal.path_for(moniker), "id": moniker.id}).encode()
+            body = json.dumps(
+                {POINTER_KEY: journal_path or self.journal.path_for(moniker), "id": moniker.id}
+            ).encode()
         self.queue.send_message(body.decode("utf-8"))
 
     def resume(self, writer_id: str) -> int:
@@ -64,21 +68,43 @@ class AzureQueueMonikerTransport(MonikerTransport):
         be listed, so which copies lack their message is unknown: all go again, oldest seq first.
         The bookkeeper drops the duplicates (a seq already committed, or an id twice in a receive).
         """
-        copies = [stored.moniker for stored in self.journal.list() if stored.moniker is not None and stored.moniker.writer_id == writer_id]
+        copies = [
+            stored.moniker
+            for stored in self.journal.list()
+            if stored.moniker is not None and stored.moniker.writer_id == writer_id
+        ]
         for moniker in sorted(copies, key=lambda m: (m.table, m.seq)):
             self.send(moniker)
         return len(copies)
 
     def receive(self, max_count: int = 1000) -> list[Delivery]:
         deliveries = []
-        pages = self.queue.receive_messages(messages_per_page=32, visibility_timeout=self.visibility_timeout_s, max_messages=max_count)
+        pages = self.queue.receive_messages(
+            messages_per_page=32,
+            visibility_timeout=self.visibility_timeout_s,
+            max_messages=max_count,
+        )
         for message in pages:
-            raw = message.content.encode("utf-8") if isinstance(message.content, str) else bytes(message.content or b"")
+            raw = (
+                message.content.encode("utf-8")
+                if isinstance(message.content, str)
+                else bytes(message.content or b"")
+            )
             moniker, error = self._decode(raw)
             event = None
             if moniker is None and (grid := parse_event_grid(raw)) is not None:
                 event, error = grid.file, grid.error
-            deliveries.append(Delivery(moniker, f"queue:{message.id}", error, raw, message.dequeue_count or 1, handle=message, file_event=event))
+            deliveries.append(
+                Delivery(
+                    moniker,
+                    f"queue:{message.id}",
+                    error,
+                    raw,
+                    message.dequeue_count or 1,
+                    handle=message,
+                    file_event=event,
+                )
+            )
         return deliveries
 
     def _decode(self, raw: bytes) -> tuple[Moniker | None, str | None]:
@@ -87,7 +113,10 @@ class AzureQueueMonikerTransport(MonikerTransport):
         except ValueError as error:
             return None, f"not JSON: {error}"
         if isinstance(parsed, dict) and POINTER_KEY in parsed:
-            if self.journal.filesystem.get_file_info(parsed[POINTER_KEY]).type == pafs.FileType.NotFound:
+            if (
+                self.journal.filesystem.get_file_info(parsed[POINTER_KEY]).type
+                == pafs.FileType.NotFound
+            ):
                 # Its copy goes only when the moniker is acknowledged: this is a second message of a
                 # moniker already committed (`resend_journal`), to acknowledge and ignore, not poison.
                 return None, None
@@ -111,16 +140,25 @@ class AzureQueueMonikerTransport(MonikerTransport):
         # which the acknowledgement deletes.
         raw = encode_moniker(delivery.moniker) if delivery.moniker is not None else delivery.raw
         name = self.dead_letters.put(delivery.source, raw, reason)
-        content = delivery.raw.decode("utf-8", "replace") if len(delivery.raw) <= MAX_INLINE_BYTES else ""
-        self.dead_letter_queue.send_message(json.dumps({"reason": reason, "source": delivery.source, "name": name, "content": content}))
+        content = (
+            delivery.raw.decode("utf-8", "replace") if len(delivery.raw) <= MAX_INLINE_BYTES else ""
+        )
+        self.dead_letter_queue.send_message(
+            json.dumps(
+                {"reason": reason, "source": delivery.source, "name": name, "content": content}
+            )
+        )
         self.acknowledge(delivery)
 
     def has_pending(self) -> bool:
         return bool(self.queue.peek_messages(max_messages=1))
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
-        return [stored.moniker for stored in self.journal.list(table, writer_id)
-                if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)]
+        return [
+            stored.moniker
+            for stored in self.journal.list(table, writer_id)
+            if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)
+        ]
 
 
 def _queue(connection_string: str, name: str, api_version: str | None) -> QueueClient:

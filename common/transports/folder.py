@@ -43,7 +43,12 @@ class MonikerFolder:
         self.filesystem, self.root = open_filesystem(uri)
 
     def path_for(self, moniker: Moniker) -> str:
-        return posixpath.join(self.root, path_segment(moniker.table), path_segment(moniker.writer_id), f"{moniker.seq:012d}-{moniker.id}{SUFFIX}")
+        return posixpath.join(
+            self.root,
+            path_segment(moniker.table),
+            path_segment(moniker.writer_id),
+            f"{moniker.seq:012d}-{moniker.id}{SUFFIX}",
+        )
 
     def write(self, moniker: Moniker) -> str:
         """Make `moniker` durable and visible as one whole file; returns its path."""
@@ -72,8 +77,11 @@ class MonikerFolder:
                 base = posixpath.join(base, path_segment(writer_id))
         selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
         return sorted(
-            info.path for info in self.filesystem.get_file_info(selector)
-            if info.type == pafs.FileType.File and info.path.endswith(SUFFIX) and not posixpath.basename(info.path).startswith(".")
+            info.path
+            for info in self.filesystem.get_file_info(selector)
+            if info.type == pafs.FileType.File
+            and info.path.endswith(SUFFIX)
+            and not posixpath.basename(info.path).startswith(".")
         )
 
     def list(self, table: str | None = None, writer_id: str | None = None) -> list[StoredMoniker]:
@@ -116,15 +124,25 @@ class DeadLetterFolder:
         name = path_segment(name)
         self.folder.write_bytes(name, raw)
         # Whole or not at all: a listed reason must parse.
-        write_whole(self.folder.filesystem, posixpath.join(self.folder.root, name + REASON_SUFFIX),
-                    json.dumps({"reason": reason, "source": source}).encode())
+        write_whole(
+            self.folder.filesystem,
+            posixpath.join(self.folder.root, name + REASON_SUFFIX),
+            json.dumps({"reason": reason, "source": source}).encode(),
+        )
         return name
 
     def names(self) -> list[str]:
         """Names of the kept deliveries, oldest first."""
         selector = pafs.FileSelector(self.folder.root, recursive=False, allow_not_found=True)
-        reasons = [posixpath.basename(info.path) for info in self.folder.filesystem.get_file_info(selector) if info.path.endswith(REASON_SUFFIX)]
-        return sorted((name[:-len(REASON_SUFFIX)] for name in reasons), key=lambda name: (_stamp(name) or 0, name))
+        reasons = [
+            posixpath.basename(info.path)
+            for info in self.folder.filesystem.get_file_info(selector)
+            if info.path.endswith(REASON_SUFFIX)
+        ]
+        return sorted(
+            (name[: -len(REASON_SUFFIX)] for name in reasons),
+            key=lambda name: (_stamp(name) or 0, name),
+        )
 
     def read(self, name: str) -> Quarantined:
         base = posixpath.join(self.folder.root, name)
@@ -137,7 +155,9 @@ class DeadLetterFolder:
             moniker = decode_moniker(raw)
         except MonikerError:
             moniker = None
-        return Quarantined(name, facts.get("reason", ""), facts.get("source", ""), moniker, raw, _stamp(name))
+        return Quarantined(
+            name, facts.get("reason", ""), facts.get("source", ""), moniker, raw, _stamp(name)
+        )
 
     def list(self) -> list[Quarantined]:
         return [self.read(name) for name in self.names()]

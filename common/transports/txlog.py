@@ -25,7 +25,9 @@ class TxLogMonikerTransport(MonikerTransport):
             stored = self.folder.read(path)
             self._attempts[path] = self._attempts.get(path, 0) + 1
             raw = b"" if stored.moniker is not None else _read_quietly(self.folder, path)
-            deliveries.append(Delivery(stored.moniker, path, stored.error, raw, self._attempts[path], handle=path))
+            deliveries.append(
+                Delivery(stored.moniker, path, stored.error, raw, self._attempts[path], handle=path)
+            )
         return deliveries
 
     def acknowledge(self, delivery: Delivery) -> None:
@@ -41,8 +43,11 @@ class TxLogMonikerTransport(MonikerTransport):
         return bool(self.folder.list_paths())
 
     def pending(self, table: str | None = None, writer_id: str | None = None) -> list[Moniker]:
-        return [stored.moniker for stored in self.folder.list(table, writer_id)
-                if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)]
+        return [
+            stored.moniker
+            for stored in self.folder.list(table, writer_id)
+            if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)
+        ]
 
 
 def _read_quietly(folder: MonikerFolder, path: str) -> bytes:

@@ -30,8 +30,9 @@ import shutil
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -56,11 +57,19 @@ def seed_schema(config: IcekeeperConfig) -> Schema:
     from common.schema import envelope_shape, resolve_named_types
 
     shape = envelope_shape(resolve_named_types(seed000.SCHEMA_VERSIONS[4].value_schema()))
-    columns = metadata_columns(config.metadata_columns, True, record_types(shape.source), record_types(shape.transaction)) + row_columns(shape, ["ID1", "ID2"])
+    columns = metadata_columns(
+        config.metadata_columns, True, record_types(shape.source), record_types(shape.transaction)
+    ) + row_columns(shape, ["ID1", "ID2"])
     return assign_ids(columns, None, ["ID1", "ID2"])
 
 
-_ARROW = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "timestamptz": pa.timestamp("us", tz="UTC"), "timestamp": pa.timestamp("us")}
+_ARROW = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+    "timestamp": pa.timestamp("us"),
+}
 
 
 def _wall_clock_us(millis: int) -> int:
@@ -69,49 +78,105 @@ def _wall_clock_us(millis: int) -> int:
 
 
 def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
-    fields = [pa.field(f.name, _ARROW[str(f.field_type)], nullable=not f.required, metadata={b"PARQUET:field_id": str(f.field_id).encode()})
-              for f in schema.fields]
+    fields = [
+        pa.field(
+            f.name,
+            _ARROW[str(f.field_type)],
+            nullable=not f.required,
+            metadata={b"PARQUET:field_id": str(f.field_id).encode()},
+        )
+        for f in schema.fields
+    ]
     columns: dict[str, list] = {f.name: [] for f in schema.fields}
     for offset in range(first_offset, first_offset + ROWS_PER_FILE):
         row = {
-            "_src_name": "test", "_src_db": "db_gb18030_test", "_src_table": "tbl_test_1", "_src_ts_ms": 1646297167000 + offset,
-            "_src_server_id": 1, "_src_file": "mysql-bin.000021", "_src_pos": 46951 + offset, "_src_op": "u", "_src_ts_ms_r": 1646297167652 + offset,
-            "_tsc_id": f"e45b718e-906f-11ec-89e3-0242c0a8640a:{offset}", "_tsc_total_order": 1, "_tsc_data_collection_order": 1,
-            "_kfk_topic": "test.db_gb18030_test.tbl_test_1", "_kfk_partition": 0, "_kfk_offset": offset, "_kfk_timestamp": 1646297167000000 + offset,
-            "ID1": 1000 + offset % 5000, "ID2": "A", "C1": f"V{offset % 97}-1", "C2": 5000 + offset % 1000, "C6": None, "C5": f"S4-{offset % 1000}",
-            "C4": 4000 + offset % 13, "C3": None, "CREATE_TIME": _wall_clock_us(1646101923000), "UPDATE_TIME": _wall_clock_us(1646296793000 + offset),
+            "_src_name": "test",
+            "_src_db": "db_gb18030_test",
+            "_src_table": "tbl_test_1",
+            "_src_ts_ms": 1646297167000 + offset,
+            "_src_server_id": 1,
+            "_src_file": "mysql-bin.000021",
+            "_src_pos": 46951 + offset,
+            "_src_op": "u",
+            "_src_ts_ms_r": 1646297167652 + offset,
+            "_tsc_id": f"e45b718e-906f-11ec-89e3-0242c0a8640a:{offset}",
+            "_tsc_total_order": 1,
+            "_tsc_data_collection_order": 1,
+            "_kfk_topic": "test.db_gb18030_test.tbl_test_1",
+            "_kfk_partition": 0,
+            "_kfk_offset": offset,
+            "_kfk_timestamp": 1646297167000000 + offset,
+            "ID1": 1000 + offset % 5000,
+            "ID2": "A",
+            "C1": f"V{offset % 97}-1",
+            "C2": 5000 + offset % 1000,
+            "C6": None,
+            "C5": f"S4-{offset % 1000}",
+            "C4": 4000 + offset % 13,
+            "C3": None,
+            "CREATE_TIME": _wall_clock_us(1646101923000),
+            "UPDATE_TIME": _wall_clock_us(1646296793000 + offset),
         }
         for name in columns:
             columns[name].append(row.get(name))
     table = pa.Table.from_pydict(columns, schema=pa.schema(fields))
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="zstd")
-    return FileEntry(path="file://" + str(path), size_bytes=path.stat().st_size, record_count=ROWS_PER_FILE)
+    return FileEntry(
+        path="file://" + str(path), size_bytes=path.stat().st_size, record_count=ROWS_PER_FILE
+    )
 
 
 def _config(state_dir: Path) -> IcekeeperConfig:
-    return load_config(None, environ={
-        "ICEKEEPER__STATE_DIR": str(state_dir),
-        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench], primary_key: [ID1, ID2], mode: changelog}}]",
-        "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
-        "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
-        "ICEKEEPER__BOOKKEEPER__MAX_FILES_PER_COMMIT": "100000",
-    })
+    return load_config(
+        None,
+        environ={
+            "ICEKEEPER__STATE_DIR": str(state_dir),
+            "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench], primary_key: [ID1, ID2], mode: changelog}}]",
+            "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
+            "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+            "ICEKEEPER__BOOKKEEPER__MAX_FILES_PER_COMMIT": "100000",
+        },
+    )
 
 
-def _monikers(config: IcekeeperConfig, schema: Schema, count: int, start_seq: int = 1) -> list[Moniker]:
+def _monikers(
+    config: IcekeeperConfig, schema: Schema, count: int, start_seq: int = 1
+) -> list[Moniker]:
     location = config.catalog.properties["warehouse"] + "/bench/tbl_test_1"
     schema_json = json.loads(schema.model_dump_json())
     monikers = []
     for index in range(count):
         seq = start_seq + index
         offset = (seq - 1) * ROWS_PER_FILE
-        path = Path(location.removeprefix("file://")) / "data" / "bench" / f"{seq:08d}-{uuid.uuid4().hex[:8]}.parquet"
+        path = (
+            Path(location.removeprefix("file://"))
+            / "data"
+            / "bench"
+            / f"{seq:08d}-{uuid.uuid4().hex[:8]}.parquet"
+        )
         entry = write_seed_file(path, schema, offset)
-        ranges = [OffsetRange(topic="bench", partition=0, from_offset=offset, until_offset=offset + ROWS_PER_FILE)]
-        monikers.append(Moniker(id=moniker_id("bench", TABLE, ranges), writer_id="bench", seq=seq, prev_seq=seq - 1 if seq > 1 else None,
-                                table=TABLE, table_location=location, schema=schema_json, files=[entry], offsets=ranges, records=ROWS_PER_FILE,
-                                min_event_time_ms=1646297167000 + offset, max_event_time_ms=1646297167000 + offset + ROWS_PER_FILE))
+        ranges = [
+            OffsetRange(
+                topic="bench", partition=0, from_offset=offset, until_offset=offset + ROWS_PER_FILE
+            )
+        ]
+        monikers.append(
+            Moniker(
+                id=moniker_id("bench", TABLE, ranges),
+                writer_id="bench",
+                seq=seq,
+                prev_seq=seq - 1 if seq > 1 else None,
+                table=TABLE,
+                table_location=location,
+                schema=schema_json,
+                files=[entry],
+                offsets=ranges,
+                records=ROWS_PER_FILE,
+                min_event_time_ms=1646297167000 + offset,
+                max_event_time_ms=1646297167000 + offset + ROWS_PER_FILE,
+            )
+        )
     return monikers
 
 
@@ -130,7 +195,12 @@ def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
         bookkeeper.committer.footer_reader.close()
         assert report.committed_monikers == 1000, report
         if run == 0:
-            data_dir = Path(config.catalog.properties["warehouse"].removeprefix("file://")) / "bench" / "tbl_test_1" / "data"
+            data_dir = (
+                Path(config.catalog.properties["warehouse"].removeprefix("file://"))
+                / "bench"
+                / "tbl_test_1"
+                / "data"
+            )
             files = ["file://" + str(path) for path in sorted(data_dir.rglob("*.parquet"))]
             baseline_config = _config(work / "add-files")
             from common.catalog import open_catalog
@@ -149,7 +219,12 @@ def bench_footers(work: Path, count: int, progress: Progress) -> tuple[float, fl
     """Seconds to read `count` footers with a fresh reader, and to also turn them into data files."""
     config = _config(work / "footers")
     schema = seed_schema(config)
-    entries = [write_seed_file(work / "footers" / "files" / f"{index:06d}.parquet", schema, index * ROWS_PER_FILE) for index in range(count)]
+    entries = [
+        write_seed_file(
+            work / "footers" / "files" / f"{index:06d}.parquet", schema, index * ROWS_PER_FILE
+        )
+        for index in range(count)
+    ]
     progress(f"reading {count:,} footers")
     started = time.monotonic()
     reader = FooterReader(os.cpu_count() or 2)
@@ -184,18 +259,25 @@ def bench_latency(work: Path, commits: int, progress: Progress) -> dict[str, flo
         cpu_times.append(time.process_time() - cpu_started)
         latencies.append(report.tables[0].seconds)
         if seq % 1000 == 0:
-            progress(f"  {seq:,} commits, latest median {statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms")
+            progress(
+                f"  {seq:,} commits, latest median {statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms"
+            )
     bookkeeper.committer.footer_reader.close()
     early, late = slice(9, 9 + WINDOW), slice(-WINDOW, None)
     p90 = lambda values: statistics.quantiles(values, n=10)[-1]  # noqa: E731
     return {
-        "at_10": statistics.median(latencies[early]) * 1000, "at_end": statistics.median(latencies[late]) * 1000,
-        "p90_at_10": p90(latencies[early]) * 1000, "p90_at_end": p90(latencies[late]) * 1000,
-        "cpu_at_10": statistics.median(cpu_times[early]) * 1000, "cpu_at_end": statistics.median(cpu_times[late]) * 1000,
+        "at_10": statistics.median(latencies[early]) * 1000,
+        "at_end": statistics.median(latencies[late]) * 1000,
+        "p90_at_10": p90(latencies[early]) * 1000,
+        "p90_at_end": p90(latencies[late]) * 1000,
+        "cpu_at_10": statistics.median(cpu_times[early]) * 1000,
+        "cpu_at_end": statistics.median(cpu_times[late]) * 1000,
     }
 
 
-def run_bookkeeper_bench(state_dir: str, commits: int = 10_000, footers: int = 10_000, progress: Progress = print) -> dict[str, Any]:
+def run_bookkeeper_bench(
+    state_dir: str, commits: int = 10_000, footers: int = 10_000, progress: Progress = print
+) -> dict[str, Any]:
     work = fresh_work_folder(state_dir, "bench-bookkeeper")
     commit_s, baseline_s = bench_commit_1000(work, progress)
     footers_s, data_files_s = bench_footers(work, footers, progress)
@@ -203,12 +285,17 @@ def run_bookkeeper_bench(state_dir: str, commits: int = 10_000, footers: int = 1
     latency = bench_latency(work, commits, progress)
     shutil.rmtree(work, ignore_errors=True)
     return {
-        "commit_1000_monikers_s": round(commit_s, 3), "baseline_add_files_1000_s": round(baseline_s, 3),
-        "ratio_vs_add_files": round(baseline_s / commit_s, 2), f"footers_{footers}_s": round(footers_s, 3),
+        "commit_1000_monikers_s": round(commit_s, 3),
+        "baseline_add_files_1000_s": round(baseline_s, 3),
+        "ratio_vs_add_files": round(baseline_s / commit_s, 2),
+        f"footers_{footers}_s": round(footers_s, 3),
         f"data_files_{footers}_s": round(data_files_s, 3),
-        "commit_ms_at_10": round(latency["at_10"], 1), f"commit_ms_at_{commits}": round(latency["at_end"], 1),
+        "commit_ms_at_10": round(latency["at_10"], 1),
+        f"commit_ms_at_{commits}": round(latency["at_end"], 1),
         "latency_growth_ratio": round(latency["at_end"] / latency["at_10"], 2),
-        "commit_p90_ms_at_10": round(latency["p90_at_10"], 1), f"commit_p90_ms_at_{commits}": round(latency["p90_at_end"], 1),
-        "cycle_cpu_ms_at_10": round(latency["cpu_at_10"], 1), f"cycle_cpu_ms_at_{commits}": round(latency["cpu_at_end"], 1),
+        "commit_p90_ms_at_10": round(latency["p90_at_10"], 1),
+        f"commit_p90_ms_at_{commits}": round(latency["p90_at_end"], 1),
+        "cycle_cpu_ms_at_10": round(latency["cpu_at_10"], 1),
+        f"cycle_cpu_ms_at_{commits}": round(latency["cpu_at_end"], 1),
         "cpu_growth_ratio": round(latency["cpu_at_end"] / latency["cpu_at_10"], 2),
     }

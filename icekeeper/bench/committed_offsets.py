@@ -36,7 +36,7 @@ class CommittedOffsets:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="committed-offsets", daemon=True)
 
-    def start(self) -> "CommittedOffsets":
+    def start(self) -> CommittedOffsets:
         self._thread.start()
         return self
 
@@ -50,21 +50,32 @@ class CommittedOffsets:
             try:
                 self.read_new()
             except Exception as error:  # noqa: BLE001 - e.g. the catalog busy: the next look catches up
-                log.warning("reading committed offsets failed; retrying", extra={"error": repr(error)})
+                log.warning(
+                    "reading committed offsets failed; retrying", extra={"error": repr(error)}
+                )
 
     def read_new(self) -> None:
         path = Path(self.config.bookkeeper.commit_report_path)
         text = path.read_text() if path.exists() else ""
-        lines = text[:text.rfind("\n") + 1].splitlines()  # a line still being appended waits for the next look
-        new = [json.loads(line) for line in lines[self._lines_read:]]
+        lines = text[
+            : text.rfind("\n") + 1
+        ].splitlines()  # a line still being appended waits for the next look
+        new = [json.loads(line) for line in lines[self._lines_read :]]
         if not new:
             return
         table = open_catalog(self.config).load_table(self.identifier)
         for report in new:
             snapshot = table.snapshot_by_id(report["snapshot_id"])
             if snapshot is None:
-                raise RuntimeError(f"snapshot {report['snapshot_id']} was expired before its offsets were read")
-            self.commits.append((report["committed_at_ms"], CommittedState.from_summary(snapshot.summary.additional_properties).offsets))
+                raise RuntimeError(
+                    f"snapshot {report['snapshot_id']} was expired before its offsets were read"
+                )
+            self.commits.append(
+                (
+                    report["committed_at_ms"],
+                    CommittedState.from_summary(snapshot.summary.additional_properties).offsets,
+                )
+            )
         self._lines_read += len(new)
 
     def freshness(self, topic: str, since_ms: int) -> list[float]:
@@ -80,8 +91,13 @@ class CommittedOffsets:
                     if not untils or until > untils[-1]:
                         untils.append(until)
                         times.append(committed_ms)
-        consumer = Consumer({"bootstrap.servers": self.config.sources[0].bootstrap_servers, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                             "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.config.sources[0].bootstrap_servers,
+                "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+            }
+        )
         delays: list[float] = []
         try:
             for partition, (untils, times) in covered.items():
@@ -91,14 +107,18 @@ class CommittedOffsets:
                 while position < end:
                     messages = consumer.consume(10_000, timeout=10)
                     if not messages:
-                        raise TimeoutError(f"{topic}[{partition}]: no records after offset {position} (committed up to {end})")
+                        raise TimeoutError(
+                            f"{topic}[{partition}]: no records after offset {position} (committed up to {end})"
+                        )
                     for message in messages:
                         if message.error():
                             raise RuntimeError(str(message.error()))
                         position = message.offset() + 1
                         kafka_ms = message.timestamp()[1]
                         if kafka_ms >= since_ms and message.offset() < end:
-                            delays.append((times[bisect_right(untils, message.offset())] - kafka_ms) / 1000)
+                            delays.append(
+                                (times[bisect_right(untils, message.offset())] - kafka_ms) / 1000
+                            )
         finally:
             consumer.close()
         return delays

@@ -33,9 +33,10 @@ import statistics
 import threading
 import time
 import uuid
-from pathlib import Path
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -55,21 +56,26 @@ Progress = Callable[[str], None]
 TABLE = "bench.freshness"
 
 
-def e2e_config(base: IcekeeperConfig, work: Path, topic: str, cores: int | None, mode: str = "changelog") -> IcekeeperConfig:
+def e2e_config(
+    base: IcekeeperConfig, work: Path, topic: str, cores: int | None, mode: str = "changelog"
+) -> IcekeeperConfig:
     """The stack's addresses from `base`; a fresh state folder, one topic, one table (`mode`: changelog or upsert)."""
     source = base.sources[0]
-    return load_config(None, environ={
-        "ICEKEEPER__STATE_DIR": str(work),
-        "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
-        "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": source.bootstrap_servers,
-        "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
-        "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
-        "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
-        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: {mode}}}]",
-        "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores or os.cpu_count() or 2}]",
-        "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
-        "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
-    })
+    return load_config(
+        None,
+        environ={
+            "ICEKEEPER__STATE_DIR": str(work),
+            "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
+            "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": source.bootstrap_servers,
+            "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
+            "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
+            "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: {mode}}}]",
+            "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores or os.cpu_count() or 2}]",
+            "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
+            "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+        },
+    )
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -96,7 +102,9 @@ def record_freshness(config: IcekeeperConfig, since_ms: int) -> tuple[list[float
             path = entry.data_file.file_path.removeprefix("file://")
             written_ms = os.stat(path).st_mtime * 1000
             column = pq.read_table(path, columns=["_kfk_timestamp"]).column(0)
-            kafka_ms = [ms for ms in pc.divide(column.cast("int64"), 1000).to_pylist() if ms >= since_ms]  # from microseconds
+            kafka_ms = [
+                ms for ms in pc.divide(column.cast("int64"), 1000).to_pylist() if ms >= since_ms
+            ]  # from microseconds
             committed.extend((committed_ms - ms) / 1000 for ms in kafka_ms)
             written.extend((written_ms - ms) / 1000 for ms in kafka_ms)
     return committed, written
@@ -108,11 +116,15 @@ def _committed_records(table: Table | None, by_offsets: bool) -> int:
     if snapshot is None:
         return 0
     if by_offsets:
-        return sum(CommittedState.from_summary(snapshot.summary.additional_properties).offsets.values())
+        return sum(
+            CommittedState.from_summary(snapshot.summary.additional_properties).offsets.values()
+        )
     return int(snapshot.summary.additional_properties.get("total-records", 0))
 
 
-def _wait_for_rows(config: IcekeeperConfig, rows: int, deadline: float, by_offsets: bool = False) -> None:
+def _wait_for_rows(
+    config: IcekeeperConfig, rows: int, deadline: float, by_offsets: bool = False
+) -> None:
     catalog = open_catalog(config)
     while time.monotonic() < deadline:
         if _committed_records(load_table_or_none(catalog, TABLE), by_offsets) >= rows:
@@ -133,11 +145,19 @@ def bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
     bookkeeper.run()
 
 
-def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: float = 2000.0, cores: int | None = None,
-                  warmup_s: float = 10.0, progress: Progress = print, mode: str = "changelog", spark: Any = None) -> dict[str, Any]:
+def run_e2e_bench(
+    base: IcekeeperConfig,
+    seconds: float = 60.0,
+    rate_per_s: float = 2000.0,
+    cores: int | None = None,
+    warmup_s: float = 10.0,
+    progress: Progress = print,
+    mode: str = "changelog",
+    spark: Any = None,
+) -> dict[str, Any]:
     """Args:
-        mode: the table's mode, `changelog` or `upsert` (see the module docstring).
-        spark: a SparkSession for the writer, left running; default: a new one, stopped at the end.
+    mode: the table's mode, `changelog` or `upsert` (see the module docstring).
+    spark: a SparkSession for the writer, left running; default: a new one, stopped at the end.
     """
     from common.spark import spark_session
     from writers.job import WriterJob
@@ -146,7 +166,13 @@ def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: floa
     topic = f"bench.freshness.{uuid.uuid4().hex[:8]}"
     work = fresh_work_folder(base.state_dir, "bench-e2e")
     config = e2e_config(base, work, topic, cores, mode)
-    shape = {"keys": 20_000, "schema_changes": 0, "server": "bench", "db": "freshness", "table": "rows"}
+    shape = {
+        "keys": 20_000,
+        "schema_changes": 0,
+        "server": "bench",
+        "db": "freshness",
+        "table": "rows",
+    }
     if upsert:
         shape.update(update_ratio=0.7, delete_ratio=0.1)
     spec = SyntheticSpec(seed=7, events=int(seconds * rate_per_s), **shape)
@@ -157,23 +183,38 @@ def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: floa
     writer_thread = threading.Thread(target=writer.run, name="writer")
     context = multiprocessing.get_context("spawn")
     stop_bookkeeper, bookkeeper_ready = context.Event(), context.Event()
-    bookkeeper = context.Process(target=bookkeeper_process, args=(config, stop_bookkeeper, bookkeeper_ready), name="bookkeeper")
+    bookkeeper = context.Process(
+        target=bookkeeper_process,
+        args=(config, stop_bookkeeper, bookkeeper_ready),
+        name="bookkeeper",
+    )
     produced: dict[str, Any] = {}
     committed_offsets = CommittedOffsets(config, TABLE).start() if upsert else None
     try:
-        with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=configure_logging) as producer:
+        with ProcessPoolExecutor(
+            max_workers=1, mp_context=context, initializer=configure_logging
+        ) as producer:
             bookkeeper.start()
             writer_thread.start()
             if not bookkeeper_ready.wait(120):
                 raise TimeoutError("the bookkeeper process did not start")
             progress(f"warming up: {warm_up.events:,} records at {rate_per_s:,.0f}/s")
             warmed = producer.submit(produce_at_rate, config, warm_up, rate_per_s, topic).result()
-            _wait_for_rows(config, warmed["records"], deadline=time.monotonic() + 180, by_offsets=upsert)
-            progress(f"producing {spec.events:,} records at {rate_per_s:,.0f}/s for {seconds:.0f}s to {topic}")
+            _wait_for_rows(
+                config, warmed["records"], deadline=time.monotonic() + 180, by_offsets=upsert
+            )
+            progress(
+                f"producing {spec.events:,} records at {rate_per_s:,.0f}/s for {seconds:.0f}s to {topic}"
+            )
             since_ms = int(time.time() * 1000)
             produced = producer.submit(produce_at_rate, config, spec, rate_per_s, topic).result()
         ended = time.monotonic()
-        _wait_for_rows(config, produced["records"] + warmed["records"], deadline=time.monotonic() + 120, by_offsets=upsert)
+        _wait_for_rows(
+            config,
+            produced["records"] + warmed["records"],
+            deadline=time.monotonic() + 120,
+            by_offsets=upsert,
+        )
         drain_s = time.monotonic() - ended
     finally:
         writer.stop.set()
@@ -193,11 +234,20 @@ def run_e2e_bench(base: IcekeeperConfig, seconds: float = 60.0, rate_per_s: floa
         delays = committed_offsets.freshness(topic, since_ms)
     commits = len(Path(config.bookkeeper.commit_report_path).read_text().splitlines())
     result = {
-        "freshness_p50_s": round(statistics.median(delays), 3), "freshness_p99_s": round(percentile(delays, 0.99), 3),
+        "freshness_p50_s": round(statistics.median(delays), 3),
+        "freshness_p99_s": round(percentile(delays, 0.99), 3),
         "freshness_max_s": round(max(delays), 3),
-        "written_p50_s": round(statistics.median(written), 3), "written_p99_s": round(percentile(written, 0.99), 3), "records_per_s": produced.get("rate_per_s"), "records": len(delays),
-        "produced": produced.get("records"), "seconds": produced.get("seconds"), "drain_s": round(drain_s, 2), "snapshots": commits,
-        "writer_trigger_s": config.writer.trigger_interval, "commit_interval_s": config.bookkeeper.commit_interval, "warmup_s": warmup_s,
+        "written_p50_s": round(statistics.median(written), 3),
+        "written_p99_s": round(percentile(written, 0.99), 3),
+        "records_per_s": produced.get("rate_per_s"),
+        "records": len(delays),
+        "produced": produced.get("records"),
+        "seconds": produced.get("seconds"),
+        "drain_s": round(drain_s, 2),
+        "snapshots": commits,
+        "writer_trigger_s": config.writer.trigger_interval,
+        "commit_interval_s": config.bookkeeper.commit_interval,
+        "warmup_s": warmup_s,
     }
     shutil.rmtree(work, ignore_errors=True)
     return result

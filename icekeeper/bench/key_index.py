@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,14 +24,24 @@ from bookkeeper.key_index import ABSENT, KeyIndex, pack
 Progress = Callable[[str], None]
 
 
-def run_key_index_bench(keys: int = 10_000_000, cycle_changes: int = 100_000, cycles: int = 20, progress: Progress = print) -> dict[str, Any]:
+def run_key_index_bench(
+    keys: int = 10_000_000,
+    cycle_changes: int = 100_000,
+    cycles: int = 20,
+    progress: Progress = print,
+) -> dict[str, Any]:
     """Build an index of `keys` keys, run `cycles` cycles of changes, save and load it."""
     rng = np.random.default_rng(13)
     index = KeyIndex(exact=True)
     started = time.perf_counter()
     for first in range(0, keys, 1_000_000):
         batch = np.arange(first, min(keys, first + 1_000_000), dtype=np.uint64)
-        index.apply(index.plan(batch, np.zeros_like(batch), pack(first // 1_000_000, np.arange(len(batch)))), None)
+        index.apply(
+            index.plan(
+                batch, np.zeros_like(batch), pack(first // 1_000_000, np.arange(len(batch)))
+            ),
+            None,
+        )
     build_s = time.perf_counter() - started
     progress(f"built {keys:,} keys in {build_s:.1f}s")
     next_key, ops, busy = keys, 0, 0.0
@@ -41,7 +52,7 @@ def run_key_index_bench(keys: int = 10_000_000, cycle_changes: int = 100_000, cy
         next_key += len(inserts)
         hi = np.concatenate([updates, deletes, inserts])
         locations = pack(1000 + number, np.arange(len(hi)))
-        locations[len(updates):len(updates) + len(deletes)] = ABSENT
+        locations[len(updates) : len(updates) + len(deletes)] = ABSENT
         began = time.perf_counter()
         changes = index.plan(hi, np.zeros_like(hi), locations)
         index.apply(changes, number)
@@ -52,19 +63,32 @@ def run_key_index_bench(keys: int = 10_000_000, cycle_changes: int = 100_000, cy
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "key-index.parquet"
         began = time.perf_counter()
-        pq.write_table(pa.table(dict(zip(("hi", "lo", "location"), index.arrays()))), path, compression="none")
+        pq.write_table(
+            pa.table(dict(zip(("hi", "lo", "location"), index.arrays()))), path, compression="none"
+        )
         save_s = time.perf_counter() - began
         began = time.perf_counter()
         loaded = pq.read_table(path)
-        recovered = KeyIndex(exact=True, hi=loaded.column("hi").to_numpy(), lo=loaded.column("lo").to_numpy(),
-                             location=loaded.column("location").to_numpy().copy())
+        recovered = KeyIndex(
+            exact=True,
+            hi=loaded.column("hi").to_numpy(),
+            lo=loaded.column("lo").to_numpy(),
+            location=loaded.column("location").to_numpy().copy(),
+        )
         recovery_s = time.perf_counter() - began
     assert recovered.live_keys == live
     result = {
-        "keys": live, "cycle_changes": cycle_changes, "cycles": cycles,
-        "index_ops_per_s": round(ops / busy), "index_bytes_per_key": round(bytes_per_key, 1),
-        "index_save_s": round(save_s, 2), "index_recovery_s": round(recovery_s, 2), "build_s": round(build_s, 1),
+        "keys": live,
+        "cycle_changes": cycle_changes,
+        "cycles": cycles,
+        "index_ops_per_s": round(ops / busy),
+        "index_bytes_per_key": round(bytes_per_key, 1),
+        "index_save_s": round(save_s, 2),
+        "index_recovery_s": round(recovery_s, 2),
+        "build_s": round(build_s, 1),
     }
-    progress(f"{result['index_ops_per_s']:,} look-ups-and-updates/s, {result['index_bytes_per_key']} bytes/key, "
-             f"recovery {result['index_recovery_s']}s at {live:,} keys")
+    progress(
+        f"{result['index_ops_per_s']:,} look-ups-and-updates/s, {result['index_bytes_per_key']} bytes/key, "
+        f"recovery {result['index_recovery_s']}s at {live:,} keys"
+    )
     return result

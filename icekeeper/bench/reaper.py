@@ -18,8 +18,9 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from common.catalog import open_catalog
 from common.config import IcekeeperConfig, load_config
@@ -31,18 +32,30 @@ Progress = Callable[[str], None]
 TABLE = "bench.small_files"
 
 
-def append_snapshot_per_file(spark, catalog_name: str, identifier: str, entries: Sequence[FileEntry]) -> None:
+def append_snapshot_per_file(
+    spark, catalog_name: str, identifier: str, entries: Sequence[FileEntry]
+) -> None:
     """One snapshot per file, in one Iceberg (Java) transaction: a fast way to a long history."""
     jvm = spark.sparkContext._jvm  # noqa: SLF001 - Iceberg's Java API has no Python binding
-    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, f"{catalog_name}.{identifier}")  # noqa: SLF001
+    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession, f"{catalog_name}.{identifier}"
+    )
     transaction = table.newTransaction()
     spec = table.spec()
     metrics_config = jvm.org.apache.iceberg.MetricsConfig.forTable(table)
     for entry in entries:
         # Column metrics from the footer, as the bookkeeper commits them (filters prune by them).
-        metrics = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(table.io().newInputFile(entry.path), metrics_config)
-        data_file = (jvm.org.apache.iceberg.DataFiles.builder(spec).withPath(entry.path).withFileSizeInBytes(entry.size_bytes)
-                     .withMetrics(metrics).withFormat("parquet").build())
+        metrics = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
+            table.io().newInputFile(entry.path), metrics_config
+        )
+        data_file = (
+            jvm.org.apache.iceberg.DataFiles.builder(spec)
+            .withPath(entry.path)
+            .withFileSizeInBytes(entry.size_bytes)
+            .withMetrics(metrics)
+            .withFormat("parquet")
+            .build()
+        )
         transaction.newFastAppend().appendFile(data_file).commit()
     transaction.commitTransaction()
 
@@ -50,7 +63,11 @@ def append_snapshot_per_file(spark, catalog_name: str, identifier: str, entries:
 def files_under(location: str) -> dict[str, int]:
     """Every visible file under a local table location, with its size (hidden `.crc` files aside)."""
     root = Path(location.removeprefix("file://"))
-    return {str(path): path.stat().st_size for path in root.rglob("*") if path.is_file() and not path.name.startswith(".")}
+    return {
+        str(path): path.stat().st_size
+        for path in root.rglob("*")
+        if path.is_file() and not path.name.startswith(".")
+    }
 
 
 def age_files(paths: Sequence[str], seconds: float) -> None:
@@ -61,18 +78,23 @@ def age_files(paths: Sequence[str], seconds: float) -> None:
 
 
 def bench_config(state_dir: Path) -> IcekeeperConfig:
-    return load_config(None, environ={
-        "ICEKEEPER__STATE_DIR": str(state_dir),
-        "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench]}}]",
-        "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
-        "ICEKEEPER__REAPER__SNAPSHOT_EXPIRE_TIME": "0",
-        "ICEKEEPER__REAPER__RETAIN_LAST": "1",
-        "ICEKEEPER__REAPER__ORPHAN_GRACE": "3600",
-        "ICEKEEPER__REAPER__COMPACT_TARGET_FILE_SIZE_BYTES": str(64 * 1024 * 1024),
-    })
+    return load_config(
+        None,
+        environ={
+            "ICEKEEPER__STATE_DIR": str(state_dir),
+            "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench]}}]",
+            "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
+            "ICEKEEPER__REAPER__SNAPSHOT_EXPIRE_TIME": "0",
+            "ICEKEEPER__REAPER__RETAIN_LAST": "1",
+            "ICEKEEPER__REAPER__ORPHAN_GRACE": "3600",
+            "ICEKEEPER__REAPER__COMPACT_TARGET_FILE_SIZE_BYTES": str(64 * 1024 * 1024),
+        },
+    )
 
 
-def run_reaper_bench(state_dir: str, files: int = 1000, cores: int | None = None, progress: Progress = print) -> dict[str, Any]:
+def run_reaper_bench(
+    state_dir: str, files: int = 1000, cores: int | None = None, progress: Progress = print
+) -> dict[str, Any]:
     from common.spark import spark_session
     from reaper.service import Reaper
 
@@ -83,10 +105,18 @@ def run_reaper_bench(state_dir: str, files: int = 1000, cores: int | None = None
     schema = seed_schema(config)
     table = catalog.create_table(TABLE, schema=schema, properties={"format-version": "2"})
     data = Path(table.location().removeprefix("file://")) / "data"
-    entries = [write_seed_file(data / f"{index:06d}-{uuid.uuid4().hex[:8]}.parquet", schema, index * 100) for index in range(files)]
-    orphans = [write_seed_file(data / "orphans" / f"{index}.parquet", schema, 0).path for index in range(10)]
+    entries = [
+        write_seed_file(data / f"{index:06d}-{uuid.uuid4().hex[:8]}.parquet", schema, index * 100)
+        for index in range(files)
+    ]
+    orphans = [
+        write_seed_file(data / "orphans" / f"{index}.parquet", schema, 0).path
+        for index in range(10)
+    ]
     age_files(orphans, 2 * 3600)
-    spark = spark_session(config, "icekeeper-bench-reaper", master=f"local[{cores or os.cpu_count() or 2}]")
+    spark = spark_session(
+        config, "icekeeper-bench-reaper", master=f"local[{cores or os.cpu_count() or 2}]"
+    )
     try:
         progress(f"building {files:,} snapshots of one file each")
         started = time.monotonic()
@@ -96,7 +126,9 @@ def run_reaper_bench(state_dir: str, files: int = 1000, cores: int | None = None
         rows_before = len(table.scan().to_arrow())
         snapshots_before = len(table.snapshots())
         before = files_under(table.location())
-        progress(f"built in {build_s:.1f}s: {len(before):,} files, {snapshots_before:,} snapshots; running one reaper pass")
+        progress(
+            f"built in {build_s:.1f}s: {len(before):,} files, {snapshots_before:,} snapshots; running one reaper pass"
+        )
         reaper = Reaper(config, spark=spark)
         started = time.monotonic()
         report = reaper.run_pass()
@@ -108,10 +140,19 @@ def run_reaper_bench(state_dir: str, files: int = 1000, cores: int | None = None
         spark.stop()
     totals = report.totals()
     result = {
-        "pass_s": round(pass_s, 2), "files_before": len(before), "files_after": len(after),
-        "bytes_freed": sum(before.values()) - sum(after.values()), "snapshots_before": snapshots_before, "snapshots_after": len(table.snapshots()),
-        "files_compacted": totals["files_compacted"], "snapshots_expired": totals["snapshots_expired"], "files_deleted": totals["files_deleted"],
-        "rows_equal": rows_before == rows_after, "step_seconds": report.tables[0].step_seconds, "build_s": round(build_s, 1), "data_files": files,
+        "pass_s": round(pass_s, 2),
+        "files_before": len(before),
+        "files_after": len(after),
+        "bytes_freed": sum(before.values()) - sum(after.values()),
+        "snapshots_before": snapshots_before,
+        "snapshots_after": len(table.snapshots()),
+        "files_compacted": totals["files_compacted"],
+        "snapshots_expired": totals["snapshots_expired"],
+        "files_deleted": totals["files_deleted"],
+        "rows_equal": rows_before == rows_after,
+        "step_seconds": report.tables[0].step_seconds,
+        "build_s": round(build_s, 1),
+        "data_files": files,
     }
     shutil.rmtree(work, ignore_errors=True)
     return result

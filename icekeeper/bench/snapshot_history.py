@@ -26,7 +26,8 @@ import os
 import shutil
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
@@ -40,11 +41,16 @@ WINDOW = 100
 
 def _window(latencies: list[float], cpu: list[float], window: slice) -> dict[str, float]:
     picked, picked_cpu = latencies[window], cpu[window]
-    return {"median_ms": round(statistics.median(picked) * 1000, 1), "p90_ms": round(statistics.quantiles(picked, n=10)[-1] * 1000, 1),
-            "cpu_ms": round(statistics.median(picked_cpu) * 1000, 1)}
+    return {
+        "median_ms": round(statistics.median(picked) * 1000, 1),
+        "p90_ms": round(statistics.quantiles(picked, n=10)[-1] * 1000, 1),
+        "cpu_ms": round(statistics.median(picked_cpu) * 1000, 1),
+    }
 
 
-def run_snapshot_history_bench(state_dir: str, commits: int = 3700, plain: bool = False, progress: Progress = print) -> dict[str, Any]:
+def run_snapshot_history_bench(
+    state_dir: str, commits: int = 3700, plain: bool = False, progress: Progress = print
+) -> dict[str, Any]:
     """Commit `commits` single-moniker snapshots, then 100 more an hour later; figures as described above."""
     work = fresh_work_folder(state_dir, "bench-snapshot-history")
     config = _config(work)
@@ -66,7 +72,9 @@ def run_snapshot_history_bench(state_dir: str, commits: int = 3700, plain: bool 
     for seq in range(1, commits + 1):
         commit(seq)
         if seq % 500 == 0:
-            progress(f"  {seq:,} commits, latest median {statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms")
+            progress(
+                f"  {seq:,} commits, latest median {statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms"
+            )
     table = bookkeeper.catalog.load_table(TABLE)
     kept_before = len(table.snapshots())
     # An hour and a minute after the first snapshot: the next commit expires the first minute's.
@@ -80,26 +88,42 @@ def run_snapshot_history_bench(state_dir: str, commits: int = 3700, plain: bool 
     metadata_bytes = os.path.getsize(table.metadata_location.removeprefix("file://"))
     late = slice(commits - WINDOW, commits)
     result = {
-        "path": "pyiceberg" if plain else "icekeeper", "commits": commits, "snapshots_kept": kept_before,
+        "path": "pyiceberg" if plain else "icekeeper",
+        "commits": commits,
+        "snapshots_kept": kept_before,
         "commit_ms_at_100": _window(latencies, cpu, slice(WINDOW, 2 * WINDOW)),
         f"commit_ms_at_{commits}": _window(latencies, cpu, late),
-        "expiry_commit_ms": round(latencies[commits] * 1000, 1), "expiry_commit_cpu_ms": round(cpu[commits] * 1000, 1),
+        "expiry_commit_ms": round(latencies[commits] * 1000, 1),
+        "expiry_commit_cpu_ms": round(cpu[commits] * 1000, 1),
         "after_expiry": _window(latencies, cpu, slice(commits, None)),
-        "snapshots_after_expiry": len(table.snapshots()), "metadata_bytes": metadata_bytes,
+        "snapshots_after_expiry": len(table.snapshots()),
+        "metadata_bytes": metadata_bytes,
     }
-    result["growth_ratio"] = round(result[f"commit_ms_at_{commits}"]["median_ms"] / result["commit_ms_at_100"]["median_ms"], 2)
+    result["growth_ratio"] = round(
+        result[f"commit_ms_at_{commits}"]["median_ms"] / result["commit_ms_at_100"]["median_ms"], 2
+    )
     shutil.rmtree(work, ignore_errors=True)
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commits", type=int, default=3700, help="single-moniker commits before the hour passes")
-    parser.add_argument("--plain", action="store_true", help="pyiceberg's own metadata path, for comparison")
-    parser.add_argument("--state-dir", default=".icekeeper", help="folder for the bench's catalog and files (removed after)")
+    parser.add_argument(
+        "--commits", type=int, default=3700, help="single-moniker commits before the hour passes"
+    )
+    parser.add_argument(
+        "--plain", action="store_true", help="pyiceberg's own metadata path, for comparison"
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=".icekeeper",
+        help="folder for the bench's catalog and files (removed after)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = parser.parse_args()
-    result = run_snapshot_history_bench(args.state_dir, args.commits, args.plain, progress=lambda line: print(line, flush=True))
+    result = run_snapshot_history_bench(
+        args.state_dir, args.commits, args.plain, progress=lambda line: print(line, flush=True)
+    )
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

@@ -34,9 +34,10 @@ import shutil
 import statistics
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
@@ -49,7 +50,13 @@ from common.committed_state import committed_state
 from common.config import IcekeeperConfig, load_config
 from common.config.model import TableSpec
 from common.schema import op_column
-from icekeeper.bench.upsert_data import ROW_COLUMNS, ChangePlan, final_state_frame, plan_changes, preload
+from icekeeper.bench.upsert_data import (
+    ROW_COLUMNS,
+    ChangePlan,
+    final_state_frame,
+    plan_changes,
+    preload,
+)
 from icekeeper.bench.upsert_merge import create_merge_table, run_merge_baseline
 from icekeeper.bench.upsert_stages import measure_upsert_stages
 from icekeeper.bench.upsert_table_rows import start_with, write_template
@@ -60,38 +67,58 @@ KEY_COLUMNS = ["id"]
 SIDES = ("ours", "changelog", "baseline")
 
 
-def upsert_bench_config(base: IcekeeperConfig, work: Path, topic: str, batch_records: int, cores: int) -> IcekeeperConfig:
+def upsert_bench_config(
+    base: IcekeeperConfig, work: Path, topic: str, batch_records: int, cores: int
+) -> IcekeeperConfig:
     """The stack's addresses from `base`; a fresh state folder and catalog; writer batches of
     `batch_records`, one after the other; a commit cycle every second."""
     source = base.sources[0]
-    return load_config(None, environ={
-        "ICEKEEPER__STATE_DIR": str(work),
-        "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
-        "ICEKEEPER__CATALOG__NAME": f"bench_{uuid.uuid4().hex[:8]}",  # Spark keeps a catalog per name for the session's life
-        "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": source.bootstrap_servers,
-        "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
-        "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
-        "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
-        "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": str(batch_records),
-        "ICEKEEPER__TABLES": f"[{{identifier: bench.placeholder, topics: [{topic}], primary_key: [id]}}]",  # each run its own: run_config
-        "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores}]",
-        "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
-        "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
-        "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
-    })
+    return load_config(
+        None,
+        environ={
+            "ICEKEEPER__STATE_DIR": str(work),
+            "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
+            "ICEKEEPER__CATALOG__NAME": f"bench_{uuid.uuid4().hex[:8]}",  # Spark keeps a catalog per name for the session's life
+            "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": source.bootstrap_servers,
+            "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
+            "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": str(batch_records),
+            "ICEKEEPER__TABLES": f"[{{identifier: bench.placeholder, topics: [{topic}], primary_key: [id]}}]",  # each run its own: run_config
+            "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores}]",
+            "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
+            "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
+            "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+        },
+    )
 
 
-def run_config(config: IcekeeperConfig, topic: str, identifier: str, mode: str, folder: Path) -> IcekeeperConfig:
+def run_config(
+    config: IcekeeperConfig, topic: str, identifier: str, mode: str, folder: Path
+) -> IcekeeperConfig:
     """One side's run: its table, and a transport, checkpoints, lease and commit report of its own."""
-    source = config.sources[0].model_copy(update={"topics": [topic], "dead_letter_topic": topic + ".dlq"})
-    return config.model_copy(update={
-        "sources": [source],
-        "tables": [TableSpec(identifier=identifier, topics=[topic], primary_key=KEY_COLUMNS, mode=mode)],
-        "transport": config.transport.model_copy(update={"uri": str(folder / "txlog")}),
-        "writer": config.writer.model_copy(update={"checkpoint_uri": str(folder / "checkpoints"), "writer_id": "bench-writer"}),
-        "bookkeeper": config.bookkeeper.model_copy(update={
-            "commit_report_path": str(folder / "commits.jsonl"), "lease_uri": str(folder / "leases"), "group": folder.name}),
-    })
+    source = config.sources[0].model_copy(
+        update={"topics": [topic], "dead_letter_topic": topic + ".dlq"}
+    )
+    return config.model_copy(
+        update={
+            "sources": [source],
+            "tables": [
+                TableSpec(identifier=identifier, topics=[topic], primary_key=KEY_COLUMNS, mode=mode)
+            ],
+            "transport": config.transport.model_copy(update={"uri": str(folder / "txlog")}),
+            "writer": config.writer.model_copy(
+                update={"checkpoint_uri": str(folder / "checkpoints"), "writer_id": "bench-writer"}
+            ),
+            "bookkeeper": config.bookkeeper.model_copy(
+                update={
+                    "commit_report_path": str(folder / "commits.jsonl"),
+                    "lease_uri": str(folder / "leases"),
+                    "group": folder.name,
+                }
+            ),
+        }
+    )
 
 
 def committed_changes(config: IcekeeperConfig, identifier: str) -> int:
@@ -108,7 +135,9 @@ def bookkeeper_running(config: IcekeeperConfig) -> Iterator[multiprocessing.Proc
 
     context = multiprocessing.get_context("spawn")
     stop, ready = context.Event(), context.Event()
-    bookkeeper = context.Process(target=bookkeeper_process, args=(config, stop, ready), name="bookkeeper")
+    bookkeeper = context.Process(
+        target=bookkeeper_process, args=(config, stop, ready), name="bookkeeper"
+    )
     bookkeeper.start()
     try:
         if not ready.wait(120):
@@ -121,7 +150,9 @@ def bookkeeper_running(config: IcekeeperConfig) -> Iterator[multiprocessing.Proc
             bookkeeper.kill()
 
 
-def run_pipeline(spark: SparkSession, config: IcekeeperConfig, changes: int, timeout_s: float = 3600.0) -> dict[str, Any]:
+def run_pipeline(
+    spark: SparkSession, config: IcekeeperConfig, changes: int, timeout_s: float = 3600.0
+) -> dict[str, Any]:
     """Our writer over the whole topic while the bookkeeper commits, until the table covers every change.
 
     Returns:
@@ -142,28 +173,51 @@ def run_pipeline(spark: SparkSession, config: IcekeeperConfig, changes: int, tim
             if time.monotonic() > deadline or not bookkeeper.is_alive():
                 raise TimeoutError(f"{identifier}: {done:,} of {changes:,} changes committed")
             time.sleep(0.25)
-    commits = [json.loads(line) for line in Path(config.bookkeeper.commit_report_path).read_text().splitlines()]
-    return {"seconds": max(c["committed_at_ms"] for c in commits) / 1000 - started_at, "writer_s": writer_s,
-            "batches": sum(1 for report in reports if report.records_read), "batch_s": [round(r.seconds, 2) for r in reports if r.records_read],
-            "snapshots": len(commits),
-            "commit_s": sum(c["latency_ms"] for c in commits) / 1000}
+    commits = [
+        json.loads(line)
+        for line in Path(config.bookkeeper.commit_report_path).read_text().splitlines()
+    ]
+    return {
+        "seconds": max(c["committed_at_ms"] for c in commits) / 1000 - started_at,
+        "writer_s": writer_s,
+        "batches": sum(1 for report in reports if report.records_read),
+        "batch_s": [round(r.seconds, 2) for r in reports if r.records_read],
+        "snapshots": len(commits),
+        "commit_s": sum(c["latency_ms"] for c in commits) / 1000,
+    }
 
 
 def changelog_mirror(frame: DataFrame, op: str) -> DataFrame:
     """A changelog's mirror: each key's last change (by Kafka offset), deleted keys left out."""
-    latest = Window.partitionBy(*KEY_COLUMNS).orderBy(F.col("_kfk_offset").desc(), F.col("_kfk_partition").desc())
-    return frame.withColumn("_last", F.row_number().over(latest)).where("_last = 1").drop("_last").where(F.col(op) != "d")
+    latest = Window.partitionBy(*KEY_COLUMNS).orderBy(
+        F.col("_kfk_offset").desc(), F.col("_kfk_partition").desc()
+    )
+    return (
+        frame.withColumn("_last", F.row_number().over(latest))
+        .where("_last = 1")
+        .drop("_last")
+        .where(F.col(op) != "d")
+    )
 
 
 def state_digest(frame: DataFrame, columns: list[str]) -> dict[str, Any]:
     """Row count, distinct keys and an order-free checksum of the rows' `columns` (sum of row hashes)."""
-    row = frame.agg(F.count(F.lit(1)).alias("rows"), F.countDistinct(*KEY_COLUMNS).alias("keys"),
-                    F.sum(F.xxhash64(*[F.col(name) for name in columns]).cast("decimal(38,0)")).alias("digest")).first()
+    row = frame.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.countDistinct(*KEY_COLUMNS).alias("keys"),
+        F.sum(F.xxhash64(*[F.col(name) for name in columns]).cast("decimal(38,0)")).alias("digest"),
+    ).first()
     return {"rows": row["rows"], "keys": row["keys"], "digest": str(row["digest"])}
 
 
-def final_states(spark: SparkSession, config: IcekeeperConfig, tables: dict[str, str], plan: ChangePlan, folder: Path,
-                 table_rows: int = 0) -> dict[str, Any]:
+def final_states(
+    spark: SparkSession,
+    config: IcekeeperConfig,
+    tables: dict[str, str],
+    plan: ChangePlan,
+    folder: Path,
+    table_rows: int = 0,
+) -> dict[str, Any]:
     """Each table's state (as Spark reads it, deletes applied) against the plan's final state (and
     the `table_rows` starting rows): source columns against the plan, all columns between the tables."""
     op = op_column(config.metadata_columns)
@@ -173,8 +227,18 @@ def final_states(spark: SparkSession, config: IcekeeperConfig, tables: dict[str,
         frames[side] = changelog_mirror(frame, op) if side.startswith("changelog") else frame
     all_columns = sorted(spark.table(f"{config.catalog.name}.{tables['ours']}").columns)
     expected = state_digest(final_state_frame(spark, plan, folder, table_rows), ROW_COLUMNS)
-    states = {side: {"source_columns": state_digest(frame, ROW_COLUMNS), "all_columns": state_digest(frame, all_columns)} for side, frame in frames.items()}
-    equal = all(state["source_columns"] == expected and state["all_columns"] == states["ours"]["all_columns"] for state in states.values())
+    states = {
+        side: {
+            "source_columns": state_digest(frame, ROW_COLUMNS),
+            "all_columns": state_digest(frame, all_columns),
+        }
+        for side, frame in frames.items()
+    }
+    equal = all(
+        state["source_columns"] == expected
+        and state["all_columns"] == states["ours"]["all_columns"]
+        for state in states.values()
+    )
     return {"equal_final_state": equal, "expected": expected, "states": states}
 
 
@@ -185,9 +249,15 @@ def duckdb_scan(metadata_location: str, repeat: int = 9) -> tuple[float, int]:
     connection = duckdb_connection()
     try:
         seconds = []
-        for _ in range(repeat + 1):  # the first one warms the page cache and DuckDB's metadata reads
+        for _ in range(
+            repeat + 1
+        ):  # the first one warms the page cache and DuckDB's metadata reads
             started = time.perf_counter()
-            rows = connection.execute(f"SELECT * FROM iceberg_scan('{metadata_location}')").to_arrow_table().num_rows
+            rows = (
+                connection.execute(f"SELECT * FROM iceberg_scan('{metadata_location}')")
+                .to_arrow_table()
+                .num_rows
+            )
             seconds.append(time.perf_counter() - started)
         return statistics.median(seconds[1:]), rows
     finally:
@@ -197,11 +267,19 @@ def duckdb_scan(metadata_location: str, repeat: int = 9) -> tuple[float, int]:
 def table_files(table: Table) -> dict[str, int]:
     """Files and position deletes of the table's current snapshot."""
     summary = table.current_snapshot().summary.additional_properties
-    return {name: int(summary.get(key, 0)) for name, key in
-            (("data_files", "total-data-files"), ("delete_files", "total-delete-files"), ("position_deletes", "total-position-deletes"))}
+    return {
+        name: int(summary.get(key, 0))
+        for name, key in (
+            ("data_files", "total-data-files"),
+            ("delete_files", "total-delete-files"),
+            ("position_deletes", "total-position-deletes"),
+        )
+    }
 
 
-def measure_scans(spark: SparkSession, config: IcekeeperConfig, identifier: str, progress: Progress) -> dict[str, Any]:
+def measure_scans(
+    spark: SparkSession, config: IcekeeperConfig, identifier: str, progress: Progress
+) -> dict[str, Any]:
     """DuckDB full scans of our table after the changes, after a reaper pass, and of its rows
     rewritten into a fresh table (one append, no deletes): what compaction could at best reach.
     The bookkeeper runs during the pass, as deployed (an upsert table's compaction may need it)."""
@@ -221,15 +299,26 @@ def measure_scans(spark: SparkSession, config: IcekeeperConfig, identifier: str,
     after = table_files(table)
     scan_compacted_s, scan_compacted_rows = duckdb_scan(table.metadata_location)
     rows = table.scan().to_arrow()
-    rewritten = catalog.create_table(identifier + "_rewritten", schema=table.schema(), properties=table.properties)
+    rewritten = catalog.create_table(
+        identifier + "_rewritten", schema=table.schema(), properties=table.properties
+    )
     rewritten.append(rows)
     scan_rewritten_s, _ = duckdb_scan(rewritten.metadata_location)
-    progress(f"after the reaper pass ({reaper_s:.1f}s): {scan_compacted_s:.3f}s ({after}); rewritten: {scan_rewritten_s:.3f}s")
+    progress(
+        f"after the reaper pass ({reaper_s:.1f}s): {scan_compacted_s:.3f}s ({after}); rewritten: {scan_rewritten_s:.3f}s"
+    )
     return {
-        "scan_s": round(scan_s, 4), "scan_compacted_s": round(scan_compacted_s, 4), "scan_rewritten_s": round(scan_rewritten_s, 4),
-        "scan_vs_rewritten": round(scan_s / scan_rewritten_s, 2), "scan_compacted_vs_rewritten": round(scan_compacted_s / scan_rewritten_s, 2),
-        "files_before_reaper": before, "files_after_reaper": after, "reaper_s": round(reaper_s, 2), "reaper_errors": errors,
-        "scan_rows": scan_rows, "scan_compacted_rows": scan_compacted_rows,
+        "scan_s": round(scan_s, 4),
+        "scan_compacted_s": round(scan_compacted_s, 4),
+        "scan_rewritten_s": round(scan_rewritten_s, 4),
+        "scan_vs_rewritten": round(scan_s / scan_rewritten_s, 2),
+        "scan_compacted_vs_rewritten": round(scan_compacted_s / scan_rewritten_s, 2),
+        "files_before_reaper": before,
+        "files_after_reaper": after,
+        "reaper_s": round(reaper_s, 2),
+        "reaper_errors": errors,
+        "scan_rows": scan_rows,
+        "scan_compacted_rows": scan_compacted_rows,
     }
 
 
@@ -261,15 +350,36 @@ class Sides:
         if self.starting is not None and name != "warm":
             self._start_table(side, identifier)
         if side == "baseline":
-            result = run_merge_baseline(self.spark, self.config, loaded["topic"], loaded["value_schema"], loaded["value_schema_id"],
-                                        identifier, KEY_COLUMNS, self.batch_records, folder / "checkpoint")
+            result = run_merge_baseline(
+                self.spark,
+                self.config,
+                loaded["topic"],
+                loaded["value_schema"],
+                loaded["value_schema_id"],
+                identifier,
+                KEY_COLUMNS,
+                self.batch_records,
+                folder / "checkpoint",
+            )
             self.progress(f"{side} {name}: {result['seconds']:.1f}s, {result['batches']} batches")
         else:
-            config = run_config(self.config, loaded["topic"], identifier, "upsert" if side == "ours" else "changelog", folder)
+            config = run_config(
+                self.config,
+                loaded["topic"],
+                identifier,
+                "upsert" if side == "ours" else "changelog",
+                folder,
+            )
             result = {**run_pipeline(self.spark, config, loaded["changes"]), "config": config}
-            self.progress(f"{side} {name}: {result['seconds']:.1f}s (writer {result['writer_s']:.1f}s, {result['batches']} batches; "
-                          f"{result['snapshots']} snapshots, {result['commit_s']:.1f}s committing)")
-        return {**result, "identifier": identifier, "files": table_files(open_catalog(self.config).load_table(identifier))}
+            self.progress(
+                f"{side} {name}: {result['seconds']:.1f}s (writer {result['writer_s']:.1f}s, {result['batches']} batches; "
+                f"{result['snapshots']} snapshots, {result['commit_s']:.1f}s committing)"
+            )
+        return {
+            **result,
+            "identifier": identifier,
+            "files": table_files(open_catalog(self.config).load_table(identifier)),
+        }
 
     def _start_table(self, side: str, identifier: str) -> None:
         """The run's table, made before its clock starts, holding the starting rows."""
@@ -278,11 +388,19 @@ class Sides:
         if side == "baseline":
             table = create_merge_table(self.config, identifier, schema)
         else:  # as the bookkeeper makes a table (committer.py `_create_table`)
-            table = open_catalog(self.config).create_table(identifier, schema=schema, properties=dict(DEFAULT_TABLE_PROPERTIES))
+            table = open_catalog(self.config).create_table(
+                identifier, schema=schema, properties=dict(DEFAULT_TABLE_PROPERTIES)
+            )
         start_with(table, self.starting.files)
 
-    def take_turns(self, loaded: dict[str, Any], warm: dict[str, Any], repeat: int, plan: ChangePlan,
-                   table_rows: int) -> dict[str, list[dict[str, Any]]]:
+    def take_turns(
+        self,
+        loaded: dict[str, Any],
+        warm: dict[str, Any],
+        repeat: int,
+        plan: ChangePlan,
+        table_rows: int,
+    ) -> dict[str, list[dict[str, Any]]]:
         """Each side once over the warm-up topic, then (after writing the starting rows, if any)
         `repeat` turns over the topic, in alternating order."""
         self.progress(f"warming up: each side once over {warm['changes']:,} changes")
@@ -294,19 +412,39 @@ class Sides:
         for turn in range(1, repeat + 1):
             for side in SIDES if turn % 2 else tuple(reversed(SIDES)):
                 runs[side].append(self.run(side, f"r{turn}", loaded))
-            self.progress(f"turn {turn}/{repeat}: " + ", ".join(f"{side} {runs[side][-1]['seconds']:.1f}s" for side in SIDES))
+            self.progress(
+                f"turn {turn}/{repeat}: "
+                + ", ".join(f"{side} {runs[side][-1]['seconds']:.1f}s" for side in SIDES)
+            )
         return runs
 
-    def _starting_rows(self, loaded: dict[str, Any], plan: ChangePlan, table_rows: int) -> StartingRows:
+    def _starting_rows(
+        self, loaded: dict[str, Any], plan: ChangePlan, table_rows: int
+    ) -> StartingRows:
         catalog = open_catalog(self.config)
         schemas = {side: catalog.load_table(f"bench.{side}_warm").schema() for side in SIDES}
-        field_ids = {side: [(field.name, field.field_id) for field in schema.fields] for side, schema in schemas.items()}
+        field_ids = {
+            side: [(field.name, field.field_id) for field in schema.fields]
+            for side, schema in schemas.items()
+        }
         if len({tuple(ids) for ids in field_ids.values()}) != 1:
-            raise ValueError(f"the sides' tables number their columns differently, so they cannot share data files: {field_ids}")
+            raise ValueError(
+                f"the sides' tables number their columns differently, so they cannot share data files: {field_ids}"
+            )
         started = time.monotonic()
-        files = write_template(self.spark, self.config, loaded, plan, table_rows, len(loaded["partition_records"]), schemas["ours"],
-                               "bench.starting_rows")
-        self.progress(f"{table_rows:,} starting rows written in {time.monotonic() - started:.1f}s ({len(files)} files)")
+        files = write_template(
+            self.spark,
+            self.config,
+            loaded,
+            plan,
+            table_rows,
+            len(loaded["partition_records"]),
+            schemas["ours"],
+            "bench.starting_rows",
+        )
+        self.progress(
+            f"{table_rows:,} starting rows written in {time.monotonic() - started:.1f}s ({len(files)} files)"
+        )
         return StartingRows(table_rows, files, schemas)
 
 
@@ -314,7 +452,9 @@ def delete_topics(config: IcekeeperConfig, topics: list[str], progress: Progress
     """The bench's topics go when it is done (a million changes are ~300 MB of the local broker's disk)."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": config.sources[0].bootstrap_servers})  # alive until the futures are done
+    admin = AdminClient(
+        {"bootstrap.servers": config.sources[0].bootstrap_servers}
+    )  # alive until the futures are done
     futures = admin.delete_topics(topics, operation_timeout=30)
     for topic, future in futures.items():
         try:
@@ -323,10 +463,23 @@ def delete_topics(config: IcekeeperConfig, topics: list[str], progress: Progress
             progress(f"topic {topic} not deleted: {error}")
 
 
-def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int = 100_000, partitions: int = 4, batch_records: int = 200_000,
-                     cores: int | None = None, repeat: int = 1, warmup_changes: int = 100_000, index_keys: int = 10_000_000,
-                     freshness_s: float = 60.0, rate_per_s: float = 2000.0, freshness_warmup_s: float = 10.0, table_rows: int = 0,
-                     spark: SparkSession | None = None, progress: Progress = print) -> dict[str, Any]:
+def run_upsert_bench(
+    base: IcekeeperConfig,
+    changes: int = 1_000_000,
+    keys: int = 100_000,
+    partitions: int = 4,
+    batch_records: int = 200_000,
+    cores: int | None = None,
+    repeat: int = 1,
+    warmup_changes: int = 100_000,
+    index_keys: int = 10_000_000,
+    freshness_s: float = 60.0,
+    rate_per_s: float = 2000.0,
+    freshness_warmup_s: float = 10.0,
+    table_rows: int = 0,
+    spark: SparkSession | None = None,
+    progress: Progress = print,
+) -> dict[str, Any]:
     """Preload, time ours, our changelog path and the `MERGE INTO` baseline (`repeat` turns, in
     alternating order), check their final states, then scans, freshness and the key index.
 
@@ -349,32 +502,68 @@ def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int 
     config = upsert_bench_config(base, work, topic, batch_records, cores)
     owns_spark = spark is None
     if spark is None:
-        spark = spark_session(config, "icekeeper-bench-upsert", master=f"local[{cores}]",
-                              extra_conf={"spark.sql.shuffle.partitions": str(cores), "spark.driver.memory": "4g"})
+        spark = spark_session(
+            config,
+            "icekeeper-bench-upsert",
+            master=f"local[{cores}]",
+            extra_conf={"spark.sql.shuffle.partitions": str(cores), "spark.driver.memory": "4g"},
+        )
     for key, value in iceberg_catalog_conf(config).items():
         spark.conf.set(key, value)
     open_catalog(config).create_namespace("bench")
     topics = [topic, topic + ".warmup"]
     try:
         plan = plan_changes(changes, keys)
-        progress(f"preloading {changes:,} changes over {keys:,} keys ({plan.op_counts()}) into {topic} ({partitions} partitions)")
+        progress(
+            f"preloading {changes:,} changes over {keys:,} keys ({plan.op_counts()}) into {topic} ({partitions} partitions)"
+        )
         loaded = preload(spark, config, topic, plan, partitions, work / "plan")
-        warm = preload(spark, config, topics[1], plan_changes(warmup_changes, max(10, warmup_changes // 10), seed=7), partitions, work / "warm")
+        warm = preload(
+            spark,
+            config,
+            topics[1],
+            plan_changes(warmup_changes, max(10, warmup_changes // 10), seed=7),
+            partitions,
+            work / "warm",
+        )
         progress(f"preloaded in {loaded['preload_s']}s")
-        runs = Sides(spark, config, work, batch_records, progress).take_turns(loaded, warm, repeat, plan, table_rows)
+        runs = Sides(spark, config, work, batch_records, progress).take_turns(
+            loaded, warm, repeat, plan, table_rows
+        )
         progress("checking the final states")
-        states = [final_states(spark, config, {side: runs[side][turn]["identifier"] for side in SIDES}, plan, work / "plan", table_rows)
-                  for turn in range(repeat)]
+        states = [
+            final_states(
+                spark,
+                config,
+                {side: runs[side][turn]["identifier"] for side in SIDES},
+                plan,
+                work / "plan",
+                table_rows,
+            )
+            for turn in range(repeat)
+        ]
         if not all(state["equal_final_state"] for state in states):
             progress(f"FINAL STATES DIFFER: {states}")
-        stages = measure_upsert_stages(spark, config, loaded, batch_records, KEY_COLUMNS, work / "stages")
+        stages = measure_upsert_stages(
+            spark, config, loaded, batch_records, KEY_COLUMNS, work / "stages"
+        )
         progress(f"one batch through the bare pipeline, seconds: {stages}")
-        scans = measure_scans(spark, runs["ours"][-1]["config"], runs["ours"][-1]["identifier"], progress)
+        scans = measure_scans(
+            spark, runs["ours"][-1]["config"], runs["ours"][-1]["identifier"], progress
+        )
         freshness: dict[str, Any] = {}
         if freshness_s > 0:
             progress(f"freshness: an upsert table under {rate_per_s:,.0f} changes/s")
-            freshness = run_e2e_bench(config, seconds=freshness_s, rate_per_s=rate_per_s, cores=cores, warmup_s=freshness_warmup_s,
-                                      progress=progress, mode="upsert", spark=spark)
+            freshness = run_e2e_bench(
+                config,
+                seconds=freshness_s,
+                rate_per_s=rate_per_s,
+                cores=cores,
+                warmup_s=freshness_warmup_s,
+                progress=progress,
+                mode="upsert",
+                spark=spark,
+            )
     finally:
         if owns_spark:
             spark.stop()
@@ -382,18 +571,31 @@ def run_upsert_bench(base: IcekeeperConfig, changes: int = 1_000_000, keys: int 
     progress(f"key index at {index_keys:,} keys")
     index = run_key_index_bench(keys=index_keys, progress=progress)
     shutil.rmtree(work, ignore_errors=True)
-    return summarize(plan, runs, states, scans, freshness, index, batch_records, partitions, cores) | {
-        "stages_s": stages, "preload_s": loaded["preload_s"], "table_rows": table_rows}
+    return summarize(
+        plan, runs, states, scans, freshness, index, batch_records, partitions, cores
+    ) | {"stages_s": stages, "preload_s": loaded["preload_s"], "table_rows": table_rows}
 
 
-def summarize(plan: ChangePlan, runs: dict[str, list[dict[str, Any]]], states: list[dict[str, Any]], scans: dict[str, Any],
-              freshness: dict[str, Any], index: dict[str, Any], batch_records: int, partitions: int, cores: int) -> dict[str, Any]:
+def summarize(
+    plan: ChangePlan,
+    runs: dict[str, list[dict[str, Any]]],
+    states: list[dict[str, Any]],
+    scans: dict[str, Any],
+    freshness: dict[str, Any],
+    index: dict[str, Any],
+    batch_records: int,
+    partitions: int,
+    cores: int,
+) -> dict[str, Any]:
     """The bench's figures: the issue's names first (medians over the runs), then what explains them.
 
     `*_best_s` and `ratio_*_best` come from each side's fastest run: on a shared machine other
     jobs only ever add time, so the fastest run is the least disturbed one.
     """
-    median_run = {side: sorted(runs[side], key=lambda run: run["seconds"])[(len(runs[side]) - 1) // 2] for side in SIDES}
+    median_run = {
+        side: sorted(runs[side], key=lambda run: run["seconds"])[(len(runs[side]) - 1) // 2]
+        for side in SIDES
+    }
     best_run = {side: min(runs[side], key=lambda run: run["seconds"]) for side in SIDES}
     rate = {side: plan.changes / median_run[side]["seconds"] for side in SIDES}
     best = {side: best_run[side]["seconds"] for side in SIDES}
@@ -401,24 +603,52 @@ def summarize(plan: ChangePlan, runs: dict[str, list[dict[str, Any]]], states: l
 
     def details(run: dict[str, Any]) -> dict[str, Any]:
         keep = ("seconds", "writer_s", "commit_s", "batch_s", "snapshots", "batches", "files")
-        return {name: round(run[name], 2) if isinstance(run[name], float) else run[name] for name in keep if name in run}
+        return {
+            name: round(run[name], 2) if isinstance(run[name], float) else run[name]
+            for name in keep
+            if name in run
+        }
 
     return {
-        "changes": plan.changes, "keys": plan.keys, **plan.op_counts(), "partitions": partitions, "batch_records": batch_records, "cores": cores,
-        "ours_changes_per_s": round(rate["ours"]), "baseline_changes_per_s": round(rate["baseline"]),
-        "ratio_vs_baseline": round(rate["ours"] / rate["baseline"], 2), "changelog_changes_per_s": round(rate["changelog"]),
+        "changes": plan.changes,
+        "keys": plan.keys,
+        **plan.op_counts(),
+        "partitions": partitions,
+        "batch_records": batch_records,
+        "cores": cores,
+        "ours_changes_per_s": round(rate["ours"]),
+        "baseline_changes_per_s": round(rate["baseline"]),
+        "ratio_vs_baseline": round(rate["ours"] / rate["baseline"], 2),
+        "changelog_changes_per_s": round(rate["changelog"]),
         "ratio_vs_changelog": round(rate["ours"] / rate["changelog"], 2),
         "equal_final_state": all(state["equal_final_state"] for state in states),
-        "final_rows": final_rows, "final_digest": states[-1]["expected"]["digest"],
-        "index_ops_per_s": index["index_ops_per_s"], "index_bytes_per_key": index["index_bytes_per_key"],
-        "index_recovery_s": index["index_recovery_s"], "index_keys": index["keys"],
-        **{name: scans[name] for name in ("scan_s", "scan_compacted_s", "scan_rewritten_s", "scan_vs_rewritten", "scan_compacted_vs_rewritten")},
+        "final_rows": final_rows,
+        "final_digest": states[-1]["expected"]["digest"],
+        "index_ops_per_s": index["index_ops_per_s"],
+        "index_bytes_per_key": index["index_bytes_per_key"],
+        "index_recovery_s": index["index_recovery_s"],
+        "index_keys": index["keys"],
+        **{
+            name: scans[name]
+            for name in (
+                "scan_s",
+                "scan_compacted_s",
+                "scan_rewritten_s",
+                "scan_vs_rewritten",
+                "scan_compacted_vs_rewritten",
+            )
+        },
         "scan_rows_equal": scans["scan_rows"] == scans["scan_compacted_rows"] == final_rows,
-        "freshness_p50_s": freshness.get("freshness_p50_s"), "freshness_p99_s": freshness.get("freshness_p99_s"),
+        "freshness_p50_s": freshness.get("freshness_p50_s"),
+        "freshness_p99_s": freshness.get("freshness_p99_s"),
         "freshness_changes_per_s": freshness.get("records_per_s"),
         **{f"{side}_s": round(median_run[side]["seconds"], 2) for side in SIDES},
         **{f"{side}_best_s": round(best[side], 2) for side in SIDES},
-        "ratio_vs_baseline_best": round(best["baseline"] / best["ours"], 2), "ratio_vs_changelog_best": round(best["changelog"] / best["ours"], 2),
+        "ratio_vs_baseline_best": round(best["baseline"] / best["ours"], 2),
+        "ratio_vs_changelog_best": round(best["changelog"] / best["ours"], 2),
         "runs": {side: [details(run) for run in runs[side]] for side in SIDES},
-        "scans": scans, "freshness": freshness, "index": index, "final_states": states,
+        "scans": scans,
+        "freshness": freshness,
+        "index": index,
+        "final_states": states,
     }

@@ -59,7 +59,11 @@ class ChangePlan:
 
     def op_counts(self) -> dict[str, int]:
         counts = np.bincount(self.op, minlength=3)
-        return {"inserts": int(counts[_INSERT]), "updates": int(counts[_UPDATE]), "deletes": int(counts[_DELETE])}
+        return {
+            "inserts": int(counts[_INSERT]),
+            "updates": int(counts[_UPDATE]),
+            "deletes": int(counts[_DELETE]),
+        }
 
     def final_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(key, seq, born_seq) of every live key's last row: the state a mirror ends with."""
@@ -69,7 +73,9 @@ class ChangePlan:
         return touched[live], last[live], self.born_seq[last[live]]
 
 
-def plan_changes(changes: int, keys: int, update_ratio: float = 0.7, delete_ratio: float = 0.1, seed: int = 13) -> ChangePlan:
+def plan_changes(
+    changes: int, keys: int, update_ratio: float = 0.7, delete_ratio: float = 0.1, seed: int = 13
+) -> ChangePlan:
     """The plan of `changes` changes over `keys` keys (see the module docstring)."""
     rng = np.random.default_rng(seed)
     draws = rng.random(changes).tolist()
@@ -85,7 +91,13 @@ def plan_changes(changes: int, keys: int, update_ratio: float = 0.7, delete_rati
     born = [-1] * keys
     for seq in range(changes):
         draw = draws[seq]
-        kind = _DELETE if draw < delete_ratio else _UPDATE if draw < delete_ratio + update_ratio else _INSERT
+        kind = (
+            _DELETE
+            if draw < delete_ratio
+            else _UPDATE
+            if draw < delete_ratio + update_ratio
+            else _INSERT
+        )
         if kind == _INSERT and not free:
             kind = _UPDATE
         if kind != _INSERT and not alive:
@@ -118,10 +130,15 @@ def row_image(seq: SparkColumn, born_seq: SparkColumn, key: SparkColumn) -> Spar
     """The source row written by change `seq` of `key` (whose life began at `born_seq`)."""
     return F.struct(
         key.cast("int").alias("id"),
-        F.concat(F.lit("customer-"), F.lpad((born_seq * 7919 % 100_000).cast("string"), 5, "0")).alias("customer"),
+        F.concat(
+            F.lit("customer-"), F.lpad((born_seq * 7919 % 100_000).cast("string"), 5, "0")
+        ).alias("customer"),
         (F.lit(1) + seq * 7919 % 10_000).cast("int").alias("amount"),
         (F.lit(1.0) + (seq * 104_729 % 49_900) / F.lit(100.0)).cast("double").alias("price"),
-        F.element_at(F.array(*[F.lit(status) for status in _STATUSES]), (seq % len(_STATUSES) + 1).cast("int")).alias("status"),
+        F.element_at(
+            F.array(*[F.lit(status) for status in _STATUSES]),
+            (seq % len(_STATUSES) + 1).cast("int"),
+        ).alias("status"),
         (F.lit(_BASE_TS_MS) + born_seq * 10).cast("long").alias("created_at"),
         (F.lit(_BASE_TS_MS) + seq * 10).cast("long").alias("updated_at"),
     )
@@ -131,14 +148,25 @@ def plan_frame(spark: SparkSession, plan: ChangePlan, partitions: int, folder: P
     """The plan as a Spark frame (seq, op, key, prev_seq, born_seq, partition), through a Parquet file."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "plan.parquet"
-    pq.write_table(pa.table({
-        "seq": np.arange(plan.changes, dtype=np.int64), "op": OPS[plan.op], "key": plan.key, "prev_seq": plan.prev_seq,
-        "born_seq": plan.born_seq, "partition": (plan.key % partitions).astype(np.int32),
-    }), path)
+    pq.write_table(
+        pa.table(
+            {
+                "seq": np.arange(plan.changes, dtype=np.int64),
+                "op": OPS[plan.op],
+                "key": plan.key,
+                "prev_seq": plan.prev_seq,
+                "born_seq": plan.born_seq,
+                "partition": (plan.key % partitions).astype(np.int32),
+            }
+        ),
+        path,
+    )
     return spark.read.parquet(str(path))
 
 
-def final_state_frame(spark: SparkSession, plan: ChangePlan, folder: Path, table_rows: int = 0) -> DataFrame:
+def final_state_frame(
+    spark: SparkSession, plan: ChangePlan, folder: Path, table_rows: int = 0
+) -> DataFrame:
     """The rows (`ROW_COLUMNS`) a mirror of the source table holds after the whole plan, and the
     `table_rows` rows the tables started with (`upsert_table_rows.py`: key `keys + i` holds row
     image `changes + i`); Debezium's `Timestamp` columns (epoch milliseconds) as timestamps, as a
@@ -146,11 +174,25 @@ def final_state_frame(spark: SparkSession, plan: ChangePlan, folder: Path, table
     keys, seqs, borns = plan.final_rows()
     extra = np.arange(table_rows, dtype=np.int64)
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"key": np.concatenate([keys, extra + plan.keys]), "seq": np.concatenate([seqs, extra + plan.changes]),
-                             "born_seq": np.concatenate([borns, extra + plan.changes])}), folder / "final-rows.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "key": np.concatenate([keys, extra + plan.keys]),
+                "seq": np.concatenate([seqs, extra + plan.changes]),
+                "born_seq": np.concatenate([borns, extra + plan.changes]),
+            }
+        ),
+        folder / "final-rows.parquet",
+    )
     frame = spark.read.parquet(str(folder / "final-rows.parquet"))
-    rows = frame.select(row_image(F.col("seq"), F.col("born_seq"), F.col("key")).alias("row")).select("row.*")
-    timestamps = [column.name for column in SHAPE.columns if column.connect_name == "io.debezium.time.Timestamp"]
+    rows = frame.select(
+        row_image(F.col("seq"), F.col("born_seq"), F.col("key")).alias("row")
+    ).select("row.*")
+    timestamps = [
+        column.name
+        for column in SHAPE.columns
+        if column.connect_name == "io.debezium.time.Timestamp"
+    ]
     return rows.withColumns({name: F.timestamp_millis(F.col(name)) for name in timestamps})
 
 
@@ -160,23 +202,52 @@ def envelope_frame(plan_rows: DataFrame) -> DataFrame:
     seq, op, key = F.col("seq"), F.col("op"), F.col("key")
     gtid = F.concat(F.lit("bench-upsert:"), (seq + 1).cast("string"))
     source = F.struct(
-        F.lit(DEBEZIUM_VERSION).alias("version"), F.lit("mysql").alias("connector"), F.lit(SHAPE.server).alias("name"),
-        (F.lit(_BASE_TS_MS) + seq * 10).cast("long").alias("ts_ms"), F.when(op == "r", F.lit("true")).otherwise(F.lit("false")).alias("snapshot"), F.lit(SHAPE.db).alias("db"),
-        F.lit(None).cast("string").alias("sequence"), F.lit(SHAPE.table).alias("table"), F.lit(1).cast("long").alias("server_id"),
-        gtid.alias("gtid"), F.lit("mysql-bin.000001").alias("file"), (F.lit(4) + seq * 512).cast("long").alias("pos"),
-        F.lit(0).alias("row"), F.lit(None).cast("long").alias("thread"), F.lit(None).cast("string").alias("query"),
+        F.lit(DEBEZIUM_VERSION).alias("version"),
+        F.lit("mysql").alias("connector"),
+        F.lit(SHAPE.server).alias("name"),
+        (F.lit(_BASE_TS_MS) + seq * 10).cast("long").alias("ts_ms"),
+        F.when(op == "r", F.lit("true")).otherwise(F.lit("false")).alias("snapshot"),
+        F.lit(SHAPE.db).alias("db"),
+        F.lit(None).cast("string").alias("sequence"),
+        F.lit(SHAPE.table).alias("table"),
+        F.lit(1).cast("long").alias("server_id"),
+        gtid.alias("gtid"),
+        F.lit("mysql-bin.000001").alias("file"),
+        (F.lit(4) + seq * 512).cast("long").alias("pos"),
+        F.lit(0).alias("row"),
+        F.lit(None).cast("long").alias("thread"),
+        F.lit(None).cast("string").alias("query"),
     )
-    transaction = F.struct(gtid.alias("id"), F.lit(1).cast("long").alias("total_order"), F.lit(1).cast("long").alias("data_collection_order"))
+    transaction = F.struct(
+        gtid.alias("id"),
+        F.lit(1).cast("long").alias("total_order"),
+        F.lit(1).cast("long").alias("data_collection_order"),
+    )
     envelope = F.struct(
-        F.when(~op.isin("c", "r"), row_image(F.col("prev_seq"), F.col("born_seq"), key)).alias("before"),
+        F.when(~op.isin("c", "r"), row_image(F.col("prev_seq"), F.col("born_seq"), key)).alias(
+            "before"
+        ),
         F.when(op != "d", row_image(seq, F.col("born_seq"), key)).alias("after"),
-        source.alias("source"), op.alias("op"), (F.lit(_BASE_TS_MS + 5) + seq * 10).cast("long").alias("ts_ms"),
+        source.alias("source"),
+        op.alias("op"),
+        (F.lit(_BASE_TS_MS + 5) + seq * 10).cast("long").alias("ts_ms"),
         transaction.alias("transaction"),
     )
-    return plan_rows.select(F.col("partition"), F.struct(key.cast("int").alias("id")).alias("key"), envelope.alias("value"))
+    return plan_rows.select(
+        F.col("partition"),
+        F.struct(key.cast("int").alias("id")).alias("key"),
+        envelope.alias("value"),
+    )
 
 
-def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, plan: ChangePlan, partitions: int, folder: Path) -> dict[str, Any]:
+def preload(
+    spark: SparkSession,
+    config: IcekeeperConfig,
+    topic: str,
+    plan: ChangePlan,
+    partitions: int,
+    folder: Path,
+) -> dict[str, Any]:
     """Register the schemas and fill `topic` with the plan's Confluent-framed Avro records.
 
     Each Kafka partition is written by one Spark task in plan order (the Kafka producer keeps a
@@ -189,17 +260,38 @@ def preload(spark: SparkSession, config: IcekeeperConfig, topic: str, plan: Chan
     value_schema, key_schema = SHAPE.value_schema(), SHAPE.key_schema()
     value_id = framer.schema_id(value_schema, is_key=False)
     key_id = framer.schema_id(key_schema, is_key=True)
-    ordered = plan_frame(spark, plan, partitions, folder).repartition(partitions, "partition").sortWithinPartitions("seq")
+    ordered = (
+        plan_frame(spark, plan, partitions, folder)
+        .repartition(partitions, "partition")
+        .sortWithinPartitions("seq")
+    )
     framed = confluent_records(envelope_frame(ordered), key_id, value_id)
     started = time.monotonic()
-    (framed.write.format("kafka").mode("append").option("kafka.bootstrap.servers", source.bootstrap_servers).option("topic", topic)
-     .option("kafka.enable.idempotence", "true").option("kafka.linger.ms", "50").option("kafka.batch.size", "1000000")
-     .option("kafka.compression.type", "lz4").save())
-    return {"topic": topic, "changes": plan.changes, "preload_s": round(time.monotonic() - started, 1), "value_schema_id": value_id, "key_schema_id": key_id,
-            "value_schema": json.dumps(value_schema), "partition_records": np.bincount(plan.key % partitions, minlength=partitions).tolist()}
+    (
+        framed.write.format("kafka")
+        .mode("append")
+        .option("kafka.bootstrap.servers", source.bootstrap_servers)
+        .option("topic", topic)
+        .option("kafka.enable.idempotence", "true")
+        .option("kafka.linger.ms", "50")
+        .option("kafka.batch.size", "1000000")
+        .option("kafka.compression.type", "lz4")
+        .save()
+    )
+    return {
+        "topic": topic,
+        "changes": plan.changes,
+        "preload_s": round(time.monotonic() - started, 1),
+        "value_schema_id": value_id,
+        "key_schema_id": key_id,
+        "value_schema": json.dumps(value_schema),
+        "partition_records": np.bincount(plan.key % partitions, minlength=partitions).tolist(),
+    }
 
 
-def confluent_records(envelopes: DataFrame, key_id: int, value_id: int, keep: tuple[str, ...] = ()) -> DataFrame:
+def confluent_records(
+    envelopes: DataFrame, key_id: int, value_id: int, keep: tuple[str, ...] = ()
+) -> DataFrame:
     """`envelope_frame`'s rows as Kafka records (`partition`, `key`, `value`, and the columns in
     `keep`): Confluent-framed Avro of the bench's key and value schemas, registered under `key_id`
     and `value_id`."""
@@ -208,7 +300,11 @@ def confluent_records(envelopes: DataFrame, key_id: int, value_id: int, keep: tu
     prefix = lambda schema_id: F.lit(bytes([0]) + schema_id.to_bytes(4, "big"))  # noqa: E731
     return envelopes.select(
         F.col("partition"),
-        F.concat(prefix(key_id), to_avro(F.col("key"), json.dumps(SHAPE.key_schema()))).alias("key"),
-        F.concat(prefix(value_id), to_avro(F.col("value"), json.dumps(SHAPE.value_schema()))).alias("value"),
+        F.concat(prefix(key_id), to_avro(F.col("key"), json.dumps(SHAPE.key_schema()))).alias(
+            "key"
+        ),
+        F.concat(prefix(value_id), to_avro(F.col("value"), json.dumps(SHAPE.value_schema()))).alias(
+            "value"
+        ),
         *keep,
     )

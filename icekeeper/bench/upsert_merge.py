@@ -27,17 +27,34 @@ from writers.decode import decode_avro_confluent
 from writers.flatten import flatten
 from writers.registry import RegisteredSchema
 
-MERGE_ON_READ = {"write.merge.mode": "merge-on-read", "write.update.mode": "merge-on-read", "write.delete.mode": "merge-on-read"}
+MERGE_ON_READ = {
+    "write.merge.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.delete.mode": "merge-on-read",
+}
 
 
-def flat_changes(config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str, schema_id: int, primary_key: list[str]) -> tuple[DataFrame, Schema]:
+def flat_changes(
+    config: IcekeeperConfig,
+    kafka_frame: DataFrame,
+    schema_text: str,
+    schema_id: int,
+    primary_key: list[str],
+) -> tuple[DataFrame, Schema]:
     """Table rows of a Kafka frame (batch or stream) with our writer's decoding and flattening, the
     Kafka position helpers kept; and the flattened Iceberg schema."""
     metadata = config.metadata_columns
     # The envelope fields our writer decodes (writers/batch.py): the same work on both sides.
-    envelope_fields = {"source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"}, "transaction": set(metadata.transaction.columns)}
-    registered = RegisteredSchema(schema_id, schema_text, resolve_named_types(json.loads(schema_text)))
-    decoded = decode_avro_confluent(kafka_frame.withColumn("headers", F.lit(None)), [registered], envelope_fields)
+    envelope_fields = {
+        "source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"},
+        "transaction": set(metadata.transaction.columns),
+    }
+    registered = RegisteredSchema(
+        schema_id, schema_text, resolve_named_types(json.loads(schema_text))
+    )
+    decoded = decode_avro_confluent(
+        kafka_frame.withColumn("headers", F.lit(None)), [registered], envelope_fields
+    )
     flat = flatten(decoded.frame, decoded.versions, metadata, None, primary_key)
     return flat.frame.where(F.col(ERROR).isNull()), flat.schema
 
@@ -50,47 +67,78 @@ def create_merge_table(config: IcekeeperConfig, identifier: str, schema: Schema)
     if (namespace,) not in catalog.list_namespaces():
         catalog.create_namespace(namespace)
     fields = [field.model_copy(update={"required": False}) for field in schema.fields]
-    return catalog.create_table(identifier, schema=Schema(*fields), properties={**DEFAULT_TABLE_PROPERTIES, **MERGE_ON_READ})
+    return catalog.create_table(
+        identifier, schema=Schema(*fields), properties={**DEFAULT_TABLE_PROPERTIES, **MERGE_ON_READ}
+    )
 
 
 def merge_statement(target: str, source_view: str, key_columns: list[str], op: str) -> str:
     """MERGE of a batch's last change per key: deletes remove the row, other changes replace or insert it."""
     on = " AND ".join(f"t.{sql.ident(key)} = s.{sql.ident(key)}" for key in key_columns)
     deleted = f"s.{sql.ident(op)} = 'd'"
-    return (f"MERGE INTO {target} t USING {source_view} s ON {on} "
-            f"WHEN MATCHED AND {deleted} THEN DELETE "
-            f"WHEN MATCHED THEN UPDATE SET * "
-            f"WHEN NOT MATCHED AND NOT {deleted} THEN INSERT *")
+    return (
+        f"MERGE INTO {target} t USING {source_view} s ON {on} "
+        f"WHEN MATCHED AND {deleted} THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET * "
+        f"WHEN NOT MATCHED AND NOT {deleted} THEN INSERT *"
+    )
 
 
-def run_merge_baseline(spark: SparkSession, config: IcekeeperConfig, topic: str, schema_text: str, schema_id: int, identifier: str,
-                       key_columns: list[str], batch_records: int, checkpoint: Path) -> dict[str, float]:
+def run_merge_baseline(
+    spark: SparkSession,
+    config: IcekeeperConfig,
+    topic: str,
+    schema_text: str,
+    schema_id: int,
+    identifier: str,
+    key_columns: list[str],
+    batch_records: int,
+    checkpoint: Path,
+) -> dict[str, float]:
     """Mirror `topic` into a new table `identifier` with `foreachBatch` + `MERGE INTO`.
 
     Returns:
         `seconds` from the query's start to its last batch's commit, and `batches`.
     """
-    stream = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
-              .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(batch_records))
-              .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
+    stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(batch_records))
+        .option("minPartitions", str(spark.sparkContext.defaultParallelism))
+        .load()
+    )
     rows, schema = flat_changes(config, stream, schema_text, schema_id, key_columns)
-    if not open_catalog(config).table_exists(identifier):  # else made with its starting rows (upsert_table_rows.py)
+    if not open_catalog(config).table_exists(
+        identifier
+    ):  # else made with its starting rows (upsert_table_rows.py)
         create_merge_table(config, identifier, schema)
     target = f"{config.catalog.name}.{identifier}"
     view = f"bench_changes_{identifier.replace('.', '_')}"
     statement = merge_statement(target, view, key_columns, op_column(config.metadata_columns))
-    latest = Window.partitionBy(*[F.col(sql.ident(key)) for key in key_columns]).orderBy(F.col(KAFKA_OFFSET).desc(), F.col(KAFKA_PARTITION).desc())
+    latest = Window.partitionBy(*[F.col(sql.ident(key)) for key in key_columns]).orderBy(
+        F.col(KAFKA_OFFSET).desc(), F.col(KAFKA_PARTITION).desc()
+    )
     batches = 0
 
     def merge_batch(batch: DataFrame, batch_id: int) -> None:
         nonlocal batches
-        last = batch.withColumn("_last", F.row_number().over(latest)).where("_last = 1").drop("_last", *HELPER_COLUMNS)
+        last = (
+            batch.withColumn("_last", F.row_number().over(latest))
+            .where("_last = 1")
+            .drop("_last", *HELPER_COLUMNS)
+        )
         last.createOrReplaceTempView(view)
         batch.sparkSession.sql(statement)
         batches += 1
 
     started = time.monotonic()
-    query = (rows.writeStream.foreachBatch(merge_batch).trigger(availableNow=True)
-             .option("checkpointLocation", str(checkpoint)).start())
+    query = (
+        rows.writeStream.foreachBatch(merge_batch)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
     query.awaitTermination()
     return {"seconds": time.monotonic() - started, "batches": batches}

@@ -38,27 +38,50 @@ def table_rows_plan(spark: SparkSession, plan: ChangePlan, rows: int, partitions
     `plan.keys + i` is row image `plan.changes + i`, in the partition Debezium keys it to."""
     first_key, first_seq = plan.keys, plan.changes
     return spark.range(rows).select(
-        (F.col("id") + first_seq).alias("seq"), F.lit("r").alias("op"), (F.col("id") + first_key).alias("key"),
-        F.lit(-1).cast("long").alias("prev_seq"), (F.col("id") + first_seq).alias("born_seq"),
+        (F.col("id") + first_seq).alias("seq"),
+        F.lit("r").alias("op"),
+        (F.col("id") + first_key).alias("key"),
+        F.lit(-1).cast("long").alias("prev_seq"),
+        (F.col("id") + first_seq).alias("born_seq"),
         ((F.col("id") + first_key) % partitions).cast("int").alias("partition"),
     )
 
 
-def write_template(spark: SparkSession, config: IcekeeperConfig, loaded: dict[str, Any], plan: ChangePlan, rows: int, partitions: int,
-                   schema: Schema, identifier: str) -> list[DataFile]:
+def write_template(
+    spark: SparkSession,
+    config: IcekeeperConfig,
+    loaded: dict[str, Any],
+    plan: ChangePlan,
+    rows: int,
+    partitions: int,
+    schema: Schema,
+    identifier: str,
+) -> list[DataFile]:
     """Write the table rows into a new table `identifier` of `schema` (the schema our writer gave
     the warm-up table), through our decoding and flattening; its data files."""
     # Each partition's offsets in key order, as a consumer of the snapshot topic would see them.
     envelopes = envelope_frame(table_rows_plan(spark, plan, rows, partitions)).withColumn(
-        "offset", F.expr(f"(CAST(key.id AS BIGINT) - {plan.keys}) div {partitions}"))
-    records = confluent_records(envelopes, loaded["key_schema_id"], loaded["value_schema_id"], keep=("offset",))
-    kafka = records.select("key", "value", F.lit(None).alias("headers"), F.lit(loaded["topic"] + ".snapshot").alias("topic"),
-                           "partition", "offset", F.lit(_SNAPSHOT_TS).cast("timestamp").alias("timestamp"))
+        "offset", F.expr(f"(CAST(key.id AS BIGINT) - {plan.keys}) div {partitions}")
+    )
+    records = confluent_records(
+        envelopes, loaded["key_schema_id"], loaded["value_schema_id"], keep=("offset",)
+    )
+    kafka = records.select(
+        "key",
+        "value",
+        F.lit(None).alias("headers"),
+        F.lit(loaded["topic"] + ".snapshot").alias("topic"),
+        "partition",
+        "offset",
+        F.lit(_SNAPSHOT_TS).cast("timestamp").alias("timestamp"),
+    )
     flat, _ = flat_changes(config, kafka, loaded["value_schema"], loaded["value_schema_id"], ["id"])
     catalog = open_catalog(config)
     catalog.create_table(identifier, schema=schema, properties=dict(DEFAULT_TABLE_PROPERTIES))
     nullability = spark.conf.get("spark.sql.iceberg.check-nullability", "true")
-    spark.conf.set("spark.sql.iceberg.check-nullability", "false")  # Spark's frame says nullable; no key is null
+    spark.conf.set(
+        "spark.sql.iceberg.check-nullability", "false"
+    )  # Spark's frame says nullable; no key is null
     try:
         flat.drop(*HELPER_COLUMNS).writeTo(f"{config.catalog.name}.{identifier}").append()
     finally:

@@ -23,8 +23,9 @@ import time
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from common.config.model import StackConfig
 from icekeeper.localstack.databases import DATABASE, DEBEZIUM, OWNER, DatabaseUser
@@ -61,21 +62,29 @@ def converter_properties(stack: StackConfig, record_format: RecordFormat) -> dic
     for side in ("key", "value"):
         if record_format == "avro":
             prefix = f"{side}.converter.apicurio.registry"
-            properties.update({
-                f"{side}.converter": AVRO_CONVERTER_CLASS,
-                f"{prefix}.url": f"http://{stack.host}:{stack.registry_port}/apis/registry/v2",
-                f"{prefix}.auto-register": "true",
-                f"{prefix}.as-confluent": "true",
-                f"{prefix}.use-id": "contentId",
-                f"{prefix}.headers.enabled": "false",
-            })
+            properties.update(
+                {
+                    f"{side}.converter": AVRO_CONVERTER_CLASS,
+                    f"{prefix}.url": f"http://{stack.host}:{stack.registry_port}/apis/registry/v2",
+                    f"{prefix}.auto-register": "true",
+                    f"{prefix}.as-confluent": "true",
+                    f"{prefix}.use-id": "contentId",
+                    f"{prefix}.headers.enabled": "false",
+                }
+            )
         elif record_format in ("json", "json-schemaless"):
-            properties.update({
-                f"{side}.converter": JSON_CONVERTER_CLASS,
-                f"{side}.converter.schemas.enable": "true" if record_format == "json" else "false",
-            })
+            properties.update(
+                {
+                    f"{side}.converter": JSON_CONVERTER_CLASS,
+                    f"{side}.converter.schemas.enable": "true"
+                    if record_format == "json"
+                    else "false",
+                }
+            )
         else:
-            raise ValueError(f"unknown record format {record_format!r}: use avro, json or json-schemaless")
+            raise ValueError(
+                f"unknown record format {record_format!r}: use avro, json or json-schemaless"
+            )
     return properties
 
 
@@ -104,7 +113,13 @@ class MariaDbSource:
 
     stack: StackConfig
 
-    def connect(self, database: str | None = DATABASE, *, user: DatabaseUser = OWNER, autocommit: bool = True) -> "pymysql.connections.Connection":
+    def connect(
+        self,
+        database: str | None = DATABASE,
+        *,
+        user: DatabaseUser = OWNER,
+        autocommit: bool = True,
+    ) -> pymysql.connections.Connection:
         """A DB-API connection (PyMySQL), by default as the owner of the `icekeeper` database.
 
         Args:
@@ -114,16 +129,31 @@ class MariaDbSource:
         """
         import pymysql
 
-        return pymysql.connect(host=self.stack.host, port=self.stack.mariadb_port, user=user.name, password=user.password,
-                               database=database, autocommit=autocommit, charset="utf8mb4", connect_timeout=10)
+        return pymysql.connect(
+            host=self.stack.host,
+            port=self.stack.mariadb_port,
+            user=user.name,
+            password=user.password,
+            database=database,
+            autocommit=autocommit,
+            charset="utf8mb4",
+            connect_timeout=10,
+        )
 
     def topic(self, topic_prefix: str, table: str, database: str = DATABASE) -> str:
         """Topic Debezium writes a table's changes to."""
         return f"{topic_prefix}.{database}.{table}"
 
     def connector_config(
-        self, name: str, topic_prefix: str, tables: list[str], database: str = DATABASE, *,
-        record_format: RecordFormat = "avro", transaction_metadata: bool = False, extra: Mapping[str, str] | None = None,
+        self,
+        name: str,
+        topic_prefix: str,
+        tables: list[str],
+        database: str = DATABASE,
+        *,
+        record_format: RecordFormat = "avro",
+        transaction_metadata: bool = False,
+        extra: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         """Config of a Debezium MariaDB connector streaming `database.<table>` for each of `tables`.
 
@@ -163,12 +193,21 @@ class PostgresSource:
 
     stack: StackConfig
 
-    def connect(self, dbname: str = DATABASE, *, user: DatabaseUser = OWNER, autocommit: bool = True) -> "psycopg.Connection":
+    def connect(
+        self, dbname: str = DATABASE, *, user: DatabaseUser = OWNER, autocommit: bool = True
+    ) -> psycopg.Connection:
         """A DB-API connection (psycopg 3), by default as the owner of the `icekeeper` database (and its tables)."""
         import psycopg
 
-        return psycopg.connect(host=self.stack.host, port=self.stack.postgres_port, user=user.name, password=user.password,
-                               dbname=dbname, autocommit=autocommit, connect_timeout=10)
+        return psycopg.connect(
+            host=self.stack.host,
+            port=self.stack.postgres_port,
+            user=user.name,
+            password=user.password,
+            dbname=dbname,
+            autocommit=autocommit,
+            connect_timeout=10,
+        )
 
     def topic(self, topic_prefix: str, table: str, schema: str = "public") -> str:
         """Topic Debezium writes a table's changes to."""
@@ -193,12 +232,20 @@ class PostgresSource:
         with self.connect(user=DEBEZIUM) as connection:  # REPLICATION may drop slots
             rows = connection.execute(
                 "SELECT slot_name, pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active AND database = %s",
-                (DATABASE,)).fetchall()
+                (DATABASE,),
+            ).fetchall()
         return [row[0] for row in rows]
 
     def connector_config(
-        self, name: str, topic_prefix: str, tables: list[str], schema: str = "public", *,
-        record_format: RecordFormat = "avro", transaction_metadata: bool = False, extra: Mapping[str, str] | None = None,
+        self,
+        name: str,
+        topic_prefix: str,
+        tables: list[str],
+        schema: str = "public",
+        *,
+        record_format: RecordFormat = "avro",
+        transaction_metadata: bool = False,
+        extra: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         """Config of a Debezium PostgreSQL connector streaming `schema.<table>` of the `icekeeper` database.
 
@@ -244,7 +291,9 @@ def snapshot_completed(offsets: list[dict[str, Any]]) -> bool:
         return False
     for entry in offsets:
         offset = entry.get("offset") or {}
-        if offset.get("snapshot") not in (None, False, "false") and not offset.get("snapshot_completed"):
+        if offset.get("snapshot") not in (None, False, "false") and not offset.get(
+            "snapshot_completed"
+        ):
             return False
     return True
 
@@ -257,20 +306,32 @@ class ConnectClient:
         self.timeout_s = timeout_s
 
     @classmethod
-    def for_stack(cls, stack: StackConfig) -> "ConnectClient":
+    def for_stack(cls, stack: StackConfig) -> ConnectClient:
         return cls(f"http://{stack.host}:{stack.connect_port}")
 
-    def _request(self, method: str, path: str, body: object | None = None, ok: tuple[int, ...] = (200, 201, 202, 204)) -> tuple[int, Any]:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: object | None = None,
+        ok: tuple[int, ...] = (200, 201, 202, 204),
+    ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 status, text = response.status, response.read().decode()
         except urllib.error.HTTPError as error:
             status, text = error.code, error.read().decode(errors="replace")
         except OSError as error:
-            raise ConnectError(f"{method} {self.url}{path}: Kafka Connect does not answer ({error}); is it running (icekeeper stack up --with ...)?") from error
+            raise ConnectError(
+                f"{method} {self.url}{path}: Kafka Connect does not answer ({error}); is it running (icekeeper stack up --with ...)?"
+            ) from error
         if status not in ok:
             raise ConnectError(f"{method} {self.url}{path}: HTTP {status}: {text[:2000]}")
         return status, json.loads(text) if text.strip() else None
@@ -280,7 +341,9 @@ class ConnectClient:
         name = config.get("name")
         if not name:
             raise ValueError("the connector config needs a name")
-        _, answer = self._request("POST", "/connectors", {"name": name, "config": dict(config)}, ok=(201,))
+        _, answer = self._request(
+            "POST", "/connectors", {"name": name, "config": dict(config)}, ok=(201,)
+        )
         return answer
 
     def delete(self, name: str) -> bool:
@@ -304,15 +367,24 @@ class ConnectClient:
         code, status = self._request("GET", f"/connectors/{name}/status", ok=(200, 404))
         if code == 404:
             return False  # accepted, not yet started
-        states = [("connector", status["connector"])] + [(f"task {task['id']}", task) for task in status.get("tasks", [])]
+        states = [("connector", status["connector"])] + [
+            (f"task {task['id']}", task) for task in status.get("tasks", [])
+        ]
         failed = [(what, state) for what, state in states if state.get("state") == "FAILED"]
         if failed:
-            details = "\n".join(f"{what}: {state.get('trace', '(no trace)')}" for what, state in failed)
+            details = "\n".join(
+                f"{what}: {state.get('trace', '(no trace)')}" for what, state in failed
+            )
             raise ConnectorFailed(f"connector {name} failed:\n{details}")
-        return status["connector"].get("state") == "RUNNING" and bool(status.get("tasks")) and all(
-            task.get("state") == "RUNNING" for task in status["tasks"])
+        return (
+            status["connector"].get("state") == "RUNNING"
+            and bool(status.get("tasks"))
+            and all(task.get("state") == "RUNNING" for task in status["tasks"])
+        )
 
-    def wait_until_running(self, name: str, timeout_s: float = 60.0, poll_s: float = 0.25) -> dict[str, Any]:
+    def wait_until_running(
+        self, name: str, timeout_s: float = 60.0, poll_s: float = 0.25
+    ) -> dict[str, Any]:
         """Wait until the connector and all its tasks are RUNNING; returns the status.
 
         Raises:
@@ -322,11 +394,15 @@ class ConnectClient:
         deadline = time.monotonic() + timeout_s
         while not self._running(name):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"connector {name} not RUNNING after {timeout_s:.0f}s: {self.status(name)}")
+                raise TimeoutError(
+                    f"connector {name} not RUNNING after {timeout_s:.0f}s: {self.status(name)}"
+                )
             time.sleep(poll_s)
         return self.status(name)
 
-    def wait_for_snapshot(self, name: str, timeout_s: float = 120.0, poll_s: float = 0.25) -> list[dict[str, Any]]:
+    def wait_for_snapshot(
+        self, name: str, timeout_s: float = 120.0, poll_s: float = 0.25
+    ) -> list[dict[str, Any]]:
         """Wait until the connector's initial snapshot is committed (its records are in Kafka); returns the offsets.
 
         Only for snapshots that emit records: see `snapshot_completed`. A failed connector or task
@@ -339,5 +415,7 @@ class ConnectClient:
                 if snapshot_completed(offsets):
                     return offsets
             if time.monotonic() > deadline:
-                raise TimeoutError(f"connector {name}: snapshot not committed after {timeout_s:.0f}s; status {self.status(name)}")
+                raise TimeoutError(
+                    f"connector {name}: snapshot not committed after {timeout_s:.0f}s; status {self.status(name)}"
+                )
             time.sleep(poll_s)

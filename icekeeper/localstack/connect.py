@@ -54,10 +54,16 @@ class KafkaConnectService(Service):
     def converter_bundle(self) -> MavenBundle:
         return MavenBundle(
             name=f"apicurio-registry-utils-converter-{self.stack.apicurio_converter_version}",
-            coordinates=(f"io.apicurio:apicurio-registry-utils-converter:{self.stack.apicurio_converter_version}",),
+            coordinates=(
+                f"io.apicurio:apicurio-registry-utils-converter:{self.stack.apicurio_converter_version}",
+            ),
             # The worker provides Kafka's own classes. Connect never loads kafka-clients or connect-api from a
             # plugin, but does load connect-json from one: Apicurio's 3.9 copy calls Utils.mkSet, gone in Kafka 4.
-            exclusions=("org.apache.kafka:kafka-clients", "org.apache.kafka:connect-api", "org.apache.kafka:connect-json"),
+            exclusions=(
+                "org.apache.kafka:kafka-clients",
+                "org.apache.kafka:connect-api",
+                "org.apache.kafka:connect-json",
+            ),
         )
 
     def plugin_path(self, progress: Progress) -> list[Path]:
@@ -67,7 +73,14 @@ class KafkaConnectService(Service):
             coordinate = f"io.debezium:debezium-connector-{connector}:{self.stack.debezium_version}"
             url = maven_file_url(coordinate, classifier="plugin", extension="tar.gz")
             # Unpacks to <folder>/debezium-connector-<connector>/*.jar: one plugin.
-            folders.append(unpacked_archive(self.cache_dir, f"debezium-connector-{connector}-{self.stack.debezium_version}", url, progress))
+            folders.append(
+                unpacked_archive(
+                    self.cache_dir,
+                    f"debezium-connector-{connector}-{self.stack.debezium_version}",
+                    url,
+                    progress,
+                )
+            )
         converter_jars = maven_bundle(self.cache_dir, self.converter_bundle(), progress)
         folders.append(converter_jars[0].parent.parent)  # <bundle>/lib/*.jar: one plugin named lib
         return folders
@@ -82,9 +95,16 @@ class KafkaConnectService(Service):
         log_config = self.home / "log4j2.properties"
         log_config.write_text(_log4j2_console_properties(), encoding="utf-8")
         command = [
-            java, "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log_config}", "-cp", str(jars[0].parent / "*"),
-            "org.apache.kafka.connect.cli.ConnectStandalone", str(worker_properties),
+            java,
+            "-Xms128m",
+            "-Xmx512m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log_config}",
+            "-cp",
+            str(jars[0].parent / "*"),
+            "org.apache.kafka.connect.cli.ConnectStandalone",
+            str(worker_properties),
         ]
         return LaunchSpec(command=command, cwd=self.home)
 

@@ -43,7 +43,14 @@ DEBEZIUM = DatabaseUser("debezium", "debezium")
 DATABASE = "icekeeper"
 """The database created in both servers (MariaDB: one of many; PostgreSQL: the one Debezium reads)."""
 
-MARIADB_DEBEZIUM_GRANTS = ("SELECT", "RELOAD", "SHOW DATABASES", "LOCK TABLES", "REPLICATION SLAVE", "BINLOG MONITOR")
+MARIADB_DEBEZIUM_GRANTS = (
+    "SELECT",
+    "RELOAD",
+    "SHOW DATABASES",
+    "LOCK TABLES",
+    "REPLICATION SLAVE",
+    "BINLOG MONITOR",
+)
 """Debezium's MariaDB connector documentation; BINLOG MONITOR is MariaDB's name for REPLICATION CLIENT since 10.5."""
 
 
@@ -54,7 +61,9 @@ def _server_user(system_user: str, package: str) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(system_user)
     except KeyError:
-        raise StackError(f"no system user {system_user!r}; it comes with the Debian package {package} (apt-get install {package})") from None
+        raise StackError(
+            f"no system user {system_user!r}; it comes with the Debian package {package} (apt-get install {package})"
+        ) from None
 
 
 def _as_user(user: pwd.struct_passwd) -> list[str]:
@@ -72,7 +81,13 @@ def _give_to(user: pwd.struct_passwd, *folders: Path) -> None:
 
 def _can_reach(user: pwd.struct_passwd, folder: Path) -> bool:
     """Whether `user` can write `folder`: every folder above it must let that user through."""
-    return user.pw_uid == os.geteuid() or subprocess.run(_as_user(user) + ["test", "-w", str(folder)], capture_output=True).returncode == 0
+    return (
+        user.pw_uid == os.geteuid()
+        or subprocess.run(
+            _as_user(user) + ["test", "-w", str(folder)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _server_folder(user: pwd.struct_passwd, home: Path) -> Path:
@@ -101,13 +116,17 @@ def _server_folder(user: pwd.struct_passwd, home: Path) -> Path:
     return fallback
 
 
-def _run_logged(command: list[str], log_path: Path, what: str, stdin_text: str | None = None) -> str:
+def _run_logged(
+    command: list[str], log_path: Path, what: str, stdin_text: str | None = None
+) -> str:
     result = subprocess.run(command, input=stdin_text, capture_output=True, text=True)
     output = result.stdout + result.stderr
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(command)}\n{output}\n")
     if result.returncode != 0:
-        raise StackError(f"{what} failed (exit {result.returncode}); see {log_path}:\n{output[-3000:]}")
+        raise StackError(
+            f"{what} failed (exit {result.returncode}); see {log_path}:\n{output[-3000:]}"
+        )
     return output
 
 
@@ -135,19 +154,35 @@ class MariaDbService(Service):
                 shutil.rmtree(data_dir)  # a half-made folder from an interrupted start
             _give_to(mysql, data_dir)
             _run_logged(
-                [programs["mariadb-install-db"], "--no-defaults", *run_as, f"--datadir={data_dir}",
-                 "--auth-root-authentication-method=socket", "--skip-test-db"],
-                self.home / "install-db.log", "mariadb-install-db",
+                [
+                    programs["mariadb-install-db"],
+                    "--no-defaults",
+                    *run_as,
+                    f"--datadir={data_dir}",
+                    "--auth-root-authentication-method=socket",
+                    "--skip-test-db",
+                ],
+                self.home / "install-db.log",
+                "mariadb-install-db",
             )
         init_file = server / "init.sql"
         init_file.write_text(self._init_sql(), encoding="utf-8")
         init_file.chmod(0o644)
         command = [
-            programs["mariadbd"], "--no-defaults", *run_as,
-            f"--datadir={data_dir}", f"--socket={run_dir / 'mariadb.sock'}", f"--pid-file={run_dir / 'mariadbd.pid'}",
-            f"--bind-address={self.stack.host}", f"--port={self.stack.mariadb_port}", "--skip-name-resolve",
+            programs["mariadbd"],
+            "--no-defaults",
+            *run_as,
+            f"--datadir={data_dir}",
+            f"--socket={run_dir / 'mariadb.sock'}",
+            f"--pid-file={run_dir / 'mariadbd.pid'}",
+            f"--bind-address={self.stack.host}",
+            f"--port={self.stack.mariadb_port}",
+            "--skip-name-resolve",
             # What Debezium's MariaDB connector needs: a binlog of full row images.
-            "--log-bin=mariadb-bin", "--binlog-format=ROW", "--binlog-row-image=FULL", "--server-id=1",
+            "--log-bin=mariadb-bin",
+            "--binlog-format=ROW",
+            "--binlog-row-image=FULL",
+            "--server-id=1",
             "--character-set-server=utf8mb4",
             # Users and grants, re-applied before every start accepts connections.
             f"--init-file={init_file}",
@@ -157,17 +192,19 @@ class MariaDbService(Service):
     @staticmethod
     def _init_sql() -> str:
         grants = ", ".join(MARIADB_DEBEZIUM_GRANTS)
-        return "\n".join([
-            # Anonymous accounts would shadow ours for some client hosts.
-            "DELETE FROM mysql.global_priv WHERE User = '';",
-            "FLUSH PRIVILEGES;",
-            f"CREATE USER IF NOT EXISTS '{OWNER.name}'@'%' IDENTIFIED BY '{OWNER.password}';",
-            f"GRANT ALL PRIVILEGES ON *.* TO '{OWNER.name}'@'%' WITH GRANT OPTION;",
-            f"CREATE USER IF NOT EXISTS '{DEBEZIUM.name}'@'%' IDENTIFIED BY '{DEBEZIUM.password}';",
-            f"GRANT {grants} ON *.* TO '{DEBEZIUM.name}'@'%';",
-            f"CREATE DATABASE IF NOT EXISTS {DATABASE} CHARACTER SET utf8mb4;",
-            "",
-        ])
+        return "\n".join(
+            [
+                # Anonymous accounts would shadow ours for some client hosts.
+                "DELETE FROM mysql.global_priv WHERE User = '';",
+                "FLUSH PRIVILEGES;",
+                f"CREATE USER IF NOT EXISTS '{OWNER.name}'@'%' IDENTIFIED BY '{OWNER.password}';",
+                f"GRANT ALL PRIVILEGES ON *.* TO '{OWNER.name}'@'%' WITH GRANT OPTION;",
+                f"CREATE USER IF NOT EXISTS '{DEBEZIUM.name}'@'%' IDENTIFIED BY '{DEBEZIUM.password}';",
+                f"GRANT {grants} ON *.* TO '{DEBEZIUM.name}'@'%';",
+                f"CREATE DATABASE IF NOT EXISTS {DATABASE} CHARACTER SET utf8mb4;",
+                "",
+            ]
+        )
 
     def healthy(self) -> bool:
         if not port_open(self.stack.host, self.stack.mariadb_port):
@@ -176,8 +213,13 @@ class MariaDbService(Service):
 
         try:
             # As debezium: the init file has run once its account exists.
-            connection = pymysql.connect(host=self.stack.host, port=self.stack.mariadb_port, user=DEBEZIUM.name,
-                                         password=DEBEZIUM.password, connect_timeout=2)
+            connection = pymysql.connect(
+                host=self.stack.host,
+                port=self.stack.mariadb_port,
+                user=DEBEZIUM.name,
+                password=DEBEZIUM.password,
+                connect_timeout=2,
+            )
         except pymysql.MySQLError:
             return False
         with connection:
@@ -210,38 +252,68 @@ class PostgresService(Service):
             _give_to(postgres, data_dir)
             as_postgres = _as_user(postgres)
             _run_logged(
-                as_postgres + [programs["initdb"], "-D", str(data_dir), "-U", "postgres", "--encoding=UTF8", "--locale=C",
-                               "--auth-local=peer", "--auth-host=scram-sha-256"],
-                self.home / "initdb.log", "initdb",
+                as_postgres
+                + [
+                    programs["initdb"],
+                    "-D",
+                    str(data_dir),
+                    "-U",
+                    "postgres",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--auth-local=peer",
+                    "--auth-host=scram-sha-256",
+                ],
+                self.home / "initdb.log",
+                "initdb",
             )
             # Single-user mode runs the bootstrap SQL without a server listening anywhere.
-            output = _run_logged(as_postgres + [programs["postgres"], "--single", "-D", str(data_dir), "postgres"],
-                                 self.home / "initdb.log", "PostgreSQL bootstrap", stdin_text=self._bootstrap_sql())
+            output = _run_logged(
+                as_postgres + [programs["postgres"], "--single", "-D", str(data_dir), "postgres"],
+                self.home / "initdb.log",
+                "PostgreSQL bootstrap",
+                stdin_text=self._bootstrap_sql(),
+            )
             if "ERROR:" in output:
-                raise StackError(f"PostgreSQL bootstrap SQL failed; see {self.home / 'initdb.log'}:\n{output[-3000:]}")
+                raise StackError(
+                    f"PostgreSQL bootstrap SQL failed; see {self.home / 'initdb.log'}:\n{output[-3000:]}"
+                )
             initialised.touch()
         # `pg_ctl start` would daemonise and leave no process of ours to track: run the server itself,
         # in the foreground, as postgres.
         command = _as_user(postgres) + [
-            programs["postgres"], "-D", str(data_dir),
-            "-h", self.stack.host, "-p", str(self.stack.postgres_port),
-            "-k", "",  # no Unix socket: clients use TCP on the stack's host
-            "-c", "wal_level=logical", "-c", "max_wal_senders=10", "-c", "max_replication_slots=10",
+            programs["postgres"],
+            "-D",
+            str(data_dir),
+            "-h",
+            self.stack.host,
+            "-p",
+            str(self.stack.postgres_port),
+            "-k",
+            "",  # no Unix socket: clients use TCP on the stack's host
+            "-c",
+            "wal_level=logical",
+            "-c",
+            "max_wal_senders=10",
+            "-c",
+            "max_replication_slots=10",
         ]
         return LaunchSpec(command=command, cwd=self.home)
 
     @staticmethod
     def _bootstrap_sql() -> str:
         # One statement per line: single-user mode ends a statement at a newline.
-        return "\n".join([
-            f"CREATE ROLE {OWNER.name} LOGIN PASSWORD '{OWNER.password}';",
-            f"CREATE ROLE {DEBEZIUM.name} REPLICATION LOGIN PASSWORD '{DEBEZIUM.password}';",
-            # Debezium's docs: publications of tables need their owner's rights; a replication user that
-            # is a member of the owning role has them (and SELECT for the snapshot) without superuser.
-            f"GRANT {OWNER.name} TO {DEBEZIUM.name};",
-            f"CREATE DATABASE {DATABASE} OWNER {OWNER.name};",
-            "",
-        ])
+        return "\n".join(
+            [
+                f"CREATE ROLE {OWNER.name} LOGIN PASSWORD '{OWNER.password}';",
+                f"CREATE ROLE {DEBEZIUM.name} REPLICATION LOGIN PASSWORD '{DEBEZIUM.password}';",
+                # Debezium's docs: publications of tables need their owner's rights; a replication user that
+                # is a member of the owning role has them (and SELECT for the snapshot) without superuser.
+                f"GRANT {OWNER.name} TO {DEBEZIUM.name};",
+                f"CREATE DATABASE {DATABASE} OWNER {OWNER.name};",
+                "",
+            ]
+        )
 
     def healthy(self) -> bool:
         if not port_open(self.stack.host, self.stack.postgres_port):
@@ -249,8 +321,14 @@ class PostgresService(Service):
         import psycopg
 
         try:
-            with psycopg.connect(host=self.stack.host, port=self.stack.postgres_port, user=DEBEZIUM.name,
-                                 password=DEBEZIUM.password, dbname=DATABASE, connect_timeout=2) as connection:
+            with psycopg.connect(
+                host=self.stack.host,
+                port=self.stack.postgres_port,
+                user=DEBEZIUM.name,
+                password=DEBEZIUM.password,
+                dbname=DATABASE,
+                connect_timeout=2,
+            ) as connection:
                 return connection.execute("SHOW wal_level").fetchone() == ("logical",)
         except psycopg.Error:
             return False

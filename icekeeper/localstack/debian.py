@@ -34,7 +34,9 @@ class DebianPackage:
     search_dirs: tuple[str, ...] = ()
 
 
-MARIADB_SERVER = DebianPackage("mariadb-server", ("mariadbd", "mariadb-install-db"), ("/usr/sbin", "/usr/bin"))
+MARIADB_SERVER = DebianPackage(
+    "mariadb-server", ("mariadbd", "mariadb-install-db"), ("/usr/sbin", "/usr/bin")
+)
 POSTGRESQL = DebianPackage("postgresql", ("initdb", "postgres"), ("/usr/lib/postgresql/*/bin",))
 
 _apt_lists_updated = False
@@ -46,10 +48,21 @@ def find_programs(package: DebianPackage) -> dict[str, str] | None:
     The search folders come first (a user's PATH often lacks /usr/sbin), newest version first,
     then PATH.
     """
-    folders = [folder for pattern in package.search_dirs for folder in sorted(glob.glob(pattern), key=_version_key, reverse=True)]
+    folders = [
+        folder
+        for pattern in package.search_dirs
+        for folder in sorted(glob.glob(pattern), key=_version_key, reverse=True)
+    ]
     found = {}
     for program in package.programs:
-        path = next((candidate for folder in folders if os.access(candidate := os.path.join(folder, program), os.X_OK)), None)
+        path = next(
+            (
+                candidate
+                for folder in folders
+                if os.access(candidate := os.path.join(folder, program), os.X_OK)
+            ),
+            None,
+        )
         path = path or shutil.which(program)
         if path is None:
             return None
@@ -87,7 +100,9 @@ def ensure_package(package: DebianPackage, purpose: str, progress: Progress) -> 
     _apt_get_install(package.name, progress)
     found = find_programs(package)
     if not found:
-        raise StackError(f"apt-get installed {package.name} but {', '.join(package.programs)} are still not found")
+        raise StackError(
+            f"apt-get installed {package.name} but {', '.join(package.programs)} are still not found"
+        )
     return found
 
 
@@ -103,6 +118,10 @@ def _apt_get_install(name: str, progress: Progress) -> None:
 
 
 def _run_apt(command: list[str], environ: dict[str, str], name: str) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, env=environ, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=environ, stdin=subprocess.DEVNULL
+    )
     if result.returncode != 0:
-        raise StackError(f"`{' '.join(command)}` failed while installing {name}:\n{(result.stdout + result.stderr)[-3000:]}")
+        raise StackError(
+            f"`{' '.join(command)}` failed while installing {name}:\n{(result.stdout + result.stderr)[-3000:]}"
+        )

@@ -14,14 +14,20 @@ import shutil
 import subprocess
 from pathlib import Path
 
-_SEARCH_ROOTS = ("/usr/lib/jvm", "/usr/java", "/opt/java", "/opt", "/Library/Java/JavaVirtualMachines")
+_SEARCH_ROOTS = (
+    "/usr/lib/jvm",
+    "/usr/java",
+    "/opt/java",
+    "/opt",
+    "/Library/Java/JavaVirtualMachines",
+)
 
 
 class JavaNotFound(RuntimeError):
     """No JDK of the needed version; the message says which version to install."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def java_major_version(java: str) -> int | None:
     """Major version `java -version` reports, or None if it does not run."""
     try:
@@ -48,7 +54,9 @@ def candidate_javas(preferred_home: str | None = None) -> list[str]:
         root_path = Path(root)
         if root_path.is_dir():
             candidates.extend(str(path) for path in sorted(root_path.glob("*/bin/java")))
-            candidates.extend(str(path) for path in sorted(root_path.glob("*/Contents/Home/bin/java")))
+            candidates.extend(
+                str(path) for path in sorted(root_path.glob("*/Contents/Home/bin/java"))
+            )
     seen: set[str] = set()
     return [c for c in candidates if Path(c).exists() and not (c in seen or seen.add(c))]
 
@@ -64,5 +72,7 @@ def find_java(min_major: int, preferred_home: str | None = None, purpose: str = 
     usable = [(major, java) for java, major in versions if major and major >= min_major]
     if not usable:
         found = ", ".join(f"{java} ({major})" for java, major in versions) or "none"
-        raise JavaNotFound(f"{purpose or 'this'} needs Java {min_major}+; found: {found}. Install a JDK {min_major}+ and set JAVA_HOME or stack.registry_java_home")
+        raise JavaNotFound(
+            f"{purpose or 'this'} needs Java {min_major}+; found: {found}. Install a JDK {min_major}+ and set JAVA_HOME or stack.registry_java_home"
+        )
     return max(usable)[1]

@@ -17,12 +17,21 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.artifacts import MavenBundle, Progress, maven_bundle, maven_file_url, npm_package, unpacked_archive
+from common.artifacts import (
+    MavenBundle,
+    Progress,
+    maven_bundle,
+    maven_file_url,
+    npm_package,
+    unpacked_archive,
+)
 from common.config.model import StackConfig
 from icekeeper.localstack.java import find_java
 
 AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
 """Azurite's published development account and key (not a secret)."""
 
 
@@ -119,16 +128,47 @@ class KafkaService(Service):
         server_properties.write_text(self._server_properties(data_dir), encoding="utf-8")
         log_config = self.home / "log4j2.properties"
         log_config.write_text(_log4j2_properties(self.home / "server.log"), encoding="utf-8")
-        jvm = [java, "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log_config}", "-cp", classpath]
+        jvm = [
+            java,
+            "-Xms128m",
+            "-Xmx512m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log_config}",
+            "-cp",
+            classpath,
+        ]
         if not (data_dir / "meta.properties").exists():
             progress("formatting Kafka storage (KRaft)")
-            cluster_id = subprocess.run(jvm + ["kafka.tools.StorageTool", "random-uuid"], capture_output=True, text=True, check=True).stdout.strip()
+            cluster_id = subprocess.run(
+                jvm + ["kafka.tools.StorageTool", "random-uuid"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
             # A static quorum (controller.quorum.voters) is formatted without --standalone.
-            subprocess.run(jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(server_properties)], capture_output=True, text=True, check=True)
+            subprocess.run(
+                jvm
+                + [
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(server_properties),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
         return LaunchSpec(command=jvm + ["kafka.Kafka", str(server_properties)], cwd=self.home)
 
     def _server_properties(self, data_dir: Path) -> str:
-        host, port, controller = self.stack.host, self.stack.kafka_port, self.stack.kafka_controller_port
+        host, port, controller = (
+            self.stack.host,
+            self.stack.kafka_port,
+            self.stack.kafka_controller_port,
+        )
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -195,7 +235,9 @@ class RegistryService(Service):
 
     def prepare(self, progress: Progress) -> LaunchSpec:
         version = self.stack.registry_version
-        url = maven_file_url(f"io.apicurio:apicurio-registry-app:{version}", classifier="all", extension="tar.gz")
+        url = maven_file_url(
+            f"io.apicurio:apicurio-registry-app:{version}", classifier="all", extension="tar.gz"
+        )
         unpacked = unpacked_archive(self.cache_dir, f"apicurio-registry-{version}", url, progress)
         # The archive's layout changed across 3.x releases; find the runner wherever it is.
         runner = next(iter(sorted(unpacked.rglob("quarkus-run.jar"))), None)
@@ -204,12 +246,20 @@ class RegistryService(Service):
         java = find_java(21, self.stack.registry_java_home, purpose=f"Apicurio Registry {version}")
         self.home.mkdir(parents=True, exist_ok=True)
         command = [
-            java, "-Xms128m", "-Xmx512m", "-Djava.awt.headless=true",
-            f"-Dquarkus.http.host={self.stack.host}", f"-Dquarkus.http.port={self.stack.registry_port}",
-            f"-Dquarkus.management.host={self.stack.host}", f"-Dquarkus.management.port={self.stack.registry_management_port}",
-            "-Dquarkus.otel.enabled=false", "-Dquarkus.otel.sdk.disabled=true",
-            "-Dquarkus.http.access-log.enabled=false", "-Dquarkus.log.level=WARN",
-            "-jar", str(runner),
+            java,
+            "-Xms128m",
+            "-Xmx512m",
+            "-Djava.awt.headless=true",
+            f"-Dquarkus.http.host={self.stack.host}",
+            f"-Dquarkus.http.port={self.stack.registry_port}",
+            f"-Dquarkus.management.host={self.stack.host}",
+            f"-Dquarkus.management.port={self.stack.registry_management_port}",
+            "-Dquarkus.otel.enabled=false",
+            "-Dquarkus.otel.sdk.disabled=true",
+            "-Dquarkus.http.access-log.enabled=false",
+            "-Dquarkus.log.level=WARN",
+            "-jar",
+            str(runner),
         ]
         return LaunchSpec(command=command, cwd=self.home)
 
@@ -237,8 +287,15 @@ class _AzuriteService(Service):
         self.home.mkdir(parents=True, exist_ok=True)
         host_option = self.port_option.replace("Port", "Host")
         command = [
-            str(bin_dir / self.binary), host_option, self.stack.host, self.port_option, str(self.port()),
-            "--inMemoryPersistence", "--silent", "--disableTelemetry", "--skipApiVersionCheck",
+            str(bin_dir / self.binary),
+            host_option,
+            self.stack.host,
+            self.port_option,
+            str(self.port()),
+            "--inMemoryPersistence",
+            "--silent",
+            "--disableTelemetry",
+            "--skipApiVersionCheck",
         ]
         return LaunchSpec(command=command, cwd=self.home)
 
@@ -273,4 +330,7 @@ class AzuriteBlobService(_AzuriteService):
 
 def all_services(stack: StackConfig, state_dir: Path, cache_dir: Path) -> list[Service]:
     """The stack's services, in start order."""
-    return [service(stack, state_dir, cache_dir) for service in (KafkaService, RegistryService, AzuriteQueueService, AzuriteBlobService)]
+    return [
+        service(stack, state_dir, cache_dir)
+        for service in (KafkaService, RegistryService, AzuriteQueueService, AzuriteBlobService)
+    ]

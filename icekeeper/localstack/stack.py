@@ -60,7 +60,9 @@ def with_dependencies(names: list[str]) -> list[str]:
     """Optional services to run for `--with names`: a CDC source is no use without Debezium in Connect."""
     unknown = set(names) - set(OPTIONAL_SERVICES)
     if unknown:
-        raise StackError(f"no optional service(s) {sorted(unknown)}; --with takes {sorted(OPTIONAL_SERVICES)}")
+        raise StackError(
+            f"no optional service(s) {sorted(unknown)}; --with takes {sorted(OPTIONAL_SERVICES)}"
+        )
     wanted = set(names) | ({"connect"} if {"mariadb", "postgres"} & set(names) else set())
     return [name for name in OPTIONAL_SERVICES if name in wanted]
 
@@ -68,13 +70,22 @@ def with_dependencies(names: list[str]) -> list[str]:
 def started_optional_services(config: IcekeeperConfig) -> list[str]:
     """Optional services that `up` started in this state folder (their pid files exist), for `down` and `status`."""
     state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
-    return [name for name, kind in OPTIONAL_SERVICES.items() if _pid_file(kind(config.stack, state_dir, cache_dir)).exists()]
+    return [
+        name
+        for name, kind in OPTIONAL_SERVICES.items()
+        if _pid_file(kind(config.stack, state_dir, cache_dir)).exists()
+    ]
 
 
 class LocalStack:
     """The local Kafka, schema registry and Azurite of one state folder, plus the optional services asked for."""
 
-    def __init__(self, config: IcekeeperConfig, only: list[str] | None = None, with_services: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: IcekeeperConfig,
+        only: list[str] | None = None,
+        with_services: list[str] | None = None,
+    ) -> None:
         """
         Args:
             config: the stack's ports and versions (`config.stack`), state and cache folders.
@@ -84,11 +95,17 @@ class LocalStack:
         self.config = config
         state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
         optional = with_dependencies(with_services or [])
-        services = all_services(config.stack, state_dir, cache_dir) + [OPTIONAL_SERVICES[name](config.stack, state_dir, cache_dir) for name in optional]
+        services = all_services(config.stack, state_dir, cache_dir) + [
+            OPTIONAL_SERVICES[name](config.stack, state_dir, cache_dir) for name in optional
+        ]
         unknown = set(only or []) - {service.name for service in services}
         if unknown:
-            raise StackError(f"no such service(s) {sorted(unknown)}; services: {[service.name for service in services]}")
-        self.services: list[Service] = [service for service in services if not only or service.name in only]
+            raise StackError(
+                f"no such service(s) {sorted(unknown)}; services: {[service.name for service in services]}"
+            )
+        self.services: list[Service] = [
+            service for service in services if not only or service.name in only
+        ]
         # Every service by name, also those outside `only`, so a service's `needs` can be checked.
         self._known: dict[str, Service] = {service.name: service for service in services}
         for name, kind in OPTIONAL_SERVICES.items():
@@ -112,14 +129,26 @@ class LocalStack:
                 # Ours but not answering: maybe still starting from an earlier `up`.
                 continue
             if service.port_in_use():
-                raise StackError(f"{service.name}: port(s) {service.ports()} already in use by a process this stack did not start; change stack.* ports or stop it")
+                raise StackError(
+                    f"{service.name}: port(s) {service.ports()} already in use by a process this stack did not start; change stack.* ports or stop it"
+                )
             to_start.append(service)
         starting = {service.name for service in to_start}
-        needed = [self._known[name] for name in dict.fromkeys(name for service in to_start for name in service.needs)]
+        needed = [
+            self._known[name]
+            for name in dict.fromkeys(name for service in to_start for name in service.needs)
+        ]
         for dependency in needed:
-            if dependency.name not in starting and self._status(dependency).state not in ("running", "unhealthy"):
-                dependents = ", ".join(service.name for service in to_start if dependency.name in service.needs)
-                raise StackError(f"{dependents} need(s) {dependency.name}, which is not running in this stack; start it too (icekeeper stack up)")
+            if dependency.name not in starting and self._status(dependency).state not in (
+                "running",
+                "unhealthy",
+            ):
+                dependents = ", ".join(
+                    service.name for service in to_start if dependency.name in service.needs
+                )
+                raise StackError(
+                    f"{dependents} need(s) {dependency.name}, which is not running in this stack; start it too (icekeeper stack up)"
+                )
         launches = [(service, service.prepare(progress)) for service in to_start]
         for service, launch in launches:
             if service.needs:
@@ -130,18 +159,30 @@ class LocalStack:
             for service, launch in launches:
                 if service.needs:
                     self._launch(service, launch, progress)
-        self._wait_healthy(progress, [service for service in self.services if service not in needed])
-        return StackReport(services=self.status(), started=[service.name for service, _ in launches], seconds=time.monotonic() - started_at)
+        self._wait_healthy(
+            progress, [service for service in self.services if service not in needed]
+        )
+        return StackReport(
+            services=self.status(),
+            started=[service.name for service, _ in launches],
+            seconds=time.monotonic() - started_at,
+        )
 
     def _launch(self, service: Service, launch: LaunchSpec, progress: Progress) -> None:
         progress(f"starting {service.name} on {service.address()}")
         service.home.mkdir(parents=True, exist_ok=True)
         with open(service.log_path, "ab") as log_file:
             process = subprocess.Popen(
-                launch.command, cwd=launch.cwd, stdout=log_file, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                launch.command,
+                cwd=launch.cwd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
-        _pid_file(service).write_text(json.dumps({"pid": process.pid, "command": launch.command}), encoding="utf-8")
+        _pid_file(service).write_text(
+            json.dumps({"pid": process.pid, "command": launch.command}), encoding="utf-8"
+        )
 
     def _wait_healthy(self, progress: Progress, services: list[Service]) -> None:
         deadline = time.monotonic() + self.config.stack.start_timeout
@@ -156,10 +197,14 @@ class LocalStack:
                         progress(f"{service.name} is ready at {service.address()}")
                         pending.remove(service)
                     elif _pid_file(service).exists() and not _alive(_read_pid(service)):
-                        raise StackError(f"{service.name} exited during start-up; see {service.log_path}:\n{_tail(service.log_path)}")
+                        raise StackError(
+                            f"{service.name} exited during start-up; see {service.log_path}:\n{_tail(service.log_path)}"
+                        )
                 if pending and time.monotonic() > deadline:
                     names = ", ".join(service.name for service in pending)
-                    raise StackError(f"not healthy after {self.config.stack.start_timeout:.0f}s: {names}; logs under {Path(self.config.state_dir) / 'stack'}")
+                    raise StackError(
+                        f"not healthy after {self.config.stack.start_timeout:.0f}s: {names}; logs under {Path(self.config.state_dir) / 'stack'}"
+                    )
                 if pending:
                     time.sleep(0.25)
 
@@ -188,7 +233,9 @@ class LocalStack:
             state = "running" if service.healthy() else "unhealthy"
         else:
             state = "foreign" if service.port_in_use() else "stopped"
-        return ServiceStatus(service.name, service.address(), state, pid if ours else None, str(service.log_path))
+        return ServiceStatus(
+            service.name, service.address(), state, pid if ours else None, str(service.log_path)
+        )
 
     def describe(self) -> list[dict[str, object]]:
         return [asdict(status) for status in self.status()]

@@ -24,7 +24,11 @@ class Column:
     connect_name: str | None = None
 
     def avro_field(self) -> dict[str, Any]:
-        base: Any = {"type": self.avro_type, "connect.version": 1, "connect.name": self.connect_name} if self.connect_name else self.avro_type
+        base: Any = (
+            {"type": self.avro_type, "connect.version": 1, "connect.name": self.connect_name}
+            if self.connect_name
+            else self.avro_type
+        )
         if self.optional:
             return {"name": self.name, "type": ["null", base], "default": None}
         return {"name": self.name, "type": base}
@@ -46,7 +50,13 @@ class TableShape:
 
     def value_schema(self) -> dict[str, Any]:
         namespace = self.topic
-        row = {"type": "record", "name": "Value", "namespace": namespace, "fields": [c.avro_field() for c in self.columns], "connect.name": f"{namespace}.Value"}
+        row = {
+            "type": "record",
+            "name": "Value",
+            "namespace": namespace,
+            "fields": [c.avro_field() for c in self.columns],
+            "connect.name": f"{namespace}.Value",
+        }
         return {
             "type": "record",
             "name": "Envelope",
@@ -64,8 +74,16 @@ class TableShape:
 
     def key_schema(self) -> dict[str, Any]:
         by_name = {column.name: column for column in self.columns}
-        fields = [Column(name, by_name[name].avro_type, optional=False).avro_field() for name in self.key]
-        return {"type": "record", "name": "Key", "namespace": self.topic, "fields": fields, "connect.name": f"{self.topic}.Key"}
+        fields = [
+            Column(name, by_name[name].avro_type, optional=False).avro_field() for name in self.key
+        ]
+        return {
+            "type": "record",
+            "name": "Key",
+            "namespace": self.topic,
+            "fields": fields,
+            "connect.name": f"{self.topic}.Key",
+        }
 
     def key_of(self, row: dict[str, Any]) -> dict[str, Any]:
         return {name: row[name] for name in self.key}
@@ -80,7 +98,20 @@ _SOURCE_SCHEMA: dict[str, Any] = {
         {"name": "connector", "type": "string"},
         {"name": "name", "type": "string"},
         {"name": "ts_ms", "type": "long"},
-        {"name": "snapshot", "type": [{"type": "string", "connect.version": 1, "connect.parameters": {"allowed": "true,last,false,incremental"}, "connect.default": "false", "connect.name": "io.debezium.data.Enum"}, "null"], "default": "false"},
+        {
+            "name": "snapshot",
+            "type": [
+                {
+                    "type": "string",
+                    "connect.version": 1,
+                    "connect.parameters": {"allowed": "true,last,false,incremental"},
+                    "connect.default": "false",
+                    "connect.name": "io.debezium.data.Enum",
+                },
+                "null",
+            ],
+            "default": "false",
+        },
         {"name": "db", "type": "string"},
         {"name": "sequence", "type": ["null", "string"], "default": None},
         {"name": "table", "type": ["null", "string"], "default": None},
@@ -117,15 +148,34 @@ class BinlogPosition:
     gtid: str
 
 
-def envelope(shape: TableShape, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, at: BinlogPosition, envelope_ts_ms: int) -> dict[str, Any]:
+def envelope(
+    shape: TableShape,
+    op: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    at: BinlogPosition,
+    envelope_ts_ms: int,
+) -> dict[str, Any]:
     """A Debezium change event value: before/after rows, source block, op, ts_ms, transaction."""
     return {
         "before": before,
         "after": after,
         "source": {
-            "version": DEBEZIUM_VERSION, "connector": "mysql", "name": shape.server, "ts_ms": at.ts_ms, "snapshot": "false",
-            "db": shape.db, "sequence": None, "table": shape.table, "server_id": 1, "gtid": at.gtid, "file": at.file,
-            "pos": at.pos, "row": 0, "thread": None, "query": None,
+            "version": DEBEZIUM_VERSION,
+            "connector": "mysql",
+            "name": shape.server,
+            "ts_ms": at.ts_ms,
+            "snapshot": "false",
+            "db": shape.db,
+            "sequence": None,
+            "table": shape.table,
+            "server_id": 1,
+            "gtid": at.gtid,
+            "file": at.file,
+            "pos": at.pos,
+            "row": 0,
+            "thread": None,
+            "query": None,
         },
         "op": op,
         "ts_ms": envelope_ts_ms,
@@ -135,7 +185,15 @@ def envelope(shape: TableShape, op: str, before: dict[str, Any] | None, after: d
 
 # -- Debezium JSON (Kafka Connect's JsonConverter) --------------------------------------------------
 
-_CONNECT_PRIMITIVES = {"int": "int32", "long": "int64", "float": "float", "double": "double", "boolean": "boolean", "string": "string", "bytes": "bytes"}
+_CONNECT_PRIMITIVES = {
+    "int": "int32",
+    "long": "int64",
+    "float": "float",
+    "double": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+}
 
 
 def connect_schema(avro_type: Any, optional: bool = False) -> dict[str, Any]:
@@ -151,13 +209,38 @@ def connect_schema(avro_type: Any, optional: bool = False) -> dict[str, Any]:
         return {"type": _CONNECT_PRIMITIVES[avro_type], "optional": optional}
     described: dict[str, Any] = {"optional": optional}
     if "connect.name" in avro_type:
-        described.update({"name": avro_type["connect.name"], **({"version": avro_type["connect.version"]} if "connect.version" in avro_type else {})})
+        described.update(
+            {
+                "name": avro_type["connect.name"],
+                **(
+                    {"version": avro_type["connect.version"]}
+                    if "connect.version" in avro_type
+                    else {}
+                ),
+            }
+        )
     if "connect.parameters" in avro_type:
         described["parameters"] = avro_type["connect.parameters"]
     kind = avro_type["type"]
     if kind == "record":
-        return {"type": "struct", "fields": [{**connect_schema(field["type"]), "field": field["name"]} for field in avro_type["fields"]], **described}
+        return {
+            "type": "struct",
+            "fields": [
+                {**connect_schema(field["type"]), "field": field["name"]}
+                for field in avro_type["fields"]
+            ],
+            **described,
+        }
     if avro_type.get("logicalType") == "decimal":
-        parameters = {"scale": str(avro_type["scale"]), "connect.decimal.precision": str(avro_type["precision"])}
-        return {"type": "bytes", "optional": optional, "name": "org.apache.kafka.connect.data.Decimal", "version": 1, "parameters": parameters}
+        parameters = {
+            "scale": str(avro_type["scale"]),
+            "connect.decimal.precision": str(avro_type["precision"]),
+        }
+        return {
+            "type": "bytes",
+            "optional": optional,
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "version": 1,
+            "parameters": parameters,
+        }
     return {**connect_schema(kind), **described}

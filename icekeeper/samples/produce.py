@@ -13,7 +13,8 @@ import logging
 import struct
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import fastavro
 from confluent_kafka import KafkaException, Producer
@@ -24,7 +25,12 @@ from common.config.model import IcekeeperConfig, KafkaSource
 from common.schema import resolve_named_types
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import TableShape, connect_schema
-from icekeeper.samples.synthetic import SyntheticEvent, SyntheticSpec, schema_versions, synthetic_events
+from icekeeper.samples.synthetic import (
+    SyntheticEvent,
+    SyntheticSpec,
+    schema_versions,
+    synthetic_events,
+)
 
 Progress = Callable[[str], None]
 MAGIC_BYTE = 0
@@ -62,9 +68,13 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
     existing = admin.list_topics(timeout=10).topics.get(topic)
     if existing is not None and existing.error is None:
         if len(existing.partitions) != partitions:
-            raise ValueError(f"topic {topic} exists with {len(existing.partitions)} partitions, expected {partitions}")
+            raise ValueError(
+                f"topic {topic} exists with {len(existing.partitions)} partitions, expected {partitions}"
+            )
         return
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
+    )
     for future in futures.values():
         try:
             future.result(timeout=30)
@@ -74,25 +84,36 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         described = admin.list_topics(topic, timeout=10).topics.get(topic)
-        if described is not None and described.error is None and len(described.partitions) == partitions:
+        if (
+            described is not None
+            and described.error is None
+            and len(described.partitions) == partitions
+        ):
             return
         time.sleep(0.2)
     raise TimeoutError(f"topic {topic} did not appear")
 
 
 def _producer(source: KafkaSource) -> Producer:
-    return Producer({
-        "bootstrap.servers": source.bootstrap_servers,
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": 20,
-        "compression.type": "lz4",
-        "queue.buffering.max.messages": 1_000_000,
-        "batch.size": 1_000_000,
-    }, logger=logging.getLogger("librdkafka"))
+    return Producer(
+        {
+            "bootstrap.servers": source.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 1_000_000,
+            "batch.size": 1_000_000,
+        },
+        logger=logging.getLogger("librdkafka"),
+    )
 
 
-def _send(producer: Producer, topic: str, messages: Iterable[tuple[int, bytes | None, bytes | None, int | None]]) -> int:
+def _send(
+    producer: Producer,
+    topic: str,
+    messages: Iterable[tuple[int, bytes | None, bytes | None, int | None]],
+) -> int:
     """Produce (partition, key, value, timestamp) tuples; raises if any delivery failed."""
     failures: list[str] = []
 
@@ -104,7 +125,14 @@ def _send(producer: Producer, topic: str, messages: Iterable[tuple[int, bytes | 
     for partition, key, value, timestamp_ms in messages:
         while True:
             try:
-                producer.produce(topic, key=key, value=value, partition=partition, timestamp=timestamp_ms or 0, on_delivery=on_delivery)
+                producer.produce(
+                    topic,
+                    key=key,
+                    value=value,
+                    partition=partition,
+                    timestamp=timestamp_ms or 0,
+                    on_delivery=on_delivery,
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -113,11 +141,15 @@ def _send(producer: Producer, topic: str, messages: Iterable[tuple[int, bytes | 
             producer.poll(0)
     remaining = producer.flush(60)
     if remaining or failures:
-        raise RuntimeError(f"{remaining} undelivered, {len(failures)} failed (first: {failures[:1]})")
+        raise RuntimeError(
+            f"{remaining} undelivered, {len(failures)} failed (first: {failures[:1]})"
+        )
     return count
 
 
-def produce_seed_sample(config: IcekeeperConfig, topic: str | None = None, progress: Progress = print) -> dict[str, Any]:
+def produce_seed_sample(
+    config: IcekeeperConfig, topic: str | None = None, progress: Progress = print
+) -> dict[str, Any]:
     """Produce seed 000's tbl_test_1 stream (18 events, 4 schema versions, 3 partitions).
 
     Returns:
@@ -127,20 +159,42 @@ def produce_seed_sample(config: IcekeeperConfig, topic: str | None = None, progr
     topic = topic or (source.topics[0] if source.topics else seed000.TOPIC)
     ensure_topic(source.bootstrap_servers, topic, seed000.PARTITIONS)
     framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), topic)
-    value_ids = {version: framer.schema_id(shape.value_schema(), is_key=False) for version, shape in seed000.SCHEMA_VERSIONS.items()}
+    value_ids = {
+        version: framer.schema_id(shape.value_schema(), is_key=False)
+        for version, shape in seed000.SCHEMA_VERSIONS.items()
+    }
     key_id = framer.schema_id(seed000.SCHEMA_VERSIONS[1].key_schema(), is_key=True)
     events = seed000.sample_events()
-    progress(f"producing {len(events)} seed 000 events to {topic} (schema ids {sorted(value_ids.values())})")
+    progress(
+        f"producing {len(events)} seed 000 events to {topic} (schema ids {sorted(value_ids.values())})"
+    )
     messages = [
-        (event.partition, framer.frame(key_id, event.key), framer.frame(value_ids[event.version], event.value), event.kafka_timestamp_ms)
+        (
+            event.partition,
+            framer.frame(key_id, event.key),
+            framer.frame(value_ids[event.version], event.value),
+            event.kafka_timestamp_ms,
+        )
         for event in events
     ]
     produced = _send(_producer(source), topic, messages)
-    return {"topic": topic, "records": produced, "value_schema_ids": value_ids, "key_schema_id": key_id, "partitions": seed000.PARTITIONS}
+    return {
+        "topic": topic,
+        "records": produced,
+        "value_schema_ids": value_ids,
+        "key_schema_id": key_id,
+        "partitions": seed000.PARTITIONS,
+    }
 
 
-def produce_synthetic(config: IcekeeperConfig, spec: SyntheticSpec, topic: str | None = None, partitions: int = 3,
-                      progress: Progress = print, subject: str | None = None) -> dict[str, Any]:
+def produce_synthetic(
+    config: IcekeeperConfig,
+    spec: SyntheticSpec,
+    topic: str | None = None,
+    partitions: int = 3,
+    progress: Progress = print,
+    subject: str | None = None,
+) -> dict[str, Any]:
     """Produce a synthetic stream (see `synthetic.py`); poison messages are corrupted on purpose.
 
     Args:
@@ -154,7 +208,11 @@ def produce_synthetic(config: IcekeeperConfig, spec: SyntheticSpec, topic: str |
     topic = topic or spec.topic
     ensure_topic(source.bootstrap_servers, topic, partitions)
     shapes = schema_versions(spec)
-    encode = _avro_encoder(source, subject or topic, shapes) if spec.format == "avro" else _json_encoder()
+    encode = (
+        _avro_encoder(source, subject or topic, shapes)
+        if spec.format == "avro"
+        else _json_encoder()
+    )
     poison: dict[str, int] = {}
     good = 0
     started = time.monotonic()
@@ -174,11 +232,20 @@ def produce_synthetic(config: IcekeeperConfig, spec: SyntheticSpec, topic: str |
     produced = _send(_producer(source), topic, messages())
     seconds = time.monotonic() - started
     progress(f"produced {produced:,} messages to {topic} in {seconds:.1f}s")
-    return {"topic": topic, "records": produced, "events": good, "poison": poison, "schema_versions": len(shapes),
-            "partitions": partitions, "seconds": round(seconds, 3)}
+    return {
+        "topic": topic,
+        "records": produced,
+        "events": good,
+        "poison": poison,
+        "schema_versions": len(shapes),
+        "partitions": partitions,
+        "seconds": round(seconds, 3),
+    }
 
 
-def _avro_encoder(source: KafkaSource, subject: str, shapes: list[TableShape]) -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
+def _avro_encoder(
+    source: KafkaSource, subject: str, shapes: list[TableShape]
+) -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
     framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), subject)
     value_ids = [framer.schema_id(shape.value_schema(), is_key=False) for shape in shapes]
     key_id = framer.schema_id(shapes[0].key_schema(), is_key=True)
@@ -208,8 +275,13 @@ def _json_encoder() -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
     return encode
 
 
-def produce_debezium_records(config: IcekeeperConfig, shape: TableShape, records: Iterable[tuple[Any, dict[str, Any] | None]], topic: str,
-                             encoding: str = "avro") -> int:
+def produce_debezium_records(
+    config: IcekeeperConfig,
+    shape: TableShape,
+    records: Iterable[tuple[Any, dict[str, Any] | None]],
+    topic: str,
+    encoding: str = "avro",
+) -> int:
     """Produce (record key, Debezium envelope) pairs as given, in order, to partition 0 of `topic`.
 
     For streams a test spells out record by record: deletes with or without a `before` image or a
@@ -228,31 +300,53 @@ def produce_debezium_records(config: IcekeeperConfig, shape: TableShape, records
     source = config.sources[0]
     ensure_topic(source.bootstrap_servers, topic, 1)
     value_schema = shape.value_schema()
-    primitive_key_schema = next(column.avro_type for column in shape.columns if column.name == shape.key[0])
+    primitive_key_schema = next(
+        column.avro_type for column in shape.columns if column.name == shape.key[0]
+    )
     if encoding == "avro":
-        framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), topic)
+        framer = ConfluentAvroFramer(
+            SchemaRegistryClient({"url": source.schema_registry_url}), topic
+        )
         value_id = framer.schema_id(value_schema, is_key=False)
 
         def encode(key: Any, envelope: dict[str, Any] | None) -> tuple[bytes | None, bytes | None]:
             key_schema = shape.key_schema() if isinstance(key, dict) else primitive_key_schema
-            framed_key = None if key is None else framer.frame(framer.schema_id(key_schema, is_key=True), key)  # type: ignore[arg-type]
+            framed_key = (
+                None
+                if key is None
+                else framer.frame(framer.schema_id(key_schema, is_key=True), key)
+            )  # type: ignore[arg-type]
             return framed_key, None if envelope is None else framer.frame(value_id, envelope)
     elif encoding in ("json", "json-schemas"):
         value_connect = connect_schema(resolve_named_types(value_schema))
 
         def enveloped(schema: dict[str, Any], payload: Any) -> bytes:
-            return json.dumps({"schema": schema, "payload": payload} if encoding == "json-schemas" else payload).encode()
+            return json.dumps(
+                {"schema": schema, "payload": payload} if encoding == "json-schemas" else payload
+            ).encode()
 
         def encode(key: Any, envelope: dict[str, Any] | None) -> tuple[bytes | None, bytes | None]:
-            key_connect = connect_schema(shape.key_schema() if isinstance(key, dict) else primitive_key_schema)
-            return (None if key is None else enveloped(key_connect, key)), (None if envelope is None else enveloped(value_connect, envelope))
+            key_connect = connect_schema(
+                shape.key_schema() if isinstance(key, dict) else primitive_key_schema
+            )
+            return (None if key is None else enveloped(key_connect, key)), (
+                None if envelope is None else enveloped(value_connect, envelope)
+            )
     else:
         raise ValueError(f"encoding {encoding!r}: use avro, json-schemas or json")
-    return _send(_producer(source), topic, ((0, *encode(key, envelope), None) for key, envelope in records))
+    return _send(
+        _producer(source), topic, ((0, *encode(key, envelope), None) for key, envelope in records)
+    )
 
 
-def produce_at_rate(config: IcekeeperConfig, spec: SyntheticSpec, rate_per_s: float, topic: str | None = None, partitions: int = 3,
-                    stop: threading.Event | None = None) -> dict[str, Any]:
+def produce_at_rate(
+    config: IcekeeperConfig,
+    spec: SyntheticSpec,
+    rate_per_s: float,
+    topic: str | None = None,
+    partitions: int = 3,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
     """Produce `spec.events` synthetic events at a steady `rate_per_s`, Kafka timestamps = send time.
 
     For freshness measurements: records carry the time they were produced, so the delay to a
@@ -261,7 +355,11 @@ def produce_at_rate(config: IcekeeperConfig, spec: SyntheticSpec, rate_per_s: fl
     source = config.sources[0]
     topic = topic or spec.topic
     ensure_topic(source.bootstrap_servers, topic, partitions)
-    encode = _avro_encoder(source, topic, schema_versions(spec)) if spec.format == "avro" else _json_encoder()
+    encode = (
+        _avro_encoder(source, topic, schema_versions(spec))
+        if spec.format == "avro"
+        else _json_encoder()
+    )
     producer = _producer(source)
     failures: list[str] = []
     poison: dict[str, int] = {}
@@ -277,11 +375,24 @@ def produce_at_rate(config: IcekeeperConfig, spec: SyntheticSpec, rate_per_s: fl
             producer.poll(0)
             time.sleep(max(0.0, due - time.monotonic()))
         key, value = encode(event)
-        producer.produce(topic, key=key, value=value, partition=event.partition(partitions),
-                         on_delivery=lambda error, _m: failures.append(str(error)) if error else None)
+        producer.produce(
+            topic,
+            key=key,
+            value=value,
+            partition=event.partition(partitions),
+            on_delivery=lambda error, _m: failures.append(str(error)) if error else None,
+        )
         sent += 1
     remaining = producer.flush(60)
     if remaining or failures:
-        raise RuntimeError(f"{remaining} undelivered, {len(failures)} failed (first: {failures[:1]})")
+        raise RuntimeError(
+            f"{remaining} undelivered, {len(failures)} failed (first: {failures[:1]})"
+        )
     seconds = time.monotonic() - started
-    return {"topic": topic, "records": sent, "poison": poison, "seconds": round(seconds, 3), "rate_per_s": round(sent / seconds, 1) if seconds else 0.0}
+    return {
+        "topic": topic,
+        "records": sent,
+        "poison": poison,
+        "seconds": round(seconds, 3),
+        "rate_per_s": round(sent / seconds, 1) if seconds else 0.0,
+    }

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 
@@ -41,7 +42,11 @@ class SyntheticSpec:
     def __post_init__(self) -> None:
         if self.keys < 1 or self.events < 0:
             raise ValueError("keys must be >= 1 and events >= 0")
-        if not (0 <= self.update_ratio and 0 <= self.delete_ratio and self.update_ratio + self.delete_ratio <= 1):
+        if not (
+            0 <= self.update_ratio
+            and 0 <= self.delete_ratio
+            and self.update_ratio + self.delete_ratio <= 1
+        ):
             raise ValueError("update_ratio and delete_ratio must be >= 0 and add up to at most 1")
         if not 0 <= self.poison_ratio < 1:
             raise ValueError("poison_ratio must be in [0, 1)")
@@ -89,7 +94,10 @@ def schema_versions(spec: SyntheticSpec) -> list[TableShape]:
     shapes = [TableShape(spec.server, spec.db, spec.table, tuple(columns), key=("id",))]
     for change in range(1, spec.schema_changes + 1):
         if change == 2:
-            columns = [Column("amount", "long") if column.name == "amount" else column for column in columns]
+            columns = [
+                Column("amount", "long") if column.name == "amount" else column
+                for column in columns
+            ]
         else:
             columns = columns + [Column(f"extra_{change}", "string")]
         shapes.append(TableShape(spec.server, spec.db, spec.table, tuple(columns), key=("id",)))
@@ -100,7 +108,10 @@ def synthetic_events(spec: SyntheticSpec) -> Iterator[SyntheticEvent]:
     """The stream, in production order. Deterministic for a given spec."""
     rng = random.Random(spec.seed)
     shapes = schema_versions(spec)
-    change_points = [spec.events * change // (spec.schema_changes + 1) for change in range(1, spec.schema_changes + 1)]
+    change_points = [
+        spec.events * change // (spec.schema_changes + 1)
+        for change in range(1, spec.schema_changes + 1)
+    ]
     alive = _AliveKeys()
     free_keys = list(range(spec.keys))
     rng.shuffle(free_keys)
@@ -112,7 +123,9 @@ def synthetic_events(spec: SyntheticSpec) -> Iterator[SyntheticEvent]:
         ts_ms = _BASE_TS_MS + index * 10
         op = _pick_op(rng, spec, bool(alive.rows), bool(free_keys))
         if op == "c":
-            if spec.key_reuse == "random":  # swap a random free key to the end; the default draws nothing here
+            if (
+                spec.key_reuse == "random"
+            ):  # swap a random free key to the end; the default draws nothing here
                 pick = rng.randrange(len(free_keys))
                 free_keys[pick], free_keys[-1] = free_keys[-1], free_keys[pick]
             key_id = free_keys.pop()
@@ -122,16 +135,35 @@ def synthetic_events(spec: SyntheticSpec) -> Iterator[SyntheticEvent]:
             key_id = alive.ids[rng.randrange(len(alive.ids))]
             before = _conform(alive.rows[key_id], shape)
             if op == "u":
-                after = {**before, "amount": rng.randint(1, 10_000), "status": rng.choice(["new", "paid", "shipped", "returned"]), "updated_at": ts_ms}
+                after = {
+                    **before,
+                    "amount": rng.randint(1, 10_000),
+                    "status": rng.choice(["new", "paid", "shipped", "returned"]),
+                    "updated_at": ts_ms,
+                }
                 if version >= 3 and rng.random() < 0.5:
-                    after = {**after, **{c.name: f"x{index}" for c in shape.columns if c.name.startswith("extra_")}}
+                    after = {
+                        **after,
+                        **{
+                            c.name: f"x{index}"
+                            for c in shape.columns
+                            if c.name.startswith("extra_")
+                        },
+                    }
                 alive.put(key_id, after)
             else:
                 after = None
                 alive.remove(key_id)
                 free_keys.append(key_id)
-        at = BinlogPosition(ts_ms=ts_ms, file=f"mysql-bin.{1 + index // 100_000:06d}", pos=4 + (index % 100_000) * 512, gtid=f"synthetic:{index + 1}")
-        event = SyntheticEvent(index, version, op, {"id": key_id}, envelope(shape, op, before, after, at, ts_ms + 5))
+        at = BinlogPosition(
+            ts_ms=ts_ms,
+            file=f"mysql-bin.{1 + index // 100_000:06d}",
+            pos=4 + (index % 100_000) * 512,
+            gtid=f"synthetic:{index + 1}",
+        )
+        event = SyntheticEvent(
+            index, version, op, {"id": key_id}, envelope(shape, op, before, after, at, ts_ms + 5)
+        )
         yield event
         # Poison messages ride along right after real ones, so they are spread over the stream.
         if spec.poison_ratio and rng.random() < spec.poison_ratio / (1 - spec.poison_ratio):
@@ -142,7 +174,13 @@ def synthetic_events(spec: SyntheticSpec) -> Iterator[SyntheticEvent]:
 
 def _pick_op(rng: random.Random, spec: SyntheticSpec, any_alive: bool, any_free: bool) -> str:
     draw = rng.random()
-    op = "d" if draw < spec.delete_ratio else "u" if draw < spec.delete_ratio + spec.update_ratio else "c"
+    op = (
+        "d"
+        if draw < spec.delete_ratio
+        else "u"
+        if draw < spec.delete_ratio + spec.update_ratio
+        else "c"
+    )
     if op == "c" and not any_free:
         op = "u"
     if op in ("u", "d") and not any_alive:

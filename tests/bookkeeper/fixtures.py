@@ -28,7 +28,9 @@ SCHEMA = Schema(
 )
 
 
-def bookkeeper_config(state_dir: Path, mode: str = "changelog", **overrides: str) -> IcekeeperConfig:
+def bookkeeper_config(
+    state_dir: Path, mode: str = "changelog", **overrides: str
+) -> IcekeeperConfig:
     """`shop.items` keyed by `id`: a changelog (these fixtures repeat ids) unless `mode` says upsert."""
     environ = {
         "ICEKEEPER__STATE_DIR": str(state_dir),
@@ -41,28 +43,55 @@ def bookkeeper_config(state_dir: Path, mode: str = "changelog", **overrides: str
     return load_config(None, environ=environ)
 
 
-def azure_queue_settings(local_stack) -> dict[str, str]:  # noqa: ANN001 - the conftest's LocalStack
+def azure_queue_settings(local_stack) -> dict[str, str]:
     """Config overrides for an Azure queue transport on the stack's Azurite, on queues of the test's own."""
     queue = f"eg-{uuid.uuid4().hex[:10]}"
-    return {"transport__kind": "azure-queue", "transport__queue_name": queue, "transport__dead_letter_queue_name": queue + "-dlq",
-            "transport__connection_string": local_stack.service("azurite-queue").connection_string()}
+    return {
+        "transport__kind": "azure-queue",
+        "transport__queue_name": queue,
+        "transport__dead_letter_queue_name": queue + "-dlq",
+        "transport__connection_string": local_stack.service("azurite-queue").connection_string(),
+    }
 
 
 def write_file(path: Path, schema: Schema, rows: list[dict]) -> FileEntry:
     fields = []
     for field in schema.fields:
-        arrow_type = {"long": pa.int64(), "int": pa.int32(), "string": pa.string()}[str(field.field_type)]
-        fields.append(pa.field(field.name, arrow_type, nullable=not field.required, metadata={b"PARQUET:field_id": str(field.field_id).encode()}))
+        arrow_type = {"long": pa.int64(), "int": pa.int32(), "string": pa.string()}[
+            str(field.field_type)
+        ]
+        fields.append(
+            pa.field(
+                field.name,
+                arrow_type,
+                nullable=not field.required,
+                metadata={b"PARQUET:field_id": str(field.field_id).encode()},
+            )
+        )
     strings = {f.name for f in schema.fields if str(f.field_type) == "string"}
-    rows = [{k: (str(v) if k in strings and v is not None else v) for k, v in row.items()} for row in rows]
+    rows = [
+        {k: (str(v) if k in strings and v is not None else v) for k, v in row.items()}
+        for row in rows
+    ]
     table = pa.Table.from_pylist(rows, schema=pa.schema(fields))
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="zstd")
-    return FileEntry(path="file://" + str(path), size_bytes=path.stat().st_size, record_count=len(rows))
+    return FileEntry(
+        path="file://" + str(path), size_bytes=path.stat().st_size, record_count=len(rows)
+    )
 
 
-def make_moniker(config: IcekeeperConfig, seq: int, prev_seq: int | None, offsets: tuple[int, int], writer_id: str = "w1",
-                 partition: int = 0, schema: Schema = SCHEMA, files: int = 1, table: str = "shop.items") -> Moniker:
+def make_moniker(
+    config: IcekeeperConfig,
+    seq: int,
+    prev_seq: int | None,
+    offsets: tuple[int, int],
+    writer_id: str = "w1",
+    partition: int = 0,
+    schema: Schema = SCHEMA,
+    files: int = 1,
+    table: str = "shop.items",
+) -> Moniker:
     """A moniker covering records [from, until) of `items`/`partition`, one row per record."""
     location = default_table_location(config, table)
     start, until = offsets
@@ -71,17 +100,37 @@ def make_moniker(config: IcekeeperConfig, seq: int, prev_seq: int | None, offset
     for index in range(files):
         low = start + index * per_file
         high = until if index == files - 1 else low + per_file
-        rows = [{"id": o % 1000, "amount": o, "_kfk_partition": partition, "_kfk_offset": o} for o in range(low, high)]
+        rows = [
+            {"id": o % 1000, "amount": o, "_kfk_partition": partition, "_kfk_offset": o}
+            for o in range(low, high)
+        ]
         if "note" in schema.column_names:
             for row in rows:
                 row["note"] = f"n{row['_kfk_offset']}"
-        path = Path(location.removeprefix("file://")) / "data" / writer_id / f"{seq:012d}" / f"{uuid.uuid4().hex}.parquet"
+        path = (
+            Path(location.removeprefix("file://"))
+            / "data"
+            / writer_id
+            / f"{seq:012d}"
+            / f"{uuid.uuid4().hex}.parquet"
+        )
         entries.append(write_file(path, schema, rows))
-    ranges = [OffsetRange(topic="items", partition=partition, from_offset=start, until_offset=until)]
+    ranges = [
+        OffsetRange(topic="items", partition=partition, from_offset=start, until_offset=until)
+    ]
     return Moniker(
-        id=moniker_id(writer_id, table, ranges), writer_id=writer_id, seq=seq, prev_seq=prev_seq, table=table, table_location=location,
-        schema=json.loads(schema.model_dump_json()), files=entries, offsets=ranges, records=sum(e.record_count for e in entries),
-        min_event_time_ms=1_700_000_000_000 + start, max_event_time_ms=1_700_000_000_000 + until,
+        id=moniker_id(writer_id, table, ranges),
+        writer_id=writer_id,
+        seq=seq,
+        prev_seq=prev_seq,
+        table=table,
+        table_location=location,
+        schema=json.loads(schema.model_dump_json()),
+        files=entries,
+        offsets=ranges,
+        records=sum(e.record_count for e in entries),
+        min_event_time_ms=1_700_000_000_000 + start,
+        max_event_time_ms=1_700_000_000_000 + until,
     )
 
 
@@ -101,15 +150,50 @@ class UpsertWriter:
         for key, amount in changes:
             last[key] = (amount, self.offset)
             self.offset += 1
-        rows = [{"id": k, "amount": a, "_kfk_partition": 0, "_kfk_offset": o} for k, (a, o) in last.items() if a is not None]
-        gone = [{"id": k, "amount": None, "_kfk_partition": 0, "_kfk_offset": o} for k, (a, o) in last.items() if a is None]
+        rows = [
+            {"id": k, "amount": a, "_kfk_partition": 0, "_kfk_offset": o}
+            for k, (a, o) in last.items()
+            if a is not None
+        ]
+        gone = [
+            {"id": k, "amount": None, "_kfk_partition": 0, "_kfk_offset": o}
+            for k, (a, o) in last.items()
+            if a is None
+        ]
         self.seq += 1
-        folder = Path(self.location.removeprefix("file://")) / "data" / self.writer_id / f"{self.seq:012d}"
+        folder = (
+            Path(self.location.removeprefix("file://"))
+            / "data"
+            / self.writer_id
+            / f"{self.seq:012d}"
+        )
         files = [write_file(folder / f"{uuid.uuid4().hex}.parquet", SCHEMA, rows)] if rows else []
-        deleted = [write_file(folder / "ik_deleted=true" / f"{uuid.uuid4().hex}.parquet", SCHEMA, gone)] if gone else []
-        deleted = [FileEntry(**{**entry.model_dump(), "content": "deleted-keys"}) for entry in deleted]
-        ranges = [OffsetRange(topic="items", partition=0, from_offset=self.offset - len(changes), until_offset=self.offset)]
-        return Moniker(id=moniker_id(self.writer_id, "shop.items", ranges), writer_id=self.writer_id, seq=self.seq,
-                       prev_seq=self.seq - 1 if self.seq > 1 else None, table="shop.items", table_location=self.location,
-                       schema=json.loads(SCHEMA.model_dump_json()), files=files, delete_files=deleted, offsets=ranges,
-                       records=sum(f.record_count for f in files))
+        deleted = (
+            [write_file(folder / "ik_deleted=true" / f"{uuid.uuid4().hex}.parquet", SCHEMA, gone)]
+            if gone
+            else []
+        )
+        deleted = [
+            FileEntry(**{**entry.model_dump(), "content": "deleted-keys"}) for entry in deleted
+        ]
+        ranges = [
+            OffsetRange(
+                topic="items",
+                partition=0,
+                from_offset=self.offset - len(changes),
+                until_offset=self.offset,
+            )
+        ]
+        return Moniker(
+            id=moniker_id(self.writer_id, "shop.items", ranges),
+            writer_id=self.writer_id,
+            seq=self.seq,
+            prev_seq=self.seq - 1 if self.seq > 1 else None,
+            table="shop.items",
+            table_location=self.location,
+            schema=json.loads(SCHEMA.model_dump_json()),
+            files=files,
+            delete_files=deleted,
+            offsets=ranges,
+            records=sum(f.record_count for f in files),
+        )

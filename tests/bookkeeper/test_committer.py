@@ -18,13 +18,19 @@ from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, make_moniker
 
 def rows_of(bookkeeper: Bookkeeper) -> list[tuple[int, int]]:
     arrow = bookkeeper.catalog.load_table("shop.items").scan().to_arrow()
-    return sorted(zip(arrow.column("_kfk_partition").to_pylist(), arrow.column("_kfk_offset").to_pylist()))
+    return sorted(
+        zip(arrow.column("_kfk_partition").to_pylist(), arrow.column("_kfk_offset").to_pylist())
+    )
 
 
 def test_a_writers_monikers_commit_in_order_whatever_order_they_arrive_in(tmp_path: Path) -> None:
     config = bookkeeper_config(tmp_path)
     transport = open_transport(config)
-    third, first, second = make_moniker(config, 3, 2, (20, 30)), make_moniker(config, 1, None, (0, 10)), make_moniker(config, 2, 1, (10, 20))
+    third, first, second = (
+        make_moniker(config, 3, 2, (20, 30)),
+        make_moniker(config, 1, None, (0, 10)),
+        make_moniker(config, 2, 1, (10, 20)),
+    )
     bookkeeper = Bookkeeper(config)
     transport.publish(third)
     report = bookkeeper.run_cycle()
@@ -54,7 +60,9 @@ def test_duplicates_and_replays_are_acknowledged_without_committing_twice(tmp_pa
     assert len(rows_of(bookkeeper)) == 10 and transport.pending() == []
 
 
-def test_crash_between_commit_and_acknowledgement_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+def test_crash_between_commit_and_acknowledgement_loses_and_duplicates_nothing(
+    tmp_path: Path,
+) -> None:
     config = bookkeeper_config(tmp_path)
     transport = open_transport(config)
     for seq in range(1, 4):
@@ -81,7 +89,7 @@ def test_the_exactly_once_check_runs_again_inside_the_retry(tmp_path: Path) -> N
     original = ours.committer._commit_once
     raced = []
 
-    def commit_after_the_other(table, plan, new_state):  # noqa: ANN001, ANN202
+    def commit_after_the_other(table, plan, new_state):
         if not raced:
             raced.append(theirs.committer.commit_table("shop.items", theirs.transport.receive()))
         return original(table, plan, new_state)
@@ -115,7 +123,7 @@ def test_a_commit_with_unknown_outcome_is_settled_by_reading_the_table_back(tmp_
     transport.publish(make_moniker(config, 2, 1, (10, 20)))
     original = bookkeeper.committer._commit_once
 
-    def lost_response(table, plan, new_state):  # noqa: ANN001, ANN202
+    def lost_response(table, plan, new_state):
         original(table, plan, new_state)
         raise TimeoutError("catalog connection lost after the commit was sent")
 
@@ -125,15 +133,31 @@ def test_a_commit_with_unknown_outcome_is_settled_by_reading_the_table_back(tmp_
     assert len(rows_of(bookkeeper)) == 20 and transport.pending() == []
 
 
-def test_schema_evolves_before_newer_files_and_an_incompatible_change_is_quarantined(tmp_path: Path) -> None:
+def test_schema_evolves_before_newer_files_and_an_incompatible_change_is_quarantined(
+    tmp_path: Path,
+) -> None:
     config = bookkeeper_config(tmp_path)
     transport = open_transport(config)
     transport.publish(make_moniker(config, 1, None, (0, 10)))
-    wider = Schema(*[NestedField(2, "amount", LongType(), required=False) if f.field_id == 2 else f for f in SCHEMA.fields],
-                   NestedField(5, "note", StringType(), required=False), identifier_field_ids=[1])
+    wider = Schema(
+        *[
+            NestedField(2, "amount", LongType(), required=False) if f.field_id == 2 else f
+            for f in SCHEMA.fields
+        ],
+        NestedField(5, "note", StringType(), required=False),
+        identifier_field_ids=[1],
+    )
     transport.publish(make_moniker(config, 2, 1, (10, 20), schema=wider))
-    clashing = Schema(*[NestedField(2, "amount", StringType(), required=False) if f.field_id == 2 else f for f in SCHEMA.fields], identifier_field_ids=[1])
-    transport.publish(make_moniker(config, 1, None, (0, 5), writer_id="w2", partition=1, schema=clashing))
+    clashing = Schema(
+        *[
+            NestedField(2, "amount", StringType(), required=False) if f.field_id == 2 else f
+            for f in SCHEMA.fields
+        ],
+        identifier_field_ids=[1],
+    )
+    transport.publish(
+        make_moniker(config, 1, None, (0, 5), writer_id="w2", partition=1, schema=clashing)
+    )
     transport.publish(make_moniker(config, 2, 1, (5, 9), writer_id="w2", partition=1))
     bookkeeper = Bookkeeper(config)
     report = bookkeeper.run_cycle()
@@ -160,7 +184,9 @@ def test_files_that_do_not_match_their_moniker_are_quarantined(tmp_path: Path) -
     assert "size" in reason or "unreadable" in reason
 
 
-def test_an_unreadable_moniker_goes_to_the_dead_letter_folder_after_its_attempts(tmp_path: Path) -> None:
+def test_an_unreadable_moniker_goes_to_the_dead_letter_folder_after_its_attempts(
+    tmp_path: Path,
+) -> None:
     config = bookkeeper_config(tmp_path, bookkeeper__max_attempts="2")
     broken = tmp_path / "txlog" / "shop.items" / "w1" / "000000000001-x.json"
     broken.parent.mkdir(parents=True)
@@ -186,7 +212,10 @@ def test_the_committer_reports_watermark_and_counts(tmp_path: Path) -> None:
     transport = open_transport(config)
     transport.publish(make_moniker(config, 1, None, (0, 10), partition=0))
     transport.publish(make_moniker(config, 1, None, (0, 30), writer_id="w2", partition=1))
-    result = Committer(config, Bookkeeper(config).catalog).commit_table("shop.items", open_transport(config).receive())
+    result = Committer(config, Bookkeeper(config).catalog).commit_table(
+        "shop.items", open_transport(config).receive()
+    )
     assert (result.records, result.files) == (40, 2)
-    assert result.watermark_ms == 1_700_000_000_000 + 10  # the slower partition holds the watermark back
-
+    assert (
+        result.watermark_ms == 1_700_000_000_000 + 10
+    )  # the slower partition holds the watermark back

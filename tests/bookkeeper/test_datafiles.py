@@ -13,15 +13,40 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.io.pyarrow import compute_statistics_plan, data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
-    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField, StringType, TimestampType,
-    TimestamptzType, TimeType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
 )
 from pyiceberg.utils.truncate import truncate_upper_bound_text_string
 
-from bookkeeper.datafiles import FOOTER_READ_BYTES, FileUnavailable, FooterReader, InvalidFile, _utf8_lower, _utf8_upper, describe_file, footer_statistics, validate
+from bookkeeper.datafiles import (
+    FOOTER_READ_BYTES,
+    FileUnavailable,
+    FooterReader,
+    InvalidFile,
+    _utf8_lower,
+    _utf8_upper,
+    describe_file,
+    footer_statistics,
+    validate,
+)
 from common.moniker import FileEntry
 
 SCHEMA = Schema(
@@ -43,10 +68,24 @@ def write(path: Path, rows: int, row_group_size: int) -> Path:
         pa.field("ratio", pa.float64(), metadata={b"PARQUET:field_id": b"9"}),
         pa.field("at", pa.timestamp("us", tz="UTC"), metadata={b"PARQUET:field_id": b"11"}),
     ]
-    base = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
-    data = [{"id": i, "name": None if i % 7 == 0 else f"customer name that is longer than sixteen {i:05d}", "amount": i * 3 if i % 5 else None,
-             "price": decimal.Decimal(i) / 4, "ratio": i / 3, "at": base + datetime.timedelta(seconds=i)} for i in range(rows)]
-    pq.write_table(pa.Table.from_pylist(data, schema=pa.schema(fields)), path, row_group_size=row_group_size, compression="zstd")
+    base = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    data = [
+        {
+            "id": i,
+            "name": None if i % 7 == 0 else f"customer name that is longer than sixteen {i:05d}",
+            "amount": i * 3 if i % 5 else None,
+            "price": decimal.Decimal(i) / 4,
+            "ratio": i / 3,
+            "at": base + datetime.timedelta(seconds=i),
+        }
+        for i in range(rows)
+    ]
+    pq.write_table(
+        pa.Table.from_pylist(data, schema=pa.schema(fields)),
+        path,
+        row_group_size=row_group_size,
+        compression="zstd",
+    )
     return path
 
 
@@ -55,8 +94,18 @@ def test_statistics_equal_pyicebergs(tmp_path: Path, row_group_size: int) -> Non
     path = write(tmp_path / "f.parquet", 1000, row_group_size)
     metadata = pq.read_metadata(path)
     ours = footer_statistics(metadata, SCHEMA, {})
-    theirs = data_file_statistics_from_parquet_metadata(metadata, compute_statistics_plan(SCHEMA, {}), parquet_path_to_id_mapping(SCHEMA)).to_serialized_dict()
-    for key in ("record_count", "column_sizes", "value_counts", "null_value_counts", "lower_bounds", "upper_bounds", "split_offsets"):
+    theirs = data_file_statistics_from_parquet_metadata(
+        metadata, compute_statistics_plan(SCHEMA, {}), parquet_path_to_id_mapping(SCHEMA)
+    ).to_serialized_dict()
+    for key in (
+        "record_count",
+        "column_sizes",
+        "value_counts",
+        "null_value_counts",
+        "lower_bounds",
+        "upper_bounds",
+        "split_offsets",
+    ):
         assert ours[key] == theirs[key], key
     assert set(ours["lower_bounds"]) == {3, 5, 7, 8, 9, 11} and ours["null_value_counts"][5] == 143
 
@@ -84,34 +133,94 @@ WIDE_SCHEMA = Schema(
 
 
 def write_wide(path: Path, rows: int, row_group_size: int) -> Path:
-    arrow_types = [pa.bool_(), pa.int32(), pa.int32(), pa.int64(), pa.float32(), pa.float32(), pa.date32(), pa.timestamp("us"),
-                   pa.time64("us"), pa.string(), pa.binary(), pa.string(), pa.string(), pa.string(), pa.int64(), pa.timestamp("ms", tz="UTC"),
-                   pa.decimal128(20, 3)]
-    fields = [pa.field(f.name, arrow_type, metadata={b"PARQUET:field_id": str(f.field_id).encode()})
-              for f, arrow_type in zip(WIDE_SCHEMA.fields, arrow_types)]
+    arrow_types = [
+        pa.bool_(),
+        pa.int32(),
+        pa.int32(),
+        pa.int64(),
+        pa.float32(),
+        pa.float32(),
+        pa.date32(),
+        pa.timestamp("us"),
+        pa.time64("us"),
+        pa.string(),
+        pa.binary(),
+        pa.string(),
+        pa.string(),
+        pa.string(),
+        pa.int64(),
+        pa.timestamp("ms", tz="UTC"),
+        pa.decimal128(20, 3),
+    ]
+    fields = [
+        pa.field(f.name, arrow_type, metadata={b"PARQUET:field_id": str(f.field_id).encode()})
+        for f, arrow_type in zip(WIDE_SCHEMA.fields, arrow_types)
+    ]
     base = datetime.datetime(2024, 1, 1)
-    data = [{
-        "flag": i % 3 == 0, "small": -i, "widened": i * 7, "big": 2**40 - i, "single": i / 8 - 3, "widened_double": i * 0.5,
-        "day": datetime.date(2024, 1, 1) + datetime.timedelta(days=i), "local_at": base + datetime.timedelta(microseconds=i * 1001),
-        "clock": datetime.time(12, 0, i % 60, 17), "text": None if i % 4 == 0 else f"ünïcödé text past sixteen chars {i:04d} \U0001F600",
-        "blob": bytes([255] * 20) + bytes([i % 256]), "short_text": f"k{i % 10}", "nothing": None, "counted": f"c{i}",
-        "unmeasured": i, "millis_at": datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(milliseconds=i),
-        "price": decimal.Decimal(i) / 8,
-    } for i in range(rows)]
-    pq.write_table(pa.Table.from_pylist(data, schema=pa.schema(fields)), path, row_group_size=row_group_size, compression="zstd")
+    data = [
+        {
+            "flag": i % 3 == 0,
+            "small": -i,
+            "widened": i * 7,
+            "big": 2**40 - i,
+            "single": i / 8 - 3,
+            "widened_double": i * 0.5,
+            "day": datetime.date(2024, 1, 1) + datetime.timedelta(days=i),
+            "local_at": base + datetime.timedelta(microseconds=i * 1001),
+            "clock": datetime.time(12, 0, i % 60, 17),
+            "text": None if i % 4 == 0 else f"ünïcödé text past sixteen chars {i:04d} \U0001f600",
+            "blob": bytes([255] * 20) + bytes([i % 256]),
+            "short_text": f"k{i % 10}",
+            "nothing": None,
+            "counted": f"c{i}",
+            "unmeasured": i,
+            "millis_at": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+            + datetime.timedelta(milliseconds=i),
+            "price": decimal.Decimal(i) / 8,
+        }
+        for i in range(rows)
+    ]
+    pq.write_table(
+        pa.Table.from_pylist(data, schema=pa.schema(fields)),
+        path,
+        row_group_size=row_group_size,
+        compression="zstd",
+    )
     return path
 
 
 @pytest.mark.parametrize("row_group_size", [10_000, 41])
-@pytest.mark.parametrize("properties", [{}, {"write.metadata.metrics.default": "full"}, {"write.metadata.metrics.default": "truncate(4)",
-                                        "write.metadata.metrics.column.counted": "counts", "write.metadata.metrics.column.unmeasured": "none"}])
-def test_statistics_of_every_type_equal_pyicebergs(tmp_path: Path, row_group_size: int, properties: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "properties",
+    [
+        {},
+        {"write.metadata.metrics.default": "full"},
+        {
+            "write.metadata.metrics.default": "truncate(4)",
+            "write.metadata.metrics.column.counted": "counts",
+            "write.metadata.metrics.column.unmeasured": "none",
+        },
+    ],
+)
+def test_statistics_of_every_type_equal_pyicebergs(
+    tmp_path: Path, row_group_size: int, properties: dict[str, str]
+) -> None:
     path = write_wide(tmp_path / "wide.parquet", 300, row_group_size)
     metadata = pq.read_metadata(path)
     ours = footer_statistics(metadata, WIDE_SCHEMA, properties)
     plan = compute_statistics_plan(WIDE_SCHEMA, properties)
-    theirs = data_file_statistics_from_parquet_metadata(metadata, plan, parquet_path_to_id_mapping(WIDE_SCHEMA)).to_serialized_dict()
-    for key in ("record_count", "column_sizes", "value_counts", "null_value_counts", "lower_bounds", "upper_bounds", "split_offsets"):
+    theirs = data_file_statistics_from_parquet_metadata(
+        metadata, plan, parquet_path_to_id_mapping(WIDE_SCHEMA)
+    ).to_serialized_dict()
+    for key in (
+        "record_count",
+        "column_sizes",
+        "value_counts",
+        "null_value_counts",
+        "lower_bounds",
+        "upper_bounds",
+        "split_offsets",
+    ):
         assert ours[key] == theirs[key], key
     assert 13 not in ours["lower_bounds"] and ours["null_value_counts"][13] == 300
     # The same footer read by our parser and by pq.ParquetFile, and through describe_file.
@@ -119,14 +228,27 @@ def test_statistics_of_every_type_equal_pyicebergs(tmp_path: Path, row_group_siz
 
 
 def test_footers_longer_than_one_read_and_non_parquet_files(tmp_path: Path) -> None:
-    wide = [pa.field(f"c{i}", pa.string(), metadata={b"PARQUET:field_id": str(i + 1).encode()}) for i in range(400)]
-    schema = Schema(*(NestedField(i + 1, f"c{i}", StringType(), required=False) for i in range(400)))
+    wide = [
+        pa.field(f"c{i}", pa.string(), metadata={b"PARQUET:field_id": str(i + 1).encode()})
+        for i in range(400)
+    ]
+    schema = Schema(
+        *(NestedField(i + 1, f"c{i}", StringType(), required=False) for i in range(400))
+    )
     path = tmp_path / "wide.parquet"
-    pq.write_table(pa.Table.from_pylist([{f"c{i}": f"value {i}" * 3 for i in range(400)}], schema=pa.schema(wide)), path, row_group_size=1)
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{f"c{i}": f"value {i}" * 3 for i in range(400)}], schema=pa.schema(wide)
+        ),
+        path,
+        row_group_size=1,
+    )
     assert pq.read_metadata(path).serialized_size > FOOTER_READ_BYTES
     facts = describe_file(str(path), schema, {})
     assert facts.num_rows == 1 and len(facts.statistics["lower_bounds"]) == 400
-    (tmp_path / "text.parquet").write_text("not parquet at all, but long enough to have a tail PAR1")
+    (tmp_path / "text.parquet").write_text(
+        "not parquet at all, but long enough to have a tail PAR1"
+    )
     (tmp_path / "empty.parquet").write_bytes(b"")
     for name in ("text.parquet", "empty.parquet"):
         with pytest.raises(InvalidFile, match="unreadable"):
@@ -144,9 +266,13 @@ def test_validation_names_what_does_not_match(tmp_path: Path) -> None:
     entry = FileEntry(path=f"file://{path}", size_bytes=facts.size_bytes, record_count=10)
     validate(entry, facts, f"file://{tmp_path}/table", SCHEMA)
     with pytest.raises(InvalidFile, match="size"):
-        validate(entry.model_copy(update={"size_bytes": 1}), facts, f"file://{tmp_path}/table", SCHEMA)
+        validate(
+            entry.model_copy(update={"size_bytes": 1}), facts, f"file://{tmp_path}/table", SCHEMA
+        )
     with pytest.raises(InvalidFile, match="rows"):
-        validate(entry.model_copy(update={"record_count": 11}), facts, f"file://{tmp_path}/table", SCHEMA)
+        validate(
+            entry.model_copy(update={"record_count": 11}), facts, f"file://{tmp_path}/table", SCHEMA
+        )
     with pytest.raises(InvalidFile, match="not under the table location"):
         validate(entry, facts, f"file://{tmp_path}/elsewhere", SCHEMA)
     with pytest.raises(InvalidFile, match="not in the moniker's schema"):
@@ -157,25 +283,37 @@ def test_validation_names_what_does_not_match(tmp_path: Path) -> None:
 
 
 def test_worker_processes_describe_files_like_the_main_process(tmp_path: Path) -> None:
-    paths = [str(write(tmp_path / f"f{i}.parquet", 50 + i, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD + 6)]
+    paths = [
+        str(write(tmp_path / f"f{i}.parquet", 50 + i, 1000))
+        for i in range(FooterReader.PROCESS_THRESHOLD + 6)
+    ]
     paths.append(str(tmp_path / "missing.parquet"))
     reader = FooterReader(workers=2)
-    reader.CHUNK_FILES = 5  # many small tasks: the workers take some even while this process takes others back
+    reader.CHUNK_FILES = (
+        5  # many small tasks: the workers take some even while this process takes others back
+    )
     try:
         reader.start(wait=True)
-        described = reader.describe([(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {})
+        described = reader.describe(
+            [(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {}
+        )
     finally:
         reader.close()
     assert reader.described_by_workers > 0
     assert list(described) == paths
-    assert isinstance(described[paths[-1]], FileUnavailable) and described[paths[-1]].missing  # pickled back from a worker
+    assert (
+        isinstance(described[paths[-1]], FileUnavailable) and described[paths[-1]].missing
+    )  # pickled back from a worker
     for path in paths[:-1]:
         assert described[path] == describe_file(path, SCHEMA, {})
 
 
 def test_a_dead_worker_costs_only_time(tmp_path: Path) -> None:
     """Files of a batch whose worker died are read in-process; the next big batch has new workers."""
-    paths = [str(write(tmp_path / f"f{i}.parquet", 10, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD + 6)]
+    paths = [
+        str(write(tmp_path / f"f{i}.parquet", 10, 1000))
+        for i in range(FooterReader.PROCESS_THRESHOLD + 6)
+    ]
     requests = [(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths]
     reader = FooterReader(workers=2)
     reader.CHUNK_FILES = 5
@@ -192,26 +330,47 @@ def test_a_dead_worker_costs_only_time(tmp_path: Path) -> None:
 
 def test_a_cold_pool_does_not_delay_a_batch(tmp_path: Path) -> None:
     """A big batch starts the workers but does not wait for them: this process reads what it can."""
-    paths = [str(write(tmp_path / f"f{i}.parquet", 10, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD)]
+    paths = [
+        str(write(tmp_path / f"f{i}.parquet", 10, 1000))
+        for i in range(FooterReader.PROCESS_THRESHOLD)
+    ]
     reader = FooterReader(workers=2)
     reader.START_THRESHOLD = len(paths)
     try:
-        described = reader.describe([(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {})
+        described = reader.describe(
+            [(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {}
+        )
         assert reader._starter is not None  # started for the next batches
     finally:
         reader.close()
-    assert all(not isinstance(facts, InvalidFile) and facts.num_rows == 10 for facts in described.values())
+    assert all(
+        not isinstance(facts, InvalidFile) and facts.num_rows == 10 for facts in described.values()
+    )
 
 
-@pytest.mark.parametrize("text", ["short", "exactly sixteen!", "seventeen chars!!", "ünïcödé ünïcödé ünï", "abcdefghijklmno\U0010FFFFxyz",
-                                  "abcdefghijklmn\U0010FFFF\U0010FFFFxyz", "\U0010FFFF" * 20, "€" * 17, "abcdefghijklmno\U0001F600z"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "short",
+        "exactly sixteen!",
+        "seventeen chars!!",
+        "ünïcödé ünïcödé ünï",
+        "abcdefghijklmno\U0010ffffxyz",
+        "abcdefghijklmn\U0010ffff\U0010ffffxyz",
+        "\U0010ffff" * 20,
+        "€" * 17,
+        "abcdefghijklmno\U0001f600z",
+    ],
+)
 def test_string_upper_bounds_equal_pyicebergs(text: str) -> None:
     theirs = truncate_upper_bound_text_string(text, 16)
     assert _utf8_upper(16)(text.encode()) == (theirs.encode() if theirs is not None else None)
     assert _utf8_lower(16)(text.encode()) == text[:16].encode()
 
 
-def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only what storage served decides that a file is broken; failing to serve it decides nothing."""
     good = write(tmp_path / "good.parquet", 10, 100).read_bytes()
     not_parquet = tmp_path / "not.parquet"
@@ -219,7 +378,7 @@ def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(tmp_path: 
     with pytest.raises(InvalidFile, match="unreadable"):
         describe_file(str(not_parquet), SCHEMA, {})
     truncated = tmp_path / "truncated.parquet"
-    truncated.write_bytes(good[:len(good) // 2])
+    truncated.write_bytes(good[: len(good) // 2])
     with pytest.raises(InvalidFile, match="unreadable"):
         describe_file(str(truncated), SCHEMA, {})
     (tmp_path / "folder.parquet").mkdir()
@@ -230,7 +389,11 @@ def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(tmp_path: 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(FileUnavailable, match="storage error") as unavailable:
-        describe_file("s3://bucket/table/data/f.parquet?endpoint_override=127.0.0.1:1&scheme=http&region=us-east-1", SCHEMA, {})
+        describe_file(
+            "s3://bucket/table/data/f.parquet?endpoint_override=127.0.0.1:1&scheme=http&region=us-east-1",
+            SCHEMA,
+            {},
+        )
     assert not unavailable.value.missing
 
 
@@ -258,10 +421,18 @@ def test_a_damaged_footer_is_an_invalid_file_not_a_crash(tmp_path: Path) -> None
     damaged = write(tmp_path / "damaged.parquet", 10, 1000)
     data = bytearray(damaged.read_bytes())
     footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    data[footer_start + 5:footer_start + 25] = b"\xff" * 20
+    data[footer_start + 5 : footer_start + 25] = b"\xff" * 20
     damaged.write_bytes(bytes(data))
-    paths = [str(damaged)] + [str(write(tmp_path / f"f{i}.parquet", 10, 1000)) for i in range(FooterReader.PROCESS_THRESHOLD + 6)]
-    run = subprocess.run([sys.executable, "-c", _DESCRIBE_DAMAGED, *paths], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[2])
+    paths = [str(damaged)] + [
+        str(write(tmp_path / f"f{i}.parquet", 10, 1000))
+        for i in range(FooterReader.PROCESS_THRESHOLD + 6)
+    ]
+    run = subprocess.run(
+        [sys.executable, "-c", _DESCRIBE_DAMAGED, *paths],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["InvalidFile", "1", str(len(paths) - 1)]

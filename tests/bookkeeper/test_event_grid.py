@@ -19,28 +19,57 @@ from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
 from common.file_events import location_key, parse_event_grid
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import SCHEMA, UpsertWriter, azure_queue_settings, bookkeeper_config, make_moniker, write_file
+from tests.bookkeeper.fixtures import (
+    SCHEMA,
+    UpsertWriter,
+    azure_queue_settings,
+    bookkeeper_config,
+    make_moniker,
+    write_file,
+)
 from tests.bookkeeper.test_upsert import pyiceberg_rows
 
 
-def event_grid(url: str, api: str, size: int | None, event_type: str = "Microsoft.Storage.BlobCreated") -> str:
+def event_grid(
+    url: str, api: str, size: int | None, event_type: str = "Microsoft.Storage.BlobCreated"
+) -> str:
     """A message as Event Grid's storage-queue handler delivers it: a JSON event, base64-encoded."""
-    event = {"id": uuid.uuid4().hex, "eventType": event_type, "subject": url, "eventTime": "2026-11-22T08:00:00Z",
-             "data": {"api": api, "url": url, "contentLength": size, "blobType": "BlockBlob"}, "dataVersion": "", "metadataVersion": "1"}
+    event = {
+        "id": uuid.uuid4().hex,
+        "eventType": event_type,
+        "subject": url,
+        "eventTime": "2026-11-22T08:00:00Z",
+        "data": {"api": api, "url": url, "contentLength": size, "blobType": "BlockBlob"},
+        "dataVersion": "",
+        "metadataVersion": "1",
+    }
     return base64.b64encode(json.dumps(event).encode()).decode()
 
 
 def cloud_event(url: str, api: str, size: int) -> str:
     """The CloudEvents 1.0 schema, sent as plain JSON."""
-    return json.dumps({"specversion": "1.0", "id": uuid.uuid4().hex, "type": "Microsoft.Storage.BlobCreated",
-                       "source": "/subscriptions/x", "data": {"api": api, "url": url, "contentLength": size}})
+    return json.dumps(
+        {
+            "specversion": "1.0",
+            "id": uuid.uuid4().hex,
+            "type": "Microsoft.Storage.BlobCreated",
+            "source": "/subscriptions/x",
+            "data": {"api": api, "url": url, "contentLength": size},
+        }
+    )
 
 
 def test_event_urls_of_blob_and_adls_name_the_same_location() -> None:
-    forms = ["https://acct.blob.core.windows.net/lake/db/t/data/f.parquet", "https://acct.dfs.core.windows.net/lake/db/t/data/f.parquet",
-             "abfss://lake@acct.dfs.core.windows.net/db/t/data/f.parquet", "wasbs://lake@acct.blob.core.windows.net/db/t/data/f.parquet"]
+    forms = [
+        "https://acct.blob.core.windows.net/lake/db/t/data/f.parquet",
+        "https://acct.dfs.core.windows.net/lake/db/t/data/f.parquet",
+        "abfss://lake@acct.dfs.core.windows.net/db/t/data/f.parquet",
+        "wasbs://lake@acct.blob.core.windows.net/db/t/data/f.parquet",
+    ]
     assert {location_key(form) for form in forms} == {"acct/lake/db/t/data/f.parquet"}
-    assert location_key("file:///x/t/f.parquet") == location_key("/x/t/f.parquet") == "/x/t/f.parquet"
+    assert (
+        location_key("file:///x/t/f.parquet") == location_key("/x/t/f.parquet") == "/x/t/f.parquet"
+    )
     # pyarrow opens the file through the table location's own scheme.
     assert _local_or_url(forms[0], "abfss://lake@acct.dfs.core.windows.net/db/t") == forms[2]
 
@@ -49,20 +78,35 @@ def test_only_complete_parquet_blobs_count() -> None:
     url = "https://acct.blob.core.windows.net/lake/t/data/f.parquet"
     assert parse_event_grid(event_grid(url, "FlushWithClose", 10)).file.url == url
     assert parse_event_grid(cloud_event(url, "PutBlob", 10)).file.size_bytes == 10
-    ignored = [event_grid(url, "CreateFile", 0), event_grid(url.replace(".parquet", ".crc"), "PutBlob", 1),
-               event_grid(url, "DeleteFile", None, event_type="Microsoft.Storage.BlobDeleted")]
+    ignored = [
+        event_grid(url, "CreateFile", 0),
+        event_grid(url.replace(".parquet", ".crc"), "PutBlob", 1),
+        event_grid(url, "DeleteFile", None, event_type="Microsoft.Storage.BlobDeleted"),
+    ]
     for message in ignored:
         parsed = parse_event_grid(message)
         assert parsed is not None and parsed.file is None and parsed.error is None
-    assert "without data.url" in parse_event_grid(json.dumps({"eventType": "Microsoft.Storage.BlobCreated", "data": {}})).error
-    assert parse_event_grid('{"format_version": 1}') is None and parse_event_grid("not json at all") is None
+    assert (
+        "without data.url"
+        in parse_event_grid(
+            json.dumps({"eventType": "Microsoft.Storage.BlobCreated", "data": {}})
+        ).error
+    )
+    assert (
+        parse_event_grid('{"format_version": 1}') is None
+        and parse_event_grid("not json at all") is None
+    )
 
 
 @pytest.mark.integration
-def test_event_grid_files_are_committed_once_and_bad_ones_dead_lettered(local_stack, tmp_path: Path) -> None:
+def test_event_grid_files_are_committed_once_and_bad_ones_dead_lettered(
+    local_stack, tmp_path: Path
+) -> None:
     config = bookkeeper_config(tmp_path, **azure_queue_settings(local_stack))
     transport = open_transport(config)
-    transport.publish(make_moniker(config, 1, None, (0, 10)))  # a writer's moniker creates the table
+    transport.publish(
+        make_moniker(config, 1, None, (0, 10))
+    )  # a writer's moniker creates the table
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
     table = open_catalog(config).load_table("shop.items")
@@ -74,13 +118,17 @@ def test_event_grid_files_are_committed_once_and_bad_ones_dead_lettered(local_st
     outside = write_file(tmp_path / "elsewhere" / "f.parquet", SCHEMA, rows[:1])
 
     queue_client = transport.queue
-    queue_client.send_message(event_grid(adls.path, "CreateFile", 0))          # ADLS: empty file first, ignored
+    queue_client.send_message(
+        event_grid(adls.path, "CreateFile", 0)
+    )  # ADLS: empty file first, ignored
     queue_client.send_message(event_grid(adls.path, "FlushWithClose", adls.size_bytes))
     queue_client.send_message(cloud_event(blob.path, "PutBlob", blob.size_bytes))
     queue_client.send_message(event_grid(wrong_size.path, "PutBlob", wrong_size.size_bytes + 1))
     queue_client.send_message(event_grid(outside.path, "PutBlob", outside.size_bytes))
     report = bookkeeper.run_cycle()
-    queue_client.send_message(event_grid(adls.path, "FlushWithClose", adls.size_bytes))  # Event Grid delivers at least once
+    queue_client.send_message(
+        event_grid(adls.path, "FlushWithClose", adls.size_bytes)
+    )  # Event Grid delivers at least once
     second = bookkeeper.run_cycle()
 
     table = open_catalog(config).load_table("shop.items")
@@ -90,21 +138,31 @@ def test_event_grid_files_are_committed_once_and_bad_ones_dead_lettered(local_st
     assert {"adls.parquet", "blob.parquet"} <= committed and "wrong-size.parquet" not in committed
     assert second.tables[0].snapshot_id is None and len(second.tables[0].duplicates) == 1
     reasons = [reason for _, reason in report.dead_lettered]
-    assert len(reasons) == 2 and "no table for file" in reasons[0] and "the event says" in reasons[1]
+    assert (
+        len(reasons) == 2 and "no table for file" in reasons[0] and "the event says" in reasons[1]
+    )
     dead = [json.loads(m.content)["reason"] for m in transport.dead_letter_queue.receive_messages()]
     assert len(dead) == 2 and any("wrong-size.parquet" in r for r in dead)
     assert queue_client.get_queue_properties().approximate_message_count == 0
 
 
-def test_event_grid_files_of_an_upsert_table_replace_the_rows_of_their_keys(local_stack, tmp_path: Path) -> None:
+def test_event_grid_files_of_an_upsert_table_replace_the_rows_of_their_keys(
+    local_stack, tmp_path: Path
+) -> None:
     config = bookkeeper_config(tmp_path, mode="upsert", **azure_queue_settings(local_stack))
     transport = open_transport(config)
     transport.publish(UpsertWriter(config).batch([(key, key) for key in range(1, 6)]))
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
     location = open_catalog(config).load_table("shop.items").location()
-    external = write_file(Path(location.removeprefix("file://")) / "data" / "external" / "upserts.parquet", SCHEMA,
-                          [{"id": key, "amount": 100 + key, "_kfk_partition": 9, "_kfk_offset": key} for key in range(3, 8)])
+    external = write_file(
+        Path(location.removeprefix("file://")) / "data" / "external" / "upserts.parquet",
+        SCHEMA,
+        [
+            {"id": key, "amount": 100 + key, "_kfk_partition": 9, "_kfk_offset": key}
+            for key in range(3, 8)
+        ],
+    )
     transport.queue.send_message(event_grid(external.path, "PutBlob", external.size_bytes))
     report = bookkeeper.run_cycle()
     assert report.tables[0].rows_replaced == 3

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from common.fencing import Fenced, Lease
 from common.catalog import open_catalog
+from common.fencing import Fenced, Lease
 from common.transports import open_transport
 from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
 
@@ -39,12 +39,18 @@ def test_lease_epochs_increase_and_a_newer_lease_fences_the_older(tmp_path: Path
 
 
 def start_bookkeeper(config_path: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "icekeeper.cli", "bookkeeper", "--config", str(config_path)],
-                            stdout=open(log.with_suffix(".out"), "w"), stderr=open(log, "w"), start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "icekeeper.cli", "bookkeeper", "--config", str(config_path)],
+        stdout=open(log.with_suffix(".out"), "w"),
+        stderr=open(log, "w"),
+        start_new_session=True,
+    )
 
 
 def test_paused_bookkeeper_resumes_fenced_without_duplicates_or_loss(tmp_path: Path) -> None:
-    config = bookkeeper_config(tmp_path, bookkeeper__lease_ttl="2s", bookkeeper__commit_interval="0.2")
+    config = bookkeeper_config(
+        tmp_path, bookkeeper__lease_ttl="2s", bookkeeper__commit_interval="0.2"
+    )
     config_path = tmp_path / "bookkeeper.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")
     transport = open_transport(config)
@@ -54,7 +60,9 @@ def test_paused_bookkeeper_resumes_fenced_without_duplicates_or_loss(tmp_path: P
         nonlocal published
         for _ in range(count):
             seq = published + 1
-            transport.publish(make_moniker(config, seq, seq - 1 or None, (published * 10, seq * 10)))
+            transport.publish(
+                make_moniker(config, seq, seq - 1 or None, (published * 10, seq * 10))
+            )
             published = seq
 
     first = start_bookkeeper(config_path, tmp_path / "first.log")
@@ -64,7 +72,9 @@ def test_paused_bookkeeper_resumes_fenced_without_duplicates_or_loss(tmp_path: P
     try:
         second = start_bookkeeper(config_path, tmp_path / "second.log")
         publish(5)
-        _wait_for(lambda: transport.pending() == [], 60)  # the second took over after the lease TTL and committed
+        _wait_for(
+            lambda: transport.pending() == [], 60
+        )  # the second took over after the lease TTL and committed
     finally:
         os.kill(first.pid, signal.SIGCONT)
     publish(5)
@@ -80,7 +90,7 @@ def test_paused_bookkeeper_resumes_fenced_without_duplicates_or_loss(tmp_path: P
     assert epochs == {1, 2}
 
 
-def _wait_for(condition, timeout_s: float) -> None:  # noqa: ANN001
+def _wait_for(condition, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
@@ -88,7 +98,9 @@ def _wait_for(condition, timeout_s: float) -> None:  # noqa: ANN001
         time.sleep(0.2)
 
 
-def test_a_second_bookkeeper_once_right_after_the_first_does_not_wait_for_the_lease(tmp_path: Path) -> None:
+def test_a_second_bookkeeper_once_right_after_the_first_does_not_wait_for_the_lease(
+    tmp_path: Path,
+) -> None:
     """A bookkeeper that exits cleanly releases its lease: the next one takes it at once instead
     of standing by for the TTL (here two minutes, so a wait fails the test by its timeout)."""
     config = bookkeeper_config(tmp_path, bookkeeper__lease_ttl="120s")
@@ -98,8 +110,20 @@ def test_a_second_bookkeeper_once_right_after_the_first_does_not_wait_for_the_le
     for seq in (1, 2):
         transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "icekeeper.cli", "bookkeeper", "--config", str(config_path), "--once"],
-                              capture_output=True, text=True, timeout=90)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "icekeeper.cli",
+                "bookkeeper",
+                "--config",
+                str(config_path),
+                "--once",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         assert "standing by" not in done.stderr, f"run {seq} waited for a lease nobody held"
         assert time.monotonic() - started < 90

@@ -13,11 +13,17 @@ from common.transports import open_transport
 from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
 
 
-def test_a_moniker_after_an_idle_cycle_is_committed_before_the_interval_ends(tmp_path: Path) -> None:
-    config = bookkeeper_config(tmp_path, bookkeeper__commit_interval="60", bookkeeper__idle_poll_interval="0.05")
+def test_a_moniker_after_an_idle_cycle_is_committed_before_the_interval_ends(
+    tmp_path: Path,
+) -> None:
+    config = bookkeeper_config(
+        tmp_path, bookkeeper__commit_interval="60", bookkeeper__idle_poll_interval="0.05"
+    )
     bookkeeper = Bookkeeper(config)
     cycles: list[float] = []
-    thread = threading.Thread(target=bookkeeper.run, kwargs={"on_cycle": lambda report: cycles.append(time.monotonic())})
+    thread = threading.Thread(
+        target=bookkeeper.run, kwargs={"on_cycle": lambda report: cycles.append(time.monotonic())}
+    )
     thread.start()
     try:
         deadline = time.monotonic() + 30
@@ -27,7 +33,9 @@ def test_a_moniker_after_an_idle_cycle_is_committed_before_the_interval_ends(tmp
         open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
         while len(cycles) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(cycles) == 2 and cycles[1] - cycles[0] < 10, "committed long before the 60 s interval"
+        assert len(cycles) == 2 and cycles[1] - cycles[0] < 10, (
+            "committed long before the 60 s interval"
+        )
         table = open_catalog(config).load_table("shop.items")
         assert len(table.scan().to_arrow()) == 10
         # That cycle committed: the next one waits for the interval, however much arrives.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import numpy as np
-import pytest
 import pyarrow as pa
+import pytest
 
 from bookkeeper.key_index import ABSENT, KeyIndex, pack, unpack
 from bookkeeper.row_keys import key_words
@@ -22,7 +22,9 @@ def _cycle(index: KeyIndex, events: list[tuple[int, int | None]], snapshot: int)
     return {int(value) for value in changes.replaced}
 
 
-@pytest.mark.parametrize("recent_min", [65_536, 8])  # new keys merged into the main arrays never, or every few cycles
+@pytest.mark.parametrize(
+    "recent_min", [65_536, 8]
+)  # new keys merged into the main arrays never, or every few cycles
 def test_random_cycles_match_a_reference_dict(recent_min: int) -> None:
     rng = random.Random(7)
     index = KeyIndex(exact=True, recent_min=recent_min)
@@ -62,7 +64,10 @@ def test_a_key_changed_twice_in_one_cycle_replaces_the_row_of_the_same_cycle() -
     # Two monikers of one cycle: key 1 updated in both; the second replaces the first's new row.
     assert _cycle(index, [(1, 20), (2, 21), (1, 30)], 2) == {10, 20}
     assert _cycle(index, [(1, None), (1, 40)], 3) == {30}
-    assert index.locations_of(np.array([1, 2], np.uint64), np.zeros(2, np.uint64)).tolist() == [40, 21]
+    assert index.locations_of(np.array([1, 2], np.uint64), np.zeros(2, np.uint64)).tolist() == [
+        40,
+        21,
+    ]
 
 
 def test_hashes_that_share_their_upper_word_stay_apart() -> None:
@@ -70,7 +75,9 @@ def test_hashes_that_share_their_upper_word_stay_apart() -> None:
     hi = np.array([5, 5, 5], np.uint64)
     lo = np.array([1, 2, 3], np.uint64)
     index.apply(index.plan(hi, lo, np.array([100, 200, 300], np.uint64)), 1)
-    changes = index.plan(np.array([5], np.uint64), np.array([2], np.uint64), np.array([ABSENT], np.uint64))
+    changes = index.plan(
+        np.array([5], np.uint64), np.array([2], np.uint64), np.array([ABSENT], np.uint64)
+    )
     assert changes.replaced.tolist() == [200]
     index.apply(changes, 2)
     assert index.locations_of(hi, lo).tolist() == [100, int(ABSENT), 300]
@@ -80,7 +87,9 @@ def test_removed_keys_are_compacted_away() -> None:
     index = KeyIndex(exact=True)
     keys = np.arange(10_000, dtype=np.uint64)
     index.apply(index.plan(keys, np.zeros_like(keys), pack(0, np.arange(10_000))), 1)
-    index.apply(index.plan(keys[:5000], np.zeros(5000, np.uint64), np.full(5000, ABSENT, np.uint64)), 2)
+    index.apply(
+        index.plan(keys[:5000], np.zeros(5000, np.uint64), np.full(5000, ABSENT, np.uint64)), 2
+    )
     assert len(index.hi) == 5000 and index.live_keys == 5000
     files, positions = unpack(index.locations_of(keys[5000:5003], np.zeros(3, np.uint64)))
     assert files.tolist() == [0, 0, 0] and positions.tolist() == [5000, 5001, 5002]
@@ -91,7 +100,9 @@ def test_composite_keys_hash_alike_across_int_widths_and_apart_otherwise() -> No
     wide = key_words([pa.array([1, 2], pa.int64()), pa.array(["a", "b"])], exact=False)
     other = key_words([pa.array([1, 2], pa.int64()), pa.array(["b", "a"])], exact=False)
     assert narrow[0].tolist() == wide[0].tolist() and narrow[1].tolist() == wide[1].tolist()
-    assert set(zip(narrow[0].tolist(), narrow[1].tolist())).isdisjoint(zip(other[0].tolist(), other[1].tolist()))
+    assert set(zip(narrow[0].tolist(), narrow[1].tolist())).isdisjoint(
+        zip(other[0].tolist(), other[1].tolist())
+    )
     exact = key_words([pa.array([-1, 7], pa.int64())], exact=True)
     assert exact[0].view(np.int64).tolist() == [-1, 7] and exact[1].tolist() == [0, 0]
 
@@ -99,7 +110,13 @@ def test_composite_keys_hash_alike_across_int_widths_and_apart_otherwise() -> No
 def test_the_index_bench_reports_its_figures_and_stays_within_64_bytes_a_key() -> None:
     from icekeeper.bench.key_index import run_key_index_bench
 
-    result = run_key_index_bench(keys=100_000, cycle_changes=10_000, cycles=3, progress=lambda message: None)
+    result = run_key_index_bench(
+        keys=100_000, cycle_changes=10_000, cycles=3, progress=lambda message: None
+    )
     # 100k keys, then per cycle 2k new keys and ~1k deletes of random (possibly repeated) keys.
     assert 100_000 < result["keys"] <= 106_000
-    assert result["index_bytes_per_key"] <= 64 and result["index_ops_per_s"] > 0 and result["index_recovery_s"] >= 0
+    assert (
+        result["index_bytes_per_key"] <= 64
+        and result["index_ops_per_s"] > 0
+        and result["index_recovery_s"] >= 0
+    )

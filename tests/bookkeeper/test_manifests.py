@@ -11,8 +11,17 @@ from pyiceberg.avro.encoder import BinaryEncoder
 from pyiceberg.avro.resolver import construct_writer, resolve_writer
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import (
-    DEFAULT_READ_VERSION, MANIFEST_LIST_FILE_SCHEMAS, DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestFile,
-    ManifestWriterV2, read_manifest_list, write_manifest_list,
+    DEFAULT_READ_VERSION,
+    MANIFEST_LIST_FILE_SCHEMAS,
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriterV2,
+    read_manifest_list,
+    write_manifest_list,
 )
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -21,7 +30,12 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, LongType, NestedField, StringType, TimestamptzType
 
 from bookkeeper.manifests import (
-    _ManifestWriter, _partition_encoder, _write_manifest_list, encode_manifest_entry, encode_manifest_file, written_manifest_list,
+    _ManifestWriter,
+    _partition_encoder,
+    _write_manifest_list,
+    encode_manifest_entry,
+    encode_manifest_file,
+    written_manifest_list,
 )
 from bookkeeper.service import Bookkeeper
 from common.transports import open_transport
@@ -49,38 +63,68 @@ def data_files(spec: PartitionSpec) -> list[DataFile]:
     empty maps, key metadata, equality ids, unicode paths, null partition values."""
     files = []
     for index in range(40):
-        partition = Record("eu-wést" if index % 3 else None, 19_000 + index, 19_500 - index, index % 16) if spec.fields else Record()
-        files.append(DataFile.from_args(
-            content=DataFileContent.DATA if index % 5 else DataFileContent.EQUALITY_DELETES,
-            file_path=f"file:///warehouse/tbl/data/ünïcode-{index:05d}.parquet", file_format=FileFormat.PARQUET, partition=partition,
-            record_count=index * 1000 + 7, file_size_in_bytes=2**33 + index,
-            column_sizes=None if index % 7 == 0 else {field_id: 10**index % 99_991 for field_id in range(1, 30)},
-            value_counts={} if index % 6 == 0 else {1: index, 2: 2**40, 3: 0},
-            null_value_counts={1: 0, 2: index * 3}, nan_value_counts={} if index % 2 else {9: 1},
-            lower_bounds={1: (index - 20).to_bytes(8, "little", signed=True), 2: "ab".encode() * index},
-            upper_bounds=None if index % 4 == 0 else {1: b"\xff" * 8, 2: "zz".encode() * (index + 200)},
-            key_metadata=b"secret" if index % 9 == 0 else None,
-            split_offsets=None if index % 8 == 0 else [4, 2**31 + index],
-            equality_ids=[1, 2] if index % 5 == 0 else None,
-            sort_order_id=None if index % 2 else 0,
-        ))
+        partition = (
+            Record("eu-wést" if index % 3 else None, 19_000 + index, 19_500 - index, index % 16)
+            if spec.fields
+            else Record()
+        )
+        files.append(
+            DataFile.from_args(
+                content=DataFileContent.DATA if index % 5 else DataFileContent.EQUALITY_DELETES,
+                file_path=f"file:///warehouse/tbl/data/ünïcode-{index:05d}.parquet",
+                file_format=FileFormat.PARQUET,
+                partition=partition,
+                record_count=index * 1000 + 7,
+                file_size_in_bytes=2**33 + index,
+                column_sizes=None
+                if index % 7 == 0
+                else {field_id: 10**index % 99_991 for field_id in range(1, 30)},
+                value_counts={} if index % 6 == 0 else {1: index, 2: 2**40, 3: 0},
+                null_value_counts={1: 0, 2: index * 3},
+                nan_value_counts={} if index % 2 else {9: 1},
+                lower_bounds={
+                    1: (index - 20).to_bytes(8, "little", signed=True),
+                    2: b"ab" * index,
+                },
+                upper_bounds=None
+                if index % 4 == 0
+                else {1: b"\xff" * 8, 2: b"zz" * (index + 200)},
+                key_metadata=b"secret" if index % 9 == 0 else None,
+                split_offsets=None if index % 8 == 0 else [4, 2**31 + index],
+                equality_ids=[1, 2] if index % 5 == 0 else None,
+                sort_order_id=None if index % 2 else 0,
+            )
+        )
         files[-1].spec_id = spec.spec_id
     return files
 
 
 def entries(spec: PartitionSpec, snapshot_id: int | None = 42) -> list[ManifestEntry]:
     """Added entries of this snapshot (no sequence number yet), existing and deleted ones of older snapshots."""
-    statuses = [ManifestEntryStatus.ADDED, ManifestEntryStatus.EXISTING, ManifestEntryStatus.DELETED]
-    return [ManifestEntry.from_args(status=statuses[index % 3], snapshot_id=snapshot_id if index % 3 == 0 else 8_000_000_000_000 + index,
-                                    sequence_number=None if index % 3 == 0 else index, file_sequence_number=None if index % 3 == 0 else index - 1,
-                                    data_file=data)
-            for index, data in enumerate(data_files(spec))]
+    statuses = [
+        ManifestEntryStatus.ADDED,
+        ManifestEntryStatus.EXISTING,
+        ManifestEntryStatus.DELETED,
+    ]
+    return [
+        ManifestEntry.from_args(
+            status=statuses[index % 3],
+            snapshot_id=snapshot_id if index % 3 == 0 else 8_000_000_000_000 + index,
+            sequence_number=None if index % 3 == 0 else index,
+            file_sequence_number=None if index % 3 == 0 else index - 1,
+            data_file=data,
+        )
+        for index, data in enumerate(data_files(spec))
+    ]
 
 
 @pytest.mark.parametrize("spec", [UNPARTITIONED, PARTITIONED], ids=["unpartitioned", "partitioned"])
 def test_entries_encode_to_the_bytes_pyicebergs_writer_writes(spec: PartitionSpec) -> None:
     writer = ManifestWriterV2(spec, TABLE_SCHEMA, None, 1, "deflate")  # type: ignore[arg-type]
-    pyiceberg_writer = resolve_writer(record_schema=writer._with_partition(DEFAULT_READ_VERSION), file_schema=writer._with_partition(2))
+    pyiceberg_writer = resolve_writer(
+        record_schema=writer._with_partition(DEFAULT_READ_VERSION),
+        file_schema=writer._with_partition(2),
+    )
     partition = _partition_encoder(spec.partition_type(TABLE_SCHEMA))
     for entry in entries(spec) + entries(spec, snapshot_id=None):  # type: ignore[arg-type]
         theirs = io.BytesIO()
@@ -90,7 +134,9 @@ def test_entries_encode_to_the_bytes_pyicebergs_writer_writes(spec: PartitionSpe
         assert bytes(ours) == theirs.getvalue()
 
 
-def write_manifest(writer_class: type, path: Path, spec: PartitionSpec, entries_: list[ManifestEntry]):  # noqa: ANN201
+def write_manifest(
+    writer_class: type, path: Path, spec: PartitionSpec, entries_: list[ManifestEntry]
+):
     io_ = PyArrowFileIO()
     with writer_class(spec, TABLE_SCHEMA, io_.new_output(str(path)), 42, "gzip") as writer:
         for entry in entries_:
@@ -103,17 +149,36 @@ def test_a_manifest_reads_back_like_pyicebergs_own(tmp_path: Path, spec: Partiti
     many = [entry for _ in range(10) for entry in entries(spec)]  # several blocks of ~64 KB
     ours = write_manifest(_ManifestWriter, tmp_path / "ours.avro", spec, many)
     theirs = write_manifest(ManifestWriterV2, tmp_path / "theirs.avro", spec, many)
-    for key in ("added_files_count", "existing_files_count", "deleted_files_count", "added_rows_count", "existing_rows_count",
-                "deleted_rows_count", "partitions", "partition_spec_id", "content", "min_sequence_number"):
+    for key in (
+        "added_files_count",
+        "existing_files_count",
+        "deleted_files_count",
+        "added_rows_count",
+        "existing_rows_count",
+        "deleted_rows_count",
+        "partitions",
+        "partition_spec_id",
+        "content",
+        "min_sequence_number",
+    ):
         assert getattr(ours, key) == getattr(theirs, key), key
     io_ = PyArrowFileIO()
-    read_ours, read_theirs = (m.fetch_manifest_entry(io_, discard_deleted=False) for m in (ours, theirs))
-    assert [(e._data[:4], e.data_file._data) for e in read_ours] == [(e._data[:4], e.data_file._data) for e in read_theirs]
+    read_ours, read_theirs = (
+        m.fetch_manifest_entry(io_, discard_deleted=False) for m in (ours, theirs)
+    )
+    assert [(e._data[:4], e.data_file._data) for e in read_ours] == [
+        (e._data[:4], e.data_file._data) for e in read_theirs
+    ]
     # An independent Avro reader sees the same header and records, in fewer blocks.
-    with open(tmp_path / "ours.avro", "rb") as mine, open(tmp_path / "theirs.avro", "rb") as pyicebergs:
+    with (
+        open(tmp_path / "ours.avro", "rb") as mine,
+        open(tmp_path / "theirs.avro", "rb") as pyicebergs,
+    ):
         reader_ours, reader_theirs = fastavro.reader(mine), fastavro.reader(pyicebergs)
         assert reader_ours.metadata["avro.schema"] == reader_theirs.metadata["avro.schema"]
-        assert {k: v for k, v in reader_ours.metadata.items()} == {k: v for k, v in reader_theirs.metadata.items()}
+        assert {k: v for k, v in reader_ours.metadata.items()} == {
+            k: v for k, v in reader_theirs.metadata.items()
+        }
         assert list(reader_ours) == list(reader_theirs)
     with open(tmp_path / "ours.avro", "rb") as mine:
         blocks = sum(1 for _ in fastavro.block_reader(mine))
@@ -122,12 +187,17 @@ def test_a_manifest_reads_back_like_pyicebergs_own(tmp_path: Path, spec: Partiti
 
 def test_merged_manifests_of_many_commits_read_back_in_pyiceberg_and_duckdb(tmp_path: Path) -> None:
     """Merging rewrites older manifests' entries as existing ones, through the same encoder."""
-    config = bookkeeper_config(tmp_path, tables="[{identifier: shop.items, topics: [items], primary_key: [id], "
-                                                 "properties: {commit.manifest.min-count-to-merge: '3'}}]")
+    config = bookkeeper_config(
+        tmp_path,
+        tables="[{identifier: shop.items, topics: [items], primary_key: [id], "
+        "properties: {commit.manifest.min-count-to-merge: '3'}}]",
+    )
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
     for seq in range(1, 9):
-        transport.publish(make_moniker(config, seq, seq - 1 if seq > 1 else None, ((seq - 1) * 10, seq * 10)))
+        transport.publish(
+            make_moniker(config, seq, seq - 1 if seq > 1 else None, ((seq - 1) * 10, seq * 10))
+        )
         assert bookkeeper.run_cycle().committed_monikers == 1
     table = bookkeeper.catalog.load_table("shop.items")
     manifests = table.current_snapshot().manifests(table.io)
@@ -142,10 +212,14 @@ def manifest_files(tmp_path: Path) -> list[ManifestFile]:
     this commit's without sequence numbers yet, older ones with theirs."""
     files = []
     for index, spec in enumerate([UNPARTITIONED, PARTITIONED, PARTITIONED, UNPARTITIONED]):
-        manifest = write_manifest(ManifestWriterV2, tmp_path / f"m{index}.avro", spec, entries(spec))
+        manifest = write_manifest(
+            ManifestWriterV2, tmp_path / f"m{index}.avro", spec, entries(spec)
+        )
         if index % 2:
             manifest.sequence_number, manifest.min_sequence_number = 3 + index, 1 + index
-            manifest[6] = 7_000 + index  # added_snapshot_id (no setter): an older snapshot's manifest
+            manifest[6] = (
+                7_000 + index
+            )  # added_snapshot_id (no setter): an older snapshot's manifest
         files.append(manifest)
     return files
 
@@ -169,9 +243,13 @@ def test_a_manifest_list_reads_back_like_pyicebergs_own_and_as_remembered(tmp_pa
         with write(2, io_.new_output(location), 42, 41, 9, "gzip") as writer:
             writer.add_manifests(manifests)
         lists[name] = location
-    read_ours, read_theirs = (list(read_manifest_list(io_.new_input(lists[name]))) for name in ("ours", "theirs"))
+    read_ours, read_theirs = (
+        list(read_manifest_list(io_.new_input(lists[name]))) for name in ("ours", "theirs")
+    )
     assert read_ours == read_theirs and {m.sequence_number for m in read_ours} == {9, 4, 6}
-    assert list(written_manifest_list(lists["ours"])) == read_ours  # what the next commit uses instead of reading the file
+    assert (
+        list(written_manifest_list(lists["ours"])) == read_ours
+    )  # what the next commit uses instead of reading the file
     assert written_manifest_list(lists["theirs"]) is None
     with open(lists["ours"], "rb") as mine, open(lists["theirs"], "rb") as pyicebergs:
         reader_ours, reader_theirs = fastavro.reader(mine), fastavro.reader(pyicebergs)

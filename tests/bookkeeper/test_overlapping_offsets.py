@@ -18,10 +18,18 @@ from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
 
 
 def table_offsets(bookkeeper: Bookkeeper) -> list[int]:
-    return sorted(bookkeeper.catalog.load_table("shop.items").scan(selected_fields=("_kfk_offset",)).to_arrow().column("_kfk_offset").to_pylist())
+    return sorted(
+        bookkeeper.catalog.load_table("shop.items")
+        .scan(selected_fields=("_kfk_offset",))
+        .to_arrow()
+        .column("_kfk_offset")
+        .to_pylist()
+    )
 
 
-def test_a_second_writer_id_over_committed_offsets_is_refused_and_dead_lettered(tmp_path: Path) -> None:
+def test_a_second_writer_id_over_committed_offsets_is_refused_and_dead_lettered(
+    tmp_path: Path,
+) -> None:
     config = bookkeeper_config(tmp_path)
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
@@ -35,12 +43,21 @@ def test_a_second_writer_id_over_committed_offsets_is_refused_and_dead_lettered(
     assert "overlap" in reason and "items[0] 50..150" in reason and "below 100" in reason
     assert report.committed_monikers == 0
     assert table_offsets(bookkeeper) == list(range(100))  # nothing twice
-    assert bookkeeper.metrics.registry.get_sample_value("icekeeper_errors_total", {"kind": "overlapping-offsets"}) == 1
-    dead = [json.loads(p.read_text()) for p in (tmp_path / "dead-letter" / "monikers").glob("*.reason")]
+    assert (
+        bookkeeper.metrics.registry.get_sample_value(
+            "icekeeper_errors_total", {"kind": "overlapping-offsets"}
+        )
+        == 1
+    )
+    dead = [
+        json.loads(p.read_text()) for p in (tmp_path / "dead-letter" / "monikers").glob("*.reason")
+    ]
     assert [d["reason"] for d in dead] == [reason]
     state = committed_state(bookkeeper.catalog.load_table("shop.items"))
     # The refused writer's chain moves on (its next batch does not wait forever); the offsets do not.
-    assert state.writer_seqs == {"w1": 1, "w1-restarted": 1} and state.offsets == {("items", 0): 100}
+    assert state.writer_seqs == {"w1": 1, "w1-restarted": 1} and state.offsets == {
+        ("items", 0): 100
+    }
     # Both go on without overlapping: everything lands once.
     transport.publish(make_moniker(config, 2, 1, (100, 120), writer_id="w1"))
     transport.publish(make_moniker(config, 2, 1, (120, 130), writer_id="w1-restarted"))
@@ -52,8 +69,12 @@ def test_two_writers_with_the_same_partition_in_one_cycle_commit_it_once(tmp_pat
     config = bookkeeper_config(tmp_path)
     transport = open_transport(config)
     transport.publish(make_moniker(config, 1, None, (0, 40), writer_id="a"))
-    transport.publish(make_moniker(config, 1, None, (0, 40), writer_id="b"))  # same records, another id
-    transport.publish(make_moniker(config, 1, None, (0, 40), writer_id="c", partition=1))  # another partition
+    transport.publish(
+        make_moniker(config, 1, None, (0, 40), writer_id="b")
+    )  # same records, another id
+    transport.publish(
+        make_moniker(config, 1, None, (0, 40), writer_id="c", partition=1)
+    )  # another partition
     bookkeeper = Bookkeeper(config)
     report = bookkeeper.run_cycle()
     assert report.committed_monikers == 2 and len(report.dead_lettered) == 1
@@ -67,8 +88,15 @@ def test_select_ready_refuses_ranges_below_the_committed_offsets(tmp_path: Path)
     contained = make_moniker(config, 1, None, (20, 60), writer_id="w2")
     straddling = make_moniker(config, 1, None, (90, 130), writer_id="w3")
     empty = make_moniker(config, 1, None, (40, 40), writer_id="w4", files=1)
-    selection = select_ready([Delivery(m, m.id) for m in (after, contained, straddling, empty)], state, 100, 1 << 40)
-    assert [d.moniker.writer_id for d in selection.ready] == ["w1", "w4"]  # an empty range adds nothing
+    selection = select_ready(
+        [Delivery(m, m.id) for m in (after, contained, straddling, empty)], state, 100, 1 << 40
+    )
+    assert [d.moniker.writer_id for d in selection.ready] == [
+        "w1",
+        "w4",
+    ]  # an empty range adds nothing
     assert [d.moniker.writer_id for d, _ in selection.refused] == ["w2", "w3"]
     assert overlapping_offsets(after, {("items", 0): 100}) is None
-    assert "records 90..100 would be added twice" in overlapping_offsets(straddling, {("items", 0): 100})
+    assert "records 90..100 would be added twice" in overlapping_offsets(
+        straddling, {("items", 0): 100}
+    )

@@ -11,17 +11,34 @@ import uuid
 from pathlib import Path
 
 from bookkeeper.service import Bookkeeper
-from common.rewrites import RewriteRequest, is_pending, output_folder, pending_rewrites, publish_rewrite, refusal
+from common.rewrites import (
+    RewriteRequest,
+    is_pending,
+    output_folder,
+    pending_rewrites,
+    publish_rewrite,
+    refusal,
+)
 from common.transports import open_transport
 from tests.bookkeeper.fixtures import SCHEMA, UpsertWriter, bookkeeper_config, write_file
 from tests.bookkeeper.test_upsert import duckdb_rows, pyiceberg_rows
 
 
 def random_changes(rng: random.Random, count: int, keys: int = 80) -> list[tuple[int, int | None]]:
-    return [(rng.randrange(keys), None if rng.random() < 0.2 else rng.randrange(10**6)) for _ in range(count)]
+    return [
+        (rng.randrange(keys), None if rng.random() < 0.2 else rng.randrange(10**6))
+        for _ in range(count)
+    ]
 
 
-def commit_batches(bookkeeper: Bookkeeper, transport, writer: UpsertWriter, rng: random.Random, reference: dict, batches: int) -> None:  # noqa: ANN001
+def commit_batches(
+    bookkeeper: Bookkeeper,
+    transport,
+    writer: UpsertWriter,
+    rng: random.Random,
+    reference: dict,
+    batches: int,
+) -> None:
     for _ in range(batches):
         changes = random_changes(rng, 30)
         transport.publish(writer.batch(changes))
@@ -45,8 +62,15 @@ def compacted_request(bookkeeper: Bookkeeper, drop_one_row: bool = False) -> Rew
     request_id = uuid.uuid4().hex
     folder = Path(output_folder(table.location(), request_id).removeprefix("file://"))
     entry = write_file(folder / "part-0.parquet", SCHEMA, rows)
-    return RewriteRequest(id=request_id, table="shop.items", base_snapshot_id=snapshot.snapshot_id, replaced=replaced, files=[entry],
-                          schema=json.loads(SCHEMA.model_dump_json()), output_folder=str(folder))
+    return RewriteRequest(
+        id=request_id,
+        table="shop.items",
+        base_snapshot_id=snapshot.snapshot_id,
+        replaced=replaced,
+        files=[entry],
+        schema=json.loads(SCHEMA.model_dump_json()),
+        output_folder=str(folder),
+    )
 
 
 def test_a_compaction_written_before_updates_lands_after_them(tmp_path: Path) -> None:
@@ -60,12 +84,21 @@ def test_a_compaction_written_before_updates_lands_after_them(tmp_path: Path) ->
     # The bookkeeper keeps committing updates and deletes of the compacted keys meanwhile; the
     # first cycle after them commits the compaction too.
     commit_batches(bookkeeper, transport, writer, rng, reference, 3)
-    assert not is_pending(table.location(), request.id) and refusal(table.location(), request.id) is None
+    assert (
+        not is_pending(table.location(), request.id)
+        and refusal(table.location(), request.id) is None
+    )
     table = bookkeeper.catalog.load_table("shop.items")
-    [rewrite] = [s for s in table.snapshots() if s.summary.additional_properties.get("icekeeper.rewrite-id") == request.id]
+    [rewrite] = [
+        s
+        for s in table.snapshots()
+        if s.summary.additional_properties.get("icekeeper.rewrite-id") == request.id
+    ]
     assert rewrite.summary.operation.value == "replace"
     assert int(rewrite.summary["deleted-data-files"]) == len(request.replaced) > 1
-    assert int(rewrite.summary["added-position-deletes"]) > 0, "keys changed after the compaction read them: their rows are stale"
+    assert int(rewrite.summary["added-position-deletes"]) > 0, (
+        "keys changed after the compaction read them: their rows are stale"
+    )
     assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
     # Later updates find the rows in the compacted file, also after a restart from the saved index.
     commit_batches(bookkeeper, transport, writer, rng, reference, 3)
@@ -74,10 +107,19 @@ def test_a_compaction_written_before_updates_lands_after_them(tmp_path: Path) ->
     restarted = Bookkeeper(config)
     commit_batches(restarted, transport, writer, rng, reference, 3)
     assert pyiceberg_rows(restarted) == reference == duckdb_rows(restarted)
-    assert int(restarted.catalog.load_table("shop.items").current_snapshot().summary["total-data-files"]) < 15
+    assert (
+        int(
+            restarted.catalog.load_table("shop.items")
+            .current_snapshot()
+            .summary["total-data-files"]
+        )
+        < 15
+    )
 
 
-def test_a_compaction_that_would_lose_a_row_or_whose_files_are_gone_is_refused(tmp_path: Path) -> None:
+def test_a_compaction_that_would_lose_a_row_or_whose_files_are_gone_is_refused(
+    tmp_path: Path,
+) -> None:
     config = bookkeeper_config(tmp_path, mode="upsert", bookkeeper__rewrite_poll_interval="0.001")
     transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
     rng, reference = random.Random(6), {}
@@ -93,6 +135,8 @@ def test_a_compaction_that_would_lose_a_row_or_whose_files_are_gone_is_refused(t
     commit_batches(bookkeeper, transport, writer, rng, reference, 1)
     publish_rewrite(location, stale)
     commit_batches(bookkeeper, transport, writer, rng, reference, 1)
-    assert refusal(location, good.id) is None and "no longer in the table" in (refusal(location, stale.id) or "")
+    assert refusal(location, good.id) is None and "no longer in the table" in (
+        refusal(location, stale.id) or ""
+    )
     assert not pending_rewrites(location)
     assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)

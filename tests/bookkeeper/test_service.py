@@ -44,13 +44,20 @@ def test_metrics_health_and_commit_reports(tmp_path: Path) -> None:
         assert 'icekeeper_records_committed_total{table="shop.items"} 10.0' in metrics
         assert 'icekeeper_pending_monikers{table="shop.items"} 1.0' in metrics
         assert 'icekeeper_commit_latency_seconds_count{table="shop.items"} 1.0' in metrics
-        assert "icekeeper_freshness_lag_seconds" in metrics and "icekeeper_last_commit_age_seconds" in metrics
+        assert (
+            "icekeeper_freshness_lag_seconds" in metrics
+            and "icekeeper_last_commit_age_seconds" in metrics
+        )
     finally:
         bookkeeper.http.stop()
     [line] = Path(config.bookkeeper.commit_report_path).read_text().splitlines()
     report = json.loads(line)
     assert report["table"] == "shop.items" and report["records"] == 10 and report["files"] == 1
-    assert report["watermark_ms"] == 1_700_000_000_010 and report["latency_ms"] > 0 and report["snapshot_id"]
+    assert (
+        report["watermark_ms"] == 1_700_000_000_010
+        and report["latency_ms"] > 0
+        and report["snapshot_id"]
+    )
 
 
 def test_sigterm_like_stop_finishes_the_cycle_and_releases_the_lease(tmp_path: Path) -> None:
@@ -58,7 +65,10 @@ def test_sigterm_like_stop_finishes_the_cycle_and_releases_the_lease(tmp_path: P
     open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
     bookkeeper = Bookkeeper(config)
     cycles = []
-    thread = threading.Thread(target=bookkeeper.run, kwargs={"on_cycle": lambda r: (cycles.append(r), bookkeeper.stop.set())})
+    thread = threading.Thread(
+        target=bookkeeper.run,
+        kwargs={"on_cycle": lambda r: (cycles.append(r), bookkeeper.stop.set())},
+    )
     thread.start()
     thread.join(timeout=60)
     assert not thread.is_alive() and cycles[0].committed_monikers == 1
@@ -69,19 +79,34 @@ def test_sigterm_like_stop_finishes_the_cycle_and_releases_the_lease(tmp_path: P
 @pytest.mark.integration
 def test_commit_reports_also_go_to_a_kafka_topic(local_stack, stack_config, tmp_path: Path) -> None:
     topic = f"commits.{uuid.uuid4().hex[:8]}"
-    config = bookkeeper_config(tmp_path, bookkeeper__commit_report_topic=topic,
-                               sources__0__bootstrap_servers=stack_config.sources[0].bootstrap_servers)
+    config = bookkeeper_config(
+        tmp_path,
+        bookkeeper__commit_report_topic=topic,
+        sources__0__bootstrap_servers=stack_config.sources[0].bootstrap_servers,
+    )
     open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
     Bookkeeper(config).run_cycle()
-    consumer = Consumer({"bootstrap.servers": config.sources[0].bootstrap_servers, "group.id": "reports", "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])  # auto-created with the broker default of 3
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.sources[0].bootstrap_servers,
+            "group.id": "reports",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign(
+        [TopicPartition(topic, p, 0) for p in range(3)]
+    )  # auto-created with the broker default of 3
     message = None
     for _ in range(20):
         message = consumer.poll(1)
         if message is not None and not message.error():
             break
     consumer.close()
-    assert message is not None and json.loads(message.value())["records"] == 10 and message.key() == b"shop.items"
+    assert (
+        message is not None
+        and json.loads(message.value())["records"] == 10
+        and message.key() == b"shop.items"
+    )
 
 
 def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> None:
@@ -91,7 +116,13 @@ def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> No
     config = bookkeeper_config(tmp_path, bookkeeper__max_pending_bytes="1")
     open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
     job = WriterJob.__new__(WriterJob)  # no Spark needed: the check happens before any read
-    job.config, job.writer_id, job.transport, job.tables, job.seq = config, "w9", open_transport(config), {}, None
+    job.config, job.writer_id, job.transport, job.tables, job.seq = (
+        config,
+        "w9",
+        open_transport(config),
+        {},
+        None,
+    )
     job.catalog = Bookkeeper(config).catalog
     report = job.run_batch()
     assert report.throttled and report.records_read == 0 and job.pending_bytes > 1

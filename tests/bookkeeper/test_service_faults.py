@@ -11,8 +11,8 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -21,7 +21,13 @@ from common.catalog import load_table_or_none, open_catalog
 from common.config import IcekeeperConfig
 from common.transports import open_transport
 from reaper.service import Reaper
-from tests.bookkeeper.fixtures import SCHEMA, azure_queue_settings, bookkeeper_config, make_moniker, write_file
+from tests.bookkeeper.fixtures import (
+    SCHEMA,
+    azure_queue_settings,
+    bookkeeper_config,
+    make_moniker,
+    write_file,
+)
 
 
 def lockable_catalog_config(tmp_path: Path, **overrides: str) -> IcekeeperConfig:
@@ -43,7 +49,10 @@ def catalog_unreachable(tmp_path: Path) -> Iterator[None]:
 
 
 def errors(bookkeeper: Bookkeeper, kind: str) -> float:
-    return bookkeeper.metrics.registry.get_sample_value("icekeeper_errors_total", {"kind": kind}) or 0.0
+    return (
+        bookkeeper.metrics.registry.get_sample_value("icekeeper_errors_total", {"kind": kind})
+        or 0.0
+    )
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float = 60) -> None:
@@ -75,7 +84,10 @@ def test_heartbeats_wait_out_an_unreachable_catalog(tmp_path: Path) -> None:
     finally:
         bookkeeper.stop.set()
         thread.join(timeout=60)
-    summaries = [s.summary.additional_properties for s in open_catalog(config).load_table("shop.items").snapshots()]
+    summaries = [
+        s.summary.additional_properties
+        for s in open_catalog(config).load_table("shop.items").snapshots()
+    ]
     assert {s["icekeeper.offsets"] for s in summaries} == {'{"items": {"0": 10}}'}
 
 
@@ -88,24 +100,32 @@ def test_commit_reports_wait_out_a_full_disk(tmp_path: Path) -> None:
     bookkeeper = Bookkeeper(config)
     for seq in (1, 2):
         transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
-        assert bookkeeper.run_cycle().committed_monikers == 1  # committed and acknowledged all the same
+        assert (
+            bookkeeper.run_cycle().committed_monikers == 1
+        )  # committed and acknowledged all the same
     assert transport.pending() == [] and errors(bookkeeper, "commit-report-failed") == 2
     report_path.unlink()  # space again
     transport.publish(make_moniker(config, 3, 2, (20, 30)))
     bookkeeper.run_cycle()
     lines = [json.loads(line) for line in report_path.read_text().splitlines()]
     table = open_catalog(config).load_table("shop.items")
-    assert [line["snapshot_id"] for line in lines] == [s.snapshot_id for s in table.snapshots()]  # none lost, in order
+    assert [line["snapshot_id"] for line in lines] == [
+        s.snapshot_id for s in table.snapshots()
+    ]  # none lost, in order
     assert [line["records"] for line in lines] == [10, 10, 10]
 
 
-def test_a_reaper_pass_whose_tables_cannot_be_loaded_is_reported_and_the_next_one_runs(tmp_path: Path) -> None:
+def test_a_reaper_pass_whose_tables_cannot_be_loaded_is_reported_and_the_next_one_runs(
+    tmp_path: Path,
+) -> None:
     config = lockable_catalog_config(tmp_path, catalog__name=f"cat_{uuid.uuid4().hex[:8]}")
     open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
     Bookkeeper(config).run_cycle()  # the table exists
     reaper = Reaper(config)
     passes = []
-    thread = threading.Thread(target=reaper.run, kwargs={"every_s": 0.2, "on_pass": passes.append}, daemon=True)
+    thread = threading.Thread(
+        target=reaper.run, kwargs={"every_s": 0.2, "on_pass": passes.append}, daemon=True
+    )
     with catalog_unreachable(tmp_path):
         thread.start()
         wait_for(lambda: len(passes) >= 2 or not thread.is_alive())
@@ -114,7 +134,12 @@ def test_a_reaper_pass_whose_tables_cannot_be_loaded_is_reported_and_the_next_on
         thread.join(timeout=60)
     [table] = passes[0].tables
     assert table.table == "shop.items" and "database is locked" in table.errors[0]
-    assert json.loads(Path(config.reaper.report_path).read_text().splitlines()[0])["tables"][0]["errors"] == table.errors
+    assert (
+        json.loads(Path(config.reaper.report_path).read_text().splitlines()[0])["tables"][0][
+            "errors"
+        ]
+        == table.errors
+    )
 
 
 @pytest.mark.integration
@@ -126,18 +151,27 @@ def test_file_events_wait_out_an_unreachable_catalog(local_stack, tmp_path: Path
     transport.publish(make_moniker(config, 1, None, (0, 10)))
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
-    location = Path(open_catalog(config).load_table("shop.items").location().removeprefix("file://"))
-    arrived = write_file(location / "data" / "external" / "f.parquet", SCHEMA,
-                         [{"id": 1000 + i, "amount": i, "_kfk_partition": 9, "_kfk_offset": i} for i in range(3)])
+    location = Path(
+        open_catalog(config).load_table("shop.items").location().removeprefix("file://")
+    )
+    arrived = write_file(
+        location / "data" / "external" / "f.parquet",
+        SCHEMA,
+        [{"id": 1000 + i, "amount": i, "_kfk_partition": 9, "_kfk_offset": i} for i in range(3)],
+    )
     transport.queue.send_message(event_grid(arrived.path, "PutBlob", arrived.size_bytes))
     fresh = Bookkeeper(config)  # knows no table location yet: it must ask the catalog
     with catalog_unreachable(tmp_path):
         report = fresh.run_cycle()
         assert report.dead_lettered == [] and errors(fresh, "catalog-unavailable") == 1
     report = fresh.run_cycle()
-    while report.committed_monikers == 0 and not report.tables:  # the event becomes visible again after its lease
+    while (
+        report.committed_monikers == 0 and not report.tables
+    ):  # the event becomes visible again after its lease
         time.sleep(0.5)
         report = fresh.run_cycle()
-    ids = sorted(open_catalog(config).load_table("shop.items").scan().to_arrow().column("id").to_pylist())
+    ids = sorted(
+        open_catalog(config).load_table("shop.items").scan().to_arrow().column("id").to_pylist()
+    )
     assert ids == sorted(list(range(10)) + [1000, 1001, 1002])
     assert list(transport.dead_letter_queue.receive_messages()) == []

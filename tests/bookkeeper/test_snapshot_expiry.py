@@ -12,7 +12,9 @@ from common.transports import open_transport
 from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
 
 
-def test_snapshots_younger_than_an_hour_stay_and_older_ones_go_down_to_the_minimum(tmp_path: Path) -> None:
+def test_snapshots_younger_than_an_hour_stay_and_older_ones_go_down_to_the_minimum(
+    tmp_path: Path,
+) -> None:
     config = bookkeeper_config(tmp_path)
     assert (config.bookkeeper.keep_snapshots, config.bookkeeper.keep_snapshots_for) == (20, 3600)
     transport = open_transport(config)
@@ -27,7 +29,9 @@ def test_snapshots_younger_than_an_hour_stay_and_older_ones_go_down_to_the_minim
     table = bookkeeper.catalog.load_table("shop.items")
     assert len(table.snapshots()) == 40  # all younger than an hour, though beyond 20
     first = table.snapshots()[0]
-    bookkeeper.committer.now_ms = lambda: int(time.time() * 1000) + 3_600_000 - 30_000  # 59.5 minutes on
+    bookkeeper.committer.now_ms = lambda: (
+        int(time.time() * 1000) + 3_600_000 - 30_000
+    )  # 59.5 minutes on
     commit(41)
     assert len(bookkeeper.catalog.load_table("shop.items").snapshots()) == 41
     bookkeeper.committer.now_ms = lambda: int(time.time() * 1000) + 2 * 3_600_000  # two hours on

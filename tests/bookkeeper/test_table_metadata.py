@@ -18,20 +18,26 @@ from common.transports import open_transport
 from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
 
 
-def commit(bookkeeper: Bookkeeper, config, seq: int) -> None:  # noqa: ANN001
-    open_transport(config).publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 5, seq * 5)))
+def commit(bookkeeper: Bookkeeper, config, seq: int) -> None:
+    open_transport(config).publish(
+        make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 5, seq * 5))
+    )
     assert bookkeeper.run_cycle().committed_monikers == 1
 
 
-def assert_pyiceberg_would_write_the_same(table, tmp_path: Path) -> None:  # noqa: ANN001
+def assert_pyiceberg_would_write_the_same(table, tmp_path: Path) -> None:
     ours = json.loads(Path(table.metadata_location.removeprefix("file://")).read_text())
     theirs = tmp_path / f"pyiceberg-{uuid.uuid4().hex}.metadata.json"
     ToOutputFile.table_metadata(table.metadata, table.io.new_output(str(theirs)))
     assert ours == json.loads(theirs.read_text())
 
 
-def test_metadata_files_are_pyiceberg_s_json_and_updates_pyiceberg_s_metadata(tmp_path: Path) -> None:
-    config = bookkeeper_config(tmp_path, bookkeeper__keep_snapshots="3", bookkeeper__keep_snapshots_for="0")
+def test_metadata_files_are_pyiceberg_s_json_and_updates_pyiceberg_s_metadata(
+    tmp_path: Path,
+) -> None:
+    config = bookkeeper_config(
+        tmp_path, bookkeeper__keep_snapshots="3", bookkeeper__keep_snapshots_for="0"
+    )
     bookkeeper = Bookkeeper(config)
     for seq in range(1, 7):  # expiry runs too (keep 3, no age)
         commit(bookkeeper, config, seq)
@@ -43,13 +49,24 @@ def test_metadata_files_are_pyiceberg_s_json_and_updates_pyiceberg_s_metadata(tm
     commit(bookkeeper, config, 7)
     updated = bookkeeper.catalog.load_table("shop.items")
     snapshot = updated.current_snapshot()
-    from pyiceberg.table.update import AddSnapshotUpdate, RemoveSnapshotsUpdate, SetSnapshotRefUpdate
+    from pyiceberg.table.update import (
+        AddSnapshotUpdate,
+        RemoveSnapshotsUpdate,
+        SetSnapshotRefUpdate,
+    )
 
-    updates = (RemoveSnapshotsUpdate(snapshot_ids=[previous.snapshot_id]), AddSnapshotUpdate(snapshot=snapshot),
-               SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=snapshot.snapshot_id))
-    theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
+    updates = (
+        RemoveSnapshotsUpdate(snapshot_ids=[previous.snapshot_id]),
+        AddSnapshotUpdate(snapshot=snapshot),
+        SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=snapshot.snapshot_id),
+    )
+    theirs = update_table_metadata(
+        table.metadata, updates, metadata_location=table.metadata_location
+    )
     lean = update_without_copy(table.metadata, updates, metadata_location=table.metadata_location)
-    assert lean.model_dump(exclude={"last_updated_ms"}) == theirs.model_dump(exclude={"last_updated_ms"})
+    assert lean.model_dump(exclude={"last_updated_ms"}) == theirs.model_dump(
+        exclude={"last_updated_ms"}
+    )
 
 
 def test_a_table_committed_by_another_process_is_read_again(tmp_path: Path) -> None:
@@ -60,10 +77,14 @@ def test_a_table_committed_by_another_process_is_read_again(tmp_path: Path) -> N
     parsed = cache.parsed
     for seq in range(2, 5):
         commit(bookkeeper, config, seq)
-        assert_pyiceberg_would_write_the_same(open_catalog(config).load_table("shop.items"), tmp_path)  # one snapshot more each
+        assert_pyiceberg_would_write_the_same(
+            open_catalog(config).load_table("shop.items"), tmp_path
+        )  # one snapshot more each
     assert cache.parsed == parsed, "the bookkeeper parsed the metadata files it wrote itself"
     other = open_catalog(config).load_table("shop.items")
-    other.manage_snapshots().create_tag(other.current_snapshot().snapshot_id, "by-someone-else").commit()
+    other.manage_snapshots().create_tag(
+        other.current_snapshot().snapshot_id, "by-someone-else"
+    ).commit()
     table = bookkeeper.catalog.load_table("shop.items")
     assert "by-someone-else" in table.metadata.refs and cache.parsed == parsed + 1
     commit(bookkeeper, config, 5)

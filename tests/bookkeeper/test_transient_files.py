@@ -19,19 +19,32 @@ from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
 
 
 def table_offsets(bookkeeper: Bookkeeper) -> list[int]:
-    return sorted(bookkeeper.catalog.load_table("shop.items").scan(selected_fields=("_kfk_offset",)).to_arrow().column("_kfk_offset").to_pylist())
+    return sorted(
+        bookkeeper.catalog.load_table("shop.items")
+        .scan(selected_fields=("_kfk_offset",))
+        .to_arrow()
+        .column("_kfk_offset")
+        .to_pylist()
+    )
 
 
 def errors_of_kind(bookkeeper: Bookkeeper, kind: str) -> float:
-    return bookkeeper.metrics.registry.get_sample_value("icekeeper_errors_total", {"kind": kind}) or 0.0
+    return (
+        bookkeeper.metrics.registry.get_sample_value("icekeeper_errors_total", {"kind": kind})
+        or 0.0
+    )
 
 
 def test_a_file_unreachable_for_one_cycle_reaches_the_table_once_it_is_back(tmp_path: Path) -> None:
     config = bookkeeper_config(tmp_path)
     transport = open_transport(config)
     batch = make_moniker(config, 1, None, (0, 20_000), files=8)
-    after = make_moniker(config, 2, 1, (20_000, 20_100))  # the same writer's next batch waits behind it
-    other = make_moniker(config, 1, None, (0, 50), writer_id="w2", partition=1)  # another writer does not
+    after = make_moniker(
+        config, 2, 1, (20_000, 20_100)
+    )  # the same writer's next batch waits behind it
+    other = make_moniker(
+        config, 1, None, (0, 50), writer_id="w2", partition=1
+    )  # another writer does not
     for moniker in (batch, after, other):
         transport.publish(moniker)
     unreachable = Path(batch.files[3].path.removeprefix("file://"))
@@ -46,9 +59,19 @@ def test_a_file_unreachable_for_one_cycle_reaches_the_table_once_it_is_back(tmp_
     assert {d.moniker.id for d in result.waiting} == {batch.id, after.id}
     assert table_offsets(bookkeeper) == list(range(50))  # w2's rows only
     state = committed_state(bookkeeper.catalog.load_table("shop.items"))
-    assert state.writer_seqs == {"w2": 1} and ("items", 0) not in state.offsets and state.quarantined_records == 0
-    assert errors_of_kind(bookkeeper, "file-unavailable") == 1 and errors_of_kind(bookkeeper, "quarantined") == 0
-    assert {m.id for m in transport.pending()} == {batch.id, after.id}  # still pending: the reaper spares their files
+    assert (
+        state.writer_seqs == {"w2": 1}
+        and ("items", 0) not in state.offsets
+        and state.quarantined_records == 0
+    )
+    assert (
+        errors_of_kind(bookkeeper, "file-unavailable") == 1
+        and errors_of_kind(bookkeeper, "quarantined") == 0
+    )
+    assert {m.id for m in transport.pending()} == {
+        batch.id,
+        after.id,
+    }  # still pending: the reaper spares their files
 
     hidden.rename(unreachable)
     report = bookkeeper.run_cycle()
@@ -71,7 +94,9 @@ def test_a_file_missing_longer_than_the_timeout_is_quarantined(tmp_path: Path) -
     report = bookkeeper.run_cycle()
     [(source, reason)] = report.dead_lettered
     assert "missing for" in reason and "missing_file_timeout" in reason
-    assert table_offsets(bookkeeper) == list(range(10, 20))  # the writer's next batch no longer waits
+    assert table_offsets(bookkeeper) == list(
+        range(10, 20)
+    )  # the writer's next batch no longer waits
     assert transport.dead_letter_count() == 1
 
 
@@ -91,17 +116,31 @@ def test_a_file_that_is_not_parquet_is_quarantined_without_waiting(tmp_path: Pat
 
 @pytest.mark.heavy
 @pytest.mark.integration
-def test_a_real_writers_batch_survives_one_file_unreachable_for_a_cycle(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:  # noqa: ANN001
+def test_a_real_writers_batch_survives_one_file_unreachable_for_a_cycle(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     """The issue's reproduction: 20,000 records, one writer batch, one of its files away for one cycle."""
     from icekeeper.samples.produce import produce_synthetic
     from icekeeper.samples.synthetic import SyntheticSpec
     from tests.conftest import pipeline_config
     from writers.job import WriterJob
 
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
-                                                       "ICEKEEPER__TABLES__0__MODE": "changelog"})
-    produce_synthetic(config, SyntheticSpec(seed=14, keys=2000, events=20_000, schema_changes=0), topic=unique_topic, partitions=3,
-                      progress=lambda m: None)
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=14, keys=2000, events=20_000, schema_changes=0),
+        topic=unique_topic,
+        partitions=3,
+        progress=lambda m: None,
+    )
     job = WriterJob(config, spark=spark)
     job.run(max_batches=1)
     [moniker] = job.transport.pending()

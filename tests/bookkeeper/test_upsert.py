@@ -24,12 +24,17 @@ def pyiceberg_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
 
 
 def duckdb_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
-    rows = [(row["id"], row["amount"]) for row in read_with_duckdb(bookkeeper.catalog.load_table("shop.items"), "id, amount")]
+    rows = [
+        (row["id"], row["amount"])
+        for row in read_with_duckdb(bookkeeper.catalog.load_table("shop.items"), "id, amount")
+    ]
     assert len(rows) == len({key for key, _ in rows}), "a key has two live rows"
     return dict(rows)
 
 
-def upsert_table_with(tmp_path: Path, keys: int) -> tuple[IcekeeperConfig, MonikerTransport, UpsertWriter, Bookkeeper]:
+def upsert_table_with(
+    tmp_path: Path, keys: int
+) -> tuple[IcekeeperConfig, MonikerTransport, UpsertWriter, Bookkeeper]:
     """An upsert table whose keys 0..`keys`-1 hold themselves, committed by the bookkeeper returned."""
     config = bookkeeper_config(tmp_path, mode="upsert")
     transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
@@ -43,7 +48,9 @@ def test_random_upserts_and_deletes_leave_one_row_per_key(tmp_path: Path) -> Non
     transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
     rng, reference = random.Random(3), {}
     for cycle in range(12):
-        for _ in range(rng.randint(1, 3)):  # several monikers per snapshot: a key may change in two of them
+        for _ in range(
+            rng.randint(1, 3)
+        ):  # several monikers per snapshot: a key may change in two of them
             changes = []
             for _ in range(rng.randint(1, 40)):
                 key = rng.randint(0, 60)
@@ -81,7 +88,9 @@ def test_a_new_bookkeeper_starts_from_the_saved_index_and_catches_up(tmp_path: P
     assert saved is not None and saved.live_keys == 100
     # Another bookkeeper commits more (say the first one's successor) without saving.
     second = Bookkeeper(config)
-    transport.publish(writer.batch([(k, -k) for k in range(50)] + [(k, None) for k in range(90, 100)]))
+    transport.publish(
+        writer.batch([(k, -k) for k in range(50)] + [(k, None) for k in range(90, 100)])
+    )
     second.run_cycle()
     # A third starts from the saved (now stale) index: it must replay the second's snapshot.
     third = Bookkeeper(config)
@@ -91,7 +100,9 @@ def test_a_new_bookkeeper_starts_from_the_saved_index_and_catches_up(tmp_path: P
     assert pyiceberg_rows(third) == expected == duckdb_rows(third)
 
 
-def test_a_starting_bookkeeper_has_its_key_index_ready_before_its_first_cycle(tmp_path: Path) -> None:
+def test_a_starting_bookkeeper_has_its_key_index_ready_before_its_first_cycle(
+    tmp_path: Path,
+) -> None:
     config, transport, writer, first = upsert_table_with(tmp_path, 100)
     transport.publish(writer.batch([(k, None) for k in range(10)]))
     first.run_cycle()  # not saved: the next one catches up from the saved index or rebuilds
@@ -100,7 +111,9 @@ def test_a_starting_bookkeeper_has_its_key_index_ready_before_its_first_cycle(tm
     second.warm_key_indexes()
     index = second.committer.upserts.index_of("shop.items")
     assert index is not None and index.live_keys == 90
-    assert index.snapshot_id == second.catalog.load_table("shop.items").current_snapshot().snapshot_id
+    assert (
+        index.snapshot_id == second.catalog.load_table("shop.items").current_snapshot().snapshot_id
+    )
 
 
 @pytest.mark.parametrize("damage", ["missing", "corrupt"])
@@ -109,7 +122,9 @@ def test_a_missing_or_corrupt_index_is_rebuilt_from_the_table(tmp_path: Path, da
     transport.publish(writer.batch([(k, 100 + k) for k in range(10)] + [(29, None)]))
     first.run_cycle()
     first.committer.close()
-    path = Path(index_location(first.catalog.load_table("shop.items").location()).removeprefix("file://"))
+    path = Path(
+        index_location(first.catalog.load_table("shop.items").location()).removeprefix("file://")
+    )
     if damage == "missing":
         path.unlink()
     else:
@@ -121,9 +136,15 @@ def test_a_missing_or_corrupt_index_is_rebuilt_from_the_table(tmp_path: Path, da
     assert pyiceberg_rows(second) == expected == duckdb_rows(second)
 
 
-def test_a_changelog_table_made_an_upsert_table_keeps_the_newest_row_per_key(tmp_path: Path) -> None:
+def test_a_changelog_table_made_an_upsert_table_keeps_the_newest_row_per_key(
+    tmp_path: Path,
+) -> None:
     changelog = bookkeeper_config(tmp_path, mode="changelog")
-    transport, writer, bookkeeper = open_transport(changelog), UpsertWriter(changelog), Bookkeeper(changelog)
+    transport, writer, bookkeeper = (
+        open_transport(changelog),
+        UpsertWriter(changelog),
+        Bookkeeper(changelog),
+    )
     reference = {}
     for batch in ([(1, 10), (2, 20), (3, 30)], [(1, 11), (2, 21)], [(1, 12), (4, 40)]):
         transport.publish(writer.batch(batch))
@@ -142,11 +163,15 @@ def test_a_changelog_table_made_an_upsert_table_keeps_the_newest_row_per_key(tmp
     assert pyiceberg_rows(mirror) == reference == duckdb_rows(mirror)
 
 
-def test_a_deleted_keys_file_storage_cannot_serve_for_a_cycle_waits_and_loses_nothing(tmp_path: Path) -> None:
+def test_a_deleted_keys_file_storage_cannot_serve_for_a_cycle_waits_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
     config, transport, writer, bookkeeper = upsert_table_with(tmp_path, 10)
     deleting = writer.batch([(1, None), (2, 20)])
     transport.publish(deleting)
-    transport.publish(writer.batch([(2, 21), (3, 30)]))  # the same writer's next batch must not overtake it
+    transport.publish(
+        writer.batch([(2, 21), (3, 30)])
+    )  # the same writer's next batch must not overtake it
     keys_file = Path(deleting.delete_files[0].path.removeprefix("file://"))
     away = keys_file.with_name("away")
     keys_file.rename(away)  # read only for its keys: storage fails to serve it this cycle

@@ -21,7 +21,9 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-def test_embedded_defaults_give_a_local_sqlite_catalog_under_the_state_folder(tmp_path: Path) -> None:
+def test_embedded_defaults_give_a_local_sqlite_catalog_under_the_state_folder(
+    tmp_path: Path,
+) -> None:
     config = load_config(None, environ={"ICEKEEPER__STATE_DIR": str(tmp_path / "state")})
     assert config.state_dir == str(tmp_path / "state")
     assert config.catalog.properties["uri"] == f"sqlite:///{tmp_path}/state/catalog.db"
@@ -50,9 +52,16 @@ def test_seed_properties_keep_their_seed_meaning() -> None:
     assert table.identifier == "db_gb18030_test.tbl_test_1"
     assert table.primary_key == ["id1", "id2"]
     assert table.topics == source.topics
-    assert table.properties == {"read.split.target-size": "268435456", "write.metadata.delete-after-commit.enabled": "true"}
+    assert table.properties == {
+        "read.split.target-size": "268435456",
+        "write.metadata.delete-after-commit.enabled": "true",
+    }
     assert config.metadata_columns.source.prefix == "_src_"
-    assert config.metadata_columns.transaction.columns == ["id", "total_order", "data_collection_order"]
+    assert config.metadata_columns.transaction.columns == [
+        "id",
+        "total_order",
+        "data_collection_order",
+    ]
     assert config.reaper.enabled is True
     assert config.reaper.triggering_time == "21:00:11"
     assert config.reaper.execute_interval == 60.0  # 60000 ms
@@ -67,7 +76,9 @@ def test_a_bad_seed_property_value_names_the_property_key(tmp_path: Path) -> Non
     path = write(tmp_path, "job.properties", "iceberg.maintenance.execute.interval = soon\n")
     with pytest.raises(ConfigError) as error:
         load_config(path, environ={})
-    assert "iceberg.maintenance.execute.interval" in str(error.value) and str(path) in str(error.value)
+    assert "iceberg.maintenance.execute.interval" in str(error.value) and str(path) in str(
+        error.value
+    )
 
 
 def test_an_unknown_seed_property_is_an_error_naming_it(tmp_path: Path) -> None:
@@ -81,7 +92,11 @@ def test_a_wrong_type_names_the_key_and_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as error:
         load_config(path, environ={})
     message = str(error.value)
-    assert str(path) in message and "bookkeeper.max_files_per_commit" in message and "'many'" in message
+    assert (
+        str(path) in message
+        and "bookkeeper.max_files_per_commit" in message
+        and "'many'" in message
+    )
 
 
 def test_an_unknown_key_is_an_error_naming_it(tmp_path: Path) -> None:
@@ -97,14 +112,23 @@ def test_a_table_must_refer_to_a_known_source(tmp_path: Path) -> None:
 
 
 def test_environment_overrides_any_key_including_inside_lists(tmp_path: Path) -> None:
-    path = write(tmp_path, "c.yaml", "sources:\n  - name: s\n    topics: [t]\ntables:\n  - {identifier: a.b, source: s, topics: [t]}\n")
-    config = load_config(path, environ={
-        "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": "broker:9999",
-        "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id, region]",
-        "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "250ms",
-        "ICEKEEPER__CATALOG__PROPERTIES": "{type: rest, uri: 'http://catalog:8181'}",
-    })
-    assert config.sources[0].bootstrap_servers == "broker:9999" and config.sources[0].topics == ["t"]
+    path = write(
+        tmp_path,
+        "c.yaml",
+        "sources:\n  - name: s\n    topics: [t]\ntables:\n  - {identifier: a.b, source: s, topics: [t]}\n",
+    )
+    config = load_config(
+        path,
+        environ={
+            "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": "broker:9999",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id, region]",
+            "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "250ms",
+            "ICEKEEPER__CATALOG__PROPERTIES": "{type: rest, uri: 'http://catalog:8181'}",
+        },
+    )
+    assert config.sources[0].bootstrap_servers == "broker:9999" and config.sources[0].topics == [
+        "t"
+    ]
     assert config.tables[0].primary_key == ["id", "region"]
     assert config.bookkeeper.commit_interval == 0.25
     assert config.catalog.properties == {"type": "rest", "uri": "http://catalog:8181"}
@@ -129,31 +153,66 @@ def test_transport_kind_selects_the_azure_queue_model(tmp_path: Path) -> None:
 
 
 def test_partition_terms_are_checked(tmp_path: Path) -> None:
-    path = write(tmp_path, "c.yaml", "tables:\n  - identifier: a.b\n    partition_by: ['bucket(id)']\n")
+    path = write(
+        tmp_path, "c.yaml", "tables:\n  - identifier: a.b\n    partition_by: ['bucket(id)']\n"
+    )
     with pytest.raises(ConfigError, match=r"tables\[0\]\.partition_by"):
         load_config(path, environ={})
 
 
-@pytest.mark.parametrize(("table", "problem"), [
-    ("{identifier: a.b, properties: {format-version: '3'}}", "format-version 3 is not supported"),
-    ("{identifier: a.b, primary_key: [id], properties: {format-version: '1'}}", "upsert table needs format-version 2"),
-])
-def test_a_format_version_the_bookkeeper_cannot_commit_is_refused_at_load(tmp_path: Path, table: str, problem: str) -> None:
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        (
+            "{identifier: a.b, properties: {format-version: '3'}}",
+            "format-version 3 is not supported",
+        ),
+        (
+            "{identifier: a.b, primary_key: [id], properties: {format-version: '1'}}",
+            "upsert table needs format-version 2",
+        ),
+    ],
+)
+def test_a_format_version_the_bookkeeper_cannot_commit_is_refused_at_load(
+    tmp_path: Path, table: str, problem: str
+) -> None:
     path = write(tmp_path, "c.yaml", f"tables:\n  - {table}\n")
     with pytest.raises(ConfigError, match=problem):
         load_config(path, environ={})
-    changelog_v1 = write(tmp_path, "v1.yaml", "tables:\n  - {identifier: a.b, properties: {format-version: '1'}}\n")
+    changelog_v1 = write(
+        tmp_path, "v1.yaml", "tables:\n  - {identifier: a.b, properties: {format-version: '1'}}\n"
+    )
     assert load_config(changelog_v1, environ={}).tables[0].properties["format-version"] == "1"
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("10s", 10), ("5m", 300), ("2h", 7200), ("7d", 604800), (3, 3.0), ("1.5", 1.5)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("500ms", 0.5),
+        ("10s", 10),
+        ("5m", 300),
+        ("2h", 7200),
+        ("7d", 604800),
+        (3, 3.0),
+        ("1.5", 1.5),
+    ],
+)
 def test_durations(text: object, seconds: float) -> None:
     assert parse_duration_s(text) == seconds
 
 
 def test_properties_parser_handles_continuations_comments_and_separators() -> None:
-    parsed = parse_properties("# c\n! c\na = 1 \nb:2\nc 3\nd = x,\\\n    y\nkey\\:with\\=separators = v\nname = caf\\u00e9\n")
-    assert parsed == {"a": "1", "b": "2", "c": "3", "d": "x,y", "key:with=separators": "v", "name": "café"}
+    parsed = parse_properties(
+        "# c\n! c\na = 1 \nb:2\nc 3\nd = x,\\\n    y\nkey\\:with\\=separators = v\nname = caf\\u00e9\n"
+    )
+    assert parsed == {
+        "a": "1",
+        "b": "2",
+        "c": "3",
+        "d": "x,y",
+        "key:with=separators": "v",
+        "name": "café",
+    }
     assert split_top_level("bucket(16, id), day(ts)") == ["bucket(16, id)", "day(ts)"]
 
 
@@ -163,5 +222,11 @@ def test_configuration_reference_is_up_to_date() -> None:
 
 
 def test_environment_can_switch_the_transport_kind() -> None:
-    config = load_config(None, environ={"ICEKEEPER__TRANSPORT__KIND": "azure-queue", "ICEKEEPER__TRANSPORT__QUEUE_NAME": "q9"})
+    config = load_config(
+        None,
+        environ={
+            "ICEKEEPER__TRANSPORT__KIND": "azure-queue",
+            "ICEKEEPER__TRANSPORT__QUEUE_NAME": "q9",
+        },
+    )
     assert isinstance(config.transport, AzureQueueTransport) and config.transport.queue_name == "q9"

@@ -25,7 +25,9 @@ def test_a_claim_is_live_until_released(tmp_path: Path) -> None:
     claims = InFlightClaims("w1", heartbeat_s=60)
     claims.claim(location, folder)
     try:
-        assert live_claimed_folders(location, grace_s=120) == {f"{tmp_path}/wh/shop/items/data/w1/000000000007-abcd1234"}
+        assert live_claimed_folders(location, grace_s=120) == {
+            f"{tmp_path}/wh/shop/items/data/w1/000000000007-abcd1234"
+        }
         claims.release([folder])
         assert live_claimed_folders(location, grace_s=120) == set() and claim_files(location) == []
     finally:
@@ -49,7 +51,9 @@ def test_the_heartbeat_keeps_a_long_batch_claimed_past_the_grace(tmp_path: Path)
 
 def test_a_dead_writers_claim_goes_stale_and_is_removed(tmp_path: Path) -> None:
     location = str(tmp_path / "items")
-    InFlightClaims("w9", heartbeat_s=3600).claim(location, f"{location}/data/w9/1")  # never released
+    InFlightClaims("w9", heartbeat_s=3600).claim(
+        location, f"{location}/data/w9/1"
+    )  # never released
     [claim] = claim_files(location)
     backdate(claim, 121)
     assert live_claimed_folders(location, grace_s=120, remove_stale=False) == set()

@@ -6,17 +6,55 @@ import json
 
 import pytest
 
-from common.moniker import FileEntry, Moniker, MonikerError, OffsetRange, decode_moniker, encode_moniker, moniker_id
+from common.moniker import (
+    FileEntry,
+    Moniker,
+    MonikerError,
+    OffsetRange,
+    decode_moniker,
+    encode_moniker,
+    moniker_id,
+)
 
-SCHEMA = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "type": "long", "required": True}]}
+SCHEMA = {
+    "type": "struct",
+    "schema-id": 0,
+    "fields": [{"id": 1, "name": "id", "type": "long", "required": True}],
+}
 
 
-def make_moniker(seq: int = 3, prev_seq: int | None = 2, writer: str = "w1", table: str = "db.t", until: int = 150, files: int = 2) -> Moniker:
-    offsets = [OffsetRange(topic="t", partition=0, from_offset=100, until_offset=until), OffsetRange(topic="t", partition=1, from_offset=7, until_offset=9)]
-    entries = [FileEntry(path=f"file:///wh/db/t/data/f{index}.parquet", size_bytes=1000 + index, record_count=10 + index) for index in range(files)]
+def make_moniker(
+    seq: int = 3,
+    prev_seq: int | None = 2,
+    writer: str = "w1",
+    table: str = "db.t",
+    until: int = 150,
+    files: int = 2,
+) -> Moniker:
+    offsets = [
+        OffsetRange(topic="t", partition=0, from_offset=100, until_offset=until),
+        OffsetRange(topic="t", partition=1, from_offset=7, until_offset=9),
+    ]
+    entries = [
+        FileEntry(
+            path=f"file:///wh/db/t/data/f{index}.parquet",
+            size_bytes=1000 + index,
+            record_count=10 + index,
+        )
+        for index in range(files)
+    ]
     return Moniker(
-        id=moniker_id(writer, table, offsets), writer_id=writer, seq=seq, prev_seq=prev_seq, table=table, schema=SCHEMA,
-        files=entries, offsets=offsets, records=sum(entry.record_count for entry in entries), min_event_time_ms=1, max_event_time_ms=5,
+        id=moniker_id(writer, table, offsets),
+        writer_id=writer,
+        seq=seq,
+        prev_seq=prev_seq,
+        table=table,
+        schema=SCHEMA,
+        files=entries,
+        offsets=offsets,
+        records=sum(entry.record_count for entry in entries),
+        min_event_time_ms=1,
+        max_event_time_ms=5,
     )
 
 
@@ -48,7 +86,7 @@ def test_id_depends_on_writer_table_and_ranges_only() -> None:
         (lambda raw: raw.replace(b'"table"', b'"tabel"'), "table"),
     ],
 )
-def test_corrupt_monikers_are_rejected_with_the_reason(mutate, reason: str) -> None:  # noqa: ANN001
+def test_corrupt_monikers_are_rejected_with_the_reason(mutate, reason: str) -> None:
     with pytest.raises(MonikerError, match=reason):
         decode_moniker(mutate(encode_moniker(make_moniker())))
 

@@ -18,14 +18,33 @@ from tests.common.test_moniker import make_moniker
 
 def big_moniker(files: int) -> Moniker:
     offsets = [OffsetRange(topic="big", partition=0, from_offset=0, until_offset=files)]
-    entries = [FileEntry(path=f"file:///wh/db/big/data/{uuid.uuid4().hex}-{index}.parquet", size_bytes=100, record_count=1) for index in range(files)]
-    return Moniker(id=moniker_id("w1", "db.big", offsets), writer_id="w1", seq=1, table="db.big", schema={"type": "struct", "fields": []},
-                   files=entries, offsets=offsets, records=files)
+    entries = [
+        FileEntry(
+            path=f"file:///wh/db/big/data/{uuid.uuid4().hex}-{index}.parquet",
+            size_bytes=100,
+            record_count=1,
+        )
+        for index in range(files)
+    ]
+    return Moniker(
+        id=moniker_id("w1", "db.big", offsets),
+        writer_id="w1",
+        seq=1,
+        table="db.big",
+        schema={"type": "struct", "fields": []},
+        files=entries,
+        offsets=offsets,
+        records=files,
+    )
 
 
 def exercise_transport(transport: MonikerTransport) -> None:
     """What every transport must do, as the writer and the bookkeeper use it."""
-    first, second, other = make_moniker(seq=1, prev_seq=None), make_moniker(seq=2, prev_seq=1, until=160), make_moniker(seq=1, prev_seq=None, writer="w2")
+    first, second, other = (
+        make_moniker(seq=1, prev_seq=None),
+        make_moniker(seq=2, prev_seq=1, until=160),
+        make_moniker(seq=1, prev_seq=None, writer="w2"),
+    )
     for moniker in (second, first, other):
         transport.publish(moniker)
     assert {m.id for m in transport.pending()} == {first.id, second.id, other.id}
@@ -42,15 +61,21 @@ def exercise_transport(transport: MonikerTransport) -> None:
 
 
 def test_txlog_folder_transport(tmp_path: Path) -> None:
-    transport = TxLogMonikerTransport(TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq")))
+    transport = TxLogMonikerTransport(
+        TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq"))
+    )
     exercise_transport(transport)
     # No temporary files are left behind, and a file's name orders a writer's monikers.
     names = [p.name for p in (tmp_path / "txlog").rglob("*") if p.is_file()]
     assert names and all(not name.startswith(".") and name.endswith(".json") for name in names)
 
 
-def test_txlog_corrupt_moniker_is_delivered_with_its_reason_and_can_be_dead_lettered(tmp_path: Path) -> None:
-    transport = TxLogMonikerTransport(TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq")))
+def test_txlog_corrupt_moniker_is_delivered_with_its_reason_and_can_be_dead_lettered(
+    tmp_path: Path,
+) -> None:
+    transport = TxLogMonikerTransport(
+        TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq"))
+    )
     transport.publish(make_moniker(seq=1, prev_seq=None))
     corrupt = tmp_path / "txlog" / "db.t" / "w1" / "000000000002-broken.json"
     corrupt.write_bytes(b'{"format_version": 1, "id": ')
@@ -61,15 +86,22 @@ def test_txlog_corrupt_moniker_is_delivered_with_its_reason_and_can_be_dead_lett
     assert not corrupt.exists()
     reasons = list((tmp_path / "dlq").glob("*.reason"))
     assert len(reasons) == 1 and "not JSON" in json.loads(reasons[0].read_text())["reason"]
-    assert (tmp_path / "dlq" / reasons[0].name.removesuffix(".reason")).read_bytes() == b'{"format_version": 1, "id": '
+    assert (
+        tmp_path / "dlq" / reasons[0].name.removesuffix(".reason")
+    ).read_bytes() == b'{"format_version": 1, "id": '
     assert len(transport.pending()) == 1
 
 
 @pytest.fixture
 def azure_settings(local_stack, tmp_path: Path) -> AzureQueueTransport:
     name = f"m-{uuid.uuid4().hex[:10]}"
-    return AzureQueueTransport(connection_string=local_stack.service("azurite-queue").connection_string(), queue_name=name,
-                               dead_letter_queue_name=name + "-dlq", journal_uri=str(tmp_path / "journal"), dead_letter_uri=str(tmp_path / "dlq"))
+    return AzureQueueTransport(
+        connection_string=local_stack.service("azurite-queue").connection_string(),
+        queue_name=name,
+        dead_letter_queue_name=name + "-dlq",
+        journal_uri=str(tmp_path / "journal"),
+        dead_letter_uri=str(tmp_path / "dlq"),
+    )
 
 
 @pytest.mark.integration
@@ -78,20 +110,29 @@ def test_azure_queue_transport(azure_settings: AzureQueueTransport) -> None:
 
 
 @pytest.mark.integration
-def test_azure_queue_sends_a_pointer_for_a_moniker_too_large_for_a_message(azure_settings: AzureQueueTransport) -> None:
+def test_azure_queue_sends_a_pointer_for_a_moniker_too_large_for_a_message(
+    azure_settings: AzureQueueTransport,
+) -> None:
     transport = AzureQueueMonikerTransport(azure_settings)
     moniker = big_moniker(files=2000)
     transport.publish(moniker)
     message = transport.queue.peek_messages(max_messages=1)[0]
-    assert len(message.content) < MAX_INLINE_BYTES and "icekeeper_moniker_pointer" in message.content
+    assert (
+        len(message.content) < MAX_INLINE_BYTES and "icekeeper_moniker_pointer" in message.content
+    )
     [delivery] = transport.receive()
     assert delivery.moniker == moniker
     transport.acknowledge(delivery)
-    assert transport.pending() == [] and transport.queue.get_queue_properties().approximate_message_count == 0
+    assert (
+        transport.pending() == []
+        and transport.queue.get_queue_properties().approximate_message_count == 0
+    )
 
 
 @pytest.mark.integration
-def test_azure_queue_unreadable_message_goes_to_the_dead_letter_queue(azure_settings: AzureQueueTransport) -> None:
+def test_azure_queue_unreadable_message_goes_to_the_dead_letter_queue(
+    azure_settings: AzureQueueTransport,
+) -> None:
     transport = AzureQueueMonikerTransport(azure_settings)
     transport.queue.send_message("this is not a moniker")
     [delivery] = transport.receive()
@@ -110,7 +151,11 @@ def exercise_dead_letters(transport: MonikerTransport, moniker: Moniker) -> None
     transport.dead_letter(delivery, "a file is not Parquet")
     assert transport.pending() == [] and transport.dead_letter_count() == 1
     [item] = transport.quarantined()
-    assert item.moniker == moniker and item.reason == "a file is not Parquet" and item.quarantined_ms is not None
+    assert (
+        item.moniker == moniker
+        and item.reason == "a file is not Parquet"
+        and item.quarantined_ms is not None
+    )
     transport.replay(item)
     assert transport.quarantined() == [] and transport.dead_letter_count() == 0
     assert [m.id for m in transport.pending()] == [moniker.id]
@@ -119,19 +164,30 @@ def exercise_dead_letters(transport: MonikerTransport, moniker: Moniker) -> None
 
 
 def test_txlog_dead_letters_and_replay(tmp_path: Path) -> None:
-    transport = TxLogMonikerTransport(TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq")))
+    transport = TxLogMonikerTransport(
+        TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq"))
+    )
     exercise_dead_letters(transport, make_moniker(seq=1, prev_seq=None))
 
 
 @pytest.mark.integration
-def test_azure_queue_keeps_a_dead_lettered_moniker_whole_even_one_sent_as_a_pointer(azure_settings: AzureQueueTransport) -> None:
+def test_azure_queue_keeps_a_dead_lettered_moniker_whole_even_one_sent_as_a_pointer(
+    azure_settings: AzureQueueTransport,
+) -> None:
     transport = AzureQueueMonikerTransport(azure_settings, visibility_timeout_s=30)
-    exercise_dead_letters(transport, big_moniker(files=2000))  # its message only points to the journal copy, which goes
-    assert json.loads(transport.dead_letter_queue.receive_messages().next().content)["reason"] == "a file is not Parquet"
+    exercise_dead_letters(
+        transport, big_moniker(files=2000)
+    )  # its message only points to the journal copy, which goes
+    assert (
+        json.loads(transport.dead_letter_queue.receive_messages().next().content)["reason"]
+        == "a file is not Parquet"
+    )
 
 
 def test_pending_filters_by_writer_alone(tmp_path: Path) -> None:
-    transport = TxLogMonikerTransport(TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq")))
+    transport = TxLogMonikerTransport(
+        TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq"))
+    )
     transport.publish(make_moniker(seq=1, prev_seq=None, writer="w1"))
     transport.publish(make_moniker(seq=1, prev_seq=None, writer="w2", table="db.u"))
     assert [m.writer_id for m in transport.pending(writer_id="w2")] == ["w2"]

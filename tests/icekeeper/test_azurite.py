@@ -12,7 +12,9 @@ pytestmark = pytest.mark.integration
 
 def test_send_receive_and_delete_on_an_azurite_queue(local_stack) -> None:
     service = local_stack.service("azurite-queue")
-    queue = QueueClient.from_connection_string(service.connection_string(), f"q-{uuid.uuid4().hex[:12]}", api_version="2026-06-06")
+    queue = QueueClient.from_connection_string(
+        service.connection_string(), f"q-{uuid.uuid4().hex[:12]}", api_version="2026-06-06"
+    )
     queue.create_queue()
     try:
         sent = [f'{{"moniker": {index}}}' for index in range(3)]

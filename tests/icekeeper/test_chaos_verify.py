@@ -22,28 +22,91 @@ from icekeeper.chaos_verify import (
 TOPIC_POSITIONS: set[Position] = {(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)}
 UNDECODABLE: set[Position] = {(0, 2), (1, 1)}
 CHANGES = [
-    {"id": 1, "customer": "c-1", "amount": 10, "price": 1.5, "status": "new", "_src_op": "c", "_kfk_partition": 0, "_kfk_offset": 0},
-    {"id": 1, "customer": "c-1", "amount": 11, "price": 1.5, "status": "paid", "_src_op": "u", "_kfk_partition": 0, "_kfk_offset": 1},
-    {"id": 1, "customer": "c-1", "amount": 11, "price": 1.5, "status": "paid", "extra_1": "x", "_src_op": "d", "_kfk_partition": 0, "_kfk_offset": 3},
-    {"id": 2, "customer": "c-2", "amount": 20, "price": 2.25, "status": "new", "_src_op": "c", "_kfk_partition": 1, "_kfk_offset": 0},
-    {"id": 2, "customer": "c-2", "amount": 21, "price": 2.25, "status": "shipped", "_src_op": "u", "_kfk_partition": 1, "_kfk_offset": 2},
+    {
+        "id": 1,
+        "customer": "c-1",
+        "amount": 10,
+        "price": 1.5,
+        "status": "new",
+        "_src_op": "c",
+        "_kfk_partition": 0,
+        "_kfk_offset": 0,
+    },
+    {
+        "id": 1,
+        "customer": "c-1",
+        "amount": 11,
+        "price": 1.5,
+        "status": "paid",
+        "_src_op": "u",
+        "_kfk_partition": 0,
+        "_kfk_offset": 1,
+    },
+    {
+        "id": 1,
+        "customer": "c-1",
+        "amount": 11,
+        "price": 1.5,
+        "status": "paid",
+        "extra_1": "x",
+        "_src_op": "d",
+        "_kfk_partition": 0,
+        "_kfk_offset": 3,
+    },
+    {
+        "id": 2,
+        "customer": "c-2",
+        "amount": 20,
+        "price": 2.25,
+        "status": "new",
+        "_src_op": "c",
+        "_kfk_partition": 1,
+        "_kfk_offset": 0,
+    },
+    {
+        "id": 2,
+        "customer": "c-2",
+        "amount": 21,
+        "price": 2.25,
+        "status": "shipped",
+        "_src_op": "u",
+        "_kfk_partition": 1,
+        "_kfk_offset": 2,
+    },
 ]
 
 
 def table_row(change: dict[str, Any], **changed: Any) -> tuple[Any, ...]:
     """A changelog row as an engine reads it: (partition, offset, *payload), with `changed` values."""
     values = {**change, **changed}
-    return (values["_kfk_partition"], values["_kfk_offset"], *(values.get(name) for name in CHANGELOG_PAYLOAD))
+    return (
+        values["_kfk_partition"],
+        values["_kfk_offset"],
+        *(values.get(name) for name in CHANGELOG_PAYLOAD),
+    )
 
 
-def run_report(table: list[tuple[Any, ...]], dead_letters: Counter[Position], duckdb: list[tuple[Any, ...]] | None = None) -> dict[str, Any]:
+def run_report(
+    table: list[tuple[Any, ...]],
+    dead_letters: Counter[Position],
+    duckdb: list[tuple[Any, ...]] | None = None,
+) -> dict[str, Any]:
     """The flat report of a run whose table pyiceberg and Spark read as `table`, DuckDB as `duckdb`
     (default: the same), with these dead letters, 2 poison records produced."""
-    reads = {"pyiceberg": positioned_digests(table), "duckdb": positioned_digests(table if duckdb is None else duckdb),
-             "spark": positioned_digests(table)}
-    return {"records_in": len(TOPIC_POSITIONS), "poison_expected": len(UNDECODABLE), "undecodable": len(UNDECODABLE),
-            **dead_letter_report(dead_letters, UNDECODABLE),
-            **changelog_report(reads, expected_payloads(CHANGES), UNDECODABLE, TOPIC_POSITIONS, dead_letters)}
+    reads = {
+        "pyiceberg": positioned_digests(table),
+        "duckdb": positioned_digests(table if duckdb is None else duckdb),
+        "spark": positioned_digests(table),
+    }
+    return {
+        "records_in": len(TOPIC_POSITIONS),
+        "poison_expected": len(UNDECODABLE),
+        "undecodable": len(UNDECODABLE),
+        **dead_letter_report(dead_letters, UNDECODABLE),
+        **changelog_report(
+            reads, expected_payloads(CHANGES), UNDECODABLE, TOPIC_POSITIONS, dead_letters
+        ),
+    }
 
 
 CLEAN_TABLE = [table_row(change) for change in CHANGES]
@@ -53,12 +116,19 @@ CLEAN_DEAD_LETTERS = Counter(UNDECODABLE)
 def test_a_run_with_every_record_once_passes() -> None:
     report = run_report(CLEAN_TABLE, CLEAN_DEAD_LETTERS)
     assert failures(report) == []
-    assert (report["rows"], report["dead_lettered"], report["duplicates"], report["payload_mismatched"]) == (5, 2, 0, 0)
+    assert (
+        report["rows"],
+        report["dead_lettered"],
+        report["duplicates"],
+        report["payload_mismatched"],
+    ) == (5, 2, 0, 0)
 
 
 def test_a_row_committed_twice_is_a_duplicate() -> None:
     report = run_report([*CLEAN_TABLE, table_row(CHANGES[1])], CLEAN_DEAD_LETTERS)
-    assert report["duplicates"] == 1 and report["changelog_by_engine"]["pyiceberg"]["examples"] == ("(0, 1): 2 rows",)
+    assert report["duplicates"] == 1 and report["changelog_by_engine"]["pyiceberg"]["examples"] == (
+        "(0, 1): 2 rows",
+    )
     assert failures(report) == ["changelog: 1 duplicates ((0, 1): 2 rows)"]
 
 
@@ -66,17 +136,34 @@ def test_a_row_whose_payload_is_not_its_records_is_reported() -> None:
     """The right count at the right positions, but one value altered (or another record's values)."""
     altered = [*CLEAN_TABLE[:4], table_row(CHANGES[4], amount=22)]
     report = run_report(altered, CLEAN_DEAD_LETTERS)
-    assert (report["rows"], report["duplicates"], report["missing"], report["payload_mismatched"]) == (5, 0, 0, 1)
-    assert any("1 payload_mismatched" in failure and "(1, 2): payload unlike the Kafka record" in failure for failure in failures(report))
+    assert (
+        report["rows"],
+        report["duplicates"],
+        report["missing"],
+        report["payload_mismatched"],
+    ) == (5, 0, 0, 1)
+    assert any(
+        "1 payload_mismatched" in failure and "(1, 2): payload unlike the Kafka record" in failure
+        for failure in failures(report)
+    )
     # A schema-change column lost (the delete's `extra_1`) is a payload difference too.
-    report = run_report([*CLEAN_TABLE[:2], table_row(CHANGES[2], extra_1=None), *CLEAN_TABLE[3:]], CLEAN_DEAD_LETTERS)
+    report = run_report(
+        [*CLEAN_TABLE[:2], table_row(CHANGES[2], extra_1=None), *CLEAN_TABLE[3:]],
+        CLEAN_DEAD_LETTERS,
+    )
     assert report["payload_mismatched"] == 1
 
 
 def test_a_record_dead_lettered_twice_is_reported() -> None:
     report = run_report(CLEAN_TABLE, CLEAN_DEAD_LETTERS + Counter([(0, 2)]))
-    assert (report["dead_lettered"], report["dead_letter_positions"], report["dead_letter_duplicates"]) == (3, 2, 1)
-    assert failures(report) == ["dead letters: 1 repeated, 0 poison records without one, 0 for records that decode ((0, 2): dead-lettered 2 times)"]
+    assert (
+        report["dead_lettered"],
+        report["dead_letter_positions"],
+        report["dead_letter_duplicates"],
+    ) == (3, 2, 1)
+    assert failures(report) == [
+        "dead letters: 1 repeated, 0 poison records without one, 0 for records that decode ((0, 2): dead-lettered 2 times)"
+    ]
     # Dead letters go at least once: one writer killed between a batch's dead letters and its
     # moniker explains one repeat of each of that batch's records, not two.
     assert failures({**report, "killed": {"writer-1": 1, "bookkeeper": 2}}) == []
@@ -86,8 +173,12 @@ def test_a_record_dead_lettered_twice_is_reported() -> None:
 
 def test_lost_records_poison_in_the_table_and_good_records_dead_lettered_are_reported() -> None:
     lost = run_report(CLEAN_TABLE[1:], CLEAN_DEAD_LETTERS)
-    assert lost["missing"] == 1 and any("1 missing ((0, 0): missing" in failure for failure in failures(lost))
-    poison_kept = run_report([*CLEAN_TABLE, (1, 1, *([None] * len(CHANGELOG_PAYLOAD)))], Counter({(0, 2): 1}))
+    assert lost["missing"] == 1 and any(
+        "1 missing ((0, 0): missing" in failure for failure in failures(lost)
+    )
+    poison_kept = run_report(
+        [*CLEAN_TABLE, (1, 1, *([None] * len(CHANGELOG_PAYLOAD)))], Counter({(0, 2): 1})
+    )
     assert (poison_kept["poison_in_table"], poison_kept["poison_not_dead_lettered"]) == (1, 1)
     good_dead = run_report(CLEAN_TABLE[1:], CLEAN_DEAD_LETTERS + Counter([(0, 0)]))
     assert (good_dead["missing"], good_dead["good_dead_lettered"]) == (0, 1)
@@ -100,5 +191,16 @@ def test_engines_that_read_different_rows_are_reported_even_with_equal_counts() 
     report = run_report(CLEAN_TABLE, CLEAN_DEAD_LETTERS, duckdb=moved)
     assert report["rows"] == report["duckdb_rows"] == report["spark_rows"] == 5
     assert report["engines_disagreeing"] == 2 and report["payload_mismatched"] == 1
-    assert "changelog: 2 rows (position and payload) not alike in pyiceberg, DuckDB and Spark" in failures(report)
-    assert engines_disagreeing({"a": positioned_digests(CLEAN_TABLE), "b": positioned_digests(list(reversed(CLEAN_TABLE)))}) == 0
+    assert (
+        "changelog: 2 rows (position and payload) not alike in pyiceberg, DuckDB and Spark"
+        in failures(report)
+    )
+    assert (
+        engines_disagreeing(
+            {
+                "a": positioned_digests(CLEAN_TABLE),
+                "b": positioned_digests(list(reversed(CLEAN_TABLE))),
+            }
+        )
+        == 0
+    )

@@ -15,8 +15,12 @@ from common.config import IcekeeperConfig
 from icekeeper.samples import seed000
 from icekeeper.samples.produce import produce_seed_sample, produce_synthetic
 from icekeeper.samples.readback import read_topic
-from icekeeper.samples.synthetic import SyntheticSpec, expected_state, schema_versions, synthetic_events
-
+from icekeeper.samples.synthetic import (
+    SyntheticSpec,
+    expected_state,
+    schema_versions,
+    synthetic_events,
+)
 
 # The article's Hive result for tbl_test_1 (seed 000): key -> (C2, C3, C4, C5, C6, UPDATE_TIME),
 # and where the row's last event sits in Kafka (partition, offset).
@@ -34,11 +38,20 @@ def test_seed_sample_events_reproduce_the_articles_result_table() -> None:
     assert sorted(id1 for id1, _ in final) == sorted(ARTICLE_RESULT)
     for (id1, _), row in final.items():
         values, _ = ARTICLE_RESULT[id1]
-        assert (row["C2"], row.get("C3"), row.get("C4"), row.get("C5"), row.get("C6"), row["UPDATE_TIME"]) == values
+        assert (
+            row["C2"],
+            row.get("C3"),
+            row.get("C4"),
+            row.get("C5"),
+            row.get("C6"),
+            row["UPDATE_TIME"],
+        ) == values
 
 
 @pytest.mark.integration
-def test_produce_sample_writes_the_seed_stream_through_the_registry(local_stack, stack_config: IcekeeperConfig, unique_topic: str) -> None:
+def test_produce_sample_writes_the_seed_stream_through_the_registry(
+    local_stack, stack_config: IcekeeperConfig, unique_topic: str
+) -> None:
     report = produce_seed_sample(stack_config, topic=unique_topic, progress=lambda message: None)
     assert report["records"] == len(seed000.sample_events())
     records = read_topic(stack_config.sources[0], unique_topic)
@@ -52,7 +65,9 @@ def test_produce_sample_writes_the_seed_stream_through_the_registry(local_stack,
     registry = SchemaRegistryClient({"url": stack_config.sources[0].schema_registry_url})
     fields_by_id = {}
     for schema_id in {record.schema_id for record in records}:
-        schema = fastavro.parse_schema(__import__("json").loads(registry.get_schema(schema_id).schema_str))
+        schema = fastavro.parse_schema(
+            __import__("json").loads(registry.get_schema(schema_id).schema_str)
+        )
         after = next(field for field in schema["fields"] if field["name"] == "before")["type"][1]
         fields_by_id[schema_id] = [field["name"] for field in after["fields"]]
     columns = sorted(fields_by_id.values(), key=len)
@@ -67,7 +82,7 @@ def test_produce_sample_writes_the_seed_stream_through_the_registry(local_stack,
         assert record.value["after"]["C2"] == values[0]
 
 
-def _offsets_by_partition(records) -> dict[int, list[int]]:  # noqa: ANN001
+def _offsets_by_partition(records) -> dict[int, list[int]]:
     offsets = collections.defaultdict(list)
     for record in records:
         offsets[record.partition].append(record.offset)
@@ -75,20 +90,34 @@ def _offsets_by_partition(records) -> dict[int, list[int]]:  # noqa: ANN001
 
 
 def test_synthetic_stream_is_reproducible_and_has_the_requested_shape() -> None:
-    spec = SyntheticSpec(seed=7, keys=200, events=5000, update_ratio=0.5, delete_ratio=0.2, schema_changes=3, poison_ratio=0.02)
+    spec = SyntheticSpec(
+        seed=7,
+        keys=200,
+        events=5000,
+        update_ratio=0.5,
+        delete_ratio=0.2,
+        schema_changes=3,
+        poison_ratio=0.02,
+    )
     first, second = list(synthetic_events(spec)), list(synthetic_events(spec))
     assert first == second
     good = [event for event in first if event.poison is None]
     poison = [event for event in first if event.poison is not None]
     assert len(good) == 5000
     assert 0.01 < len(poison) / len(first) < 0.03
-    assert {event.poison for event in poison} == {"bad-magic-byte", "unknown-schema-id", "truncated-avro"}
+    assert {event.poison for event in poison} == {
+        "bad-magic-byte",
+        "unknown-schema-id",
+        "truncated-avro",
+    }
     ops = collections.Counter(event.op for event in good)
     assert 0.15 < ops["d"] / len(good) < 0.25
     # Schema changes: add a column, widen int -> long, add another column.
     shapes = schema_versions(spec)
     assert [len(shape.columns) for shape in shapes] == [7, 8, 8, 9]
-    amount_types = [next(c.avro_type for c in shape.columns if c.name == "amount") for shape in shapes]
+    amount_types = [
+        next(c.avro_type for c in shape.columns if c.name == "amount") for shape in shapes
+    ]
     assert amount_types == ["int", "int", "long", "long"]
     assert sorted({event.version for event in good}) == [1, 2, 3, 4]
     # A different seed gives a different stream.
@@ -96,9 +125,13 @@ def test_synthetic_stream_is_reproducible_and_has_the_requested_shape() -> None:
 
 
 @pytest.mark.integration
-def test_synthetic_poison_messages_really_fail_to_decode(local_stack, stack_config: IcekeeperConfig, unique_topic: str) -> None:
+def test_synthetic_poison_messages_really_fail_to_decode(
+    local_stack, stack_config: IcekeeperConfig, unique_topic: str
+) -> None:
     spec = SyntheticSpec(seed=3, keys=100, events=3000, schema_changes=2, poison_ratio=0.03)
-    report = produce_synthetic(stack_config, spec, topic=unique_topic, partitions=3, progress=lambda message: None)
+    report = produce_synthetic(
+        stack_config, spec, topic=unique_topic, partitions=3, progress=lambda message: None
+    )
     assert report["events"] == 3000
 
     registry = SchemaRegistryClient({"url": stack_config.sources[0].schema_registry_url})
@@ -110,7 +143,9 @@ def test_synthetic_poison_messages_really_fail_to_decode(local_stack, stack_conf
             if magic != 0:
                 raise ValueError("bad-magic-byte")
             if schema_id not in schemas:
-                schemas[schema_id] = fastavro.parse_schema(__import__("json").loads(registry.get_schema(schema_id).schema_str))
+                schemas[schema_id] = fastavro.parse_schema(
+                    __import__("json").loads(registry.get_schema(schema_id).schema_str)
+                )
             body = io.BytesIO(value[5:])
             fastavro.schemaless_reader(body, schemas[schema_id])
             if body.tell() != len(value) - 5:
@@ -123,7 +158,13 @@ def test_synthetic_poison_messages_really_fail_to_decode(local_stack, stack_conf
 
 
 def _raw_values(config: IcekeeperConfig, topic: str, expected: int) -> list[bytes]:
-    consumer = Consumer({"bootstrap.servers": config.sources[0].bootstrap_servers, "group.id": f"raw-{topic}", "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.sources[0].bootstrap_servers,
+            "group.id": f"raw-{topic}",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.assign([TopicPartition(topic, partition, 0) for partition in range(3)])
     values: list[bytes] = []
     try:
@@ -144,4 +185,6 @@ def test_expected_state_follows_the_last_event_per_key() -> None:
     for event in synthetic_events(spec):
         last[event.key["id"]] = event
     assert {key: (event.value["after"]) for key, event in last.items()} == state
-    assert any(row is None for row in state.values()) and any(row is not None for row in state.values())
+    assert any(row is None for row in state.values()) and any(
+        row is not None for row in state.values()
+    )

@@ -18,6 +18,7 @@ def shifted(base: int) -> dict[str, int]:
     """The session's test ports moved by `base`, for a second stack beside it."""
     return {name: port + base for name, port in TEST_STACK_PORTS.items()}
 
+
 pytestmark = pytest.mark.integration
 
 
@@ -73,7 +74,9 @@ def test_a_whole_second_stack_starts_and_down_leaves_no_process(tmp_path: Path) 
 def test_down_stops_only_what_up_started(tmp_path: Path) -> None:
     """A port held by someone else is reported as foreign, refused by `up`, untouched by `down`."""
     ports = shifted(10_100)
-    stack = LocalStack(load_config(None, environ=stack_environ(tmp_path / "state", ports)), only=["azurite-queue"])
+    stack = LocalStack(
+        load_config(None, environ=stack_environ(tmp_path / "state", ports)), only=["azurite-queue"]
+    )
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", ports["azurite_queue_port"]))
         squatter.listen()

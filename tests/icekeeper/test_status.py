@@ -16,12 +16,24 @@ from writers.job import WriterJob
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
-def test_status_shows_pending_work_lag_freshness_and_dead_letters(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
-    config = pipeline_config(tmp_path, unique_topic, {
-        "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "600", "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": unique_topic + ".dlq",
-        "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
+def test_status_shows_pending_work_lag_freshness_and_dead_letters(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "600",
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": unique_topic + ".dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
     spec = SyntheticSpec(seed=3, keys=50, events=2000, schema_changes=0, poison_ratio=0.01)
-    produced = produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=lambda m: None)
+    produced = produce_synthetic(
+        config, spec, topic=unique_topic, partitions=3, progress=lambda m: None
+    )
     first = WriterJob(config, spark=spark).run(max_batches=2)
 
     before = collect_status(config)
@@ -43,6 +55,9 @@ def test_status_shows_pending_work_lag_freshness_and_dead_letters(local_stack, s
     assert table["last_commit_age_s"] < 120 and table["freshness_s"] is not None
     [writer] = after.writers
     assert writer["lag"] == 0 and writer["last_moniker"]["state"] == "committed"
-    assert after.dead_letters[f"topic {unique_topic}.dlq"] == poison and after.dead_letters["monikers"] == 0
+    assert (
+        after.dead_letters[f"topic {unique_topic}.dlq"] == poison
+        and after.dead_letters["monikers"] == 0
+    )
     screen = render_status(after)
     assert "shop.orders" in screen and "lag 0" in screen and not after.problems

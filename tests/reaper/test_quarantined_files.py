@@ -21,7 +21,9 @@ from tests.reaper.test_reaper import reaper_config
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
-def test_a_quarantined_monikers_files_survive_the_reaper_and_its_replay_commits_them(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_quarantined_monikers_files_survive_the_reaper_and_its_replay_commits_them(
+    spark, tmp_path: Path
+) -> None:
     config = reaper_config(tmp_path, bookkeeper__missing_file_timeout="0.5s")
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
@@ -34,11 +36,17 @@ def test_a_quarantined_monikers_files_survive_the_reaper_and_its_replay_commits_
     away.rename(away.with_name("moved-away"))
     bookkeeper.run_cycle()
     time.sleep(0.6)
-    [(_, reason)] = bookkeeper.run_cycle().dead_lettered  # missing past the timeout: quarantined, the writer's chain goes on
+    [(_, reason)] = (
+        bookkeeper.run_cycle().dead_lettered
+    )  # missing past the timeout: quarantined, the writer's chain goes on
     assert "missing for" in reason
     [item] = transport.quarantined()
     assert item.moniker == lost and item.reason == reason
-    present = [Path(entry.path.removeprefix("file://")) for entry in lost.files if Path(entry.path.removeprefix("file://")).exists()]
+    present = [
+        Path(entry.path.removeprefix("file://"))
+        for entry in lost.files
+        if Path(entry.path.removeprefix("file://")).exists()
+    ]
     age_files([f"file://{path}" for path in present], 3600)
 
     report = Reaper(config, spark=spark).run_pass()
@@ -51,5 +59,7 @@ def test_a_quarantined_monikers_files_survive_the_reaper_and_its_replay_commits_
     assert transport.quarantined() == []
     assert bookkeeper.run_cycle().committed_monikers == 1
     table = open_catalog(config).load_table("shop.items")
-    assert sorted(table.scan(selected_fields=("_kfk_offset",)).to_arrow().column(0).to_pylist()) == list(range(40))
+    assert sorted(
+        table.scan(selected_fields=("_kfk_offset",)).to_arrow().column(0).to_pylist()
+    ) == list(range(40))
     assert committed_state(table).quarantined_records == 0

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from common.catalog import DEFAULT_TABLE_PROPERTIES
 from bookkeeper.service import Bookkeeper
-from common.catalog import default_table_location, open_catalog
+from common.catalog import DEFAULT_TABLE_PROPERTIES, default_table_location, open_catalog
 from common.config import IcekeeperConfig
 from common.in_flight import InFlightClaims, claims_folder
 from common.locations import normalize_location
@@ -31,45 +30,69 @@ GRACE_S = 5
 
 def reaper_config(tmp_path: Path, mode: str = "changelog", **overrides: str) -> IcekeeperConfig:
     settings = {
-        "catalog__name": f"cat_{uuid.uuid4().hex[:8]}", "reaper__snapshot_expire_time": "0", "reaper__retain_last": "2",
-        "reaper__orphan_grace": str(GRACE_S), "reaper__compact_target_file_size_bytes": str(32 * 1024 * 1024),
+        "catalog__name": f"cat_{uuid.uuid4().hex[:8]}",
+        "reaper__snapshot_expire_time": "0",
+        "reaper__retain_last": "2",
+        "reaper__orphan_grace": str(GRACE_S),
+        "reaper__compact_target_file_size_bytes": str(32 * 1024 * 1024),
         # The bookkeeper keeps history here, so that expiring it is the reaper's work.
         "bookkeeper__keep_snapshots": "100000",
     }
     return bookkeeper_config(tmp_path, mode, **{**settings, **overrides})
 
 
-def small_file_table(spark, config: IcekeeperConfig, files: int, offsets: list[int] | None = None):  # noqa: ANN001, ANN201
+def small_file_table(spark, config: IcekeeperConfig, files: int, offsets: list[int] | None = None):
     """`shop.items` with `files` one-row files, each its own snapshot (writer partition 9)."""
     offsets = offsets or list(range(files))
     catalog = open_catalog(config)
     catalog.create_namespace("shop")
     table = catalog.create_table("shop.items", schema=SCHEMA, properties=DEFAULT_TABLE_PROPERTIES)
     data = Path(table.location().removeprefix("file://")) / "data" / "history"
-    entries = [write_file(data / f"{index:05d}.parquet", SCHEMA, [{"id": index, "amount": index, "_kfk_partition": 9, "_kfk_offset": offsets[index]}])
-               for index in range(files)]
+    entries = [
+        write_file(
+            data / f"{index:05d}.parquet",
+            SCHEMA,
+            [{"id": index, "amount": index, "_kfk_partition": 9, "_kfk_offset": offsets[index]}],
+        )
+        for index in range(files)
+    ]
     register_catalog(spark, config)
     append_snapshot_per_file(spark, config.catalog.name, "shop.items", entries)
     return table.refresh()
 
 
-def rows(table) -> Counter:  # noqa: ANN001
-    arrow = table.refresh().scan(selected_fields=("_kfk_partition", "_kfk_offset", "amount")).to_arrow()
-    return Counter(zip(*(arrow.column(name).to_pylist() for name in ("_kfk_partition", "_kfk_offset", "amount"))))
+def rows(table) -> Counter:
+    arrow = (
+        table.refresh().scan(selected_fields=("_kfk_partition", "_kfk_offset", "amount")).to_arrow()
+    )
+    return Counter(
+        zip(
+            *(
+                arrow.column(name).to_pylist()
+                for name in ("_kfk_partition", "_kfk_offset", "amount")
+            )
+        )
+    )
 
 
-def reachable(table) -> set[str]:  # noqa: ANN001
+def reachable(table) -> set[str]:
     """Every file a snapshot of the table reaches: metadata, manifest lists, manifests, live files."""
-    paths = {table.metadata_location, *(entry.metadata_file for entry in table.metadata.metadata_log)}
+    paths = {
+        table.metadata_location,
+        *(entry.metadata_file for entry in table.metadata.metadata_log),
+    }
     for snapshot in table.snapshots():
         paths.add(snapshot.manifest_list)
         for manifest in snapshot.manifests(table.io):
             paths.add(manifest.manifest_path)
-            paths.update(entry.data_file.file_path for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+            paths.update(
+                entry.data_file.file_path
+                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+            )
     return {normalize_location(path) for path in paths}
 
 
-def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:  # noqa: ANN001
+def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:
     config = reaper_config(tmp_path)
     table = small_file_table(spark, config, files)
     before = rows(table)
@@ -79,7 +102,11 @@ def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:  # no
     pending = make_moniker(config, 2, 1, (0, 5), writer_id="late", partition=7)
     transport.publish(pending)
     age_files([entry.path for entry in pending.files], 3600)
-    orphan = write_file(Path(table.location().removeprefix("file://")) / "data" / "crashed-writer" / "f.parquet", SCHEMA, [{"id": 1}])
+    orphan = write_file(
+        Path(table.location().removeprefix("file://")) / "data" / "crashed-writer" / "f.parquet",
+        SCHEMA,
+        [{"id": 1}],
+    )
     age_files([orphan.path], 3600)
 
     stop, appended = threading.Event(), Counter()
@@ -89,11 +116,17 @@ def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:  # no
         seq = 0
         while not stop.is_set():
             seq += 1
-            moniker = make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 3, seq * 3), partition=0)
+            moniker = make_moniker(
+                config, seq, seq - 1 or None, ((seq - 1) * 3, seq * 3), partition=0
+            )
             transport.publish(moniker)
             for cycle_result in bookkeeper.run_cycle().tables:
                 for delivery in cycle_result.committed:
-                    appended.update((0, o, o) for r in delivery.moniker.offsets for o in range(r.from_offset, r.until_offset))
+                    appended.update(
+                        (0, o, o)
+                        for r in delivery.moniker.offsets
+                        for o in range(r.from_offset, r.until_offset)
+                    )
             # Ten commits a second, ten times the default commit interval. Back to back (a commit
             # takes milliseconds since the bookkeeper's lean metadata path) a compaction group
             # could lose every retry: a bookkeeper never commits faster than its interval.
@@ -110,7 +143,11 @@ def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:  # no
     assert not committer.is_alive()
     for cycle_result in bookkeeper.run_cycle().tables:  # whatever was published last
         for delivery in cycle_result.committed:
-            appended.update((0, o, o) for r in delivery.moniker.offsets for o in range(r.from_offset, r.until_offset))
+            appended.update(
+                (0, o, o)
+                for r in delivery.moniker.offsets
+                for o in range(r.from_offset, r.until_offset)
+            )
     [table_report] = report.tables
     assert not table_report.errors
     assert table_report.files_compacted >= files and table_report.snapshots_expired >= files - 2
@@ -130,12 +167,16 @@ def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:  # no
     assert normalize_location(orphan.path) not in on_disk and pending_paths <= on_disk
 
 
-def test_reaper_compacts_expires_and_cleans_while_the_bookkeeper_commits(spark, tmp_path: Path) -> None:
+def test_reaper_compacts_expires_and_cleans_while_the_bookkeeper_commits(
+    spark, tmp_path: Path
+) -> None:
     exercise_reaper_under_load(spark, tmp_path, files=120)
 
 
 @pytest.mark.heavy
-def test_reaper_on_1000_files_and_snapshots_while_the_bookkeeper_commits(spark, tmp_path: Path) -> None:
+def test_reaper_on_1000_files_and_snapshots_while_the_bookkeeper_commits(
+    spark, tmp_path: Path
+) -> None:
     exercise_reaper_under_load(spark, tmp_path, files=1000)
 
 
@@ -153,7 +194,10 @@ def test_a_pending_monikers_file_survives_and_is_committed_later(spark, tmp_path
     dry = Reaper(config, spark=spark).run_pass(dry_run=True)
     assert not any(str(Path(waiting.files[0].path).name) in line for line in dry.tables[0].planned)
     report = Reaper(config, spark=spark).run_pass()
-    assert report.tables[0].orphans_spared == 1 and Path(waiting.files[0].path.removeprefix("file://")).exists()
+    assert (
+        report.tables[0].orphans_spared == 1
+        and Path(waiting.files[0].path.removeprefix("file://")).exists()
+    )
     transport.publish(make_moniker(config, 2, 1, (10, 20)))
     assert bookkeeper.run_cycle().committed_monikers == 2
     table = open_catalog(config).load_table("shop.items")
@@ -161,7 +205,9 @@ def test_a_pending_monikers_file_survives_and_is_committed_later(spark, tmp_path
     assert offsets == list(range(30))
 
 
-def test_a_folder_a_writer_still_fills_survives_however_old_its_files(spark, tmp_path: Path) -> None:
+def test_a_folder_a_writer_still_fills_survives_however_old_its_files(
+    spark, tmp_path: Path
+) -> None:
     """A batch that outlives the grace: its first files are old, unreferenced and not yet named by
     any moniker (the long chaos run lost one this way before writers claimed their folders)."""
     config = reaper_config(tmp_path)
@@ -177,7 +223,9 @@ def test_a_folder_a_writer_still_fills_survives_however_old_its_files(spark, tmp
     slow = make_moniker(config, 2, 1, (10, 20))  # its files, in the claimed folder
     age_files([entry.path for entry in slow.files], 3600)
     dead_folder = Path(location.removeprefix("file://")) / "data" / "w9" / "1"
-    InFlightClaims("w9", heartbeat_s=3600).claim(location, str(dead_folder))  # a writer that died mid-batch
+    InFlightClaims("w9", heartbeat_s=3600).claim(
+        location, str(dead_folder)
+    )  # a writer that died mid-batch
     dead_file = write_file(dead_folder / "f.parquet", SCHEMA, [{"id": 1}])
     claims_on_disk = Path(claims_folder(location).removeprefix("file://"))
     [dead_claim] = claims_on_disk.glob("1-*.json")
@@ -188,51 +236,78 @@ def test_a_folder_a_writer_still_fills_survives_however_old_its_files(spark, tmp
         assert not report.tables[0].errors
         assert all(Path(entry.path.removeprefix("file://")).exists() for entry in slow.files)
         assert report.tables[0].orphans_spared == len(slow.files)
-        assert not Path(dead_file.path.removeprefix("file://")).exists(), "a stale claim protects nothing"
-        assert [claim.name.split("-")[0] for claim in claims_on_disk.glob("*.json")] == [f"{2:012d}"], "the stale claim is removed"
+        assert not Path(dead_file.path.removeprefix("file://")).exists(), (
+            "a stale claim protects nothing"
+        )
+        assert [claim.name.split("-")[0] for claim in claims_on_disk.glob("*.json")] == [
+            f"{2:012d}"
+        ], "the stale claim is removed"
         transport.publish(slow)
     finally:
         claims.close()
     assert bookkeeper.run_cycle().committed_monikers == 1
     table = open_catalog(config).load_table("shop.items")
-    assert sorted(table.scan(selected_fields=("_kfk_offset",)).to_arrow().column(0).to_pylist()) == list(range(20))
+    assert sorted(
+        table.scan(selected_fields=("_kfk_offset",)).to_arrow().column(0).to_pylist()
+    ) == list(range(20))
 
 
 def test_spark_and_duckdb_read_the_same_rows_after_a_pass(spark, tmp_path: Path) -> None:
     config = reaper_config(tmp_path)
     table = small_file_table(spark, config, 30)
     columns, order = "_kfk_partition, _kfk_offset, amount", "_kfk_offset"
-    duck_before, spark_before = duckdb_rows(table, columns, order), spark_rows(spark, config, "shop.items", columns, order)
+    duck_before, spark_before = (
+        duckdb_rows(table, columns, order),
+        spark_rows(spark, config, "shop.items", columns, order),
+    )
     assert duck_before == spark_before and len(duck_before) == 30
     report = Reaper(config, spark=spark).run_pass()
     assert not report.tables[0].errors
     assert report.tables[0].files_compacted == 30 and report.tables[0].snapshots_expired >= 29
     table = table.refresh()
     assert len(list(table.scan().plan_files())) == 1
-    assert duckdb_rows(table, columns, order) == spark_rows(spark, config, "shop.items", columns, order) == duck_before
+    assert (
+        duckdb_rows(table, columns, order)
+        == spark_rows(spark, config, "shop.items", columns, order)
+        == duck_before
+    )
 
 
 def test_retention_drops_whole_files_of_old_rows(spark, tmp_path: Path) -> None:
     config = reaper_config(tmp_path, reaper__retention="7d", reaper__retention_column="_kfk_offset")
     now_ms = int(time.time() * 1000)
-    old, new = [now_ms - 10 * 86_400_000 + i for i in range(8)], [now_ms - 60_000 + i for i in range(4)]
+    old, new = (
+        [now_ms - 10 * 86_400_000 + i for i in range(8)],
+        [now_ms - 60_000 + i for i in range(4)],
+    )
     table = small_file_table(spark, config, 12, offsets=old + new)
     report = Reaper(config, spark=spark).run_pass()
-    assert report.tables[0].retention_rows_deleted == 8 and report.tables[0].retention_files_deleted == 8
+    assert (
+        report.tables[0].retention_rows_deleted == 8
+        and report.tables[0].retention_files_deleted == 8
+    )
     assert sorted(table.refresh().scan().to_arrow().column("_kfk_offset").to_pylist()) == new
 
 
 def test_dry_run_changes_nothing(spark, tmp_path: Path) -> None:
     config = reaper_config(tmp_path)
     table = small_file_table(spark, config, 12)
-    orphan = write_file(Path(table.location().removeprefix("file://")) / "data" / "x" / "orphan.parquet", SCHEMA, [{"id": 1}])
+    orphan = write_file(
+        Path(table.location().removeprefix("file://")) / "data" / "x" / "orphan.parquet",
+        SCHEMA,
+        [{"id": 1}],
+    )
     age_files([orphan.path], 3600)
     on_disk, snapshots = files_under(table.location()), len(table.snapshots())
     report = Reaper(config, spark=spark).run_pass(dry_run=True)
     planned = report.tables[0].planned
-    assert any(line.startswith("compaction:") for line in planned) and any("orphan.parquet" in line for line in planned)
+    assert any(line.startswith("compaction:") for line in planned) and any(
+        "orphan.parquet" in line for line in planned
+    )
     assert any(line.startswith("expiry: 10 snapshots") for line in planned)
-    assert files_under(table.location()) == on_disk and len(table.refresh().snapshots()) == snapshots
+    assert (
+        files_under(table.location()) == on_disk and len(table.refresh().snapshots()) == snapshots
+    )
 
 
 def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_path: Path) -> None:
@@ -244,7 +319,9 @@ def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_pa
         bookkeeper.run_cycle()
     register_catalog(spark, config)
     reaper = Reaper(config, spark=spark)
-    first = reaper.run_pass()  # compaction adds a snapshot without icekeeper's state; expiry keeps 1
+    first = (
+        reaper.run_pass()
+    )  # compaction adds a snapshot without icekeeper's state; expiry keeps 1
     assert first.tables[0].files_compacted == 3 and not first.tables[0].errors
     table = open_catalog(config).load_table("shop.items")
     kept = {s.snapshot_id for s in table.snapshots()}
@@ -256,17 +333,31 @@ def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_pa
     # The bookkeeper carries on from that state: the next moniker neither waits nor repeats.
     transport.publish(make_moniker(config, 4, 3, (30, 40)))
     assert bookkeeper.run_cycle().committed_monikers == 1
-    offsets = sorted(open_catalog(config).load_table("shop.items").scan().to_arrow().column("_kfk_offset").to_pylist())
+    offsets = sorted(
+        open_catalog(config)
+        .load_table("shop.items")
+        .scan()
+        .to_arrow()
+        .column("_kfk_offset")
+        .to_pylist()
+    )
     assert offsets == list(range(40))
 
 
 def test_compaction_is_limited_to_the_filter_columns_day(spark, tmp_path: Path) -> None:
     """Seed 000: `compact.filter.column` with `compact.day.offset` 0 compacts yesterday's data only."""
-    config = reaper_config(tmp_path, reaper__compact_filter_column="_kfk_offset", reaper__compact_day_offset="0",
-                           reaper__snapshot_expire_time="30d", reaper__max_manifests="5")
+    config = reaper_config(
+        tmp_path,
+        reaper__compact_filter_column="_kfk_offset",
+        reaper__compact_day_offset="0",
+        reaper__snapshot_expire_time="30d",
+        reaper__max_manifests="5",
+    )
     today = int(time.time() // 86400) * 86400 * 1000
     yesterday = [today - 86_400_000 + 3_600_000 * i for i in range(6)]
-    table = small_file_table(spark, config, 12, offsets=yesterday + [today + 1000 * i for i in range(6)])
+    table = small_file_table(
+        spark, config, 12, offsets=yesterday + [today + 1000 * i for i in range(6)]
+    )
     dry = Reaper(config, spark=spark).run_pass(dry_run=True).tables[0].planned
     assert any(line.startswith("manifests: rewrite 12 manifests") for line in dry)
     report = Reaper(config, spark=spark).run_pass()
@@ -276,7 +367,9 @@ def test_compaction_is_limited_to_the_filter_columns_day(spark, tmp_path: Path) 
     assert len(files) == 7 and sum(task.file.record_count for task in files) == 12
 
 
-def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read(spark, tmp_path: Path) -> None:
+def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read(
+    spark, tmp_path: Path
+) -> None:
     """A bookkeeper committing back to back can win all of Iceberg's own commit retries (CI saw an
     expiry fail so); the reaper redoes such a step, and only such a step, up to `commit_attempts`."""
     from reaper.maintenance import is_commit_conflict
@@ -284,28 +377,39 @@ def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read
     config = reaper_config(tmp_path, reaper__commit_attempts="3")
     table = small_file_table(spark, config, 2)
     maintenance = Reaper(config, spark=spark).maintenance
-    jvm = spark.sparkContext._jvm  # noqa: SLF001
+    jvm = spark.sparkContext._jvm
     errors: list[BaseException] = []
 
     def set_property_against_a_concurrent_commit() -> None:
         # One compare-and-swap at the catalog, without Iceberg's own refresh-and-retry around it,
         # so that a commit landing in between fails it as surely as four in a row would.
-        operations = maintenance._java_table("shop.items").operations()  # noqa: SLF001 - the read each attempt starts from
+        operations = maintenance._java_table("shop.items").operations()
         base = operations.refresh()
-        if not errors:  # the first attempt: another committer (pyiceberg) lands between read and commit
-            table.refresh().transaction().set_properties({"bookkeeper.test": "won"}).commit_transaction()
+        if (
+            not errors
+        ):  # the first attempt: another committer (pyiceberg) lands between read and commit
+            table.refresh().transaction().set_properties(
+                {"bookkeeper.test": "won"}
+            ).commit_transaction()
         properties = jvm.java.util.HashMap()
         properties.put("reaper.test", "done")
         try:
-            operations.commit(base, jvm.org.apache.iceberg.TableMetadata.buildFrom(base).setProperties(properties).build())
+            operations.commit(
+                base,
+                jvm.org.apache.iceberg.TableMetadata.buildFrom(base)
+                .setProperties(properties)
+                .build(),
+            )
         except Exception as error:
             errors.append(error)
             raise
 
-    maintenance._until_committed("shop.items", "test", set_property_against_a_concurrent_commit)  # noqa: SLF001
+    maintenance._until_committed("shop.items", "test", set_property_against_a_concurrent_commit)
     assert len(errors) == 1 and is_commit_conflict(errors[0])
     table = table.refresh()
-    assert table.properties["reaper.test"] == "done" and table.properties["bookkeeper.test"] == "won"
+    assert (
+        table.properties["reaper.test"] == "done" and table.properties["bookkeeper.test"] == "won"
+    )
 
     calls: list[int] = []
 
@@ -314,14 +418,15 @@ def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read
         raise RuntimeError("not a conflict")
 
     with pytest.raises(RuntimeError):
-        maintenance._until_committed("shop.items", "test", broken)  # noqa: SLF001
+        maintenance._until_committed("shop.items", "test", broken)
     assert len(calls) == 1 and not is_commit_conflict(RuntimeError("CommitFailedException"))
 
     # A compaction whose file group lost its commit raises Iceberg's plain RuntimeException
     # (partial-progress.max-failed-commits=0). Losing that race on purpose is not deterministic,
     # so the JVM exception is built here with the message the Iceberg 1.11 action formats.
     lost_group = jvm.java.lang.RuntimeException(
-        "partial-progress.enabled is true but 1 rewrite commits failed. This is more than the maximum allowed failures of 0.")
+        "partial-progress.enabled is true but 1 rewrite commits failed. This is more than the maximum allowed failures of 0."
+    )
     wrapped = type("Py4JError", (Exception,), {})()
     wrapped.java_exception = jvm.org.apache.spark.SparkException("job aborted", lost_group)
     assert is_commit_conflict(wrapped)

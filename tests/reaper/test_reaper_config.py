@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pyiceberg.schema import Schema
@@ -31,10 +31,22 @@ class _Table:
 
 
 def test_time_filters_follow_the_column_type() -> None:
-    table = _Table(Schema(NestedField(1, "_src_ts_ms", LongType()), NestedField(2, "ts", TimestamptzType()),
-                          NestedField(3, "day", DateType()), NestedField(4, "name", StringType())))
-    low, high = datetime(2026, 11, 20, tzinfo=timezone.utc), datetime(2026, 11, 21, tzinfo=timezone.utc)
-    assert time_filter(table, "_src_ts_ms", low, high) == "_src_ts_ms >= 1795132800000 AND _src_ts_ms < 1795219200000"
+    table = _Table(
+        Schema(
+            NestedField(1, "_src_ts_ms", LongType()),
+            NestedField(2, "ts", TimestamptzType()),
+            NestedField(3, "day", DateType()),
+            NestedField(4, "name", StringType()),
+        )
+    )
+    low, high = (
+        datetime(2026, 11, 20, tzinfo=UTC),
+        datetime(2026, 11, 21, tzinfo=UTC),
+    )
+    assert (
+        time_filter(table, "_src_ts_ms", low, high)
+        == "_src_ts_ms >= 1795132800000 AND _src_ts_ms < 1795219200000"
+    )
     assert time_filter(table, "ts", upper=high) == "ts < TIMESTAMP '2026-11-21 00:00:00'"
     assert time_filter(table, "day", lower=low) == "day >= DATE '2026-11-20'"
     try:
@@ -46,18 +58,35 @@ def test_time_filters_follow_the_column_type() -> None:
 
 
 def test_first_pass_waits_for_the_triggering_time(tmp_path: Path) -> None:
-    config = load_config(SEED, environ={"ICEKEEPER__STATE_DIR": str(tmp_path)})  # triggering.time = 21:00:11
-    evening = Reaper(config, clock=lambda: datetime(2026, 11, 22, 20, 0, tzinfo=timezone.utc))._first_run_at()
-    night = Reaper(config, clock=lambda: datetime(2026, 11, 22, 22, 0, tzinfo=timezone.utc))._first_run_at()
-    assert evening == datetime(2026, 11, 22, 21, 0, 11, tzinfo=timezone.utc)
-    assert night == datetime(2026, 11, 23, 21, 0, 11, tzinfo=timezone.utc)
+    config = load_config(
+        SEED, environ={"ICEKEEPER__STATE_DIR": str(tmp_path)}
+    )  # triggering.time = 21:00:11
+    evening = Reaper(
+        config, clock=lambda: datetime(2026, 11, 22, 20, 0, tzinfo=UTC)
+    )._first_run_at()
+    night = Reaper(
+        config, clock=lambda: datetime(2026, 11, 22, 22, 0, tzinfo=UTC)
+    )._first_run_at()
+    assert evening == datetime(2026, 11, 22, 21, 0, 11, tzinfo=UTC)
+    assert night == datetime(2026, 11, 23, 21, 0, 11, tzinfo=UTC)
 
 
 def test_reaper_once_with_the_seed_properties_reports_a_json_line(tmp_path: Path) -> None:
     environ = {**os.environ, "ICEKEEPER__STATE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "icekeeper.cli", "reaper", "--once", "--config", str(SEED)],
-                            capture_output=True, text=True, env=environ, cwd=REPO_ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "icekeeper.cli", "reaper", "--once", "--config", str(SEED)],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["tables"] == [] and report["skipped"] == ["db_gb18030_test.tbl_test_1: no such table yet"]
-    assert json.loads((tmp_path / "reports" / "reaper.jsonl").read_text().splitlines()[-1])["skipped"] == report["skipped"]
+    assert report["tables"] == [] and report["skipped"] == [
+        "db_gb18030_test.tbl_test_1: no such table yet"
+    ]
+    assert (
+        json.loads((tmp_path / "reports" / "reaper.jsonl").read_text().splitlines()[-1])["skipped"]
+        == report["skipped"]
+    )

@@ -24,7 +24,9 @@ from tests.reaper.test_reaper import reaper_config
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
-def table_with_a_first_commit(spark, config: IcekeeperConfig) -> tuple[MonikerTransport, Bookkeeper, str, int]:  # noqa: ANN001 - the spark fixture
+def table_with_a_first_commit(
+    spark, config: IcekeeperConfig
+) -> tuple[MonikerTransport, Bookkeeper, str, int]:
     """`shop.items` with one committed moniker (offsets 0..5): the transport and bookkeeper that
     commit it, the table's Spark catalog name, and a time just before its first snapshot."""
     transport = open_transport(config)
@@ -32,7 +34,12 @@ def table_with_a_first_commit(spark, config: IcekeeperConfig) -> tuple[MonikerTr
     transport.publish(make_moniker(config, 1, None, (0, 5)))
     bookkeeper.run_cycle()
     catalog_name = register_catalog(spark, config)
-    return transport, bookkeeper, catalog_name, open_catalog(config).load_table("shop.items").current_snapshot().timestamp_ms - 1
+    return (
+        transport,
+        bookkeeper,
+        catalog_name,
+        open_catalog(config).load_table("shop.items").current_snapshot().timestamp_ms - 1,
+    )
 
 
 def test_a_streaming_reader_sees_every_committed_record_once(spark, tmp_path: Path) -> None:
@@ -41,10 +48,18 @@ def test_a_streaming_reader_sees_every_committed_record_once(spark, tmp_path: Pa
     config = reaper_config(tmp_path, reaper__retain_last="20")
     transport, bookkeeper, catalog_name, start_ms = table_with_a_first_commit(spark, config)
     query_name = f"stream_{uuid.uuid4().hex[:8]}"
-    stream = (spark.readStream.format("iceberg").option("stream-from-timestamp", str(start_ms))
-              .load(f"{catalog_name}.shop.items")
-              .select("_kfk_partition", "_kfk_offset"))
-    query = stream.writeStream.format("memory").queryName(query_name).trigger(processingTime="1 second").start()
+    stream = (
+        spark.readStream.format("iceberg")
+        .option("stream-from-timestamp", str(start_ms))
+        .load(f"{catalog_name}.shop.items")
+        .select("_kfk_partition", "_kfk_offset")
+    )
+    query = (
+        stream.writeStream.format("memory")
+        .queryName(query_name)
+        .trigger(processingTime="1 second")
+        .start()
+    )
 
     monikers = 40
     done = threading.Event()
@@ -64,17 +79,31 @@ def test_a_streaming_reader_sees_every_committed_record_once(spark, tmp_path: Pa
         committer.join(timeout=300)
         assert done.is_set()
         query.processAllAvailable()
-        seen = Counter(tuple(row) for row in spark.sql(f"SELECT _kfk_partition, _kfk_offset FROM {query_name}").collect())
+        seen = Counter(
+            tuple(row)
+            for row in spark.sql(f"SELECT _kfk_partition, _kfk_offset FROM {query_name}").collect()
+        )
     finally:
         query.stop()
-    assert report.tables[0].files_compacted > 0, "the reaper rewrote files the stream had already read"
+    assert report.tables[0].files_compacted > 0, (
+        "the reaper rewrote files the stream had already read"
+    )
     table = open_catalog(config).load_table("shop.items")
-    committed = Counter(zip(*(table.scan().to_arrow().column(c).to_pylist() for c in ("_kfk_partition", "_kfk_offset"))))
+    committed = Counter(
+        zip(
+            *(
+                table.scan().to_arrow().column(c).to_pylist()
+                for c in ("_kfk_partition", "_kfk_offset")
+            )
+        )
+    )
     assert sum(committed.values()) == monikers * 5
     assert seen == committed and max(seen.values()) == 1
 
 
-def test_a_streaming_reader_ten_minutes_behind_reads_every_later_row_once(spark, tmp_path: Path) -> None:
+def test_a_streaming_reader_ten_minutes_behind_reads_every_later_row_once(
+    spark, tmp_path: Path
+) -> None:
     """At default settings (an hour of snapshots kept), a reader stopped for ten minutes resumes
     from its checkpoint and reads every row committed since, once. The ten minutes pass on the
     bookkeeper's clock, five seconds a commit (120 snapshots: six times what count-only
@@ -85,9 +114,17 @@ def test_a_streaming_reader_ten_minutes_behind_reads_every_later_row_once(spark,
     output, checkpoint = tmp_path / "stream-out", tmp_path / "stream-checkpoint"
 
     def read_what_is_there() -> None:
-        query = (spark.readStream.format("iceberg").option("stream-from-timestamp", str(start_ms)).load(f"{catalog_name}.shop.items")
-                 .select("_kfk_partition", "_kfk_offset").writeStream.format("parquet").option("path", str(output))
-                 .option("checkpointLocation", str(checkpoint)).trigger(processingTime="1 second").start())
+        query = (
+            spark.readStream.format("iceberg")
+            .option("stream-from-timestamp", str(start_ms))
+            .load(f"{catalog_name}.shop.items")
+            .select("_kfk_partition", "_kfk_offset")
+            .writeStream.format("parquet")
+            .option("path", str(output))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="1 second")
+            .start()
+        )
         try:
             query.processAllAvailable()
         finally:
@@ -102,7 +139,9 @@ def test_a_streaming_reader_ten_minutes_behind_reads_every_later_row_once(spark,
         assert bookkeeper.run_cycle().committed_monikers == 1
     table = open_catalog(config).load_table("shop.items")
     reader_at = table.snapshots()[0]
-    assert bookkeeper.committer.now_ms() - reader_at.timestamp_ms >= 600_000  # the reader's snapshot is ten minutes old
+    assert (
+        bookkeeper.committer.now_ms() - reader_at.timestamp_ms >= 600_000
+    )  # the reader's snapshot is ten minutes old
     # Count-only expiry (the newest 20) failed here: "Cannot load current offset at snapshot
     # <id>, the snapshot was expired or removed".
     read_what_is_there()

@@ -25,7 +25,10 @@ KEYS = 300
 
 
 def random_changes(rng: random.Random, count: int) -> list[tuple[int, int | None]]:
-    return [(rng.randrange(KEYS), None if rng.random() < 0.15 else rng.randrange(10**6)) for _ in range(count)]
+    return [
+        (rng.randrange(KEYS), None if rng.random() < 0.15 else rng.randrange(10**6))
+        for _ in range(count)
+    ]
 
 
 def applied(reference: dict[int, int], changes: list[tuple[int, int | None]]) -> None:
@@ -36,12 +39,18 @@ def applied(reference: dict[int, int], changes: list[tuple[int, int | None]]) ->
             reference[key] = amount
 
 
-def commit(bookkeeper: Bookkeeper, transport, writer: UpsertWriter, changes: list, reference: dict) -> None:  # noqa: ANN001
+def commit(
+    bookkeeper: Bookkeeper, transport, writer: UpsertWriter, changes: list, reference: dict
+) -> None:
     """Publish one batch and cycle until it is committed (a cycle may lose to the reaper's commits)."""
     moniker = writer.batch(changes)
     transport.publish(moniker)
     for _ in range(20):
-        if any(d.moniker.id == moniker.id for table in bookkeeper.run_cycle().tables for d in table.committed):
+        if any(
+            d.moniker.id == moniker.id
+            for table in bookkeeper.run_cycle().tables
+            for d in table.committed
+        ):
             applied(reference, changes)
             return
     raise AssertionError("a batch was never committed")
@@ -54,8 +63,15 @@ def live_rows(rows: list[dict]) -> dict[int, int]:
 
 
 def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
-    config = reaper_config(tmp_path, mode="upsert", reaper__compact_delete_ratio="0.1", reaper__commit_attempts="1",
-                           bookkeeper__keep_snapshots="200", bookkeeper__rewrite_poll_interval="0.5", reaper__rewrite_wait="120")
+    config = reaper_config(
+        tmp_path,
+        mode="upsert",
+        reaper__compact_delete_ratio="0.1",
+        reaper__commit_attempts="1",
+        bookkeeper__keep_snapshots="200",
+        bookkeeper__rewrite_poll_interval="0.5",
+        reaper__rewrite_wait="120",
+    )
     register_catalog(spark, config)
     transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
     rng, reference = random.Random(11), {}
@@ -86,14 +102,26 @@ def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
         updater.join(timeout=120)
     assert not failure, failure
     assert not table_report.errors, table_report.errors
-    assert table_report.files_compacted > 0 and batches_during_pass[0] > 0, (table_report, batches_during_pass)
+    assert table_report.files_compacted > 0 and batches_during_pass[0] > 0, (
+        table_report,
+        batches_during_pass,
+    )
     table = bookkeeper.catalog.load_table("shop.items")
-    [rewrite] = [s for s in table.snapshots() if s.summary and "icekeeper.rewrite-id" in s.summary.additional_properties]
+    [rewrite] = [
+        s
+        for s in table.snapshots()
+        if s.summary and "icekeeper.rewrite-id" in s.summary.additional_properties
+    ]
     # Updates committed while the reaper wrote its files: their keys' rows in the new files are
     # stale, and the rewrite snapshot deletes them (the remapping this test is about).
     assert int(rewrite.summary["added-position-deletes"]) > 0, rewrite.summary
-    assert int(table.current_snapshot().summary["total-data-files"]) < files_before + batches_during_pass[0]
-    assert live_rows(table.scan().to_arrow().to_pylist()) == reference, "an update was lost or a row resurrected"
+    assert (
+        int(table.current_snapshot().summary["total-data-files"])
+        < files_before + batches_during_pass[0]
+    )
+    assert live_rows(table.scan().to_arrow().to_pylist()) == reference, (
+        "an update was lost or a row resurrected"
+    )
     # After the pass: more updates of the same keys, which must find the rows in their new files.
     for _ in range(5):
         commit(bookkeeper, transport, writer, random_changes(rng, 80), reference)

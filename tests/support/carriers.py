@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 EPOCH = dt.date(1970, 1, 1)
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def days(day: dt.date) -> int:
@@ -18,7 +18,9 @@ def micros(moment: dt.datetime) -> int:
     return (moment - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
 
 
-def time_micros(hours: int, minutes: int, seconds: int, fraction: int = 0, negative: bool = False) -> int:
+def time_micros(
+    hours: int, minutes: int, seconds: int, fraction: int = 0, negative: bool = False
+) -> int:
     """io.debezium.time.MicroTime: microseconds of a (MariaDB: possibly negative or > 24 h) TIME."""
     value = ((hours * 60 + minutes) * 60 + seconds) * 1_000_000 + fraction
     return -value if negative else value

@@ -18,6 +18,11 @@ def test_the_spark_submit_entry_point_takes_the_writer_arguments() -> None:
     command = run(sys.executable, "-m", "icekeeper.cli", "writer", "--spark-packages")
     assert script.returncode == 0 == command.returncode, script.stderr
     assert script.stdout == command.stdout and "spark-sql-kafka" in script.stdout
-    bad = run(sys.executable, str(REPO_ROOT / "writers" / "__main__.py"), "--config", str(REPO_ROOT / "missing.yaml"))
+    bad = run(
+        sys.executable,
+        str(REPO_ROOT / "writers" / "__main__.py"),
+        "--config",
+        str(REPO_ROOT / "missing.yaml"),
+    )
     assert bad.returncode == 2 and "missing.yaml" in bad.stderr
     assert "icekeeper.cli" not in (REPO_ROOT / "writers" / "__main__.py").read_text()

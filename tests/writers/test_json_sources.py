@@ -28,6 +28,7 @@ from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
+
 def b64(value: bytes) -> str:
     return base64.b64encode(value).decode("ascii")
 
@@ -40,7 +41,14 @@ def connect_decimal(value: Decimal, scale: int) -> str:
 
 # -- Connect schemas and Debezium events as JsonConverter writes them ------------------------------------
 
-def field(name: str, kind: str, optional: bool = True, semantic: str | None = None, parameters: dict[str, str] | None = None) -> dict[str, Any]:
+
+def field(
+    name: str,
+    kind: str,
+    optional: bool = True,
+    semantic: str | None = None,
+    parameters: dict[str, str] | None = None,
+) -> dict[str, Any]:
     described: dict[str, Any] = {"type": kind, "optional": optional}
     if semantic:
         described.update({"name": semantic, "version": 1})
@@ -50,28 +58,83 @@ def field(name: str, kind: str, optional: bool = True, semantic: str | None = No
 
 
 def decimal_field(name: str, precision: int, scale: int) -> dict[str, Any]:
-    return field(name, "bytes", semantic="org.apache.kafka.connect.data.Decimal", parameters={"scale": str(scale), "connect.decimal.precision": str(precision)})
+    return field(
+        name,
+        "bytes",
+        semantic="org.apache.kafka.connect.data.Decimal",
+        parameters={"scale": str(scale), "connect.decimal.precision": str(precision)},
+    )
 
 
 SOURCE_FIELDS = [
-    field("version", "string", False), field("connector", "string", False), field("name", "string", False), field("ts_ms", "int64", False),
-    {**field("snapshot", "string", semantic="io.debezium.data.Enum", parameters={"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"}), "default": "false"},
-    field("db", "string", False), field("sequence", "string"), field("ts_us", "int64"), field("ts_ns", "int64"), field("table", "string"),
-    field("server_id", "int64", False), field("gtid", "string"), field("file", "string", False), field("pos", "int64", False), field("row", "int32", False),
-    field("thread", "int64"), field("query", "string"),
+    field("version", "string", False),
+    field("connector", "string", False),
+    field("name", "string", False),
+    field("ts_ms", "int64", False),
+    {
+        **field(
+            "snapshot",
+            "string",
+            semantic="io.debezium.data.Enum",
+            parameters={
+                "allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
+            },
+        ),
+        "default": "false",
+    },
+    field("db", "string", False),
+    field("sequence", "string"),
+    field("ts_us", "int64"),
+    field("ts_ns", "int64"),
+    field("table", "string"),
+    field("server_id", "int64", False),
+    field("gtid", "string"),
+    field("file", "string", False),
+    field("pos", "int64", False),
+    field("row", "int32", False),
+    field("thread", "int64"),
+    field("query", "string"),
 ]
 
 
-def envelope_schema(server: str, db: str, table: str, row_fields: list[dict[str, Any]]) -> dict[str, Any]:
-    row = {"type": "struct", "fields": row_fields, "optional": True, "name": f"{server}.{db}.{table}.Value"}
+def envelope_schema(
+    server: str, db: str, table: str, row_fields: list[dict[str, Any]]
+) -> dict[str, Any]:
+    row = {
+        "type": "struct",
+        "fields": row_fields,
+        "optional": True,
+        "name": f"{server}.{db}.{table}.Value",
+    }
     return {
         "type": "struct",
         "fields": [
-            {**row, "field": "before"}, {**row, "field": "after"},
-            {"type": "struct", "fields": SOURCE_FIELDS, "optional": False, "name": "io.debezium.connector.mariadb.Source", "version": 1, "field": "source"},
-            {"type": "struct", "fields": [field("id", "string", False), field("total_order", "int64", False), field("data_collection_order", "int64", False)],
-             "optional": True, "name": "event.block", "version": 1, "field": "transaction"},
-            field("op", "string", False), field("ts_ms", "int64"), field("ts_us", "int64"), field("ts_ns", "int64"),
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {
+                "type": "struct",
+                "fields": SOURCE_FIELDS,
+                "optional": False,
+                "name": "io.debezium.connector.mariadb.Source",
+                "version": 1,
+                "field": "source",
+            },
+            {
+                "type": "struct",
+                "fields": [
+                    field("id", "string", False),
+                    field("total_order", "int64", False),
+                    field("data_collection_order", "int64", False),
+                ],
+                "optional": True,
+                "name": "event.block",
+                "version": 1,
+                "field": "transaction",
+            },
+            field("op", "string", False),
+            field("ts_ms", "int64"),
+            field("ts_us", "int64"),
+            field("ts_ns", "int64"),
         ],
         "optional": False,
         "name": f"{server}.{db}.{table}.Envelope",
@@ -79,61 +142,197 @@ def envelope_schema(server: str, db: str, table: str, row_fields: list[dict[str,
     }
 
 
-def event(server: str, db: str, table: str, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, index: int) -> dict[str, Any]:
+def event(
+    server: str,
+    db: str,
+    table: str,
+    op: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    index: int,
+) -> dict[str, Any]:
     """A Debezium change event's payload (MariaDB connector, binlog position `index`)."""
     ts_ms = 1_767_225_600_000 + index
-    source = {"version": "3.5.0.Final", "connector": "mariadb", "name": server, "ts_ms": ts_ms, "snapshot": "false", "db": db, "sequence": None,
-              "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "table": table, "server_id": 1, "gtid": f"0-1-{index}", "file": "mariadb-bin.000002",
-              "pos": 4 + index, "row": 0, "thread": None, "query": None}
-    return {"before": before, "after": after, "source": source, "transaction": None, "op": op, "ts_ms": ts_ms + 5, "ts_us": (ts_ms + 5) * 1000,
-            "ts_ns": (ts_ms + 5) * 1_000_000}
+    source = {
+        "version": "3.5.0.Final",
+        "connector": "mariadb",
+        "name": server,
+        "ts_ms": ts_ms,
+        "snapshot": "false",
+        "db": db,
+        "sequence": None,
+        "ts_us": ts_ms * 1000,
+        "ts_ns": ts_ms * 1_000_000,
+        "table": table,
+        "server_id": 1,
+        "gtid": f"0-1-{index}",
+        "file": "mariadb-bin.000002",
+        "pos": 4 + index,
+        "row": 0,
+        "thread": None,
+        "query": None,
+    }
+    return {
+        "before": before,
+        "after": after,
+        "source": source,
+        "transaction": None,
+        "op": op,
+        "ts_ms": ts_ms + 5,
+        "ts_us": (ts_ms + 5) * 1000,
+        "ts_ns": (ts_ms + 5) * 1_000_000,
+    }
 
 
 def produce(bootstrap_servers: str, topic: str, values: list[Any]) -> None:
     producer = Producer({"bootstrap.servers": bootstrap_servers})
     for value in values:
-        producer.produce(topic, value=json.dumps(value, ensure_ascii=False).encode("utf-8"), partition=0)
+        producer.produce(
+            topic, value=json.dumps(value, ensure_ascii=False).encode("utf-8"), partition=0
+        )
     producer.flush()
 
 
 # -- (a) Debezium JSON with schemas: MariaDB's types -----------------------------------------------------
 
 TYPES_ROW = [
-    field("id", "int32", optional=False), field("small", "int16"), field("big", "int64"), decimal_field("amount", 10, 2), field("payload", "bytes"),
-    field("d", "int32", semantic="io.debezium.time.Date"), field("dt6", "int64", semantic="io.debezium.time.MicroTimestamp"),
-    field("ts", "string", semantic="io.debezium.time.ZonedTimestamp"), field("t", "int64", semantic="io.debezium.time.MicroTime"),
-    field("doc", "string", semantic="io.debezium.data.Json"), field("name", "string"),
+    field("id", "int32", optional=False),
+    field("small", "int16"),
+    field("big", "int64"),
+    decimal_field("amount", 10, 2),
+    field("payload", "bytes"),
+    field("d", "int32", semantic="io.debezium.time.Date"),
+    field("dt6", "int64", semantic="io.debezium.time.MicroTimestamp"),
+    field("ts", "string", semantic="io.debezium.time.ZonedTimestamp"),
+    field("t", "int64", semantic="io.debezium.time.MicroTime"),
+    field("doc", "string", semantic="io.debezium.data.Json"),
+    field("name", "string"),
 ]
 ALL_BYTES = bytes(range(256))
 # (op, row as JsonConverter carries it, what the Iceberg row must hold)
 CASES = [
-    ("c",
-     {"id": 1, "small": -32768, "big": 2 ** 63 - 1, "amount": connect_decimal(Decimal("-12345678.90"), 2), "payload": b64(b"\x00\xff\x80"),
-      "d": days(dt.date(1000, 1, 1)), "dt6": micros(dt.datetime(1969, 12, 31, 23, 59, 59, 999999)), "ts": "1970-01-01T00:00:00Z",
-      "t": time_micros(838, 59, 59, negative=True), "doc": '{"a": [1, "中文", "😀"]}', "name": "中文 😀"},
-     {"id": 1, "small": -32768, "big": 2 ** 63 - 1, "amount": Decimal("-12345678.90"), "payload": b"\x00\xff\x80", "d": dt.date(1000, 1, 1),
-      "dt6": dt.datetime(1969, 12, 31, 23, 59, 59, 999999), "ts": dt.datetime(1970, 1, 1, tzinfo=UTC), "t": "-838:59:59",
-      "doc": '{"a": [1, "中文", "😀"]}', "name": "中文 😀"}),
-    ("c",
-     {"id": 2, "small": 32767, "big": -(2 ** 63), "amount": connect_decimal(Decimal("0.01"), 2), "payload": "", "d": days(dt.date(9999, 12, 31)),
-      "dt6": micros(dt.datetime(2024, 2, 29, 12, 34, 56, 789012)), "ts": "2024-02-29T12:34:56.789012Z", "t": time_micros(838, 59, 59, 500000),
-      "doc": "[]", "name": ""},
-     {"id": 2, "small": 32767, "big": -(2 ** 63), "amount": Decimal("0.01"), "payload": b"", "d": dt.date(9999, 12, 31),
-      "dt6": dt.datetime(2024, 2, 29, 12, 34, 56, 789012), "ts": dt.datetime(2024, 2, 29, 12, 34, 56, 789012, tzinfo=UTC), "t": "838:59:59.500000",
-      "doc": "[]", "name": ""}),
-    ("c",
-     {"id": 3, "small": None, "big": None, "amount": connect_decimal(Decimal("99999999.99"), 2), "payload": b64(ALL_BYTES), "d": None, "dt6": None,
-      "ts": None, "t": time_micros(12, 0, 0, 1), "doc": None, "name": None},
-     {"id": 3, "small": None, "big": None, "amount": Decimal("99999999.99"), "payload": ALL_BYTES, "d": None, "dt6": None, "ts": None,
-      "t": "12:00:00.000001", "doc": None, "name": None}),
+    (
+        "c",
+        {
+            "id": 1,
+            "small": -32768,
+            "big": 2**63 - 1,
+            "amount": connect_decimal(Decimal("-12345678.90"), 2),
+            "payload": b64(b"\x00\xff\x80"),
+            "d": days(dt.date(1000, 1, 1)),
+            "dt6": micros(dt.datetime(1969, 12, 31, 23, 59, 59, 999999)),
+            "ts": "1970-01-01T00:00:00Z",
+            "t": time_micros(838, 59, 59, negative=True),
+            "doc": '{"a": [1, "中文", "😀"]}',
+            "name": "中文 😀",
+        },
+        {
+            "id": 1,
+            "small": -32768,
+            "big": 2**63 - 1,
+            "amount": Decimal("-12345678.90"),
+            "payload": b"\x00\xff\x80",
+            "d": dt.date(1000, 1, 1),
+            "dt6": dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
+            "ts": dt.datetime(1970, 1, 1, tzinfo=UTC),
+            "t": "-838:59:59",
+            "doc": '{"a": [1, "中文", "😀"]}',
+            "name": "中文 😀",
+        },
+    ),
+    (
+        "c",
+        {
+            "id": 2,
+            "small": 32767,
+            "big": -(2**63),
+            "amount": connect_decimal(Decimal("0.01"), 2),
+            "payload": "",
+            "d": days(dt.date(9999, 12, 31)),
+            "dt6": micros(dt.datetime(2024, 2, 29, 12, 34, 56, 789012)),
+            "ts": "2024-02-29T12:34:56.789012Z",
+            "t": time_micros(838, 59, 59, 500000),
+            "doc": "[]",
+            "name": "",
+        },
+        {
+            "id": 2,
+            "small": 32767,
+            "big": -(2**63),
+            "amount": Decimal("0.01"),
+            "payload": b"",
+            "d": dt.date(9999, 12, 31),
+            "dt6": dt.datetime(2024, 2, 29, 12, 34, 56, 789012),
+            "ts": dt.datetime(2024, 2, 29, 12, 34, 56, 789012, tzinfo=UTC),
+            "t": "838:59:59.500000",
+            "doc": "[]",
+            "name": "",
+        },
+    ),
+    (
+        "c",
+        {
+            "id": 3,
+            "small": None,
+            "big": None,
+            "amount": connect_decimal(Decimal("99999999.99"), 2),
+            "payload": b64(ALL_BYTES),
+            "d": None,
+            "dt6": None,
+            "ts": None,
+            "t": time_micros(12, 0, 0, 1),
+            "doc": None,
+            "name": None,
+        },
+        {
+            "id": 3,
+            "small": None,
+            "big": None,
+            "amount": Decimal("99999999.99"),
+            "payload": ALL_BYTES,
+            "d": None,
+            "dt6": None,
+            "ts": None,
+            "t": "12:00:00.000001",
+            "doc": None,
+            "name": None,
+        },
+    ),
     # A delete carries the row in `before`: converted the same way.
-    ("d",
-     {"id": 4, "small": 7, "big": 8, "amount": connect_decimal(Decimal("-0.01"), 2), "payload": b64("中".encode()), "d": days(dt.date(1969, 12, 31)),
-      "dt6": 0, "ts": "2000-01-01T00:00:00.5Z", "t": 0, "doc": "{}", "name": "😀"},
-     {"id": 4, "small": 7, "big": 8, "amount": Decimal("-0.01"), "payload": "中".encode(), "d": dt.date(1969, 12, 31),
-      "dt6": dt.datetime(1970, 1, 1), "ts": dt.datetime(2000, 1, 1, 0, 0, 0, 500000, tzinfo=UTC), "t": "00:00:00", "doc": "{}", "name": "😀"}),
+    (
+        "d",
+        {
+            "id": 4,
+            "small": 7,
+            "big": 8,
+            "amount": connect_decimal(Decimal("-0.01"), 2),
+            "payload": b64("中".encode()),
+            "d": days(dt.date(1969, 12, 31)),
+            "dt6": 0,
+            "ts": "2000-01-01T00:00:00.5Z",
+            "t": 0,
+            "doc": "{}",
+            "name": "😀",
+        },
+        {
+            "id": 4,
+            "small": 7,
+            "big": 8,
+            "amount": Decimal("-0.01"),
+            "payload": "中".encode(),
+            "d": dt.date(1969, 12, 31),
+            "dt6": dt.datetime(1970, 1, 1),
+            "ts": dt.datetime(2000, 1, 1, 0, 0, 0, 500000, tzinfo=UTC),
+            "t": "00:00:00",
+            "doc": "{}",
+            "name": "😀",
+        },
+    ),
 ]
-NOT_MATCHING = [{**CASES[0][1], "id": 5, "payload": "not base64!"}, {**CASES[0][1], "id": 6, "amount": 1.5}]
+NOT_MATCHING = [
+    {**CASES[0][1], "id": 5, "payload": "not base64!"},
+    {**CASES[0][1], "id": 6, "amount": 1.5},
+]
 """Bytes that are no base64, and a decimal written as a number (JsonConverter's `decimal.format=NUMERIC`,
 not read), are not taken as null: the records go to the dead letters."""
 TOO_WIDE = {**CASES[0][1], "id": 7, "amount": connect_decimal(Decimal("123456789.01"), 2)}
@@ -142,17 +341,51 @@ WIDE_DECIMAL_REASON = "unsupported-connect-schema: before.num: decimal(65, 30) d
 """MariaDB's DECIMAL(65,30) holds more digits than any Iceberg decimal: its records are dead-lettered, named."""
 
 
-def test_debezium_json_with_schemas_keeps_mariadb_types_and_values(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__FORMAT": "debezium-json", "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.types",
-                                                       "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog", "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq"})
+def test_debezium_json_with_schemas_keeps_mariadb_types_and_values(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": "debezium-json",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.types",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
+        },
+    )
     source = config.sources[0]
     ensure_topic(source.bootstrap_servers, unique_topic, 1)
     schema = envelope_schema("s", "shop", "types", TYPES_ROW)
-    values = [{"schema": schema, "payload": event("s", "shop", "types", op, *((row, None) if op == "d" else (None, row)), index)}
-              for index, (op, row, _) in enumerate(CASES)]
-    values += [{"schema": schema, "payload": event("s", "shop", "types", "c", None, row, 10 + index)} for index, row in enumerate([*NOT_MATCHING, TOO_WIDE])]
+    values = [
+        {
+            "schema": schema,
+            "payload": event(
+                "s", "shop", "types", op, *((row, None) if op == "d" else (None, row)), index
+            ),
+        }
+        for index, (op, row, _) in enumerate(CASES)
+    ]
+    values += [
+        {"schema": schema, "payload": event("s", "shop", "types", "c", None, row, 10 + index)}
+        for index, row in enumerate([*NOT_MATCHING, TOO_WIDE])
+    ]
     wide = envelope_schema("s", "shop", "types", [*TYPES_ROW, decimal_field("num", 65, 30)])
-    values.append({"schema": wide, "payload": event("s", "shop", "types", "c", None, {**CASES[0][1], "id": 8, "num": connect_decimal(Decimal("1.5"), 30)}, 20)})
+    values.append(
+        {
+            "schema": wide,
+            "payload": event(
+                "s",
+                "shop",
+                "types",
+                "c",
+                None,
+                {**CASES[0][1], "id": 8, "num": connect_decimal(Decimal("1.5"), 30)},
+                20,
+            ),
+        }
+    )
     produce(source.bootstrap_servers, unique_topic, values)
 
     reports = WriterJob(config, spark=spark).run(until_idle=True)
@@ -163,11 +396,26 @@ def test_debezium_json_with_schemas_keeps_mariadb_types_and_values(local_stack, 
     for report in reports:
         for reason, count in report.errors.items():
             errors[reason] = errors.get(reason, 0) + count
-    assert errors == {"payload-does-not-match-schema": 2, "unconvertible-value": 1, WIDE_DECIMAL_REASON: 1}
+    assert errors == {
+        "payload-does-not-match-schema": 2,
+        "unconvertible-value": 1,
+        WIDE_DECIMAL_REASON: 1,
+    }
     table = bookkeeper.catalog.load_table("shop.types")
     types = {f.name: str(f.field_type) for f in table.schema().fields if not f.name.startswith("_")}
-    assert types == {"id": "int", "small": "int", "big": "long", "amount": "decimal(10, 2)", "payload": "binary", "d": "date", "dt6": "timestamp",
-                     "ts": "timestamptz", "t": "string", "doc": "string", "name": "string"}
+    assert types == {
+        "id": "int",
+        "small": "int",
+        "big": "long",
+        "amount": "decimal(10, 2)",
+        "payload": "binary",
+        "d": "date",
+        "dt6": "timestamp",
+        "ts": "timestamptz",
+        "t": "string",
+        "doc": "string",
+        "name": "string",
+    }
     rows = table.scan(selected_fields=("_src_op", *types)).to_arrow().sort_by("id").to_pylist()
     assert rows == [{"_src_op": op, **expected} for op, _, expected in CASES]
 
@@ -175,30 +423,56 @@ def test_debezium_json_with_schemas_keeps_mariadb_types_and_values(local_stack, 
 # -- (b) two topics, two tables, one column name with two types -------------------------------------------
 
 ORDERS_ROW = [field("id", "int32", optional=False), field("qty", "int32"), field("note", "string")]
-CUSTOMERS_ROW = [field("id", "int32", optional=False), field("qty", "string"), field("name", "string")]
+CUSTOMERS_ROW = [
+    field("id", "int32", optional=False),
+    field("qty", "string"),
+    field("name", "string"),
+]
 ORDERS = [{"id": i, "qty": i * 10, "note": f"n{i}"} for i in range(20)]
 CUSTOMERS = [{"id": i, "qty": f"q{i}", "name": f"c{i}"} for i in range(30)]
 
 
-@pytest.mark.parametrize("shape", ["json", "debezium-json-schemaless", "debezium-json-with-schemas"])
-def test_two_topics_of_one_json_source_keep_their_own_columns_and_types(local_stack, spark, tmp_path: Path, unique_topic: str, shape: str) -> None:
+@pytest.mark.parametrize(
+    "shape", ["json", "debezium-json-schemaless", "debezium-json-with-schemas"]
+)
+def test_two_topics_of_one_json_source_keep_their_own_columns_and_types(
+    local_stack, spark, tmp_path: Path, unique_topic: str, shape: str
+) -> None:
     orders_topic, customers_topic = f"{unique_topic}.orders", f"{unique_topic}.customers"
-    config = pipeline_config(tmp_path, orders_topic, {
-        "ICEKEEPER__SOURCES__0__FORMAT": "json" if shape == "json" else "debezium-json",
-        "ICEKEEPER__SOURCES__0__TOPICS": f"[{orders_topic}, {customers_topic}]",
-        "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
-        "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__TOPICS": f"[{orders_topic}]", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog",
-        "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.customers", "ICEKEEPER__TABLES__1__TOPICS": f"[{customers_topic}]", "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__1__MODE": "changelog",
-    })
+    config = pipeline_config(
+        tmp_path,
+        orders_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": "json" if shape == "json" else "debezium-json",
+            "ICEKEEPER__SOURCES__0__TOPICS": f"[{orders_topic}, {customers_topic}]",
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__TOPICS": f"[{orders_topic}]",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.customers",
+            "ICEKEEPER__TABLES__1__TOPICS": f"[{customers_topic}]",
+            "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__1__MODE": "changelog",
+        },
+    )
     source = config.sources[0]
-    for topic, table, row_fields, rows in ((orders_topic, "orders", ORDERS_ROW, ORDERS), (customers_topic, "customers", CUSTOMERS_ROW, CUSTOMERS)):
+    for topic, table, row_fields, rows in (
+        (orders_topic, "orders", ORDERS_ROW, ORDERS),
+        (customers_topic, "customers", CUSTOMERS_ROW, CUSTOMERS),
+    ):
         ensure_topic(source.bootstrap_servers, topic, 1)
         if shape == "json":
             values: list[Any] = rows
         else:
-            values = [event("s", "shop", table, "c", None, row, index) for index, row in enumerate(rows)]
+            values = [
+                event("s", "shop", table, "c", None, row, index) for index, row in enumerate(rows)
+            ]
             if shape == "debezium-json-with-schemas":
-                values = [{"schema": envelope_schema("s", "shop", table, row_fields), "payload": payload} for payload in values]
+                values = [
+                    {"schema": envelope_schema("s", "shop", table, row_fields), "payload": payload}
+                    for payload in values
+                ]
         produce(source.bootstrap_servers, topic, values)
 
     reports = WriterJob(config, spark=spark).run(until_idle=True)
@@ -210,10 +484,26 @@ def test_two_topics_of_one_json_source_keep_their_own_columns_and_types(local_st
     integer = "int" if shape == "debezium-json-with-schemas" else "long"
 
     def row_columns(identifier: str) -> dict[str, str]:
-        return {f.name: str(f.field_type) for f in bookkeeper.catalog.load_table(identifier).schema().fields if not f.name.startswith("_")}
+        return {
+            f.name: str(f.field_type)
+            for f in bookkeeper.catalog.load_table(identifier).schema().fields
+            if not f.name.startswith("_")
+        }
 
     assert row_columns("shop.orders") == {"id": integer, "qty": integer, "note": "string"}
     assert row_columns("shop.customers") == {"id": integer, "qty": "string", "name": "string"}
-    orders = bookkeeper.catalog.load_table("shop.orders").scan(selected_fields=("id", "qty", "note")).to_arrow().sort_by("id").to_pylist()
-    customers = bookkeeper.catalog.load_table("shop.customers").scan(selected_fields=("id", "qty", "name")).to_arrow().sort_by("id").to_pylist()
+    orders = (
+        bookkeeper.catalog.load_table("shop.orders")
+        .scan(selected_fields=("id", "qty", "note"))
+        .to_arrow()
+        .sort_by("id")
+        .to_pylist()
+    )
+    customers = (
+        bookkeeper.catalog.load_table("shop.customers")
+        .scan(selected_fields=("id", "qty", "name"))
+        .to_arrow()
+        .sort_by("id")
+        .to_pylist()
+    )
     assert orders == ORDERS and customers == CUSTOMERS

@@ -37,21 +37,63 @@ def standalone_cluster(tmp_path: Path):
     """`spark://` master with two 1-core workers; stopped (process groups killed) afterwards."""
     spark_home = Path(pyspark.__file__).parent
     spark_class = str(spark_home / "bin" / "spark-class")
-    env = {**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_LOG_DIR": str(tmp_path / "logs"), "SPARK_WORKER_DIR": str(tmp_path / "work")}
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(spark_home),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOG_DIR": str(tmp_path / "logs"),
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+    }
     port, ui_port = free_port(), free_port()
-    processes = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                                   "--webui-port", str(ui_port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    processes = [
+        subprocess.Popen(
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui_port),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    ]
     master = f"spark://127.0.0.1:{port}"
     for _ in range(2):
-        processes.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", master, "--cores", "1", "--memory", "1g",
-                                           "--webui-port", str(free_port()), "--host", "127.0.0.1"],
-                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        processes.append(
+            subprocess.Popen(
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    master,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--webui-port",
+                    str(free_port()),
+                    "--host",
+                    "127.0.0.1",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as response:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{ui_port}/json/", timeout=2
+                ) as response:
                     if json.load(response).get("aliveworkers", 0) >= 2:
                         break
             except OSError:
@@ -70,16 +112,34 @@ def standalone_cluster(tmp_path: Path):
             process.wait(timeout=30)
 
 
-def test_writer_runs_on_a_standalone_cluster(local_stack, standalone_cluster, tmp_path: Path, unique_topic: str) -> None:
+def test_writer_runs_on_a_standalone_cluster(
+    local_stack, standalone_cluster, tmp_path: Path, unique_topic: str
+) -> None:
     """`icekeeper writer` (its own process, as a user runs it) with spark.master = the cluster."""
     master, ui_port = standalone_cluster
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__WRITER__SPARK_MASTER": master, "ICEKEEPER__TABLES__0__MODE": "changelog"})
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {"ICEKEEPER__WRITER__SPARK_MASTER": master, "ICEKEEPER__TABLES__0__MODE": "changelog"},
+    )
     config.writer.spark_conf.update({"spark.executor.memory": "768m", "spark.cores.max": "2"})
     config_path = tmp_path / "writer.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")
     produce_seed_sample(config, topic=unique_topic, progress=lambda m: None)
-    result = subprocess.run([sys.executable, "-m", "icekeeper.cli", "writer", "--config", str(config_path), "--until-idle"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "icekeeper.cli",
+            "writer",
+            "--config",
+            str(config_path),
+            "--until-idle",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     batches = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert sum(batch["rows"] for batch in batches) == 26
@@ -89,4 +149,8 @@ def test_writer_runs_on_a_standalone_cluster(local_stack, standalone_cluster, tm
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
     rows = bookkeeper.catalog.load_table("db_gb18030_test.tbl_test_1").scan().to_arrow()
-    assert rows.num_rows == 26 and sorted(set(rows.column("_kfk_partition").to_pylist())) == [0, 1, 2]
+    assert rows.num_rows == 26 and sorted(set(rows.column("_kfk_partition").to_pylist())) == [
+        0,
+        1,
+        2,
+    ]

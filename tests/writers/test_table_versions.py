@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 from writers.decode import VersionShape
-from writers.table_versions import predicted_route_versions, prediction_held, schema_ids_of, versions_by_table
+from writers.table_versions import (
+    predicted_route_versions,
+    prediction_held,
+    schema_ids_of,
+    versions_by_table,
+)
 
-V = [VersionShape(f"_ik_v{i}", True, [], schema_id=schema_id) for i, schema_id in enumerate((40, 41, 50))]
+V = [
+    VersionShape(f"_ik_v{i}", True, [], schema_id=schema_id)
+    for i, schema_id in enumerate((40, 41, 50))
+]
 
 
 def test_each_table_gets_only_the_versions_of_its_own_records_oldest_first() -> None:
     chosen = versions_by_table([("shop.orders", 1), ("shop.customers", 2), ("shop.orders", 0)], V)
-    assert {table: [v.schema_id for v in versions] for table, versions in chosen.items()} == {"shop.customers": [50], "shop.orders": [40, 41]}
+    assert {table: [v.schema_id for v in versions] for table, versions in chosen.items()} == {
+        "shop.customers": [50],
+        "shop.orders": [40, 41],
+    }
 
 
 def test_the_last_batch_predicts_the_next_by_schema_id_not_by_position() -> None:
@@ -22,11 +33,18 @@ def test_the_last_batch_predicts_the_next_by_schema_id_not_by_position() -> None
 def test_no_prediction_without_a_last_batch_ids_or_a_schema_that_is_gone() -> None:
     assert predicted_route_versions(None, V) is None
     assert predicted_route_versions({("shop.orders", 99)}, V) is None
-    assert predicted_route_versions({("web.clicks", None)}, [VersionShape("_ik_v0", False, [])]) is None  # type: ignore[arg-type]
+    assert (
+        predicted_route_versions({("web.clicks", None)}, [VersionShape("_ik_v0", False, [])])
+        is None
+    )  # type: ignore[arg-type]
 
 
 def test_the_guess_holds_only_when_every_pair_has_records_and_they_are_all_the_records() -> None:
     predicted = [("shop.orders", 0), ("shop.customers", 1)]
     assert prediction_held(predicted, {"_ik_pair_0": 10, "_ik_pair_1": 5, "_ik_routed": 15})
-    assert not prediction_held(predicted, {"_ik_pair_0": 10, "_ik_pair_1": 0, "_ik_routed": 10})  # a version it no longer has
-    assert not prediction_held(predicted, {"_ik_pair_0": 10, "_ik_pair_1": 5, "_ik_routed": 16})  # a new table or version
+    assert not prediction_held(
+        predicted, {"_ik_pair_0": 10, "_ik_pair_1": 0, "_ik_routed": 10}
+    )  # a version it no longer has
+    assert not prediction_held(
+        predicted, {"_ik_pair_0": 10, "_ik_pair_1": 5, "_ik_routed": 16}
+    )  # a new table or version

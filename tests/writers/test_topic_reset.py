@@ -27,17 +27,32 @@ TABLE = "shop.orders"
 
 
 def _config(tmp_path: Path, topic: str) -> IcekeeperConfig:
-    return pipeline_config(tmp_path, topic, {"ICEKEEPER__TABLES__0__IDENTIFIER": TABLE, "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
-                                             "ICEKEEPER__TABLES__0__MODE": "changelog"})
+    return pipeline_config(
+        tmp_path,
+        topic,
+        {
+            "ICEKEEPER__TABLES__0__IDENTIFIER": TABLE,
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
 
 
 def _produce(config: IcekeeperConfig, topic: str, seed: int, events: int) -> None:
-    produce_synthetic(config, SyntheticSpec(seed=seed, keys=50, events=events, schema_changes=0), topic=topic, partitions=1, progress=lambda m: None)
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=seed, keys=50, events=events, schema_changes=0),
+        topic=topic,
+        partitions=1,
+        progress=lambda m: None,
+    )
 
 
 @pytest.mark.integration
 @pytest.mark.spark
-def test_records_lost_to_retention_are_counted_in_the_batch_report(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_records_lost_to_retention_are_counted_in_the_batch_report(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     config = _config(tmp_path, unique_topic)
     _produce(config, unique_topic, seed=51, events=300)
     assert sum(r.rows_written for r in WriterJob(config, spark=spark).run(until_idle=True)) == 300
@@ -56,7 +71,9 @@ def test_records_lost_to_retention_are_counted_in_the_batch_report(local_stack, 
 
 @pytest.mark.integration
 @pytest.mark.spark
-def test_a_recreated_topic_stops_the_writer_with_a_clear_error(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_a_recreated_topic_stops_the_writer_with_a_clear_error(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     config = _config(tmp_path, unique_topic)
     _produce(config, unique_topic, seed=53, events=300)
     WriterJob(config, spark=spark).run(until_idle=True)
@@ -65,7 +82,10 @@ def test_a_recreated_topic_stops_the_writer_with_a_clear_error(local_stack, spar
     _produce(config, unique_topic, seed=54, events=40)
 
     job = WriterJob(config, spark=spark)
-    with pytest.raises(TopicReset, match=rf"{unique_topic}:0 \(next offset 300, Kafka's end 40\).*deleted and recreated"):
+    with pytest.raises(
+        TopicReset,
+        match=rf"{unique_topic}:0 \(next offset 300, Kafka's end 40\).*deleted and recreated",
+    ):
         job.run(until_idle=True)
     # Stopped before reading: the new topic's records are neither skipped nor written.
     assert job.transport.pending() == []
@@ -88,9 +108,14 @@ def _recreate(config: IcekeeperConfig, topic: str) -> None:
 
 
 def test_the_plan_names_partitions_behind_the_next_offset_and_counts_records_lost() -> None:
-    bounds = {("t", 0): PartitionBounds(earliest=0, latest=40), ("t", 1): PartitionBounds(earliest=450, latest=600),
-              ("t", 2): PartitionBounds(earliest=0, latest=10)}
-    plan = plan_batch(bounds, {"a": {("t", 0): 300, ("t", 1): 300, ("t", 2): 5}, "b": {("t", 0): 200}})
+    bounds = {
+        ("t", 0): PartitionBounds(earliest=0, latest=40),
+        ("t", 1): PartitionBounds(earliest=450, latest=600),
+        ("t", 2): PartitionBounds(earliest=0, latest=10),
+    }
+    plan = plan_batch(
+        bounds, {"a": {("t", 0): 300, ("t", 1): 300, ("t", 2): 5}, "b": {("t", 0): 200}}
+    )
     assert plan.behind_next == {("t", 0): (300, 40)}
     assert plan.lost_to_retention == {("t", 1): 150}
     assert plan.read_ranges == {("t", 1): (450, 600), ("t", 2): (0, 10)}  # table b never read t:2

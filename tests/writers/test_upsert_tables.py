@@ -25,11 +25,22 @@ def keyed(rows: list[dict]) -> dict[int, tuple]:
 
 
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
-def test_a_random_stream_leaves_the_final_state_of_every_key(local_stack, spark, tmp_path: Path, unique_topic: str, delete_mode: str) -> None:
-    config = pipeline_config(tmp_path, unique_topic, {
-        "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
-        "ICEKEEPER__TABLES__0__DELETE_MODE": delete_mode, "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "900"})
-    spec = SyntheticSpec(seed=41, keys=150, events=4000, update_ratio=0.6, delete_ratio=0.15, schema_changes=2)
+def test_a_random_stream_leaves_the_final_state_of_every_key(
+    local_stack, spark, tmp_path: Path, unique_topic: str, delete_mode: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__DELETE_MODE": delete_mode,
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "900",
+        },
+    )
+    spec = SyntheticSpec(
+        seed=41, keys=150, events=4000, update_ratio=0.6, delete_ratio=0.15, schema_changes=2
+    )
     produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=lambda m: None)
     writer, bookkeeper = WriterJob(config, spark=spark), Bookkeeper(config)
     batches = 0
@@ -41,18 +52,26 @@ def test_a_random_stream_leaves_the_final_state_of_every_key(local_stack, spark,
         pass
 
     final = expected_state(spec)
-    live = {key: (row["customer"], row["amount"], row["status"]) for key, row in final.items() if row is not None}
+    live = {
+        key: (row["customer"], row["amount"], row["status"])
+        for key, row in final.items()
+        if row is not None
+    }
     table = bookkeeper.catalog.load_table("shop.orders")
     assert list(table.schema().identifier_field_ids) == [table.schema().find_field("id").field_id]
     if delete_mode == "hard":
         assert keyed(table.scan().to_arrow().to_pylist()) == live
         assert keyed(duckdb_rows(table, "id, customer, amount, status")) == live
         register_catalog(spark, config)
-        assert keyed(spark_rows(spark, config, "shop.orders", "id, customer, amount, status")) == live
+        assert (
+            keyed(spark_rows(spark, config, "shop.orders", "id, customer, amount, status")) == live
+        )
         assert int(table.current_snapshot().summary["total-position-deletes"]) > 0
     else:
         # Soft deletes keep a deleted key's last row, flagged by its operation.
         rows = table.scan().to_arrow().to_pylist()
         assert {row["id"] for row in rows} == set(final)
-        assert {row["id"]: row["_src_op"] == "d" for row in rows} == {key: row is None for key, row in final.items()}
+        assert {row["id"]: row["_src_op"] == "d" for row in rows} == {
+            key: row is None for key, row in final.items()
+        }
         assert keyed([row for row in rows if row["_src_op"] != "d"]) == live

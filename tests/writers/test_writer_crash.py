@@ -36,12 +36,24 @@ class Died(Exception):
     """Stands in for SIGKILL at the moment of publishing (the only injected failure here)."""
 
 
-def test_dead_letters_are_durable_before_the_moniker_is_published(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_dead_letters_are_durable_before_the_moniker_is_published(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     dead_letter_topic = unique_topic + ".dlq"
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
-                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
     spec = SyntheticSpec(seed=21, keys=100, events=1500, schema_changes=0, poison_ratio=0.03)
-    produced = produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=lambda m: None)
+    produced = produce_synthetic(
+        config, spec, topic=unique_topic, partitions=3, progress=lambda m: None
+    )
     changes, undecodable = topic_changes(config.sources[0], unique_topic)
     topic_positions = topic_offsets(config.sources[0].bootstrap_servers, unique_topic)
     assert len(changes) == spec.events and len(undecodable) == sum(produced["poison"].values()) > 0
@@ -58,12 +70,22 @@ def test_dead_letters_are_durable_before_the_moniker_is_published(local_stack, s
     table = commit_all(config).catalog.load_table("shop.orders")
     dead = dead_letter_positions(config, dead_letter_topic)
     columns = changelog_columns(table)
-    spark_read = [[row[name] for name in columns] for row in spark_rows(spark, config, "shop.orders", ", ".join(columns))]
-    report = verify_changelog(table, columns, spark_read, changes, set(undecodable), topic_positions, dead)
+    spark_read = [
+        [row[name] for name in columns]
+        for row in spark_rows(spark, config, "shop.orders", ", ".join(columns))
+    ]
+    report = verify_changelog(
+        table, columns, spark_read, changes, set(undecodable), topic_positions, dead
+    )
     # Each decodable record in the table exactly once, at its own position, with its own payload,
     # alike in pyiceberg, DuckDB and Spark; no poison in it, nothing missing.
-    assert {name: report[name] for name in CHANGELOG_FAULTS} == dict.fromkeys(CHANGELOG_FAULTS, 0), report
-    assert report["rows"] == report["duckdb_rows"] == report["spark_rows"] == len(changes) and report["engines_disagreeing"] == 0, report
+    assert {name: report[name] for name in CHANGELOG_FAULTS} == dict.fromkeys(
+        CHANGELOG_FAULTS, 0
+    ), report
+    assert (
+        report["rows"] == report["duckdb_rows"] == report["spark_rows"] == len(changes)
+        and report["engines_disagreeing"] == 0
+    ), report
     # The restarted writer sends the same dead letters again: delivery is at least once
     # (writers/dead_letters.py), so each poison record is there exactly twice, and the chaos
     # checker reports such a repeat.

@@ -24,12 +24,30 @@ from writers.files import write_parquet as real_write_parquet
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-ORDERS = {"ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"}
+ORDERS = {
+    "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+    "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+    "ICEKEEPER__TABLES__0__MODE": "changelog",
+}
 
 
-def test_files_are_laid_out_by_the_partition_spec_with_icebergs_values(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
-    config = pipeline_config(tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PARTITION_BY": "['day(_kfk_timestamp)', 'bucket(4, id)']"})
-    produce_synthetic(config, SyntheticSpec(seed=4, keys=200, events=2000, schema_changes=0), topic=unique_topic, progress=lambda m: None)
+def test_files_are_laid_out_by_the_partition_spec_with_icebergs_values(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            **ORDERS,
+            "ICEKEEPER__TABLES__0__PARTITION_BY": "['day(_kfk_timestamp)', 'bucket(4, id)']",
+        },
+    )
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=4, keys=200, events=2000, schema_changes=0),
+        topic=unique_topic,
+        progress=lambda m: None,
+    )
     WriterJob(config, spark=spark).run(until_idle=True)
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
@@ -41,22 +59,40 @@ def test_files_are_laid_out_by_the_partition_spec_with_icebergs_values(local_sta
     rows = 0
     for task in tasks:
         day, bucket_value = task.file.partition[0], task.file.partition[1]
-        data = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["id", "_kfk_timestamp"]).to_pylist()
+        data = pq.read_table(
+            task.file.file_path.removeprefix("file://"), columns=["id", "_kfk_timestamp"]
+        ).to_pylist()
         rows += len(data)
         assert {bucket(r["id"]) for r in data} == {bucket_value}
-        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
         assert {(r["_kfk_timestamp"] - epoch).days for r in data} == {day}
         assert f"_ik_p1={bucket_value}" in task.file.file_path
     assert rows == 2000
     # A partition filter prunes by these values and still finds every matching row.
-    assert table.scan(row_filter="id = 7").to_arrow().num_rows == sum(1 for t in tasks for r in pq.read_table(
-        t.file.file_path.removeprefix("file://"), columns=["id"]).column("id").to_pylist() if r == 7)
+    assert table.scan(row_filter="id = 7").to_arrow().num_rows == sum(
+        1
+        for t in tasks
+        for r in pq.read_table(t.file.file_path.removeprefix("file://"), columns=["id"])
+        .column("id")
+        .to_pylist()
+        if r == 7
+    )
 
 
-def test_a_skewed_partition_is_spread_over_tasks_not_piled_onto_one(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_a_skewed_partition_is_spread_over_tasks_not_piled_onto_one(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     # Every row has the same `_src_db`: one partition value holds the whole batch.
-    config = pipeline_config(tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PARTITION_BY": "[_src_db]"})
-    produce_synthetic(config, SyntheticSpec(seed=9, keys=500, events=6000, schema_changes=0), topic=unique_topic, partitions=3, progress=lambda m: None)
+    config = pipeline_config(
+        tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PARTITION_BY": "[_src_db]"}
+    )
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=9, keys=500, events=6000, schema_changes=0),
+        topic=unique_topic,
+        partitions=3,
+        progress=lambda m: None,
+    )
     job = WriterJob(config, spark=spark)
     job.run(until_idle=True)
     [moniker] = job.transport.pending()
@@ -65,34 +101,68 @@ def test_a_skewed_partition_is_spread_over_tasks_not_piled_onto_one(local_stack,
     assert len(sizes) >= 3 and max(sizes) <= 0.5 * sum(sizes)
 
 
-def test_files_follow_the_tables_parquet_properties(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_files_follow_the_tables_parquet_properties(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     properties = "{write.parquet.compression-codec: snappy, write.parquet.dict-size-bytes: '1024', write.parquet.bloom-filter-enabled.column._kfk_offset: 'true'}"
-    config = pipeline_config(tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PROPERTIES": properties})
-    produce_synthetic(config, SyntheticSpec(seed=5, keys=300, events=3000, schema_changes=0), topic=unique_topic, progress=lambda m: None)
+    config = pipeline_config(
+        tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PROPERTIES": properties}
+    )
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=5, keys=300, events=3000, schema_changes=0),
+        topic=unique_topic,
+        progress=lambda m: None,
+    )
     job = WriterJob(config, spark=spark)
     job.run(until_idle=True)
     [moniker] = job.transport.pending()
     for entry in moniker.files:
         footer = pq.ParquetFile(entry.path.removeprefix("file://")).metadata
-        chunks = {footer.row_group(0).column(i).path_in_schema: footer.row_group(0).column(i) for i in range(footer.num_columns)}
+        chunks = {
+            footer.row_group(0).column(i).path_in_schema: footer.row_group(0).column(i)
+            for i in range(footer.num_columns)
+        }
         assert {chunk.compression for chunk in chunks.values()} == {"SNAPPY"}
         # Unique offsets outgrow a 1 KB dictionary and are written plain; one database name fits.
-        assert not chunks["_kfk_offset"].has_dictionary_page and chunks["_src_db"].has_dictionary_page
-        assert chunks["_kfk_offset"].bloom_filter_offset and not chunks["_src_db"].bloom_filter_offset
+        assert (
+            not chunks["_kfk_offset"].has_dictionary_page and chunks["_src_db"].has_dictionary_page
+        )
+        assert (
+            chunks["_kfk_offset"].bloom_filter_offset and not chunks["_src_db"].bloom_filter_offset
+        )
     # The bookkeeper creates the table with the same properties, so Iceberg's own writers agree.
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
-    assert bookkeeper.catalog.load_table("shop.orders").properties["write.parquet.compression-codec"] == "snappy"
+    assert (
+        bookkeeper.catalog.load_table("shop.orders").properties["write.parquet.compression-codec"]
+        == "snappy"
+    )
 
 
-def test_monikers_travel_over_the_azure_queue(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_monikers_travel_over_the_azure_queue(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     queue = f"monikers-{uuid.uuid4().hex[:8]}"
-    config = pipeline_config(tmp_path, unique_topic, {
-        **ORDERS, "ICEKEEPER__TRANSPORT__KIND": "azure-queue", "ICEKEEPER__TRANSPORT__QUEUE_NAME": queue,
-        "ICEKEEPER__TRANSPORT__CONNECTION_STRING": local_stack.service("azurite-queue").connection_string(),
-        "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "1000",
-    })
-    produce_synthetic(config, SyntheticSpec(seed=6, keys=100, events=2500, schema_changes=1), topic=unique_topic, progress=lambda m: None)
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            **ORDERS,
+            "ICEKEEPER__TRANSPORT__KIND": "azure-queue",
+            "ICEKEEPER__TRANSPORT__QUEUE_NAME": queue,
+            "ICEKEEPER__TRANSPORT__CONNECTION_STRING": local_stack.service(
+                "azurite-queue"
+            ).connection_string(),
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "1000",
+        },
+    )
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=6, keys=100, events=2500, schema_changes=1),
+        topic=unique_topic,
+        progress=lambda m: None,
+    )
     writer = WriterJob(config, spark=spark)
     writer.run(until_idle=True)
     assert writer.transport.queue.get_queue_properties().approximate_message_count == 3
@@ -103,20 +173,30 @@ def test_monikers_travel_over_the_azure_queue(local_stack, spark, tmp_path: Path
     assert bookkeeper.transport.queue.get_queue_properties().approximate_message_count == 0
     assert bookkeeper.transport.pending() == []
     rows = bookkeeper.catalog.load_table("shop.orders").scan().to_arrow()
-    positions = collections.Counter(zip(rows.column("_kfk_partition").to_pylist(), rows.column("_kfk_offset").to_pylist()))
+    positions = collections.Counter(
+        zip(rows.column("_kfk_partition").to_pylist(), rows.column("_kfk_offset").to_pylist())
+    )
     assert len(positions) == rows.num_rows == 2500
 
 
-def test_a_batch_folder_is_claimed_while_written_and_released_once_published(local_stack, spark, tmp_path: Path, unique_topic: str,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_folder_is_claimed_while_written_and_released_once_published(
+    local_stack, spark, tmp_path: Path, unique_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Orphan removal spares claimed folders, so a batch longer than the grace keeps its files."""
     config = pipeline_config(tmp_path, unique_topic, ORDERS)
-    produce_synthetic(config, SyntheticSpec(seed=5, keys=50, events=300, schema_changes=0), topic=unique_topic, progress=lambda m: None)
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=5, keys=50, events=300, schema_changes=0),
+        topic=unique_topic,
+        progress=lambda m: None,
+    )
     claimed_while_writing: list[set[str]] = []
 
-    def write_and_look(rows, output_uri: str, *args, **kwargs) -> None:  # noqa: ANN001 - a spy around the real writer
+    def write_and_look(rows, output_uri: str, *args, **kwargs) -> None:
         location = output_uri.split("/data/")[0]
-        claimed_while_writing.append(live_claimed_folders(location, config.reaper.orphan_grace, remove_stale=False))
+        claimed_while_writing.append(
+            live_claimed_folders(location, config.reaper.orphan_grace, remove_stale=False)
+        )
         real_write_parquet(rows, output_uri, *args, **kwargs)
 
     monkeypatch.setattr(writers.table_writer, "write_parquet", write_and_look)
@@ -125,4 +205,7 @@ def test_a_batch_folder_is_claimed_while_written_and_released_once_published(loc
     [moniker] = job.transport.pending()
     folders = {normalize_location(posixpath.dirname(entry.path)) for entry in moniker.files}
     assert claimed_while_writing == [folders]
-    assert live_claimed_folders(moniker.table_location, config.reaper.orphan_grace, remove_stale=False) == set()
+    assert (
+        live_claimed_folders(moniker.table_location, config.reaper.orphan_grace, remove_stale=False)
+        == set()
+    )

@@ -45,13 +45,21 @@ def table_rows(bookkeeper: Bookkeeper, identifier: str) -> list[dict]:
 AUDIT_TABLE = "db_gb18030_test.tbl_test_1_audit"
 
 
-def test_seed_sample_becomes_the_articles_table(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_seed_sample_becomes_the_articles_table(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     """Seed 000's stream through one topic into two tables (fan-out): the primary-key table mirrors
     the source (the article's five rows, one per key, no read-time trick) and an audit table in
     `changelog` mode keeps all 26 changes."""
-    config = pipeline_config(tmp_path, unique_topic, {
-        "ICEKEEPER__TABLES__1__IDENTIFIER": AUDIT_TABLE, "ICEKEEPER__TABLES__1__TOPICS": f"[{unique_topic}]",
-        "ICEKEEPER__TABLES__1__MODE": "changelog"})
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__TABLES__1__IDENTIFIER": AUDIT_TABLE,
+            "ICEKEEPER__TABLES__1__TOPICS": f"[{unique_topic}]",
+            "ICEKEEPER__TABLES__1__MODE": "changelog",
+        },
+    )
     assert config.tables[0].upsert and not config.tables[1].upsert
     produce_seed_sample(config, topic=unique_topic, progress=lambda m: None)
     job = WriterJob(config, spark=spark)
@@ -61,8 +69,16 @@ def test_seed_sample_becomes_the_articles_table(local_stack, spark, tmp_path: Pa
     monikers = {m.table: m for m in job.transport.pending()}
     moniker = monikers[AUDIT_TABLE]
     assert moniker.writer_id == "writer-1" and moniker.prev_seq is None
-    assert sorted((o.partition, o.from_offset, o.until_offset) for o in moniker.offsets) == [(0, 0, 4), (1, 0, 4), (2, 0, 18)]
-    assert moniker.records == 26 and moniker.min_event_time_ms == 1646101923000 and moniker.max_event_time_ms == 1646392418000
+    assert sorted((o.partition, o.from_offset, o.until_offset) for o in moniker.offsets) == [
+        (0, 0, 4),
+        (1, 0, 4),
+        (2, 0, 18),
+    ]
+    assert (
+        moniker.records == 26
+        and moniker.min_event_time_ms == 1646101923000
+        and moniker.max_event_time_ms == 1646392418000
+    )
     # The mirror's batch: one row per key (the last change of each), nothing deleted in the sample.
     assert monikers[SEED_TABLE].records == 5 and not monikers[SEED_TABLE].delete_files
     # Files: zstd, microsecond timestamps, Iceberg field ids that match the moniker's schema.
@@ -80,30 +96,66 @@ def test_seed_sample_becomes_the_articles_table(local_stack, spark, tmp_path: Pa
     changes = table_rows(bookkeeper, AUDIT_TABLE)
     assert len(changes) == 26
     first = next(r for r in changes if r["_kfk_partition"] == 0 and r["_kfk_offset"] == 0)
-    assert (first["_src_op"], first["_src_ts_ms"], first["_src_ts_ms_r"], first["_src_pos"], first["_tsc_id"]) == (
-        "c", 1646297167000, 1646297167652, 46951, "e45b718e-906f-11ec-89e3-0242c0a8640a:1375")
+    assert (
+        first["_src_op"],
+        first["_src_ts_ms"],
+        first["_src_ts_ms_r"],
+        first["_src_pos"],
+        first["_tsc_id"],
+    ) == ("c", 1646297167000, 1646297167652, 46951, "e45b718e-906f-11ec-89e3-0242c0a8640a:1375")
     rows = table_rows(bookkeeper, SEED_TABLE)
     assert sorted(row["ID1"] for row in rows) == sorted(ARTICLE_RESULT)
     for row in rows:
         (c2, c3, c4, c5, c6, update_time), (partition, offset) = ARTICLE_RESULT[row["ID1"]]
         # Debezium's io.debezium.time.Timestamp (millis of a DATETIME's wall clock) lands as a timestamp.
         wall_clock = datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=update_time)
-        assert (row["C2"], row["C3"], row["C4"], row["C5"], row["C6"], row["UPDATE_TIME"]) == (c2, c3, c4, c5, c6, wall_clock)
+        assert (row["C2"], row["C3"], row["C4"], row["C5"], row["C6"], row["UPDATE_TIME"]) == (
+            c2,
+            c3,
+            c4,
+            c5,
+            c6,
+            wall_clock,
+        )
         assert (row["_kfk_partition"], row["_kfk_offset"]) == (partition, offset)
-        assert row["_src_db"] == "db_gb18030_test" and row["_src_table"] == "tbl_test_1" and row["_kfk_topic"] == unique_topic
+        assert (
+            row["_src_db"] == "db_gb18030_test"
+            and row["_src_table"] == "tbl_test_1"
+            and row["_kfk_topic"] == unique_topic
+        )
     # Spark's Iceberg reader and DuckDB, on the same catalog, see the same five rows.
     catalog = register_catalog(spark, config)
     expected = {"n": 5, "c2": sum(r["C2"] for r in rows)}
-    assert spark.sql(f"SELECT count(*) AS n, sum(C2) AS c2 FROM {catalog}.{SEED_TABLE}").collect()[0].asDict() == expected
-    assert duckdb_rows(bookkeeper.catalog.load_table(SEED_TABLE), "count(*) AS n, sum(C2) AS c2")[0] == expected
+    assert (
+        spark.sql(f"SELECT count(*) AS n, sum(C2) AS c2 FROM {catalog}.{SEED_TABLE}")
+        .collect()[0]
+        .asDict()
+        == expected
+    )
+    assert (
+        duckdb_rows(bookkeeper.catalog.load_table(SEED_TABLE), "count(*) AS n, sum(C2) AS c2")[0]
+        == expected
+    )
 
 
-def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     dead_letter_topic = unique_topic + ".dlq"
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
-                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
     spec = SyntheticSpec(seed=11, keys=300, events=4000, schema_changes=2, poison_ratio=0.02)
-    produced = produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=lambda m: None)
+    produced = produce_synthetic(
+        config, spec, topic=unique_topic, partitions=3, progress=lambda m: None
+    )
     reports = WriterJob(config, spark=spark).run(until_idle=True)
     records_in = sum(r.records_read for r in reports)
     assert records_in == produced["records"]
@@ -112,8 +164,11 @@ def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(local_stack, 
 
     dead = _read_all(config, dead_letter_topic)
     reasons = collections.Counter(headers["icekeeper.reason"] for _, headers in dead)
-    assert reasons == {"bad-magic-byte": produced["poison"]["bad-magic-byte"], "unknown-schema-id": produced["poison"]["unknown-schema-id"],
-                       "undecodable-avro": produced["poison"]["truncated-avro"]}
+    assert reasons == {
+        "bad-magic-byte": produced["poison"]["bad-magic-byte"],
+        "unknown-schema-id": produced["poison"]["unknown-schema-id"],
+        "undecodable-avro": produced["poison"]["truncated-avro"],
+    }
     # Each dead letter names its source record, and the raw value is kept.
     positions = {(h["icekeeper.source.partition"], h["icekeeper.source.offset"]) for _, h in dead}
     assert len(positions) == len(dead)
@@ -126,19 +181,43 @@ def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(local_stack, 
     assert str(table.schema().find_field("amount").field_type) == "long"
     assert {"extra_1"} <= {f.name for f in table.schema().fields}
     good = [e for e in synthetic_events(spec) if e.poison is None]
-    assert sorted((r["_kfk_partition"], r["_kfk_offset"]) for r in rows) == sorted(set((r["_kfk_partition"], r["_kfk_offset"]) for r in rows))
-    assert collections.Counter(r["_src_op"] for r in rows) == collections.Counter(e.op for e in good)
+    assert sorted((r["_kfk_partition"], r["_kfk_offset"]) for r in rows) == sorted(
+        set((r["_kfk_partition"], r["_kfk_offset"]) for r in rows)
+    )
+    assert collections.Counter(r["_src_op"] for r in rows) == collections.Counter(
+        e.op for e in good
+    )
 
 
-def test_a_schema_registered_under_another_subject_is_decoded_not_dead_lettered(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
+def test_a_schema_registered_under_another_subject_is_decoded_not_dead_lettered(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
     dead_letter_topic = unique_topic + ".dlq"
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
-                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
-    first = produce_synthetic(config, SyntheticSpec(seed=31, keys=100, events=600, schema_changes=0), topic=unique_topic, progress=lambda m: None)
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
+    first = produce_synthetic(
+        config,
+        SyntheticSpec(seed=31, keys=100, events=600, schema_changes=0),
+        topic=unique_topic,
+        progress=lambda m: None,
+    )
     # Version 2 of the schema is registered only under another subject (not `<topic>-value`):
     # the writer finds it by the id its records name.
-    later = produce_synthetic(config, SyntheticSpec(seed=32, keys=100, events=600, schema_changes=1), topic=unique_topic,
-                              progress=lambda m: None, subject=unique_topic + ".elsewhere")
+    later = produce_synthetic(
+        config,
+        SyntheticSpec(seed=32, keys=100, events=600, schema_changes=1),
+        topic=unique_topic,
+        progress=lambda m: None,
+        subject=unique_topic + ".elsewhere",
+    )
     reports = WriterJob(config, spark=spark).run(until_idle=True)
     assert sum(r.records_read for r in reports) == first["records"] + later["records"]
     assert sum(r.dead_lettered for r in reports) == 0
@@ -148,26 +227,47 @@ def test_a_schema_registered_under_another_subject_is_decoded_not_dead_lettered(
 
 
 def _read_all(config: IcekeeperConfig, topic: str) -> list[tuple[bytes, dict[str, str]]]:
-    consumer = Consumer({"bootstrap.servers": config.sources[0].bootstrap_servers, "group.id": "dlq-reader", "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.sources[0].bootstrap_servers,
+            "group.id": "dlq-reader",
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        ends = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+        ends = sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in partitions
+        )
         found = []
         while len(found) < ends:
             message = consumer.poll(5)
             if message is None:
                 break
             if not message.error():
-                found.append((message.value(), {k: v.decode() for k, v in (message.headers() or [])}))
+                found.append(
+                    (message.value(), {k: v.decode() for k, v in (message.headers() or [])})
+                )
         return found
     finally:
         consumer.close()
 
 
-def test_a_restarted_writer_neither_skips_nor_repeats(local_stack, spark, tmp_path: Path, unique_topic: str) -> None:
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "700",
-                                                       "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
+def test_a_restarted_writer_neither_skips_nor_repeats(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "700",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
     spec = SyntheticSpec(seed=5, keys=100, events=3000, schema_changes=0)
     produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=lambda m: None)
     WriterJob(config, spark=spark).run(max_batches=2)  # then "crash": two monikers stay pending
@@ -182,14 +282,29 @@ def test_a_restarted_writer_neither_skips_nor_repeats(local_stack, spark, tmp_pa
     final = {}
     for row in sorted(rows, key=lambda r: r["_src_ts_ms"]):
         final[row["id"]] = row if row["_src_op"] != "d" else None
-    assert {k: (v["amount"] if v else None) for k, v in final.items()} == {k: (v["amount"] if v else None) for k, v in state.items()}
+    assert {k: (v["amount"] if v else None) for k, v in final.items()} == {
+        k: (v["amount"] if v else None) for k, v in state.items()
+    }
     assert restarted.tables["shop.orders"].last_seq >= 3
 
 
 @pytest.mark.parametrize("with_schema", [True, False])
-def test_debezium_json_with_and_without_the_schema_envelope(local_stack, spark, tmp_path: Path, unique_topic: str, with_schema: bool) -> None:
-    config = pipeline_config(tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__FORMAT": "debezium-json", "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders", "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]", "ICEKEEPER__TABLES__0__MODE": "changelog"})
-    events = [e for e in synthetic_events(SyntheticSpec(seed=2, keys=20, events=200, schema_changes=0))]
+def test_debezium_json_with_and_without_the_schema_envelope(
+    local_stack, spark, tmp_path: Path, unique_topic: str, with_schema: bool
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": "debezium-json",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
+    events = [
+        e for e in synthetic_events(SyntheticSpec(seed=2, keys=20, events=200, schema_changes=0))
+    ]
     from confluent_kafka import Producer
 
     from icekeeper.samples.produce import ensure_topic
@@ -197,16 +312,25 @@ def test_debezium_json_with_and_without_the_schema_envelope(local_stack, spark, 
     ensure_topic(config.sources[0].bootstrap_servers, unique_topic, 1)
     producer = Producer({"bootstrap.servers": config.sources[0].bootstrap_servers})
     for event in events:
-        value = {"schema": {"type": "struct", "name": "envelope"}, "payload": event.value} if with_schema else event.value
+        value = (
+            {"schema": {"type": "struct", "name": "envelope"}, "payload": event.value}
+            if with_schema
+            else event.value
+        )
         producer.produce(unique_topic, key=json.dumps(event.key), value=json.dumps(value))
     producer.produce(unique_topic, key=b"x", value=b"{not json")
     producer.flush()
     reports = WriterJob(config, spark=spark).run(until_idle=True)
-    assert sum(r.rows_written for r in reports) == 200 and sum(r.dead_lettered for r in reports) == 1
+    assert (
+        sum(r.rows_written for r in reports) == 200 and sum(r.dead_lettered for r in reports) == 1
+    )
     rows = table_rows(commit_all(config), "shop.orders")
     assert sorted(r["_kfk_offset"] for r in rows) == list(range(200))
     assert {r["_src_op"] for r in rows} == {e.op for e in events}
     by_offset = {r["_kfk_offset"]: r for r in rows}
     for offset, event in enumerate(events):
         row_values = event.value["after"] or event.value["before"]
-        assert by_offset[offset]["customer"] == row_values["customer"] and by_offset[offset]["id"] == row_values["id"]
+        assert (
+            by_offset[offset]["customer"] == row_values["customer"]
+            and by_offset[offset]["id"] == row_values["id"]
+        )
