@@ -378,10 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--with",
         dest="with_services",
         nargs="+",
-        choices=["mariadb", "postgres", "connect"],
+        choices=["mariadb", "postgres", "connect", "kafka-sasl", "registry-auth"],
         metavar="SERVICE",
         help="also run a CDC source: mariadb and/or postgres (each with Kafka Connect running Debezium), or connect alone; "
-        "down and status cover what an earlier up --with started",
+        "or a secured broker (kafka-sasl: SASL_SSL, SCRAM, a CA made at start) and a basic-auth "
+        "registry (registry-auth); down and status cover what an earlier up --with started",
     )
 
     config = add(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -64,6 +65,53 @@ Duration = Annotated[float, BeforeValidator(parse_duration_s)]
 SourceFormat = Literal["avro-confluent", "debezium-json", "json"]
 
 
+class KafkaSecurity(_Model):
+    """How every Kafka client of a source authenticates and checks the brokers it talks to.
+
+    One set of settings for all of them: Spark's Kafka source and the dead-letter sink (Java
+    client properties) and the admin, status and tool clients (librdkafka) get it translated by
+    `common/kafka_clients.py`, so a secured cluster is configured once.
+    """
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT",
+        description="Kafka `security.protocol`: `SASL_SSL` for SASL over TLS, `SSL` for TLS alone.",
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "SCRAM-SHA-512", description="SASL mechanism (`SASL_SSL`, `SASL_PLAINTEXT`)."
+    )
+    sasl_username: str | None = Field(None, description="SASL user name.")
+    sasl_password: SecretStr | None = Field(
+        None,
+        description="SASL password; a secret: write `${env:NAME}` or `${file:/path}`, not the "
+        "password itself.",
+    )
+    ssl_ca_location: str | None = Field(
+        None,
+        description="PEM file of the CA certificate(s) that signed the brokers' certificates (a "
+        "private or self-signed CA); default: the system's trusted CAs.",
+    )
+    ssl_check_hostname: bool = Field(
+        True,
+        description="Check that a broker's certificate names the host connected to (Kafka's "
+        "`ssl.endpoint.identification.algorithm=https`).",
+    )
+
+    @model_validator(mode="after")
+    def _sasl_has_credentials(self) -> KafkaSecurity:
+        if self.protocol.startswith("SASL_") and not (self.sasl_username and self.sasl_password):
+            raise ValueError(f"protocol {self.protocol} needs sasl_username and sasl_password")
+        return self
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+
 class KafkaSource(_Model):
     """A Kafka cluster and the topics icekeeper reads change data from."""
 
@@ -77,6 +125,23 @@ class KafkaSource(_Model):
         description="Confluent-compatible schema registry URL (seed 000: `kafka.schema.registry.url`). "
         "For Apicurio include `/apis/ccompat/v7`. Basic auth as user-info, with the password referenced: "
         "`https://user:${env:REGISTRY_PASSWORD}@host/...` (see docs/operations.md, Secrets).",
+    )
+    schema_registry_username: str | None = Field(
+        None, description="Schema registry basic-auth user (instead of user-info in the URL)."
+    )
+    schema_registry_password: SecretStr | None = Field(
+        None,
+        description="Schema registry basic-auth password; a secret: `${env:NAME}` or "
+        "`${file:/path}`.",
+    )
+    schema_registry_ca_location: str | None = Field(
+        None,
+        description="PEM file of the CA that signed an `https://` registry's certificate; "
+        "default: the system's trusted CAs.",
+    )
+    security: KafkaSecurity = Field(
+        default_factory=KafkaSecurity,
+        description="Authentication and TLS of every Kafka client of this source.",
     )
     topics: list[str] = Field(
         default_factory=list,
@@ -139,6 +204,17 @@ class KafkaSource(_Model):
     def _one_topic_selector(self) -> KafkaSource:
         if self.topics and self.topic_pattern:
             raise ValueError("set either `topics` or `topic_pattern`, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _one_registry_credential(self) -> KafkaSource:
+        if (self.schema_registry_username is None) != (self.schema_registry_password is None):
+            raise ValueError("set both schema_registry_username and schema_registry_password")
+        if self.schema_registry_username and urlsplit(self.schema_registry_url).username:
+            raise ValueError(
+                "schema registry credentials given twice: in schema_registry_url and in "
+                "schema_registry_username/password"
+            )
         return self
 
 
@@ -593,6 +669,19 @@ class StackConfig(_Model):
         8081, description="Apicurio Registry HTTP port (Confluent API under `/apis/ccompat/v7`)."
     )
     registry_management_port: int = Field(9001, description="Apicurio (Quarkus) management port.")
+    kafka_sasl_port: int = Field(
+        9094,
+        description="SASL_SSL (SCRAM-SHA-512) port of the second, secured broker that "
+        "`stack up --with kafka-sasl` starts (certificates made at start).",
+    )
+    kafka_sasl_controller_port: int = Field(
+        9095, description="KRaft controller port of the secured broker."
+    )
+    registry_auth_port: int = Field(
+        8082,
+        description="Port of the basic-auth proxy in front of the registry "
+        "(`stack up --with registry-auth`).",
+    )
     azurite_queue_port: int = Field(10001, description="Azurite queue port.")
     azurite_blob_port: int = Field(10000, description="Azurite blob port.")
     kafka_version: str = Field(

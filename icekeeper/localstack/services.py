@@ -156,6 +156,7 @@ class KafkaService(Service):
                     cluster_id,
                     "-c",
                     str(server_properties),
+                    *self._format_options(),
                 ],
                 capture_output=True,
                 text=True,
@@ -163,21 +164,31 @@ class KafkaService(Service):
             )
         return LaunchSpec(command=jvm + ["kafka.Kafka", str(server_properties)], cwd=self.home)
 
-    def _server_properties(self, data_dir: Path) -> str:
+    def _format_options(self) -> list[str]:
+        """Extra options of `kafka-storage format` (SCRAM users of a secured broker)."""
+        return []
+
+    def _listener_properties(self) -> dict[str, str]:
+        """The broker's listeners: plaintext clients on `kafka_port`, the controller beside it."""
         host, port, controller = (
             self.stack.host,
             self.stack.kafka_port,
             self.stack.kafka_controller_port,
         )
-        settings = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
+        return {
             "controller.quorum.voters": f"1@{host}:{controller}",
             "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller}",
             "advertised.listeners": f"PLAINTEXT://{host}:{port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        }
+
+    def _server_properties(self, data_dir: Path) -> str:
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            **self._listener_properties(),
             "log.dirs": str(data_dir),
             "num.partitions": "3",
             "auto.create.topics.enable": "true",
@@ -194,13 +205,17 @@ class KafkaService(Service):
         }
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 
+    def client_config(self) -> dict[str, str]:
+        """What a librdkafka client of this broker is given to connect."""
+        return {"bootstrap.servers": self.address()}
+
     def healthy(self) -> bool:
-        if not port_open(self.stack.host, self.stack.kafka_port):
+        if not port_open(self.stack.host, self.ports()[0]):
             return False
         from confluent_kafka.admin import AdminClient  # heavy import, only when probing
 
         try:
-            admin = AdminClient({"bootstrap.servers": self.address(), "socket.timeout.ms": 2000})
+            admin = AdminClient({**self.client_config(), "socket.timeout.ms": 2000})
             metadata = admin.list_topics(timeout=2)
             return bool(metadata.brokers)
         except Exception:  # noqa: BLE001 - any client error means "not ready yet"

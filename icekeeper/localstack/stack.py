@@ -23,6 +23,7 @@ from common.config.model import IcekeeperConfig
 from icekeeper.localstack.connect import KafkaConnectService
 from icekeeper.localstack.databases import MariaDbService, PostgresService
 from icekeeper.localstack.errors import StackError
+from icekeeper.localstack.secured import RegistryAuthService, SaslKafkaService
 from icekeeper.localstack.services import LaunchSpec, Service, all_services
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ OPTIONAL_SERVICES: dict[str, type[Service]] = {
     "mariadb": MariaDbService,
     "postgres": PostgresService,
     "connect": KafkaConnectService,
+    "kafka-sasl": SaslKafkaService,
+    "registry-auth": RegistryAuthService,
 }
 """Services `stack up --with <name>` adds, in start order; a database brings Kafka Connect with it."""
 
