@@ -251,6 +251,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 cores=args.cores,
                 warmup_s=args.warmup,
                 progress=_progress,
+                sweep_rates=tuple(float(rate) for rate in args.sweep_rates.split(",") if rate),
             )
         elif args.target == "key-index":
             from icekeeper.bench.key_index import run_key_index_bench
@@ -521,6 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=10.0,
         help="e2e, upsert: seconds of the same load before the freshness clock starts",
+    )
+    bench.add_argument(
+        "--sweep-rates",
+        default="4000,8000,16000,32000",
+        help="e2e: higher rates tried after the main window, 30 s each, until p99 freshness "
+        "exceeds 5 s (comma-separated; empty for none)",
     )
     bench.add_argument(
         "--keys",

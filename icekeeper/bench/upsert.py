@@ -562,7 +562,7 @@ def run_upsert_bench(
                 warmup_s=freshness_warmup_s,
                 progress=progress,
                 mode="upsert",
-                spark=spark,
+                sweep_rates=(),
             )
     finally:
         if owns_spark:
