@@ -78,7 +78,8 @@ def local_stack(stack_config: IcekeeperConfig):
 
 @contextlib.contextmanager
 def _optional_service(config: IcekeeperConfig, name: str) -> Iterator[None]:
-    """One of `stack up --with`'s services, started on entry and stopped on exit if this session started it."""
+    """One of `stack up --with`'s services, started on entry and stopped on exit if this session
+    started it."""
     from icekeeper.localstack.stack import LocalStack
 
     stack = LocalStack(config, only=[name], with_services=[name])
@@ -93,7 +94,8 @@ def _optional_service(config: IcekeeperConfig, name: str) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def kafka_connect(local_stack, stack_config: IcekeeperConfig):
-    """Kafka Connect with Debezium's connectors (`stack up --with connect`), started once; yields its REST client."""
+    """Kafka Connect with Debezium's connectors (`stack up --with connect`), started once; yields
+    its REST client."""
     from icekeeper.localstack.cdc import ConnectClient
 
     with _optional_service(stack_config, "connect"):
@@ -102,7 +104,8 @@ def kafka_connect(local_stack, stack_config: IcekeeperConfig):
 
 @pytest.fixture(scope="session")
 def mariadb_cdc(kafka_connect, stack_config: IcekeeperConfig):
-    """The stack's MariaDB (binlog on) beside Kafka Connect, started once; yields a `MariaDbSource`."""
+    """The stack's MariaDB (binlog on) beside Kafka Connect, started once; yields a
+    `MariaDbSource`."""
     from icekeeper.localstack.cdc import MariaDbSource
 
     with _optional_service(stack_config, "mariadb"):
@@ -111,12 +114,14 @@ def mariadb_cdc(kafka_connect, stack_config: IcekeeperConfig):
 
 @pytest.fixture(scope="session")
 def postgres_cdc(kafka_connect, stack_config: IcekeeperConfig):
-    """The stack's PostgreSQL (wal_level=logical) beside Kafka Connect, started once; yields a `PostgresSource`."""
+    """The stack's PostgreSQL (wal_level=logical) beside Kafka Connect, started once; yields a
+    `PostgresSource`."""
     from icekeeper.localstack.cdc import PostgresSource
 
     with _optional_service(stack_config, "postgres"):
         source = PostgresSource(stack_config.stack)
-        source.drop_inactive_slots()  # left by an earlier session's killed worker; no connector runs yet
+        # left by an earlier session's killed worker; no connector runs yet
+        source.drop_inactive_slots()
         yield source
 
 

@@ -31,10 +31,12 @@ SCHEMA = Schema(
 def bookkeeper_config(
     state_dir: Path, mode: str = "changelog", **overrides: str
 ) -> IcekeeperConfig:
-    """`shop.items` keyed by `id`: a changelog (these fixtures repeat ids) unless `mode` says upsert."""
+    """`shop.items` keyed by `id`: a changelog (these fixtures repeat ids) unless `mode` says
+    upsert."""
     environ = {
         "ICEKEEPER__STATE_DIR": str(state_dir),
-        "ICEKEEPER__TABLES": f"[{{identifier: shop.items, topics: [items], primary_key: [id], mode: {mode}}}]",
+        "ICEKEEPER__TABLES": "[{identifier: shop.items, topics: [items], primary_key: [id], "
+        f"mode: {mode}}}]",
         "ICEKEEPER__SOURCES__0__TOPICS": "[items]",
         "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0.2",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
@@ -44,7 +46,8 @@ def bookkeeper_config(
 
 
 def azure_queue_settings(local_stack) -> dict[str, str]:
-    """Config overrides for an Azure queue transport on the stack's Azurite, on queues of the test's own."""
+    """Config overrides for an Azure queue transport on the stack's Azurite, on queues of the
+    test's own."""
     queue = f"eg-{uuid.uuid4().hex[:10]}"
     return {
         "transport__kind": "azure-queue",

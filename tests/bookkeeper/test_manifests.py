@@ -1,4 +1,5 @@
-"""Manifests written by the bookkeeper's encoder: the bytes pyiceberg would write, read back by other readers."""
+"""Manifests written by the bookkeeper's encoder: the bytes pyiceberg would write, read back by
+other readers."""
 
 from __future__ import annotations
 
@@ -86,9 +87,7 @@ def data_files(spec: PartitionSpec) -> list[DataFile]:
                     1: (index - 20).to_bytes(8, "little", signed=True),
                     2: b"ab" * index,
                 },
-                upper_bounds=None
-                if index % 4 == 0
-                else {1: b"\xff" * 8, 2: b"zz" * (index + 200)},
+                upper_bounds=None if index % 4 == 0 else {1: b"\xff" * 8, 2: b"zz" * (index + 200)},
                 key_metadata=b"secret" if index % 9 == 0 else None,
                 split_offsets=None if index % 8 == 0 else [4, 2**31 + index],
                 equality_ids=[1, 2] if index % 5 == 0 else None,
@@ -100,7 +99,8 @@ def data_files(spec: PartitionSpec) -> list[DataFile]:
 
 
 def entries(spec: PartitionSpec, snapshot_id: int | None = 42) -> list[ManifestEntry]:
-    """Added entries of this snapshot (no sequence number yet), existing and deleted ones of older snapshots."""
+    """Added entries of this snapshot (no sequence number yet), existing and deleted ones of older
+    snapshots."""
     statuses = [
         ManifestEntryStatus.ADDED,
         ManifestEntryStatus.EXISTING,

@@ -35,7 +35,8 @@ def duckdb_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
 def upsert_table_with(
     tmp_path: Path, keys: int
 ) -> tuple[IcekeeperConfig, MonikerTransport, UpsertWriter, Bookkeeper]:
-    """An upsert table whose keys 0..`keys`-1 hold themselves, committed by the bookkeeper returned."""
+    """An upsert table whose keys 0..`keys`-1 hold themselves, committed by the bookkeeper
+    returned."""
     config = bookkeeper_config(tmp_path, mode="upsert")
     transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
     transport.publish(writer.batch([(k, k) for k in range(keys)]))
@@ -47,10 +48,9 @@ def test_random_upserts_and_deletes_leave_one_row_per_key(tmp_path: Path) -> Non
     config = bookkeeper_config(tmp_path, mode="upsert")
     transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
     rng, reference = random.Random(3), {}
-    for cycle in range(12):
-        for _ in range(
-            rng.randint(1, 3)
-        ):  # several monikers per snapshot: a key may change in two of them
+    for _cycle in range(12):
+        # several monikers per snapshot: a key may change in two of them
+        for _ in range(rng.randint(1, 3)):
             changes = []
             for _ in range(rng.randint(1, 40)):
                 key = rng.randint(0, 60)

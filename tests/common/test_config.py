@@ -115,7 +115,8 @@ def test_environment_overrides_any_key_including_inside_lists(tmp_path: Path) ->
     path = write(
         tmp_path,
         "c.yaml",
-        "sources:\n  - name: s\n    topics: [t]\ntables:\n  - {identifier: a.b, source: s, topics: [t]}\n",
+        "sources:\n  - name: s\n    topics: [t]\ntables:\n  - {identifier: a.b, source: s, "
+        "topics: [t]}\n",
     )
     config = load_config(
         path,
@@ -203,7 +204,8 @@ def test_durations(text: object, seconds: float) -> None:
 
 def test_properties_parser_handles_continuations_comments_and_separators() -> None:
     parsed = parse_properties(
-        "# c\n! c\na = 1 \nb:2\nc 3\nd = x,\\\n    y\nkey\\:with\\=separators = v\nname = caf\\u00e9\n"
+        "# c\n! c\na = 1 \nb:2\nc 3\nd = x,\\\n    y\nkey\\:with\\=separators = v\nname = "
+        "caf\\u00e9\n"
     )
     assert parsed == {
         "a": "1",

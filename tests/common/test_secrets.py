@@ -1,4 +1,5 @@
-"""Secrets in the config: referenced, not written; never printed by `config show`, `repr` or logs."""
+"""Secrets in the config: referenced, not written; never printed by `config show`, `repr` or
+logs."""
 
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ def secret_config(tmp_path: Path) -> Path:
     (tmp_path / "queue-key").write_text(f"{QUEUE_KEY}\n", encoding="utf-8")
     (tmp_path / "kafka.properties").write_text(
         "# mounted from the cluster's secret store\n"
-        f'sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="ik" password="{JAAS_PASSWORD}";\n',
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="ik" password="{JAAS_PASSWORD}";\n',
         encoding="utf-8",
+    )
+    queue_connection = (
+        "DefaultEndpointsProtocol=https;AccountName=prod;"
+        f"AccountKey=${{file:{tmp_path}/queue-key}};EndpointSuffix=core.windows.net"
     )
     path = tmp_path / "icekeeper.yaml"
     path.write_text(
@@ -50,7 +56,7 @@ tables:
     topics: [orders]
 transport:
   kind: azure-queue
-  connection_string: "DefaultEndpointsProtocol=https;AccountName=prod;AccountKey=${{file:{tmp_path}/queue-key}};EndpointSuffix=core.windows.net"
+  connection_string: "{queue_connection}"
 catalog:
   properties: {{type: rest, uri: "https://catalog.example", token: "${{env:CATALOG_TOKEN}}"}}
 """,
@@ -86,7 +92,8 @@ def test_an_environment_override_may_reference_a_secret_too(tmp_path: Path) -> N
         environ={
             "ICEKEEPER__STATE_DIR": str(tmp_path),
             "KAFKA_KEY_PASSWORD": "k3y-pw",
-            "ICEKEEPER__SOURCES__0__CONSUMER_PROPERTIES": "{ssl.key.password: '${env:KAFKA_KEY_PASSWORD}'}",
+            "ICEKEEPER__SOURCES__0__CONSUMER_PROPERTIES": "{ssl.key.password: "
+            "'${env:KAFKA_KEY_PASSWORD}'}",
         },
     )
     assert config.sources[0].consumer_properties == {"ssl.key.password": "k3y-pw"}
@@ -154,7 +161,9 @@ sources:
 tables: [{identifier: shop.orders, topics: [orders]}]
 transport: {kind: azure-queue}
 writer:
-  spark_conf: {spark.hadoop.fs.azure.account.key.prod.dfs.core.windows.net: inline-storage-key, spark.sql.shuffle.partitions: "8"}
+  spark_conf:
+    spark.hadoop.fs.azure.account.key.prod.dfs.core.windows.net: inline-storage-key
+    spark.sql.shuffle.partitions: "8"
 """,
         encoding="utf-8",
     )
@@ -214,7 +223,8 @@ def test_log_lines_mask_secrets_that_reach_them(tmp_path: Path) -> None:
     logged = json.loads(line)
     assert (
         logged["msg"]
-        == "registry https://icekeeper:**********@registry.example:8081/apis/ccompat/v7 refused the login"
+        == "registry https://icekeeper:**********@registry.example:8081/apis/ccompat/v7 refused "
+        "the login"
     )
     assert logged["exc"].endswith("ConnectionError: cannot connect with **********")
 
@@ -225,7 +235,8 @@ def test_log_lines_mask_passwords_nobody_declared() -> None:
             "name": "icekeeper.test",
             "levelno": logging.WARNING,
             "levelname": "WARNING",
-            "msg": "retrying http://svc:undeclared-pw@10.0.0.1:8081 with password=other-pw;AccountKey=abc123==",
+            "msg": "retrying http://svc:undeclared-pw@10.0.0.1:8081 with "
+            "password=other-pw;AccountKey=abc123==",
         }
     )
     line = JsonLineFormatter().format(record)

@@ -1,6 +1,6 @@
-"""`icekeeper bench upsert`: its change stream is a valid CDC stream with the issue's mix, and at small
-scale ours, our changelog path and the `MERGE INTO` baseline end in the state that stream leaves,
-with every figure issue 13 asks for present and plausible."""
+"""`icekeeper bench upsert`: its change stream is a valid CDC stream with the issue's mix, and at
+small scale ours, our changelog path and the `MERGE INTO` baseline end in the state that stream
+leaves, with every figure issue 13 asks for present and plausible."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from icekeeper.bench.upsert_data import OPS, ChangePlan, plan_changes
 
 
 def replay(plan: ChangePlan) -> dict[int, int]:
-    """Key -> the change that wrote its live row, checking every change against the keys' state as it goes."""
+    """Key -> the change that wrote its live row, checking every change against the keys' state as
+    it goes."""
     live: dict[int, int] = {}
     for seq, (op, key, before) in enumerate(
         zip(OPS[plan.op].tolist(), plan.key.tolist(), plan.prev_seq.tolist())

@@ -38,7 +38,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def micros(text: str) -> int:
-    """Microseconds since the epoch of a wall-clock time (Debezium's DATETIME / TIMESTAMP WITHOUT TIME ZONE)."""
+    """Microseconds since the epoch of a wall-clock time (Debezium's DATETIME / TIMESTAMP WITHOUT
+    TIME ZONE)."""
     moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
     return (moment - EPOCH) // timedelta(microseconds=1)
 
@@ -48,7 +49,8 @@ def days(text: str) -> int:
 
 
 class ConfluentAvro:
-    """Decodes magic byte 0 + 4-byte id + Avro body, resolving ids through the registry's Confluent API."""
+    """Decodes magic byte 0 + 4-byte id + Avro body, resolving ids through the registry's Confluent
+    API."""
 
     def __init__(self, registry_url: str) -> None:
         self.registry_url = registry_url
@@ -72,7 +74,8 @@ class ConfluentAvro:
 def read_topic(
     config: IcekeeperConfig, topic: str, count: int, timeout_s: float = 60.0
 ) -> list[tuple[bytes | None, bytes | None]]:
-    """The first `count` (key, value) messages of every partition of `topic`, in offset order per partition."""
+    """The first `count` (key, value) messages of every partition of `topic`, in offset order per
+    partition."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -105,7 +108,8 @@ def read_topic(
 
 
 def field_types(value_schema: dict[str, Any]) -> dict[str, Any]:
-    """Column name -> the non-null branch of its Avro type, from a Debezium envelope's `before` record."""
+    """Column name -> the non-null branch of its Avro type, from a Debezium envelope's `before`
+    record."""
     before = next(field for field in value_schema["fields"] if field["name"] == "before")
     row = next(branch for branch in before["type"] if branch != "null")
     return {
@@ -119,7 +123,8 @@ def field_types(value_schema: dict[str, Any]) -> dict[str, Any]:
 def changes_by_key(
     decoder: ConfluentAvro, messages: list[tuple[bytes | None, bytes | None]]
 ) -> tuple[dict[int, list[dict[str, Any]]], dict[str, Any]]:
-    """Change events per primary key `id` (tombstones dropped), and the value schema they were written with."""
+    """Change events per primary key `id` (tombstones dropped), and the value schema they were
+    written with."""
     by_key: dict[int, list[dict[str, Any]]] = {}
     value_schemas = set()
     for key, value in messages:
@@ -235,8 +240,9 @@ def test_connector_configs_carry_the_registry_and_converters(stack_config: Iceke
 # --- integration tests: MariaDB, PostgreSQL, Kafka Connect, Kafka, registry ---
 
 MARIADB_COLUMNS = """
-    id INT PRIMARY KEY, d DATE, dt3 DATETIME(3), dt6 DATETIME(6), ts TIMESTAMP NULL, t TIME, amount DECIMAL(10,2),
-    flag TINYINT(1), doc JSON, color ENUM('red','green'), tags SET('a','b','c'), bits BIT(8), payload BLOB, name VARCHAR(40)
+    id INT PRIMARY KEY, d DATE, dt3 DATETIME(3), dt6 DATETIME(6), ts TIMESTAMP NULL, t TIME,
+    amount DECIMAL(10,2), flag TINYINT(1), doc JSON, color ENUM('red','green'),
+    tags SET('a','b','c'), bits BIT(8), payload BLOB, name VARCHAR(40)
 """
 
 
@@ -301,7 +307,8 @@ def test_mariadb_rows_arrive_as_debezium_avro_in_confluent_framing(
             # 2 snapshot reads, an insert, an update, a delete and its tombstone.
             messages = read_topic(stack_config, mariadb_cdc.topic(prefix, table), count=6)
             print(
-                f"mariadb: snapshot committed {snapshot_s:.1f}s after registering, all changes in Kafka after {time.monotonic() - started:.1f}s"
+                f"mariadb: snapshot committed {snapshot_s:.1f}s after registering, all changes in "
+                f"Kafka after {time.monotonic() - started:.1f}s"
             )
         finally:
             kafka_connect.delete(name)
@@ -360,7 +367,8 @@ def test_mariadb_rows_arrive_as_debezium_avro_in_confluent_framing(
         "ts": "io.debezium.time.ZonedTimestamp",
         "t": "io.debezium.time.MicroTime",
         "amount": "org.apache.kafka.connect.data.Decimal",
-        # TINYINT(1) is a Connect int16 (Avro int); MariaDB's JSON is LONGTEXT, so a plain string (MySQL's would be io.debezium.data.Json).
+        # TINYINT(1) is a Connect int16 (Avro int); MariaDB's JSON is LONGTEXT, so a plain string
+        # (MySQL's would be io.debezium.data.Json).
         "flag": None,
         "doc": "string",
         "color": "io.debezium.data.Enum",
@@ -377,8 +385,9 @@ def test_mariadb_rows_arrive_as_debezium_avro_in_confluent_framing(
 
 
 POSTGRES_COLUMNS = """
-    id INT PRIMARY KEY, d DATE, ts3 TIMESTAMP(3), ts6 TIMESTAMP, tstz TIMESTAMPTZ, t TIME, amount NUMERIC(10,2), n NUMERIC,
-    flag BOOLEAN, doc JSONB, u UUID, iv INTERVAL, payload BYTEA, name VARCHAR(40)
+    id INT PRIMARY KEY, d DATE, ts3 TIMESTAMP(3), ts6 TIMESTAMP, tstz TIMESTAMPTZ, t TIME,
+    amount NUMERIC(10,2), n NUMERIC, flag BOOLEAN, doc JSONB, u UUID, iv INTERVAL, payload BYTEA,
+    name VARCHAR(40)
 """
 
 
@@ -421,7 +430,8 @@ def test_postgres_rows_arrive_as_debezium_avro_in_confluent_framing(
             db.execute(f"DELETE FROM {table} WHERE id = 2")
             messages = read_topic(stack_config, postgres_cdc.topic(prefix, table), count=6)
             print(
-                f"postgres: snapshot committed {snapshot_s:.1f}s after registering, all changes in Kafka after {time.monotonic() - started:.1f}s"
+                f"postgres: snapshot committed {snapshot_s:.1f}s after registering, all changes in "
+                f"Kafka after {time.monotonic() - started:.1f}s"
             )
         finally:
             kafka_connect.delete(name)  # drops the replication slot (slot.drop.on.stop)
@@ -441,7 +451,8 @@ def test_postgres_rows_arrive_as_debezium_avro_in_confluent_framing(
         "tstz": "2024-02-29T12:34:56.000000Z",
         "t": (13 * 3600 + 14 * 60 + 15) * 1_000_000,
         "amount": Decimal("12345678.91"),
-        # NUMERIC without a scale: Debezium's VariableScaleDecimal, the unscaled value as big-endian two's complement.
+        # NUMERIC without a scale: Debezium's VariableScaleDecimal, the unscaled value as
+        # big-endian two's complement.
         "n": {"scale": 5, "value": (314159).to_bytes(3, "big", signed=True)},
         "flag": True,
         "doc": '{"a": [1, 2]}',
@@ -450,7 +461,8 @@ def test_postgres_rows_arrive_as_debezium_avro_in_confluent_framing(
         "payload": b"\x00\xff",
         "name": "héllo 世界",
     }
-    # REPLICA IDENTITY DEFAULT, as users have it unless they change it: no before image on update, only the key on delete.
+    # REPLICA IDENTITY DEFAULT, as users have it unless they change it: no before image on update,
+    # only the key on delete.
     assert by_key[1][1]["before"] is None and by_key[1][1]["after"] == {
         **first,
         "name": "renamed",
@@ -584,7 +596,8 @@ def test_stack_status_shows_the_services_up_with_started(
 def test_a_second_mariadb_and_postgres_start_and_down_leaves_no_process() -> None:
     from icekeeper.localstack.stack import LocalStack
 
-    # Not under pytest's tmp_path: the servers run as mysql / postgres, who cannot enter /tmp/pytest-of-root.
+    # Not under pytest's tmp_path: the servers run as mysql / postgres, who cannot enter
+    # /tmp/pytest-of-root.
     state_dir = REPO_ROOT / ".icekeeper" / f"test-cdc-down-{uuid.uuid4().hex[:8]}"
     ports = {name: port + 10_200 for name, port in TEST_STACK_PORTS.items()}
     stack = LocalStack(

@@ -59,7 +59,7 @@ def test_produce_sample_writes_the_seed_stream_through_the_registry(
     assert len(records) == report["records"]
     assert {record.partition for record in records} == {0, 1, 2}
     # Offsets are dense per partition: the article's positions hold.
-    for partition, offsets in _offsets_by_partition(records).items():
+    for offsets in _offsets_by_partition(records).values():
         assert offsets == list(range(len(offsets)))
     # Four value schema versions, in which C3, then C5 and C4, then C6 appear.
     registry = SchemaRegistryClient({"url": stack_config.sources[0].schema_registry_url})

@@ -1,4 +1,5 @@
-"""Oracle test: a real MariaDB, streamed by Debezium (Avro through the registry), equals its Iceberg tables.
+"""Oracle test: a real MariaDB, streamed by Debezium (Avro through the registry), equals its
+Iceberg tables.
 
 Two tables with a composite key, colliding column names of different types, every common column
 type with edge values, a snapshot, then seeded random inserts, hot-key updates, deletes,
@@ -25,12 +26,13 @@ from tests.support.oracle import Pipeline, oracle_config
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ORDERS_DDL = """CREATE TABLE {name} (
-  region CHAR(2) NOT NULL, id INT NOT NULL, qty INT, status VARCHAR(20), amount DECIMAL(12,2), d DATE, dt3 DATETIME(3),
-  dt6 DATETIME(6), ts TIMESTAMP(6) NULL DEFAULT NULL, t TIME(6), flag TINYINT(1), score DOUBLE, doc JSON,
-  note VARCHAR(100) CHARACTER SET utf8mb4, data BLOB, color ENUM('red','green','blue'), tags SET('a','b','c'), bits BIT(8),
-  PRIMARY KEY (region, id))"""
+  region CHAR(2) NOT NULL, id INT NOT NULL, qty INT, status VARCHAR(20), amount DECIMAL(12,2),
+  d DATE, dt3 DATETIME(3), dt6 DATETIME(6), ts TIMESTAMP(6) NULL DEFAULT NULL, t TIME(6),
+  flag TINYINT(1), score DOUBLE, doc JSON, note VARCHAR(100) CHARACTER SET utf8mb4, data BLOB,
+  color ENUM('red','green','blue'), tags SET('a','b','c'), bits BIT(8), PRIMARY KEY (region, id))"""
 CUSTOMERS_DDL = """CREATE TABLE {name} (
-  id INT NOT NULL PRIMARY KEY, qty VARCHAR(20), status INT, name VARCHAR(50) CHARACTER SET gbk, email VARCHAR(100))"""
+  id INT NOT NULL PRIMARY KEY, qty VARCHAR(20), status INT, name VARCHAR(50) CHARACTER SET gbk,
+  email VARCHAR(100))"""
 ORDER_COLUMNS = (
     "region",
     "id",
@@ -160,7 +162,8 @@ class Workload:
 
     def insert_order(self, row: tuple) -> None:
         self.execute(
-            f"INSERT INTO {self.orders} ({', '.join(ORDER_COLUMNS)}) VALUES ({', '.join(['%s'] * len(ORDER_COLUMNS))})",
+            f"INSERT INTO {self.orders} ({', '.join(ORDER_COLUMNS)}) VALUES "
+            f"({', '.join(['%s'] * len(ORDER_COLUMNS))})",
             *row,
         )
         self.live_orders.append((row[0], row[1]))
@@ -177,7 +180,8 @@ class Workload:
         ]
         values += [self.rng.randint(0, 5)] if "status" in columns else []
         self.execute(
-            f"INSERT INTO {self.customers} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})",
+            f"INSERT INTO {self.customers} ({', '.join(columns)}) VALUES "
+            f"({', '.join(['%s'] * len(columns))})",
             *values,
         )
         self.live_customers.append(key)
@@ -197,7 +201,8 @@ class Workload:
         elif choice < 0.55:
             region, key = rng.choice(self.live_orders[:5])  # hot keys, updated again and again
             self.execute(
-                f"UPDATE {self.orders} SET qty = %s, status = %s, amount = %s, dt6 = %s, t = %s, note = %s WHERE region = %s AND id = %s",
+                f"UPDATE {self.orders} SET qty = %s, status = %s, amount = %s, dt6 = %s, t = %s, "
+                "note = %s WHERE region = %s AND id = %s",
                 rng.randint(-(10**6), 10**6),
                 rng.choice(["paid", "shipped"]),
                 Decimal(rng.randint(0, 10**8)) / 100,
@@ -247,7 +252,8 @@ class Workload:
 
 
 def select_star(connection, table: str, types: dict[str, str]) -> list[dict[str, Any]]:
-    """The table as MariaDB returns it, values in the form the Iceberg table (`types`) holds them."""
+    """The table as MariaDB returns it, values in the form the Iceberg table (`types`) holds
+    them."""
     import pymysql.cursors
 
     with connection.cursor(pymysql.cursors.DictCursor) as cursor:
@@ -289,7 +295,8 @@ def check_mariadb_oracle(
     statements_per_phase: int,
     record_format: str = "avro",
 ) -> None:
-    """Snapshot, four phases of `statements_per_phase` random statements around three ALTERs, then compare."""
+    """Snapshot, four phases of `statements_per_phase` random statements around three ALTERs, then
+    compare."""
     tag = uuid.uuid4().hex[:6]
     orders, customers, prefix, connector = (
         f"orders_{tag}",

@@ -24,9 +24,10 @@ from tests.support.oracle import Pipeline, oracle_config, time_text
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ORDERS_DDL = """CREATE TABLE {name} (
-  region CHAR(2) NOT NULL, id INT NOT NULL, qty INT, status VARCHAR(20), amount NUMERIC(12,2), n NUMERIC, d DATE,
-  ts6 TIMESTAMP(6), tstz TIMESTAMPTZ, t TIME, flag BOOLEAN, score DOUBLE PRECISION, doc JSONB, note TEXT, data BYTEA,
-  u UUID, iv INTERVAL, tags INT[], PRIMARY KEY (region, id))"""
+  region CHAR(2) NOT NULL, id INT NOT NULL, qty INT, status VARCHAR(20), amount NUMERIC(12,2),
+  n NUMERIC, d DATE, ts6 TIMESTAMP(6), tstz TIMESTAMPTZ, t TIME, flag BOOLEAN,
+  score DOUBLE PRECISION, doc JSONB, note TEXT, data BYTEA, u UUID, iv INTERVAL, tags INT[],
+  PRIMARY KEY (region, id))"""
 CUSTOMERS_DDL = (
     "CREATE TABLE {name} (id INT PRIMARY KEY, qty VARCHAR(20), status INT, name TEXT, email TEXT)"
 )
@@ -217,7 +218,8 @@ def test_postgres_tables_equal_select_star_through_every_engine(
 
     def insert(row: tuple) -> None:
         db.execute(
-            f"INSERT INTO {orders} ({', '.join(ORDER_COLUMNS)}) VALUES ({', '.join(['%s'] * len(ORDER_COLUMNS))})",
+            f"INSERT INTO {orders} ({', '.join(ORDER_COLUMNS)}) VALUES "
+            f"({', '.join(['%s'] * len(ORDER_COLUMNS))})",
             row,
         )
         live.append((row[0], row[1]))
@@ -230,7 +232,8 @@ def test_postgres_tables_equal_select_star_through_every_engine(
         elif choice < 0.6:
             region, key = rng.choice(live[:5])
             db.execute(
-                f"UPDATE {orders} SET qty = %s, status = %s, n = %s, tstz = %s WHERE region = %s AND id = %s",
+                f"UPDATE {orders} SET qty = %s, status = %s, n = %s, tstz = %s WHERE region = %s "
+                "AND id = %s",
                 (
                     rng.randint(-(10**6), 10**6),
                     "paid",

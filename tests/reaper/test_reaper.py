@@ -76,7 +76,8 @@ def rows(table) -> Counter:
 
 
 def reachable(table) -> set[str]:
-    """Every file a snapshot of the table reaches: metadata, manifest lists, manifests, live files."""
+    """Every file a snapshot of the table reaches: metadata, manifest lists, manifests, live
+    files."""
     paths = {
         table.metadata_location,
         *(entry.metadata_file for entry in table.metadata.metadata_log),
@@ -98,7 +99,8 @@ def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:
     before = rows(table)
     assert len(table.snapshots()) == files and sum(before.values()) == files
     transport = open_transport(config)
-    # A moniker that stays pending (its writer's seq 1 never arrives), with files as old as any orphan.
+    # A moniker that stays pending (its writer's seq 1 never arrives), with files as old as any
+    # orphan.
     pending = make_moniker(config, 2, 1, (0, 5), writer_id="late", partition=7)
     transport.publish(pending)
     age_files([entry.path for entry in pending.files], 3600)
@@ -345,7 +347,8 @@ def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_pa
 
 
 def test_compaction_is_limited_to_the_filter_columns_day(spark, tmp_path: Path) -> None:
-    """Seed 000: `compact.filter.column` with `compact.day.offset` 0 compacts yesterday's data only."""
+    """Seed 000: `compact.filter.column` with `compact.day.offset` 0 compacts yesterday's data
+    only."""
     config = reaper_config(
         tmp_path,
         reaper__compact_filter_column="_kfk_offset",
@@ -371,7 +374,8 @@ def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read
     spark, tmp_path: Path
 ) -> None:
     """A bookkeeper committing back to back can win all of Iceberg's own commit retries (CI saw an
-    expiry fail so); the reaper redoes such a step, and only such a step, up to `commit_attempts`."""
+    expiry fail so); the reaper redoes such a step, and only such a step, up to
+    `commit_attempts`."""
     from reaper.maintenance import is_commit_conflict
 
     config = reaper_config(tmp_path, reaper__commit_attempts="3")
@@ -425,7 +429,8 @@ def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read
     # (partial-progress.max-failed-commits=0). Losing that race on purpose is not deterministic,
     # so the JVM exception is built here with the message the Iceberg 1.11 action formats.
     lost_group = jvm.java.lang.RuntimeException(
-        "partial-progress.enabled is true but 1 rewrite commits failed. This is more than the maximum allowed failures of 0."
+        "partial-progress.enabled is true but 1 rewrite commits failed. This is more than the "
+        "maximum allowed failures of 0."
     )
     wrapped = type("Py4JError", (Exception,), {})()
     wrapped.java_exception = jvm.org.apache.spark.SparkException("job aborted", lost_group)

@@ -15,7 +15,8 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-# The latest live row per key and the value forms live where `icekeeper demo --source mariadb` uses them too.
+# The latest live row per key and the value forms live where `icekeeper demo --source mariadb` uses
+# them too.
 from common.committed_state import committed_state
 from common.config import IcekeeperConfig
 from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, rows_by_key, time_text  # noqa: F401 - re-exported for the oracle tests
@@ -92,7 +93,8 @@ class Pipeline:
     def sync_until(
         self, identifier: str, column: str, value: Any, timeout_s: float = 120.0
     ) -> None:
-        """Sync until a row with `column` = `value` (the source's last statement) is in the table."""
+        """Sync until a row with `column` = `value` (the source's last statement) is in the
+        table."""
         deadline = time.monotonic() + timeout_s
         while True:
             self.sync()
@@ -127,7 +129,8 @@ class Pipeline:
         skipped tombstone.
 
         Args:
-            expected_by_table: identifier -> (key columns, the source's `SELECT *` as the table holds it).
+            expected_by_table: identifier -> (key columns, the source's `SELECT *` as the table
+                holds it).
         """
         from icekeeper.readers import duckdb_rows, spark_rows
 

@@ -10,7 +10,9 @@ from tests.conftest import REPO_ROOT
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*argv], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    return subprocess.run(
+        [*argv], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, check=False
+    )
 
 
 def test_the_spark_submit_entry_point_takes_the_writer_arguments() -> None:

@@ -34,12 +34,13 @@ def b64(value: bytes) -> str:
 
 
 def connect_decimal(value: Decimal, scale: int) -> str:
-    """JsonConverter's Decimal (decimal.format=BASE64): the unscaled big-endian two's complement, in base64."""
+    """JsonConverter's Decimal (decimal.format=BASE64): the unscaled big-endian two's complement,
+    in base64."""
     unscaled = int(value.scaleb(scale))
     return b64(unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True))
 
 
-# -- Connect schemas and Debezium events as JsonConverter writes them ------------------------------------
+# -- Connect schemas and Debezium events as JsonConverter writes them ------------------------------
 
 
 def field(
@@ -77,7 +78,8 @@ SOURCE_FIELDS = [
             "string",
             semantic="io.debezium.data.Enum",
             parameters={
-                "allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
+                "allowed": "true,first,first_in_data_collection,last_in_data_collection,last,"
+                "false,incremental"
             },
         ),
         "default": "false",
@@ -193,7 +195,7 @@ def produce(bootstrap_servers: str, topic: str, values: list[Any]) -> None:
     producer.flush()
 
 
-# -- (a) Debezium JSON with schemas: MariaDB's types -----------------------------------------------------
+# -- (a) Debezium JSON with schemas: MariaDB's types -----------------------------------------------
 
 TYPES_ROW = [
     field("id", "int32", optional=False),
@@ -333,12 +335,16 @@ NOT_MATCHING = [
     {**CASES[0][1], "id": 5, "payload": "not base64!"},
     {**CASES[0][1], "id": 6, "amount": 1.5},
 ]
-"""Bytes that are no base64, and a decimal written as a number (JsonConverter's `decimal.format=NUMERIC`,
-not read), are not taken as null: the records go to the dead letters."""
+"""Bytes that are no base64, and a decimal written as a number (JsonConverter's
+`decimal.format=NUMERIC`, not read), are not taken as null: the records go to the dead letters."""
 TOO_WIDE = {**CASES[0][1], "id": 7, "amount": connect_decimal(Decimal("123456789.01"), 2)}
 """Eleven digits do not fit the column's decimal(10, 2): a dead letter, not null."""
-WIDE_DECIMAL_REASON = "unsupported-connect-schema: before.num: decimal(65, 30) does not fit an Iceberg decimal (at most 38 digits)"
-"""MariaDB's DECIMAL(65,30) holds more digits than any Iceberg decimal: its records are dead-lettered, named."""
+WIDE_DECIMAL_REASON = (
+    "unsupported-connect-schema: before.num: decimal(65, 30) does not fit an Iceberg decimal (at "
+    "most 38 digits)"
+)
+"""MariaDB's DECIMAL(65,30) holds more digits than any Iceberg decimal: its records are
+dead-lettered, named."""
 
 
 def test_debezium_json_with_schemas_keeps_mariadb_types_and_values(
@@ -420,7 +426,7 @@ def test_debezium_json_with_schemas_keeps_mariadb_types_and_values(
     assert rows == [{"_src_op": op, **expected} for op, _, expected in CASES]
 
 
-# -- (b) two topics, two tables, one column name with two types -------------------------------------------
+# -- (b) two topics, two tables, one column name with two types ------------------------------------
 
 ORDERS_ROW = [field("id", "int32", optional=False), field("qty", "int32"), field("note", "string")]
 CUSTOMERS_ROW = [

@@ -89,7 +89,8 @@ def order(key: int, region: str, amount: int, status: str = "new") -> dict:
 
 
 def run_batches(config: IcekeeperConfig, spark) -> tuple[list[BatchReport], Bookkeeper]:
-    """Write batch after batch, the bookkeeper committing each before the next (keys meet across snapshots)."""
+    """Write batch after batch, the bookkeeper committing each before the next (keys meet across
+    snapshots)."""
     writer, bookkeeper = WriterJob(config, spark=spark), Bookkeeper(config)
     reports = []
     while batch := writer.run(max_batches=1, until_idle=True):
@@ -225,7 +226,8 @@ SINGLE = TableShape(
 def test_a_primitive_record_key_stands_for_a_one_column_primary_key(
     local_stack, spark, tmp_path: Path, unique_topic: str, encoding: str
 ) -> None:
-    """Keys set by other producers (or Connect's `ExtractField$Key`) are often the bare key value."""
+    """Keys set by other producers (or Connect's `ExtractField$Key`) are often the bare key
+    value."""
     stream, size = Stream(SINGLE, key_of=lambda row: row["id"]), 3
     rows = {key: {"id": key, "name": f"tag {key}"} for key in (1, 2, 3, 4)}
     for key in (1, 2, 3):
@@ -257,7 +259,7 @@ def test_a_primitive_record_key_stands_for_a_one_column_primary_key(
     ) == [3, 4]
 
 
-# -- which keys can be read as which rows (no services) ------------------------------------------------
+# -- which keys can be read as which rows (no services) --------------------------------------------
 
 
 def test_a_key_is_read_as_the_key_columns_only_when_avro_can_resolve_each_of_its_fields() -> None:
@@ -299,9 +301,7 @@ def test_a_key_is_read_as_the_key_columns_only_when_avro_can_resolve_each_of_its
     assert avro_key_schemas(row, "int", RecordKeys(("ID",), single_column="ID")) is not None
 
 
-def test_keys_are_read_for_sources_with_keyed_tables_and_a_bare_key_only_for_one_agreed_column() -> (
-    None
-):
+def test_keys_are_read_for_keyed_tables_and_a_bare_key_only_for_one_agreed_column() -> None:
     def table(name: str, key: list[str]) -> TableSpec:
         return TableSpec(identifier=f"shop.{name}", primary_key=key)
 

@@ -104,7 +104,10 @@ def test_a_skewed_partition_is_spread_over_tasks_not_piled_onto_one(
 def test_files_follow_the_tables_parquet_properties(
     local_stack, spark, tmp_path: Path, unique_topic: str
 ) -> None:
-    properties = "{write.parquet.compression-codec: snappy, write.parquet.dict-size-bytes: '1024', write.parquet.bloom-filter-enabled.column._kfk_offset: 'true'}"
+    properties = (
+        "{write.parquet.compression-codec: snappy, write.parquet.dict-size-bytes: '1024', "
+        "write.parquet.bloom-filter-enabled.column._kfk_offset: 'true'}"
+    )
     config = pipeline_config(
         tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__TABLES__0__PROPERTIES": properties}
     )

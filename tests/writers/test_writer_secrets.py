@@ -1,4 +1,5 @@
-"""A writer whose credentials are referenced (`${env:...}`) reads with them and writes none of them down."""
+"""A writer whose credentials are referenced (`${env:...}`) reads with them and writes none of them
+down."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def test_a_writer_uses_referenced_secrets_and_no_moniker_or_snapshot_holds_them(
             # resolved URL (an unresolved `${env:...}` is not a URL) and that no output keeps it.
             "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": f"http://icekeeper:${{env:IK_REGISTRY_PASSWORD}}@127.0.0.1:{TEST_STACK_PORTS['registry_port']}/apis/ccompat/v7",
             # A credential both Kafka clients know and a plaintext listener ignores.
-            "ICEKEEPER__SOURCES__0__CONSUMER_PROPERTIES": "{ssl.key.password: '${env:IK_KAFKA_KEY_PASSWORD}'}",
+            "ICEKEEPER__SOURCES__0__CONSUMER_PROPERTIES": "{ssl.key.password: "
+            "'${env:IK_KAFKA_KEY_PASSWORD}'}",
             "IK_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
             "IK_KAFKA_KEY_PASSWORD": KEY_PASSWORD,
         },
