@@ -124,9 +124,11 @@ def chaos_environ(
 ) -> dict[str, str]:
     """Settings every component gets (environment overrides on the embedded defaults)."""
     source = base.sources[0]
-    # Both tables claim the topic alike, so the writers fan each batch out to both (writers/routing.py).
+    # Both tables claim the topic alike, so the writers fan each batch out to both
+    # (writers/routing.py).
     tables = ", ".join(
-        f"{{identifier: {identifier}, topics: [{topic}], primary_key: [id], mode: {'upsert' if upsert else 'changelog'}}}"
+        f"{{identifier: {identifier}, topics: [{topic}], primary_key: [id], mode: "
+        f"{'upsert' if upsert else 'changelog'}}}"
         for identifier, upsert in chaos_tables(mode).items()
     )
     return {
@@ -252,7 +254,8 @@ def run_chaos(
         producer.join()
         poison_expected = sum(produced["poison"].values())
         progress(
-            f"chaos over; {produced['records']:,} records produced ({poison_expected} poison); waiting until all are settled"
+            f"chaos over; {produced['records']:,} records produced ({poison_expected} poison); "
+            "waiting until all are settled"
         )
         settled = _wait_until_settled(
             config, topic, produced["records"], tables, components, deadline=started + timeout_s
@@ -325,7 +328,8 @@ def _pause_and_fence(
     lease_folder: Path,
     progress: Progress,
 ) -> None:
-    """SIGSTOP the bookkeeper; a second one takes the lease and commits; SIGCONT: the first is fenced."""
+    """SIGSTOP the bookkeeper; a second one takes the lease and commits; SIGCONT: the first is
+    fenced."""
     first = components["bookkeeper"]
     if not first.alive():
         first.start()
@@ -365,7 +369,8 @@ def _wait_until_settled(
     while time.monotonic() < deadline:
         for component in components.values():
             if not component.alive():
-                component.start()  # a crashed component (say, fenced) comes back, as a supervisor would
+                # a crashed component (say, fenced) comes back, as a supervisor would
+                component.start()
         if (
             all(
                 _covers(config, load_table_or_none(catalog, identifier), upsert, topic, records)

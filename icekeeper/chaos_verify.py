@@ -139,7 +139,8 @@ def topic_changes(source: KafkaSource, topic: str) -> tuple[list[Row], list[Posi
 
 def payload_digest(values: Sequence[Any]) -> int:
     """A 64-bit digest of one row's payload values (in `CHANGELOG_PAYLOAD` order): equal values give
-    equal digests whichever engine read them, so a million rows compare without holding their values."""
+    equal digests whichever engine read them, so a million rows compare without holding their
+    values."""
     return int.from_bytes(
         hashlib.blake2b(repr(tuple(values)).encode(), digest_size=8).digest(), "big"
     )
@@ -158,7 +159,8 @@ def expected_payloads(
 
 
 def positioned_digests(rows: Iterable[Sequence[Any]]) -> list[PositionedDigest]:
-    """Rows read as (partition, offset, *payload in `CHANGELOG_PAYLOAD` order) to (partition, offset, digest)."""
+    """Rows read as (partition, offset, *payload in `CHANGELOG_PAYLOAD` order) to (partition,
+    offset, digest)."""
     return [(int(row[0]), int(row[1]), payload_digest(row[2:])) for row in rows]
 
 
@@ -176,7 +178,8 @@ class ChangelogComparison:
     unknown_positions: int
     """Rows at a position the topic does not have (a wrong offset written)."""
     payload_mismatched: int
-    """Rows whose payload differs from the Kafka record at their position (values crossed or altered)."""
+    """Rows whose payload differs from the Kafka record at their position (values crossed or
+    altered)."""
     examples: tuple[str, ...]
 
 
@@ -248,7 +251,8 @@ class DeadLetterCheck:
 def check_dead_letters(
     dead_letters: Counter[Position], undecodable: set[Position]
 ) -> DeadLetterCheck:
-    """How the dead letters (by source position, with repeats) differ from one per undecodable record."""
+    """How the dead letters (by source position, with repeats) differ from one per undecodable
+    record."""
     repeated = sorted(position for position, count in dead_letters.items() if count > 1)
     absent = sorted(undecodable - set(dead_letters))
     good = sorted(set(dead_letters) - undecodable)
@@ -270,7 +274,8 @@ def check_dead_letters(
 
 def engines_disagreeing(reads: dict[str, Sequence[PositionedDigest]]) -> int:
     """Rows (position and payload digest, with repeats) in which some engine's read differs from the
-    first engine's, counted on both sides: 0 when every engine read the same rows with the same payloads."""
+    first engine's, counted on both sides: 0 when every engine read the same rows with the same
+    payloads."""
     reads_by_engine = [Counter(rows) for rows in reads.values()]
     if not reads_by_engine:
         return 0
@@ -290,7 +295,8 @@ class UpsertComparison:
     duplicate_keys: int
     """Rows beyond the first of a key (0 when every key has one row)."""
     missing_keys: int
-    """Keys of the reference the table lacks (a lost update, or a delete applied to the wrong row)."""
+    """Keys of the reference the table lacks (a lost update, or a delete applied to the wrong
+    row)."""
     extra_keys: int
     """Keys the table has and the reference does not (a resurrected row: its delete was lost)."""
     mismatched_keys: int
@@ -301,7 +307,8 @@ class UpsertComparison:
 def compare_with_reference(
     rows: list[Row], reference: dict[Key, Row], columns: tuple[str, ...] = UPSERT_COLUMNS
 ) -> UpsertComparison:
-    """How `rows` (one engine's read of the upsert table) differ from `reference` (latest live rows by key)."""
+    """How `rows` (one engine's read of the upsert table) differ from `reference` (latest live rows
+    by key)."""
     per_key = Counter(tuple(row[name] for name in KEY) for row in rows)
     mirror = {tuple(row[name] for name in KEY): row for row in rows}
     expected = {key: {name: row.get(name) for name in columns} for key, row in reference.items()}
@@ -415,7 +422,8 @@ def _in_payload_order(
 
 
 def _pyiceberg_tuples(table: Table, columns: list[str]) -> Iterator[tuple[Any, ...]]:
-    """The table's rows as pyiceberg reads them, as tuples of `columns`, one Arrow batch at a time."""
+    """The table's rows as pyiceberg reads them, as tuples of `columns`, one Arrow batch at a
+    time."""
     for batch in table.scan(selected_fields=tuple(columns)).to_arrow_batch_reader():
         values = batch.to_pydict()
         yield from zip(*(values[name] for name in columns))
@@ -473,9 +481,9 @@ def changelog_report(
     topic_positions: set[Position],
     dead_letters: Counter[Position],
 ) -> dict[str, Any]:
-    """Each engine's read (`pyiceberg`, `duckdb`, `spark`) compared with the topic (`compare_changelog`)
-    and with the others (`engines_disagreeing`), as entries of the flat report: each count is the
-    worst engine's."""
+    """Each engine's read (`pyiceberg`, `duckdb`, `spark`) compared with the topic
+    (`compare_changelog`) and with the others (`engines_disagreeing`), as entries of the flat
+    report: each count is the worst engine's."""
     compared = {
         engine: compare_changelog(rows, expected, undecodable, topic_positions, dead_letters)
         for engine, rows in reads.items()
@@ -521,12 +529,15 @@ def failures(result: dict[str, Any]) -> list[str]:
         or result.get("good_dead_lettered")
     ):
         found.append(
-            f"dead letters: {result['dead_letter_duplicates']} repeated, {result['poison_not_dead_lettered']} poison records without one, "
-            f"{result['good_dead_lettered']} for records that decode ({'; '.join(result['dead_letter_examples'])})"
+            f"dead letters: {result['dead_letter_duplicates']} repeated, "
+            f"{result['poison_not_dead_lettered']} poison records without one, "
+            f"{result['good_dead_lettered']} for records that decode "
+            f"({'; '.join(result['dead_letter_examples'])})"
         )
     if result.get("undecodable", result["poison_expected"]) != result["poison_expected"]:
         found.append(
-            f"{result['undecodable']} records of the topic do not decode for {result['poison_expected']} poison records produced"
+            f"{result['undecodable']} records of the topic do not decode for "
+            f"{result['poison_expected']} poison records produced"
         )
     if "rows" in result:
         wrong = {name: result[name] for name in CHANGELOG_FAULTS if result.get(name)}
@@ -539,20 +550,24 @@ def failures(result: dict[str, Any]) -> list[str]:
                 )
             )[:5]
             found.append(
-                f"changelog: {', '.join(f'{count} {name}' for name, count in wrong.items())} ({'; '.join(examples)})"
+                f"changelog: {', '.join(f'{count} {name}' for name, count in wrong.items())} "
+                f"({'; '.join(examples)})"
             )
         if not result["spark_rows"] == result["duckdb_rows"] == result["rows"]:
             found.append(
-                f"changelog: rows {result['rows']}, Spark {result['spark_rows']}, DuckDB {result['duckdb_rows']}"
+                f"changelog: rows {result['rows']}, Spark {result['spark_rows']}, DuckDB "
+                f"{result['duckdb_rows']}"
             )
         if result.get("engines_disagreeing"):
             found.append(
-                f"changelog: {result['engines_disagreeing']} rows (position and payload) not alike in pyiceberg, DuckDB and Spark"
+                f"changelog: {result['engines_disagreeing']} rows (position and payload) not alike "
+                "in pyiceberg, DuckDB and Spark"
             )
     if "upsert_keys" in result:
         if result["upsert_duplicate_keys"] or result["upsert_mismatched"]:
             found.append(
-                f"upsert: {result['upsert_duplicate_keys']} duplicate keys, {result['upsert_mismatched']} keys unlike the reference "
+                f"upsert: {result['upsert_duplicate_keys']} duplicate keys, "
+                f"{result['upsert_mismatched']} keys unlike the reference "
                 f"({result['upsert_missing_keys']} missing, {result['upsert_extra_keys']} extra)"
             )
         if (
@@ -562,26 +577,31 @@ def failures(result: dict[str, Any]) -> list[str]:
             == result["upsert_reference_keys"]
         ):
             found.append(
-                f"upsert: rows {result['upsert_rows']}, Spark {result['upsert_spark_rows']}, DuckDB {result['upsert_duckdb_rows']}, "
-                f"reference {result['upsert_reference_keys']} keys"
+                f"upsert: rows {result['upsert_rows']}, Spark {result['upsert_spark_rows']}, "
+                f"DuckDB {result['upsert_duckdb_rows']}, reference "
+                f"{result['upsert_reference_keys']} keys"
             )
         if result["upsert_undecodable"] != result["poison_expected"]:
             found.append(
-                f"upsert reference: {result['upsert_undecodable']} undecodable records for {result['poison_expected']} poison"
+                f"upsert reference: {result['upsert_undecodable']} undecodable records for "
+                f"{result['poison_expected']} poison"
             )
     return found
 
 
 def spark_reads(overrides: dict[str, str], queries: dict[str, str]) -> dict[str, list[list[Any]]]:
-    """Each query's rows as Spark reads them (`{catalog}` is the config's catalog name), in a process
-    of its own: a SparkSession is one per process, and the caller's (a test's, say) must neither be
-    reused with another catalog nor stopped. One process for all queries: a JVM start costs seconds."""
+    """Each query's rows as Spark reads them (`{catalog}` is the config's catalog name), in a
+    process of its own: a SparkSession is one per process, and the caller's (a test's, say) must
+    neither be reused with another catalog nor stopped. One process for all queries: a JVM start
+    costs seconds."""
     if not queries:
         return {}
     code = (
-        "import json, sys; from common.config import load_config; from common.spark import spark_session; c = load_config(None); "
-        "s = spark_session(c, 'icekeeper-chaos-verify', master='local[1]'); queries = json.loads(sys.argv[1]); "
-        "print(json.dumps({name: [list(row) for row in s.sql(q.format(catalog=c.catalog.name)).collect()] for name, q in queries.items()})); s.stop()"
+        "import json, sys; from common.config import load_config; from common.spark import "
+        "spark_session; c = load_config(None); s = spark_session(c, 'icekeeper-chaos-verify', "
+        "master='local[1]'); queries = json.loads(sys.argv[1]); print(json.dumps({name: [list(row) "
+        "for row in s.sql(q.format(catalog=c.catalog.name)).collect()] for name, q in "
+        "queries.items()})); s.stop()"
     )
     result = subprocess.run(
         [sys.executable, "-c", code, json.dumps(queries)],

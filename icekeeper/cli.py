@@ -68,7 +68,8 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(json.dumps(masked_dump(config), indent=2))
     else:
         print(
-            f"ok: {args.config or '<embedded defaults>'} ({len(config.tables)} table(s), {len(config.sources)} source(s))"
+            f"ok: {args.config or '<embedded defaults>'} ({len(config.tables)} table(s), "
+            f"{len(config.sources)} source(s))"
         )
     return 0
 
@@ -152,7 +153,8 @@ def cmd_reaper(args: argparse.Namespace) -> int:
     config = _config(args)
     if not config.reaper.enabled and not args.dry_run:
         print(
-            "icekeeper reaper: reaper.enabled is false (seed 000: iceberg.maintenance.enabled); nothing to do",
+            "icekeeper reaper: reaper.enabled is false (seed 000: iceberg.maintenance.enabled); "
+            "nothing to do",
             file=sys.stderr,
         )
         return 0
@@ -316,7 +318,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             summary = run_mariadb_demo(
                 _config(args), keep_stack=args.keep_stack, progress=_progress
             )
-        except StackError as error:  # e.g. MariaDB's Debian package missing and not root: the message says what to install
+        # e.g. MariaDB's Debian package missing and not root: the message says what to install
+        except StackError as error:
             print(f"icekeeper demo --source mariadb: {error}", file=sys.stderr)
             return 2
     else:
@@ -366,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     stack = add(
         "stack",
         cmd_stack,
-        "start, stop or show the local Kafka, schema registry and Azurite (and MariaDB, PostgreSQL, Debezium)",
+        "start, stop or show the local Kafka, schema registry and Azurite (and MariaDB, "
+        "PostgreSQL, Debezium)",
     )
     stack.add_argument("action", choices=["up", "down", "status"])
     stack.add_argument(
@@ -381,9 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         choices=["mariadb", "postgres", "connect", "kafka-sasl", "registry-auth"],
         metavar="SERVICE",
-        help="also run a CDC source: mariadb and/or postgres (each with Kafka Connect running Debezium), or connect alone; "
-        "or a secured broker (kafka-sasl: SASL_SSL, SCRAM, a CA made at start) and a basic-auth "
-        "registry (registry-auth); down and status cover what an earlier up --with started",
+        help="also run a CDC source: mariadb and/or postgres (each with Kafka Connect running "
+        "Debezium), or connect alone; or a secured broker (kafka-sasl: SASL_SSL, SCRAM, a CA made "
+        "at start) and a basic-auth registry (registry-auth); down and status cover what an "
+        "earlier up --with started",
     )
 
     config = add(
@@ -554,7 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos = add(
         "chaos",
         cmd_chaos,
-        "kill -9 writers, bookkeeper and reaper at random; verify exactly-once by offset and the upsert table's state",
+        "kill -9 writers, bookkeeper and reaper at random; verify exactly-once by offset and the "
+        "upsert table's state",
     )
     chaos.add_argument("--records", type=int, default=5000)
     chaos.add_argument("--kills", type=int, default=5)
@@ -570,8 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         choices=["both", "changelog", "upsert"],
         default="both",
-        help="tables fed by the topic: both (default): chaos.orders (changelog, checked by offset) and chaos.orders_mirror "
-        "(upsert, checked against a reference built from the Kafka records); or only one of them",
+        help="tables fed by the topic: both (default): chaos.orders (changelog, checked by offset) "
+        "and chaos.orders_mirror (upsert, checked against a reference built from the Kafka "
+        "records); or only one of them",
     )
     chaos.add_argument(
         "--json",
@@ -584,8 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         choices=["seed000", "mariadb"],
         default="seed000",
-        help="seed000: seed 000's sample stream (default); mariadb: a real MariaDB through Debezium, compared with the table "
-        "(exit 2 if the stack cannot start, e.g. the mariadb-server package is missing)",
+        help="seed000: seed 000's sample stream (default); mariadb: a real MariaDB through "
+        "Debezium, compared with the table (exit 2 if the stack cannot start, e.g. the "
+        "mariadb-server package is missing)",
     )
     demo.add_argument(
         "--keep-stack",

@@ -1,4 +1,5 @@
-"""`icekeeper dead-letters list | replay`: what was set aside, and putting it back once the cause is fixed.
+"""`icekeeper dead-letters list | replay`: what was set aside, and putting it back once the cause
+is fixed.
 
 Two places hold what did not reach a table:
 - quarantined monikers, in the transport's dead-letter folder: monikers the bookkeeper could not
@@ -39,8 +40,10 @@ from common.transports.base import MonikerTransport, Quarantined
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
+    from pyiceberg.catalog import Catalog
 
-# The headers `writers/dead_letters.py` adds (that module imports PySpark, which `icekeeper --help` should not wait for).
+# The headers `writers/dead_letters.py` adds (that module imports PySpark, which `icekeeper --help`
+# should not wait for).
 REASON_HEADER = "icekeeper.reason"
 SOURCE_TOPIC_HEADER = "icekeeper.source.topic"
 SOURCE_PARTITION_HEADER = "icekeeper.source.partition"
@@ -49,7 +52,8 @@ SOURCE_OFFSET_HEADER = "icekeeper.source.offset"
 log = logging.getLogger(__name__)
 
 REPLAY_OF_HEADER = "icekeeper.replay.of"
-"""Added to a replayed record: `<dead-letter topic>/<partition>/<offset>` of the copy it came from."""
+"""Added to a replayed record: `<dead-letter topic>/<partition>/<offset>` of the copy it came
+from."""
 REPLAY_BATCH = 1000
 """Records per Kafka transaction."""
 
@@ -111,7 +115,8 @@ def add_dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="replay: only the quarantined moniker(s) of this name (as `list` shows them); repeatable",
+        help="replay: only the quarantined moniker(s) of this name (as `list` shows them); "
+        "repeatable",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     parser.add_argument(
@@ -160,9 +165,10 @@ def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
             print(f"moniker {name}: published again")
         for replay in outcome["records"]:
             print(
-                f"records of {replay['dead_letter_topic']}: {replay['replayed']} produced again to their source topics; skipped "
-                f"{replay['already_in_a_table']} already in a table, {replay['already_replayed']} replayed before, "
-                f"{replay['without_source']} without source headers"
+                f"records of {replay['dead_letter_topic']}: {replay['replayed']} produced again to "
+                f"their source topics; skipped {replay['already_in_a_table']} already in a table, "
+                f"{replay['already_replayed']} replayed before, {replay['without_source']} without "
+                "source headers"
             )
     return 0
 
@@ -216,7 +222,8 @@ def _print_listing(listing: dict) -> None:
     print(f"quarantined monikers: {len(listing['monikers'])}")
     for item in listing["monikers"]:
         what = (
-            f"{item['table']} writer {item['writer_id']} seq {item['seq']}, {item['records']} records"
+            f"{item['table']} writer {item['writer_id']} seq {item['seq']}, {item['records']} "
+            "records"
             if "table" in item
             else "unreadable"
         )
@@ -251,9 +258,10 @@ def replay_group(source: KafkaSource) -> str:
 
 
 def replay_records(
-    config: IcekeeperConfig, source: KafkaSource, catalog, timeout_s: float = 60.0
+    config: IcekeeperConfig, source: KafkaSource, catalog: Catalog, timeout_s: float = 60.0
 ) -> RecordReplay:
-    """Produce the source's dead-lettered records not replayed yet to their source topics, exactly once.
+    """Produce the source's dead-lettered records not replayed yet to their source topics, exactly
+    once.
 
     Not in Kafka transactions: a transaction's commit marker takes an offset of the source topic,
     and writers refuse offsets without a record (`sources[].offset_gaps`). Instead, before each
@@ -341,7 +349,8 @@ def replay_records(
                         *_own_headers(record.headers),
                         (REPLAY_OF_HEADER, _copy_name(record).encode()),
                     ],
-                    on_delivery=lambda error, _: failures.append(str(error)) if error else None,
+                    # Delivery reports run inside `flush` below, in this same iteration.
+                    on_delivery=lambda error, _: failures.append(str(error)) if error else None,  # noqa: B023
                 )
                 producer.poll(0)
             if producer.flush(60) or failures:
@@ -367,7 +376,8 @@ def _copy_name(record: DeadLetteredRecord) -> str:
 
 
 def _replayed_copies(source: KafkaSource, marks: dict[str, int], timeout_s: float) -> set[str]:
-    """The `icekeeper.replay.of` values of records in the source partitions from the marked offsets on."""
+    """The `icekeeper.replay.of` values of records in the source partitions from the marked offsets
+    on."""
     from icekeeper.samples.readback import partition_messages
 
     starts = {
@@ -383,7 +393,7 @@ def _replayed_copies(source: KafkaSource, marks: dict[str, int], timeout_s: floa
 
 
 def _already_in_tables(
-    config: IcekeeperConfig, catalog, sources: set[SourceRecord]
+    config: IcekeeperConfig, catalog: Catalog, sources: set[SourceRecord]
 ) -> set[SourceRecord]:
     """The source records among `sources` that a configured table holds, by its Kafka metadata
     columns (tables without them cannot tell, and are not asked)."""

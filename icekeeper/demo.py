@@ -113,13 +113,15 @@ def run_demo(
                 read += batch.records_read
                 dead_lettered += batch.dead_lettered + batch.tombstones_skipped
                 progress(
-                    f"writer: batch {batch.seq}: {batch.records_read} records -> {batch.rows_written} rows in {batch.files} files"
+                    f"writer: batch {batch.seq}: {batch.records_read} records -> "
+                    f"{batch.rows_written} rows in {batch.files} files"
                 )
             cycle = bookkeeper.run_cycle()
             for table in cycle.tables:
                 if table.snapshot_id:
                     progress(
-                        f"bookkeeper: committed {table.records} rows of {table.table} as snapshot {table.snapshot_id}"
+                        f"bookkeeper: committed {table.records} rows of {table.table} as snapshot "
+                        f"{table.snapshot_id}"
                         + (
                             f", replacing {table.rows_replaced} earlier rows"
                             if table.rows_replaced
@@ -138,8 +140,9 @@ def run_demo(
         maintenance = Reaper(config, spark=spark).run_pass()
         totals = maintenance.totals()
         progress(
-            f"reaper: compacted {totals['files_compacted']} files into {totals['files_added']}, expired {totals['snapshots_expired']} "
-            f"snapshots, deleted {totals['files_deleted']} files in {maintenance.seconds:.1f}s"
+            f"reaper: compacted {totals['files_compacted']} files into {totals['files_added']}, "
+            f"expired {totals['snapshots_expired']} snapshots, deleted {totals['files_deleted']} "
+            f"files in {maintenance.seconds:.1f}s"
         )
         identifier = config.tables[0].identifier
         table = bookkeeper.catalog.load_table(identifier)
@@ -147,8 +150,8 @@ def run_demo(
         rows.sort(key=lambda r: tuple(r[k] for k in config.tables[0].primary_key))
         data_columns = [c for c in rows[0] if c not in SHOWN_COLUMNS] if rows else []
         print(
-            f"\n# {identifier}: {len(rows)} rows, one per primary key, as seed 000's result table shows it "
-            f"(an upsert table: read with pyiceberg as it is, no read-time deduplication)"
+            f"\n# {identifier}: {len(rows)} rows, one per primary key, as seed 000's result table "
+            "shows it (an upsert table: read with pyiceberg as it is, no read-time deduplication)"
         )
         print(render_grid(rows, ["_src_op", "_kfk_partition", "_kfk_offset", *data_columns]))
         print("\n# the same rows' metadata columns")
@@ -164,7 +167,8 @@ def run_demo(
             "count(*) AS rows, sum(C2) AS sum_c2, max(UPDATE_TIME) AS last_update",
         )
         print(
-            f"\n# Spark SQL (iceberg-spark-runtime) on catalog {config.catalog.name}: {spark_result[0]}"
+            f"\n# Spark SQL (iceberg-spark-runtime) on catalog {config.catalog.name}: "
+            f"{spark_result[0]}"
         )
         duck_result = duckdb_rows(
             table, "count(*) AS rows, sum(C2) AS sum_c2, max(UPDATE_TIME) AS last_update"
@@ -192,19 +196,19 @@ def _snapshot_lines(table) -> list[str]:  # noqa: ANN001 - pyiceberg Table
     lines = []
     for snapshot in table.snapshots():
         summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        when = datetime.datetime.fromtimestamp(
-            snapshot.timestamp_ms / 1000, datetime.UTC
-        ).strftime("%Y-%m-%d %H:%M:%S")
+        when = datetime.datetime.fromtimestamp(snapshot.timestamp_ms / 1000, datetime.UTC).strftime(
+            "%Y-%m-%d %H:%M:%S"
+        )
         watermark = summary.get(KEY_WATERMARK)
         watermark_text = (
-            datetime.datetime.fromtimestamp(
-                int(watermark) / 1000, datetime.UTC
-            ).isoformat()
+            datetime.datetime.fromtimestamp(int(watermark) / 1000, datetime.UTC).isoformat()
             if watermark
             else "-"
         )
         lines.append(
-            f"  {snapshot.snapshot_id}  {when}Z  {snapshot.summary.operation.value if snapshot.summary else '?':<8} "
-            f"added-records={summary.get('added-records', '0'):<6} total-records={summary.get('total-records', '?'):<6} watermark={watermark_text}"
+            f"  {snapshot.snapshot_id}  {when}Z "
+            f" {snapshot.summary.operation.value if snapshot.summary else '?':<8} "
+            f"added-records={summary.get('added-records', '0'):<6} "
+            f"total-records={summary.get('total-records', '?'):<6} watermark={watermark_text}"
         )
     return lines

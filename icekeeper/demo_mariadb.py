@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bookkeeper.service import Bookkeeper
 from common.config.model import IcekeeperConfig
@@ -38,13 +38,17 @@ from icekeeper.mirror import (
 )
 from icekeeper.readers import duckdb_rows, render_grid, spark_rows
 
+if TYPE_CHECKING:
+    from writers.job import WriterJob
+
 TABLE = "orders"
 IDENTIFIER = "shop.orders"
 KEY = ["id"]
 TOPIC_PREFIX = "demo"
 CONNECTOR = "icekeeper-demo"
 WAIT_S = 300.0
-"""How long the pipeline may take to commit a round's changes (2 busy cores: Spark batches take seconds)."""
+"""How long the pipeline may take to commit a round's changes (2 busy cores: Spark batches take
+seconds)."""
 
 CREATE_TABLE = f"""CREATE TABLE {TABLE} (
   id INT NOT NULL PRIMARY KEY,
@@ -66,8 +70,10 @@ SNAPSHOT_STATEMENTS = [
 """Run before the connector exists: its initial snapshot reads these rows (`_src_op` 'r')."""
 STREAMED_ROUNDS = [
     [
-        f"INSERT INTO {TABLE} (id, customer, amount, placed_at, pickup, attrs) VALUES (6, '赵磊', 999.99, '2024-05-04 20:00:00.250', '20:30:00', '{{\"items\": 9}}')",
-        f"INSERT INTO {TABLE} (id, customer, amount, placed_at) VALUES (7, '孙丽', 0.01, '2024-05-04 21:11:11.111')",
+        f"INSERT INTO {TABLE} (id, customer, amount, placed_at, pickup, attrs) VALUES (6, '赵磊', "
+        "999.99, '2024-05-04 20:00:00.250', '20:30:00', '{\"items\": 9}')",
+        f"INSERT INTO {TABLE} (id, customer, amount, placed_at) VALUES (7, '孙丽', 0.01, "
+        "'2024-05-04 21:11:11.111')",
         f"UPDATE {TABLE} SET amount = amount + 10 WHERE id = 2",
         f"UPDATE {TABLE} SET customer = '王芳（已核实）', pickup = '19:30:00' WHERE id = 3",
         f"DELETE FROM {TABLE} WHERE id = 4",
@@ -75,7 +81,9 @@ STREAMED_ROUNDS = [
     [
         f"ALTER TABLE {TABLE} ADD COLUMN note VARCHAR(100) NULL",
         f"UPDATE {TABLE} SET note = 'leave at the door' WHERE id IN (1, 6)",
-        f"INSERT INTO {TABLE} (id, customer, amount, placed_at, pickup, attrs, note) VALUES (8, '周杰', 56.20, '2024-05-05 08:08:08.080', '08:30:00', '{{\"items\": 3}}', 'new after ALTER')",
+        f"INSERT INTO {TABLE} (id, customer, amount, placed_at, pickup, attrs, note) VALUES (8, "
+        "'周杰', 56.20, '2024-05-05 08:08:08.080', '08:30:00', '{\"items\": 3}', 'new after "
+        "ALTER')",
         f"UPDATE {TABLE} SET amount = 0, note = 'refunded' WHERE id = 7",
     ],
 ]
@@ -103,7 +111,8 @@ class PipelineFigures:
 
 
 def mariadb_demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
-    """The demo's config (`demo_config`) with its first source and only table set to Debezium's topic of `orders`."""
+    """The demo's config (`demo_config`) with its first source and only table set to Debezium's
+    topic of `orders`."""
     config = demo_config(config)
     topic = MariaDbSource(config.stack).topic(TOPIC_PREFIX, TABLE)
     dumped = config.model_dump(mode="python")
@@ -142,10 +151,12 @@ def expected_records(statement: str, affected_rows: int) -> int:
 def run_mariadb_demo(
     config: IcekeeperConfig, keep_stack: bool = False, progress: Progress = print
 ) -> dict[str, Any]:
-    """Run the demo against MariaDB; returns the figures `icekeeper demo --source mariadb --json` prints.
+    """Run the demo against MariaDB; returns the figures `icekeeper demo --source mariadb --json`
+    prints.
 
     Raises:
-        StackError: the stack cannot start (MariaDB's Debian package missing and not root, a port taken, ...).
+        StackError: the stack cannot start (MariaDB's Debian package missing and not root, a port
+            taken, ...).
     """
     started = time.monotonic()
     config = mariadb_demo_config(config)
@@ -168,7 +179,8 @@ def run_mariadb_demo(
         connect.create(source.connector_config(CONNECTOR, TOPIC_PREFIX, [TABLE]))
         connector_created = True
         progress(
-            f"registered Debezium's MariaDB connector {CONNECTOR}: {DATABASE}.{TABLE} -> topic {config.sources[0].topics[0]} (Avro via the registry)"
+            f"registered Debezium's MariaDB connector {CONNECTOR}: {DATABASE}.{TABLE} -> topic "
+            f"{config.sources[0].topics[0]} (Avro via the registry)"
         )
         from common.spark import spark_session
         from writers.job import WriterJob
@@ -236,8 +248,10 @@ def run_mariadb_demo(
             spark.stop()
         if keep_stack:
             progress(
-                f"stack kept: MariaDB at {config.stack.host}:{config.stack.mariadb_port} (user {OWNER.name}, password {OWNER.password}), "
-                f"connector {CONNECTOR} at {connect.url}; stop with: ICEKEEPER__STATE_DIR={config.state_dir} icekeeper stack down --with mariadb"
+                f"stack kept: MariaDB at {config.stack.host}:{config.stack.mariadb_port} (user "
+                f"{OWNER.name}, password {OWNER.password}), connector {CONNECTOR} at "
+                f"{connect.url}; stop with: ICEKEEPER__STATE_DIR={config.state_dir} icekeeper "
+                "stack down --with mariadb"
             )
         else:
             if connector_created:
@@ -257,14 +271,20 @@ def _execute(db, statement: str, progress: Progress) -> int:  # noqa: ANN001 - p
 
 
 def _sync_until(
-    writer, bookkeeper: Bookkeeper, figures: PipelineFigures, expected: int, progress: Progress
+    writer: WriterJob,
+    bookkeeper: Bookkeeper,
+    figures: PipelineFigures,
+    expected: int,
+    progress: Progress,
 ) -> None:
-    """Run writer batches and bookkeeper cycles until `expected` records are accounted for (or WAIT_S passes)."""
+    """Run writer batches and bookkeeper cycles until `expected` records are accounted for (or
+    WAIT_S passes)."""
     deadline = time.monotonic() + WAIT_S
     while figures.records_accounted < expected:
         if time.monotonic() > deadline:
             progress(
-                f"gave up waiting after {WAIT_S:.0f}s: {figures.records_accounted} of {expected} records committed; comparing what is there"
+                f"gave up waiting after {WAIT_S:.0f}s: {figures.records_accounted} of {expected} "
+                "records committed; comparing what is there"
             )
             return
         for batch in writer.run(until_idle=True):
@@ -272,7 +292,8 @@ def _sync_until(
             figures.tombstones_skipped += batch.tombstones_skipped
             figures.dead_lettered += batch.dead_lettered
             progress(
-                f"writer: batch {batch.seq}: {batch.records_read} records -> {batch.rows_written} rows in {batch.files} files"
+                f"writer: batch {batch.seq}: {batch.records_read} records -> {batch.rows_written} "
+                f"rows in {batch.files} files"
                 + (
                     f", {batch.tombstones_skipped} tombstones skipped"
                     if batch.tombstones_skipped
@@ -286,7 +307,8 @@ def _sync_until(
                     figures.rows_committed += table.records
                     figures.snapshots.append(table.snapshot_id)
                     progress(
-                        f"bookkeeper: committed {table.records} rows of {table.table} as snapshot {table.snapshot_id}"
+                        f"bookkeeper: committed {table.records} rows of {table.table} as snapshot "
+                        f"{table.snapshot_id}"
                     )
             if not cycle.pending:
                 break
@@ -295,15 +317,16 @@ def _sync_until(
 
 
 def _select_star(db) -> tuple[list[dict[str, Any]], dict[str, str]]:  # noqa: ANN001 - pymysql connection
-    """MariaDB's rows of the demo table (ordered by key) and each column's type as MariaDB names it."""
+    """MariaDB's rows of the demo table (ordered by key) and each column's type as MariaDB names
+    it."""
     import pymysql.cursors
 
     with db.cursor(pymysql.cursors.DictCursor) as cursor:
         cursor.execute(f"SELECT * FROM {TABLE} ORDER BY {', '.join(KEY)}")
         rows = list(cursor.fetchall())
         cursor.execute(
-            "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-            "ORDER BY ORDINAL_POSITION",
+            "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+            "%s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
             (DATABASE, TABLE),
         )
         types = {row["COLUMN_NAME"]: row["COLUMN_TYPE"] for row in cursor.fetchall()}
@@ -311,7 +334,8 @@ def _select_star(db) -> tuple[list[dict[str, Any]], dict[str, str]]:  # noqa: AN
 
 
 def _shown(value: Any) -> Any:
-    """A value as the grid shows it: the same text for equal values on both sides, short where that loses nothing."""
+    """A value as the grid shows it: the same text for equal values on both sides, short where that
+    loses nothing."""
     if isinstance(value, dt.datetime):
         spec = (
             "seconds"
@@ -339,11 +363,13 @@ def _print_side_by_side(
         f"{ops[op]} {op} ({meaning})" for op, meaning in OP_MEANINGS.items() if ops[op]
     )
     print(
-        f"\n# MariaDB {DATABASE}.{TABLE} (SELECT *, {len(expected_rows)} rows) beside Iceberg {IDENTIFIER}, read with pyiceberg"
+        f"\n# MariaDB {DATABASE}.{TABLE} (SELECT *, {len(expected_rows)} rows) beside Iceberg "
+        f"{IDENTIFIER}, read with pyiceberg"
     )
     print(
-        f"# {IDENTIFIER} is a changelog of {len(changelog)} rows by _src_op: {op_text}; shown is its latest row per {', '.join(KEY)} by "
-        f"Kafka partition and offset, leaving out keys whose last _src_op is 'd'"
+        f"# {IDENTIFIER} is a changelog of {len(changelog)} rows by _src_op: {op_text}; shown is "
+        f"its latest row per {', '.join(KEY)} by Kafka partition and offset, leaving out keys "
+        "whose last _src_op is 'd'"
     )
     data_columns = [c for c in columns if c not in KEY and c not in SHOWN_LAST] + [
         c for c in SHOWN_LAST if c in columns
@@ -400,7 +426,9 @@ def _print_side_by_side(
             gone[identity] = row
     for identity, row in gone.items():
         print(
-            f"# {', '.join(KEY)} {', '.join(map(str, identity))}: left out, its last change is a delete (_src_op '{row['_src_op']}' at partition {row['_kfk_partition']}, offset {row['_kfk_offset']})"
+            f"# {', '.join(KEY)} {', '.join(map(str, identity))}: left out, its last change is a "
+            f"delete (_src_op '{row['_src_op']}' at partition {row['_kfk_partition']}, offset "
+            f"{row['_kfk_offset']})"
         )
 
 
@@ -434,7 +462,8 @@ def _print_engines(
             else f"{len(found[engine])} differences from MariaDB"
         )
         print(
-            f"# {names[engine]}: {len(engines[engine])} changelog rows -> {len(mirrors[engine])} live keys, {outcome}"
+            f"# {names[engine]}: {len(engines[engine])} changelog rows -> {len(mirrors[engine])} "
+            f"live keys, {outcome}"
         )
 
 
@@ -452,8 +481,8 @@ def _difference_lines(found: dict[str, list[Difference]]) -> list[str]:
 def _verdict(source_rows: int, found: dict[str, list[Difference]]) -> str:
     if not any(found.values()):
         return (
-            f"\nverdict: EQUAL: MariaDB's {source_rows} rows are the latest live rows of {IDENTIFIER}, every key and every column, "
-            f"through pyiceberg, Spark SQL and DuckDB"
+            f"\nverdict: EQUAL: MariaDB's {source_rows} rows are the latest live rows of "
+            f"{IDENTIFIER}, every key and every column, through pyiceberg, Spark SQL and DuckDB"
         )
     engines = ", ".join(engine for engine, lines in found.items() if lines)
     lines = _difference_lines(found)

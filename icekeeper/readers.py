@@ -1,15 +1,19 @@
-"""Read an icekeeper table with other engines (DuckDB, Spark SQL), to show they see what we wrote."""
+"""Read an icekeeper table with other engines (DuckDB, Spark SQL), to show they see what we
+wrote."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.table import Table
 
 from common.config.model import IcekeeperConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def _extension_file(package: str, name: str) -> str:
@@ -72,9 +76,14 @@ def duckdb_tuples(
 
 
 def spark_rows(
-    spark, config: IcekeeperConfig, identifier: str, columns: str = "*", order_by: str | None = None
+    spark: SparkSession,
+    config: IcekeeperConfig,
+    identifier: str,
+    columns: str = "*",
+    order_by: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The table's rows as Spark SQL reads them through iceberg-spark-runtime on the same catalog."""
+    """The table's rows as Spark SQL reads them through iceberg-spark-runtime on the same
+    catalog."""
     from common.spark import iceberg_catalog_conf
 
     for key, value in iceberg_catalog_conf(config).items():

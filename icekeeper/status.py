@@ -224,22 +224,27 @@ def _tp(topic: str, partition: int):  # noqa: ANN202
 def render_status(status: Status) -> str:
     """The status as a few aligned text blocks."""
     lines = [
-        f"icekeeper status at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(status.taken_ms / 1000))}Z",
+        "icekeeper status at "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(status.taken_ms / 1000))}Z",
         "",
         "TABLES",
     ]
     lines.append(
-        f"  {'table':<36} {'rows':>10} {'snaps':>6} {'last commit':>12} {'freshness':>10} {'pending':>8} {'pending MB':>10} {'quarantined':>11}"
+        f"  {'table':<36} {'rows':>10} {'snaps':>6} {'last commit':>12} {'freshness':>10} "
+        f"{'pending':>8} {'pending MB':>10} {'quarantined':>11}"
     )
     for row in status.tables:
         if not row.get("exists"):
             lines.append(
-                f"  {row['table']:<36} {'(not created yet)':>29} {'':>10} {row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f}"
+                f"  {row['table']:<36} {'(not created yet)':>29} {'':>10} "
+                f"{row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f}"
             )
             continue
         lines.append(
-            f"  {row['table']:<36} {row['rows']:>10} {row['snapshots']:>6} {_age(row['last_commit_age_s']):>12} {_age(row['freshness_s']):>10} "
-            f"{row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f} {row['quarantined_records']:>11}"
+            f"  {row['table']:<36} {row['rows']:>10} {row['snapshots']:>6} "
+            f"{_age(row['last_commit_age_s']):>12} {_age(row['freshness_s']):>10} "
+            f"{row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f} "
+            f"{row['quarantined_records']:>11}"
         )
     lines += ["", "WRITERS"]
     if not status.writers:
@@ -247,12 +252,15 @@ def render_status(status: Status) -> str:
     for writer in status.writers:
         last = writer["last_moniker"]
         lines.append(
-            f"  {writer['writer']}: last batch {_age(writer['last_batch_age_s'])} ago, last moniker seq {last['seq']} ({last['state']}), "
-            f"{writer['pending_monikers']} pending, lag {writer['lag']}"
+            f"  {writer['writer']}: last batch {_age(writer['last_batch_age_s'])} ago, last "
+            f"moniker seq {last['seq']} ({last['state']}), {writer['pending_monikers']} pending, "
+            f"lag {writer['lag']}"
         )
         for p in writer["partitions"]:
             lines.append(
-                f"    {p['topic']}[{p['partition']}]: read until {p['read_until']} of {p['end'] if p['end'] is not None else '?'}, lag {p['lag'] if p['lag'] is not None else '?'}"
+                f"    {p['topic']}[{p['partition']}]: read until {p['read_until']} of "
+                f"{p['end'] if p['end'] is not None else '?'}, lag "
+                f"{p['lag'] if p['lag'] is not None else '?'}"
             )
     lines += ["", "DEAD LETTERS"]
     for place, count in status.dead_letters.items():

@@ -73,7 +73,8 @@ _ARROW = {
 
 
 def _wall_clock_us(millis: int) -> int:
-    """A DATETIME column as the writer stores it: Debezium's millis as an Iceberg timestamp (micros)."""
+    """A DATETIME column as the writer stores it: Debezium's millis as an Iceberg timestamp
+    (micros)."""
     return millis * 1000
 
 
@@ -132,7 +133,8 @@ def _config(state_dir: Path) -> IcekeeperConfig:
         None,
         environ={
             "ICEKEEPER__STATE_DIR": str(state_dir),
-            "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench], primary_key: [ID1, ID2], mode: changelog}}]",
+            "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench], primary_key: [ID1, "
+            "ID2], mode: changelog}]",
             "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
             "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
             "ICEKEEPER__BOOKKEEPER__MAX_FILES_PER_COMMIT": "100000",
@@ -216,7 +218,8 @@ def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
 
 
 def bench_footers(work: Path, count: int, progress: Progress) -> tuple[float, float]:
-    """Seconds to read `count` footers with a fresh reader, and to also turn them into data files."""
+    """Seconds to read `count` footers with a fresh reader, and to also turn them into data
+    files."""
     config = _config(work / "footers")
     schema = seed_schema(config)
     entries = [
@@ -260,7 +263,8 @@ def bench_latency(work: Path, commits: int, progress: Progress) -> dict[str, flo
         latencies.append(report.tables[0].seconds)
         if seq % 1000 == 0:
             progress(
-                f"  {seq:,} commits, latest median {statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms"
+                f"  {seq:,} commits, latest median "
+                f"{statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms"
             )
     bookkeeper.committer.footer_reader.close()
     early, late = slice(9, 9 + WINDOW), slice(-WINDOW, None)

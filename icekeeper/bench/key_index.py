@@ -88,7 +88,7 @@ def run_key_index_bench(
         "build_s": round(build_s, 1),
     }
     progress(
-        f"{result['index_ops_per_s']:,} look-ups-and-updates/s, {result['index_bytes_per_key']} bytes/key, "
-        f"recovery {result['index_recovery_s']}s at {live:,} keys"
+        f"{result['index_ops_per_s']:,} look-ups-and-updates/s, {result['index_bytes_per_key']} "
+        f"bytes/key, recovery {result['index_recovery_s']}s at {live:,} keys"
     )
     return result

@@ -51,7 +51,8 @@ def _window(latencies: list[float], cpu: list[float], window: slice) -> dict[str
 def run_snapshot_history_bench(
     state_dir: str, commits: int = 3700, plain: bool = False, progress: Progress = print
 ) -> dict[str, Any]:
-    """Commit `commits` single-moniker snapshots, then 100 more an hour later; figures as described above."""
+    """Commit `commits` single-moniker snapshots, then 100 more an hour later; figures as described
+    above."""
     work = fresh_work_folder(state_dir, "bench-snapshot-history")
     config = _config(work)
     schema = seed_schema(config)
@@ -73,7 +74,8 @@ def run_snapshot_history_bench(
         commit(seq)
         if seq % 500 == 0:
             progress(
-                f"  {seq:,} commits, latest median {statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms"
+                f"  {seq:,} commits, latest median "
+                f"{statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms"
             )
     table = bookkeeper.catalog.load_table(TABLE)
     kept_before = len(table.snapshots())

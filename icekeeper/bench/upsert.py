@@ -1,4 +1,5 @@
-"""`icekeeper bench upsert`: an upsert table against Spark's `foreachBatch` + `MERGE INTO`, same data, same cores.
+"""`icekeeper bench upsert`: an upsert table against Spark's `foreachBatch` + `MERGE INTO`, same
+data, same cores.
 
 The topic is preloaded with `changes` Debezium Avro changes over `keys` keys (about 70% updates,
 10% deletes, 20% inserts; `upsert_data.py`) in `partitions` Kafka partitions. Then, in one
@@ -78,13 +79,16 @@ def upsert_bench_config(
         environ={
             "ICEKEEPER__STATE_DIR": str(work),
             "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
-            "ICEKEEPER__CATALOG__NAME": f"bench_{uuid.uuid4().hex[:8]}",  # Spark keeps a catalog per name for the session's life
+            # Spark keeps a catalog per name for the session's life
+            "ICEKEEPER__CATALOG__NAME": f"bench_{uuid.uuid4().hex[:8]}",
             "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": source.bootstrap_servers,
             "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
             "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
             "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
             "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": str(batch_records),
-            "ICEKEEPER__TABLES": f"[{{identifier: bench.placeholder, topics: [{topic}], primary_key: [id]}}]",  # each run its own: run_config
+            # each run its own: run_config
+            "ICEKEEPER__TABLES": "[{identifier: bench.placeholder, "
+            f"topics: [{topic}], primary_key: [id]}}]",
             "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores}]",
             "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
             "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
@@ -96,7 +100,8 @@ def upsert_bench_config(
 def run_config(
     config: IcekeeperConfig, topic: str, identifier: str, mode: str, folder: Path
 ) -> IcekeeperConfig:
-    """One side's run: its table, and a transport, checkpoints, lease and commit report of its own."""
+    """One side's run: its table, and a transport, checkpoints, lease and commit report of its
+    own."""
     source = config.sources[0].model_copy(
         update={"topics": [topic], "dead_letter_topic": topic + ".dlq"}
     )
@@ -153,7 +158,8 @@ def bookkeeper_running(config: IcekeeperConfig) -> Iterator[multiprocessing.Proc
 def run_pipeline(
     spark: SparkSession, config: IcekeeperConfig, changes: int, timeout_s: float = 3600.0
 ) -> dict[str, Any]:
-    """Our writer over the whole topic while the bookkeeper commits, until the table covers every change.
+    """Our writer over the whole topic while the bookkeeper commits, until the table covers every
+    change.
 
     Returns:
         `seconds` from the writer's start to the commit of the last change (the commit report's
@@ -201,7 +207,8 @@ def changelog_mirror(frame: DataFrame, op: str) -> DataFrame:
 
 
 def state_digest(frame: DataFrame, columns: list[str]) -> dict[str, Any]:
-    """Row count, distinct keys and an order-free checksum of the rows' `columns` (sum of row hashes)."""
+    """Row count, distinct keys and an order-free checksum of the rows' `columns` (sum of row
+    hashes)."""
     row = frame.agg(
         F.count(F.lit(1)).alias("rows"),
         F.countDistinct(*KEY_COLUMNS).alias("keys"),
@@ -219,7 +226,8 @@ def final_states(
     table_rows: int = 0,
 ) -> dict[str, Any]:
     """Each table's state (as Spark reads it, deletes applied) against the plan's final state (and
-    the `table_rows` starting rows): source columns against the plan, all columns between the tables."""
+    the `table_rows` starting rows): source columns against the plan, all columns between the
+    tables."""
     op = op_column(config.metadata_columns)
     frames = {}
     for side, identifier in tables.items():
@@ -243,7 +251,8 @@ def final_states(
 
 
 def duckdb_scan(metadata_location: str, repeat: int = 9) -> tuple[float, int]:
-    """Median seconds of a DuckDB full scan (every column of every live row, into Arrow), and the rows it read."""
+    """Median seconds of a DuckDB full scan (every column of every live row, into Arrow), and the
+    rows it read."""
     from icekeeper.readers import duckdb_connection
 
     connection = duckdb_connection()
@@ -305,7 +314,8 @@ def measure_scans(
     rewritten.append(rows)
     scan_rewritten_s, _ = duckdb_scan(rewritten.metadata_location)
     progress(
-        f"after the reaper pass ({reaper_s:.1f}s): {scan_compacted_s:.3f}s ({after}); rewritten: {scan_rewritten_s:.3f}s"
+        f"after the reaper pass ({reaper_s:.1f}s): {scan_compacted_s:.3f}s ({after}); rewritten: "
+        f"{scan_rewritten_s:.3f}s"
     )
     return {
         "scan_s": round(scan_s, 4),
@@ -344,7 +354,8 @@ class Sides:
     starting: StartingRows | None = None
 
     def run(self, side: str, name: str, loaded: dict[str, Any]) -> dict[str, Any]:
-        """`loaded`: what `preload` reported; returns the run's figures, its table and (ours, changelog) its config."""
+        """`loaded`: what `preload` reported; returns the run's figures, its table and (ours,
+        changelog) its config."""
         identifier = f"bench.{side}_{name}"
         folder = self.work / f"{side}-{name}"
         if self.starting is not None and name != "warm":
@@ -372,8 +383,9 @@ class Sides:
             )
             result = {**run_pipeline(self.spark, config, loaded["changes"]), "config": config}
             self.progress(
-                f"{side} {name}: {result['seconds']:.1f}s (writer {result['writer_s']:.1f}s, {result['batches']} batches; "
-                f"{result['snapshots']} snapshots, {result['commit_s']:.1f}s committing)"
+                f"{side} {name}: {result['seconds']:.1f}s (writer {result['writer_s']:.1f}s, "
+                f"{result['batches']} batches; {result['snapshots']} snapshots, "
+                f"{result['commit_s']:.1f}s committing)"
             )
         return {
             **result,
@@ -429,7 +441,8 @@ class Sides:
         }
         if len({tuple(ids) for ids in field_ids.values()}) != 1:
             raise ValueError(
-                f"the sides' tables number their columns differently, so they cannot share data files: {field_ids}"
+                "the sides' tables number their columns differently, so they cannot share data "
+                f"files: {field_ids}"
             )
         started = time.monotonic()
         files = write_template(
@@ -443,13 +456,15 @@ class Sides:
             "bench.starting_rows",
         )
         self.progress(
-            f"{table_rows:,} starting rows written in {time.monotonic() - started:.1f}s ({len(files)} files)"
+            f"{table_rows:,} starting rows written in {time.monotonic() - started:.1f}s "
+            f"({len(files)} files)"
         )
         return StartingRows(table_rows, files, schemas)
 
 
 def delete_topics(config: IcekeeperConfig, topics: list[str], progress: Progress) -> None:
-    """The bench's topics go when it is done (a million changes are ~300 MB of the local broker's disk)."""
+    """The bench's topics go when it is done (a million changes are ~300 MB of the local broker's
+    disk)."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(
@@ -487,7 +502,8 @@ def run_upsert_bench(
         base: the stack's addresses (Kafka, registry) and the state folder the bench works under.
         batch_records: records per batch on every side (our writer's `max_offsets_per_trigger`,
             the baseline's `maxOffsetsPerTrigger`).
-        spark: a session to use (and leave running); default: one of `cores` local cores, stopped at the end.
+        spark: a session to use (and leave running); default: one of `cores` local cores, stopped
+            at the end.
         freshness_s: seconds of production at `rate_per_s` for the freshness figures (0: skip them).
         table_rows: rows every timed run's table starts with, keys the changes never touch
             (`upsert_table_rows.py`): a source table larger than the keys it changes.
@@ -515,7 +531,8 @@ def run_upsert_bench(
     try:
         plan = plan_changes(changes, keys)
         progress(
-            f"preloading {changes:,} changes over {keys:,} keys ({plan.op_counts()}) into {topic} ({partitions} partitions)"
+            f"preloading {changes:,} changes over {keys:,} keys ({plan.op_counts()}) into {topic} "
+            f"({partitions} partitions)"
         )
         loaded = preload(spark, config, topic, plan, partitions, work / "plan")
         warm = preload(
@@ -587,7 +604,8 @@ def summarize(
     partitions: int,
     cores: int,
 ) -> dict[str, Any]:
-    """The bench's figures: the issue's names first (medians over the runs), then what explains them.
+    """The bench's figures: the issue's names first (medians over the runs), then what explains
+    them.
 
     `*_best_s` and `ratio_*_best` come from each side's fastest run: on a shared machine other
     jobs only ever add time, so the fastest run is the least disturbed one.

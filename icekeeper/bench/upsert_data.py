@@ -145,7 +145,8 @@ def row_image(seq: SparkColumn, born_seq: SparkColumn, key: SparkColumn) -> Spar
 
 
 def plan_frame(spark: SparkSession, plan: ChangePlan, partitions: int, folder: Path) -> DataFrame:
-    """The plan as a Spark frame (seq, op, key, prev_seq, born_seq, partition), through a Parquet file."""
+    """The plan as a Spark frame (seq, op, key, prev_seq, born_seq, partition), through a Parquet
+    file."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "plan.parquet"
     pq.write_table(

@@ -1,4 +1,5 @@
-"""The rows `icekeeper bench upsert --table-rows N` starts every table with: a source table larger than the keys it changes.
+"""The rows `icekeeper bench upsert --table-rows N` starts every table with: a source table larger
+than the keys it changes.
 
 A mirror holds the whole source table, and an hour's changes touch a small part of it. With
 `table_rows` > 0, every side's table starts with the same N rows whose keys lie above the change

@@ -1,4 +1,5 @@
-"""`icekeeper bench writer`: our writer against Spark's own Iceberg streaming sink, same data, same cores.
+"""`icekeeper bench writer`: our writer against Spark's own Iceberg streaming sink, same data, same
+cores.
 
 The topic is preloaded with seed-000-like Debezium Avro records (the `tbl_test_1` envelope, ~230
 bytes each, Confluent-framed with a registered schema). The records are made in Spark's JVM with
@@ -39,7 +40,8 @@ Progress = Callable[[str], None]
 
 
 def seed_like_frame(spark: SparkSession, records: int, partitions: int) -> DataFrame:
-    """`records` seed-000 envelopes (schema v4: C3..C6), keys spread over 100k ids, mostly updates."""
+    """`records` seed-000 envelopes (schema v4: C3..C6), keys spread over 100k ids, mostly
+    updates."""
     n = F.col("id")
     row_fields = lambda base: F.struct(  # noqa: E731 - a template for before/after
         (F.lit(1000) + n % 100_000).cast("int").alias("ID1"),
@@ -93,7 +95,8 @@ def seed_like_frame(spark: SparkSession, records: int, partitions: int) -> DataF
 def preload(
     spark: SparkSession, config: IcekeeperConfig, topic: str, records: int, partitions: int = 3
 ) -> dict[str, Any]:
-    """Register the seed v4 schemas and fill `topic` with `records` Confluent-framed Avro messages."""
+    """Register the seed v4 schemas and fill `topic` with `records` Confluent-framed Avro
+    messages."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from pyspark.sql.avro.functions import to_avro
 
@@ -161,7 +164,8 @@ def run_baseline(
     schema_id: int,
     work_dir: Path,
 ) -> float:
-    """Spark's own path: readStream -> same decode and flatten -> writeStream into an Iceberg table."""
+    """Spark's own path: readStream -> same decode and flatten -> writeStream into an Iceberg
+    table."""
     from common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
     from common.spark import iceberg_catalog_conf
 
@@ -178,10 +182,7 @@ def run_baseline(
     )
     rows, schema = _seed_rows(config, stream, schema_text, schema_id)
     catalog = open_catalog(config)
-    try:
-        catalog.create_namespace("bench")
-    except Exception:  # noqa: BLE001 - exists from an earlier run
-        pass
+    catalog.create_namespace_if_not_exists("bench")  # it exists after an earlier run
     identifier = f"bench.baseline_{uuid.uuid4().hex[:6]}"
     # Spark's columns are nullable, and the Iceberg sink refuses them for required fields.
     fields = [field.model_copy(update={"required": False}) for field in schema.fields]
@@ -210,8 +211,9 @@ def measure_stages(
     work_dir: Path,
 ) -> dict[str, float]:
     """Seconds for the whole topic through growing prefixes of the pipeline, one Spark job each:
-    Kafka read alone, + Avro decoding and flattening (Spark's `noop` sink), + Parquet (our files' settings).
-    The differences say where a writer's time goes, on the same cores as the runs above."""
+    Kafka read alone, + Avro decoding and flattening (Spark's `noop` sink), + Parquet (our files'
+    settings). The differences say where a writer's time goes, on the same cores as the runs
+    above."""
 
     def kafka() -> DataFrame:
         return (
@@ -257,7 +259,8 @@ def measure_stages(
 def _run_ours(
     spark: SparkSession, config: IcekeeperConfig, topic: str, work_dir: Path
 ) -> tuple[float, int, int]:
-    """Our writer over the whole topic, in batches of up to 500k records; (seconds, rows, batches)."""
+    """Our writer over the whole topic, in batches of up to 500k records; (seconds, rows,
+    batches)."""
     from writers.job import WriterJob
 
     bench_config = config.model_copy(
@@ -321,7 +324,8 @@ def run_writer_bench(
     loaded = preload(spark, config, topic, records)
     warm = preload(spark, config, warm_topic, 100_000)
     progress(
-        f"preloaded in {loaded['preload_s']}s, {loaded['avg_value_bytes']} bytes per value on average"
+        f"preloaded in {loaded['preload_s']}s, {loaded['avg_value_bytes']} bytes per value on "
+        "average"
     )
     schema_text = json.dumps(seed000.SCHEMA_VERSIONS[4].value_schema())
 
@@ -347,7 +351,8 @@ def run_writer_bench(
             )
         )
         progress(
-            f"run {run}/{repeat}: ours {ours_s:.1f}s ({batches} batches), baseline (Spark Iceberg sink) {baseline_runs[-1]:.1f}s"
+            f"run {run}/{repeat}: ours {ours_s:.1f}s ({batches} batches), baseline (Spark Iceberg "
+            f"sink) {baseline_runs[-1]:.1f}s"
         )
     stages = measure_stages(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir)
     progress(f"stages, seconds for the whole topic: {stages}")

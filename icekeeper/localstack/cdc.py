@@ -159,10 +159,12 @@ class MariaDbSource:
 
         Args:
             name: connector name (unique in the worker; also seeds the replica's server id).
-            topic_prefix: topics are `<topic_prefix>.<database>.<table>`; schema changes go to `<topic_prefix>`.
+            topic_prefix: topics are `<topic_prefix>.<database>.<table>`; schema changes go to
+                `<topic_prefix>`.
             tables: table names in `database`.
             record_format: see `RecordFormat`.
-            transaction_metadata: `provide.transaction.metadata` (a `transaction` block and a `<topic_prefix>.transaction` topic).
+            transaction_metadata: `provide.transaction.metadata` (a `transaction` block and a
+                `<topic_prefix>.transaction` topic).
             extra: more connector properties; they win over the ones set here.
 
         Returns:
@@ -175,11 +177,14 @@ class MariaDbSource:
             "database.port": str(self.stack.mariadb_port),
             "database.user": DEBEZIUM.name,
             "database.password": DEBEZIUM.password,
-            # The connector joins the server as a replica: its id must differ from the server's (1) and other replicas'.
+            # The connector joins the server as a replica: its id must differ from the server's (1)
+            # and other replicas'.
             "database.server.id": str(10_000 + zlib.crc32(name.encode()) % 1_000_000),
             "database.include.list": re.escape(database),
             "table.include.list": _include_list(database, tables),
-            "schema.history.internal.kafka.bootstrap.servers": f"{self.stack.host}:{self.stack.kafka_port}",
+            "schema.history.internal.kafka.bootstrap.servers": (
+                f"{self.stack.host}:{self.stack.kafka_port}"
+            ),
             "schema.history.internal.kafka.topic": f"{topic_prefix}.schema-history",
             **converter_properties(self.stack, record_format),
         }
@@ -189,14 +194,16 @@ class MariaDbSource:
 
 @dataclass(frozen=True)
 class PostgresSource:
-    """The stack's PostgreSQL (`stack up --with postgres`) as a Debezium source, through pgoutput."""
+    """The stack's PostgreSQL (`stack up --with postgres`) as a Debezium source, through
+    pgoutput."""
 
     stack: StackConfig
 
     def connect(
         self, dbname: str = DATABASE, *, user: DatabaseUser = OWNER, autocommit: bool = True
     ) -> psycopg.Connection:
-        """A DB-API connection (psycopg 3), by default as the owner of the `icekeeper` database (and its tables)."""
+        """A DB-API connection (psycopg 3), by default as the owner of the `icekeeper` database
+        (and its tables)."""
         import psycopg
 
         return psycopg.connect(
@@ -215,11 +222,13 @@ class PostgresSource:
 
     @staticmethod
     def slot_name(name: str) -> str:
-        """Replication slot (and publication) of connector `name`: lower case, digits and `_`, at most 63."""
+        """Replication slot (and publication) of connector `name`: lower case, digits and `_`, at
+        most 63."""
         return re.sub(r"[^a-z0-9_]", "_", name.lower())[:63]
 
     def drop_publication(self, name: str) -> None:
-        """Drop the publication connector `name` created (deleting a connector leaves it; its slot goes with the connector)."""
+        """Drop the publication connector `name` created (deleting a connector leaves it; its slot
+        goes with the connector)."""
         with self.connect(user=DEBEZIUM) as connection:  # the publication's owner
             connection.execute(f'DROP PUBLICATION IF EXISTS "{self.slot_name(name)}"')
 
@@ -231,7 +240,8 @@ class PostgresSource:
         """
         with self.connect(user=DEBEZIUM) as connection:  # REPLICATION may drop slots
             rows = connection.execute(
-                "SELECT slot_name, pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active AND database = %s",
+                "SELECT slot_name, pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE NOT active AND database = %s",
                 (DATABASE,),
             ).fetchall()
         return [row[0] for row in rows]
@@ -247,7 +257,8 @@ class PostgresSource:
         transaction_metadata: bool = False,
         extra: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
-        """Config of a Debezium PostgreSQL connector streaming `schema.<table>` of the `icekeeper` database.
+        """Config of a Debezium PostgreSQL connector streaming `schema.<table>` of the `icekeeper`
+        database.
 
         Each connector gets its own replication slot and publication (`slot_name(name)`), created
         for just its tables (`publication.autocreate.mode=filtered`: the `debezium` user is a member
@@ -330,14 +341,16 @@ class ConnectClient:
             status, text = error.code, error.read().decode(errors="replace")
         except OSError as error:
             raise ConnectError(
-                f"{method} {self.url}{path}: Kafka Connect does not answer ({error}); is it running (icekeeper stack up --with ...)?"
+                f"{method} {self.url}{path}: Kafka Connect does not answer ({error}); is it "
+                "running (icekeeper stack up --with ...)?"
             ) from error
         if status not in ok:
             raise ConnectError(f"{method} {self.url}{path}: HTTP {status}: {text[:2000]}")
         return status, json.loads(text) if text.strip() else None
 
     def create(self, config: Mapping[str, str]) -> dict[str, Any]:
-        """Register a connector (`POST /connectors`); `config["name"]` names it. Returns Connect's answer."""
+        """Register a connector (`POST /connectors`); `config["name"]` names it. Returns Connect's
+        answer."""
         name = config.get("name")
         if not name:
             raise ValueError("the connector config needs a name")
@@ -355,15 +368,18 @@ class ConnectClient:
         return self._request("GET", "/connectors")[1]
 
     def status(self, name: str) -> dict[str, Any]:
-        """`GET /connectors/<name>/status`: the connector's and its tasks' states (and traces when FAILED)."""
+        """`GET /connectors/<name>/status`: the connector's and its tasks' states (and traces when
+        FAILED)."""
         return self._request("GET", f"/connectors/{name}/status")[1]
 
     def offsets(self, name: str) -> list[dict[str, Any]]:
-        """Committed source offsets (`GET /connectors/<name>/offsets`): `[{"partition": ..., "offset": ...}]`."""
+        """Committed source offsets (`GET /connectors/<name>/offsets`):
+        `[{"partition": ..., "offset": ...}]`."""
         return self._request("GET", f"/connectors/{name}/offsets")[1]["offsets"]
 
     def _running(self, name: str) -> bool:
-        """True when the connector and at least one task run; raises ConnectorFailed on a FAILED one."""
+        """True when the connector and at least one task run; raises ConnectorFailed on a FAILED
+        one."""
         code, status = self._request("GET", f"/connectors/{name}/status", ok=(200, 404))
         if code == 404:
             return False  # accepted, not yet started
@@ -403,7 +419,8 @@ class ConnectClient:
     def wait_for_snapshot(
         self, name: str, timeout_s: float = 120.0, poll_s: float = 0.25
     ) -> list[dict[str, Any]]:
-        """Wait until the connector's initial snapshot is committed (its records are in Kafka); returns the offsets.
+        """Wait until the connector's initial snapshot is committed (its records are in Kafka);
+        returns the offsets.
 
         Only for snapshots that emit records: see `snapshot_completed`. A failed connector or task
         raises ConnectorFailed at once instead of waiting out the timeout.
@@ -416,6 +433,7 @@ class ConnectClient:
                     return offsets
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"connector {name}: snapshot not committed after {timeout_s:.0f}s; status {self.status(name)}"
+                    f"connector {name}: snapshot not committed after {timeout_s:.0f}s; status "
+                    f"{self.status(name)}"
                 )
             time.sleep(poll_s)

@@ -1,4 +1,5 @@
-"""Kafka Connect standalone with Debezium's MariaDB and PostgreSQL connectors and Apicurio's converters.
+"""Kafka Connect standalone with Debezium's MariaDB and PostgreSQL connectors and Apicurio's
+converters.
 
 The worker is Kafka's own (`connect-runtime` + `connect-json`, the stack's Kafka version) from
 Maven Central, started once Kafka answers. Its `plugin.path` holds Debezium's connector plugins
@@ -17,13 +18,15 @@ from icekeeper.localstack.java import find_java
 from icekeeper.localstack.services import LaunchSpec, Service, http_status
 
 DEBEZIUM_CONNECTORS = ("mariadb", "postgres")
-"""Debezium connector plugins on the worker's plugin path (`io.debezium:debezium-connector-<name>`)."""
+"""Debezium connector plugins on the worker's plugin path
+(`io.debezium:debezium-connector-<name>`)."""
 
 _LOG4J_VERSION = "2.25.5"
 
 
 class KafkaConnectService(Service):
-    """One Kafka Connect worker in standalone mode, REST on the stack's host and `stack.connect_port`."""
+    """One Kafka Connect worker in standalone mode, REST on the stack's host and
+    `stack.connect_port`."""
 
     name = "connect"
     needs = ("kafka",)
@@ -45,7 +48,8 @@ class KafkaConnectService(Service):
             coordinates=(
                 f"org.apache.kafka:connect-runtime:{version}",
                 f"org.apache.kafka:connect-json:{version}",
-                # As for the broker: no logging backend in the poms, and Kafka 4 logs through SLF4J 1.7.
+                # As for the broker: no logging backend in the poms, and Kafka 4 logs through SLF4J
+                # 1.7.
                 f"org.apache.logging.log4j:log4j-slf4j-impl:{_LOG4J_VERSION}",
                 f"org.apache.logging.log4j:log4j-core:{_LOG4J_VERSION}",
             ),
@@ -57,8 +61,9 @@ class KafkaConnectService(Service):
             coordinates=(
                 f"io.apicurio:apicurio-registry-utils-converter:{self.stack.apicurio_converter_version}",
             ),
-            # The worker provides Kafka's own classes. Connect never loads kafka-clients or connect-api from a
-            # plugin, but does load connect-json from one: Apicurio's 3.9 copy calls Utils.mkSet, gone in Kafka 4.
+            # The worker provides Kafka's own classes. Connect never loads kafka-clients or
+            # connect-api from a plugin, but does load connect-json from one: Apicurio's 3.9 copy
+            # calls Utils.mkSet, gone in Kafka 4.
             exclusions=(
                 "org.apache.kafka:kafka-clients",
                 "org.apache.kafka:connect-api",

@@ -41,7 +41,8 @@ OWNER = DatabaseUser("icekeeper", "icekeeper")
 DEBEZIUM = DatabaseUser("debezium", "debezium")
 """What Debezium connects as: replication rights, no more than its documentation asks for."""
 DATABASE = "icekeeper"
-"""The database created in both servers (MariaDB: one of many; PostgreSQL: the one Debezium reads)."""
+"""The database created in both servers (MariaDB: one of many; PostgreSQL: the one Debezium
+reads)."""
 
 MARIADB_DEBEZIUM_GRANTS = (
     "SELECT",
@@ -51,18 +52,21 @@ MARIADB_DEBEZIUM_GRANTS = (
     "REPLICATION SLAVE",
     "BINLOG MONITOR",
 )
-"""Debezium's MariaDB connector documentation; BINLOG MONITOR is MariaDB's name for REPLICATION CLIENT since 10.5."""
+"""Debezium's MariaDB connector documentation; BINLOG MONITOR is MariaDB's name for REPLICATION
+CLIENT since 10.5."""
 
 
 def _server_user(system_user: str, package: str) -> pwd.struct_passwd:
-    """Who runs the server: as root, the system user of its package (the servers refuse root); else ourselves."""
+    """Who runs the server: as root, the system user of its package (the servers refuse root); else
+    ourselves."""
     if os.geteuid() != 0:
         return pwd.getpwuid(os.geteuid())
     try:
         return pwd.getpwnam(system_user)
     except KeyError:
         raise StackError(
-            f"no system user {system_user!r}; it comes with the Debian package {package} (apt-get install {package})"
+            f"no system user {system_user!r}; it comes with the Debian package {package} (apt-get "
+            f"install {package})"
         ) from None
 
 
@@ -84,7 +88,9 @@ def _can_reach(user: pwd.struct_passwd, folder: Path) -> bool:
     return (
         user.pw_uid == os.geteuid()
         or subprocess.run(
-            _as_user(user) + ["test", "-w", str(folder)], capture_output=True
+            _as_user(user) + ["test", "-w", str(folder)],
+            capture_output=True,
+            check=False,
         ).returncode
         == 0
     )
@@ -119,7 +125,7 @@ def _server_folder(user: pwd.struct_passwd, home: Path) -> Path:
 def _run_logged(
     command: list[str], log_path: Path, what: str, stdin_text: str | None = None
 ) -> str:
-    result = subprocess.run(command, input=stdin_text, capture_output=True, text=True)
+    result = subprocess.run(command, input=stdin_text, capture_output=True, text=True, check=False)
     output = result.stdout + result.stderr
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(command)}\n{output}\n")
@@ -199,7 +205,8 @@ class MariaDbService(Service):
                 "FLUSH PRIVILEGES;",
                 f"CREATE USER IF NOT EXISTS '{OWNER.name}'@'%' IDENTIFIED BY '{OWNER.password}';",
                 f"GRANT ALL PRIVILEGES ON *.* TO '{OWNER.name}'@'%' WITH GRANT OPTION;",
-                f"CREATE USER IF NOT EXISTS '{DEBEZIUM.name}'@'%' IDENTIFIED BY '{DEBEZIUM.password}';",
+                f"CREATE USER IF NOT EXISTS '{DEBEZIUM.name}'@'%' IDENTIFIED BY "
+                f"'{DEBEZIUM.password}';",
                 f"GRANT {grants} ON *.* TO '{DEBEZIUM.name}'@'%';",
                 f"CREATE DATABASE IF NOT EXISTS {DATABASE} CHARACTER SET utf8mb4;",
                 "",
@@ -229,7 +236,8 @@ class MariaDbService(Service):
 
 
 class PostgresService(Service):
-    """PostgreSQL with `wal_level=logical`, for Debezium's connector through the built-in pgoutput plugin."""
+    """PostgreSQL with `wal_level=logical`, for Debezium's connector through the built-in pgoutput
+    plugin."""
 
     name = "postgres"
 
@@ -244,7 +252,8 @@ class PostgresService(Service):
         postgres = _server_user("postgres", POSTGRESQL.name)
         data_dir = _server_folder(postgres, self.home) / "data"
         initialised = self.home / "initialised"
-        # The marker alone is not enough: state left by an older layout has it but no data folder here.
+        # The marker alone is not enough: state left by an older layout has it but no data folder
+        # here.
         if not initialised.exists() or not (data_dir / "PG_VERSION").exists():
             progress(f"initialising PostgreSQL in {data_dir}")
             if data_dir.exists():
@@ -276,11 +285,12 @@ class PostgresService(Service):
             )
             if "ERROR:" in output:
                 raise StackError(
-                    f"PostgreSQL bootstrap SQL failed; see {self.home / 'initdb.log'}:\n{output[-3000:]}"
+                    "PostgreSQL bootstrap SQL failed; see "
+                    f"{self.home / 'initdb.log'}:\n{output[-3000:]}"
                 )
             initialised.touch()
-        # `pg_ctl start` would daemonise and leave no process of ours to track: run the server itself,
-        # in the foreground, as postgres.
+        # `pg_ctl start` would daemonise and leave no process of ours to track: run the server
+        # itself, in the foreground, as postgres.
         command = _as_user(postgres) + [
             programs["postgres"],
             "-D",
@@ -307,8 +317,9 @@ class PostgresService(Service):
             [
                 f"CREATE ROLE {OWNER.name} LOGIN PASSWORD '{OWNER.password}';",
                 f"CREATE ROLE {DEBEZIUM.name} REPLICATION LOGIN PASSWORD '{DEBEZIUM.password}';",
-                # Debezium's docs: publications of tables need their owner's rights; a replication user that
-                # is a member of the owning role has them (and SELECT for the snapshot) without superuser.
+                # Debezium's docs: publications of tables need their owner's rights; a replication
+                # user that is a member of the owning role has them (and SELECT for the snapshot)
+                # without superuser.
                 f"GRANT {OWNER.name} TO {DEBEZIUM.name};",
                 f"CREATE DATABASE {DATABASE} OWNER {OWNER.name};",
                 "",

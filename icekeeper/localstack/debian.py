@@ -101,7 +101,8 @@ def ensure_package(package: DebianPackage, purpose: str, progress: Progress) -> 
     found = find_programs(package)
     if not found:
         raise StackError(
-            f"apt-get installed {package.name} but {', '.join(package.programs)} are still not found"
+            f"apt-get installed {package.name} but {', '.join(package.programs)} are still not "
+            "found"
         )
     return found
 
@@ -119,9 +120,15 @@ def _apt_get_install(name: str, progress: Progress) -> None:
 
 def _run_apt(command: list[str], environ: dict[str, str], name: str) -> None:
     result = subprocess.run(
-        command, capture_output=True, text=True, env=environ, stdin=subprocess.DEVNULL
+        command,
+        capture_output=True,
+        text=True,
+        env=environ,
+        stdin=subprocess.DEVNULL,
+        check=False,
     )
     if result.returncode != 0:
         raise StackError(
-            f"`{' '.join(command)}` failed while installing {name}:\n{(result.stdout + result.stderr)[-3000:]}"
+            f"`{' '.join(command)}` failed while installing "
+            f"{name}:\n{(result.stdout + result.stderr)[-3000:]}"
         )

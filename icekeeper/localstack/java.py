@@ -31,7 +31,9 @@ class JavaNotFound(RuntimeError):
 def java_major_version(java: str) -> int | None:
     """Major version `java -version` reports, or None if it does not run."""
     try:
-        result = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     match = re.search(r'version "(\d+)(?:\.(\d+))?', result.stderr + result.stdout)
@@ -62,7 +64,8 @@ def candidate_javas(preferred_home: str | None = None) -> list[str]:
 
 
 def find_java(min_major: int, preferred_home: str | None = None, purpose: str = "") -> str:
-    """Path of a `java` of at least `min_major`: the preferred home if it qualifies, else the newest found."""
+    """Path of a `java` of at least `min_major`: the preferred home if it qualifies, else the
+    newest found."""
     versions = [(java, java_major_version(java)) for java in candidate_javas(preferred_home)]
     if preferred_home:
         preferred = str(Path(preferred_home) / "bin" / "java")
@@ -73,6 +76,7 @@ def find_java(min_major: int, preferred_home: str | None = None, purpose: str = 
     if not usable:
         found = ", ".join(f"{java} ({major})" for java, major in versions) or "none"
         raise JavaNotFound(
-            f"{purpose or 'this'} needs Java {min_major}+; found: {found}. Install a JDK {min_major}+ and set JAVA_HOME or stack.registry_java_home"
+            f"{purpose or 'this'} needs Java {min_major}+; found: {found}. Install a JDK "
+            f"{min_major}+ and set JAVA_HOME or stack.registry_java_home"
         )
     return max(usable)[1]

@@ -199,8 +199,8 @@ class KafkaService(Service):
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
-            # Keep records regardless of age: the seed sample carries its 2022 Kafka timestamps, which
-            # time-based retention (7 days by default) deletes within a minute of start-up.
+            # Keep records regardless of age: the seed sample carries its 2022 Kafka timestamps,
+            # which time-based retention (7 days by default) deletes within a minute of start-up.
             "log.retention.ms": "-1",
         }
         return "".join(f"{key}={value}\n" for key, value in settings.items())

@@ -1,4 +1,5 @@
-"""`icekeeper stack up [--with mariadb postgres] | down | status`: run the local services as detached processes.
+"""`icekeeper stack up [--with mariadb postgres] | down | status`: run the local services as
+detached processes.
 
 Each process started by `up` gets a pid file under `<state_dir>/stack/<service>/`. `down` stops
 exactly those processes (their whole process group) and nothing else, so a Kafka the user runs
@@ -35,7 +36,8 @@ class ServiceStatus:
 
     name: str
     address: str
-    state: str  # "running", "stopped", "unhealthy", "foreign" (port taken by a process we did not start)
+    # "running", "stopped", "unhealthy", "foreign" (port taken by a process we did not start)
+    state: str
     pid: int | None
     log: str
 
@@ -56,11 +58,13 @@ OPTIONAL_SERVICES: dict[str, type[Service]] = {
     "kafka-sasl": SaslKafkaService,
     "registry-auth": RegistryAuthService,
 }
-"""Services `stack up --with <name>` adds, in start order; a database brings Kafka Connect with it."""
+"""Services `stack up --with <name>` adds, in start order; a database brings Kafka Connect with
+it."""
 
 
 def with_dependencies(names: list[str]) -> list[str]:
-    """Optional services to run for `--with names`: a CDC source is no use without Debezium in Connect."""
+    """Optional services to run for `--with names`: a CDC source is no use without Debezium in
+    Connect."""
     unknown = set(names) - set(OPTIONAL_SERVICES)
     if unknown:
         raise StackError(
@@ -71,7 +75,8 @@ def with_dependencies(names: list[str]) -> list[str]:
 
 
 def started_optional_services(config: IcekeeperConfig) -> list[str]:
-    """Optional services that `up` started in this state folder (their pid files exist), for `down` and `status`."""
+    """Optional services that `up` started in this state folder (their pid files exist), for `down`
+    and `status`."""
     state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
     return [
         name
@@ -81,7 +86,8 @@ def started_optional_services(config: IcekeeperConfig) -> list[str]:
 
 
 class LocalStack:
-    """The local Kafka, schema registry and Azurite of one state folder, plus the optional services asked for."""
+    """The local Kafka, schema registry and Azurite of one state folder, plus the optional services
+    asked for."""
 
     def __init__(
         self,
@@ -93,7 +99,8 @@ class LocalStack:
         Args:
             config: the stack's ports and versions (`config.stack`), state and cache folders.
             only: manage just these services (of the core ones and those in `with_services`).
-            with_services: optional services to add (`OPTIONAL_SERVICES`); `mariadb` and `postgres` bring `connect`.
+            with_services: optional services to add (`OPTIONAL_SERVICES`); `mariadb` and `postgres`
+                bring `connect`.
         """
         self.config = config
         state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
@@ -104,7 +111,8 @@ class LocalStack:
         unknown = set(only or []) - {service.name for service in services}
         if unknown:
             raise StackError(
-                f"no such service(s) {sorted(unknown)}; services: {[service.name for service in services]}"
+                f"no such service(s) {sorted(unknown)}; services: "
+                f"{[service.name for service in services]}"
             )
         self.services: list[Service] = [
             service for service in services if not only or service.name in only
@@ -133,7 +141,8 @@ class LocalStack:
                 continue
             if service.port_in_use():
                 raise StackError(
-                    f"{service.name}: port(s) {service.ports()} already in use by a process this stack did not start; change stack.* ports or stop it"
+                    f"{service.name}: port(s) {service.ports()} already in use by a process this "
+                    "stack did not start; change stack.* ports or stop it"
                 )
             to_start.append(service)
         starting = {service.name for service in to_start}
@@ -150,7 +159,8 @@ class LocalStack:
                     service.name for service in to_start if dependency.name in service.needs
                 )
                 raise StackError(
-                    f"{dependents} need(s) {dependency.name}, which is not running in this stack; start it too (icekeeper stack up)"
+                    f"{dependents} need(s) {dependency.name}, which is not running in this stack; "
+                    "start it too (icekeeper stack up)"
                 )
         launches = [(service, service.prepare(progress)) for service in to_start]
         for service, launch in launches:
@@ -201,12 +211,14 @@ class LocalStack:
                         pending.remove(service)
                     elif _pid_file(service).exists() and not _alive(_read_pid(service)):
                         raise StackError(
-                            f"{service.name} exited during start-up; see {service.log_path}:\n{_tail(service.log_path)}"
+                            f"{service.name} exited during start-up; see "
+                            f"{service.log_path}:\n{_tail(service.log_path)}"
                         )
                 if pending and time.monotonic() > deadline:
                     names = ", ".join(service.name for service in pending)
                     raise StackError(
-                        f"not healthy after {self.config.stack.start_timeout:.0f}s: {names}; logs under {Path(self.config.state_dir) / 'stack'}"
+                        f"not healthy after {self.config.stack.start_timeout:.0f}s: {names}; logs "
+                        f"under {Path(self.config.state_dir) / 'stack'}"
                     )
                 if pending:
                     time.sleep(0.25)

@@ -183,7 +183,7 @@ def envelope(
     }
 
 
-# -- Debezium JSON (Kafka Connect's JsonConverter) --------------------------------------------------
+# -- Debezium JSON (Kafka Connect's JsonConverter) -------------------------------------------------
 
 _CONNECT_PRIMITIVES = {
     "int": "int32",
@@ -199,7 +199,8 @@ _CONNECT_PRIMITIVES = {
 def connect_schema(avro_type: Any, optional: bool = False) -> dict[str, Any]:
     """The Kafka Connect schema JsonConverter (`schemas.enable=true`) writes beside a value that
     Debezium's Avro converter would register as `avro_type` (records, optional unions, primitives,
-    Connect names and parameters; named-type references must be inlined, `common.schema.resolve_named_types`)."""
+    Connect names and parameters; named-type references must be inlined,
+    `common.schema.resolve_named_types`)."""
     if isinstance(avro_type, list):
         branches = [branch for branch in avro_type if branch != "null"]
         if len(branches) != 1:

@@ -38,7 +38,8 @@ UNKNOWN_SCHEMA_ID = 987_654_321
 
 
 class ConfluentAvroFramer:
-    """Registers schemas under TopicNameStrategy subjects and frames records: magic, id, Avro body."""
+    """Registers schemas under TopicNameStrategy subjects and frames records: magic, id, Avro
+    body."""
 
     def __init__(self, registry: SchemaRegistryClient, topic: str) -> None:
         self.registry = registry
@@ -69,7 +70,8 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
     if existing is not None and existing.error is None:
         if len(existing.partitions) != partitions:
             raise ValueError(
-                f"topic {topic} exists with {len(existing.partitions)} partitions, expected {partitions}"
+                f"topic {topic} exists with {len(existing.partitions)} partitions, expected "
+                f"{partitions}"
             )
         return
     futures = admin.create_topics(
@@ -166,7 +168,8 @@ def produce_seed_sample(
     key_id = framer.schema_id(seed000.SCHEMA_VERSIONS[1].key_schema(), is_key=True)
     events = seed000.sample_events()
     progress(
-        f"producing {len(events)} seed 000 events to {topic} (schema ids {sorted(value_ids.values())})"
+        f"producing {len(events)} seed 000 events to {topic} (schema ids "
+        f"{sorted(value_ids.values())})"
     )
     messages = [
         (
@@ -347,7 +350,8 @@ def produce_at_rate(
     partitions: int = 3,
     stop: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """Produce `spec.events` synthetic events at a steady `rate_per_s`, Kafka timestamps = send time.
+    """Produce `spec.events` synthetic events at a steady `rate_per_s`, Kafka timestamps = send
+    time.
 
     For freshness measurements: records carry the time they were produced, so the delay to a
     committed snapshot is `commit time - Kafka timestamp`. Sends in 20 ms slices to stay steady.

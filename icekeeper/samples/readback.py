@@ -32,7 +32,10 @@ class DecodedRecord:
     schema_id: int | None
 
     def listing(self) -> str:
-        return f"partition = {self.partition}, offset = {self.offset}, key={self.key}, value={self.value}, schemaId={self.schema_id}"
+        return (
+            f"partition = {self.partition}, offset = {self.offset}, key={self.key}, "
+            f"value={self.value}, schemaId={self.schema_id}"
+        )
 
 
 def topic_messages(
@@ -66,7 +69,8 @@ def partition_messages(
     bootstrap_servers: str, starts: dict[tuple[str, int], int], timeout_s: float = 300.0
 ) -> Iterator[Message]:
     """Every record of each (topic, partition) in `starts` from its start offset (or the first one
-    retention kept) to the partition's end as of the call, undecoded; each partition in offset order.
+    retention kept) to the partition's end as of the call, undecoded; each partition in offset
+    order.
 
     Raises:
         TimeoutError: a partition was not read to its end within `timeout_s`.
@@ -113,7 +117,8 @@ def partition_messages(
 
 
 def read_topic(source: KafkaSource, topic: str, timeout_s: float = 30.0) -> list[DecodedRecord]:
-    """Every record of `topic` from offset 0 to the current end, decoded; ordered by partition, offset."""
+    """Every record of `topic` from offset 0 to the current end, decoded; ordered by partition,
+    offset."""
     deserializer = AvroDeserializer(SchemaRegistryClient({"url": source.schema_registry_url}))
     records = []
     for message in topic_messages(source.bootstrap_servers, topic, timeout_s):
