@@ -37,16 +37,12 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table, Transaction
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table import Table
 from pyiceberg.table.update import (
     AddSchemaUpdate,
     AssertCurrentSchemaId,
     AssertTableUUID,
     SetCurrentSchemaUpdate,
-    TableUpdate,
-    _apply_table_update,
-    _TableMetadataUpdateContext,
 )
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
@@ -72,6 +68,7 @@ from common.committed_state import (
 )
 from common.config.model import IcekeeperConfig
 from common.file_events import location_key
+from common.internals import UncopiedTransaction, commit_once, stage_updates
 from common.moniker import FileEntry, Moniker
 from common.partitioning import partition_spec
 from common.transports.base import Delivery
@@ -668,14 +665,15 @@ class Committer:
         summary = new_state.to_summary(
             [d.moniker.id for d in plan.committed if d.moniker is not None]
         )
-        transaction = _Transaction(table)
+        transaction = UncopiedTransaction(table)
         expired = self._expirable(table)
         if expired:
             # In the same transaction, so the history kept stays bounded without a commit of its
             # own. Files stay: the reaper deletes unreachable ones.
             ExpireSnapshots(transaction).by_ids(expired).commit()
         if plan.new_schema is not None:
-            transaction._apply(  # noqa: SLF001 - explicit ids: see evolution.py
+            stage_updates(  # explicit field ids: see evolution.py
+                transaction,
                 (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
                 (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
             )
@@ -684,13 +682,9 @@ class Committer:
         ) as append:
             for data in plan.data_files:
                 append.append_data_file(data)
-        updates = transaction._updates  # noqa: SLF001
-        requirements = transaction._requirements + (
-            AssertTableUUID(uuid=table.metadata.table_uuid),
-        )
         # A single attempt; the snapshot producer's AssertRefSnapshotId makes it a CAS on the
         # snapshot our state was read from.
-        table._do_commit(updates=updates, requirements=requirements)  # noqa: SLF001
+        commit_once(transaction, (AssertTableUUID(uuid=table.metadata.table_uuid),))
         return table.current_snapshot().snapshot_id
 
     def _expirable(self, table: Table) -> list[int]:
@@ -747,41 +741,6 @@ def _local_or_url(url: str, table_location: str) -> str:
     if file_key.startswith(table_key + "/"):
         return table_location.rstrip("/") + file_key[len(table_key) :]
     return url
-
-
-class _Transaction(Transaction):
-    """pyiceberg's `Transaction`, with `table_metadata` built once per staged state and not copied.
-
-    pyiceberg 0.12 rebuilds the metadata and deep-copies all of it on every read of
-    `Transaction.table_metadata`, and one commit reads it some 17 times (snapshot producer,
-    expiry, manifest writers): 1-3 ms each with 20 snapshots kept, about half of a
-    single-moniker commit (measured). Here updates are applied once per staged state, without
-    the deep copy: metadata models are frozen, pyiceberg's update functions build new lists and
-    dicts instead of changing the base's, and this metadata is only read (the catalog applies
-    the updates again, with its own copy and checks, when the transaction commits).
-    """
-
-    _metadata_cache: tuple[TableMetadata, tuple[TableUpdate, ...], TableMetadata] | None = None
-
-    @property
-    def table_metadata(self) -> TableMetadata:
-        base, updates = self._table.metadata, self._updates
-        cached = self._metadata_cache
-        if cached is None or cached[0] is not base or cached[1] is not updates:
-            cached = self._metadata_cache = (base, updates, _apply_updates(base, updates))
-        return cached[2]
-
-
-def _apply_updates(base: TableMetadata, updates: tuple[TableUpdate, ...]) -> TableMetadata:
-    """`update_table_metadata` without its final deep copy (nor the last-updated time, which
-    the catalog sets when it commits)."""
-    context = _TableMetadataUpdateContext()
-    metadata = base
-    for update in updates:
-        metadata = _apply_table_update(update, metadata, context)
-    metadata.spec().check_compatible(metadata.schema())
-    metadata.sort_order().check_compatible(metadata.schema())
-    return metadata
 
 
 @dataclass

@@ -30,7 +30,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow import _parquet as pyarrow_parquet_internal
 from pyarrow import fs as pafs
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io.pyarrow import (
@@ -64,6 +63,7 @@ from pyiceberg.utils.truncate import (
     truncate_upper_bound_text_string,
 )
 
+from common.internals import FOOTER_PARSER_ENABLED, parse_footer_bytes
 from common.locations import normalize_location
 from common.moniker import FileEntry
 from common.storage import open_filesystem
@@ -147,12 +147,10 @@ def describe_file(path: str, file_schema: Schema, table_properties: dict[str, st
 FOOTER_READ_BYTES = 64 * 1024
 """Bytes read from a file's end in one request: the footer and its length (parquet-cpp reads as much)."""
 
-# pyarrow's own unpickling function for FileMetaData: it parses footer bytes and nothing else.
-# Its C++ lets a thrift error escape as `std::terminate`, so a file with a damaged footer aborts
-# the process that parses it: only footer worker processes use it (a dead worker's files are read
-# again in the bookkeeper's own process, `FooterReader._share_with_workers`), the bookkeeper's own
-# process parses through `pq.read_metadata`, which raises instead (about twice the time).
-_PARSE_FOOTER = getattr(pyarrow_parquet_internal, "_reconstruct_filemetadata", None)
+# pyarrow's own footer parser (`common.internals.parse_footer_bytes`) aborts the process on a
+# damaged footer: only footer worker processes use it (a dead worker's files are read again in
+# the bookkeeper's own process, `FooterReader._share_with_workers`), the bookkeeper's own process
+# parses through `pq.read_metadata`, which raises instead (about twice the time).
 _FAST_FOOTERS = False
 """True in footer worker processes only."""
 
@@ -172,7 +170,7 @@ def footer_bytes(handle: pa.NativeFile) -> pa.Buffer | None:
     """The footer's bytes read from the file's tail (only I/O here), or None when the tail is not
     a plain Parquet tail (or pyarrow has no footer parser): `parse_footer` then asks `ParquetFile`."""
     size = handle.size()
-    if _PARSE_FOOTER is None or size < 12:
+    if not FOOTER_PARSER_ENABLED or size < 12:
         return None
     tail = pa.py_buffer(
         handle.read_at(min(size, FOOTER_READ_BYTES), max(0, size - FOOTER_READ_BYTES))
@@ -191,7 +189,7 @@ def parse_footer(handle: pa.NativeFile, footer: pa.Buffer | None) -> pq.FileMeta
     if footer is None:
         return pq.ParquetFile(handle).metadata
     if _FAST_FOOTERS:
-        return _PARSE_FOOTER(footer)
+        return parse_footer_bytes(footer)
     # The footer alone, framed as a file (no second read of the object): offsets are not checked.
     framed = b"PAR1" + footer.to_pybytes() + len(footer).to_bytes(4, "little") + b"PAR1"
     return pq.read_metadata(pa.BufferReader(framed))

@@ -6,15 +6,15 @@ BytesIO write per byte of every varint) and writes each entry as its own compres
 writes the same bytes (tested equal to pyiceberg's, entry by entry) from tables of precomputed
 varints, and writes blocks of about 64 KB as Java's Avro writer does. Only format-version 2
 manifests take this path; anything else is left to pyiceberg. It subclasses pyiceberg's writers
-and snapshot producer (private API, pinned pyiceberg 0.12): a pyiceberg upgrade is checked by
-tests/bookkeeper/test_manifests.py, which compares bytes with pyiceberg's own output.
+and snapshot producer (private API of pinned pyiceberg 0.12, taken from `common/internals.py`,
+which checks the version at import): tests/bookkeeper/test_manifests.py compares our bytes with
+pyiceberg's own output.
 """
 
 from __future__ import annotations
 
 import io
 import threading
-import types
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -42,9 +42,16 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Transaction
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _MergeAppendFiles, _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import StructType
+
+from common.internals import (
+    MergeAppendFiles,
+    SnapshotProducer,
+    record_fields,
+    snapshot_commit_writing_lists_with,
+    transaction_table,
+)
 
 _VARINT_TABLE_SIZE = 1 << 14
 
@@ -148,8 +155,9 @@ def encode_manifest_entry(
 ) -> bool:
     """Append a format-version 2 manifest entry's Avro encoding to `out`, byte for byte what
     pyiceberg's writer produces; False (nothing appended) for a record of another shape."""
-    status, snapshot_id, sequence_number, file_sequence_number, data = entry._data  # noqa: SLF001 - positional, like pyiceberg's writer
-    if len(data._data) != _V2_DATA_FILE_FIELDS:  # noqa: SLF001
+    status, snapshot_id, sequence_number, file_sequence_number, data = record_fields(entry)
+    data_fields = record_fields(data)
+    if len(data_fields) != _V2_DATA_FILE_FIELDS:
         return False
     (
         content,
@@ -168,7 +176,7 @@ def encode_manifest_entry(
         split_offsets,
         equality_ids,
         sort_order_id,
-    ) = data._data  # noqa: SLF001
+    ) = data_fields
     out += _long(status)
     _optional_long(out, snapshot_id)
     _optional_long(out, sequence_number)
@@ -218,7 +226,8 @@ _V2_MANIFEST_FILE_FIELDS = 15
 def encode_manifest_file(out: bytearray, manifest: ManifestFile) -> bool:
     """Append a format-version 2 manifest list entry's Avro encoding to `out`, byte for byte what
     pyiceberg's writer produces; False (nothing appended) for a record of another shape."""
-    if len(manifest._data) != _V2_MANIFEST_FILE_FIELDS:  # noqa: SLF001
+    fields = record_fields(manifest)
+    if len(fields) != _V2_MANIFEST_FILE_FIELDS:
         return False
     (
         path,
@@ -236,8 +245,9 @@ def encode_manifest_file(out: bytearray, manifest: ManifestFile) -> bool:
         deleted_rows,
         partitions,
         key_metadata,
-    ) = manifest._data  # noqa: SLF001
-    if partitions is not None and any(len(summary._data) != 4 for summary in partitions):  # noqa: SLF001
+    ) = fields
+    summaries = [record_fields(summary) for summary in partitions or ()]
+    if any(len(summary) != 4 for summary in summaries):
         return False
     _string(out, path)
     for number in (
@@ -260,7 +270,7 @@ def encode_manifest_file(out: bytearray, manifest: ManifestFile) -> bool:
     else:
         out += _PRESENT
         out += _long(len(partitions))
-        for contains_null, contains_nan, lower, upper in (summary._data for summary in partitions):  # noqa: SLF001
+        for contains_null, contains_nan, lower, upper in summaries:
             out += _BOOLEANS[bool(contains_null)]
             out += _NULL if contains_nan is None else _PRESENT + _BOOLEANS[bool(contains_nan)]
             _optional_bytes(out, lower)
@@ -436,18 +446,7 @@ def _write_manifest_list(
     )
 
 
-def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
-    """A copy of `function` (same code) that sees `replacements` in place of its module's globals."""
-    return types.FunctionType(
-        function.__code__,
-        {**function.__globals__, **replacements},
-        function.__name__,
-        function.__defaults__,
-        function.__closure__,
-    )
-
-
-class _MergeAppend(_MergeAppendFiles):
+class _MergeAppend(MergeAppendFiles):
     """pyiceberg's merge append (the same snapshot, manifests and merges) for format-version 2
     tables, with this module's encoders: manifests, merged manifests and the manifest list are
     written by them, and the parent's manifest list is taken from memory when this process wrote it.
@@ -458,7 +457,7 @@ class _MergeAppend(_MergeAppendFiles):
     place of `write_manifest_list`, so the snapshot it produces stays pyiceberg's.
     """
 
-    _commit = _with_globals(_SnapshotProducer._commit, write_manifest_list=_write_manifest_list)  # noqa: SLF001
+    _commit = snapshot_commit_writing_lists_with(_write_manifest_list)
     _added_delete_files: list[DataFile] = []
 
     def append_delete_file(self, delete_file: DataFile) -> None:
@@ -533,7 +532,7 @@ def merge_append(
     transaction: Transaction,
     snapshot_properties: dict[str, str],
     delete_files: list[DataFile] | None = None,
-) -> _SnapshotProducer[Any]:
+) -> SnapshotProducer[Any]:
     """`transaction.update_snapshot(snapshot_properties).merge_append()`, written by `_MergeAppend`
     for format-version 2 tables (other versions keep pyiceberg's writers).
 
@@ -550,7 +549,7 @@ def merge_append(
     producer = _MergeAppend(
         operation=operation,
         transaction=transaction,
-        io=transaction._table.io,
+        io=transaction_table(transaction).io,
         branch=MAIN_BRANCH,
         snapshot_properties=snapshot_properties,
     )
@@ -643,7 +642,7 @@ def rewrite_files(
     snapshot_properties: dict[str, str],
     removed: list[DataFile],
     added_deletes: list[DataFile],
-) -> _SnapshotProducer[Any]:
+) -> SnapshotProducer[Any]:
     """A `replace` snapshot producer (format-version 2): `removed` data and delete files leave;
     add the new data files with `append_data_file`; `added_deletes` (position deletes) come in
     with the snapshot's sequence number, so they apply to its new data files."""
@@ -654,7 +653,7 @@ def rewrite_files(
     producer = _RewriteFiles(
         operation=Operation.REPLACE,
         transaction=transaction,
-        io=transaction._table.io,
+        io=transaction_table(transaction).io,
         branch=MAIN_BRANCH,
         snapshot_properties=snapshot_properties,
     )

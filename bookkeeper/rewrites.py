@@ -25,13 +25,14 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.update import AssertTableUUID
 
-from bookkeeper.committer import Committer, TableCommit, _Transaction
+from bookkeeper.committer import Committer, TableCommit
 from bookkeeper.datafiles import FileUnavailable, InvalidFile, data_file, validate
 from bookkeeper.manifests import rewrite_files
 from bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
 from common.catalog import load_table_or_none
 from common.committed_state import committed_state
 from common.delete_files import referenced_data_files
+from common.internals import UncopiedTransaction, commit_once
 from common.rewrites import (
     REWRITE_ID_PROPERTY,
     RewriteRequest,
@@ -94,15 +95,12 @@ class RewriteCommitter:
                 state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch)
             )
             properties = {**new_state.to_summary([]), REWRITE_ID_PROPERTY: request.id}
-            transaction = _Transaction(table)
+            transaction = UncopiedTransaction(table)
             with rewrite_files(transaction, properties, removed, cycle.delete_files) as producer:
                 for data in added:
                     producer.append_data_file(data)
-            requirements = transaction._requirements + (
-                AssertTableUUID(uuid=table.metadata.table_uuid),
-            )
-            try:
-                table._do_commit(updates=transaction._updates, requirements=requirements)  # noqa: SLF001 - one CAS, as the committer's
+            try:  # one compare-and-swap, as the committer's
+                commit_once(transaction, (AssertTableUUID(uuid=table.metadata.table_uuid),))
             except CommitFailedException:
                 log.info(
                     "rewrite commit conflict, planning again",

@@ -20,40 +20,34 @@ For the bookkeeper's catalog object only (nothing global is changed):
 - snapshots are looked up from the newest end (the current and parent snapshots are).
 
 What is left grows with history but stays small: the rest of the metadata file's JSON (the
-snapshot log), writing its bytes, and the expiry's pass over the snapshot list (once a minute). Private pyiceberg API (0.12),
-checked at import; tests/bookkeeper/test_table_metadata.py checks each shortcut.
+snapshot log), writing its bytes, and the expiry's pass over the snapshot list (once a minute).
+The private pyiceberg API this needs is in `common/internals.py`, checked at import;
+tests/bookkeeper/test_table_metadata.py compares the result with pyiceberg's own path.
 """
 
 from __future__ import annotations
 
 import operator
 import threading
-import types
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-import pyiceberg
 from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.io import FileIO, InputFile, OutputFile
 from pyiceberg.serializers import Compressor, FromInputFile, ToOutputFile
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV2
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.update import (
-    TableUpdate,
-    _apply_table_update,
-    _TableMetadataUpdateContext,
-    _update_table_metadata_log,
-    update_table_metadata,
-)
+from pyiceberg.table.update import TableUpdate, update_table_metadata
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
 
-if not pyiceberg.__version__.startswith("0.12."):
-    raise ImportError(
-        f"bookkeeper/table_metadata.py relies on pyiceberg 0.12 internals, found {pyiceberg.__version__}"
-    )
+from common.internals import (
+    append_metadata_log,
+    apply_table_updates,
+    replace_metadata_update,
+    replace_metadata_writer,
+    replace_sql_metadata_reader,
+)
 
 
 class MetadataCache:
@@ -175,13 +169,10 @@ def update_without_copy(
     pyiceberg validates from scratch, takes pyiceberg's own path)."""
     if enforce_validation:
         return update_table_metadata(base_metadata, updates, enforce_validation, metadata_location)
-    context = _TableMetadataUpdateContext()
-    metadata = base_metadata
-    for update in updates:
-        metadata = _apply_table_update(update, metadata, context)
-    if context.has_changes():
+    metadata, changed = apply_table_updates(base_metadata, updates)
+    if changed:
         if metadata_location:
-            metadata = _update_table_metadata_log(
+            metadata = append_metadata_log(
                 metadata, metadata_location, base_metadata.last_updated_ms
             )
         if base_metadata.last_updated_ms == metadata.last_updated_ms:
@@ -193,17 +184,6 @@ def update_without_copy(
     return metadata
 
 
-def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
-    """A copy of `function` (same code) that sees `replacements` in place of its module's globals."""
-    return types.FunctionType(
-        function.__code__,
-        {**function.__globals__, **replacements},
-        function.__name__,
-        function.__defaults__,
-        function.__closure__,
-    )
-
-
 def with_lean_commits(catalog: Catalog) -> Catalog:
     """Give this catalog object the cheap metadata path described above; returns it. Catalogs that
     keep metadata elsewhere (REST: the server applies the updates) are returned unchanged."""
@@ -211,19 +191,11 @@ def with_lean_commits(catalog: Catalog) -> Catalog:
         return catalog
     cache = MetadataCache()
     catalog.metadata_cache = cache  # type: ignore[attr-defined]
-    stage = _with_globals(
-        MetastoreCatalog._update_and_stage_table, update_table_metadata=update_without_copy
-    )
-    catalog._update_and_stage_table = types.MethodType(stage, catalog)  # type: ignore[method-assign]  # noqa: SLF001
+    replace_metadata_update(catalog, update_without_copy)
 
     def write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
         cache.write(metadata, io.new_output(metadata_path))
 
-    catalog._write_metadata = write_metadata  # type: ignore[method-assign]  # noqa: SLF001
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    if isinstance(catalog, SqlCatalog):
-        reader = type("CachingFromInputFile", (), {"table_metadata": staticmethod(cache.read)})
-        convert = _with_globals(SqlCatalog._convert_orm_to_iceberg, FromInputFile=reader)  # noqa: SLF001
-        catalog._convert_orm_to_iceberg = types.MethodType(convert, catalog)  # type: ignore[method-assign]  # noqa: SLF001
+    replace_metadata_writer(catalog, write_metadata)
+    replace_sql_metadata_reader(catalog, cache.read)
     return catalog

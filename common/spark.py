@@ -167,7 +167,9 @@ _ROUTINE_WARNINGS = ("org.apache.spark.sql.kafka010.consumer.InternalKafkaConsum
 
 def _quiet_routine_warnings(session: SparkSession) -> None:
     """Raise the routine loggers to ERROR in the driver JVM (executors of `local[*]` share it)."""
-    jvm = session.sparkContext._jvm  # noqa: SLF001 - log4j levels have no Python API
+    from common.internals import spark_jvm  # pyiceberg too: not for every user of this module
+
+    jvm = spark_jvm(session)  # log4j levels have no Python API
     error = jvm.org.apache.logging.log4j.Level.ERROR
     for name in _ROUTINE_WARNINGS:
         jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, error)

@@ -29,6 +29,7 @@ from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, Time
 from common.committed_state import expirable_snapshots
 from common.config.model import ReaperConfig
 from common.in_flight import under_any
+from common.internals import java_spark_session, py4j_gateway, spark_jvm
 from common.locations import normalize_location
 from common.storage import open_filesystem
 from reaper.upsert_compaction import UpsertCompaction
@@ -142,8 +143,8 @@ class SparkMaintenance:
         self.spark = spark
         self.catalog_name = catalog_name
         self.settings = settings
-        self._jvm = spark.sparkContext._jvm  # noqa: SLF001 - Iceberg's action API has no Python binding
-        ensure_callback_server_started(spark.sparkContext._gateway)  # noqa: SLF001
+        self._jvm = spark_jvm(spark)  # Iceberg's action API has no Python binding
+        ensure_callback_server_started(py4j_gateway(spark))
 
     def spark_name(self, identifier: str) -> str:
         return ".".join(f"`{part}`" for part in [self.catalog_name, *identifier.split(".")])
@@ -151,7 +152,7 @@ class SparkMaintenance:
     def _java_table(self, identifier: str):
         self.spark.sql(f"REFRESH TABLE {self.spark_name(identifier)}")
         return self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-            self.spark._jsparkSession, f"{self.catalog_name}.{identifier}"
+            java_spark_session(self.spark), f"{self.catalog_name}.{identifier}"
         )
 
     def _until_committed(self, identifier: str, step: str, action: Callable[[], None]) -> None:
@@ -177,7 +178,7 @@ class SparkMaintenance:
 
     def _actions(self):
         return self._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
-            self.spark._jsparkSession
+            java_spark_session(self.spark)
         )
 
     # -- retention ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 
 from common.catalog import open_catalog
 from common.config import IcekeeperConfig, load_config
+from common.internals import java_spark_session, spark_jvm
 from common.moniker import FileEntry
 from icekeeper.bench.bookkeeper import seed_schema, write_seed_file
 from icekeeper.bench.work import fresh_work_folder
@@ -36,9 +37,9 @@ def append_snapshot_per_file(
     spark, catalog_name: str, identifier: str, entries: Sequence[FileEntry]
 ) -> None:
     """One snapshot per file, in one Iceberg (Java) transaction: a fast way to a long history."""
-    jvm = spark.sparkContext._jvm  # noqa: SLF001 - Iceberg's Java API has no Python binding
+    jvm = spark_jvm(spark)  # Iceberg's Java API has no Python binding
     table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-        spark._jsparkSession, f"{catalog_name}.{identifier}"
+        java_spark_session(spark), f"{catalog_name}.{identifier}"
     )
     transaction = table.newTransaction()
     spec = table.spec()

@@ -1,0 +1,295 @@
+"""Every private API of pyiceberg, pyarrow and pyspark that icekeeper uses, behind named functions.
+
+Each shortcut here saves time the module using it measured (the reasons are in
+`bookkeeper/table_metadata.py`, `bookkeeper/manifests.py`, `bookkeeper/committer.py`,
+`bookkeeper/datafiles.py`), or reaches a Java API that has no Python binding (`reaper/`,
+`common/spark.py`). No other module names a private attribute of these libraries; each function
+here is checked against the public behaviour it shortcuts in tests/common/test_internals.py.
+
+A library upgrade breaks here, at import, naming this module: the versions below are the ones the
+shortcuts were verified with. pyiceberg's and pyspark's shortcuts have no public fallback, so
+another version is an `ImportError`; pyarrow's footer parser has one (`pq.read_metadata`, about
+twice as slow), so another pyarrow only warns and switches the parser off.
+
+Subclasses of pyiceberg's classes (`UncopiedTransaction` here; the snapshot producer and manifest
+writers of `bookkeeper/manifests.py`, whose bytes tests/bookkeeper/test_manifests.py compares with
+pyiceberg's) override protected hooks of these very versions: they take their base classes from
+here, so the same check covers them.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Callable
+from importlib import metadata as package_metadata
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pyiceberg
+from pyarrow import _parquet as pyarrow_parquet_internal
+from pyiceberg.catalog import Catalog, MetastoreCatalog
+from pyiceberg.io import FileIO, InputFile
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update import (
+    TableRequirement,
+    TableUpdate,
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+    _update_table_metadata_log,
+)
+from pyiceberg.table.update.snapshot import _MergeAppendFiles, _SnapshotProducer
+from pyiceberg.typedef import Record
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+VERIFIED_PYICEBERG = "0.12."
+VERIFIED_PYSPARK = "4.1."
+VERIFIED_PYARROW_MAJORS = (26,)
+"""Library versions whose private APIs the functions below were checked against (prefixes for
+pyiceberg and pyspark, major versions for pyarrow)."""
+
+_UPDATE_HINT = "update common/internals.py (run tests/common/test_internals.py) before upgrading it"
+
+if not pyiceberg.__version__.startswith(VERIFIED_PYICEBERG):
+    raise ImportError(
+        f"icekeeper relies on private APIs of pyiceberg {VERIFIED_PYICEBERG}x, found "
+        f"{pyiceberg.__version__}: {_UPDATE_HINT}"
+    )
+_pyspark_version = package_metadata.version("pyspark")  # without importing pyspark (~1 s)
+if not _pyspark_version.startswith(VERIFIED_PYSPARK):
+    raise ImportError(
+        f"icekeeper relies on private APIs of pyspark {VERIFIED_PYSPARK}x, found "
+        f"{_pyspark_version}: {_UPDATE_HINT}"
+    )
+
+
+# -- pyiceberg: table metadata ---------------------------------------------------------------------
+
+
+def apply_table_updates(
+    base: TableMetadata, updates: tuple[TableUpdate, ...]
+) -> tuple[TableMetadata, bool]:
+    """`updates` applied to `base`, and whether they changed anything: the loop of pyiceberg's
+    `update_table_metadata`, without its final deep copy, metadata log entry, last-updated time
+    and compatibility checks (the caller adds what it needs). Safe without the copy because
+    metadata models are frozen and pyiceberg's update functions build new lists and dicts
+    instead of changing the base's: the result may share untouched parts with `base`."""
+    context = _TableMetadataUpdateContext()
+    metadata = base
+    for update in updates:
+        metadata = _apply_table_update(update, metadata, context)
+    return metadata, context.has_changes()
+
+
+def append_metadata_log(
+    metadata: TableMetadata, previous_location: str, previous_last_updated_ms: int
+) -> TableMetadata:
+    """`metadata` with the previous metadata file in its metadata log (trimmed to the table's
+    `write.metadata.previous-versions-max`), as `update_table_metadata` adds it."""
+    return _update_table_metadata_log(metadata, previous_location, previous_last_updated_ms)
+
+
+class UncopiedTransaction(Transaction):
+    """pyiceberg's `Transaction`, with `table_metadata` built once per staged state and not copied.
+
+    pyiceberg 0.12 rebuilds the metadata and deep-copies all of it on every read of
+    `Transaction.table_metadata`, and one commit reads it some 17 times (snapshot producer,
+    expiry, manifest writers): 1-3 ms each with 20 snapshots kept, about half of a
+    single-moniker commit (measured). Here updates are applied once per staged state, without
+    the deep copy (see `apply_table_updates`), and this metadata is only read: the catalog
+    applies the updates again, with its own copy and checks, when the transaction commits.
+    The last-updated time is the base's (the catalog sets it when it commits).
+    """
+
+    _metadata_cache: tuple[TableMetadata, tuple[TableUpdate, ...], TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        base, updates = self._table.metadata, self._updates
+        cached = self._metadata_cache
+        if cached is None or cached[0] is not base or cached[1] is not updates:
+            metadata, _ = apply_table_updates(base, updates)
+            metadata.spec().check_compatible(metadata.schema())
+            metadata.sort_order().check_compatible(metadata.schema())
+            cached = self._metadata_cache = (base, updates, metadata)
+        return cached[2]
+
+
+# -- pyiceberg: transactions -----------------------------------------------------------------------
+
+
+def transaction_table(transaction: Transaction) -> Table:
+    """The table a transaction was opened on (pyiceberg keeps it private)."""
+    return transaction._table  # noqa: SLF001 - no public accessor in pyiceberg 0.12
+
+
+def stage_updates(
+    transaction: Transaction,
+    updates: tuple[TableUpdate, ...],
+    requirements: tuple[TableRequirement, ...] = (),
+) -> None:
+    """Add updates and requirements to a transaction, as its public builders do when they commit:
+    the bookkeeper adds a schema with field ids of its own choosing (see `bookkeeper/evolution.py`),
+    which `update_schema()` would renumber."""
+    transaction._apply(updates, requirements)  # noqa: SLF001 - explicit field ids: no public API
+
+
+def commit_once(
+    transaction: Transaction, extra_requirements: tuple[TableRequirement, ...] = ()
+) -> Table:
+    """Commit a transaction's updates in a single compare-and-swap (its requirements, plus
+    `extra_requirements`); a conflict raises `CommitFailedException`. Returns the table, refreshed.
+
+    `Transaction.commit_transaction` retries a conflict itself (`commit.retry.num-retries`) by
+    rebuilding the snapshot on the refreshed table, without giving the caller a chance to
+    re-check what it commits: the bookkeeper must re-check (exactly once), so it commits once
+    and decides itself."""
+    table = transaction_table(transaction)
+    table._do_commit(  # noqa: SLF001 - a commit without pyiceberg's retries has no public API
+        updates=transaction._updates,  # noqa: SLF001 - read by the public commit too
+        requirements=transaction._requirements + extra_requirements,  # noqa: SLF001 - as above
+    )
+    return table
+
+
+# -- pyiceberg: records, snapshot producers --------------------------------------------------------
+
+
+def record_fields(record: Record) -> list[Any]:
+    """A pyiceberg record's field values, in schema order: the list the record holds, not a copy
+    (`[record[i] for i in range(len(record))]` costs a call per field, on every manifest entry)."""
+    return record._data  # noqa: SLF001 - positional, as pyiceberg's own Avro writer reads them
+
+
+MergeAppendFiles = _MergeAppendFiles
+"""pyiceberg's merge-append snapshot producer, the base of `bookkeeper.manifests`' producers."""
+SnapshotProducer = _SnapshotProducer
+"""pyiceberg's snapshot producer base class (what `Transaction.update_snapshot()` builds)."""
+
+
+def snapshot_commit_writing_lists_with(
+    write_manifest_list: Callable[..., Any],
+) -> Callable[..., Any]:
+    """pyiceberg's own `_SnapshotProducer._commit` (the snapshot, its summary and its updates),
+    running `write_manifest_list` where it calls `pyiceberg.manifest.write_manifest_list`: to be
+    set as `_commit` of a producer subclass, so the snapshot stays pyiceberg's."""
+    return _with_globals(
+        _SnapshotProducer._commit,  # noqa: SLF001 - the snapshot commit has no public hook
+        write_manifest_list=write_manifest_list,
+    )
+
+
+# -- pyiceberg: catalogs ---------------------------------------------------------------------------
+
+
+def replace_metadata_update(
+    catalog: MetastoreCatalog, update_table_metadata: Callable[..., TableMetadata]
+) -> None:
+    """Make this catalog object stage commits with `update_table_metadata` (same signature as
+    `pyiceberg.table.update.update_table_metadata`) in place of pyiceberg's; other catalog
+    objects are not changed."""
+    stage = _with_globals(
+        MetastoreCatalog._update_and_stage_table,  # noqa: SLF001 - no public hook for the update
+        update_table_metadata=update_table_metadata,
+    )
+    # This catalog object only: the class and other catalogs keep pyiceberg's.
+    staging = types.MethodType(stage, catalog)
+    catalog._update_and_stage_table = staging  # type: ignore[method-assign]  # noqa: SLF001
+
+
+def replace_metadata_writer(
+    catalog: MetastoreCatalog, write: Callable[[TableMetadata, FileIO, str], None]
+) -> None:
+    """Make this catalog object write new metadata files with `write(metadata, io, metadata_path)`
+    (called with these keywords; pyiceberg: `ToOutputFile.table_metadata`); other catalog
+    objects are not changed."""
+    # This catalog object only: the class and other catalogs keep pyiceberg's.
+    catalog._write_metadata = write  # type: ignore[method-assign]  # noqa: SLF001
+
+
+def replace_sql_metadata_reader(
+    catalog: Catalog, read: Callable[[InputFile], TableMetadata]
+) -> bool:
+    """Make this SQL catalog object read tables' metadata files with `read(input_file)` (pyiceberg:
+    `FromInputFile.table_metadata`); False, and nothing changed, for other kinds of catalog."""
+    from pyiceberg.catalog.sql import SqlCatalog  # SQLAlchemy: only where a SQL catalog is used
+
+    if not isinstance(catalog, SqlCatalog):
+        return False
+    reader = type("ReplacedFromInputFile", (), {"table_metadata": staticmethod(read)})
+    convert = _with_globals(
+        SqlCatalog._convert_orm_to_iceberg,  # noqa: SLF001 - no public hook for the read
+        FromInputFile=reader,
+    )
+    # This catalog object only: the class and other catalogs keep pyiceberg's.
+    reading = types.MethodType(convert, catalog)
+    catalog._convert_orm_to_iceberg = reading  # type: ignore[method-assign]  # noqa: SLF001
+    return True
+
+
+def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
+    """A copy of `function` (same code) that sees `replacements` in place of its module's globals:
+    pyiceberg's code, run with one of the functions it calls replaced, for one caller only."""
+    return types.FunctionType(
+        function.__code__,
+        {**function.__globals__, **replacements},
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
+
+
+# -- pyarrow: Parquet footers ----------------------------------------------------------------------
+
+
+def _verified_footer_parser() -> Callable[[pa.Buffer], pq.FileMetaData] | None:
+    parser = getattr(pyarrow_parquet_internal, "_reconstruct_filemetadata", None)
+    major = int(pa.__version__.split(".", 1)[0])
+    if parser is not None and major in VERIFIED_PYARROW_MAJORS:
+        return parser
+    warnings.warn(
+        f"pyarrow {pa.__version__} is not one common/internals.py verified its footer parser with "
+        f"(majors {VERIFIED_PYARROW_MAJORS}): footers are parsed by pq.read_metadata, about twice "
+        f"as slow; {_UPDATE_HINT}",
+        stacklevel=2,
+    )
+    return None
+
+
+_FOOTER_PARSER = _verified_footer_parser()
+FOOTER_PARSER_ENABLED = _FOOTER_PARSER is not None
+"""Whether `parse_footer_bytes` may be called (else footers go through `pq.read_metadata`)."""
+
+
+def parse_footer_bytes(footer: pa.Buffer) -> pq.FileMetaData:
+    """A Parquet footer's metadata from its bytes (the thrift between the data and the length),
+    nothing else built: pyarrow's unpickling function for `FileMetaData`, about half the time of
+    `pq.read_metadata`. Its C++ lets a thrift error escape as `std::terminate`, so a damaged footer
+    aborts the process: only processes that may die (footer workers) call it."""
+    if _FOOTER_PARSER is None:
+        raise RuntimeError(
+            f"pyarrow's footer parser is off (FOOTER_PARSER_ENABLED): {_UPDATE_HINT}"
+        )
+    return _FOOTER_PARSER(footer)
+
+
+# -- pyspark: the JVM behind a session -------------------------------------------------------------
+
+
+def spark_jvm(session: SparkSession) -> Any:
+    """The py4j view of the driver JVM's classes (Iceberg's Java actions, log4j levels)."""
+    return session.sparkContext._jvm  # noqa: SLF001 - Java APIs without a Python binding
+
+
+def java_spark_session(session: SparkSession) -> Any:
+    """The Java `SparkSession` behind a Python one, for Java APIs that take it."""
+    return session._jsparkSession  # noqa: SLF001 - Java APIs without a Python binding
+
+
+def py4j_gateway(session: SparkSession) -> Any:
+    """The session's py4j gateway, for Java calling back into Python (a `Consumer` of files)."""
+    return session.sparkContext._gateway  # noqa: SLF001 - callbacks need the gateway
