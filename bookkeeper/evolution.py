@@ -92,7 +92,8 @@ def _merge_struct(
             if current.name in file_by_name:
                 other = file_by_name[current.name]
                 raise IncompatibleSchema(
-                    f"{name}: the files give it field id {other.field_id}, the table {current.field_id}"
+                    f"{name}: the files give it field id {other.field_id}, the table "
+                    f"{current.field_id}"
                 )
             if allow_drop:
                 changes.append(f"drop {name}")
@@ -101,7 +102,8 @@ def _merge_struct(
             continue
         if incoming.name != current.name:
             raise IncompatibleSchema(
-                f"field id {current.field_id} is {name!r} in the table but {path}{incoming.name!r} in the files"
+                f"field id {current.field_id} is {name!r} in the table but {path}{incoming.name!r} "
+                "in the files"
             )
         merged.append(_merge_field(current, incoming, highest_id, name, changes, allow_drop))
     table_ids = {f.field_id for f in table.fields}
@@ -111,7 +113,8 @@ def _merge_struct(
         name = f"{path}{incoming.name}"
         if incoming.field_id <= highest_id:
             raise IncompatibleSchema(
-                f"{name}: new field with id {incoming.field_id}, not above the table's highest id {highest_id} (written against a stale schema)"
+                f"{name}: new field with id {incoming.field_id}, not above the table's highest id "
+                f"{highest_id} (written against a stale schema)"
             )
         changes.append(f"add {name} {incoming.field_type}")
         # A new column can hold nulls for all earlier rows, so it is added optional.

@@ -64,7 +64,8 @@ class CycleChanges:
 def _find_in(
     keys_hi: np.ndarray, keys_lo: np.ndarray, hi: np.ndarray, lo: np.ndarray
 ) -> np.ndarray:
-    """The slot of each key (hi, lo) in the sorted set (`keys_hi`, `keys_lo`), or -1 where it has none."""
+    """The slot of each key (hi, lo) in the sorted set (`keys_hi`, `keys_lo`), or -1 where it has
+    none."""
     size = len(keys_hi)
     if size == 0 or len(hi) == 0:
         return np.full(len(hi), -1, np.int64)
@@ -203,7 +204,8 @@ class KeyIndex:
     # -- a cycle: plan, commit elsewhere, apply ----------------------------------------------------
 
     def plan(self, hi: np.ndarray, lo: np.ndarray, location: np.ndarray) -> CycleChanges:
-        """Plan a cycle's events, given in commit order: each key's new location, or `ABSENT` for a delete.
+        """Plan a cycle's events, given in commit order: each key's new location, or `ABSENT` for a
+        delete.
 
         A key touched several times (two monikers of the cycle, say) replaces its row each time:
         the first event replaces the index's row, each later one the row of the event before it,
@@ -231,7 +233,8 @@ class KeyIndex:
         )
 
     def apply(self, changes: CycleChanges, snapshot_id: int | None) -> None:
-        """Record a committed cycle: keys point at their new rows (or at none) as of `snapshot_id`."""
+        """Record a committed cycle: keys point at their new rows (or at none) as of
+        `snapshot_id`."""
         if changes.index_version != self.version:
             raise RuntimeError("the key index changed after this cycle was planned; plan it again")
         main, recent = self._split(changes.slot)

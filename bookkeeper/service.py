@@ -70,11 +70,13 @@ class Bookkeeper:
         self._failed_cycles = 0
         self._reports_for_file: list[dict] = []
         self._reports_for_topic: list[dict] = []
-        """Commit report lines not yet written (a full disk, an unreachable topic): retried with the next ones."""
+        """Commit report lines not yet written (a full disk, an unreachable topic): retried with
+        the next ones."""
         self._reports_failed_this_cycle = False
 
     def serve_http(self, port: int | None = None) -> int:
-        """Start `/metrics` and `/healthz`; returns the port (0 in config: off, unless a port is given)."""
+        """Start `/metrics` and `/healthz`; returns the port (0 in config: off, unless a port is
+        given)."""
         port = self.config.bookkeeper.http_port if port is None else port
         self.http = HealthServer(
             self.metrics, port, self.health, host=self.config.bookkeeper.http_host
@@ -82,7 +84,8 @@ class Bookkeeper:
         return self.http.port
 
     def health(self) -> tuple[bool, dict]:
-        """Healthy while holding the lease and cycling (a cycle finished within 10 commit intervals + 30 s)."""
+        """Healthy while holding the lease and cycling (a cycle finished within 10 commit intervals
+        + 30 s)."""
         details: dict = {"epoch": self.committer.epoch, "lease": self.lease is not None}
         if self._last_cycle_at is None:
             return False, {**details, "reason": "no cycle finished yet"}
@@ -297,7 +300,8 @@ class Bookkeeper:
                 return
 
     def _settle(self, report: CycleReport, table: str, result: TableCommit) -> None:
-        """After a table's commit is durable (or there was nothing to commit): acknowledge, dead-letter, report."""
+        """After a table's commit is durable (or there was nothing to commit): acknowledge,
+        dead-letter, report."""
         for delivery in result.committed + result.duplicates:
             self.transport.acknowledge(delivery)
         for delivery, reason in result.quarantined:
@@ -401,7 +405,8 @@ class Bookkeeper:
             self._empty_cycles[identifier] = count
 
     def _write_report(self, result: TableCommit) -> None:
-        """One JSON line per snapshot, for downstream schedulers waiting on a watermark (seed 004)."""
+        """One JSON line per snapshot, for downstream schedulers waiting on a watermark (seed
+        004)."""
         line = {
             "table": result.table,
             "snapshot_id": result.snapshot_id,
@@ -460,7 +465,8 @@ class Bookkeeper:
                 {"bootstrap.servers": self.config.sources[0].bootstrap_servers, "linger.ms": 0},
                 logger=logging.getLogger("librdkafka"),
             )
-        while lines:  # a line the producer took is librdkafka's to deliver (it retries for `message.timeout.ms`)
+        # a line the producer took is librdkafka's to deliver (it retries for `message.timeout.ms`)
+        while lines:
             self._report_producer.produce(
                 topic, key=lines[0]["table"].encode(), value=json.dumps(lines[0]).encode()
             )
@@ -473,7 +479,8 @@ class Bookkeeper:
 
 
 UNWRITTEN_REPORTS_KEPT = 100_000
-"""Commit report lines kept while they cannot be written (some 30 MB); older ones are dropped and counted."""
+"""Commit report lines kept while they cannot be written (some 30 MB); older ones are dropped and
+counted."""
 
 
 def _append_lines(path: Path, lines: list[dict]) -> None:

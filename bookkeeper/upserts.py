@@ -61,7 +61,8 @@ class RewriteCycle:
 
 @dataclass
 class UpsertCycle:
-    """A planned cycle: its index changes (applied after the commit) and its position-delete files."""
+    """A planned cycle: its index changes (applied after the commit) and its position-delete
+    files."""
 
     identifier: str
     changes: CycleChanges
@@ -85,7 +86,7 @@ class UpsertKeeper:
         """Per table, rows found at a rebuild whose key has a newer row (a table that was a
         changelog before): deleted by the next commit, so the table becomes a mirror."""
 
-    # -- reading a cycle's keys ----------------------------------------------------------------------
+    # -- reading a cycle's keys --------------------------------------------------------------------
 
     def read_keys(
         self, table: Table, monikers: list[tuple[list[DataFile], list[FileEntry]]]
@@ -98,7 +99,8 @@ class UpsertKeeper:
         if not key_ids:
             return [
                 InvalidFile(
-                    f"{'.'.join(table.name())} is an upsert table without identifier fields (primary key)"
+                    f"{'.'.join(table.name())} is an upsert table without identifier fields "
+                    "(primary key)"
                 )
             ] * len(monikers)
         exact = exact_keys(schema)
@@ -134,7 +136,7 @@ class UpsertKeeper:
             )
         return found
 
-    # -- planning and committing ---------------------------------------------------------------------
+    # -- planning and committing -------------------------------------------------------------------
 
     def plan(self, table: Table, monikers: list[MonikerKeys]) -> UpsertCycle:
         """The cycle's position deletes, written, against the index caught up with `table`."""
@@ -181,7 +183,8 @@ class UpsertKeeper:
         index = self._current(identifier, table)
         if identifier in self._doubled:
             raise RewriteRefused(
-                "keys with several live rows (found at the index rebuild) are not deleted yet; compact after the next commit"
+                "keys with several live rows (found at the index rebuild) are not deleted yet; "
+                "compact after the next commit"
             )
         key_ids = list(table.schema().identifier_field_ids)
         replaced_ordinals = np.fromiter(
@@ -207,7 +210,8 @@ class UpsertKeeper:
                 stale_targets.append(ref)
                 stale_positions.append(positions[~live])
         changes = index.plan(_concat(his), _concat(los), _concat(locations))
-        # A key twice among the new files (twice live in the replaced ones): only its last row stays.
+        # A key twice among the new files (twice live in the replaced ones): only its last row
+        # stays.
         doubled = changes.replaced[
             np.isin(unpack(changes.replaced)[0], np.array(new_ordinals, np.int64))
         ]
@@ -217,7 +221,8 @@ class UpsertKeeper:
         moved = len(changes.hi)
         if moved < live_in_replaced:
             raise RewriteRefused(
-                f"{live_in_replaced - moved} live rows of the replaced files are not in the new files"
+                f"{live_in_replaced - moved} live rows of the replaced files are not in the new "
+                "files"
             )
         if len(doubled):
             ordinals, positions = unpack(doubled)
@@ -275,7 +280,7 @@ class UpsertKeeper:
             table.location(), targets, [positions[start:end] for start, end in zip(starts, ends)]
         )
 
-    # -- following the table -------------------------------------------------------------------------
+    # -- following the table -----------------------------------------------------------------------
 
     def _current(self, identifier: str, table: Table) -> KeyIndex:
         """The table's index as of its current snapshot: kept, loaded, caught up or rebuilt."""
@@ -399,7 +404,8 @@ class UpsertKeeper:
 
 
 def live_files(table: Table, snapshot: Snapshot | None) -> tuple[list[DataFile], list[DataFile]]:
-    """The live data files of `snapshot` by data sequence number (then path), and its position-delete files (none without a snapshot)."""
+    """The live data files of `snapshot` by data sequence number (then path), and its
+    position-delete files (none without a snapshot)."""
     data, deletes = [], []
     for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):

@@ -53,7 +53,8 @@ def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.
     if not (home / _COMPLETE).exists():
         if shutil.which("mvn") is None:
             raise ArtifactError(
-                "Maven (`mvn`) is needed once to fetch jars from Maven Central; install it (Debian: apt-get install maven)"
+                "Maven (`mvn`) is needed once to fetch jars from Maven Central; install it "
+                "(Debian: apt-get install maven)"
             )
         progress(f"fetching {bundle.name} from Maven Central (once; cached in {home})")
         if lib.exists():
@@ -71,7 +72,7 @@ def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.
             f"-DoutputDirectory={lib}",
             f"-DexcludeTransitive={'false' if bundle.transitive else 'true'}",
         ]
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise ArtifactError(
                 f"mvn could not fetch {bundle.name}:\n{(result.stdout + result.stderr)[-3000:]}"
@@ -128,7 +129,8 @@ def maven_file_url(coordinate: str, classifier: str | None = None, extension: st
     """URL of one file on Maven Central from `group:artifact:version`."""
     group, artifact, version = coordinate.split(":")
     suffix = f"-{classifier}" if classifier else ""
-    return f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{artifact}-{version}{suffix}.{extension}"
+    folder = f"{group.replace('.', '/')}/{artifact}/{version}"
+    return f"{MAVEN_CENTRAL}/{folder}/{artifact}-{version}{suffix}.{extension}"
 
 
 def unpacked_archive(cache_dir: Path, name: str, url: str, progress: Progress = log.info) -> Path:
@@ -175,24 +177,31 @@ def npm_package(cache_dir: Path, package: str, version: str, progress: Progress 
                 ],
                 capture_output=True,
                 text=True,
+                check=False,
             )
             if result.returncode != 0:
                 raise ArtifactError(
-                    f"npm could not install {package}@{version}:\n{(result.stdout + result.stderr)[-3000:]}"
+                    "npm could not install "
+                    f"{package}@{version}:\n{(result.stdout + result.stderr)[-3000:]}"
                 )
             # npm once exited 0 here with half of Azurite's tree missing (https-proxy-agent among
             # it), and the cache then held a server that could not start: `npm ls` checks the tree.
             check = subprocess.run(
-                ["npm", "ls", "--prefix", str(home), "--all"], capture_output=True, text=True
+                ["npm", "ls", "--prefix", str(home), "--all"],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if check.returncode == 0:
                 break
             progress(
-                f"npm left {package}@{version} incomplete (attempt {attempt}): {check.stderr.strip()[-300:]}"
+                f"npm left {package}@{version} incomplete (attempt {attempt}): "
+                f"{check.stderr.strip()[-300:]}"
             )
         else:
             raise ArtifactError(
-                f"npm installed {package}@{version} incompletely twice; see `npm ls --prefix {home} --all`"
+                f"npm installed {package}@{version} incompletely twice; see "
+                f"`npm ls --prefix {home} --all`"
             )
         (home / _COMPLETE).touch()
     return bin_dir

@@ -61,7 +61,8 @@ class Lease:
         self.epoch: int | None = None
 
     def acquire(self, timeout_s: float | None = None, poll_s: float = 0.5) -> int:
-        """Wait until the lease is free (or expired), take it with the next epoch; returns the epoch."""
+        """Wait until the lease is free (or expired), take it with the next epoch; returns the
+        epoch."""
         self.folder.mkdir(parents=True, exist_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False
@@ -108,7 +109,8 @@ class Lease:
         newest = self._newest()
         if newest is not None and newest.epoch > self.epoch:
             raise Fenced(
-                f"{self.role} epoch {self.epoch} is stale: {newest.owner} holds epoch {newest.epoch}; stopping without committing"
+                f"{self.role} epoch {self.epoch} is stale: {newest.owner} holds epoch "
+                f"{newest.epoch}; stopping without committing"
             )
 
     def release(self) -> None:

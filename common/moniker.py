@@ -52,7 +52,8 @@ class OffsetRange(_Value):
 
 
 class ColumnMetrics(_Value):
-    """Per-field-id statistics, as Iceberg data files carry them (bounds in Iceberg's single-value binary form, hex)."""
+    """Per-field-id statistics, as Iceberg data files carry them (bounds in Iceberg's single-value
+    binary form, hex)."""
 
     column_sizes: dict[int, int] = Field(default_factory=dict)
     value_counts: dict[int, int] = Field(default_factory=dict)
@@ -70,7 +71,8 @@ class FileEntry(_Value):
     record_count: int = Field(ge=0)
     content: Literal["data", "deleted-keys"] = Field(
         "data",
-        description="`deleted-keys`: rows (of the table's schema) whose keys' last change in the batch is a delete (upsert tables).",
+        description="`deleted-keys`: rows (of the table's schema) whose keys' last change in the "
+        "batch is a delete (upsert tables).",
     )
     partition: dict[str, Any] = Field(
         default_factory=dict, description="Partition field name -> transformed value."
@@ -97,7 +99,8 @@ class Moniker(_Value):
     files: list[FileEntry] = Field(default_factory=list)
     delete_files: list[FileEntry] = Field(
         default_factory=list,
-        description="Upsert tables: deleted-keys files; the bookkeeper turns them into position deletes.",
+        description="Upsert tables: deleted-keys files; the bookkeeper turns them into position "
+        "deletes.",
     )
     offsets: list[OffsetRange]
     records: int = Field(ge=0, description="Rows in `files`.")

@@ -255,7 +255,7 @@ def _record_of(avro_type: Any) -> dict[str, Any] | None:
     return avro_type if isinstance(avro_type, dict) and avro_type.get("type") == "record" else None
 
 
-# -- flattened rows ---------------------------------------------------------------------------------
+# -- flattened rows --------------------------------------------------------------------------------
 
 KAFKA_COLUMN_TYPES: dict[str, IcebergType] = {
     "topic": StringType(),
@@ -482,7 +482,7 @@ def _with_ids(
     return field_type
 
 
-# -- Iceberg -> Spark --------------------------------------------------------------------------------
+# -- Iceberg -> Spark ------------------------------------------------------------------------------
 
 
 def spark_type(field_type: IcebergType):  # noqa: ANN201 - pyspark types imported lazily
@@ -542,7 +542,8 @@ def is_primitive(field_type: IcebergType) -> bool:
 
 
 def iceberg_type_from_spark(data_type) -> IcebergType:  # noqa: ANN001 - a pyspark DataType
-    """Iceberg type of a Spark type (for schemas inferred from JSON); nested ids are placeholders."""
+    """Iceberg type of a Spark type (for schemas inferred from JSON); nested ids are
+    placeholders."""
     from pyspark.sql import types as T
 
     if isinstance(data_type, T.StructType):

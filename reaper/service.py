@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -29,6 +30,10 @@ from common.locations import normalize_location, table_state_folder
 from common.rewrites import pending_rewrite_folders
 from common.transports import open_transport
 from reaper.maintenance import SparkMaintenance, TableReport
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +92,10 @@ class Reaper:
     """Runs maintenance passes; Spark starts on the first pass and is reused."""
 
     def __init__(
-        self, config: IcekeeperConfig, spark=None, clock: Callable[[], datetime] | None = None
+        self,
+        config: IcekeeperConfig,
+        spark: SparkSession | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.config = config
         self.catalog = open_catalog(config)
@@ -169,7 +177,7 @@ class Reaper:
         return report
 
     def _table_pass(
-        self, table, identifier: str, dry_run: bool, now: datetime, lease: Lease
+        self, table: Table, identifier: str, dry_run: bool, now: datetime, lease: Lease
     ) -> TableReport:
         started = time.monotonic()
         report = TableReport(identifier, dry_run=dry_run)
@@ -267,7 +275,8 @@ class Reaper:
             self.stop.wait(max(0.0, every_s - (time.monotonic() - began)))
 
     def _first_run_at(self) -> datetime | None:
-        """The next occurrence of `reaper.triggering_time` (seed 000: earliest start, `HH:MM:SS`)."""
+        """The next occurrence of `reaper.triggering_time` (seed 000: earliest start,
+        `HH:MM:SS`)."""
         at = self.config.reaper.triggering_time
         if not at:
             return None

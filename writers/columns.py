@@ -10,14 +10,15 @@ SQL lambda variables are not columns and stay with their code: `table_versions.p
 
 from __future__ import annotations
 
-# -- set by decoding (`decode.py`) ------------------------------------------------------------------
+# -- set by decoding (`decode.py`) -----------------------------------------------------------------
 
 ERROR = "_ik_error"
 """Null when the record decoded and can become a row, else why not (see `decode.py`)."""
 VERSION = "_ik_version"
 """Index into `DecodedBatch.versions` of the version whose schema the record names (null: none)."""
 DECODE_BARRIER = "_ik_decode_barrier"
-"""`spark_partition_id()`: a nondeterministic column that keeps filters from being pushed into decoding."""
+"""`spark_partition_id()`: a nondeterministic column that keeps filters from being pushed into
+decoding."""
 JSON_TEXT = "_ik_json"
 """The record's value as text."""
 JSON_SCHEMA = "_ik_json_schema"
@@ -32,16 +33,18 @@ def version_column(index: int) -> str:
 
 
 def json_parsed_column(index: int) -> str:
-    """JSON version `index`'s record as `from_json` parsed it, before conversion to the version's struct."""
+    """JSON version `index`'s record as `from_json` parsed it, before conversion to the version's
+    struct."""
     return f"_ik_j{index}"
 
 
 def record_key_column(index: int) -> str:
-    """Version `index`'s row as read from the Kafka record key, for deletes without `before` (`record_keys.py`)."""
+    """Version `index`'s row as read from the Kafka record key, for deletes without `before`
+    (`record_keys.py`)."""
     return f"_ik_key{index}"
 
 
-# -- per record, from the decoded versions (`flatten.helper_sql`) -----------------------------------
+# -- per record, from the decoded versions (`flatten.helper_sql`) ----------------------------------
 
 EVENT_MS = "_ik_event_ms"
 SOURCE_DB = "_ik_source_db"
@@ -60,7 +63,7 @@ HELPER_COLUMNS = (
 )
 """Columns next to the row columns that the writer uses and drops before writing files."""
 
-# -- routing and writing a table (`routing.py`, `table_writer.py`) ----------------------------------
+# -- routing and writing a table (`routing.py`, `table_writer.py`) ---------------------------------
 
 ROUTE = "_ik_route"
 """The identifier of the table a record goes to; null when nothing claims it."""

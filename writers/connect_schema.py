@@ -31,7 +31,8 @@ _CONNECT_LOGICAL = {
     "org.apache.kafka.connect.data.Timestamp": ("int64", "long", "timestamp-millis"),
     "org.apache.kafka.connect.data.Time": ("int32", "int", "time-millis"),
 }
-"""Connect's own logical types: (Connect type, Avro type, Avro logical type), as AvroConverter maps them."""
+"""Connect's own logical types: (Connect type, Avro type, Avro logical type), as AvroConverter maps
+them."""
 _PRIMITIVES = {
     "int8": "int",
     "int16": "int",
@@ -101,7 +102,8 @@ def _required(schema: dict[str, Any], path: str) -> Any:
         precision = int(parameters.get("connect.decimal.precision", ICEBERG_MAX_PRECISION))
         if precision > ICEBERG_MAX_PRECISION or not 0 <= scale <= precision:
             raise SchemaConversionError(
-                f"{where}: decimal({precision}, {scale}) does not fit an Iceberg decimal (at most 38 digits)"
+                f"{where}: decimal({precision}, {scale}) does not fit an Iceberg decimal (at most "
+                "38 digits)"
             )
         return {
             "type": "bytes",
@@ -145,13 +147,14 @@ def _required(schema: dict[str, Any], path: str) -> Any:
             # JsonConverter writes such maps as arrays of [key, value] pairs, which no Iceberg map
             # of this schema's types describes.
             raise SchemaConversionError(
-                f"{where}: maps with {schema['keys'].get('type')} keys are not supported (only string keys)"
+                f"{where}: maps with {schema['keys'].get('type')} keys are not supported (only "
+                "string keys)"
             )
         return {"type": "map", "values": _avro(schema["values"], f"{where}{{}}"), **semantic}
     raise SchemaConversionError(f"{where}: Connect type {kind!r} is not supported")
 
 
-# -- how JSON carries the values ---------------------------------------------------------------------
+# -- how JSON carries the values -------------------------------------------------------------------
 
 
 def json_carrier_type(avro_type: Any) -> T.DataType:
@@ -190,7 +193,8 @@ def json_carrier_type(avro_type: Any) -> T.DataType:
 
 
 def avro_value_sql(value: str, avro_type: Any, depth: int = 0) -> str | None:
-    """SQL turning JSON carrier `value` into what `from_avro` gives for `avro_type`; None when equal.
+    """SQL turning JSON carrier `value` into what `from_avro` gives for `avro_type`; None when
+    equal.
 
     Structs are rebuilt only where a field below them changes.
     """

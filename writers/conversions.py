@@ -23,25 +23,30 @@ def _floor_div(value: str, divisor: int) -> str:
 
 
 def _time_of_day(micros: str) -> str:
-    """`[-]HH:MM:SS[.ffffff]`, as MariaDB prints TIME (hours may pass 24, values may be negative)."""
+    """`[-]HH:MM:SS[.ffffff]`, as MariaDB prints TIME (hours may pass 24, values may be
+    negative)."""
     magnitude = f"abs({micros})"
-    fraction = f"CASE WHEN {magnitude} % 1000000 = 0 THEN '' ELSE format_string('.%06d', {magnitude} % 1000000) END"
+    fraction = (
+        f"CASE WHEN {magnitude} % 1000000 = 0 THEN '' ELSE format_string('.%06d', {magnitude} % "
+        "1000000) END"
+    )
     return (
-        f"CASE WHEN {micros} IS NULL THEN NULL ELSE format_string('%s%02d:%02d:%02d%s', CASE WHEN {micros} < 0 THEN '-' ELSE '' END, "
-        f"{magnitude} DIV 3600000000, ({magnitude} DIV 60000000) % 60, ({magnitude} DIV 1000000) % 60, {fraction}) END"
+        f"CASE WHEN {micros} IS NULL THEN NULL ELSE format_string('%s%02d:%02d:%02d%s', CASE WHEN "
+        f"{micros} < 0 THEN '-' ELSE '' END, {magnitude} DIV 3600000000, ({magnitude} DIV "
+        f"60000000) % 60, ({magnitude} DIV 1000000) % 60, {fraction}) END"
     )
 
 
 def _unscaled_decimal_text(value_bytes: str) -> str:
-    """Decimal digits of a big-endian two's-complement integer (Connect's decimal bytes); null when it
-    has more than 38 digits (Spark's widest decimal)."""
+    """Decimal digits of a big-endian two's-complement integer (Connect's decimal bytes); null when
+    it has more than 38 digits (Spark's widest decimal)."""
     first = f"CAST(conv(hex(substring({value_bytes}, 1, 1)), 16, 10) AS INT)"
     negative = f"({first} >= 128)"
     byte = f"CAST(conv(hex(substring({value_bytes}, i, 1)), 16, 10) AS INT)"
     digit = f"CASE WHEN {negative} THEN 255 - {byte} ELSE {byte} END"
     magnitude = (
-        f"aggregate(sequence(1, length({value_bytes})), CAST(0 AS DECIMAL(38, 0)), "
-        f"(acc, i) -> CAST(try_add(try_multiply(acc, CAST(256 AS DECIMAL(38, 0))), {digit}) AS DECIMAL(38, 0)))"
+        f"aggregate(sequence(1, length({value_bytes})), CAST(0 AS DECIMAL(38, 0)), (acc, i) -> "
+        f"CAST(try_add(try_multiply(acc, CAST(256 AS DECIMAL(38, 0))), {digit}) AS DECIMAL(38, 0)))"
     )
     return f"CAST(CASE WHEN {negative} THEN -({magnitude} + 1) ELSE {magnitude} END AS STRING)"
 
@@ -50,8 +55,14 @@ def _scaled_text(unscaled: str, scale: str) -> str:
     """`unscaled` digits with a decimal point `scale` places from the right."""
     digits = f"ltrim('-', {unscaled})"
     padded = f"lpad({digits}, greatest(length({digits}), {scale} + 1), '0')"
-    with_point = f"CASE WHEN {scale} > 0 THEN concat(substring({padded}, 1, length({padded}) - {scale}), '.', right({padded}, {scale})) ELSE {padded} END"
-    return f"CASE WHEN {unscaled} IS NULL THEN NULL ELSE concat(CASE WHEN {unscaled} LIKE '-%' THEN '-' ELSE '' END, {with_point}) END"
+    with_point = (
+        f"CASE WHEN {scale} > 0 THEN concat(substring({padded}, 1, length({padded}) - {scale}), "
+        f"'.', right({padded}, {scale})) ELSE {padded} END"
+    )
+    return (
+        f"CASE WHEN {unscaled} IS NULL THEN NULL ELSE concat(CASE WHEN {unscaled} LIKE '-%' THEN "
+        f"'-' ELSE '' END, {with_point}) END"
+    )
 
 
 _CONVERSIONS: dict[str, str] = {
@@ -75,7 +86,8 @@ _CONVERSIONS: dict[str, str] = {
     "io.debezium.data.geometry.Point": "{}.wkb",
     COLLECTION: "to_json({})",
 }
-"""Semantic types whose carrier needs converting; the others (Json, Enum, Uuid, ...) are taken as they come."""
+"""Semantic types whose carrier needs converting; the others (Json, Enum, Uuid, ...) are taken as
+they come."""
 
 _FALLIBLE = {"io.debezium.time.ZonedTimestamp", "io.debezium.data.VariableScaleDecimal"}
 """Conversions that give null for some non-null input (text that is no timestamp, e.g. PostgreSQL's
@@ -108,4 +120,7 @@ def connect_decimal_sql(value_bytes: str, precision: int, scale: int) -> str:
     Connect never writes). `<unscaled>E-<scale>` is read by Spark's cast exactly (a BigDecimal).
     """
     unscaled = _unscaled_decimal_text(value_bytes)
-    return f"CASE WHEN length({value_bytes}) > 0 THEN try_cast(concat({unscaled}, 'E-{scale}') AS DECIMAL({precision}, {scale})) END"
+    return (
+        f"CASE WHEN length({value_bytes}) > 0 THEN try_cast(concat({unscaled}, 'E-{scale}') AS "
+        f"DECIMAL({precision}, {scale})) END"
+    )

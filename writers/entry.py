@@ -1,5 +1,6 @@
 """The writer's own command line: its arguments and how it runs, for `icekeeper writer` and for
-`spark-submit writers/__main__.py` alike (a role's entry point does not go through another package)."""
+`spark-submit writers/__main__.py` alike (a role's entry point does not go through another
+package)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def add_writer_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_writer(args: argparse.Namespace) -> int:
-    """Run batches until stopped (or as `--once`, `--max-batches`, `--until-idle` say), one JSON line per batch."""
+    """Run batches until stopped (or as `--once`, `--max-batches`, `--until-idle` say), one JSON
+    line per batch."""
     if args.spark_packages:
         from common.spark import spark_submit_packages
 

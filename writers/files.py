@@ -161,13 +161,16 @@ def write_parquet(
 
 
 def path_segment(name: str) -> str:
-    """A folder or file name from a writer's or a source's name: characters other than letters, digits and `._-` become `_`."""
+    """A folder or file name from a writer's or a source's name: characters other than letters,
+    digits and `._-` become `_`."""
     return "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
 
 
 def batch_folder(table_location: str, writer_id: str, seq: int) -> str:
-    """A new folder for one table's files of one batch: `<location>/data/<writer>/<seq>-<random>`."""
-    return f"{table_location.rstrip('/')}/data/{path_segment(writer_id)}/{seq:012d}-{uuid.uuid4().hex[:8]}"
+    """A new folder for one table's files of one batch:
+    `<location>/data/<writer>/<seq>-<random>`."""
+    folder = f"{seq:012d}-{uuid.uuid4().hex[:8]}"
+    return f"{table_location.rstrip('/')}/data/{path_segment(writer_id)}/{folder}"
 
 
 def discard_output(output_dirs: list[str]) -> None:
@@ -183,7 +186,8 @@ def discard_output(output_dirs: list[str]) -> None:
 def list_written_files(
     output_uri: str, partitions: list[PartitionColumn], spec_id: int
 ) -> list[FileEntry]:
-    """Every Parquet file under `output_uri`, with size, record count (from its footer) and partition."""
+    """Every Parquet file under `output_uri`, with size, record count (from its footer) and
+    partition."""
     filesystem, root = pafs.FileSystem.from_uri(output_uri)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     entries = []

@@ -45,7 +45,8 @@ from writers.decode import VersionShape
 
 @dataclass(frozen=True)
 class FlatRows:
-    """Flattened rows of one table plus helper columns, and the Iceberg schema of the row columns."""
+    """Flattened rows of one table plus helper columns, and the Iceberg schema of the row
+    columns."""
 
     frame: DataFrame
     schema: Schema
@@ -76,7 +77,8 @@ def flatten(
     primary_key: list[str],
     carry: list[str] | None = None,
 ) -> FlatRows:
-    """Rows of `versions` flattened into the table's columns (ids from `existing` where it has them).
+    """Rows of `versions` flattened into the table's columns (ids from `existing` where it has
+    them).
 
     The frame keeps the helper columns, and the columns named in `carry`, next to the row's.
     """
@@ -85,7 +87,8 @@ def flatten(
     columns = [Column(c.name, c.type, c.name in key_names) for c in columns]
     schema = assign_ids(columns, existing, key_names)
     projections = [
-        f"CAST({value_sql(field.name, versions, metadata)} AS {spark_sql_type(field.field_type)}) AS {sql.ident(field.name)}"
+        f"CAST({value_sql(field.name, versions, metadata)} AS {spark_sql_type(field.field_type)}) "
+        f"AS {sql.ident(field.name)}"
         for field in schema.fields
     ]
     projections += [f"{expression} AS {name}" for name, expression in helper_sql(versions).items()]
@@ -190,11 +193,15 @@ def _carrier_sql(version: VersionShape, name: str) -> str:
     image = f"CASE WHEN {after} IS NOT NULL THEN {sql.path(version.column, 'after', name)}"
     if name not in version.record_key_fields:
         return f"{image} ELSE {sql.path(version.column, 'before', name)} END"
-    return f"{image} WHEN {before} IS NOT NULL THEN {sql.path(version.column, 'before', name)} ELSE {sql.path(version.record_key, name)} END"
+    return (
+        f"{image} WHEN {before} IS NOT NULL THEN {sql.path(version.column, 'before', name)} ELSE "
+        f"{sql.path(version.record_key, name)} END"
+    )
 
 
 def unconvertible_sql(versions: list[VersionShape]) -> str:
-    """SQL true for records holding a value their column's Iceberg type cannot take (see conversions)."""
+    """SQL true for records holding a value their column's Iceberg type cannot take (see
+    conversions)."""
     return sql.any_of(
         failed
         for version in versions

@@ -77,7 +77,8 @@ class Routes:
         return routes
 
     def route_of(self, identifier: str) -> str:
-        """The route whose records table `identifier` gets: its own, or the first table claiming alike."""
+        """The route whose records table `identifier` gets: its own, or the first table claiming
+        alike."""
         return self._routes.get(identifier, identifier)
 
     def fed_by(self, route: str) -> list[str]:
@@ -112,7 +113,8 @@ def template_sql(template: str) -> str:
         if field_name is not None:
             if field_name not in _TEMPLATE_FIELDS:
                 raise ValueError(
-                    f"table_template {template!r}: unknown field {{{field_name}}}; use {sorted(_TEMPLATE_FIELDS)}"
+                    f"table_template {template!r}: unknown field {{{field_name}}}; use "
+                    f"{sorted(_TEMPLATE_FIELDS)}"
                 )
             parts.append(_TEMPLATE_FIELDS[field_name])
     return f"concat({', '.join(parts)})"
@@ -145,9 +147,10 @@ def routed_rows(decoded: DecodedBatch, routes: Routes, tables: list[TableSpec]) 
     )
     frame = frame.selectExpr("*", f"{routes.sql()} AS {ROUTE}")
     error = (
-        f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable'"
-        f" WHEN {_missing_key_sql(decoded, tables, routes)} THEN CASE WHEN {_delete_without_before(decoded)} THEN 'delete-without-key' ELSE 'missing-key' END"
-        f" WHEN {unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END"
+        f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable' WHEN "
+        f"{_missing_key_sql(decoded, tables, routes)} THEN CASE WHEN "
+        f"{_delete_without_before(decoded)} THEN 'delete-without-key' ELSE 'missing-key' END WHEN "
+        f"{unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END"
     )
     return frame.selectExpr(
         *[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}"
@@ -155,7 +158,8 @@ def routed_rows(decoded: DecodedBatch, routes: Routes, tables: list[TableSpec]) 
 
 
 def _delete_without_before(decoded: DecodedBatch) -> str:
-    """True for Debezium deletes without a `before` image: a missing key is then a missing record key."""
+    """True for Debezium deletes without a `before` image: a missing key is then a missing record
+    key."""
     return sql.any_of(
         delete_without_before_sql(sql.ident(v.column)) for v in decoded.versions if v.is_debezium
     )

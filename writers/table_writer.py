@@ -56,7 +56,8 @@ from writers.upserts import deleted_partition, last_change_per_key, split_delete
 
 @dataclass(frozen=True)
 class RoutedBatch:
-    """One source's batch, decoded and routed (`routing.routed_rows`): what each table is written from."""
+    """One source's batch, decoded and routed (`routing.routed_rows`): what each table is written
+    from."""
 
     source: KafkaSource
     plan: BatchPlan
@@ -75,7 +76,8 @@ class TableWrite:
     output_dir: str
     """The batch folder, to discard if the batch is not published."""
     observed: dict
-    """The counts observed while writing: the table's rows and event times, plus any batch counts asked for."""
+    """The counts observed while writing: the table's rows and event times, plus any batch counts
+    asked for."""
 
 
 class TableWriter:
@@ -108,7 +110,8 @@ class TableWriter:
         batch_observations: list[Column] | None = None,
         route: str | None = None,
     ) -> TableWrite:
-        """Write `identifier`'s rows of the batch; with `batch_observations`, also count the whole batch.
+        """Write `identifier`'s rows of the batch; with `batch_observations`, also count the whole
+        batch.
 
         The rows are the records of `route` (default: the table's own; see `Routes` for fan-out).
 
@@ -124,7 +127,10 @@ class TableWriter:
         spec = self.config.table(identifier)
         table = load_table_or_none(self.catalog, identifier)
         existing = table.schema() if table is not None else None
-        keep = f"{ROUTE} = {sql.string(route or identifier)} AND {ERROR} IS NULL AND {_at_or_after(plan, identifier)}"
+        keep = (
+            f"{ROUTE} = {sql.string(route or identifier)} AND {ERROR} IS NULL AND "
+            f"{_at_or_after(plan, identifier)}"
+        )
         if not observes_batch:
             frame = frame.where(keep)
         frame = frame.selectExpr("*", f"{keep} AS {KEEP}")
@@ -215,7 +221,8 @@ class TableWriter:
 
 
 def offset_ranges(plan: BatchPlan, identifier: str) -> list[OffsetRange]:
-    """The offsets a moniker of `identifier` covers: its own span of each partition the batch read."""
+    """The offsets a moniker of `identifier` covers: its own span of each partition the batch
+    read."""
     return [
         OffsetRange(topic=topic, partition=partition, from_offset=start, until_offset=until)
         for (topic, partition) in sorted(plan.read_ranges)
@@ -225,12 +232,14 @@ def offset_ranges(plan: BatchPlan, identifier: str) -> list[OffsetRange]:
 
 
 def _at_or_after(plan: BatchPlan, identifier: str) -> str:
-    """SQL keeping rows at or after the table's own start, where it differs from the batch's read start."""
+    """SQL keeping rows at or after the table's own start, where it differs from the batch's read
+    start."""
     skipped = []
     for (topic, partition), (read_start, _) in plan.read_ranges.items():
         start = plan.table_starts.get(identifier, {}).get((topic, partition), read_start)
         if start > read_start:
             skipped.append(
-                f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND {KAFKA_OFFSET} < {start})"
+                f"({KAFKA_TOPIC} = {sql.string(topic)} AND {KAFKA_PARTITION} = {partition} AND "
+                f"{KAFKA_OFFSET} < {start})"
             )
     return f"NOT {sql.any_of(skipped)}" if skipped else "true"

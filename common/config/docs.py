@@ -27,7 +27,8 @@ _HEADER = """# Configuration reference
 One YAML file configures icekeeper (`--config`, or `ICEKEEPER_CONFIG`). Unknown keys are errors.
 Any key can be overridden by an environment variable: `ICEKEEPER__` plus the key path in upper
 case with `__` between levels and list indexes as numbers, e.g.
-`ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS=broker:9092` or `ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL=2s`;
+`ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS=broker:9092` or \
+`ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL=2s`;
 values are read as YAML scalars. Durations take `500ms`, `10s`, `5m`, `2h`, `7d` or seconds.
 `{state_dir}` in any value expands to the state folder.
 
@@ -61,7 +62,8 @@ def render_markdown() -> str:
 
 
 def _nested_models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
-    """Models inside an annotation, with `[]` for lists: `list[KafkaSource]` -> [(KafkaSource, '[]')]."""
+    """Models inside an annotation, with `[]` for lists: `list[KafkaSource]` -> [(KafkaSource,
+    '[]')]."""
     origin = typing.get_origin(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [(annotation, "")]
@@ -93,7 +95,8 @@ def _render_model(title: str, model: type[BaseModel], prefix: str) -> str:
         else:
             default = _default(field)
         lines.append(
-            f"| `{prefix}{name}` | {_type_name(field)} | {default} | {(field.description or '').replace('|', '/')} |"
+            f"| `{prefix}{name}` | {_type_name(field)} | {default} | "
+            f"{(field.description or '').replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
 

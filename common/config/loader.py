@@ -21,7 +21,8 @@ from common.config.properties import translate_properties
 from common.config.secrets import mask_text, remember_secrets_in, resolve_references
 
 ENV_PREFIX = "ICEKEEPER__"
-"""Environment variables `ICEKEEPER__A__B__0__C` override key `a.b[0].c`; values are YAML scalars."""
+"""Environment variables `ICEKEEPER__A__B__0__C` override key `a.b[0].c`; values are YAML
+scalars."""
 
 CONFIG_PATH_ENV = "ICEKEEPER_CONFIG"
 """Environment variable naming the config file when `--config` is not given."""

@@ -26,8 +26,8 @@ class PropertiesError(ValueError):
 def parse_properties(text: str) -> dict[str, str]:
     """Parse Java `.properties` text as `java.util.Properties.load` does (separators `=`, `:` or
     whitespace, `#`/`!` comments, `\\` continuations, escapes such as `\\:` and `\\u00e9`), through
-    `javaproperties`. Values lose trailing whitespace too, which Java keeps: an invisible space after
-    `500` is not what a user meant."""
+    `javaproperties`. Values lose trailing whitespace too, which Java keeps: an invisible space
+    after `500` is not what a user meant."""
     return {key: value.strip() for key, value in javaproperties.loads(text).items()}
 
 
@@ -160,7 +160,8 @@ def translate_properties(text: str, source_name: str) -> tuple[dict[str, Any], d
             raise ConfigError(
                 source_name,
                 key,
-                "unknown key (seed 000 keys: spark.*, kafka.*, record.metadata.*, iceberg.table.*, iceberg.maintenance.*)",
+                "unknown key (seed 000 keys: spark.*, kafka.*, record.metadata.*, "
+                "iceberg.table.*, iceberg.maintenance.*)",
             )
     table, source = raw["tables"][0], raw["sources"][0]
     if "topics" in source and "topics" not in table:

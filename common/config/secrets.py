@@ -9,8 +9,9 @@ resolved once, when the config is loaded.
 
 Whatever prints config or logs goes through `mask_text` / `mask_properties`: a URL's password,
 `password=`, `AccountKey=` and the like, the values of secret-named keys (`sasl.jaas.config`,
-`*password*`, `*secret*`, `*token*`, `*key`, `*account.key*`, `credential`), and every value a reference resolved to
-(remembered in `known_secret_values`, so a log line that quotes one is masked too) become `MASK`.
+`*password*`, `*secret*`, `*token*`, `*key`, `*account.key*`, `credential`), and every value a
+reference resolved to (remembered in `known_secret_values`, so a log line that quotes one is masked
+too) become `MASK`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ _ASSIGNED_SECRET = re.compile(
     re.IGNORECASE,
 )
 _SHORTEST_REMEMBERED = 4
-"""Resolved values shorter than this are not masked everywhere in logs (a `1` would mask every digit)."""
+"""Resolved values shorter than this are not masked everywhere in logs (a `1` would mask every
+digit)."""
 
 known_secret_values: set[str] = set()
 """Every value a `${...}` reference resolved to, or a secret-named key held, in this process."""
@@ -58,7 +60,8 @@ def resolve_references(
     Args:
         node: a raw config mapping (as read from YAML, properties or the environment).
         environ: where `${env:NAME}` looks NAME up.
-        on_error: turns (key path, reason) into the exception to raise, so the caller names its file.
+        on_error: turns (key path, reason) into the exception to raise, so the caller names its
+            file.
         path: the key path of `node` inside the config.
 
     Returns:
@@ -134,12 +137,14 @@ def remember_secret(value: str) -> None:
 
 
 def is_secret_key(key: str) -> bool:
-    """True for property names whose value is a credential (`sasl.jaas.config`, `s3.secret-access-key`, ...)."""
+    """True for property names whose value is a credential (`sasl.jaas.config`,
+    `s3.secret-access-key`, ...)."""
     return bool(_SECRET_KEY.search(key))
 
 
 def mask_text(text: str) -> str:
-    """`text` with URL passwords, `password=`/`AccountKey=`-style assignments and known secrets masked."""
+    """`text` with URL passwords, `password=`/`AccountKey=`-style assignments and known secrets
+    masked."""
     for value in sorted(known_secret_values, key=len, reverse=True):
         if value in text:
             text = text.replace(value, MASK)
@@ -148,7 +153,8 @@ def mask_text(text: str) -> str:
 
 
 def mask_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a properties mapping with secret-named keys' values masked and the rest through `mask_text`."""
+    """A copy of a properties mapping with secret-named keys' values masked and the rest through
+    `mask_text`."""
     return {
         key: MASK if is_secret_key(str(key)) else mask_strings(value)
         for key, value in properties.items()
@@ -156,7 +162,8 @@ def mask_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def mask_strings(value: Any) -> Any:
-    """`value` (a string, or lists and mappings of them) with `mask_text` applied to every string in it."""
+    """`value` (a string, or lists and mappings of them) with `mask_text` applied to every string
+    in it."""
     if isinstance(value, str):
         return mask_text(value)
     if isinstance(value, Mapping):
@@ -167,7 +174,8 @@ def mask_strings(value: Any) -> Any:
 
 
 def mask_field(value: Any) -> Any:
-    """How a config model prints one field's value: secrets `MASK`, property mappings by key, strings by `mask_text`."""
+    """How a config model prints one field's value: secrets `MASK`, property mappings by key,
+    strings by `mask_text`."""
     if isinstance(value, SecretStr):
         return MASK
     if isinstance(value, Mapping):
@@ -176,7 +184,8 @@ def mask_field(value: Any) -> Any:
 
 
 def masked_dump(model: BaseModel) -> dict[str, Any]:
-    """`model.model_dump(mode="json")` with every secret masked: what `icekeeper config show` prints."""
+    """`model.model_dump(mode="json")` with every secret masked: what `icekeeper config show`
+    prints."""
     dumped: dict[str, Any] = {}
     for name in type(model).model_fields:
         value = getattr(model, name)
@@ -195,7 +204,8 @@ def masked_dump(model: BaseModel) -> dict[str, Any]:
 
 
 def remember_secrets_in(model: BaseModel) -> None:
-    """Remember a loaded config's `SecretStr` values, secret-named properties and URL passwords, for `mask_text`."""
+    """Remember a loaded config's `SecretStr` values, secret-named properties and URL passwords,
+    for `mask_text`."""
     for name in type(model).model_fields:
         _remember(getattr(model, name))
 

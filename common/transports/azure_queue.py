@@ -118,7 +118,8 @@ class AzureQueueMonikerTransport(MonikerTransport):
                 == pafs.FileType.NotFound
             ):
                 # Its copy goes only when the moniker is acknowledged: this is a second message of a
-                # moniker already committed (`resend_journal`), to acknowledge and ignore, not poison.
+                # moniker already committed (`resend_journal`), to acknowledge and ignore, not
+                # poison.
                 return None, None
             stored = self.journal.read(parsed[POINTER_KEY])
             return stored.moniker, stored.error

@@ -163,7 +163,8 @@ class DeadLetterFolder:
         return [self.read(name) for name in self.names()]
 
     def remove(self, name: str) -> None:
-        """Reason first: a crash half way leaves a copy that is no longer listed, never a listed one without bytes."""
+        """Reason first: a crash half way leaves a copy that is no longer listed, never a listed
+        one without bytes."""
         base = posixpath.join(self.folder.root, name)
         self.folder.delete(base + REASON_SUFFIX)
         self.folder.delete(base)
