@@ -26,6 +26,7 @@ from writers.decode import (
     DecodedBatch,
     decode_avro_confluent,
     decode_json,
+    envelope_fields,
     frame_prefix,
     framed_schema_id_sql,
 )
@@ -149,20 +150,14 @@ class BatchWriter:
     ) -> DecodedBatch:
         keys = self._record_keys(source, routes)
         if source.format == "avro-confluent":
-            return decode_avro_confluent(raw, schemas, self._envelope_fields(), keys)
+            return decode_avro_confluent(
+                raw, schemas, envelope_fields(self.config.metadata_columns), keys
+            )
         return decode_json(self.spark, raw, debezium=source.format == "debezium-json", keys=keys)
 
     def _record_keys(self, source: KafkaSource, routes: Routes) -> RecordKeys | None:
         """How record keys are read: only for sources feeding tables with a primary key (`record_keys.py`)."""
         return record_keys_for(routes.tables, self._key_schemas.get(source.name, []))
-
-    def _envelope_fields(self) -> dict[str, set[str]]:
-        """Debezium envelope fields the batch uses: the configured metadata columns plus routing."""
-        metadata = self.config.metadata_columns
-        return {
-            "source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"},
-            "transaction": set(metadata.transaction.columns),
-        }
 
     def _write_tables(
         self,

@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from common.config.model import MetadataColumns
 from common.schema import (
     COLLECTION,
     MAX_DECIMAL_PRECISION,
@@ -100,6 +101,15 @@ class DecodedBatch:
     frame: DataFrame
     versions: list[VersionShape]
     planned_schema_ids: list[int] = field(default_factory=list)
+
+
+def envelope_fields(metadata: MetadataColumns) -> dict[str, set[str]]:
+    """Debezium envelope fields a batch uses: the configured metadata columns plus routing (the
+    decoder skips the others; the writer bench's baseline decodes with the same)."""
+    return {
+        "source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"},
+        "transaction": set(metadata.transaction.columns),
+    }
 
 
 def frame_prefix(schema_id: int) -> bytes:

@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 
 from common.committed_state import nest_by_topic
 from common.config.model import KafkaSource
-from writers.offsets import BatchPlan, PartitionBounds
+from common.kafka_clients import spark_kafka_options
+from writers.offsets import BatchPlan, PartitionBounds, records_per_task
 from writers.offsets import TopicPartition as TP
 
 log = logging.getLogger(__name__)
@@ -124,24 +125,33 @@ def read_raw(
     parallelism = spark.sparkContext.defaultParallelism
     reader = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", source.bootstrap_servers)
+        .options(**batch_read_options(source, parallelism, plan.records))
         .option("assign", json.dumps(assign))
         .option("startingOffsets", json.dumps(starting))
         .option("endingOffsets", json.dumps(ending))
         .option("failOnDataLoss", "true" if not source.offset_gaps else "false")
         .option("includeHeaders", "true" if include_headers else "false")
-        .option("minPartitions", str(parallelism))
-        .option(
-            "maxRecordsPerPartition",
-            str(plan.records_per_task(parallelism, _SMALLEST_TASK_RECORDS)),
-        )
     )
+    frame = reader.load()
+    return frame if include_headers else frame.withColumn("headers", F.lit(None))
+
+
+def batch_read_options(source: KafkaSource, parallelism: int, records: int) -> dict[str, str]:
+    """Spark Kafka source options of a batch of `records`, beside its offsets: the connection
+    (and security), the task split (`BatchPlan.records_per_task`) and the fetch sizes. The writer
+    bench's baseline reads with the same, so the two compare on equal terms."""
+    options = {
+        **spark_kafka_options(source),
+        "minPartitions": str(parallelism),
+        "maxRecordsPerPartition": str(
+            records_per_task(records, parallelism, _SMALLEST_TASK_RECORDS)
+        ),
+    }
     # Larger fetches than the consumer defaults (1 MB per partition, 500 records per poll):
     # measured ~20% faster reads of 200k seed-like records; the user's settings win.
     for key, value in {**_FETCH_DEFAULTS, **source.consumer_properties}.items():
-        reader = reader.option(f"kafka.{key}", value)
-    frame = reader.load()
-    return frame if include_headers else frame.withColumn("headers", F.lit(None))
+        options[f"kafka.{key}"] = value
+    return options
 
 
 def _matches(pattern: str, topic: str) -> bool:

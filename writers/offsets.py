@@ -52,14 +52,8 @@ class BatchPlan:
         return sum(until - start for start, until in self.read_ranges.values())
 
     def records_per_task(self, parallelism: int, smallest: int) -> int:
-        """The most records one Spark task should read: two tasks per core for a large batch.
-
-        One task per Kafka partition leaves cores idle whenever partitions and cores do not divide
-        (3 partitions on 2 cores run as two rounds, the second on one core: measured ~70% of the
-        cores busy); pieces of at most a quarter of the batch on 2 cores keep both busy to the end.
-        A batch is not cut below `smallest` records per task: every task writes files of its own.
-        """
-        return max(smallest, -(-self.records // (2 * max(1, parallelism))))
+        """The most records one Spark task of this batch should read (see `records_per_task`)."""
+        return records_per_task(self.records, parallelism, smallest)
 
     def table_range(self, table: str, topic_partition: TopicPartition) -> tuple[int, int] | None:
         """`[start, until)` of `table` in this batch, or None when it has nothing to read there."""
@@ -70,6 +64,17 @@ class BatchPlan:
         )
         until = self.read_ranges[topic_partition][1]
         return (start, until) if until > start else None
+
+
+def records_per_task(records: int, parallelism: int, smallest: int) -> int:
+    """The most records one Spark task should read of a batch: two tasks per core when large.
+
+    One task per Kafka partition leaves cores idle whenever partitions and cores do not divide
+    (3 partitions on 2 cores run as two rounds, the second on one core: measured ~70% of the
+    cores busy); pieces of at most a quarter of the batch on 2 cores keep both busy to the end.
+    A batch is not cut below `smallest` records per task: every task writes files of its own.
+    """
+    return max(smallest, -(-records // (2 * max(1, parallelism))))
 
 
 def pending_until(monikers: Iterable[Moniker]) -> dict[TopicPartition, int]:

@@ -1,16 +1,25 @@
-"""`icekeeper bench writer`: our writer against Spark's own Iceberg streaming sink, same data, same
-cores.
+"""`icekeeper bench writer`: our writer against Spark's own Iceberg streaming sink, on equal terms.
 
 The topic is preloaded with seed-000-like Debezium Avro records (the `tbl_test_1` envelope, ~230
 bytes each, Confluent-framed with a registered schema). The records are made in Spark's JVM with
 `to_avro` (producing a million from Python would take minutes). Then, in one SparkSession:
 
-- ours: `WriterJob` batches until idle (Parquet files + monikers; no commit),
+- ours: `WriterJob` batches until idle (Parquet files + monikers), then the bookkeeper commits
+  them: `ours_writer_s` is the writer alone, `ours_s` until every record is visible in a
+  snapshot (our rows are not readable before the bookkeeper's commit);
 - baseline: `readStream` from Kafka, the same `from_avro` decoding and flattening, and
-  `writeStream` into an Iceberg table (iceberg-spark-runtime), trigger availableNow.
+  `writeStream` into an Iceberg table (iceberg-spark-runtime), trigger availableNow: its rows are
+  visible when it ends.
+
+Equal terms: both read with the writer's Spark Kafka options (`batch_read_options`: tasks of at
+most a quarter of a batch on 2 cores, the same fetch sizes), in batches of `BATCH_RECORDS`
+(`maxOffsetsPerTrigger` for the baseline), decode with the same Avro reader schema (only the
+envelope fields the metadata columns use), write Parquet with the same table properties, and
+take turns going first (ours first in odd runs, the baseline in even ones); figures are medians.
 
 Then the bare pipeline in stages (`stages_s`: Kafka read; + decoding and flattening; + Parquet),
-which shows where the time goes. The last stdout line is one JSON object with the figures.
+with the same read options and reader schema, which shows where the time goes. The last stdout
+line is one JSON object with the figures.
 """
 
 from __future__ import annotations
@@ -137,21 +146,38 @@ def preload(
     }
 
 
+BATCH_RECORDS = 500_000
+"""Records per batch: ours (`max_offsets_per_trigger`) and the baseline (`maxOffsetsPerTrigger`)."""
+
+
+def _kafka_options(spark: SparkSession, config: IcekeeperConfig) -> dict[str, str]:
+    """The writer's Spark Kafka options for a batch of `BATCH_RECORDS` (task split, fetch sizes)."""
+    from writers.kafka_io import batch_read_options
+
+    parallelism = spark.sparkContext.defaultParallelism
+    return batch_read_options(config.sources[0], parallelism, BATCH_RECORDS)
+
+
 def _seed_rows(
     config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str, schema_id: int
 ) -> tuple[DataFrame, Schema]:
-    """The seed table's rows from a Kafka frame (batch or stream): our `from_avro` decoding and
-    flattening, poison dropped; also the flattened Iceberg schema."""
+    """The seed table's rows from a Kafka frame (batch or stream): our `from_avro` decoding (with
+    the writer's reader schema) and flattening, poison dropped; also the flattened Iceberg
+    schema."""
     from common.schema import resolve_named_types
     from writers.columns import HELPER_COLUMNS
-    from writers.decode import decode_avro_confluent
+    from writers.decode import decode_avro_confluent, envelope_fields
     from writers.flatten import flatten
     from writers.registry import RegisteredSchema
 
     registered = RegisteredSchema(
         schema_id, schema_text, resolve_named_types(json.loads(schema_text))
     )
-    decoded = decode_avro_confluent(kafka_frame.withColumn("headers", F.lit(None)), [registered])
+    decoded = decode_avro_confluent(
+        kafka_frame.withColumn("headers", F.lit(None)),
+        [registered],
+        envelope_fields(config.metadata_columns),
+    )
     flat = flatten(decoded.frame, decoded.versions, config.metadata_columns, None, ["ID1", "ID2"])
     return flat.frame.where(F.col("_ik_error").isNull()).drop(*HELPER_COLUMNS), flat.schema
 
@@ -165,7 +191,7 @@ def run_baseline(
     work_dir: Path,
 ) -> float:
     """Spark's own path: readStream -> same decode and flatten -> writeStream into an Iceberg
-    table."""
+    table; seconds until it ends (its rows are then visible)."""
     from common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
     from common.spark import iceberg_catalog_conf
 
@@ -173,11 +199,10 @@ def run_baseline(
         spark.conf.set(key, value)
     stream = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
+        .options(**_kafka_options(spark, config))
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "250000")
-        .option("minPartitions", str(spark.sparkContext.defaultParallelism))
+        .option("maxOffsetsPerTrigger", str(BATCH_RECORDS))
         .load()
     )
     rows, schema = _seed_rows(config, stream, schema_text, schema_id)
@@ -212,17 +237,16 @@ def measure_stages(
 ) -> dict[str, float]:
     """Seconds for the whole topic through growing prefixes of the pipeline, one Spark job each:
     Kafka read alone, + Avro decoding and flattening (Spark's `noop` sink), + Parquet (our files'
-    settings). The differences say where a writer's time goes, on the same cores as the runs
-    above."""
+    settings), with the writer's read options and reader schema. The differences say where a
+    writer's time goes, on the same cores as the runs above."""
 
     def kafka() -> DataFrame:
         return (
             spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", config.sources[0].bootstrap_servers)
+            .options(**_kafka_options(spark, config))
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
             .option("endingOffsets", "latest")
-            .option("minPartitions", str(spark.sparkContext.defaultParallelism))
             .load()
         )
 
@@ -256,18 +280,14 @@ def measure_stages(
     }
 
 
-def _run_ours(
-    spark: SparkSession, config: IcekeeperConfig, topic: str, work_dir: Path
-) -> tuple[float, int, int]:
-    """Our writer over the whole topic, in batches of up to 500k records; (seconds, rows,
-    batches)."""
-    from writers.job import WriterJob
-
-    bench_config = config.model_copy(
+def _ours_config(config: IcekeeperConfig, topic: str, work_dir: Path) -> IcekeeperConfig:
+    """One source and one changelog table on `topic`, state (checkpoints, txlog, warehouse, lease)
+    under `work_dir`."""
+    return config.model_copy(
         update={
             "sources": [
                 config.sources[0].model_copy(
-                    update={"topics": [topic], "max_offsets_per_trigger": 500_000}
+                    update={"topics": [topic], "max_offsets_per_trigger": BATCH_RECORDS}
                 )
             ],
             "tables": [
@@ -281,20 +301,51 @@ def _run_ours(
             "transport": config.transport.model_copy(update={"uri": str(work_dir / "txlog")})
             if config.transport.kind == "txlog"
             else config.transport,
+            "bookkeeper": config.bookkeeper.model_copy(
+                update={
+                    "lease_uri": str(work_dir / "lease"),
+                    "http_port": 0,
+                    "commit_report_path": str(work_dir / "commits.jsonl"),
+                }
+            ),
             "catalog": config.catalog.model_copy(
                 update={
                     "properties": {
                         **config.catalog.properties,
+                        "uri": f"sqlite:///{work_dir / 'catalog.db'}",
                         "warehouse": (work_dir / "warehouse").as_uri(),
                     }
                 }
             ),
         }
     )
+
+
+def _run_ours(
+    spark: SparkSession, config: IcekeeperConfig, topic: str, work_dir: Path
+) -> tuple[float, float, int, int]:
+    """Our writer over the whole topic in batches of `BATCH_RECORDS`, then the bookkeeper until
+    every record is committed; (writer seconds, seconds until visible, rows, batches)."""
+    from bookkeeper.service import Bookkeeper
+    from common.catalog import load_table_or_none, open_catalog
+    from writers.job import WriterJob
+
+    bench_config = _ours_config(config, topic, work_dir)
     job = WriterJob(bench_config, spark=spark, writer_id="bench-writer")
     started = time.monotonic()
     reports = job.run(until_idle=True)
-    return time.monotonic() - started, sum(r.rows_written for r in reports), len(reports)
+    written_s = time.monotonic() - started
+    rows = sum(r.rows_written for r in reports)
+    catalog = open_catalog(bench_config)
+    committed = 0
+    while committed < rows:
+        Bookkeeper(bench_config).run(once=True)
+        table = load_table_or_none(catalog, "bench.ours")
+        snapshot = table.current_snapshot() if table is not None else None
+        committed = int(snapshot.summary["total-records"]) if snapshot is not None else 0
+        if time.monotonic() - started > 600:
+            raise TimeoutError(f"the bookkeeper committed {committed:,} rows of {rows:,}")
+    return written_s, time.monotonic() - started, rows, len(reports)
 
 
 def run_writer_bench(
@@ -306,9 +357,9 @@ def run_writer_bench(
 ) -> dict[str, Any]:
     """Preload, then time our writer and the baseline in one SparkSession, `repeat` times each.
 
-    The two take turns (ours, baseline, ours, ...) and the figures are medians: on a shared
-    machine the speed of the same run drifts by a quarter within minutes, and runs side by side
-    see the same drift.
+    The two take turns, and which goes first alternates, and the figures are medians: on a
+    shared machine the speed of the same run drifts by a quarter within minutes, and runs side
+    by side see the same drift.
     """
     cores = cores or os.cpu_count() or 2
     work_dir = fresh_work_folder(config.state_dir, "bench-writer")
@@ -324,22 +375,30 @@ def run_writer_bench(
     loaded = preload(spark, config, topic, records)
     warm = preload(spark, config, warm_topic, 100_000)
     progress(
-        f"preloaded in {loaded['preload_s']}s, {loaded['avg_value_bytes']} bytes per value on "
-        "average"
+        f"preloaded in {loaded['preload_s']}s, "
+        f"{loaded['avg_value_bytes']} bytes per value on average"
     )
     schema_text = json.dumps(seed000.SCHEMA_VERSIONS[4].value_schema())
 
     # Both sides run once on the warm-up topic first, so neither pays for JIT compilation.
-    _run_ours(spark, config, warm_topic, work_dir / "warm")
+    _run_ours(spark, config, warm_topic, work_dir / "warm-ours")
     run_baseline(spark, config, warm_topic, schema_text, warm["value_schema_id"], work_dir / "warm")
-    ours_runs: list[float] = []
+    ours_writer: list[float] = []
+    ours_visible: list[float] = []
     baseline_runs: list[float] = []
     batches = 0
-    for run in range(1, repeat + 1):
-        ours_s, ours_rows, batches = _run_ours(spark, config, topic, work_dir / f"ours-{run}")
-        if ours_rows != records:
-            raise RuntimeError(f"our writer wrote {ours_rows:,} rows of {records:,} records")
-        ours_runs.append(ours_s)
+
+    def ours(run: int) -> None:
+        nonlocal batches
+        writer_s, visible_s, rows, batches = _run_ours(
+            spark, config, topic, work_dir / f"ours-{run}"
+        )
+        if rows != records:
+            raise RuntimeError(f"our writer wrote {rows:,} rows of {records:,} records")
+        ours_writer.append(writer_s)
+        ours_visible.append(visible_s)
+
+    def baseline(run: int) -> None:
         baseline_runs.append(
             run_baseline(
                 spark,
@@ -350,29 +409,40 @@ def run_writer_bench(
                 work_dir / f"baseline-{run}",
             )
         )
+
+    for run in range(1, repeat + 1):
+        order = (ours, baseline) if run % 2 else (baseline, ours)
+        for side in order:
+            side(run)
         progress(
-            f"run {run}/{repeat}: ours {ours_s:.1f}s ({batches} batches), baseline (Spark Iceberg "
-            f"sink) {baseline_runs[-1]:.1f}s"
+            f"run {run}/{repeat} ({order[0].__name__} first): ours {ours_writer[-1]:.1f}s "
+            f"writing, {ours_visible[-1]:.1f}s until visible ({batches} batches); "
+            f"baseline (Spark Iceberg sink) {baseline_runs[-1]:.1f}s"
         )
     stages = measure_stages(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir)
     progress(f"stages, seconds for the whole topic: {stages}")
     spark.stop()
     shutil.rmtree(work_dir, ignore_errors=True)
-    ours_s, baseline_s = statistics.median(ours_runs), statistics.median(baseline_runs)
-    ours_rate = records / ours_s
-    baseline_rate = records / baseline_s
+    writer_s = statistics.median(ours_writer)
+    ours_s, baseline_s = statistics.median(ours_visible), statistics.median(baseline_runs)
+    ours_rate, baseline_rate = records / ours_s, records / baseline_s
     return {
         "records": records,
         "cores": cores,
+        "batch_records": BATCH_RECORDS,
         "avg_value_bytes": loaded["avg_value_bytes"],
         "ours_s": round(ours_s, 2),
         "ours_records_per_s": round(ours_rate),
         "ours_records_per_s_per_core": round(ours_rate / cores),
+        "ours_writer_s": round(writer_s, 2),
+        "ours_writer_records_per_s_per_core": round(records / writer_s / cores),
         "baseline_s": round(baseline_s, 2),
         "baseline_records_per_s": round(baseline_rate),
         "ratio_vs_baseline": round(ours_rate / baseline_rate, 2),
+        "ratio_writer_only_vs_baseline": round(baseline_s / writer_s, 2),
         "ours_batches": batches,
         "stages_s": stages,
-        "ours_runs_s": [round(s, 2) for s in ours_runs],
+        "ours_writer_runs_s": [round(s, 2) for s in ours_writer],
+        "ours_visible_runs_s": [round(s, 2) for s in ours_visible],
         "baseline_runs_s": [round(s, 2) for s in baseline_runs],
     }
