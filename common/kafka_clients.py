@@ -13,12 +13,17 @@ logged whole (Spark redacts `sasl.jaas.config`; the Java client prints passwords
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from common.config.model import KafkaSecurity, KafkaSource
+from common.config.secrets import mask_text
 
 Cluster = KafkaSource | str
 """A source, or the bare bootstrap servers of a plaintext cluster (the local stack, tests)."""
@@ -96,7 +101,6 @@ def registry_client_config(source: KafkaSource) -> dict[str, Any]:
     """The confluent-kafka `SchemaRegistryClient` config of a source's registry."""
     config: dict[str, Any] = {"url": source.schema_registry_url}
     if source.schema_registry_username and source.schema_registry_password:
-        config["basic.auth.credentials.source"] = "USER_INFO"
         config["basic.auth.user.info"] = (
             f"{source.schema_registry_username}:"
             f"{source.schema_registry_password.get_secret_value()}"
@@ -109,6 +113,95 @@ def registry_client_config(source: KafkaSource) -> dict[str, Any]:
 def registry_client(source: KafkaSource) -> SchemaRegistryClient:
     """A schema registry client of `source`'s registry, with its credentials."""
     return SchemaRegistryClient(registry_client_config(source))
+
+
+def connection_environ(source: KafkaSource, index: int = 0) -> dict[str, str]:
+    """Environment overrides that connect source `index` of another process's config as `source`.
+
+    Bootstrap servers, the registry and its credentials, and `security` (what `icekeeper chaos`
+    hands its writers). Passwords travel as `${env:...}` references to variables set beside the
+    overrides, not inside a config value.
+    """
+    prefix = f"ICEKEEPER__SOURCES__{index}__"
+    secret_prefix = f"ICEKEEPER_SOURCE_{index}_"
+    security = source.security.model_dump(mode="json", exclude={"sasl_password"})
+    environ = {
+        f"{prefix}BOOTSTRAP_SERVERS": source.bootstrap_servers,
+        f"{prefix}SCHEMA_REGISTRY_URL": source.schema_registry_url,
+    }
+    if source.security.sasl_password is not None:
+        environ[f"{secret_prefix}SASL_PASSWORD"] = _password(source.security)
+        security["sasl_password"] = f"${{env:{secret_prefix}SASL_PASSWORD}}"
+    # JSON is YAML whose strings stay strings (a password `yes` is not read as true).
+    environ[f"{prefix}SECURITY"] = json.dumps(security)
+    for key in ("schema_registry_username", "schema_registry_ca_location"):
+        if getattr(source, key) is not None:
+            environ[prefix + key.upper()] = json.dumps(getattr(source, key))
+    if source.schema_registry_password is not None:
+        environ[f"{secret_prefix}REGISTRY_PASSWORD"] = (
+            source.schema_registry_password.get_secret_value()
+        )
+        environ[f"{prefix}SCHEMA_REGISTRY_PASSWORD"] = f"${{env:{secret_prefix}REGISTRY_PASSWORD}}"
+    return environ
+
+
+class KafkaAccessDenied(RuntimeError):
+    """Kafka refused the client: wrong credentials, or a broker certificate the configured CA
+    does not vouch for. Retrying with the same settings cannot help, so callers stop."""
+
+
+class Refusals:
+    """A librdkafka `error_cb` that keeps the errors meaning the cluster refused this client.
+
+    librdkafka retries a refused connection silently and only says so through `error_cb`; a
+    metadata request meanwhile fails with an uninformative "broker transport failure".
+    """
+
+    # librdkafka's local error codes are public, spelt with a leading underscore.
+    _CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})  # noqa: SLF001
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, error: KafkaError) -> None:
+        if error.code() in self._CODES:
+            self.seen.append(error.str())
+
+
+def cluster_metadata(
+    admin: AdminClient, cluster: Cluster, refusals: Refusals, timeout_s: float = 10.0
+) -> ClusterMetadata:
+    """`admin.list_topics()`, or `KafkaAccessDenied` as soon as the cluster refuses the client.
+
+    Args:
+        admin: a client created with `refusals` as its `error_cb`.
+        cluster: what `admin` connects to (named in the error).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except KafkaException:
+            admin.poll(0)  # serves error_cb
+            if refusals.seen:
+                raise KafkaAccessDenied(_refusal_message(cluster, refusals.seen[-1])) from None
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _refusal_message(cluster: Cluster, error: str) -> str:
+    if isinstance(cluster, str):
+        where, settings = cluster, "the client's security settings"
+    else:
+        where = cluster.bootstrap_servers
+        settings = (
+            f"sources[{cluster.name}].security (protocol {cluster.security.protocol}, "
+            "sasl_username/sasl_password, ssl_ca_location)"
+        )
+    return mask_text(
+        f"Kafka at {where} refused the connection: {error}. Check {settings}; retrying with "
+        "the same settings cannot help. See docs/operations.md, 'Secured clusters'."
+    )
 
 
 def _password(security: KafkaSecurity) -> str:

@@ -42,6 +42,7 @@ from pyiceberg.table import Table
 from common.catalog import load_table_or_none, open_catalog
 from common.committed_state import committed_state
 from common.config import IcekeeperConfig, load_config
+from common.kafka_clients import connection_environ
 from common.transports import open_transport
 from icekeeper.chaos_verify import dead_letter_positions, failures, verify
 from icekeeper.samples.produce import ensure_topic, produce_at_rate
@@ -134,8 +135,8 @@ def chaos_environ(
     return {
         "ICEKEEPER__STATE_DIR": str(work / "state"),
         "ICEKEEPER__CACHE_DIR": str(base.cache_dir),
-        "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": source.bootstrap_servers,
-        "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": source.schema_registry_url or "",
+        # Bootstrap servers, registry and their credentials (as references), security.
+        **connection_environ(source),
         "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
         "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": str(max_offsets),
@@ -190,7 +191,7 @@ def run_chaos(
         db="shop",
         table="orders",
     )
-    ensure_topic(config.sources[0].bootstrap_servers, topic, PARTITIONS)
+    ensure_topic(config.sources[0], topic, PARTITIONS)
 
     environ = {**os.environ, **overrides}
     command = [sys.executable, "-m", "icekeeper.cli"]

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
@@ -36,6 +35,7 @@ from pyiceberg.table import Table
 from common.catalog import open_catalog
 from common.config import IcekeeperConfig
 from common.config.model import KafkaSource
+from common.kafka_clients import Cluster, librdkafka_config, registry_client
 from icekeeper.mirror import Key, Row, differences, latest_live_rows
 from icekeeper.samples.readback import topic_messages
 
@@ -75,10 +75,10 @@ PositionedDigest = tuple[int, int, int]
 """(partition, offset, `payload_digest`) of one changelog row as an engine read it."""
 
 
-def topic_offsets(bootstrap_servers: str, topic: str) -> set[Position]:
+def topic_offsets(cluster: Cluster, topic: str) -> set[Position]:
     """(partition, offset) of every record of `topic`, from the partitions' end offsets."""
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap_servers, "group.id": "chaos-verify"},
+        librdkafka_config(cluster, {"group.id": "chaos-verify"}),
         logger=logging.getLogger("librdkafka"),
     )
     try:
@@ -96,7 +96,7 @@ def dead_letter_positions(config: IcekeeperConfig, topic: str) -> Counter[Positi
     """(source partition, source offset) of every record in the dead-letter topic, with repeats:
     a record dead-lettered twice counts 2 (a set would hide it)."""
     positions: Counter[Position] = Counter()
-    for message in topic_messages(config.sources[0].bootstrap_servers, topic):
+    for message in topic_messages(config.sources[0], topic):
         headers = {k: v.decode() for k, v in (message.headers() or [])}
         positions[
             (int(headers["icekeeper.source.partition"]), int(headers["icekeeper.source.offset"]))
@@ -113,11 +113,11 @@ def topic_changes(source: KafkaSource, topic: str) -> tuple[list[Row], list[Posi
     through the registry by confluent-kafka's own deserializer, not the writers' decoder; a record
     it cannot decode (a bad magic byte, an unknown schema id, a truncated body) is poison.
     """
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": source.schema_registry_url}))
+    deserializer = AvroDeserializer(registry_client(source))
     context = SerializationContext(topic, MessageField.VALUE)
     changes: list[Row] = []
     undecodable: list[Position] = []
-    for message in topic_messages(source.bootstrap_servers, topic):
+    for message in topic_messages(source, topic):
         try:
             event = deserializer(message.value(), context)
         except (SerializationError, SchemaRegistryError, EOFError, ValueError, IndexError):
@@ -350,7 +350,7 @@ def verify(
             f"SELECT {', '.join(UPSERT_COLUMNS)} FROM {{catalog}}.{upsert_table}"
         )
     spark = spark_reads(overrides, catalog_queries)
-    topic_positions = topic_offsets(config.sources[0].bootstrap_servers, topic)
+    topic_positions = topic_offsets(config.sources[0], topic)
     changes, undecodable = topic_changes(config.sources[0], topic)
     dead = dead_letter_positions(config, topic + ".dlq")
     result: dict[str, Any] = {

@@ -247,8 +247,7 @@ def dead_lettered_records(source: KafkaSource, timeout_s: float = 60.0) -> list[
     from icekeeper.samples.readback import topic_messages
 
     return [
-        _record(message)
-        for message in topic_messages(source.bootstrap_servers, source.dead_letter_topic, timeout_s)
+        _record(message) for message in topic_messages(source, source.dead_letter_topic, timeout_s)
     ]
 
 
@@ -272,26 +271,19 @@ def replay_records(
     """
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+    from common.kafka_clients import librdkafka_config
+
     outcome = RecordReplay(source.dead_letter_topic)
     records = dead_lettered_records(source, timeout_s)
     if not records:
         return outcome
     topic = source.dead_letter_topic
     consumer = Consumer(
-        {
-            "bootstrap.servers": source.bootstrap_servers,
-            "group.id": replay_group(source),
-            "enable.auto.commit": False,
-        },
+        librdkafka_config(source, {"group.id": replay_group(source), "enable.auto.commit": False}),
         logger=logging.getLogger("librdkafka"),
     )
     producer = Producer(
-        {
-            "bootstrap.servers": source.bootstrap_servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-        },
+        librdkafka_config(source, {"enable.idempotence": True, "acks": "all", "linger.ms": 5}),
         logger=logging.getLogger("librdkafka"),
     )
     try:
@@ -385,7 +377,7 @@ def _replayed_copies(source: KafkaSource, marks: dict[str, int], timeout_s: floa
         for name, offset in marks.items()
     }
     found: set[str] = set()
-    for message in partition_messages(source.bootstrap_servers, starts, timeout_s):
+    for message in partition_messages(source, starts, timeout_s):
         headers = dict(message.headers() or [])
         if REPLAY_OF_HEADER in headers:
             found.add(headers[REPLAY_OF_HEADER].decode())

@@ -200,18 +200,17 @@ def _topic_size(
 def _consumer(source: KafkaSource):  # noqa: ANN202 - confluent_kafka.Consumer
     from confluent_kafka import Consumer
 
+    from common.kafka_clients import librdkafka_config
+
     return Consumer(
-        {
-            "bootstrap.servers": source.bootstrap_servers,
-            "group.id": "icekeeper-status",
-            "enable.auto.commit": False,
-            "allow.auto.create.topics": False,
-            **{
-                k: v
-                for k, v in source.consumer_properties.items()
-                if k.startswith(("security.", "sasl.", "ssl."))
+        librdkafka_config(
+            source,
+            {
+                "group.id": "icekeeper-status",
+                "enable.auto.commit": False,
+                "allow.auto.create.topics": False,
             },
-        }
+        )
     )
 
 

@@ -135,7 +135,7 @@ class BatchWriter:
                     outage := self._registry_outage(source, plan, dead, schemas)
                 ):
                     raise RegistryUnavailable(outage)
-                send_dead_letters(dead, source.bootstrap_servers, source.dead_letter_topic)
+                send_dead_letters(dead, source)
         except RegistryUnavailable:
             # Nothing of the batch is published or dead-lettered: the writer pauses and reads it again.
             discard_output(outcome.output_dirs)

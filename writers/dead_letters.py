@@ -12,14 +12,18 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from common.config.model import KafkaSource
+from common.kafka_clients import spark_kafka_options
+
 REASON_HEADER = "icekeeper.reason"
 SOURCE_TOPIC_HEADER = "icekeeper.source.topic"
 SOURCE_PARTITION_HEADER = "icekeeper.source.partition"
 SOURCE_OFFSET_HEADER = "icekeeper.source.offset"
 
 
-def send_dead_letters(failed: DataFrame, bootstrap_servers: str, topic: str) -> None:
-    """Produce `failed` rows (columns key, value, headers, topic, partition, offset, reason) to `topic`."""
+def send_dead_letters(failed: DataFrame, source: KafkaSource) -> None:
+    """Produce `failed` rows (columns key, value, headers, topic, partition, offset, reason) to the
+    source's dead-letter topic, connecting as the source's other clients do."""
 
     def header(name: str, value) -> F.Column:  # noqa: ANN001
         return F.struct(F.lit(name).alias("key"), value.cast("binary").alias("value"))
@@ -32,10 +36,12 @@ def send_dead_letters(failed: DataFrame, bootstrap_servers: str, topic: str) -> 
     )
     headers = F.when(F.col("headers").isNull(), ours).otherwise(F.concat(F.col("headers"), ours))
     (
-        failed.select(F.lit(topic).alias("topic"), "key", "value", headers.alias("headers"))
+        failed.select(
+            F.lit(source.dead_letter_topic).alias("topic"), "key", "value", headers.alias("headers")
+        )
         .write.format("kafka")
         .mode("append")
-        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .options(**spark_kafka_options(source))
         .option("kafka.enable.idempotence", "true")
         .option("kafka.acks", "all")
         .save()

@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig, KafkaSource
 from common.in_flight import InFlightClaims
+from common.kafka_clients import KafkaAccessDenied
 from common.spark import spark_session
 from common.transports import open_transport
 from writers.batch import BatchOutcome, BatchWriter
@@ -94,9 +95,7 @@ class WriterJob:
         self.transport = open_transport(config)
         self.checkpoints = SourceCheckpoints(config.writer.checkpoint_uri, self.writer_id)
         self.spark = spark or spark_session(config, f"{config.writer.app_name}-{self.writer_id}")
-        self.schemas = {
-            source.name: TopicSchemas(source.schema_registry_url) for source in config.sources
-        }
+        self.schemas = {source.name: TopicSchemas(source) for source in config.sources}
         self.tables: dict[str, TableProgress] = {}
         self.seq: int | None = None
         self.pending_bytes = 0
@@ -144,7 +143,7 @@ class WriterJob:
                     on_batch(BatchReport(seq=self.seq or 0, paused=str(outage)))
                 self.stop.wait(wait_s)
                 continue
-            except TopicReset:
+            except (TopicReset, KafkaAccessDenied):
                 raise  # retrying cannot help: the operator decides (docs/operations.md)
             except Exception as error:
                 failures += 1

@@ -19,7 +19,12 @@ from pyspark.sql import functions as F
 
 from common.committed_state import nest_by_topic
 from common.config.model import KafkaSource
-from common.kafka_clients import spark_kafka_options
+from common.kafka_clients import (
+    Refusals,
+    cluster_metadata,
+    librdkafka_config,
+    spark_kafka_options,
+)
 from writers.offsets import BatchPlan, PartitionBounds, records_per_task
 from writers.offsets import TopicPartition as TP
 
@@ -40,13 +45,14 @@ class SourceAdmin:
     def __init__(self, source: KafkaSource) -> None:
         self.source = source
         self._client: AdminClient | None = None
+        self._refusals = Refusals()
 
     @property
     def client(self) -> AdminClient:
         """One admin client per source for the writer's life (a new client per batch cost ~70 ms)."""
         if self._client is None:
             self._client = AdminClient(
-                {"bootstrap.servers": self.source.bootstrap_servers},
+                librdkafka_config(self.source, {"error_cb": self._refusals}),
                 logger=logging.getLogger("librdkafka"),
             )
         return self._client
@@ -60,7 +66,8 @@ class SourceAdmin:
         """
         source = self.source
         admin = self.client
-        metadata = admin.list_topics(timeout=10)
+        # Credentials or a CA the cluster refuses stop the writer at once (KafkaAccessDenied).
+        metadata = cluster_metadata(admin, source, self._refusals)
         topics = source.topics or sorted(
             t for t in metadata.topics if source.topic_pattern and _matches(source.topic_pattern, t)
         )

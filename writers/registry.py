@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from common.config.model import KafkaSource
 from common.config.secrets import mask_text
+from common.kafka_clients import registry_client
 from common.schema import resolve_named_types
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,10 @@ class RegisteredSchema:
 class TopicSchemas:
     """Schemas by id, and the ids registered for a topic's value subject (TopicNameStrategy)."""
 
-    def __init__(self, registry_url: str) -> None:
+    def __init__(self, source: KafkaSource) -> None:
         # Error messages (logs, status, alerts) name the registry without the password of its user-info.
-        self.url = mask_text(registry_url)
-        self.client = SchemaRegistryClient({"url": registry_url})
+        self.url = mask_text(source.schema_registry_url)
+        self.client = registry_client(source)
         self._by_id: dict[int, RegisteredSchema] = {}
 
     def by_id(self, schema_id: int) -> RegisteredSchema | None:

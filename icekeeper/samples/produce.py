@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from common.config.model import IcekeeperConfig, KafkaSource
+from common.kafka_clients import Cluster, librdkafka_config, registry_client
 from common.schema import resolve_named_types
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import TableShape, connect_schema
@@ -63,9 +64,9 @@ class ConfluentAvroFramer:
         return body.getvalue()
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+def ensure_topic(cluster: Cluster, topic: str, partitions: int) -> None:
     """Create `topic` with `partitions` unless it exists (then it must have as many)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient(librdkafka_config(cluster))
     existing = admin.list_topics(timeout=10).topics.get(topic)
     if existing is not None and existing.error is None:
         if len(existing.partitions) != partitions:
@@ -98,15 +99,17 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
 
 def _producer(source: KafkaSource) -> Producer:
     return Producer(
-        {
-            "bootstrap.servers": source.bootstrap_servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 20,
-            "compression.type": "lz4",
-            "queue.buffering.max.messages": 1_000_000,
-            "batch.size": 1_000_000,
-        },
+        librdkafka_config(
+            source,
+            {
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 20,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": 1_000_000,
+                "batch.size": 1_000_000,
+            },
+        ),
         logger=logging.getLogger("librdkafka"),
     )
 
@@ -159,8 +162,8 @@ def produce_seed_sample(
     """
     source = config.sources[0]
     topic = topic or (source.topics[0] if source.topics else seed000.TOPIC)
-    ensure_topic(source.bootstrap_servers, topic, seed000.PARTITIONS)
-    framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), topic)
+    ensure_topic(source, topic, seed000.PARTITIONS)
+    framer = ConfluentAvroFramer(registry_client(source), topic)
     value_ids = {
         version: framer.schema_id(shape.value_schema(), is_key=False)
         for version, shape in seed000.SCHEMA_VERSIONS.items()
@@ -209,7 +212,7 @@ def produce_synthetic(
     """
     source = config.sources[0]
     topic = topic or spec.topic
-    ensure_topic(source.bootstrap_servers, topic, partitions)
+    ensure_topic(source, topic, partitions)
     shapes = schema_versions(spec)
     encode = (
         _avro_encoder(source, subject or topic, shapes)
@@ -249,7 +252,7 @@ def produce_synthetic(
 def _avro_encoder(
     source: KafkaSource, subject: str, shapes: list[TableShape]
 ) -> Callable[[SyntheticEvent], tuple[bytes, bytes]]:
-    framer = ConfluentAvroFramer(SchemaRegistryClient({"url": source.schema_registry_url}), subject)
+    framer = ConfluentAvroFramer(registry_client(source), subject)
     value_ids = [framer.schema_id(shape.value_schema(), is_key=False) for shape in shapes]
     key_id = framer.schema_id(shapes[0].key_schema(), is_key=True)
 
@@ -301,15 +304,13 @@ def produce_debezium_records(
         The number of records produced.
     """
     source = config.sources[0]
-    ensure_topic(source.bootstrap_servers, topic, 1)
+    ensure_topic(source, topic, 1)
     value_schema = shape.value_schema()
     primitive_key_schema = next(
         column.avro_type for column in shape.columns if column.name == shape.key[0]
     )
     if encoding == "avro":
-        framer = ConfluentAvroFramer(
-            SchemaRegistryClient({"url": source.schema_registry_url}), topic
-        )
+        framer = ConfluentAvroFramer(registry_client(source), topic)
         value_id = framer.schema_id(value_schema, is_key=False)
 
         def encode(key: Any, envelope: dict[str, Any] | None) -> tuple[bytes | None, bytes | None]:
@@ -358,7 +359,7 @@ def produce_at_rate(
     """
     source = config.sources[0]
     topic = topic or spec.topic
-    ensure_topic(source.bootstrap_servers, topic, partitions)
+    ensure_topic(source, topic, partitions)
     encode = (
         _avro_encoder(source, topic, schema_versions(spec))
         if spec.format == "avro"

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from common.config.model import KafkaSource
+from common.kafka_clients import Cluster, librdkafka_config, registry_client
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,7 @@ class DecodedRecord:
         )
 
 
-def topic_messages(
-    bootstrap_servers: str, topic: str, timeout_s: float = 300.0
-) -> Iterator[Message]:
+def topic_messages(cluster: Cluster, topic: str, timeout_s: float = 300.0) -> Iterator[Message]:
     """Every record of `topic` from offset 0 to its end as of the call, undecoded; nothing if the
     topic does not exist. Partitions interleave; each partition's records come in offset order.
 
@@ -48,10 +46,7 @@ def topic_messages(
         TimeoutError: a partition was not read to its end within `timeout_s`.
     """
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": f"icekeeper-readback-{uuid.uuid4().hex[:8]}",
-        },
+        librdkafka_config(cluster, {"group.id": f"icekeeper-readback-{uuid.uuid4().hex[:8]}"}),
         logger=logging.getLogger("librdkafka"),
     )
     try:
@@ -61,12 +56,12 @@ def topic_messages(
     if metadata is None or metadata.error is not None:
         return
     yield from partition_messages(
-        bootstrap_servers, {(topic, partition): 0 for partition in metadata.partitions}, timeout_s
+        cluster, {(topic, partition): 0 for partition in metadata.partitions}, timeout_s
     )
 
 
 def partition_messages(
-    bootstrap_servers: str, starts: dict[tuple[str, int], int], timeout_s: float = 300.0
+    cluster: Cluster, starts: dict[tuple[str, int], int], timeout_s: float = 300.0
 ) -> Iterator[Message]:
     """Every record of each (topic, partition) in `starts` from its start offset (or the first one
     retention kept) to the partition's end as of the call, undecoded; each partition in offset
@@ -76,12 +71,14 @@ def partition_messages(
         TimeoutError: a partition was not read to its end within `timeout_s`.
     """
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": f"icekeeper-readback-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        },
+        librdkafka_config(
+            cluster,
+            {
+                "group.id": f"icekeeper-readback-{uuid.uuid4().hex[:8]}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            },
+        ),
         logger=logging.getLogger("librdkafka"),
     )
     try:
@@ -119,9 +116,9 @@ def partition_messages(
 def read_topic(source: KafkaSource, topic: str, timeout_s: float = 30.0) -> list[DecodedRecord]:
     """Every record of `topic` from offset 0 to the current end, decoded; ordered by partition,
     offset."""
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": source.schema_registry_url}))
+    deserializer = AvroDeserializer(registry_client(source))
     records = []
-    for message in topic_messages(source.bootstrap_servers, topic, timeout_s):
+    for message in topic_messages(source, topic, timeout_s):
         value_bytes = message.value()
         schema_id = (
             int.from_bytes(value_bytes[1:5], "big") if value_bytes and value_bytes[0] == 0 else None
