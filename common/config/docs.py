@@ -125,7 +125,12 @@ def _type_name(field: FieldInfo) -> str:
         return "one of " + ", ".join(f"`{value}`" for value in typing.get_args(annotation))
     text = getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else None
     if text is None:
-        text = str(annotation).replace("typing.", "").replace("common.config.model.", "")
+        text = (
+            str(annotation)
+            .replace("typing.", "")
+            .replace("common.config.model.", "")
+            .replace("pydantic.types.", "")
+        )
     if "parse_duration_s" in text:
         return "duration or None"
     return text.replace("|", "or")

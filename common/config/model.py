@@ -192,8 +192,9 @@ class KafkaSource(_Model):
     )
     consumer_properties: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra Kafka consumer properties (seed 000: `kafka.consumer.*`, e.g. `max.poll.records`). "
-        "Give credentials as references: `sasl.jaas.config: ${file:/run/secrets/kafka.properties:sasl.jaas.config}`.",
+        description="Extra Java consumer properties of Spark's Kafka source (seed 000: "
+        "`kafka.consumer.*`, e.g. `max.poll.records`). Authentication and TLS go in `security`, "
+        "which every Kafka client of the source gets; secrets here as references too.",
     )
     commit_timeout: Duration = Field(
         60.0,
