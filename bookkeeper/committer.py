@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -71,17 +72,48 @@ from common.file_events import location_key
 from common.internals import UncopiedTransaction, commit_once, stage_updates
 from common.moniker import FileEntry, Moniker
 from common.partitioning import partition_spec
+from common.retries import retry
 from common.transports.base import Delivery
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8
+"""Commit attempts per table and cycle: each one that loses its compare-and-swap plans again."""
 FILE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)
 """Waits before re-reading files storage could not serve, within one cycle (then: next cycle)."""
+SETTLE_READ_ATTEMPTS = 10
+"""Reads of a table (a second apart) to settle a commit of unknown outcome, then it fails."""
 
 
 class StaleEpoch(RuntimeError):
     """The table was committed by a bookkeeper with a newer epoch: this one must stop."""
+
+
+class CommitConflict(Exception):
+    """An attempt's compare-and-swap lost to another commit (or a commit of unknown outcome turned
+    out not to have landed): the attempt is planned again on the refreshed table."""
+
+
+Outcome = TypeVar("Outcome")
+
+
+def attempt_until_committed(
+    identifier: str, attempt: Callable[[int], Outcome], what: str
+) -> Outcome:
+    """`attempt(number)` again after a `CommitConflict`, at once (it re-reads the table), at most
+    `MAX_ATTEMPTS` times; then `CommitFailedException`. `what` names the commit in logs."""
+    try:
+        return retry(
+            attempt,
+            attempts=MAX_ATTEMPTS,
+            what=f"{what} conflict, re-checking the refreshed table",
+            retry_on=lambda error: isinstance(error, CommitConflict),
+            log_extra={"table": identifier},
+        )
+    except CommitConflict as error:
+        raise CommitFailedException(
+            f"{identifier}: {what} gave up after {MAX_ATTEMPTS} conflicting attempts"
+        ) from error
 
 
 @dataclass
@@ -235,60 +267,9 @@ class Committer:
 
     def commit_table(self, identifier: str, deliveries: list[Delivery]) -> TableCommit:
         """Commit what is ready for `identifier`; never acknowledges anything itself."""
-        started = time.monotonic()
-        result = TableCommit(identifier)
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            result = TableCommit(identifier, attempts=attempt)
-            table = load_table_or_none(self.catalog, identifier)
-            state = committed_state(table) if table is not None else CommittedState()
-            self.check_epoch(identifier, state)
-            selection = select_ready(
-                deliveries,
-                state,
-                self.config.bookkeeper.max_files_per_commit,
-                self.config.bookkeeper.max_bytes_per_commit,
-            )
-            result.duplicates, result.waiting, result.refused = (
-                selection.duplicates,
-                selection.waiting,
-                selection.refused,
-            )
-            if not selection.ready and not selection.refused:
-                break
-            plan = self._prepare(table, identifier, selection.ready, result)
-            if plan is None:
-                # Nothing was committed to move the refused monikers' writers on: they are refused next time.
-                result.waiting.extend(d for d, _ in result.refused)
-                result.refused = []
-                break
-            plan.refused = result.refused
-            if not (plan.committed or plan.quarantined or plan.refused):
-                break  # every ready moniker waits for a file
-            table = plan.table
-            new_state = _advance(state, plan, self.epoch)
-            snapshot_id = self._commit_settled(table, plan, new_state, attempt)
-            if snapshot_id is None:
-                continue
-            result.snapshot_id = snapshot_id
-            if plan.upsert is not None:
-                self.upserts.committed(plan.upsert, snapshot_id, table)
-                result.rows_replaced = plan.upsert.rows_replaced
-            result.committed = [d for d in plan.committed]
-            result.records = sum(d.moniker.records for d in plan.committed)
-            result.files = len(plan.data_files)
-            result.bytes = sum(d.moniker.bytes for d in plan.committed)
-            result.watermark_ms = new_state.watermark_ms
-            for delivery in plan.committed + [q for q, _ in plan.quarantined]:
-                for entry in delivery.moniker.files:
-                    self._footers.pop(entry.path, None)
-                    self._missing_since.pop(entry.path, None)
-            break
-        else:
-            raise CommitFailedException(
-                f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts"
-            )
-        result.seconds = time.monotonic() - started
-        return result
+        return self._commit_attempts(
+            identifier, lambda result: self._plan_monikers(identifier, deliveries, result)
+        )
 
     def commit_files(self, identifier: str, deliveries: list[Delivery]) -> TableCommit:
         """Commit Parquet files announced by Event Grid (no moniker), exactly once by file.
@@ -299,117 +280,15 @@ class Committer:
         travel in the snapshot summary (the newest `EVENT_FILES_KEPT`), and a redelivered event
         for one of them is acknowledged without committing it again.
         """
-        started = time.monotonic()
-        result = TableCommit(identifier)
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            result = TableCommit(identifier, attempts=attempt)
-            table = self.catalog.load_table(identifier)
-            state = committed_state(table)
-            self.check_epoch(identifier, state)
-            done = set(state.event_files)
-            fresh, seen = [], set()
-            for delivery in deliveries:
-                key = delivery.file_event.container_path
-                if key in done or key in seen:
-                    result.duplicates.append(delivery)
-                else:
-                    seen.add(key)
-                    fresh.append(delivery)
-            if not fresh:
-                break
-            if table.spec().fields:
-                result.quarantined = [
-                    (d, f"{identifier} is partitioned; files need a moniker with partition values")
-                    for d in fresh
-                ]
-                fresh = []
-            schema = table.schema()
-            schema_json = schema.model_dump_json()
-            facts = self.footer_reader.describe(
-                [
-                    (_local_or_url(d.file_event.url, table.location()), schema, schema_json)
-                    for d in fresh
-                ],
-                table.properties,
-            )
-            plan = _Plan(table=table)
-            for delivery in fresh:
-                path = _local_or_url(delivery.file_event.url, table.location())
-                described = facts[path]
-                if isinstance(described, FileUnavailable):
-                    # Not acknowledged: the queue delivers the event again after its visibility timeout.
-                    result.waiting.append(delivery)
-                    result.unavailable.append((delivery, str(described)))
-                    continue
-                problem = described if isinstance(described, InvalidFile) else None
-                if problem is None and delivery.file_event.size_bytes not in (
-                    None,
-                    described.size_bytes,
-                ):
-                    problem = InvalidFile(
-                        f"{path}: {described.size_bytes} bytes, the event says {delivery.file_event.size_bytes}"
-                    )
-                if problem is None and not described.field_ids:
-                    problem = InvalidFile(
-                        f"{path}: no Iceberg field ids in the Parquet schema (write it with the table's schema)"
-                    )
-                if problem is None and described.field_ids - schema.field_ids:
-                    problem = InvalidFile(
-                        f"{path}: field ids {sorted(described.field_ids - schema.field_ids)} are not in the table's schema"
-                    )
-                if problem is not None:
-                    result.quarantined.append((delivery, str(problem)))
-                    continue
-                entry = FileEntry(
-                    path=path, size_bytes=described.size_bytes, record_count=described.num_rows
-                )
-                plan.data_files.append(data_file(entry, described, table.spec()))
-                plan.committed.append(delivery)
-            if plan.committed and self.config.table(identifier).upsert:
-                # Files written by others into an upsert table replace the rows of their keys too.
-                self._plan_upserts(
-                    plan,
-                    [
-                        (d, [data], [])
-                        for d, data in zip(list(plan.committed), list(plan.data_files))
-                    ],
-                    result,
-                )
-                result.quarantined.extend(plan.quarantined)
-            if not plan.committed and not result.quarantined:
-                break
-            keys = [d.file_event.container_path for d in plan.committed]
-            new_state = dataclasses.replace(
-                state,
-                commit_id=uuid.uuid4().hex,
-                epoch=max(self.epoch, state.epoch),
-                event_files=(list(state.event_files) + keys)[-EVENT_FILES_KEPT:],
-            )
-            result.snapshot_id = self._commit_settled(table, plan, new_state, attempt)
-            if result.snapshot_id is None:
-                continue
-            if plan.upsert is not None:
-                self.upserts.committed(plan.upsert, result.snapshot_id, table)
-                result.rows_replaced = plan.upsert.rows_replaced
-            result.committed = plan.committed
-            result.records = sum(f.record_count for f in plan.data_files)
-            result.files = len(plan.data_files)
-            result.bytes = sum(f.file_size_in_bytes for f in plan.data_files)
-            result.watermark_ms = new_state.watermark_ms
-            break
-        else:
-            raise CommitFailedException(
-                f"{identifier}: gave up after {MAX_ATTEMPTS} conflicting attempts"
-            )
-        result.seconds = time.monotonic() - started
-        return result
+        return self._commit_attempts(
+            identifier, lambda result: self._plan_files(identifier, deliveries, result)
+        )
 
     def heartbeat(self, identifier: str) -> TableCommit:
         """A snapshot with no files that carries the committed state forward (liveness for schedulers)."""
         started = time.monotonic()
         table = self.catalog.load_table(identifier)
-        state = committed_state(table)
-        self.check_epoch(identifier, state)
+        state = self.checked_state(identifier, table)
         new_state = dataclasses.replace(
             state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch)
         )
@@ -422,11 +301,173 @@ class Committer:
             seconds=time.monotonic() - started,
         )
 
-    def check_epoch(self, identifier: str, state: CommittedState) -> None:
+    def checked_state(self, identifier: str, table: Table | None) -> CommittedState:
+        """`table`'s committed state (empty before the table exists), once it is clear that no
+        bookkeeper with a newer epoch committed it: else `StaleEpoch`, and this one must stop."""
+        state = committed_state(table) if table is not None else CommittedState()
         if state.epoch > self.epoch:
             raise StaleEpoch(
-                f"{identifier} was committed by epoch {state.epoch}; this bookkeeper has epoch {self.epoch}"
+                f"{identifier} was committed by epoch {state.epoch}; "
+                f"this bookkeeper has epoch {self.epoch}"
             )
+        return state
+
+    # -- the commit attempts ---------------------------------------------------------------------
+
+    def _commit_attempts(
+        self, identifier: str, plan_attempt: Callable[[TableCommit], _Plan | None]
+    ) -> TableCommit:
+        """Plan on the table as it is now, commit the plan in one compare-and-swap, and plan again
+        after a conflict. `plan_attempt` fills in the attempt's result (duplicates, waiting,
+        quarantined; records and bytes of a plan) and returns the plan, or None when there is
+        nothing to commit."""
+        started = time.monotonic()
+
+        def attempt(number: int) -> TableCommit:
+            result = TableCommit(identifier, attempts=number)
+            plan = plan_attempt(result)
+            if plan is None:
+                return result
+            assert plan.table is not None and plan.new_state is not None
+            result.snapshot_id = self._commit_settled(plan.table, plan, plan.new_state)
+            if plan.upsert is not None:
+                self.upserts.committed(plan.upsert, result.snapshot_id, plan.table)
+                result.rows_replaced = plan.upsert.rows_replaced
+            result.committed = list(plan.committed)
+            result.files = len(plan.data_files)
+            result.watermark_ms = plan.new_state.watermark_ms
+            for delivery in plan.committed + [q for q, _ in plan.quarantined]:
+                for entry in delivery.moniker.files if delivery.moniker is not None else ():
+                    self._footers.pop(entry.path, None)
+                    self._missing_since.pop(entry.path, None)
+            return result
+
+        result = attempt_until_committed(identifier, attempt, "commit")
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _plan_monikers(
+        self, identifier: str, deliveries: list[Delivery], result: TableCommit
+    ) -> _Plan | None:
+        """The commit of the monikers ready on the table as it is now (see `_commit_attempts`)."""
+        table = load_table_or_none(self.catalog, identifier)
+        state = self.checked_state(identifier, table)
+        selection = select_ready(
+            deliveries,
+            state,
+            self.config.bookkeeper.max_files_per_commit,
+            self.config.bookkeeper.max_bytes_per_commit,
+        )
+        result.duplicates, result.waiting, result.refused = (
+            selection.duplicates,
+            selection.waiting,
+            selection.refused,
+        )
+        if not selection.ready and not selection.refused:
+            return None
+        plan = self._prepare(table, identifier, selection.ready, result)
+        if plan is None:
+            # Nothing was committed to move the refused monikers' writers on: they are refused
+            # next time.
+            result.waiting.extend(d for d, _ in result.refused)
+            result.refused = []
+            return None
+        plan.refused = result.refused
+        if not (plan.committed or plan.quarantined or plan.refused):
+            return None  # every ready moniker waits for a file
+        plan.new_state = _advance(state, plan, self.epoch)
+        result.records = sum(d.moniker.records for d in plan.committed)
+        result.bytes = sum(d.moniker.bytes for d in plan.committed)
+        return plan
+
+    def _plan_files(
+        self, identifier: str, deliveries: list[Delivery], result: TableCommit
+    ) -> _Plan | None:
+        """The commit of Event Grid's files new to the table as it is now (see `commit_files`)."""
+        table = self.catalog.load_table(identifier)
+        state = self.checked_state(identifier, table)
+        done = set(state.event_files)
+        fresh, seen = [], set()
+        for delivery in deliveries:
+            key = delivery.file_event.container_path
+            if key in done or key in seen:
+                result.duplicates.append(delivery)
+            else:
+                seen.add(key)
+                fresh.append(delivery)
+        if not fresh:
+            return None
+        if table.spec().fields:
+            result.quarantined = [
+                (d, f"{identifier} is partitioned; files need a moniker with partition values")
+                for d in fresh
+            ]
+            fresh = []
+        schema = table.schema()
+        schema_json = schema.model_dump_json()
+        facts = self.footer_reader.describe(
+            [
+                (_local_or_url(d.file_event.url, table.location()), schema, schema_json)
+                for d in fresh
+            ],
+            table.properties,
+        )
+        plan = _Plan(table=table)
+        for delivery in fresh:
+            path = _local_or_url(delivery.file_event.url, table.location())
+            described = facts[path]
+            if isinstance(described, FileUnavailable):
+                # Not acknowledged: the queue delivers the event again after its visibility timeout.
+                result.waiting.append(delivery)
+                result.unavailable.append((delivery, str(described)))
+                continue
+            problem = described if isinstance(described, InvalidFile) else None
+            if problem is None and delivery.file_event.size_bytes not in (
+                None,
+                described.size_bytes,
+            ):
+                problem = InvalidFile(
+                    f"{path}: {described.size_bytes} bytes, "
+                    f"the event says {delivery.file_event.size_bytes}"
+                )
+            if problem is None and not described.field_ids:
+                problem = InvalidFile(
+                    f"{path}: no Iceberg field ids in the Parquet schema "
+                    "(write it with the table's schema)"
+                )
+            if problem is None and described.field_ids - schema.field_ids:
+                problem = InvalidFile(
+                    f"{path}: field ids {sorted(described.field_ids - schema.field_ids)} "
+                    "are not in the table's schema"
+                )
+            if problem is not None:
+                result.quarantined.append((delivery, str(problem)))
+                continue
+            entry = FileEntry(
+                path=path, size_bytes=described.size_bytes, record_count=described.num_rows
+            )
+            plan.data_files.append(data_file(entry, described, table.spec()))
+            plan.committed.append(delivery)
+        if plan.committed and self.config.table(identifier).upsert:
+            # Files written by others into an upsert table replace the rows of their keys too.
+            self._plan_upserts(
+                plan,
+                [(d, [data], []) for d, data in zip(list(plan.committed), list(plan.data_files))],
+                result,
+            )
+            result.quarantined.extend(plan.quarantined)
+        if not plan.committed and not result.quarantined:
+            return None
+        keys = [d.file_event.container_path for d in plan.committed]
+        plan.new_state = dataclasses.replace(
+            state,
+            commit_id=uuid.uuid4().hex,
+            epoch=max(self.epoch, state.epoch),
+            event_files=(list(state.event_files) + keys)[-EVENT_FILES_KEPT:],
+        )
+        result.records = sum(f.record_count for f in plan.data_files)
+        result.bytes = sum(f.file_size_in_bytes for f in plan.data_files)
+        return plan
 
     # -- building the commit -------------------------------------------------------------------------
 
@@ -546,18 +587,27 @@ class Committer:
         unavailable_before = {
             path for path, _, _ in requests if isinstance(self._footers.get(path), FileUnavailable)
         }
-        self._footers.update(self.footer_reader.describe(requests, properties))
-        for delay in FILE_RETRY_DELAYS_S:
-            retry = [
-                r
-                for r in requests
-                if isinstance(self._footers[r[0]], FileUnavailable)
-                and r[0] not in unavailable_before
+
+        def newly_unavailable() -> list[tuple[str, Schema, str]]:
+            return [
+                request
+                for request in requests
+                if isinstance(self._footers[request[0]], FileUnavailable)
+                and request[0] not in unavailable_before
             ]
-            if not retry:
-                break
-            time.sleep(delay)
-            self._footers.update(self.footer_reader.describe(retry, properties))
+
+        def describe(attempt: int) -> list[tuple[str, Schema, str]]:
+            pending = requests if attempt == 1 else newly_unavailable()
+            self._footers.update(self.footer_reader.describe(pending, properties))
+            return newly_unavailable()
+
+        retry(
+            describe,
+            attempts=len(FILE_RETRY_DELAYS_S) + 1,
+            what="storage could not serve files, reading them again",
+            retry_while=bool,
+            wait_s=FILE_RETRY_DELAYS_S,
+        )
         now = time.monotonic()
         timeout = self.config.bookkeeper.missing_file_timeout
         for path, _, _ in requests:
@@ -641,24 +691,23 @@ class Committer:
         log.info("table created", extra={"table": identifier, "location": table.location()})
         return table
 
-    def _commit_settled(
-        self, table: Table, plan: _Plan, new_state: CommittedState, attempt: int
-    ) -> int | None:
-        """One commit attempt: the new snapshot id, or None after a conflict (the caller re-checks
-        the refreshed table). An unknown outcome is settled by reading the table back."""
+    def _commit_settled(self, table: Table, plan: _Plan, new_state: CommittedState) -> int:
+        """One commit attempt: the new snapshot id, or `CommitConflict` (the caller re-checks the
+        refreshed table). An unknown outcome is settled by reading the table back."""
         identifier = ".".join(table.name())
         try:
             return self._commit_once(table, plan, new_state)
         except CommitFailedException as error:
-            log.info(
-                "commit conflict, re-checking the refreshed table",
-                extra={"table": identifier, "attempt": attempt, "error": str(error)},
-            )
-            return None
+            raise CommitConflict(str(error)) from error
         except (StaleEpoch, InvalidFile):
             raise
-        except Exception as error:  # noqa: BLE001 - outcome unknown: read the table back, never assume
-            return self._settle_unknown(identifier, new_state.commit_id, error)
+        except Exception as error:  # outcome unknown: read the table back, never assume
+            snapshot_id = self._settle_unknown(identifier, new_state.commit_id, error)
+            if snapshot_id is None:
+                raise CommitConflict(
+                    f"the commit of unknown outcome did not land ({error!r})"
+                ) from error
+            return snapshot_id
 
     def _commit_once(self, table: Table, plan: _Plan, new_state: CommittedState) -> int:
         """One compare-and-swap: schema change (if any) and the snapshot, atomically."""
@@ -713,14 +762,17 @@ class Committer:
             "commit outcome unknown, reading the table back",
             extra={"table": identifier, "error": repr(error)},
         )
-        for _ in range(10):
-            try:
-                table = self.catalog.load_table(identifier)
-                break
-            except Exception:  # noqa: BLE001 - the catalog may still be unreachable
-                time.sleep(1)
-        else:
-            raise error
+        try:
+            table = retry(
+                lambda _: self.catalog.load_table(identifier),
+                attempts=SETTLE_READ_ATTEMPTS,
+                what="could not read the table back, reading it again",
+                retry_on=lambda _: True,  # the catalog may still be unreachable
+                wait_s=(1.0,),
+                log_extra={"table": identifier},
+            )
+        except Exception as unreachable:
+            raise error from unreachable
         for snapshot in table.snapshots():
             properties = snapshot.summary.additional_properties if snapshot.summary else {}
             if properties.get(KEY_COMMIT_ID) == commit_id:
@@ -756,6 +808,8 @@ class _Plan:
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
     """Monikers whose offsets overlap the committed ones: they move their writer's seq on, not the offsets."""
     upsert: UpsertCycle | None = None
+    new_state: CommittedState | None = None
+    """The committed state this commit writes into the snapshot summary."""
 
 
 def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:

@@ -25,12 +25,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.update import AssertTableUUID
 
-from bookkeeper.committer import Committer, TableCommit
+from bookkeeper.committer import CommitConflict, Committer, TableCommit, attempt_until_committed
 from bookkeeper.datafiles import FileUnavailable, InvalidFile, data_file, validate
 from bookkeeper.manifests import rewrite_files
 from bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
 from common.catalog import load_table_or_none
-from common.committed_state import committed_state
 from common.delete_files import referenced_data_files
 from common.internals import UncopiedTransaction, commit_once
 from common.rewrites import (
@@ -42,8 +41,6 @@ from common.rewrites import (
 )
 
 log = logging.getLogger(__name__)
-
-MAX_ATTEMPTS = 8
 
 
 class RewriteCommitter:
@@ -74,64 +71,63 @@ class RewriteCommitter:
 
     def commit(self, identifier: str, request: RewriteRequest) -> TableCommit:
         """Commit one request, or refuse it with the reason; never both, never twice."""
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            table = self.catalog.load_table(identifier)
-            state = committed_state(table)
-            self.committer.check_epoch(identifier, state)
-            result = TableCommit(identifier, attempts=attempt)
-            if _committed_before(table, request.id):
-                finish_rewrite(table.location(), request.id)
-                return result
-            try:
-                removed, added, cycle = self._plan(table, request)
-            except (RewriteRefused, InvalidFile) as error:
-                refuse_rewrite(table.location(), request.id, str(error))
-                log.warning(
-                    "rewrite request refused",
-                    extra={"table": identifier, "request": request.id, "reason": str(error)},
-                )
-                return result
-            new_state = dataclasses.replace(
-                state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch)
-            )
-            properties = {**new_state.to_summary([]), REWRITE_ID_PROPERTY: request.id}
-            transaction = UncopiedTransaction(table)
-            with rewrite_files(transaction, properties, removed, cycle.delete_files) as producer:
-                for data in added:
-                    producer.append_data_file(data)
-            try:  # one compare-and-swap, as the committer's
-                commit_once(transaction, (AssertTableUUID(uuid=table.metadata.table_uuid),))
-            except CommitFailedException:
-                log.info(
-                    "rewrite commit conflict, planning again",
-                    extra={"table": identifier, "attempt": attempt},
-                )
-                continue
-            snapshot_id = table.current_snapshot().snapshot_id
-            self.committer.upserts.rewritten(cycle, snapshot_id, table)
-            finish_rewrite(table.location(), request.id)
-            log.info(
-                "rewrite committed",
-                extra={
-                    "table": identifier,
-                    "request": request.id,
-                    "snapshot_id": snapshot_id,
-                    "files_replaced": len(request.replaced),
-                    "files_added": len(added),
-                    "rows_moved": cycle.rows_moved,
-                    "rows_stale": cycle.rows_stale,
-                },
-            )
-            result.snapshot_id, result.files, result.rows_replaced = (
-                snapshot_id,
-                len(added),
-                cycle.rows_stale,
-            )
-            result.records = sum(data.record_count for data in added)
-            return result
-        raise CommitFailedException(
-            f"{identifier}: rewrite {request.id} gave up after {MAX_ATTEMPTS} conflicting attempts"
+        return attempt_until_committed(
+            identifier,
+            lambda attempt: self._attempt(identifier, request, attempt),
+            f"rewrite {request.id}",
         )
+
+    def _attempt(self, identifier: str, request: RewriteRequest, attempt: int) -> TableCommit:
+        """One attempt at `commit`, on the table as it is now; `CommitConflict` if it lost."""
+        table = self.catalog.load_table(identifier)
+        state = self.committer.checked_state(identifier, table)
+        result = TableCommit(identifier, attempts=attempt)
+        if _committed_before(table, request.id):
+            finish_rewrite(table.location(), request.id)
+            return result
+        try:
+            removed, added, cycle = self._plan(table, request)
+        except (RewriteRefused, InvalidFile) as error:
+            refuse_rewrite(table.location(), request.id, str(error))
+            log.warning(
+                "rewrite request refused",
+                extra={"table": identifier, "request": request.id, "reason": str(error)},
+            )
+            return result
+        new_state = dataclasses.replace(
+            state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch)
+        )
+        properties = {**new_state.to_summary([]), REWRITE_ID_PROPERTY: request.id}
+        transaction = UncopiedTransaction(table)
+        with rewrite_files(transaction, properties, removed, cycle.delete_files) as producer:
+            for data in added:
+                producer.append_data_file(data)
+        try:  # one compare-and-swap, as the committer's
+            commit_once(transaction, (AssertTableUUID(uuid=table.metadata.table_uuid),))
+        except CommitFailedException as error:
+            raise CommitConflict(str(error)) from error  # planned again on the refreshed table
+        snapshot_id = table.current_snapshot().snapshot_id
+        self.committer.upserts.rewritten(cycle, snapshot_id, table)
+        finish_rewrite(table.location(), request.id)
+        log.info(
+            "rewrite committed",
+            extra={
+                "table": identifier,
+                "request": request.id,
+                "snapshot_id": snapshot_id,
+                "files_replaced": len(request.replaced),
+                "files_added": len(added),
+                "rows_moved": cycle.rows_moved,
+                "rows_stale": cycle.rows_stale,
+            },
+        )
+        result.snapshot_id, result.files, result.rows_replaced = (
+            snapshot_id,
+            len(added),
+            cycle.rows_stale,
+        )
+        result.records = sum(data.record_count for data in added)
+        return result
 
     def _plan(
         self, table: Table, request: RewriteRequest

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.retries import retry
+
 log = logging.getLogger(__name__)
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
@@ -160,7 +162,9 @@ def npm_package(cache_dir: Path, package: str, version: str, progress: Progress 
                 f"npm is needed once to install {package}; install Node.js 18+ with npm"
             )
         progress(f"installing {package}@{version} from npm (once; cached in {home})")
-        for attempt in (1, 2):
+
+        def install(attempt: int) -> bool:
+            """A clean install; whether `npm ls` finds its tree complete."""
             if home.exists():
                 shutil.rmtree(home)
             home.mkdir(parents=True)
@@ -192,13 +196,21 @@ def npm_package(cache_dir: Path, package: str, version: str, progress: Progress 
                 text=True,
                 check=False,
             )
-            if check.returncode == 0:
-                break
-            progress(
-                f"npm left {package}@{version} incomplete (attempt {attempt}): "
-                f"{check.stderr.strip()[-300:]}"
-            )
-        else:
+            if check.returncode != 0:
+                progress(
+                    f"npm left {package}@{version} incomplete (attempt {attempt}): "
+                    f"{check.stderr.strip()[-300:]}"
+                )
+            return check.returncode == 0
+
+        complete = retry(
+            install,
+            attempts=2,
+            what="npm left an install incomplete, installing again",
+            retry_while=lambda complete: not complete,
+            log_extra={"package": f"{package}@{version}"},
+        )
+        if not complete:
             raise ArtifactError(
                 f"npm installed {package}@{version} incompletely twice; see "
                 f"`npm ls --prefix {home} --all`"

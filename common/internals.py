@@ -293,3 +293,9 @@ def java_spark_session(session: SparkSession) -> Any:
 def py4j_gateway(session: SparkSession) -> Any:
     """The session's py4j gateway, for Java calling back into Python (a `Consumer` of files)."""
     return session.sparkContext._gateway  # noqa: SLF001 - callbacks need the gateway
+
+
+def java_exception_of(error: BaseException) -> Any | None:
+    """The Java exception behind a Python error from Spark, or None: py4j's `Py4JJavaError` holds
+    it as `java_exception`; the errors PySpark converts (`AnalysisException`...) keep it private."""
+    return getattr(error, "java_exception", None) or getattr(error, "_origin", None)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import posixpath
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -29,8 +28,9 @@ from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, Time
 from common.committed_state import expirable_snapshots
 from common.config.model import ReaperConfig
 from common.in_flight import under_any
-from common.internals import java_spark_session, py4j_gateway, spark_jvm
+from common.internals import java_exception_of, java_spark_session, py4j_gateway, spark_jvm
 from common.locations import normalize_location
+from common.retries import retry
 from common.storage import open_filesystem
 from reaper.upsert_compaction import UpsertCompaction
 
@@ -41,9 +41,7 @@ def is_commit_conflict(error: BaseException) -> bool:
     """Whether a py4j error is Iceberg's `CommitFailedException`: the catalog row moved under the
     commit (a bookkeeper append won), every internal retry included. Such a step is safe to redo
     from a fresh read of the table; any other error is not retried."""
-    # py4j raises Py4JJavaError (`java_exception`); PySpark converts the errors it knows and keeps
-    # the Java one as `_origin`.
-    java_exception = getattr(error, "java_exception", None) or getattr(error, "_origin", None)
+    java_exception = java_exception_of(error)
     while java_exception is not None:
         if (
             java_exception.getClass().getName()
@@ -162,19 +160,14 @@ class SparkMaintenance:
         bookkeeper that commits back to back can win all of those; each attempt here re-reads
         the table, so it redoes the step on what is current. Nothing is deleted for a commit that
         failed: Iceberg cleans up only after its commit succeeds."""
-        attempts = self.settings.commit_attempts
-        for attempt in range(1, attempts + 1):
-            try:
-                action()
-                return
-            except Exception as error:
-                if not is_commit_conflict(error) or attempt == attempts:
-                    raise
-                log.info(
-                    "maintenance commit lost to concurrent commits",
-                    extra={"table": identifier, "step": step, "attempt": attempt},
-                )
-                time.sleep(random.uniform(0.1, 0.5) * attempt)
+        retry(
+            lambda _: action(),
+            attempts=self.settings.commit_attempts,
+            what="maintenance commit lost to concurrent commits",
+            retry_on=is_commit_conflict,
+            wait_s=lambda attempt: random.uniform(0.1, 0.5) * attempt,  # apart from the bookkeeper
+            log_extra={"table": identifier, "step": step},
+        )
 
     def _actions(self):
         return self._jvm.org.apache.iceberg.spark.actions.SparkActions.get(

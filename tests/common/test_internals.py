@@ -32,6 +32,7 @@ from common.internals import (
     append_metadata_log,
     apply_table_updates,
     commit_once,
+    java_exception_of,
     java_spark_session,
     parse_footer_bytes,
     py4j_gateway,
@@ -302,3 +303,16 @@ def test_the_jvm_behind_a_spark_session(spark) -> None:
     assert java_spark_session(spark).version() == spark.version
     assert spark_jvm(spark).java.lang.Integer.parseInt("42") == 42
     assert py4j_gateway(spark).jvm.java.lang.Integer.parseInt("7") == 7
+
+
+@pytest.mark.spark
+def test_the_java_exception_behind_a_spark_error(spark) -> None:
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
+
+    with pytest.raises(CapturedException) as converted:  # PySpark converts the errors it knows
+        spark_jvm(spark).java.lang.Integer.parseInt("not a number")
+    found = java_exception_of(converted.value)
+    assert found.getClass().getName() == "java.lang.NumberFormatException"
+    assert java_exception_of(Py4JJavaError("a call failed", found)) is found  # as py4j raises it
+    assert java_exception_of(ValueError("not from Spark")) is None
