@@ -2,10 +2,10 @@
 
 Integration tests run against the same `LocalStack` code as `icekeeper stack up`, on ports of
 their own (so a developer's running stack is left alone) and a state folder under
-`.icekeeper/test-stack`. The stack is stopped at the end only if this session started it; set
-`ICEKEEPER_TEST_KEEP_STACK=1` to leave it running for faster reruns. The CDC sources of
-`stack up --with` (MariaDB, PostgreSQL, Kafka Connect with Debezium) start only when a test asks
-for `mariadb_cdc`, `postgres_cdc` or `kafka_connect`, and likewise once per session.
+`.icekeeper/test-stack` (tests/support/stack.py). The stack is stopped at the end only if this
+session started it; set `ICEKEEPER_TEST_KEEP_STACK=1` to leave it running for faster reruns. The
+CDC sources of `stack up --with` (MariaDB, PostgreSQL, Kafka Connect with Debezium) start only when
+a test asks for `mariadb_cdc`, `postgres_cdc` or `kafka_connect`, and likewise once per session.
 """
 
 from __future__ import annotations
@@ -19,42 +19,8 @@ from pathlib import Path
 import pytest
 
 from common.config import IcekeeperConfig, load_config
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# ICEKEEPER_TEST_PORT_OFFSET shifts every port, so two checkouts can run their suites at once.
-_PORT_OFFSET = int(os.environ.get("ICEKEEPER_TEST_PORT_OFFSET", "0"))
-TEST_STACK_PORTS = {
-    name: port + _PORT_OFFSET
-    for name, port in {
-        "kafka_port": 19092,
-        "kafka_controller_port": 19093,
-        "registry_port": 18081,
-        "registry_management_port": 19001,
-        "azurite_queue_port": 20001,
-        "azurite_blob_port": 20000,
-        "mariadb_port": 13306,
-        "postgres_port": 15432,
-        "connect_port": 18083,
-    }.items()
-}
-
-
-def stack_environ(state_dir: Path, ports: dict[str, int]) -> dict[str, str]:
-    """Environment overrides that point a config at a stack on `ports` with state in `state_dir`."""
-    environ = {
-        "ICEKEEPER__STATE_DIR": str(state_dir),
-        "ICEKEEPER__CACHE_DIR": str(REPO_ROOT / ".cache"),
-        "ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": f"127.0.0.1:{ports['kafka_port']}",
-        "ICEKEEPER__SOURCES__0__SCHEMA_REGISTRY_URL": f"http://127.0.0.1:{ports['registry_port']}/apis/ccompat/v7",
-    }
-    environ.update({f"ICEKEEPER__STACK__{key.upper()}": str(port) for key, port in ports.items()})
-    return environ
-
-
-# A shifted session gets its own state folder too: pid files there say which processes are its own.
-TEST_STACK_STATE_DIR = (
-    REPO_ROOT / ".icekeeper" / ("test-stack" if not _PORT_OFFSET else f"test-stack-{_PORT_OFFSET}")
-)
+from common.config.model import AzureQueueTransport
+from tests.support.stack import TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
 
 
 @pytest.fixture(scope="session")
@@ -125,33 +91,25 @@ def postgres_cdc(kafka_connect, stack_config: IcekeeperConfig):
         yield source
 
 
+@pytest.fixture(scope="session")
+def secured_services(local_stack, stack_config: IcekeeperConfig):
+    """The secured broker (SASL_SSL, SCRAM, a CA made at start) and the basic-auth registry of
+    `stack up --with kafka-sasl registry-auth`, started once; yields the two services."""
+    from icekeeper.localstack.stack import LocalStack
+
+    names = ["kafka-sasl", "registry-auth"]
+    stack = LocalStack(stack_config, only=names, with_services=names)
+    report = stack.up(progress=lambda message: print(f"[stack] {message}"))
+    print(f"[stack] secured services up in {report.seconds:.1f}s (started: {report.started})")
+    yield stack.service("kafka-sasl"), stack.service("registry-auth")
+    if report.started and not os.environ.get("ICEKEEPER_TEST_KEEP_STACK"):
+        stack.down(progress=lambda message: None)
+
+
 @pytest.fixture
 def unique_topic() -> str:
     """A topic name no other test uses."""
     return f"test.{uuid.uuid4().hex[:10]}"
-
-
-def pipeline_config(
-    state_dir: Path, topic: str, extra: dict[str, str] | None = None
-) -> IcekeeperConfig:
-    """A config for one test: the session stack, its own state folder, catalog and topic.
-
-    The catalog name is unique per test because Spark's Iceberg JdbcCatalog stores its Spark
-    catalog name in the catalog database, so a shared SparkSession registers one per test.
-    """
-    environ = stack_environ(state_dir, TEST_STACK_PORTS)
-    environ.update(
-        {
-            "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
-            "ICEKEEPER__TABLES__0__TOPICS": f"[{topic}]",
-            "ICEKEEPER__CATALOG__NAME": f"cat_{uuid.uuid4().hex[:8]}",
-            "ICEKEEPER__WRITER__SPARK_MASTER": "local[2]",
-            "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
-            "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0",
-        }
-    )
-    environ.update(extra or {})
-    return load_config(None, environ=environ)
 
 
 @pytest.fixture(scope="session")
@@ -169,10 +127,14 @@ def spark(stack_config: IcekeeperConfig):
     session.stop()
 
 
-def register_catalog(spark, config: IcekeeperConfig) -> str:
-    """Register the test's catalog in the shared SparkSession; returns its name."""
-    from common.spark import iceberg_catalog_conf
-
-    for key, value in iceberg_catalog_conf(config).items():
-        spark.conf.set(key, value)
-    return config.catalog.name
+@pytest.fixture
+def azure_settings(local_stack, tmp_path: Path) -> AzureQueueTransport:
+    """An Azure queue transport on the stack's Azurite, with queues of the test's own."""
+    name = f"m-{uuid.uuid4().hex[:10]}"
+    return AzureQueueTransport(
+        connection_string=local_stack.service("azurite-queue").connection_string(),
+        queue_name=name,
+        dead_letter_queue_name=name + "-dlq",
+        journal_uri=str(tmp_path / "journal"),
+        dead_letter_uri=str(tmp_path / "dlq"),
+    )

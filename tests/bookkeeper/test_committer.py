@@ -13,7 +13,7 @@ from bookkeeper.committer import Committer, StaleEpoch
 from bookkeeper.service import Bookkeeper
 from common.committed_state import committed_state
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, make_moniker
+from tests.support.shop_items import SCHEMA, bookkeeper_config, make_moniker
 
 
 def rows_of(bookkeeper: Bookkeeper) -> list[tuple[int, int]]:

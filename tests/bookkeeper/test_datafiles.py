@@ -402,9 +402,10 @@ def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(
 
 _DESCRIBE_DAMAGED = """
 import sys
-from tests.bookkeeper.test_datafiles import SCHEMA
+from pyiceberg.schema import Schema
 from bookkeeper.datafiles import FooterReader, InvalidFile
-paths = sys.argv[1:]
+SCHEMA = Schema.model_validate_json(sys.argv[1])
+paths = sys.argv[2:]
 reader = FooterReader(workers=2)
 reader.CHUNK_FILES = 5
 try:
@@ -433,7 +434,7 @@ def test_a_damaged_footer_is_an_invalid_file_not_a_crash(tmp_path: Path) -> None
         for i in range(FooterReader.PROCESS_THRESHOLD + 6)
     ]
     run = subprocess.run(
-        [sys.executable, "-c", _DESCRIBE_DAMAGED, *paths],
+        [sys.executable, "-c", _DESCRIBE_DAMAGED, SCHEMA.model_dump_json(), *paths],
         capture_output=True,
         text=True,
         timeout=300,

@@ -7,9 +7,7 @@ queue. Their URLs name local files, because the table lives on local disk here.
 
 from __future__ import annotations
 
-import base64
 import json
-import uuid
 from pathlib import Path
 
 import pytest
@@ -19,44 +17,16 @@ from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
 from common.file_events import location_key, parse_event_grid
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import (
+from tests.support.event_grid import cloud_event, event_grid
+from tests.support.shop_items import (
     SCHEMA,
     UpsertWriter,
     azure_queue_settings,
     bookkeeper_config,
     make_moniker,
+    pyiceberg_rows,
     write_file,
 )
-from tests.bookkeeper.test_upsert import pyiceberg_rows
-
-
-def event_grid(
-    url: str, api: str, size: int | None, event_type: str = "Microsoft.Storage.BlobCreated"
-) -> str:
-    """A message as Event Grid's storage-queue handler delivers it: a JSON event, base64-encoded."""
-    event = {
-        "id": uuid.uuid4().hex,
-        "eventType": event_type,
-        "subject": url,
-        "eventTime": "2026-11-22T08:00:00Z",
-        "data": {"api": api, "url": url, "contentLength": size, "blobType": "BlockBlob"},
-        "dataVersion": "",
-        "metadataVersion": "1",
-    }
-    return base64.b64encode(json.dumps(event).encode()).decode()
-
-
-def cloud_event(url: str, api: str, size: int) -> str:
-    """The CloudEvents 1.0 schema, sent as plain JSON."""
-    return json.dumps(
-        {
-            "specversion": "1.0",
-            "id": uuid.uuid4().hex,
-            "type": "Microsoft.Storage.BlobCreated",
-            "source": "/subscriptions/x",
-            "data": {"api": api, "url": url, "contentLength": size},
-        }
-    )
 
 
 def test_event_urls_of_blob_and_adls_name_the_same_location() -> None:

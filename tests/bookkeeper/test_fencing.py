@@ -19,7 +19,7 @@ import yaml
 from common.catalog import open_catalog
 from common.fencing import Fenced, Lease
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
 def test_lease_epochs_increase_and_a_newer_lease_fences_the_older(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from bookkeeper.service import Bookkeeper
 from common.catalog import open_catalog
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
 def test_a_moniker_after_an_idle_cycle_is_committed_before_the_interval_ends(

@@ -41,7 +41,7 @@ from bookkeeper.manifests import (
 from bookkeeper.service import Bookkeeper
 from common.transports import open_transport
 from icekeeper.readers import duckdb_rows
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 TABLE_SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -14,7 +14,7 @@ from bookkeeper.committer import overlapping_offsets, select_ready
 from bookkeeper.service import Bookkeeper
 from common.committed_state import CommittedState, committed_state
 from common.transports import Delivery, open_transport
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
 def table_offsets(bookkeeper: Bookkeeper) -> list[int]:

@@ -20,8 +20,14 @@ from common.rewrites import (
     refusal,
 )
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import SCHEMA, UpsertWriter, bookkeeper_config, write_file
-from tests.bookkeeper.test_upsert import duckdb_rows, pyiceberg_rows
+from tests.support.shop_items import (
+    SCHEMA,
+    UpsertWriter,
+    bookkeeper_config,
+    duckdb_rows,
+    pyiceberg_rows,
+    write_file,
+)
 
 
 def random_changes(rng: random.Random, count: int, keys: int = 80) -> list[tuple[int, int | None]]:

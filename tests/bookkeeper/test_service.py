@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bookkeeper.service import Bookkeeper
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
 def get(url: str) -> tuple[int, str]:

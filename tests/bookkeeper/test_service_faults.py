@@ -21,7 +21,7 @@ from common.catalog import load_table_or_none, open_catalog
 from common.config import IcekeeperConfig
 from common.transports import open_transport
 from reaper.service import Reaper
-from tests.bookkeeper.fixtures import (
+from tests.support.shop_items import (
     SCHEMA,
     azure_queue_settings,
     bookkeeper_config,
@@ -145,7 +145,7 @@ def test_a_reaper_pass_whose_tables_cannot_be_loaded_is_reported_and_the_next_on
 
 @pytest.mark.integration
 def test_file_events_wait_out_an_unreachable_catalog(local_stack, tmp_path: Path) -> None:
-    from tests.bookkeeper.test_event_grid import event_grid
+    from tests.support.event_grid import event_grid
 
     config = lockable_catalog_config(tmp_path, **azure_queue_settings(local_stack))
     transport = open_transport(config)

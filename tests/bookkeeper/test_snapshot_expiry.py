@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bookkeeper.service import Bookkeeper
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
 def test_snapshots_younger_than_an_hour_stay_and_older_ones_go_down_to_the_minimum(

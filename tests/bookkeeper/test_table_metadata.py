@@ -15,7 +15,7 @@ from bookkeeper.service import Bookkeeper
 from bookkeeper.table_metadata import update_without_copy
 from common.catalog import open_catalog
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
 def commit(bookkeeper: Bookkeeper, config, seq: int) -> None:

@@ -16,7 +16,7 @@ import pytest
 from bookkeeper.service import Bookkeeper
 from common.committed_state import committed_state
 from common.transports import open_transport
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
 def table_offsets(bookkeeper: Bookkeeper) -> list[int]:
@@ -124,7 +124,7 @@ def test_a_real_writers_batch_survives_one_file_unreachable_for_a_cycle(
     cycle."""
     from icekeeper.samples.produce import produce_synthetic
     from icekeeper.samples.synthetic import SyntheticSpec
-    from tests.conftest import pipeline_config
+    from tests.support.pipeline import pipeline_config
     from writers.job import WriterJob
 
     config = pipeline_config(

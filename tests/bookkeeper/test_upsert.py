@@ -12,24 +12,7 @@ from bookkeeper.key_index_store import index_location, load_index
 from bookkeeper.service import Bookkeeper
 from common.config import IcekeeperConfig
 from common.transports import MonikerTransport, open_transport
-from icekeeper.readers import duckdb_rows as read_with_duckdb
-from tests.bookkeeper.fixtures import UpsertWriter, bookkeeper_config
-
-
-def pyiceberg_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
-    arrow = bookkeeper.catalog.load_table("shop.items").scan().to_arrow()
-    keys = arrow.column("id").to_pylist()
-    assert len(keys) == len(set(keys)), "a key has two live rows"
-    return dict(zip(keys, arrow.column("amount").to_pylist()))
-
-
-def duckdb_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
-    rows = [
-        (row["id"], row["amount"])
-        for row in read_with_duckdb(bookkeeper.catalog.load_table("shop.items"), "id, amount")
-    ]
-    assert len(rows) == len({key for key, _ in rows}), "a key has two live rows"
-    return dict(rows)
+from tests.support.shop_items import UpsertWriter, bookkeeper_config, duckdb_rows, pyiceberg_rows
 
 
 def upsert_table_with(

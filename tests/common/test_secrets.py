@@ -14,7 +14,7 @@ import pytest
 from bookkeeper.service import Bookkeeper
 from common.config import ConfigError, load_config
 from common.logs import JsonLineFormatter
-from tests.bookkeeper.fixtures import bookkeeper_config
+from tests.support.shop_items import bookkeeper_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ICEKEEPER_CLI = str(Path(sys.executable).parent / "icekeeper")

@@ -3,47 +3,24 @@
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 import pytest
 
 from common.config.model import AzureQueueTransport, TxLogTransport
-from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+from common.moniker import Moniker
 from common.transports.azure_queue import MAX_INLINE_BYTES, AzureQueueMonikerTransport
 from common.transports.base import MonikerTransport
 from common.transports.txlog import TxLogMonikerTransport
-from tests.common.test_moniker import make_moniker
-
-
-def big_moniker(files: int) -> Moniker:
-    offsets = [OffsetRange(topic="big", partition=0, from_offset=0, until_offset=files)]
-    entries = [
-        FileEntry(
-            path=f"file:///wh/db/big/data/{uuid.uuid4().hex}-{index}.parquet",
-            size_bytes=100,
-            record_count=1,
-        )
-        for index in range(files)
-    ]
-    return Moniker(
-        id=moniker_id("w1", "db.big", offsets),
-        writer_id="w1",
-        seq=1,
-        table="db.big",
-        schema={"type": "struct", "fields": []},
-        files=entries,
-        offsets=offsets,
-        records=files,
-    )
+from tests.support.moniker_values import big_moniker, sample_moniker
 
 
 def exercise_transport(transport: MonikerTransport) -> None:
     """What every transport must do, as the writer and the bookkeeper use it."""
     first, second, other = (
-        make_moniker(seq=1, prev_seq=None),
-        make_moniker(seq=2, prev_seq=1, until=160),
-        make_moniker(seq=1, prev_seq=None, writer="w2"),
+        sample_moniker(seq=1, prev_seq=None),
+        sample_moniker(seq=2, prev_seq=1, until=160),
+        sample_moniker(seq=1, prev_seq=None, writer="w2"),
     )
     for moniker in (second, first, other):
         transport.publish(moniker)
@@ -76,7 +53,7 @@ def test_txlog_corrupt_moniker_is_delivered_with_its_reason_and_can_be_dead_lett
     transport = TxLogMonikerTransport(
         TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq"))
     )
-    transport.publish(make_moniker(seq=1, prev_seq=None))
+    transport.publish(sample_moniker(seq=1, prev_seq=None))
     corrupt = tmp_path / "txlog" / "db.t" / "w1" / "000000000002-broken.json"
     corrupt.write_bytes(b'{"format_version": 1, "id": ')
     deliveries = {d.source: d for d in transport.receive()}
@@ -90,18 +67,6 @@ def test_txlog_corrupt_moniker_is_delivered_with_its_reason_and_can_be_dead_lett
         tmp_path / "dlq" / reasons[0].name.removesuffix(".reason")
     ).read_bytes() == b'{"format_version": 1, "id": '
     assert len(transport.pending()) == 1
-
-
-@pytest.fixture
-def azure_settings(local_stack, tmp_path: Path) -> AzureQueueTransport:
-    name = f"m-{uuid.uuid4().hex[:10]}"
-    return AzureQueueTransport(
-        connection_string=local_stack.service("azurite-queue").connection_string(),
-        queue_name=name,
-        dead_letter_queue_name=name + "-dlq",
-        journal_uri=str(tmp_path / "journal"),
-        dead_letter_uri=str(tmp_path / "dlq"),
-    )
 
 
 @pytest.mark.integration
@@ -167,7 +132,7 @@ def test_txlog_dead_letters_and_replay(tmp_path: Path) -> None:
     transport = TxLogMonikerTransport(
         TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq"))
     )
-    exercise_dead_letters(transport, make_moniker(seq=1, prev_seq=None))
+    exercise_dead_letters(transport, sample_moniker(seq=1, prev_seq=None))
 
 
 @pytest.mark.integration
@@ -188,6 +153,6 @@ def test_pending_filters_by_writer_alone(tmp_path: Path) -> None:
     transport = TxLogMonikerTransport(
         TxLogTransport(uri=str(tmp_path / "txlog"), dead_letter_uri=str(tmp_path / "dlq"))
     )
-    transport.publish(make_moniker(seq=1, prev_seq=None, writer="w1"))
-    transport.publish(make_moniker(seq=1, prev_seq=None, writer="w2", table="db.u"))
+    transport.publish(sample_moniker(seq=1, prev_seq=None, writer="w1"))
+    transport.publish(sample_moniker(seq=1, prev_seq=None, writer="w2", table="db.u"))
     assert [m.writer_id for m in transport.pending(writer_id="w2")] == ["w2"]

@@ -32,7 +32,7 @@ from icekeeper.localstack.cdc import (
     snapshot_completed,
 )
 from icekeeper.localstack.errors import StackError
-from tests.conftest import REPO_ROOT, TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
+from tests.support.stack import REPO_ROOT, TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

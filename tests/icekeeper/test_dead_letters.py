@@ -20,8 +20,8 @@ from icekeeper import dead_letters
 from icekeeper.cli import build_parser
 from icekeeper.dead_letters import REPLAY_OF_HEADER, run_dead_letters
 from icekeeper.samples.produce import ensure_topic
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
-from tests.conftest import pipeline_config
+from tests.support.pipeline import pipeline_config
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
 def command(config, capsys, *arguments: str) -> dict:

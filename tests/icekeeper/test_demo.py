@@ -17,7 +17,7 @@ from icekeeper import cli
 from icekeeper.demo_mariadb import expected_records
 from icekeeper.localstack.debian import MARIADB_SERVER, missing_packages_message
 from icekeeper.localstack.stack import StackError
-from tests.conftest import REPO_ROOT, TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
+from tests.support.stack import REPO_ROOT, TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
 
 
 @pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 
 from common.config import load_config
 from icekeeper.localstack.stack import LocalStack, StackError
-from tests.conftest import TEST_STACK_PORTS, stack_environ
+from tests.support.stack import TEST_STACK_PORTS, stack_environ
 
 
 def shifted(base: int) -> dict[str, int]:

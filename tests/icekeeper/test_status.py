@@ -9,8 +9,7 @@ import pytest
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from icekeeper.status import collect_status, render_status
-from tests.conftest import pipeline_config
-from tests.writers.test_writer_pipeline import commit_all
+from tests.support.pipeline import commit_all, pipeline_config
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -14,9 +14,8 @@ from common.committed_state import committed_state
 from common.transports import open_transport
 from icekeeper.bench.reaper import age_files
 from reaper.service import Reaper
-from tests.bookkeeper.fixtures import make_moniker
-from tests.conftest import register_catalog
-from tests.reaper.test_reaper import reaper_config
+from tests.support.pipeline import register_catalog
+from tests.support.shop_items import make_moniker, reaper_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

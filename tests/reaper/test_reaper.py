@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -20,25 +19,16 @@ from common.transports import open_transport
 from icekeeper.bench.reaper import age_files, append_snapshot_per_file, files_under
 from icekeeper.readers import duckdb_rows, spark_rows
 from reaper.service import Reaper
-from tests.bookkeeper.fixtures import SCHEMA, bookkeeper_config, make_moniker, write_file
-from tests.conftest import register_catalog
+from tests.support.pipeline import register_catalog
+from tests.support.shop_items import (
+    GRACE_S,
+    SCHEMA,
+    make_moniker,
+    reaper_config,
+    write_file,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-GRACE_S = 5
-
-
-def reaper_config(tmp_path: Path, mode: str = "changelog", **overrides: str) -> IcekeeperConfig:
-    settings = {
-        "catalog__name": f"cat_{uuid.uuid4().hex[:8]}",
-        "reaper__snapshot_expire_time": "0",
-        "reaper__retain_last": "2",
-        "reaper__orphan_grace": str(GRACE_S),
-        "reaper__compact_target_file_size_bytes": str(32 * 1024 * 1024),
-        # The bookkeeper keeps history here, so that expiring it is the reaper's work.
-        "bookkeeper__keep_snapshots": "100000",
-    }
-    return bookkeeper_config(tmp_path, mode, **{**settings, **overrides})
 
 
 def small_file_table(spark, config: IcekeeperConfig, files: int, offsets: list[int] | None = None):

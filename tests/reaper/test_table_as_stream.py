@@ -17,9 +17,8 @@ from common.catalog import open_catalog
 from common.config import IcekeeperConfig
 from common.transports import MonikerTransport, open_transport
 from reaper.service import Reaper
-from tests.bookkeeper.fixtures import bookkeeper_config, make_moniker
-from tests.conftest import register_catalog
-from tests.reaper.test_reaper import reaper_config
+from tests.support.pipeline import register_catalog
+from tests.support.shop_items import bookkeeper_config, make_moniker, reaper_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

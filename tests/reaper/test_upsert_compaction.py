@@ -15,9 +15,8 @@ from bookkeeper.service import Bookkeeper
 from common.transports import open_transport
 from icekeeper.readers import duckdb_rows, spark_rows
 from reaper.service import Reaper
-from tests.bookkeeper.fixtures import UpsertWriter
-from tests.conftest import register_catalog
-from tests.reaper.test_reaper import reaper_config
+from tests.support.pipeline import register_catalog
+from tests.support.shop_items import UpsertWriter, reaper_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from common.committed_state import committed_state
 from common.config import IcekeeperConfig
 from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, rows_by_key, time_text  # noqa: F401 - re-exported for the oracle tests
-from tests.conftest import pipeline_config
+from tests.support.pipeline import pipeline_config
 
 
 def position(row: dict[str, Any]) -> tuple[str, int, int]:

@@ -1,7 +1,9 @@
-"""Monikers without Spark: small Parquet files written with pyarrow (with Iceberg field ids).
+"""The `shop.items` test table without Spark: its schema, bookkeeper and reaper configs, monikers
+over small Parquet files written with pyarrow (with Iceberg field ids), and its rows read back.
 
-The bookkeeper's tests need many monikers fast; these files are what a writer would produce
-for a simple table (`id`, `amount`, `_kfk_partition`, `_kfk_offset`), laid out the same way.
+The bookkeeper's and the reaper's tests need many monikers fast; these files are what a writer
+would produce for a simple table (`id`, `amount`, `_kfk_partition`, `_kfk_offset`), laid out the
+same way.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,6 +21,10 @@ from pyiceberg.types import IntegerType, LongType, NestedField
 from common.catalog import default_table_location
 from common.config import IcekeeperConfig, load_config
 from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+from icekeeper.readers import duckdb_rows as read_with_duckdb
+
+if TYPE_CHECKING:
+    from bookkeeper.service import Bookkeeper
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -43,6 +50,25 @@ def bookkeeper_config(
         **{f"ICEKEEPER__{key.upper()}": value for key, value in overrides.items()},
     }
     return load_config(None, environ=environ)
+
+
+GRACE_S = 5
+"""Seconds the reaper's orphan removal leaves a file alone (`reaper_config`)."""
+
+
+def reaper_config(tmp_path: Path, mode: str = "changelog", **overrides: str) -> IcekeeperConfig:
+    """`bookkeeper_config` with a catalog of the test's own and the reaper's work made visible:
+    snapshots expire at once (two kept), orphans after `GRACE_S`, history kept by the bookkeeper."""
+    settings = {
+        "catalog__name": f"cat_{uuid.uuid4().hex[:8]}",
+        "reaper__snapshot_expire_time": "0",
+        "reaper__retain_last": "2",
+        "reaper__orphan_grace": str(GRACE_S),
+        "reaper__compact_target_file_size_bytes": str(32 * 1024 * 1024),
+        # The bookkeeper keeps history here, so that expiring it is the reaper's work.
+        "bookkeeper__keep_snapshots": "100000",
+    }
+    return bookkeeper_config(tmp_path, mode, **{**settings, **overrides})
 
 
 def azure_queue_settings(local_stack) -> dict[str, str]:
@@ -200,3 +226,21 @@ class UpsertWriter:
             offsets=ranges,
             records=sum(f.record_count for f in files),
         )
+
+
+def pyiceberg_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
+    """`shop.items` as pyiceberg reads it: id -> amount, failing if a key has two live rows."""
+    arrow = bookkeeper.catalog.load_table("shop.items").scan().to_arrow()
+    keys = arrow.column("id").to_pylist()
+    assert len(keys) == len(set(keys)), "a key has two live rows"
+    return dict(zip(keys, arrow.column("amount").to_pylist()))
+
+
+def duckdb_rows(bookkeeper: Bookkeeper) -> dict[int, int]:
+    """`shop.items` as DuckDB reads it: id -> amount, failing if a key has two live rows."""
+    rows = [
+        (row["id"], row["amount"])
+        for row in read_with_duckdb(bookkeeper.catalog.load_table("shop.items"), "id, amount")
+    ]
+    assert len(rows) == len({key for key, _ in rows}), "a key has two live rows"
+    return dict(rows)

@@ -16,9 +16,8 @@ from common.config.model import AzureQueueTransport
 from common.transports.azure_queue import AzureQueueMonikerTransport
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
-from tests.common.test_transports import azure_settings, big_moniker  # noqa: F401 - a fixture
-from tests.conftest import pipeline_config
-from tests.writers.test_writer_pipeline import commit_all
+from tests.support.moniker_values import big_moniker
+from tests.support.pipeline import commit_all, pipeline_config
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration]

@@ -16,8 +16,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from bookkeeper.service import Bookkeeper
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
-from tests.conftest import pipeline_config
 from tests.support.carriers import UTC, days, micros, time_micros
+from tests.support.pipeline import pipeline_config
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import REPO_ROOT
+from tests.support.stack import REPO_ROOT
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:

@@ -19,8 +19,12 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from common.config import IcekeeperConfig
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
-from tests.conftest import pipeline_config
-from tests.writers.test_writer_pipeline import _read_all, commit_all, table_rows
+from tests.support.pipeline import (
+    commit_all,
+    pipeline_config,
+    table_rows,
+    topic_values_with_headers,
+)
 from writers.job import BatchReport, WriterJob
 from writers.registry import RegistryUnavailable, registry_outage
 
@@ -173,7 +177,7 @@ def test_one_unknown_schema_id_among_known_ones_is_a_dead_letter(
 
     reports = WriterJob(config, spark=spark).run(until_idle=True)
     assert [(r.records_read, r.dead_lettered, r.paused) for r in reports] == [(1, 1, None)]
-    dead = _read_all(config, config.sources[0].dead_letter_topic)
+    dead = topic_values_with_headers(config, config.sources[0].dead_letter_topic)
     assert [(h["icekeeper.reason"], h["icekeeper.source.offset"]) for _, h in dead] == [
         ("unknown-schema-id", str(spec.events))
     ]

@@ -22,7 +22,7 @@ import yaml
 
 from bookkeeper.service import Bookkeeper
 from icekeeper.samples.produce import produce_seed_sample
-from tests.conftest import pipeline_config
+from tests.support.pipeline import pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

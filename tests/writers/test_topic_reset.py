@@ -18,8 +18,7 @@ from confluent_kafka.admin import AdminClient
 from common.config import IcekeeperConfig
 from icekeeper.samples.produce import ensure_topic, produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
-from tests.conftest import pipeline_config
-from tests.writers.test_writer_pipeline import commit_all, table_rows
+from tests.support.pipeline import commit_all, pipeline_config, table_rows
 from writers.job import WriterJob
 from writers.offsets import PartitionBounds, TopicReset, plan_batch
 

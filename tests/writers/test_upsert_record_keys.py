@@ -22,7 +22,7 @@ from common.config import IcekeeperConfig
 from common.config.model import TableSpec
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import produce_debezium_records
-from tests.conftest import pipeline_config
+from tests.support.pipeline import pipeline_config
 from writers.dead_letters import REASON_HEADER
 from writers.job import BatchReport, WriterJob
 from writers.record_keys import RecordKeys, avro_key_schemas, record_keys_for, row_record

@@ -12,7 +12,7 @@ from bookkeeper.service import Bookkeeper
 from icekeeper.readers import duckdb_rows, spark_rows
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec, expected_state
-from tests.conftest import pipeline_config, register_catalog
+from tests.support.pipeline import pipeline_config, register_catalog
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -19,7 +19,7 @@ from common.in_flight import live_claimed_folders
 from common.locations import normalize_location
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
-from tests.conftest import pipeline_config
+from tests.support.pipeline import pipeline_config
 from writers.files import write_parquet as real_write_parquet
 from writers.job import WriterJob
 

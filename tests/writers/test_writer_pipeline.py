@@ -14,32 +14,23 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from bookkeeper.service import Bookkeeper
-from common.config import IcekeeperConfig
 from icekeeper.readers import duckdb_rows
 from icekeeper.samples.produce import produce_seed_sample, produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec, expected_state, synthetic_events
-from tests.conftest import pipeline_config, register_catalog
-from tests.icekeeper.test_samples import ARTICLE_RESULT
+from tests.support.pipeline import (
+    commit_all,
+    pipeline_config,
+    register_catalog,
+    table_rows,
+    topic_values_with_headers,
+)
+from tests.support.seed000 import ARTICLE_RESULT
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SEED_TABLE = "db_gb18030_test.tbl_test_1"
-
-
-def commit_all(config: IcekeeperConfig) -> Bookkeeper:
-    bookkeeper = Bookkeeper(config)
-    for _ in range(5):
-        report = bookkeeper.run_cycle()
-        if not report.pending and not report.committed_monikers:
-            break
-    return bookkeeper
-
-
-def table_rows(bookkeeper: Bookkeeper, identifier: str) -> list[dict]:
-    return bookkeeper.catalog.load_table(identifier).scan().to_arrow().to_pylist()
 
 
 AUDIT_TABLE = "db_gb18030_test.tbl_test_1_audit"
@@ -163,7 +154,7 @@ def test_poison_goes_to_the_dead_letter_topic_and_counts_reconcile(
     assert sum(r.rows_written for r in reports) == spec.events
     assert sum(r.dead_lettered for r in reports) == sum(produced["poison"].values())
 
-    dead = _read_all(config, dead_letter_topic)
+    dead = topic_values_with_headers(config, dead_letter_topic)
     reasons = collections.Counter(headers["icekeeper.reason"] for _, headers in dead)
     assert reasons == {
         "bad-magic-byte": produced["poison"]["bad-magic-byte"],
@@ -225,35 +216,6 @@ def test_a_schema_registered_under_another_subject_is_decoded_not_dead_lettered(
     rows = table_rows(commit_all(config), "shop.orders")
     assert len(rows) == first["events"] + later["events"]
     assert {"extra_1"} <= set(rows[0])
-
-
-def _read_all(config: IcekeeperConfig, topic: str) -> list[tuple[bytes, dict[str, str]]]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": config.sources[0].bootstrap_servers,
-            "group.id": "dlq-reader",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        ends = sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in partitions
-        )
-        found = []
-        while len(found) < ends:
-            message = consumer.poll(5)
-            if message is None:
-                break
-            if not message.error():
-                found.append(
-                    (message.value(), {k: v.decode() for k, v in (message.headers() or [])})
-                )
-        return found
-    finally:
-        consumer.close()
 
 
 def test_a_restarted_writer_neither_skips_nor_repeats(

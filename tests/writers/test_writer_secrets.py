@@ -12,7 +12,8 @@ from bookkeeper.service import Bookkeeper
 from common.moniker import encode_moniker
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
-from tests.conftest import TEST_STACK_PORTS, pipeline_config
+from tests.support.pipeline import pipeline_config
+from tests.support.stack import TEST_STACK_PORTS
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
