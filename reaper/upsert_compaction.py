@@ -27,6 +27,12 @@ from pyspark.sql import functions as F
 from common.catalog import table_properties
 from common.delete_files import deleted_positions_per_file
 from common.locations import normalize_location
+from common.parquet_files import (
+    list_written_files,
+    parquet_write_options,
+    partition_columns,
+    write_parquet,
+)
 from common.rewrites import (
     RewriteRequest,
     forget_refusal,
@@ -36,12 +42,6 @@ from common.rewrites import (
     refusal,
 )
 from common.storage import open_filesystem
-from writers.files import (
-    list_written_files,
-    parquet_write_options,
-    partition_columns,
-    write_parquet,
-)
 
 log = logging.getLogger(__name__)
 

@@ -1,163 +1,34 @@
-"""Write one table's rows of a batch as Parquet files under the table's data location.
+"""Where a batch's Parquet files go, and removing them when the batch is not published.
 
-Spark's own Parquet writer does the work (zstd, microsecond timestamps, Iceberg field ids from
-column metadata). Partition values are computed with Iceberg's own transform functions
-(`system.days`, `system.bucket`, ...), so a file's partition is exactly what Iceberg would
-compute, and Spark lays files out by them. Every batch writes into a folder of its own, so
-files are never overwritten and concurrent writers never share Spark's `_temporary` folder.
+Every batch writes into a folder of its own, so files are never overwritten and concurrent writers
+never share Spark's `_temporary` folder. The writing itself (partitioned by Iceberg's transforms)
+and listing the files back are shared with the reaper: `common/parquet_files.py`.
 """
 
 from __future__ import annotations
 
-import datetime
-import posixpath
-import urllib.parse
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
 
-import pyarrow.parquet as pq
 from pyarrow import fs as pafs
-from pyiceberg.partitioning import PartitionSpec
-from pyiceberg.schema import Schema
-from pyiceberg.transforms import (
-    BucketTransform,
-    DayTransform,
-    HourTransform,
-    IdentityTransform,
-    MonthTransform,
-    TruncateTransform,
-    YearTransform,
+
+from common.parquet_files import (
+    PartitionColumn,
+    list_written_files,
+    parquet_write_options,
+    partition_columns,
+    write_parquet,
 )
-from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
-from common.moniker import FileEntry
-from common.spark import FUNCTIONS_CATALOG
-from writers.columns import partition_column
-
-_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-_PARQUET_OPTIONS = {
-    "write.parquet.row-group-size-bytes": "parquet.block.size",
-    "write.parquet.page-size-bytes": "parquet.page.size",
-    "write.parquet.page-row-limit": "parquet.page.row.count.limit",
-    "write.parquet.dict-size-bytes": "parquet.dictionary.page.size",
-    "write.parquet.compression-codec": "compression",
-    "write.parquet.bloom-filter-max-bytes": "parquet.bloom.filter.max.bytes",
-}
-"""Iceberg's Parquet table properties and the Spark/parquet-mr write options that do the same."""
-_BLOOM_COLUMN = "write.parquet.bloom-filter-enabled.column."
-_EPOCH = datetime.date(1970, 1, 1)
-
-
-@dataclass(frozen=True)
-class PartitionColumn:
-    """A derived column Spark partitions the output by, for one Iceberg partition field."""
-
-    name: str
-    field_name: str
-    expression: SparkColumn
-    kind: str  # "int", "date", "string", "long", "bool"
-
-
-def partition_columns(spec: PartitionSpec, schema: Schema) -> list[PartitionColumn]:
-    """Spark expressions computing each partition field's value, with Iceberg's transforms."""
-    columns = []
-    for index, field in enumerate(spec.fields):
-        source = schema.find_field(field.source_id)
-        column = F.col(f"`{source.name}`")
-        transform = field.transform
-        if isinstance(transform, IdentityTransform):
-            expression, kind = column, _identity_kind(str(source.field_type))
-        elif isinstance(transform, BucketTransform):
-            expression, kind = (
-                F.expr(
-                    f"{FUNCTIONS_CATALOG}.system.bucket({transform.num_buckets}, `{source.name}`)"
-                ),
-                "int",
-            )
-        elif isinstance(transform, TruncateTransform):
-            expression, kind = (
-                F.expr(f"{FUNCTIONS_CATALOG}.system.truncate({transform.width}, `{source.name}`)"),
-                _identity_kind(str(source.field_type)),
-            )
-        elif isinstance(transform, DayTransform):
-            expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.days(`{source.name}`)"), "date"
-        elif isinstance(transform, HourTransform):
-            expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.hours(`{source.name}`)"), "int"
-        elif isinstance(transform, MonthTransform):
-            expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.months(`{source.name}`)"), "int"
-        elif isinstance(transform, YearTransform):
-            expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.years(`{source.name}`)"), "int"
-        else:
-            raise ValueError(f"partition transform {transform} is not supported by writers")
-        columns.append(PartitionColumn(partition_column(index), field.name, expression, kind))
-    return columns
-
-
-def _identity_kind(type_name: str) -> str:
-    if type_name in ("int",):
-        return "int"
-    if type_name in ("long",):
-        return "long"
-    if type_name == "date":
-        return "date"
-    if type_name == "boolean":
-        return "bool"
-    if type_name == "string":
-        return "string"
-    raise ValueError(f"identity partitions on {type_name} columns are not supported by writers")
-
-
-def parquet_write_options(table_properties: Mapping[str, str]) -> dict[str, str]:
-    """Spark write options that give our files what the table's `write.parquet.*` properties ask.
-
-    Iceberg's own writers read these properties; Spark's Parquet writer, which writes our files,
-    takes parquet-mr settings instead, so users tune one set of properties for both.
-    """
-    options: dict[str, str] = {}
-    for key, value in table_properties.items():
-        if key in _PARQUET_OPTIONS:
-            options[_PARQUET_OPTIONS[key]] = (
-                value.lower() if key == "write.parquet.compression-codec" else value
-            )
-        elif key.startswith(_BLOOM_COLUMN):
-            options[f"parquet.bloom.filter.enabled#{key.removeprefix(_BLOOM_COLUMN)}"] = value
-    level = table_properties.get("write.parquet.compression-level")
-    if level is not None and options.get("compression", "zstd") == "zstd":
-        options["parquet.compression.codec.zstd.level"] = level
-    return options
-
-
-def write_parquet(
-    rows: DataFrame,
-    output_uri: str,
-    partitions: list[PartitionColumn],
-    max_records_per_file: int,
-    rebalance: bool = False,
-    options: Mapping[str, str] | None = None,
-) -> None:
-    """Write `rows` (row columns only) under `output_uri`, laid out by `partitions`.
-
-    Without `rebalance`, every Kafka task writes its own files: no shuffle, and a skewed
-    partition value is spread over all tasks instead of piling onto one (seed 004). With it,
-    rows are shuffled by partition and Spark's adaptive rebalancing splits skewed partitions,
-    giving fewer, larger files.
-    """
-    staged = (
-        rows.select("*", *[p.expression.alias(p.name) for p in partitions]) if partitions else rows
-    )
-    if rebalance and partitions:
-        staged = staged.hint("rebalance", *[p.name for p in partitions])
-    writer = (
-        staged.write.mode("errorifexists")
-        .option("maxRecordsPerFile", max_records_per_file)
-        .options(**(options or {}))
-    )
-    if partitions:
-        writer = writer.partitionBy(*[p.name for p in partitions])
-    writer.parquet(output_uri)
+__all__ = [  # what writers import from here, written in common/parquet_files.py
+    "PartitionColumn",
+    "batch_folder",
+    "discard_output",
+    "list_written_files",
+    "parquet_write_options",
+    "partition_columns",
+    "path_segment",
+    "write_parquet",
+]
 
 
 def path_segment(name: str) -> str:
@@ -181,63 +52,3 @@ def discard_output(output_dirs: list[str]) -> None:
             filesystem.delete_dir(path)
         except (FileNotFoundError, OSError):
             pass
-
-
-def list_written_files(
-    output_uri: str, partitions: list[PartitionColumn], spec_id: int
-) -> list[FileEntry]:
-    """Every Parquet file under `output_uri`, with size, record count (from its footer) and
-    partition."""
-    filesystem, root = pafs.FileSystem.from_uri(output_uri)
-    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
-    entries = []
-    scheme = output_uri.split("://", 1)[0] + "://" if "://" in output_uri else ""
-    for info in filesystem.get_file_info(selector):
-        name = posixpath.basename(info.path)
-        if (
-            info.type != pafs.FileType.File
-            or not name.endswith(".parquet")
-            or name.startswith((".", "_"))
-        ):
-            continue
-        with filesystem.open_input_file(info.path) as handle:
-            record_count = pq.ParquetFile(handle).metadata.num_rows
-        relative = posixpath.relpath(posixpath.dirname(info.path), root)
-        entries.append(
-            FileEntry(
-                path=_uri(scheme, info.path),
-                size_bytes=info.size,
-                record_count=record_count,
-                partition=_partition_values(relative, partitions),
-                spec_id=spec_id,
-            )
-        )
-    return sorted(entries, key=lambda entry: entry.path)
-
-
-def _uri(scheme: str, path: str) -> str:
-    if scheme == "file://":
-        return "file://" + path
-    return scheme + path if scheme else path
-
-
-def _partition_values(relative_dir: str, partitions: list[PartitionColumn]) -> dict[str, object]:
-    found = {}
-    for segment in relative_dir.split("/"):
-        if "=" in segment:
-            name, _, raw = segment.partition("=")
-            found[name] = urllib.parse.unquote(raw)
-    values: dict[str, object] = {}
-    for partition in partitions:
-        raw = found.get(partition.name)
-        if raw is None or raw == _NULL_PARTITION:
-            values[partition.field_name] = None
-        elif partition.kind in ("int", "long"):
-            values[partition.field_name] = int(raw)
-        elif partition.kind == "date":
-            values[partition.field_name] = (datetime.date.fromisoformat(raw) - _EPOCH).days
-        elif partition.kind == "bool":
-            values[partition.field_name] = raw == "true"
-        else:
-            values[partition.field_name] = raw
-    return values
