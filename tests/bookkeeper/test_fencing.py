@@ -20,6 +20,7 @@ from common.catalog import open_catalog
 from common.fencing import Fenced, Lease
 from common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
+from tests.support.waiting import wait_until
 
 
 def test_lease_epochs_increase_and_a_newer_lease_fences_the_older(tmp_path: Path) -> None:
@@ -67,19 +68,19 @@ def test_paused_bookkeeper_resumes_fenced_without_duplicates_or_loss(tmp_path: P
 
     first = start_bookkeeper(config_path, tmp_path / "first.log")
     publish(5)
-    _wait_for(lambda: transport.pending() == [], 60)
+    wait_until(lambda: transport.pending() == [], 60, "the first bookkeeper to commit")
     os.kill(first.pid, signal.SIGSTOP)
     try:
         second = start_bookkeeper(config_path, tmp_path / "second.log")
         publish(5)
-        _wait_for(
-            lambda: transport.pending() == [], 60
-        )  # the second took over after the lease TTL and committed
+        wait_until(  # the second took over after the lease TTL and committed
+            lambda: transport.pending() == [], 60, "the second bookkeeper to commit", interval_s=0.2
+        )
     finally:
         os.kill(first.pid, signal.SIGCONT)
     publish(5)
     assert first.wait(timeout=60) == 3  # woke up, found itself fenced, stopped
-    _wait_for(lambda: transport.pending() == [], 60)
+    wait_until(lambda: transport.pending() == [], 60, "the second bookkeeper to commit the rest")
     second.send_signal(signal.SIGTERM)
     assert second.wait(timeout=60) == 0
     assert "fenced" in (tmp_path / "first.log").read_text()
@@ -88,14 +89,6 @@ def test_paused_bookkeeper_resumes_fenced_without_duplicates_or_loss(tmp_path: P
     assert offsets == list(range(150))
     epochs = {int(s.summary.additional_properties["icekeeper.epoch"]) for s in table.snapshots()}
     assert epochs == {1, 2}
-
-
-def _wait_for(condition, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.2)
 
 
 def test_a_second_bookkeeper_once_right_after_the_first_does_not_wait_for_the_lease(

@@ -9,9 +9,8 @@ import contextlib
 import json
 import sqlite3
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from tests.support.shop_items import (
     make_moniker,
     write_file,
 )
+from tests.support.waiting import wait_until
 
 
 def lockable_catalog_config(tmp_path: Path, **overrides: str) -> IcekeeperConfig:
@@ -56,13 +56,6 @@ def errors(bookkeeper: Bookkeeper, kind: str) -> float:
     )
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def snapshot_count(config: IcekeeperConfig) -> int:
     table = load_table_or_none(open_catalog(config), "shop.items")
     return len(table.snapshots()) if table is not None else 0
@@ -75,12 +68,14 @@ def test_heartbeats_wait_out_an_unreachable_catalog(tmp_path: Path) -> None:
     thread = threading.Thread(target=bookkeeper.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: snapshot_count(config) >= 2)  # the commit, then heartbeats
+        wait_until(lambda: snapshot_count(config) >= 2, 60, "the commit, then a heartbeat")
         with catalog_unreachable(tmp_path):
-            wait_for(lambda: errors(bookkeeper, "heartbeat-failed") >= 3)
+            wait_until(
+                lambda: errors(bookkeeper, "heartbeat-failed") >= 3, 60, "three failed heartbeats"
+            )
             assert thread.is_alive(), "the bookkeeper died with its catalog"
         before = snapshot_count(config)
-        wait_for(lambda: snapshot_count(config) >= before + 2)  # heartbeats again
+        wait_until(lambda: snapshot_count(config) >= before + 2, 60, "heartbeats again")
         assert thread.is_alive()
     finally:
         bookkeeper.stop.set()
@@ -129,7 +124,9 @@ def test_a_reaper_pass_whose_tables_cannot_be_loaded_is_reported_and_the_next_on
     )
     with catalog_unreachable(tmp_path):
         thread.start()
-        wait_for(lambda: len(passes) >= 2 or not thread.is_alive())
+        wait_until(
+            lambda: len(passes) >= 2 or not thread.is_alive(), 60, "two reaper passes (or its end)"
+        )
         assert thread.is_alive(), "reaper --every died with its catalog"
         reaper.stop.set()
         thread.join(timeout=60)
@@ -165,12 +162,13 @@ def test_file_events_wait_out_an_unreachable_catalog(local_stack, tmp_path: Path
     with catalog_unreachable(tmp_path):
         report = fresh.run_cycle()
         assert report.dead_lettered == [] and errors(fresh, "catalog-unavailable") == 1
-    report = fresh.run_cycle()
-    while (
-        report.committed_monikers == 0 and not report.tables
-    ):  # the event becomes visible again after its lease
-        time.sleep(0.5)
+
+    def cycle_with_the_event() -> bool:
         report = fresh.run_cycle()
+        return bool(report.committed_monikers or report.tables)
+
+    # The event becomes visible again after its lease.
+    wait_until(cycle_with_the_event, 60, "the event delivered again", interval_s=0.5)
     ids = sorted(
         open_catalog(config).load_table("shop.items").scan().to_arrow().column("id").to_pylist()
     )

@@ -91,13 +91,12 @@ def test_a_file_missing_longer_than_the_timeout_is_quarantined(tmp_path: Path) -
     Path(lost.files[0].path.removeprefix("file://")).unlink()
     bookkeeper = Bookkeeper(config)
     assert bookkeeper.run_cycle().dead_lettered == []  # first seen missing: waits
-    time.sleep(1.1)
+    time.sleep(1.1)  # the point: the file stays missing past the 1 s timeout
     report = bookkeeper.run_cycle()
     [(source, reason)] = report.dead_lettered
     assert "missing for" in reason and "missing_file_timeout" in reason
-    assert table_offsets(bookkeeper) == list(
-        range(10, 20)
-    )  # the writer's next batch no longer waits
+    # The writer's next batch no longer waits.
+    assert table_offsets(bookkeeper) == list(range(10, 20))
     assert transport.dead_letter_count() == 1
 
 

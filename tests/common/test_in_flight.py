@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from common.in_flight import InFlightClaims, claims_folder, live_claimed_folders, under_any
+from tests.support.waiting import wait_until
 
 
 def claim_files(location: str) -> list[Path]:
@@ -42,7 +43,11 @@ def test_the_heartbeat_keeps_a_long_batch_claimed_past_the_grace(tmp_path: Path)
         [claim] = claim_files(location)
         backdate(claim, 3600)  # as if the batch had run an hour without a rewrite ...
         assert live_claimed_folders(location, grace_s=60, remove_stale=False) == set()
-        time.sleep(0.6)  # ... then the heartbeat rewrites it
+        wait_until(  # ... then the heartbeat rewrites it
+            lambda: live_claimed_folders(location, grace_s=60, remove_stale=False),
+            10,
+            "the heartbeat to rewrite the claim",
+        )
         assert live_claimed_folders(location, grace_s=60) == {f"{location}/data/w1/1"}
     finally:
         claims.close()

@@ -33,6 +33,7 @@ from icekeeper.localstack.cdc import (
 )
 from icekeeper.localstack.errors import StackError
 from tests.support.stack import REPO_ROOT, TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
+from tests.support.waiting import wait_until
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -87,9 +88,12 @@ def read_topic(
     )
     try:
         deadline = time.monotonic() + timeout_s
-        while not (partitions := consumer.list_topics(topic, timeout=10).topics[topic].partitions):
-            assert time.monotonic() < deadline, f"no topic {topic}"
-            time.sleep(0.2)
+        partitions = wait_until(
+            lambda: consumer.list_topics(topic, timeout=10).topics[topic].partitions,
+            timeout_s,
+            f"topic {topic}",
+            interval_s=0.2,
+        )
         # Assigned, not subscribed: no group rebalance to wait for.
         consumer.assign(
             [TopicPartition(topic, partition, OFFSET_BEGINNING) for partition in partitions]

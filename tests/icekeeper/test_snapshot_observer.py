@@ -15,6 +15,7 @@ from common.committed_state import CommittedState
 from common.config import load_config
 from icekeeper.bench.e2e import holds, window_figures
 from icekeeper.bench.snapshot_observer import observe_snapshots, read_seen_snapshots
+from tests.support.waiting import wait_until
 
 
 def _seen_count(path: Path) -> int:
@@ -49,9 +50,12 @@ def test_observer_records_when_each_commit_became_visible_and_the_offsets_it_cov
             )
             after_ms = int(time.time() * 1000)
             windows.append((before_ms, after_ms))
-            deadline = time.monotonic() + 10
-            while _seen_count(seen_path) < len(windows) and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(
+                lambda: _seen_count(seen_path) >= len(windows),
+                10,
+                f"the observer to record snapshot {len(windows)}",
+                interval_s=0.02,
+            )
         seen = read_seen_snapshots(seen_path)
     finally:
         stop.set()

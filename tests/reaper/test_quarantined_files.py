@@ -34,10 +34,9 @@ def test_a_quarantined_monikers_files_survive_the_reaper_and_its_replay_commits_
     away = Path(lost.files[1].path.removeprefix("file://"))
     away.rename(away.with_name("moved-away"))
     bookkeeper.run_cycle()
-    time.sleep(0.6)
-    [(_, reason)] = (
-        bookkeeper.run_cycle().dead_lettered
-    )  # missing past the timeout: quarantined, the writer's chain goes on
+    time.sleep(0.6)  # the point: the file stays missing past the 0.5 s timeout
+    # Missing past the timeout: quarantined, the writer's chain goes on.
+    [(_, reason)] = bookkeeper.run_cycle().dead_lettered
     assert "missing for" in reason
     [item] = transport.quarantined()
     assert item.moniker == lost and item.reason == reason

@@ -146,7 +146,8 @@ def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:
     assert len(appended) > 0, "the bookkeeper committed while the reaper ran"
 
     # Failed commit attempts during the pass leave fresh unreachable files; once older than the
-    # grace period, a second pass (bookkeeper stopped) removes them.
+    # grace period, a second pass (bookkeeper stopped) removes them. The sleep is the point: the
+    # grace is the files' age on disk.
     time.sleep(GRACE_S + 1)
     assert not reaper.run_pass().tables[0].errors
     table = table.refresh()

@@ -19,6 +19,7 @@ from common.transports import MonikerTransport, open_transport
 from reaper.service import Reaper
 from tests.support.pipeline import register_catalog
 from tests.support.shop_items import bookkeeper_config, make_moniker, reaper_config
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -67,13 +68,19 @@ def test_a_streaming_reader_sees_every_committed_record_once(spark, tmp_path: Pa
         for seq in range(2, monikers + 1):
             transport.publish(make_moniker(config, seq, seq - 1, ((seq - 1) * 5, seq * 5)))
             bookkeeper.run_cycle()
-            time.sleep(0.2)
+            time.sleep(0.2)  # pacing: a few commits a second, as the comment at the top says
         done.set()
 
     committer = threading.Thread(target=keep_committing)
     committer.start()
     try:
-        time.sleep(3)
+        # The stream has read small files the reaper will compact (it rewrites five or more).
+        wait_until(
+            lambda: spark.sql(f"SELECT count(*) FROM {query_name}").first()[0] >= 50,
+            120,
+            "the stream to read ten monikers",
+            interval_s=0.2,
+        )
         report = Reaper(config, spark=spark).run_pass()  # compacts and expires while both run
         committer.join(timeout=300)
         assert done.is_set()

@@ -8,7 +8,6 @@ pyiceberg, DuckDB and Spark alike; and every Kafka record is in exactly one plac
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from common.committed_state import committed_state
 from common.config import IcekeeperConfig
 from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, rows_by_key, time_text  # noqa: F401 - re-exported for the oracle tests
 from tests.support.pipeline import pipeline_config
+from tests.support.waiting import wait_until
 
 
 def position(row: dict[str, Any]) -> tuple[str, int, int]:
@@ -95,8 +95,8 @@ class Pipeline:
     ) -> None:
         """Sync until a row with `column` = `value` (the source's last statement) is in the
         table."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def arrived() -> bool:
             self.sync()
             rows = (
                 self.bookkeeper.catalog.load_table(identifier)
@@ -104,10 +104,9 @@ class Pipeline:
                 .to_arrow()
                 .to_pylist()
             )
-            if any(row[column] == value for row in rows):
-                return
-            assert time.monotonic() < deadline, f"the last statement never reached {identifier}"
-            time.sleep(1)
+            return any(row[column] == value for row in rows)
+
+        wait_until(arrived, timeout_s, f"the last statement to reach {identifier}", interval_s=1)
 
     def row_types(self, identifier: str) -> dict[str, str]:
         """The table's row columns (no metadata columns) and their Iceberg types."""

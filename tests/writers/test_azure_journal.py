@@ -6,7 +6,6 @@ production."""
 from __future__ import annotations
 
 import collections
-import time
 import uuid
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from tests.support.moniker_values import big_moniker
 from tests.support.pipeline import commit_all, pipeline_config
+from tests.support.waiting import wait_until
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration]
@@ -88,6 +88,5 @@ def test_a_second_message_of_a_large_moniker_already_committed_is_ignored(
     both = transport.receive()
     assert [d.moniker for d in both] == [moniker, moniker]
     transport.acknowledge(both[0])  # committed: its journal copy goes
-    time.sleep(2)  # the other message becomes visible again
-    [again] = transport.receive()
+    [again] = wait_until(transport.receive, 30, "the other message visible again")
     assert again.ignorable and again.error is None

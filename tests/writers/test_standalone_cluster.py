@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import yaml
 from bookkeeper.service import Bookkeeper
 from icekeeper.samples.produce import produce_seed_sample
 from tests.support.pipeline import pipeline_config
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -89,19 +89,17 @@ def standalone_cluster(tmp_path: Path):
             )
         )
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
+
+        def two_workers_alive() -> bool:
             try:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{ui_port}/json/", timeout=2
                 ) as response:
-                    if json.load(response).get("aliveworkers", 0) >= 2:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("the standalone cluster did not get two workers in 90 s")
+                    return json.load(response).get("aliveworkers", 0) >= 2
+            except OSError:  # the master's UI is not up yet
+                return False
+
+        wait_until(two_workers_alive, 90, "two workers in the standalone cluster", interval_s=0.5)
         yield master, ui_port
     finally:
         for process in processes:

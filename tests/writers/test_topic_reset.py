@@ -8,7 +8,6 @@ log cleaner does.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from common.config import IcekeeperConfig
 from icekeeper.samples.produce import ensure_topic, produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from tests.support.pipeline import commit_all, pipeline_config, table_rows
+from tests.support.waiting import wait_until
 from writers.job import WriterJob
 from writers.offsets import PartitionBounds, TopicReset, plan_batch
 
@@ -95,15 +95,15 @@ def _recreate(config: IcekeeperConfig, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": config.sources[0].bootstrap_servers})
     for future in admin.delete_topics([topic]).values():
         future.result(timeout=30)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def recreated() -> bool:
         try:
             ensure_topic(config.sources[0].bootstrap_servers, topic, 1)
-            return
         except KafkaException:  # still being deleted
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+            return False
+        return True
+
+    wait_until(recreated, 60, f"{topic} created again after its deletion", interval_s=0.5)
 
 
 def test_the_plan_names_partitions_behind_the_next_offset_and_counts_records_lost() -> None:
