@@ -2,7 +2,8 @@
 
 A table's metadata file lists every snapshot kept; streaming readers need an hour of them (3,600
 at one commit a second, ~1 KB of JSON each). pyiceberg 0.12's commit path handles that history
-several times per commit, measured at 1,000 snapshots (`python -m icekeeper.bench.snapshot_history`):
+several times per commit, measured at 1,000 snapshots
+(`python -m icekeeper.bench.snapshot_history`):
 
 - every `load_table` parses the metadata file, ~75 ms, and a cycle loads twice (the committer,
   then the SQL catalog's `commit_table` once more, to compare-and-swap against);
@@ -15,7 +16,7 @@ For the bookkeeper's catalog object only (nothing global is changed):
   parsing that file again (SQL catalogs; other catalogs parse as before);
 - updates are applied without the final deep copy: metadata models are frozen and pyiceberg's
   update functions build new lists and dicts instead of changing the base's (the reasoning of
-  `committer._Transaction`), so the new metadata may share the untouched snapshots with the old;
+  `common.internals.UncopiedTransaction`), so the new metadata may share untouched snapshots;
 - each snapshot's JSON is made once per table, and the usual commit appends one to the list;
 - snapshots are looked up from the newest end (the current and parent snapshots are).
 
@@ -51,7 +52,8 @@ from common.internals import (
 
 
 class MetadataCache:
-    """The newest metadata of each table (by the folder of its metadata files), with its file location."""
+    """The newest metadata of each table (by the folder of its metadata files), with its file
+    location."""
 
     def __init__(self) -> None:
         self._newest: dict[str, tuple[str, TableMetadata]] = {}
@@ -62,7 +64,8 @@ class MetadataCache:
         """Metadata files parsed (cache misses), for tests and the benchmark."""
 
     def read(self, input_file: InputFile, encoding: str = "utf-8") -> TableMetadata:
-        """`FromInputFile.table_metadata`, parsing a file only when it is not the newest one known."""
+        """`FromInputFile.table_metadata`, parsing a file only when it is not the newest one
+        known."""
         location = input_file.location
         with self._lock:
             known = self._newest.get(_folder(location))
@@ -84,7 +87,8 @@ class MetadataCache:
     def write(self, metadata: TableMetadata, output_file: OutputFile) -> None:
         """`ToOutputFile.table_metadata`, with each snapshot's JSON made once per table: snapshots
         never change, and serializing them (pyiceberg's summary serializer is Python) was most
-        of the metadata file's cost. The same JSON document as pyiceberg's, with `snapshots` last."""
+        of the metadata file's cost. The same JSON document as pyiceberg's, with `snapshots`
+        last."""
         location = output_file.location
         if metadata.format_version != 2 or Config().get_bool("legacy-current-snapshot-id"):
             ToOutputFile.table_metadata(metadata, output_file)
