@@ -461,8 +461,10 @@ class Bookkeeper:
         if self._report_producer is None:
             from confluent_kafka import Producer
 
+            from common.kafka_clients import librdkafka_config
+
             self._report_producer = Producer(
-                {"bootstrap.servers": self.config.sources[0].bootstrap_servers, "linger.ms": 0},
+                librdkafka_config(self.config.sources[0], {"linger.ms": 0}),
                 logger=logging.getLogger("librdkafka"),
             )
         # a line the producer took is librdkafka's to deliver (it retries for `message.timeout.ms`)
