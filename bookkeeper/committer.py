@@ -70,7 +70,7 @@ from common.committed_state import (
 from common.config.model import IcekeeperConfig
 from common.file_events import location_key
 from common.internals import UncopiedTransaction, commit_once, stage_updates
-from common.moniker import FileEntry, Moniker
+from common.moniker import FileEntry, Moniker, OffsetRange
 from common.partitioning import partition_spec
 from common.retries import retry
 from common.transports.base import Delivery
@@ -125,10 +125,12 @@ class TableCommit:
     duplicates: list[Delivery] = field(default_factory=list)
     quarantined: list[tuple[Delivery, str]] = field(default_factory=list)
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
-    """Monikers whose offsets overlap what the table committed: dead-lettered, their records not added."""
+    """Monikers whose offsets overlap what the table committed: dead-lettered, their records not
+    added."""
     waiting: list[Delivery] = field(default_factory=list)
     unavailable: list[tuple[Delivery, str]] = field(default_factory=list)
-    """Monikers left pending because storage could not serve one of their files (also in `waiting`)."""
+    """Monikers left pending because storage could not serve one of their files (also in
+    `waiting`)."""
     snapshot_id: int | None = None
     records: int = 0
     files: int = 0
@@ -204,7 +206,7 @@ def select_ready(
             size += moniker.bytes
             for offset_range in moniker.offsets:
                 key = (offset_range.topic, offset_range.partition)
-                covered[key] = max(covered.get(key, 0), offset_range.until_offset)
+                covered[key] = next_committed_offset(covered, offset_range)
     for delivery in replays:
         moniker = delivery.moniker
         if ready and (files + len(moniker.files) > max_files or size + moniker.bytes > max_bytes):
@@ -223,14 +225,33 @@ def overlapping_offsets(
     that starts below the next offset committed for its topic-partition."""
     for offset_range in moniker.offsets:
         committed = committed_offsets.get((offset_range.topic, offset_range.partition))
-        if offset_range.count and committed is not None and offset_range.from_offset < committed:
+        if (
+            offset_range.count
+            and committed is not None
+            and offset_range.from_offset < committed
+            and not offset_range.topic_reset  # a recreated topic starts below the old offsets
+        ):
             return (
-                f"offsets overlap the committed ones: writer {moniker.writer_id} seq {moniker.seq} covers "
-                f"{offset_range.topic}[{offset_range.partition}] {offset_range.from_offset}..{offset_range.until_offset}, "
-                f"the table has everything below {committed} (records {offset_range.from_offset}.."
-                f"{min(committed, offset_range.until_offset)} would be added twice)"
+                f"offsets overlap the committed ones: writer {moniker.writer_id} seq {moniker.seq} "
+                f"covers {offset_range.topic}[{offset_range.partition}] "
+                f"{offset_range.from_offset}..{offset_range.until_offset}, the table has "
+                f"everything below {committed} (records "
+                f"{offset_range.from_offset}..{min(committed, offset_range.until_offset)} would be "
+                "added twice)"
             )
     return None
+
+
+def next_committed_offset(
+    committed_offsets: dict[tuple[str, int], int], offset_range: OffsetRange
+) -> int:
+    """The partition's committed offset once `offset_range` is committed: the later of the two,
+    or, for a range that starts a recreated topic (`OffsetRange.topic_reset`), its end: the old
+    topic's offsets mean nothing for the new one."""
+    key = (offset_range.topic, offset_range.partition)
+    if offset_range.topic_reset:
+        return offset_range.until_offset
+    return max(committed_offsets.get(key, 0), offset_range.until_offset)
 
 
 class Committer:
@@ -244,7 +265,8 @@ class Committer:
         """The clock snapshot ages are measured against (tests move it forward)."""
         self._footers: dict[str, Described] = {}
         self._missing_since: dict[str, float] = {}
-        """File path -> when (monotonic) storage first said it does not exist; cleared once it is read."""
+        """File path -> when (monotonic) storage first said it does not exist; cleared once it is
+        read."""
         self.footer_reader = FooterReader(config.bookkeeper.footer_workers or os.cpu_count() or 2)
         self.upserts = UpsertKeeper(
             config.bookkeeper.footer_workers or os.cpu_count() or 2,
@@ -252,7 +274,8 @@ class Committer:
         )
 
     def close(self, save_key_indexes: bool = True) -> None:
-        """Stop the footer readers; save the upsert tables' key indexes, the next bookkeeper's start."""
+        """Stop the footer readers; save the upsert tables' key indexes, the next bookkeeper's
+        start."""
         self.footer_reader.close()
         if save_key_indexes:
             try:
@@ -285,7 +308,8 @@ class Committer:
         )
 
     def heartbeat(self, identifier: str) -> TableCommit:
-        """A snapshot with no files that carries the committed state forward (liveness for schedulers)."""
+        """A snapshot with no files that carries the committed state forward (liveness for
+        schedulers)."""
         started = time.monotonic()
         table = self.catalog.load_table(identifier)
         state = self.checked_state(identifier, table)
@@ -469,12 +493,13 @@ class Committer:
         result.bytes = sum(f.file_size_in_bytes for f in plan.data_files)
         return plan
 
-    # -- building the commit -------------------------------------------------------------------------
+    # -- building the commit -----------------------------------------------------------------------
 
     def _prepare(
         self, table: Table | None, identifier: str, ready: list[Delivery], result: TableCommit
     ) -> _Plan | None:
-        """Validate files, evolve the schema, build data files; quarantine monikers that cannot go in."""
+        """Validate files, evolve the schema, build data files; quarantine monikers that cannot go
+        in."""
         # Monikers of a batch share their schema: parse (and below, compare) each distinct one once.
         schemas: dict[str, Schema] = {}
         schema_keys = []
@@ -500,7 +525,8 @@ class Committer:
         self._describe_retrying(requests, properties)
         plan = _Plan(table=table)
         held_writers: dict[str, int] = {}
-        """Writer -> the seq of its moniker left pending for a file: its later monikers wait behind it."""
+        """Writer -> the seq of its moniker left pending for a file: its later monikers wait behind
+        it."""
         current_schema = table.schema() if table is not None else None
         evolutions: dict[tuple[int, str], object] = {}
         for delivery, schema_key in zip(ready, schema_keys):
@@ -563,7 +589,8 @@ class Committer:
             ).items():
                 held_writers.setdefault(writer, seq)
         if held_writers:
-            # A refused moniker after one left pending would move its writer's chain past it: it waits too.
+            # A refused moniker after one left pending would move its writer's chain past it: it
+            # waits too.
             held = [
                 (d, reason)
                 for d, reason in result.refused
@@ -623,7 +650,8 @@ class Committer:
             since = self._missing_since.setdefault(path, now)
             if now - since >= timeout:
                 self._footers[path] = InvalidFile(
-                    f"{path}: missing for {now - since:.0f} s (bookkeeper.missing_file_timeout {timeout:.0f} s)"
+                    f"{path}: missing for {now - since:.0f} s (bookkeeper.missing_file_timeout "
+                    f"{timeout:.0f} s)"
                 )
 
     def _plan_upserts(
@@ -750,7 +778,8 @@ class Committer:
         snapshots = table.metadata.snapshots
         if len(snapshots) < settings.keep_snapshots:
             return []
-        # Snapshots are listed in commit order: the first is the oldest (a skewed clock only delays expiry).
+        # Snapshots are listed in commit order: the first is the oldest (a skewed clock only delays
+        # expiry).
         if snapshots[0].timestamp_ms >= older_than_ms - min(keep_for_ms // 10, 60_000):
             return []
         return expirable_snapshots(table, settings.keep_snapshots - 1, older_than_ms=older_than_ms)
@@ -806,7 +835,8 @@ class _Plan:
     files_of: dict[str, list[DataFile]] = field(default_factory=dict)
     """Moniker id -> its data files, for upsert tables' key look-ups."""
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
-    """Monikers whose offsets overlap the committed ones: they move their writer's seq on, not the offsets."""
+    """Monikers whose offsets overlap the committed ones: they move their writer's seq on, not the
+    offsets."""
     upsert: UpsertCycle | None = None
     new_state: CommittedState | None = None
     """The committed state this commit writes into the snapshot summary."""
@@ -835,7 +865,7 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
         )
         for offset_range in moniker.offsets:
             key = (offset_range.topic, offset_range.partition)
-            offsets[key] = max(offsets.get(key, 0), offset_range.until_offset)
+            offsets[key] = next_committed_offset(offsets, offset_range)
             if moniker.max_event_time_ms is not None:
                 event_ms[key] = max(event_ms.get(key, 0), moniker.max_event_time_ms)
     for delivery, _ in plan.refused:

@@ -96,7 +96,8 @@ def _optional_long_map(out: bytearray, values: dict[int, int] | None) -> None:
     out += _PRESENT
     out += _long(len(values))
     if values:
-        # One list comprehension with table lookups: measured 2.5x as fast as a loop calling `_long`.
+        # One list comprehension with table lookups: measured 2.5x as fast as a loop calling
+        # `_long`.
         table, size = _VARINTS, _VARINT_TABLE_SIZE
         out += b"".join(
             [
@@ -220,7 +221,8 @@ def _partition_encoder(partition_type: StructType) -> Callable[[Record], bytes]:
 
 
 _V2_MANIFEST_FILE_FIELDS = 15
-"""Fields of a format-version 2 `ManifestFile` record (a manifest list entry), in Avro schema order."""
+"""Fields of a format-version 2 `ManifestFile` record (a manifest list entry), in Avro schema
+order."""
 
 
 def encode_manifest_file(out: bytearray, manifest: ManifestFile) -> bool:
@@ -418,7 +420,8 @@ class _ManifestListWriter(ManifestListWriterV2):
 
 
 def written_manifest_list(location: str) -> tuple[ManifestFile, ...] | None:
-    """The manifests of a manifest list this process wrote recently, as written (None if not known)."""
+    """The manifests of a manifest list this process wrote recently, as written (None if not
+    known)."""
     with _written_lock:
         return _WRITTEN_MANIFEST_LISTS.get(location)
 
@@ -496,7 +499,8 @@ class _MergeAppend(MergeAppendFiles):
         return written + super()._manifests()
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        """pyiceberg's summary, counting the delete files too (its collector knows position deletes)."""
+        """pyiceberg's summary, counting the delete files too (its collector knows position
+        deletes)."""
         data_files = self._added_data_files
         self._added_data_files = data_files + self._added_delete_files
         try:
@@ -542,7 +546,8 @@ def merge_append(
     if transaction.table_metadata.format_version != 2:
         if delete_files:
             raise ValueError(
-                f"position deletes need a format-version 2 table, not {transaction.table_metadata.format_version}"
+                "position deletes need a format-version 2 table, not "
+                f"{transaction.table_metadata.format_version}"
             )
         return transaction.update_snapshot(snapshot_properties=snapshot_properties).merge_append()
     operation = Operation.OVERWRITE if delete_files else Operation.APPEND
@@ -648,7 +653,8 @@ def rewrite_files(
     with the snapshot's sequence number, so they apply to its new data files."""
     if transaction.table_metadata.format_version != 2:
         raise ValueError(
-            f"icekeeper rewrites need a format-version 2 table, not {transaction.table_metadata.format_version}"
+            "icekeeper rewrites need a format-version 2 table, not "
+            f"{transaction.table_metadata.format_version}"
         )
     producer = _RewriteFiles(
         operation=Operation.REPLACE,

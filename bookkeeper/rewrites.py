@@ -47,7 +47,8 @@ class RewriteCommitter:
     """Commits pending rewrite requests of upsert tables, one snapshot per request."""
 
     def __init__(self, committer: Committer) -> None:
-        # The committer's catalog, footer readers, key indexes and epoch (set when the lease is taken).
+        # The committer's catalog, footer readers, key indexes and epoch (set when the lease is
+        # taken).
         self.committer = committer
         self.catalog = committer.catalog
 
@@ -132,13 +133,15 @@ class RewriteCommitter:
     def _plan(
         self, table: Table, request: RewriteRequest
     ) -> tuple[list[DataFile], list[DataFile], RewriteCycle]:
-        """(files to remove, data files to add, the key index's plan) for `request` on `table` as it is now."""
+        """(files to remove, data files to add, the key index's plan) for `request` on `table` as
+        it is now."""
         live_data, delete_files = live_files(table, table.current_snapshot())
         data_files = {data.file_path: data for data in live_data}
         gone = [path for path in request.replaced if path not in data_files]
         if gone:
             raise RewriteRefused(
-                f"{len(gone)} replaced files are no longer in the table (another rewrite or retention), e.g. {gone[0]}"
+                f"{len(gone)} replaced files are no longer in the table (another rewrite or "
+                f"retention), e.g. {gone[0]}"
             )
         schema = Schema.model_validate(request.schema_)
         schema_json = schema.model_dump_json()
@@ -149,7 +152,8 @@ class RewriteCommitter:
         for entry in request.files:
             described = facts[entry.path]
             if isinstance(described, (InvalidFile, FileUnavailable)):
-                raise described  # unavailable: not refused, the request stays pending for the next poll
+                # unavailable: not refused, the request stays pending for the next poll
+                raise described
             validate(entry, described, table.location(), schema)
             added.append(
                 data_file(entry, described, table.specs().get(entry.spec_id, table.spec()))

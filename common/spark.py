@@ -39,7 +39,8 @@ SPARK_PACKAGES = (
 V1_SOURCES_BUT_KAFKA = ("avro", "csv", "json", "orc", "parquet", "text")
 """Spark's default `spark.sql.sources.useV1SourceList` without `kafka`."""
 FUNCTIONS_CATALOG = "ik_functions"
-"""An Iceberg catalog registered only for its `system.*` functions (bucket, days, hours, truncate)."""
+"""An Iceberg catalog registered only for its `system.*` functions (bucket, days, hours,
+truncate)."""
 
 
 def spark_jars(cache_dir: Path) -> list[Path]:
@@ -67,7 +68,8 @@ def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
         uri = properties["uri"]
         if not uri.startswith("sqlite:///"):
             raise ValueError(
-                f"catalog.properties.uri {uri!r}: Spark can open SQL catalogs on SQLite only here; use a REST catalog otherwise"
+                f"catalog.properties.uri {uri!r}: Spark can open SQL catalogs on SQLite only here; "
+                "use a REST catalog otherwise"
             )
         conf.update(
             {
@@ -114,7 +116,7 @@ def spark_session(
     app_name: str,
     master: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
-):
+) -> SparkSession:
     """A SparkSession with Kafka, Avro and Iceberg on the classpath and the catalog registered."""
     from pyspark.sql import SparkSession
 

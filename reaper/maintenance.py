@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 from pyiceberg.table import Table
@@ -33,6 +34,10 @@ from common.locations import normalize_location
 from common.retries import retry
 from common.storage import open_filesystem
 from reaper.upsert_compaction import UpsertCompaction
+
+if TYPE_CHECKING:
+    from py4j.java_gateway import JavaObject
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +140,7 @@ class FileDeleter:
 class SparkMaintenance:
     """Retention, compaction, manifest rewrite, expiry and orphan removal for one catalog."""
 
-    def __init__(self, spark, catalog_name: str, settings: ReaperConfig) -> None:
+    def __init__(self, spark: SparkSession, catalog_name: str, settings: ReaperConfig) -> None:
         from pyspark.java_gateway import ensure_callback_server_started
 
         self.spark = spark
@@ -147,7 +152,7 @@ class SparkMaintenance:
     def spark_name(self, identifier: str) -> str:
         return ".".join(f"`{part}`" for part in [self.catalog_name, *identifier.split(".")])
 
-    def _java_table(self, identifier: str):
+    def _java_table(self, identifier: str) -> JavaObject:
         self.spark.sql(f"REFRESH TABLE {self.spark_name(identifier)}")
         return self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
             java_spark_session(self.spark), f"{self.catalog_name}.{identifier}"
@@ -169,7 +174,7 @@ class SparkMaintenance:
             log_extra={"table": identifier, "step": step},
         )
 
-    def _actions(self):
+    def _actions(self) -> JavaObject:
         return self._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
             java_spark_session(self.spark)
         )
@@ -230,7 +235,8 @@ class SparkMaintenance:
         target = settings.compact_target_file_size_bytes
         if report.dry_run:
             small = self.spark.sql(
-                f"SELECT count(*) FROM {self.spark_name(identifier)}.files WHERE file_size_in_bytes < {int(target * 0.75)}"
+                f"SELECT count(*) FROM {self.spark_name(identifier)}.files WHERE "
+                f"file_size_in_bytes < {int(target * 0.75)}"
             ).first()[0]
             report.planned.append(
                 f"compaction: of {small} files under 75% of {target} bytes, those"
@@ -271,8 +277,8 @@ class SparkMaintenance:
             # Position deletes of upsert tables, one small file per bookkeeper cycle: merged into
             # fewer files, dropping entries whose data files compaction just replaced.
             self.spark.sql(
-                f"CALL `{self.catalog_name}`.system.rewrite_position_delete_files("
-                f"table => '{self.catalog_name}.{identifier}', options => map('rewrite-all', 'true'))"
+                f"CALL `{self.catalog_name}`.system.rewrite_position_delete_files(table => "
+                f"'{self.catalog_name}.{identifier}', options => map('rewrite-all', 'true'))"
             )
 
         before = {snapshot.snapshot_id for snapshot in table.refresh().snapshots()}
@@ -310,7 +316,8 @@ class SparkMaintenance:
             _count_replaced(table, before, report)
         if outcome.refused:
             report.errors.append(
-                f"compaction: the bookkeeper refused it ({outcome.refused}); the next pass plans again"
+                f"compaction: the bookkeeper refused it ({outcome.refused}); the next pass plans "
+                "again"
             )
         elif outcome.waiting:
             log.info(
@@ -339,7 +346,10 @@ class SparkMaintenance:
             table.transaction().set_properties(
                 {"commit.manifest.target-size-bytes": target}
             ).commit_transaction()
-        call = f"CALL `{self.catalog_name}`.system.rewrite_manifests(table => '{self.catalog_name}.{identifier}')"
+        call = (
+            f"CALL `{self.catalog_name}`.system.rewrite_manifests(table => "
+            f"'{self.catalog_name}.{identifier}')"
+        )
 
         def rewrite_once() -> None:
             report.manifests_rewritten = int(
@@ -372,7 +382,8 @@ class SparkMaintenance:
                 return
             # Iceberg's core `ExpireSnapshots` (with file cleanup) rather than the Spark action: the
             # action finds unreachable files with Spark jobs over every manifest, which at streaming
-            # history sizes costs far more than it saves (300 snapshots here: 21 s vs 0.9 s, measured).
+            # history sizes costs far more than it saves (300 snapshots here: 21 s vs 0.9 s,
+            # measured).
             update = self._java_table(identifier).expireSnapshots()
             # Only the chosen ids: an age of 0 keeps Iceberg's own age rule from adding others.
             update = update.expireOlderThan(0).retainLast(1).deleteWith(deleter)
@@ -448,7 +459,8 @@ def time_filter(
         if isinstance(field_type, (LongType, IntegerType)):
             return str(int(moment.timestamp() * 1000))
         raise ValueError(
-            f"{column} is {field_type}: time filters need a timestamp, date or epoch-millisecond column"
+            f"{column} is {field_type}: time filters need a timestamp, date or epoch-millisecond "
+            "column"
         )
 
     parts = []

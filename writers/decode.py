@@ -86,10 +86,12 @@ class VersionShape:
     transaction: dict[str, IcebergType] = field(default_factory=dict)
     schema_id: int | None = None
     namespace: str | None = None
-    """Debezium names row records `<server>.<db>.<table>`: tells which table a version belongs to."""
+    """Debezium names row records `<server>.<db>.<table>`: tells which table a version belongs
+    to."""
     record_key: str | None = None
     """The column holding the Kafka record key read as this version's key columns, for deletes
-    without a `before` image (null for other records); None when keys are not read (`record_keys.py`)."""
+    without a `before` image (null for other records); None when keys are not read
+    (`record_keys.py`)."""
     record_key_fields: tuple[str, ...] = ()
     """The row columns `record_key` holds: the version's primary-key columns."""
 
@@ -151,7 +153,8 @@ def decode_avro_confluent(
             options += f", 'avroSchema', {sql.string(reader)}"
         decoded = f"from_avro(substring(value, 6), {sql.string(writer)}, map({options}))"
         decoded_columns.append(
-            f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END AS {column}"
+            f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END "
+            f"AS {column}"
         )
         shape = _shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id)
         record_key = (
@@ -167,7 +170,8 @@ def decode_avro_confluent(
         versions.append(shape)
     known = [sql.binary(frame_prefix(schema.schema_id)) for schema in schemas]
     version = (
-        f"CASE {prefix} {' '.join(f'WHEN {literal} THEN {index}' for index, literal in enumerate(known))} END"
+        f"CASE {prefix} "
+        f"{' '.join(f'WHEN {literal} THEN {index}' for index, literal in enumerate(known))} END"
         if known
         else "CAST(NULL AS INT)"
     )
@@ -200,7 +204,8 @@ def _avro_record_key_sql(
     column: str, value_schema: dict[str, Any], key_schemas: list[tuple[int, Any]], keys: RecordKeys
 ) -> tuple[str, tuple[str, ...]] | None:
     """SQL reading the record key of a delete without `before` as version `column`'s key columns, by
-    the key schema its frame names, and those columns; None when no known key schema fits the row."""
+    the key schema its frame names, and those columns; None when no known key schema fits the
+    row."""
     row = row_record(value_schema)
     if row is None:
         return None
@@ -209,11 +214,17 @@ def _avro_record_key_sql(
         readable = avro_key_schemas(row, key_schema, keys)
         if readable is not None:
             writer, reader = readable
-            decoded = f"from_avro(substring(key, 6), {sql.string(writer)}, map('mode', 'PERMISSIVE', 'avroSchema', {sql.string(reader)}))"
+            decoded = (
+                f"from_avro(substring(key, 6), {sql.string(writer)}, map('mode', 'PERMISSIVE', "
+                f"'avroSchema', {sql.string(reader)}))"
+            )
             branches.append(f"WHEN {sql.binary(frame_prefix(schema_id))} THEN {decoded}")
     if not branches:
         return None
-    expression = f"CASE WHEN {delete_without_before_sql(sql.ident(column))} THEN CASE substring(key, 1, 5) {' '.join(branches)} END END"
+    expression = (
+        f"CASE WHEN {delete_without_before_sql(sql.ident(column))} THEN CASE substring(key, 1, "
+        f"5) {' '.join(branches)} END END"
+    )
     return expression, tuple(key_columns_of([field["name"] for field in row["fields"]], keys))
 
 
@@ -253,12 +264,12 @@ def reader_schema(writer_schema: str, keep: dict[str, set[str]]) -> str | None:
     parsed = json.loads(writer_schema)
     if not isinstance(parsed, dict) or parsed.get("type") != "record":
         return None
-    names = {field["name"] for field in parsed["fields"]}
+    names = {envelope_field["name"] for envelope_field in parsed["fields"]}
     if not {"after", "op", "source"} <= names:
         return None
-    for field in parsed["fields"]:
-        wanted = keep.get(field["name"])
-        record = field["type"]
+    for envelope_field in parsed["fields"]:
+        wanted = keep.get(envelope_field["name"])
+        record = envelope_field["type"]
         if wanted is None:
             continue
         branches = record if isinstance(record, list) else [record]
@@ -295,8 +306,12 @@ def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int | None) -
 
 
 def framed_schema_id_sql(column: str) -> str:
-    """SQL for the schema id the Confluent frame of binary `column` names, as a number; null unframed."""
-    return f"CASE WHEN length({column}) >= 5 AND substring({column}, 1, 1) = X'00' THEN CAST(conv(hex(substring({column}, 2, 4)), 16, 10) AS BIGINT) END"
+    """SQL for the schema id the Confluent frame of binary `column` names, as a number; null
+    unframed."""
+    return (
+        f"CASE WHEN length({column}) >= 5 AND substring({column}, 1, 1) = X'00' THEN "
+        f"CAST(conv(hex(substring({column}, 2, 4)), 16, 10) AS BIGINT) END"
+    )
 
 
 UNKNOWN_SCHEMA_ID = framed_schema_id_sql("value")
@@ -325,7 +340,8 @@ class _JsonVersion:
     topic: str | None = None
     """The topic whose schemaless records this version decodes; None for a Connect schema's."""
     row_carrier: T.StructType | None = None
-    """The type `from_json` reads this version's row (`before`/`after`) into; None when it has no row."""
+    """The type `from_json` reads this version's row (`before`/`after`) into; None when it has no
+    row."""
     row_avro: dict[str, Any] | None = None
     """Connect versions: the row as Avro, which says how its carrier converts (`avro_value_sql`)."""
 
@@ -359,7 +375,10 @@ def decode_json(
         else:
             versions.append(version)
     # Records whose `schema` has no field types (`{"schema": null, ...}`) are schemaless too.
-    schemaless = f"({JSON_SCHEMA} IS NULL OR NOT {sql.in_list(JSON_SCHEMA, [sql.string(s) for s in connect_texts])})"
+    schemaless = (
+        f"({JSON_SCHEMA} IS NULL OR NOT "
+        f"{sql.in_list(JSON_SCHEMA, [sql.string(s) for s in connect_texts])})"
+    )
     payload = (
         f"coalesce(get_json_object({JSON_TEXT}, '$.payload'), {JSON_TEXT})"
         if debezium
@@ -501,7 +520,10 @@ def _json_record_key_sql(
         return None
     carrier = T.StructType([f for f in version.row_carrier.fields if f.name in columns])
     options = "map('mode', 'PERMISSIVE')"
-    parsed = f"from_json({json_key_row_sql(row_column_name(columns, keys.single_column))}, {sql.string(carrier.json())}, {options})"
+    parsed = (
+        f"from_json({json_key_row_sql(row_column_name(columns, keys.single_column))}, "
+        f"{sql.string(carrier.json())}, {options})"
+    )
     row_avro = (
         {
             **version.row_avro,
@@ -569,7 +591,10 @@ def _json_version_sql(versions: list[_JsonVersion], refused: dict[str, str]) -> 
         if v.topic is not None
     ]
     schemaless = f"CASE topic {' '.join(by_topic)} END" if by_topic else "NULL"
-    return f"CAST(CASE WHEN value IS NULL THEN NULL {' '.join(by_schema)} ELSE {schemaless} END AS INT)"
+    return (
+        f"CAST(CASE WHEN value IS NULL THEN NULL {' '.join(by_schema)} ELSE {schemaless} END AS "
+        "INT)"
+    )
 
 
 def _from_json(text: str, carrier: T.StructType) -> str:
@@ -593,7 +618,10 @@ def _json_error_sql(
         )
 
     def unparsed(i: int) -> str:
-        return f"({json_parsed_column(i)} IS NULL OR {sql.path(json_parsed_column(i), JSON_CORRUPT)} IS NOT NULL)"
+        return (
+            f"({json_parsed_column(i)} IS NULL OR "
+            f"{sql.path(json_parsed_column(i), JSON_CORRUPT)} IS NOT NULL)"
+        )
 
     branches = [
         f"WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'",
@@ -606,23 +634,28 @@ def _json_error_sql(
     if not_debezium_topics:
         not_debezium = sql.in_list("topic", [sql.string(t) for t in not_debezium_topics])
         branches.append(
-            f"WHEN {VERSION} IS NULL AND {not_debezium} AND try_parse_json({JSON_TEXT}) IS NOT NULL THEN 'not-a-debezium-event'"
+            f"WHEN {VERSION} IS NULL AND {not_debezium} AND try_parse_json({JSON_TEXT}) IS NOT "
+            "NULL THEN 'not-a-debezium-event'"
         )
     branches.append(f"WHEN {VERSION} IS NULL THEN 'invalid-json'")
     branches.append(
-        f"WHEN {any_version(lambda i, v: None if v.schema_text else unparsed(i))} THEN 'invalid-json'"
+        f"WHEN {any_version(lambda i, v: None if v.schema_text else unparsed(i))} THEN "
+        "'invalid-json'"
     )
     # A record whose schema was read is JSON, unless it breaks off after the schema.
     branches.append(
-        f"WHEN {any_version(lambda i, v: unparsed(i) if v.schema_text else None)} THEN "
-        f"CASE WHEN try_parse_json({JSON_TEXT}) IS NULL THEN 'invalid-json' ELSE 'payload-does-not-match-schema' END"
+        f"WHEN {any_version(lambda i, v: unparsed(i) if v.schema_text else None)} THEN CASE WHEN "
+        f"try_parse_json({JSON_TEXT}) IS NULL THEN 'invalid-json' ELSE "
+        "'payload-does-not-match-schema' END"
     )
     if debezium:
         branches.append(
-            f"WHEN {any_version(lambda i, v: v.envelope + '.op IS NULL')} THEN 'not-a-debezium-event'"
+            f"WHEN {any_version(lambda i, v: v.envelope + '.op IS NULL')} THEN "
+            "'not-a-debezium-event'"
         )
     branches.append(
-        f"WHEN {any_version(lambda i, v: sql.any_of(v.failures) if v.failures else None)} THEN 'unconvertible-value'"
+        f"WHEN {any_version(lambda i, v: sql.any_of(v.failures) if v.failures else None)} THEN "
+        "'unconvertible-value'"
     )
     return f"CASE {' '.join(branches)} END"
 

@@ -67,7 +67,8 @@ class BatchReport:
     lost_to_retention: int = 0
     """Records Kafka's retention deleted before this writer read them (they are in no table)."""
     paused: str | None = None
-    """Why the writer paused instead of writing (the schema registry cannot answer); None when it ran."""
+    """Why the writer paused instead of writing (the schema registry cannot answer); None when it
+    ran."""
 
     def add(self, source: KafkaSource, outcome: BatchOutcome) -> None:
         """Count what one source's batch wrote."""
@@ -108,7 +109,7 @@ class WriterJob:
             config, self.spark, self.catalog, self.writer_id, self.claims, self.tables, self.schemas
         )
 
-    # -- the loop -----------------------------------------------------------------------------------
+    # -- the loop ----------------------------------------------------------------------------------
 
     def run(
         self,
@@ -116,7 +117,8 @@ class WriterJob:
         until_idle: bool = False,
         on_batch: Callable[[BatchReport], None] | None = None,
     ) -> list[BatchReport]:
-        """Run batches every trigger interval until stopped (SIGTERM/SIGINT), `max_batches`, or idle."""
+        """Run batches every trigger interval until stopped (SIGTERM/SIGINT), `max_batches`, or
+        idle."""
         self._resend_journal()
         reports = []
         failures = 0
@@ -127,11 +129,13 @@ class WriterJob:
                 report = self.run_batch()
                 failures = pauses = 0
             except RegistryUnavailable as outage:
-                # Not poison and not a crash: wait for the registry as long as it takes, alerting each time.
+                # Not poison and not a crash: wait for the registry as long as it takes, alerting
+                # each time.
                 pauses += 1
                 wait_s = min(_MAX_PAUSE_S, 2.0**pauses)
                 log.error(
-                    "schema registry unavailable; writer paused: nothing is published or dead-lettered until it answers",
+                    "schema registry unavailable; writer paused: nothing is published or "
+                    "dead-lettered until it answers",
                     extra={
                         "writer": self.writer_id,
                         "reason": str(outage),
@@ -179,7 +183,8 @@ class WriterJob:
             )
 
     def install_signal_handlers(self) -> None:
-        """Finish the current batch on SIGTERM/SIGINT, then stop (files and monikers stay consistent)."""
+        """Finish the current batch on SIGTERM/SIGINT, then stop (files and monikers stay
+        consistent)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop.set())
 
@@ -216,7 +221,7 @@ class WriterJob:
             log.info("batch written", extra={"writer": self.writer_id, **report.__dict__})
         return report
 
-    # -- one source ------------------------------------------------------------------------------------
+    # -- one source --------------------------------------------------------------------------------
 
     def _run_source_batch(self, source: KafkaSource, seq: int, report: BatchReport) -> None:
         """Plan, read, decode, route, flatten and write one source's batch; publish its monikers."""
@@ -246,7 +251,8 @@ class WriterJob:
     def _plan(
         self, source: KafkaSource, routes: Routes, bounds: dict[TP, PartitionBounds]
     ) -> BatchPlan:
-        """The source's next offset ranges, from its tables' progress and this writer's checkpoint."""
+        """The source's next offset ranges, from its tables' progress and this writer's
+        checkpoint."""
         configured = {s.identifier for s in self.config.tables}
         table_ids = [t.identifier for t in routes.tables] + [
             t for t in self.tables if source.table_template and t not in configured

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class RegistryUnavailable(RuntimeError):
-    """The schema registry cannot say which schemas the batch's records name; nothing is published."""
+    """The schema registry cannot say which schemas the batch's records name; nothing is
+    published."""
 
 
 T = TypeVar("T")
@@ -47,7 +48,8 @@ class TopicSchemas:
     """Schemas by id, and the ids registered for a topic's value subject (TopicNameStrategy)."""
 
     def __init__(self, source: KafkaSource) -> None:
-        # Error messages (logs, status, alerts) name the registry without the password of its user-info.
+        # Error messages (logs, status, alerts) name the registry without the password of its
+        # user-info.
         self.url = mask_text(source.schema_registry_url)
         self.client = registry_client(source)
         self._by_id: dict[int, RegisteredSchema] = {}
@@ -77,14 +79,16 @@ class TopicSchemas:
         return subjects
 
     def _ask(self, what: str, request: Callable[[], T], missing_is_none: bool = True) -> T | None:
-        """`request`'s answer, None for a 404 (if `missing_is_none`); `RegistryUnavailable` for anything but an answer."""
+        """`request`'s answer, None for a 404 (if `missing_is_none`); `RegistryUnavailable` for
+        anything but an answer."""
         try:
             return request()
         except SchemaRegistryError as error:
             if error.http_status_code == 404 and missing_is_none:
                 return None
             raise RegistryUnavailable(
-                f"the schema registry at {self.url} answered {error.http_status_code} for {what}: {error.error_message}"
+                f"the schema registry at {self.url} answered {error.http_status_code} for {what}: "
+                f"{error.error_message}"
             ) from error
         except Exception as error:
             raise RegistryUnavailable(
@@ -120,7 +124,8 @@ def registry_outage(
     unknown_topics: set[str],
     with_known_ids: Callable[[set[str]], set[str]],
 ) -> str | None:
-    """Why the batch's unknown schema ids are the registry's fault, not poison; None when they are poison.
+    """Why the batch's unknown schema ids are the registry's fault, not poison; None when they are
+    poison.
 
     The registry is at fault when it does not list its subjects (down, or a wrong URL), when it
     lists none (an in-memory registry that restarted, or an empty one), or when a topic whose
@@ -137,9 +142,15 @@ def registry_outage(
     if isinstance(subjects, RegistryUnavailable):
         return str(subjects)
     if not subjects:
-        return "the schema registry holds no subjects: it lost its schemas (restarted without storage?) or is not the registry the producers use"
+        return (
+            "the schema registry holds no subjects: it lost its schemas (restarted without "
+            "storage?) or is not the registry the producers use"
+        )
     without_subject = {topic for topic in unknown_topics if f"{topic}-value" not in subjects}
     lost = sorted(without_subject - with_known_ids(without_subject)) if without_subject else []
     if lost:
-        return f"the schema registry has no value subject for {', '.join(lost)}, whose records name only unknown schema ids: it lost them or is not the registry the producers use"
+        return (
+            f"the schema registry has no value subject for {', '.join(lost)}, whose records name "
+            "only unknown schema ids: it lost them or is not the registry the producers use"
+        )
     return None

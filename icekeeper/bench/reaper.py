@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.catalog import open_catalog
 from common.config import IcekeeperConfig, load_config
@@ -29,12 +29,15 @@ from common.moniker import FileEntry
 from icekeeper.bench.bookkeeper import seed_schema, write_seed_file
 from icekeeper.bench.work import fresh_work_folder
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 Progress = Callable[[str], None]
 TABLE = "bench.small_files"
 
 
 def append_snapshot_per_file(
-    spark, catalog_name: str, identifier: str, entries: Sequence[FileEntry]
+    spark: SparkSession, catalog_name: str, identifier: str, entries: Sequence[FileEntry]
 ) -> None:
     """One snapshot per file, in one Iceberg (Java) transaction: a fast way to a long history."""
     jvm = spark_jvm(spark)  # Iceberg's Java API has no Python binding
@@ -62,7 +65,8 @@ def append_snapshot_per_file(
 
 
 def files_under(location: str) -> dict[str, int]:
-    """Every visible file under a local table location, with its size (hidden `.crc` files aside)."""
+    """Every visible file under a local table location, with its size (hidden `.crc` files
+    aside)."""
     root = Path(location.removeprefix("file://"))
     return {
         str(path): path.stat().st_size
@@ -128,7 +132,8 @@ def run_reaper_bench(
         snapshots_before = len(table.snapshots())
         before = files_under(table.location())
         progress(
-            f"built in {build_s:.1f}s: {len(before):,} files, {snapshots_before:,} snapshots; running one reaper pass"
+            f"built in {build_s:.1f}s: {len(before):,} files, {snapshots_before:,} snapshots; "
+            "running one reaper pass"
         )
         reaper = Reaper(config, spark=spark)
         started = time.monotonic()
