@@ -19,6 +19,7 @@ from common.config.model import IcekeeperConfig, KafkaSource
 from common.in_flight import InFlightClaims
 from common.moniker import Moniker
 from writers import sql
+from writers.arrow_engine.engine import ArrowBatch, ArrowEngine
 from writers.columns import ERROR, ROUTE, VERSION
 from writers.dead_letters import send_dead_letters
 from writers.decode import (
@@ -88,6 +89,11 @@ class BatchWriter:
         self.spark = spark
         self.schemas = schemas
         self.table_writer = TableWriter(config, catalog, writer_id, claims, tables)
+        self.arrow_engine = (
+            ArrowEngine(config, spark, catalog, writer_id, claims, tables)
+            if config.writer.engine == "arrow"
+            else None
+        )
         self._route_schema_ids: dict[str, set[tuple[str, int]] | None] = {}
         """Per source, the (table, schema id) pairs of its last batch: the guess for the next one."""
         self._key_schemas: dict[str, list[RegisteredSchema]] = {}
@@ -167,6 +173,10 @@ class BatchWriter:
         schemas: list[RegisteredSchema],
         routes: Routes,
     ) -> BatchOutcome:
+        if self.arrow_engine is not None:
+            written = self.arrow_engine.write(source, plan, seq, schemas, routes)
+            if written is not None:
+                return _arrow_outcome(source, plan, written)
         raw = read_raw(self.spark, source, plan)
         decoded = self._decode(source, raw, schemas, routes)
         routed = routed_rows(decoded, routes, self.config.tables)
@@ -327,6 +337,29 @@ class BatchWriter:
         return failed.selectExpr(
             "key", "value", "headers", "topic", "partition", "offset", f"{ERROR} AS reason"
         )
+
+
+def _arrow_outcome(source: KafkaSource, plan: BatchPlan, written: ArrowBatch) -> BatchOutcome:
+    """The outcome of a batch the arrow engine wrote (`writers/arrow_engine/`)."""
+    failed = sum(written.errors.values())
+    outcome = BatchOutcome(
+        monikers=written.monikers,
+        rows=written.rows,
+        output_dirs=written.output_dirs,
+        failed=failed,
+        tombstones=written.errors.get("tombstone", 0),
+        batch_metrics={
+            "records": written.records,
+            "failed": failed,
+            "tombstone": written.errors.get("tombstone", 0),
+        },
+    )
+    if not source.offset_gaps and written.records != plan.records:
+        discard_output(outcome.output_dirs)
+        raise BatchIncomplete(
+            f"read {written.records} records where offsets span {plan.records}; the batch is retried"
+        )
+    return outcome
 
 
 def route_versions(routed: DataFrame) -> list[tuple[str, int]]:

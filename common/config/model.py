@@ -469,6 +469,14 @@ class WriterConfig(_Model):
         description="`none`: each Kafka task writes its own files (no shuffle); `rebalance`: shuffle by partition with Spark's adaptive "
         "rebalancing, which splits skewed partitions across tasks (fewer, larger files per partition).",
     )
+    engine: Literal["spark-sql", "arrow"] = Field(
+        "spark-sql",
+        description="`spark-sql`: Spark reads, decodes (`from_avro`) and writes the rows (executors "
+        "need no Python packages). `arrow`: Spark schedules tasks whose Python body reads its "
+        "offsets with confluent-kafka, decodes Avro in bulk (polars), flattens with Arrow and writes "
+        "Parquet with pyarrow; no row crosses the JVM. It takes Confluent-framed Avro into changelog "
+        "tables; other batches run on `spark-sql` (logged once per reason).",
+    )
 
     @model_validator(mode="after")
     def _index_in_range(self) -> WriterConfig:

@@ -280,7 +280,9 @@ def measure_stages(
     }
 
 
-def _ours_config(config: IcekeeperConfig, topic: str, work_dir: Path) -> IcekeeperConfig:
+def _ours_config(
+    config: IcekeeperConfig, topic: str, work_dir: Path, engine: str = "spark-sql"
+) -> IcekeeperConfig:
     """One source and one changelog table on `topic`, state (checkpoints, txlog, warehouse, lease)
     under `work_dir`."""
     return config.model_copy(
@@ -296,7 +298,11 @@ def _ours_config(config: IcekeeperConfig, topic: str, work_dir: Path) -> Icekeep
                 )
             ],
             "writer": config.writer.model_copy(
-                update={"trigger_interval": 0.0, "checkpoint_uri": str(work_dir / "checkpoints")}
+                update={
+                    "trigger_interval": 0.0,
+                    "checkpoint_uri": str(work_dir / "checkpoints"),
+                    "engine": engine,
+                }
             ),
             "transport": config.transport.model_copy(update={"uri": str(work_dir / "txlog")})
             if config.transport.kind == "txlog"
@@ -322,7 +328,11 @@ def _ours_config(config: IcekeeperConfig, topic: str, work_dir: Path) -> Icekeep
 
 
 def _run_ours(
-    spark: SparkSession, config: IcekeeperConfig, topic: str, work_dir: Path
+    spark: SparkSession,
+    config: IcekeeperConfig,
+    topic: str,
+    work_dir: Path,
+    engine: str = "spark-sql",
 ) -> tuple[float, float, int, int]:
     """Our writer over the whole topic in batches of `BATCH_RECORDS`, then the bookkeeper until
     every record is committed; (writer seconds, seconds until visible, rows, batches)."""
@@ -330,7 +340,7 @@ def _run_ours(
     from common.catalog import load_table_or_none, open_catalog
     from writers.job import WriterJob
 
-    bench_config = _ours_config(config, topic, work_dir)
+    bench_config = _ours_config(config, topic, work_dir, engine)
     job = WriterJob(bench_config, spark=spark, writer_id="bench-writer")
     started = time.monotonic()
     reports = job.run(until_idle=True)
@@ -382,10 +392,13 @@ def run_writer_bench(
 
     # Both sides run once on the warm-up topic first, so neither pays for JIT compilation.
     _run_ours(spark, config, warm_topic, work_dir / "warm-ours")
+    _run_ours(spark, config, warm_topic, work_dir / "warm-arrow", engine="arrow")
     run_baseline(spark, config, warm_topic, schema_text, warm["value_schema_id"], work_dir / "warm")
     ours_writer: list[float] = []
     ours_visible: list[float] = []
     baseline_runs: list[float] = []
+    arrow_writer: list[float] = []
+    arrow_visible: list[float] = []
     batches = 0
 
     def ours(run: int) -> None:
@@ -410,14 +423,27 @@ def run_writer_bench(
             )
         )
 
+    def arrow(run: int) -> None:
+        # Our writer with `writer.engine: arrow` (writers/arrow_engine/), same batches and tables.
+        writer_s, visible_s, rows, _ = _run_ours(
+            spark, config, topic, work_dir / f"arrow-{run}", engine="arrow"
+        )
+        if rows != records:
+            raise RuntimeError(f"the arrow engine wrote {rows:,} rows of {records:,} records")
+        arrow_writer.append(writer_s)
+        arrow_visible.append(visible_s)
+
+    sides = (ours, baseline, arrow)
     for run in range(1, repeat + 1):
-        order = (ours, baseline) if run % 2 else (baseline, ours)
+        # Each side goes first in turn.
+        order = sides[(run - 1) % 3 :] + sides[: (run - 1) % 3]
         for side in order:
             side(run)
         progress(
             f"run {run}/{repeat} ({order[0].__name__} first): ours {ours_writer[-1]:.1f}s "
             f"writing, {ours_visible[-1]:.1f}s until visible ({batches} batches); "
-            f"baseline (Spark Iceberg sink) {baseline_runs[-1]:.1f}s"
+            f"baseline (Spark Iceberg sink) {baseline_runs[-1]:.1f}s; arrow engine "
+            f"{arrow_writer[-1]:.1f}s writing, {arrow_visible[-1]:.1f}s until visible"
         )
     stages = measure_stages(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir)
     progress(f"stages, seconds for the whole topic: {stages}")
@@ -445,4 +471,21 @@ def run_writer_bench(
         "ours_writer_runs_s": [round(s, 2) for s in ours_writer],
         "ours_visible_runs_s": [round(s, 2) for s in ours_visible],
         "baseline_runs_s": [round(s, 2) for s in baseline_runs],
+        **_arrow_figures(records, cores, baseline_s, arrow_writer, arrow_visible),
+    }
+
+
+def _arrow_figures(
+    records: int, cores: int, baseline_s: float, writer: list[float], visible: list[float]
+) -> dict[str, Any]:
+    """The arrow engine's side of the report (medians, as ours)."""
+    writer_s, visible_s = statistics.median(writer), statistics.median(visible)
+    return {
+        "arrow_s": round(visible_s, 2),
+        "arrow_records_per_s_per_core": round(records / visible_s / cores),
+        "arrow_writer_s": round(writer_s, 2),
+        "arrow_writer_records_per_s_per_core": round(records / writer_s / cores),
+        "arrow_ratio_vs_baseline": round(baseline_s / visible_s, 2),
+        "arrow_writer_runs_s": [round(s, 2) for s in writer],
+        "arrow_visible_runs_s": [round(s, 2) for s in visible],
     }

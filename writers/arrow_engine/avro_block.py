@@ -1,0 +1,123 @@
+"""Decode Confluent-framed Avro datums in bulk: one Avro container block per schema, read by polars.
+
+The datums of one schema id are concatenated (each without its 5-byte frame) as the single block
+of an in-memory Avro object container file whose header carries the writer schema, and polars'
+vectorized reader turns the block into Arrow columns: ~500k seed-like records/s per core,
+against ~45k for fastavro record by record (measured; bench/results.md).
+
+polars' reader needs named types inlined, and refuses a union field with a non-null default
+(`["string", "null"]` with `"default": "false"`, as Debezium's `source.snapshot`): the header's
+schema has no defaults, which decoding never reads. A datum that does not decode fails the
+whole block; then each datum is read alone with fastavro, the undecodable ones are set aside
+(`undecodable-avro`, as on `spark-sql`), each of the others is cut to the bytes its schema reads
+(Spark's `from_avro` ignores trailing bytes too), and the block is built again from those.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+
+from common.schema import MAX_DECIMAL_PRECISION
+
+# Tasks run two per core: polars' own thread pool would only oversubscribe the cores.
+os.environ.setdefault("POLARS_MAX_THREADS", "1")
+import polars as pl
+
+_SYNC = b"icekeeper-arrow!"
+
+
+def _varint(value: int) -> bytes:
+    """Avro's zigzag varint of a long."""
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while zigzag & ~0x7F:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
+
+
+def _text(value: bytes) -> bytes:
+    return _varint(len(value)) + value
+
+
+def polars_schema(resolved: Any) -> Any:
+    """The writer schema as polars reads it: named types inlined (given), field defaults dropped,
+    decimals wider than 38 digits read as their bytes (as `writers.decode.spark_decodable`)."""
+    if isinstance(resolved, list):
+        return [polars_schema(item) for item in resolved]
+    if not isinstance(resolved, dict):
+        return resolved
+    wide = (
+        resolved.get("logicalType") == "decimal"
+        and int(resolved.get("precision", 0)) > MAX_DECIMAL_PRECISION
+    )
+    return {
+        key: polars_schema(value)
+        for key, value in resolved.items()
+        if key != "default" and not (wide and key == "logicalType")
+    }
+
+
+@dataclass(frozen=True)
+class SchemaDecoder:
+    """Decodes the datums of one registered schema."""
+
+    schema_text: str
+    """The schema as registered (fastavro reads it, named references included)."""
+    header: bytes
+    """The container header with the polars-readable schema."""
+
+    @classmethod
+    def of(cls, schema_text: str, resolved: dict[str, Any]) -> SchemaDecoder:
+        schema = json.dumps(polars_schema(resolved)).encode()
+        header = (
+            b"Obj\x01"
+            + _varint(2)
+            + _text(b"avro.schema")
+            + _text(schema)
+            + _text(b"avro.codec")
+            + _text(b"null")
+            + b"\x00"
+            + _SYNC
+        )
+        return cls(schema_text, header)
+
+    def decode(self, datums: list[bytes]) -> tuple[pa.Table, list[int]]:
+        """The decoded records of `datums` (framed values of this schema) and the positions in
+        `datums` of those that did not decode (left out of the table)."""
+        if not datums:
+            return pa.table({}), []
+        try:
+            return self._bulk([memoryview(datum)[5:] for datum in datums]), []
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # noqa: BLE001 - polars also panics (a BaseException) on bad bytes
+            return self._one_by_one(datums)
+
+    def _bulk(self, bodies: list[memoryview | bytes]) -> pa.Table:
+        size = sum(len(body) for body in bodies)
+        container = b"".join([self.header, _varint(len(bodies)), _varint(size), *bodies, _SYNC])
+        return pl.read_avro(io.BytesIO(container)).to_arrow()
+
+    def _one_by_one(self, datums: list[bytes]) -> tuple[pa.Table, list[int]]:
+        parsed = fastavro.parse_schema(json.loads(self.schema_text))
+        bodies: list[bytes] = []
+        failed: list[int] = []
+        for position, datum in enumerate(datums):
+            stream = io.BytesIO(datum)
+            stream.seek(5)
+            try:
+                fastavro.schemaless_reader(stream, parsed, None)
+            except Exception:  # noqa: BLE001 - any failure means the bytes are no such datum
+                failed.append(position)
+                continue
+            bodies.append(datum[5 : stream.tell()])
+        return (self._bulk(bodies) if bodies else pa.table({})), failed

@@ -1,0 +1,312 @@
+"""The arrow engine's driver: plan a source's batch as tasks, run them on Spark, build monikers.
+
+Spark stays the scheduler (tasks, retries, executors); each task runs `task.run_task` in a
+Python worker and returns file facts. As on `spark-sql`, a table's columns come from the schema
+versions of its own records in the batch: the (table, schema id) pairs of the source's last
+batch are the guess, checked against the pairs the tasks count while writing; without a guess,
+or when it missed, a first pass counts them (from the frames alone when routing is by topic).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.schema import Schema
+from pyspark.sql import SparkSession
+
+from common.catalog import default_table_location, load_table_or_none, table_properties
+from common.config.model import IcekeeperConfig, KafkaSource
+from common.in_flight import InFlightClaims
+from common.moniker import Moniker, moniker_id
+from common.schema import Column, assign_ids, envelope_shape
+from writers.arrow_engine.flatten import VersionPlan, arrow_schema
+from writers.arrow_engine.parquet import untaken_properties, writer_options
+from writers.arrow_engine.support import log_fallback_once, unsupported_reason
+from writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan, run_task
+from writers.arrow_engine.tasks import TaskRange, task_ranges
+from writers.columns import version_column
+from writers.decode import VersionShape, _shape_from_avro
+from writers.files import batch_folder, discard_output
+from writers.flatten import resolve_keys, table_columns
+from writers.offsets import BatchPlan
+from writers.progress import TableProgress
+from writers.registry import RegisteredSchema
+from writers.routing import Routes, _claims
+from writers.table_versions import predicted_route_versions, schema_ids_of, versions_by_table
+from writers.table_writer import offset_ranges
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ArrowBatch:
+    """What the arrow engine wrote of one source's batch (`writers.batch` makes the outcome)."""
+
+    records: int
+    errors: Counter
+    monikers: list[Moniker] = field(default_factory=list)
+    rows: int = 0
+    output_dirs: list[str] = field(default_factory=list)
+
+
+class ArrowEngine:
+    """Writes sources' batches with Arrow-native Spark tasks for one writer."""
+
+    def __init__(
+        self,
+        config: IcekeeperConfig,
+        spark: SparkSession,
+        catalog: Catalog,
+        writer_id: str,
+        claims: InFlightClaims,
+        tables: dict[str, TableProgress],
+    ) -> None:
+        self.config = config
+        self.spark = spark
+        self.catalog = catalog
+        self.writer_id = writer_id
+        self.claims = claims
+        self.tables = tables
+        self._route_schema_ids: dict[str, set[tuple[str, int]] | None] = {}
+        context = spark.sparkContext
+        if context.master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
+            # PySpark starts Python workers with `python3` from PATH unless told otherwise, and
+            # that one lacks our packages: a local session's workers run this interpreter.
+            context.pythonExec = sys.executable
+
+    def write(
+        self,
+        source: KafkaSource,
+        plan: BatchPlan,
+        seq: int,
+        schemas: list[RegisteredSchema],
+        routes: Routes,
+    ) -> ArrowBatch | None:
+        """Write the batch's tables; None when the batch must run on `spark-sql` (logged once)."""
+        reason = unsupported_reason(source, routes.tables, schemas) or self._properties_reason(
+            routes
+        )
+        if reason is not None:
+            log_fallback_once(source, reason)
+            return None
+        shapes = [
+            _shape_from_avro(version_column(index), envelope_shape(s.resolved), s.schema_id)
+            for index, s in enumerate(schemas)
+        ]
+        versions = [
+            _version_plan(index, s, shape)
+            for index, (s, shape) in enumerate(zip(schemas, shapes, strict=True))
+        ]
+        tasks = task_ranges(plan, self.spark.sparkContext.defaultParallelism)
+        predicted = predicted_route_versions(self._route_schema_ids.get(source.name), shapes)
+        if predicted is None:
+            learned = self._run(source, versions, routes, [], tasks)
+            pairs = sorted(learned.pairs)
+        else:
+            pairs = predicted
+        written = self._write(source, plan, seq, versions, shapes, routes, tasks, pairs)
+        if written is None:
+            return None
+        batch, facts = written
+        if predicted is not None and sorted(facts.pairs) != predicted:
+            # The guess missed (a new table or schema version): write again with what was counted.
+            discard_output(batch.output_dirs)
+            pairs = sorted(facts.pairs)
+            written = self._write(source, plan, seq, versions, shapes, routes, tasks, pairs)
+            if written is None:
+                return None
+            batch, facts = written
+        self._route_schema_ids[source.name] = schema_ids_of(pairs, shapes)
+        return batch
+
+    def _properties_reason(self, routes: Routes) -> str | None:
+        for spec in routes.tables:
+            table = load_table_or_none(self.catalog, spec.identifier)
+            untaken = untaken_properties(table_properties(table, spec))
+            if untaken:
+                return f"table {spec.identifier} sets {', '.join(untaken)}"
+        return None
+
+    def _write(
+        self,
+        source: KafkaSource,
+        plan: BatchPlan,
+        seq: int,
+        versions: list[VersionPlan],
+        shapes: list[VersionShape],
+        routes: Routes,
+        tasks: list[TaskRange],
+        pairs: list[tuple[str, int]],
+    ) -> tuple[ArrowBatch, TaskFacts] | None:
+        """Write every table the pairs name; None (nothing kept) when the batch needs
+        `spark-sql`."""
+        table_plans: list[TablePlan] = []
+        schemas = {}
+        locations = {}
+        for route, chosen in versions_by_table(pairs, shapes).items():
+            for identifier in routes.fed_by(route):
+                table_plan, schema, location = self._table_plan(
+                    identifier, route, chosen, plan, seq
+                )
+                table_plans.append(table_plan)
+                schemas[identifier] = schema
+                locations[identifier] = location
+        output_dirs = [table_plan.output_uri for table_plan in table_plans]
+        facts = self._run(source, versions, routes, table_plans, tasks)
+        if facts.errors.get("delete-without-key"):
+            # Their rows come from the Kafka record key, which only `spark-sql` reads so far.
+            discard_output(output_dirs)
+            log_fallback_once(source, "deletes without a before image on tables with a primary key")
+            return None
+        batch = ArrowBatch(facts.records, facts.errors, output_dirs=output_dirs)
+        for table_plan in table_plans:
+            identifier = table_plan.identifier
+            table_facts = facts.tables.get(identifier)
+            if table_facts is None or not table_facts.files:
+                discard_output([table_plan.output_uri])
+                continue
+            progress = self.tables.setdefault(identifier, TableProgress())
+            table = load_table_or_none(self.catalog, identifier)
+            spec_id = table.spec().spec_id if table is not None else 0
+            files = sorted(
+                (written.entry(spec_id) for written in table_facts.files), key=lambda f: f.path
+            )
+            written_bytes = sum(f.size_bytes for f in files)
+            progress.bytes_per_row = max(1.0, written_bytes / max(table_facts.rows, 1))
+            ranges = offset_ranges(plan, identifier)
+            batch.monikers.append(
+                Moniker(
+                    id=moniker_id(self.writer_id, identifier, ranges),
+                    writer_id=self.writer_id,
+                    seq=seq,
+                    prev_seq=progress.last_seq,
+                    table=identifier,
+                    schema=json.loads(schemas[identifier].model_dump_json()),
+                    files=files,
+                    delete_files=[],
+                    offsets=ranges,
+                    records=table_facts.rows,
+                    min_event_time_ms=table_facts.min_ms,
+                    max_event_time_ms=table_facts.max_ms,
+                    table_location=locations[identifier],
+                )
+            )
+            batch.rows += table_facts.rows
+        return batch, facts
+
+    def _table_plan(
+        self,
+        identifier: str,
+        route: str,
+        chosen: list[VersionShape],
+        plan: BatchPlan,
+        seq: int,
+    ) -> tuple[TablePlan, Schema, str]:
+        """How the tasks write `identifier`: its schema (ids agreeing with the table), its
+        batch folder (claimed while it is filled) and file settings."""
+        spec = self.config.table(identifier)
+        table = load_table_or_none(self.catalog, identifier)
+        columns = table_columns(chosen, self.config.metadata_columns)
+        key_names = resolve_keys([c.name for c in columns], spec.primary_key)
+        columns = [Column(c.name, c.type, c.name in key_names) for c in columns]
+        schema = assign_ids(columns, table.schema() if table is not None else None, key_names)
+        location = (
+            table.location()
+            if table is not None
+            else default_table_location(self.config, identifier)
+        )
+        output = batch_folder(location, self.writer_id, seq)
+        self.claims.claim(location, output)
+        progress = self.tables.setdefault(identifier, TableProgress())
+        max_records = max(
+            1000, int(self.config.writer.target_file_size_bytes / max(progress.bytes_per_row, 1.0))
+        )
+        starts = {
+            key: start
+            for key, (read_start, _) in plan.read_ranges.items()
+            if (start := plan.table_starts.get(identifier, {}).get(key, read_start)) > read_start
+        }
+        table_plan = TablePlan(
+            identifier,
+            route,
+            output,
+            arrow_schema(schema),
+            starts,
+            max_records,
+            writer_options(table_properties(table, spec)),
+        )
+        return table_plan, schema, location
+
+    def _run(
+        self,
+        source: KafkaSource,
+        versions: list[VersionPlan],
+        routes: Routes,
+        table_plans: list[TablePlan],
+        tasks: list[TaskRange],
+    ) -> TaskFacts:
+        """Run the tasks on Spark and add up what they return."""
+        task_plan = TaskPlan(
+            source,
+            versions,
+            _route_claims(routes),
+            _keyed_routes(routes),
+            table_plans,
+            self.config.metadata_columns,
+        )
+        results = (
+            self.spark.sparkContext.parallelize([(task_plan, t) for t in tasks], max(1, len(tasks)))
+            .map(lambda pair: run_task(*pair))
+            .collect()
+        )
+        total = TaskFacts()
+        for facts in results:
+            total.records += facts.records
+            total.errors.update(facts.errors)
+            total.pairs.update(facts.pairs)
+            for identifier, table_facts in facts.tables.items():
+                into = total.tables.setdefault(identifier, type(table_facts)())
+                into.rows += table_facts.rows
+                into.files.extend(table_facts.files)
+                for bound, pick in (("min_ms", min), ("max_ms", max)):
+                    ours, theirs = getattr(into, bound), getattr(table_facts, bound)
+                    if theirs is not None:
+                        setattr(into, bound, theirs if ours is None else pick(ours, theirs))
+        return total
+
+
+def _version_plan(index: int, schema: RegisteredSchema, shape: VersionShape) -> VersionPlan:
+    return VersionPlan(
+        index,
+        schema.schema_id,
+        schema.text,
+        schema.resolved,
+        shape.is_debezium,
+        {column.name: column.semantic for column in shape.row},
+        tuple(shape.source),
+        tuple(shape.transaction),
+    )
+
+
+def _route_claims(routes: Routes) -> list[RouteClaim]:
+    """The routes' claims in `Routes.sql`'s order (a follower of a fan-out claims nothing)."""
+    return [
+        RouteClaim(spec.identifier, tuple(spec.topics), spec.source_db, spec.source_table)
+        for spec in routes.tables
+        if _claims(spec) is not None and routes.route_of(spec.identifier) == spec.identifier
+    ]
+
+
+def _keyed_routes(routes: Routes) -> dict[str, tuple[str, ...]]:
+    keyed: dict[str, tuple[str, ...]] = {}
+    for spec in routes.tables:
+        if spec.primary_key:
+            route = routes.route_of(spec.identifier)
+            keyed[route] = tuple(dict.fromkeys([*keyed.get(route, ()), *spec.primary_key]))
+    return keyed

@@ -1,0 +1,104 @@
+"""What the arrow engine takes: the reason a source's batch must run on `spark-sql` instead.
+
+The arrow engine writes the same tables as `spark-sql` or none at all, so anything it has not
+been built and tested for yet (JSON sources, upsert tables, partitioned tables, table templates,
+Kafka client properties, semantic types without an Arrow conversion) is named here and the batch
+runs on the `spark-sql` engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from common.config.model import KafkaSource, TableSpec
+from common.schema import COLLECTION, WIDE_DECIMAL, envelope_shape, row_columns
+from writers.arrow_engine.conversions import CONVERTED
+from writers.registry import RegisteredSchema
+
+log = logging.getLogger(__name__)
+_logged: set[str] = set()
+
+
+def unsupported_reason(
+    source: KafkaSource, tables: list[TableSpec], schemas: list[RegisteredSchema]
+) -> str | None:
+    """Why the arrow engine cannot write this source's batch, or None when it can.
+
+    Args:
+        tables: the source's tables (routed explicitly).
+        schemas: the registered value schemas the batch may hold.
+    """
+    if source.format != "avro-confluent":
+        return f"source format {source.format} (only avro-confluent so far)"
+    if source.table_template:
+        return "table_template routing"
+    if source.consumer_properties:
+        return "consumer_properties (Kafka client settings are passed to Spark's Java client only)"
+    for table in tables:
+        if table.upsert:
+            return f"upsert table {table.identifier}"
+        if table.partition_by:
+            return f"partitioned table {table.identifier}"
+    for schema in schemas:
+        reason = _schema_reason(schema.resolved)
+        if reason:
+            return f"schema id {schema.schema_id}: {reason}"
+    return None
+
+
+def _schema_reason(resolved: dict[str, Any]) -> str | None:
+    try:
+        shape = envelope_shape(resolved)
+        columns = row_columns(shape)
+    except ValueError as error:
+        return str(error)
+    for column in columns:
+        semantic = column.semantic
+        if semantic == COLLECTION:
+            return f"column {column.name}: {semantic} values"
+        if semantic and semantic.startswith(WIDE_DECIMAL):
+            continue
+        if semantic and semantic not in CONVERTED and semantic not in _TAKEN_AS_THEY_COME:
+            return f"column {column.name}: semantic type {semantic}"
+    if _has_map(resolved):
+        return "an Avro map (polars cannot decode maps)"
+    return None
+
+
+_TAKEN_AS_THEY_COME = {
+    "io.debezium.time.Year",
+    "io.debezium.time.MicroDuration",
+    "io.debezium.time.NanoDuration",
+    "io.debezium.time.Interval",
+    "io.debezium.time.ZonedTime",
+    "io.debezium.data.Json",
+    "io.debezium.data.Enum",
+    "io.debezium.data.EnumSet",
+    "io.debezium.data.Uuid",
+    "io.debezium.data.Xml",
+    "io.debezium.data.Ltree",
+    "io.debezium.data.Bits",
+}
+"""Semantic types whose carrier is already the column's value (as in `writers/conversions.py`)."""
+
+
+def _has_map(node: Any) -> bool:
+    if isinstance(node, list):
+        return any(_has_map(item) for item in node)
+    if isinstance(node, dict):
+        if node.get("type") == "map":
+            return True
+        return any(_has_map(value) for value in node.values())
+    return False
+
+
+def log_fallback_once(source: KafkaSource, reason: str) -> None:
+    """Say once per source and reason that a batch runs on `spark-sql` instead of `arrow`."""
+    key = f"{source.name}: {reason}"
+    if key not in _logged:
+        _logged.add(key)
+        log.warning(
+            "writer.engine arrow does not take this batch; it runs on spark-sql",
+            extra={"source": source.name, "reason": reason},
+        )

@@ -1,0 +1,278 @@
+"""One arrow-engine task: read a range, decode, route, flatten, write; return file facts only.
+
+This runs in a Spark executor's Python worker. The records are classified as the `spark-sql`
+engine classifies them (`writers/decode.py`, `writers/routing.py`), in the same order of
+reasons: `tombstone`, `bad-magic-byte`, `unknown-schema-id`, `undecodable-avro`, `unroutable`,
+`missing-key` / `delete-without-key`, `unconvertible-value`. Only counts leave the task, never a
+record: the dead letters themselves are sent by the `spark-sql` engine's dead-letter pass, which
+the batch runs only when something failed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common.config.model import KafkaSource, MetadataColumns
+from writers.arrow_engine.avro_block import SchemaDecoder
+from writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, table_rows
+from writers.arrow_engine.kafka_read import read_range
+from writers.arrow_engine.parquet import WrittenFile, write_files
+from writers.arrow_engine.tasks import TaskRange
+from writers.decode import frame_prefix
+
+
+@dataclass(frozen=True)
+class RouteClaim:
+    """Records a route claims (`writers.routing.Routes`): all conditions given must hold."""
+
+    route: str
+    topics: tuple[str, ...]
+    source_db: str | None
+    source_table: str | None
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """One table the tasks write: its route's records, flattened into `schema`."""
+
+    identifier: str
+    route: str
+    output_uri: str
+    schema: pa.Schema
+    starts: dict[tuple[str, int], int]
+    """Offsets before which this table already has the records (`BatchPlan.table_starts`)."""
+    max_records_per_file: int
+    parquet_options: dict[str, object]
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What every task of a batch gets."""
+
+    source: KafkaSource
+    versions: list[VersionPlan]
+    claims: list[RouteClaim]
+    keyed_routes: dict[str, tuple[str, ...]]
+    """Route -> primary-key columns of a table it feeds (`missing-key` is checked for them)."""
+    tables: list[TablePlan]
+    metadata: MetadataColumns
+
+
+@dataclass
+class TableFacts:
+    rows: int = 0
+    min_ms: int | None = None
+    max_ms: int | None = None
+    files: list[WrittenFile] = field(default_factory=list)
+
+
+@dataclass
+class TaskFacts:
+    """What a task returns to the driver."""
+
+    records: int = 0
+    errors: Counter = field(default_factory=Counter)
+    pairs: Counter = field(default_factory=Counter)
+    """(route, version index) -> records, as `writers.batch.route_versions` counts them."""
+    tables: dict[str, TableFacts] = field(default_factory=dict)
+
+
+def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
+    """The task's body (see the module docstring)."""
+    raw = read_range(plan.source, task)
+    facts = TaskFacts(records=len(raw.values))
+    by_prefix = {frame_prefix(v.schema_id): v for v in plan.versions}
+    positions: dict[int, list[int]] = {v.index: [] for v in plan.versions}
+    for position, value in enumerate(raw.values):
+        if value is None:
+            facts.errors["tombstone"] += 1
+        elif len(value) < 5 or value[0] != 0:
+            facts.errors["bad-magic-byte"] += 1
+        else:
+            version = by_prefix.get(value[:5])
+            if version is None:
+                facts.errors["unknown-schema-id"] += 1
+            else:
+                positions[version.index].append(position)
+    if not plan.tables and all(c.source_db is None and c.source_table is None for c in plan.claims):
+        # Learning which versions feed which table, routed by topic: the frames say it all.
+        route = _topic_route(plan.claims, task.topic)
+        for index, chosen in positions.items():
+            if route is not None and chosen:
+                facts.pairs[(route, index)] += len(chosen)
+        return facts
+    needs_keys = any(
+        plan.metadata.kafka.prefix + "key" == name for t in plan.tables for name in t.schema.names
+    )
+    pieces: dict[str, list[_Piece]] = {t.identifier: [] for t in plan.tables}
+    for version in plan.versions:
+        chosen = positions[version.index]
+        if not chosen:
+            continue
+        decoder = SchemaDecoder.of(version.schema_text, version.resolved)
+        decoded, failed = decoder.decode([raw.values[p] for p in chosen])
+        if failed:
+            facts.errors["undecodable-avro"] += len(failed)
+            route = _topic_route(plan.claims, task.topic)
+            if route is not None:
+                facts.pairs[(route, version.index)] += len(failed)
+            lost = set(failed)
+            chosen = [p for i, p in enumerate(chosen) if i not in lost]
+        if not chosen:
+            continue
+        taken = pa.array(chosen, pa.int64())
+        rows = VersionRows(
+            version,
+            decoded,
+            task.topic,
+            task.partition,
+            raw.offsets.take(taken),
+            raw.timestamps_ms.take(taken),
+            pa.array([raw.keys[p] for p in chosen], pa.binary()) if needs_keys else pa.nulls(0),
+        )
+        _classify_and_route(plan, rows, facts, pieces)
+    for table in plan.tables:
+        _write_table(table, task, pieces[table.identifier], facts)
+    return facts
+
+
+def _topic_route(claims: list[RouteClaim], topic: str) -> str | None:
+    """The route of a record that did not decode: claims on its topic alone can hold."""
+    for claim in claims:
+        if claim.source_db is None and claim.source_table is None and topic in claim.topics:
+            return claim.route
+    return None
+
+
+def _routes(plan: TaskPlan, rows: VersionRows) -> pa.Array:
+    count = len(rows.offsets)
+    route = pa.nulls(count, pa.string())
+    for claim in plan.claims:
+        if claim.topics and rows.topic not in claim.topics:
+            continue
+        holds = pa.array([True] * count)
+        for name, wanted in (("db", claim.source_db), ("table", claim.source_table)):
+            if wanted is not None:
+                actual = rows.source_field(name)
+                equal = (
+                    pc.equal(pc.cast(actual, pa.string()), wanted)
+                    if actual is not None
+                    else pa.nulls(count, pa.bool_())
+                )
+                holds = pc.and_kleene(holds, pc.fill_null(equal, False))
+        route = pc.if_else(pc.and_(holds, pc.is_null(route)), claim.route, route)
+    return route
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One version's rows of a table in a task, with their event times and Kafka offsets."""
+
+    rows: pa.Table
+    event_ms: pa.Array
+    offsets: pa.Array
+
+
+def _classify_and_route(
+    plan: TaskPlan, rows: VersionRows, facts: TaskFacts, pieces: dict[str, list[_Piece]]
+) -> None:
+    """Count the version's failed records by reason and its routed pairs; add each table's rows."""
+    version = rows.version
+    count = len(rows.offsets)
+    route = _routes(plan, rows)
+    for name, routed in Counter(route.to_pylist()).items():
+        if name is not None:
+            facts.pairs[(name, version.index)] += routed
+    row_columns, unconvertible = rows.converted_row()
+    error = pc.if_else(pc.is_null(route), "unroutable", pa.nulls(count, pa.string()))
+    for keyed_route, key_columns in plan.keyed_routes.items():
+        missing = _any_key_null(rows, key_columns)
+        if missing is None:
+            continue
+        if version.is_debezium:
+            without_before = pc.and_(
+                pc.equal(rows.envelope("op"), "d"), pc.is_null(rows.envelope("before"))
+            )
+            reason = pc.if_else(without_before, "delete-without-key", "missing-key")
+        else:
+            reason = pa.array(["missing-key"] * count)
+        here = pc.and_(pc.fill_null(pc.equal(route, keyed_route), False), missing)
+        error = pc.if_else(pc.and_(here, pc.is_null(error)), reason, error)
+    if unconvertible is not None:
+        hit = pc.and_(pc.fill_null(unconvertible, False), pc.is_null(error))
+        error = pc.if_else(hit, "unconvertible-value", error)
+    for reason, failed in Counter(error.to_pylist()).items():
+        if reason is not None:
+            facts.errors[reason] += failed
+    ok = pc.is_null(error)
+    source_ms = rows.source_field("ts_ms")
+    kafka_ms = rows.timestamps_ms
+    events = (
+        kafka_ms if source_ms is None else pc.coalesce(pc.cast(source_ms, pa.int64()), kafka_ms)
+    )
+    for table in plan.tables:
+        start = table.starts.get((rows.topic, rows.partition))
+        keep = pc.and_(ok, pc.fill_null(pc.equal(route, table.route), False))
+        if start is not None:
+            keep = pc.and_(keep, pc.greater_equal(rows.offsets, start))
+        if not pc.any(keep).as_py():
+            continue
+        if pc.all(keep).as_py():
+            selected, selected_columns, selected_ms = rows, row_columns, events
+        else:
+            selected = _filtered(rows, keep)
+            selected_columns = {name: value.filter(keep) for name, value in row_columns.items()}
+            selected_ms = events.filter(keep)
+        flat = table_rows(selected, selected_columns, table.schema, plan.metadata)
+        pieces[table.identifier].append(_Piece(flat, selected_ms, selected.offsets))
+
+
+def _any_key_null(rows: VersionRows, key_columns: tuple[str, ...]) -> pa.Array | None:
+    """True where a key column is null in the record's row (or its version has no such column),
+    as `writers.routing._missing_key_sql` decides."""
+    names = list(rows.version.row_semantics)
+    result = None
+    for key in key_columns:
+        name = key if key in names else next((n for n in names if n.lower() == key.lower()), None)
+        if name is None:
+            return pa.array([True] * len(rows.offsets))
+        null = pc.is_null(row_image(rows.decoded, rows.version, name))
+        result = null if result is None else pc.or_(result, null)
+    return result
+
+
+def _filtered(rows: VersionRows, keep: pa.Array) -> VersionRows:
+    return VersionRows(
+        rows.version,
+        rows.decoded.filter(keep),
+        rows.topic,
+        rows.partition,
+        rows.offsets.filter(keep),
+        rows.timestamps_ms.filter(keep),
+        rows.keys.filter(keep) if len(rows.keys) else rows.keys,
+    )
+
+
+def _write_table(table: TablePlan, task: TaskRange, pieces: list[_Piece], facts: TaskFacts) -> None:
+    if not pieces:
+        return
+    rows = pa.concat_tables([piece.rows for piece in pieces])
+    if len(pieces) > 1:
+        # Several versions in one task: back into Kafka order, as the `spark-sql` engine writes.
+        rows = rows.take(pc.sort_indices(pa.concat_arrays([piece.offsets for piece in pieces])))
+    events = pa.chunked_array([piece.event_ms for piece in pieces])
+    table_facts = facts.tables.setdefault(table.identifier, TableFacts())
+    table_facts.rows += rows.num_rows
+    low, high = pc.min_max(events).values()
+    if low.as_py() is not None:
+        table_facts.min_ms = low.as_py()
+        table_facts.max_ms = high.as_py()
+    table_facts.files.extend(
+        write_files(
+            rows, table.output_uri, task.index, table.max_records_per_file, table.parquet_options
+        )
+    )
