@@ -98,8 +98,8 @@ class Bookkeeper:
 
     def take_lease(self, timeout_s: float | None = None) -> int:
         """Become the group's active bookkeeper (waits while another holds the lease)."""
-        settings = self.config.bookkeeper
-        self.lease = Lease(settings.lease_uri, settings.group, settings.lease_ttl)
+        group = self.config.group
+        self.lease = Lease(group.lease_uri, group.name, self.config.bookkeeper.lease_ttl)
         self.committer.epoch = self.lease.acquire(timeout_s)
         return self.committer.epoch
 

@@ -108,7 +108,7 @@ FIXED_SQL_CONF = {
     "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
 }
-"""Settings the writer's output depends on: applied after, and over, `writer.spark_conf`."""
+"""Settings the writer's output depends on: applied after, and over, `spark.conf`."""
 
 
 def spark_session(
@@ -125,7 +125,7 @@ def spark_session(
     if not launched_by_spark_submit():
         # Under spark-submit, master and jars come from its command line (`--packages`).
         jars = spark_jars(Path(config.cache_dir))
-        builder = builder.master(master or config.writer.spark_master).config(
+        builder = builder.master(master or config.spark.master).config(
             "spark.jars", ",".join(str(jar) for jar in jars)
         )
     builder = (
@@ -150,7 +150,7 @@ def spark_session(
     )
     for key, value in {
         **iceberg_catalog_conf(config),
-        **config.writer.spark_conf,
+        **config.spark.conf,
         **(extra_conf or {}),
         **FIXED_SQL_CONF,
     }.items():

@@ -141,7 +141,7 @@ def chaos_environ(
         "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
         "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": str(max_offsets),
         "ICEKEEPER__TABLES": f"[{tables}]",
-        "ICEKEEPER__WRITER__SPARK_MASTER": "local[1]",
+        "ICEKEEPER__SPARK__MASTER": "local[1]",
         "ICEKEEPER__WRITER__INSTANCE_COUNT": "2",
         "ICEKEEPER__BOOKKEEPER__LEASE_TTL": "6",
         "ICEKEEPER__REAPER__LEASE_TTL": "30",
@@ -150,7 +150,7 @@ def chaos_environ(
         "ICEKEEPER__REAPER__RETAIN_LAST": "5",
         # Shorter than a slow batch here: writers' claims on their folders, not the grace, must
         # keep unpublished files (a 138 s batch against a 120 s grace once lost a committed file).
-        "ICEKEEPER__REAPER__ORPHAN_GRACE": "30",
+        "ICEKEEPER__GROUP__ORPHAN_GRACE": "30",
     }
 
 
@@ -238,7 +238,7 @@ def run_chaos(
                     command,
                     logs,
                     run,
-                    Path(config.bookkeeper.lease_uri) / config.bookkeeper.group,
+                    Path(config.group.lease_uri) / config.group.name,
                     progress,
                 )
             if index == kills:

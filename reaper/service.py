@@ -113,7 +113,10 @@ class Reaper:
 
                 self._spark = spark_session(self.config, "icekeeper-reaper")
             self._maintenance = SparkMaintenance(
-                self._spark, self.config.catalog.name, self.config.reaper
+                self._spark,
+                self.config.catalog.name,
+                self.config.reaper,
+                self.config.group.orphan_grace,
             )
         return self._maintenance
 
@@ -122,10 +125,10 @@ class Reaper:
         now = self.clock()
         report = PassReport(started_at=now.isoformat(timespec="seconds"), dry_run=dry_run)
         started = time.monotonic()
-        settings = self.config.bookkeeper
+        group = self.config.group
         lease = Lease(
-            settings.lease_uri,
-            f"{settings.group}-reaper",
+            group.lease_uri,
+            f"{group.name}-reaper",
             ttl_s=self.config.reaper.lease_ttl,
             role="reaper",
         )
@@ -211,7 +214,7 @@ class Reaper:
         claims_error: Exception | None = None
         try:
             claimed = live_claimed_folders(
-                table.location(), self.config.reaper.orphan_grace, remove_stale=not dry_run
+                table.location(), self.config.group.orphan_grace, remove_stale=not dry_run
             )
             claimed |= pending_rewrite_folders(
                 table.location()

@@ -103,7 +103,7 @@ class WriterJob:
         self.stop = threading.Event()
         self.admins = {source.name: SourceAdmin(source) for source in config.sources}
         # A quarter of the reaper's grace: three missed rewrites still leave the claim live.
-        heartbeat_s = max(0.5, min(30.0, config.reaper.orphan_grace / 4))
+        heartbeat_s = max(0.5, min(30.0, config.group.orphan_grace / 4))
         self.claims = InFlightClaims(self.writer_id, heartbeat_s)
         self.batches = BatchWriter(
             config, self.spark, self.catalog, self.writer_id, self.claims, self.tables, self.schemas
@@ -201,10 +201,10 @@ class WriterJob:
         )
         seq = next_seq(self.tables, self.seq)
         report = BatchReport(seq=seq)
-        if self.pending_bytes > self.config.bookkeeper.max_pending_bytes:
+        if self.pending_bytes > self.config.writer.max_pending_bytes:
             # Backpressure: the bookkeeper is behind; reading more would only pile up files.
             log.warning(
-                "pending monikers over bookkeeper.max_pending_bytes; waiting",
+                "pending monikers over writer.max_pending_bytes; waiting",
                 extra={"pending_bytes": self.pending_bytes},
             )
             report.throttled = True

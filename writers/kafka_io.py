@@ -105,7 +105,7 @@ class SourceAdmin:
         try:
             request = ConsumerGroupTopicPartitions(source.consumer_group, offsets)
             for future in self.client.alter_consumer_group_offsets(
-                [request], request_timeout=10
+                [request], request_timeout=source.commit_timeout
             ).values():
                 future.result()
         except Exception as error:  # noqa: BLE001 - lag reporting must not stop the writer

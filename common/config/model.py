@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from common.config.renames import move_renamed_keys
 from common.config.secrets import mask_field
 
 _DURATION_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -197,8 +198,12 @@ class KafkaSource(_Model):
         "which every Kafka client of the source gets; secrets here as references too.",
     )
     commit_timeout: Duration = Field(
-        60.0,
-        description="How long committing consumer offsets may take (seed 000: `kafka.consumer.commit.timeout.millis`).",
+        10.0,
+        gt=0,
+        description="How long a writer waits for Kafka to take the consumer group's offsets after "
+        "a batch (the admin request's timeout); past it the writer logs a warning and goes on: "
+        "the group's offsets show lag in Kafka tools, tables keep their own (seed 000: "
+        "`kafka.consumer.commit.timeout.millis`).",
     )
 
     @model_validator(mode="after")
@@ -439,7 +444,6 @@ class WriterConfig(_Model):
         "writer-1",
         description="Stable id of this writer; part of every moniker id, so keep it across restarts.",
     )
-    spark_master: str = Field("local[*]", description="Spark master (seed 000: `spark.master`).")
     app_name: str = Field(
         "icekeeper-writer", description="Spark application name (seed 000: `spark.app.name`)."
     )
@@ -447,8 +451,12 @@ class WriterConfig(_Model):
     target_file_size_bytes: int = Field(
         128 * 1024 * 1024, ge=1024, description="Target size of a data file."
     )
-    spark_conf: dict[str, str] = Field(
-        default_factory=dict, description="Extra Spark settings (seed 000: any `spark.*` key)."
+    max_pending_bytes: int = Field(
+        8 * 1024**3,
+        ge=1,
+        description="Back-pressure: a writer reads nothing from Kafka while the files of its "
+        "tables' monikers waiting for the bookkeeper add up to more than this (the bookkeeper "
+        "is behind; reading more would only pile up files). Was `bookkeeper.max_pending_bytes`.",
     )
     instance_index: int = Field(
         0,
@@ -517,17 +525,10 @@ class BookkeeperConfig(_Model):
         "moniker is quarantined; until then it stays pending and is retried every cycle, like a file storage fails to serve "
         "(network errors, timeouts, throttling), which is retried for as long as it takes. See docs/operations.md.",
     )
-    group: str = Field(
-        "default",
-        description="Name of this bookkeeper's group of tables; one active bookkeeper per group (lease).",
-    )
-    lease_uri: str = Field(
-        "{state_dir}/bookkeeper-leases",
-        description="Local or mounted folder holding the group's lease files.",
-    )
     lease_ttl: Duration = Field(
         30.0,
-        description="How long a bookkeeper's lease lasts without renewal; a standby takes over after it.",
+        description="How long a bookkeeper's lease on its group (`group.name`) lasts without "
+        "renewal; a standby takes over after it.",
     )
     http_port: int = Field(
         9464, ge=0, le=65535, description="Port of the metrics and health endpoint (0: off)."
@@ -564,9 +565,6 @@ class BookkeeperConfig(_Model):
         "reader (Spark `readStream`, incremental reads) may fall this far behind and still read every later row once. "
         "At one commit a second, an hour is 3,600 snapshots; commit cost stays flat (bench/results.md). See docs/operations.md.",
     )
-    max_pending_bytes: int = Field(
-        8 * 1024**3, ge=1, description="Writers pause when this many bytes wait to be committed."
-    )
     key_index_save_interval: Duration = Field(
         60.0,
         description="Upsert tables: how often the key index is saved beside the table (and at a clean stop); a restarted "
@@ -598,10 +596,6 @@ class ReaperConfig(_Model):
         description="Expire snapshots older than this (seed 000: `.snapshot.expire.time`, milliseconds there).",
     )
     retain_last: int = Field(10, ge=1, description="Snapshots always kept, whatever their age.")
-    orphan_grace: Duration = Field(
-        86400.0,
-        description="Files younger than this are never treated as orphans; writers rewrite their claims on the batch folders they are filling every quarter of it (at most 30 s), and a claim not rewritten within it protects nothing.",
-    )
     retention: Duration | None = Field(
         None, description="Delete rows older than this by `retention_column` (off when unset)."
     )
@@ -666,6 +660,48 @@ class ReaperConfig(_Model):
         ):
             raise ValueError(f"{value!r} is not a time of day: use HH:MM:SS")
         return value.strip() if value else value
+
+
+class SparkConfig(_Model):
+    """The Spark session of every Spark job icekeeper runs: the writer's and the reaper's."""
+
+    master: str = Field(
+        "local[*]",
+        description="Spark master URL, as `spark-submit --master` takes it (seed 000: "
+        "`spark.master`); under spark-submit its command line decides. A shared section because "
+        "the writer and the reaper run on the same Spark (was `writer.spark_master`).",
+    )
+    conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Spark settings, as `spark-submit --conf key=value` takes them (seed "
+        "000: any other `spark.*` key), for the writer's and the reaper's sessions (was "
+        "`writer.spark_conf`).",
+    )
+
+
+class GroupConfig(_Model):
+    """What the roles serving one set of tables must agree on: leases and the orphan grace."""
+
+    name: str = Field(
+        "default",
+        description="Name of the group of tables one bookkeeper commits and one reaper "
+        "maintains: the bookkeeper holds lease `<name>` and the reaper lease `<name>-reaper` in "
+        "`lease_uri`, so a second one of either waits. Not a Kafka consumer group (that is "
+        "`sources[].consumer_group`). Was `bookkeeper.group`.",
+    )
+    lease_uri: str = Field(
+        "{state_dir}/bookkeeper-leases",
+        description="Local or mounted folder holding the group's lease files; every bookkeeper "
+        "and reaper of the group must see the same folder. Was `bookkeeper.lease_uri`.",
+    )
+    orphan_grace: Duration = Field(
+        86400.0,
+        description="Files younger than this are never orphans (Iceberg's `remove_orphan_files` "
+        "`older_than`): the reaper deletes no unreferenced file this young, and writers rewrite "
+        "their claims on the batch folders they are filling every quarter of it (at most 30 s), "
+        "so a claim not rewritten within it protects nothing. Shared because writers and "
+        "reaper must agree on it. Was `reaper.orphan_grace`.",
+    )
 
 
 class StackConfig(_Model):
@@ -766,6 +802,13 @@ class IcekeeperConfig(_Model):
     catalog: CatalogConfig = Field(
         default_factory=CatalogConfig, description="The Iceberg catalog."
     )
+    spark: SparkConfig = Field(
+        default_factory=SparkConfig, description="Spark, for the writer and the reaper."
+    )
+    group: GroupConfig = Field(
+        default_factory=GroupConfig,
+        description="Leases and the orphan grace, shared by writers, bookkeeper and reaper.",
+    )
     writer: WriterConfig = Field(default_factory=WriterConfig, description="The Spark writer job.")
     bookkeeper: BookkeeperConfig = Field(
         default_factory=BookkeeperConfig, description="The committing service."
@@ -774,6 +817,11 @@ class IcekeeperConfig(_Model):
     stack: StackConfig = Field(
         default_factory=StackConfig, description="The local stack for development and tests."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, raw: Any) -> Any:
+        return move_renamed_keys(raw)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> IcekeeperConfig:

@@ -92,7 +92,7 @@ def _format_from_deserializer(value: str) -> str:
 
 # property key -> (model path, converter)
 _DIRECT: dict[str, tuple[tuple[Any, ...], Callable[[str], Any]]] = {
-    "spark.master": (("writer", "spark_master"), str),
+    "spark.master": (("spark", "master"), str),
     "spark.app.name": (("writer", "app_name"), str),
     "spark.streaming.kafka.maxRatePerPartition": (("sources", 0, "max_rate_per_partition"), str),
     "kafka.bootstrap.servers": (("sources", 0, "bootstrap_servers"), str),
@@ -152,7 +152,7 @@ def translate_properties(text: str, source_name: str) -> tuple[dict[str, Any], d
             _set(raw, path, converted)
             key_names[_model_key(path)] = key
         elif key.startswith("spark."):
-            raw.setdefault("writer", {}).setdefault("spark_conf", {})[key] = value
+            raw.setdefault("spark", {}).setdefault("conf", {})[key] = value
         elif key.startswith("kafka.consumer."):
             consumer_key = key.removeprefix("kafka.consumer.")
             raw["sources"][0].setdefault("consumer_properties", {})[consumer_key] = value

@@ -79,7 +79,7 @@ def e2e_config(
             "ICEKEEPER__TABLES": (
                 f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: {mode}}}]"
             ),
-            "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores or os.cpu_count() or 2}]",
+            "ICEKEEPER__SPARK__MASTER": f"local[{cores or os.cpu_count() or 2}]",
             "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
             "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
         },

@@ -91,7 +91,7 @@ def bench_config(state_dir: Path) -> IcekeeperConfig:
             "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
             "ICEKEEPER__REAPER__SNAPSHOT_EXPIRE_TIME": "0",
             "ICEKEEPER__REAPER__RETAIN_LAST": "1",
-            "ICEKEEPER__REAPER__ORPHAN_GRACE": "3600",
+            "ICEKEEPER__GROUP__ORPHAN_GRACE": "3600",
             "ICEKEEPER__REAPER__COMPACT_TARGET_FILE_SIZE_BYTES": str(64 * 1024 * 1024),
         },
     )

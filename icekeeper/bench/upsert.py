@@ -89,7 +89,7 @@ def upsert_bench_config(
             # each run its own: run_config
             "ICEKEEPER__TABLES": "[{identifier: bench.placeholder, "
             f"topics: [{topic}], primary_key: [id]}}]",
-            "ICEKEEPER__WRITER__SPARK_MASTER": f"local[{cores}]",
+            "ICEKEEPER__SPARK__MASTER": f"local[{cores}]",
             "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
             "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
             "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
@@ -116,11 +116,10 @@ def run_config(
                 update={"checkpoint_uri": str(folder / "checkpoints"), "writer_id": "bench-writer"}
             ),
             "bookkeeper": config.bookkeeper.model_copy(
-                update={
-                    "commit_report_path": str(folder / "commits.jsonl"),
-                    "lease_uri": str(folder / "leases"),
-                    "group": folder.name,
-                }
+                update={"commit_report_path": str(folder / "commits.jsonl")}
+            ),
+            "group": config.group.model_copy(
+                update={"lease_uri": str(folder / "leases"), "name": folder.name}
             ),
         }
     )

@@ -308,12 +308,9 @@ def _ours_config(
             if config.transport.kind == "txlog"
             else config.transport,
             "bookkeeper": config.bookkeeper.model_copy(
-                update={
-                    "lease_uri": str(work_dir / "lease"),
-                    "http_port": 0,
-                    "commit_report_path": str(work_dir / "commits.jsonl"),
-                }
+                update={"http_port": 0, "commit_report_path": str(work_dir / "commits.jsonl")}
             ),
+            "group": config.group.model_copy(update={"lease_uri": str(work_dir / "lease")}),
             "catalog": config.catalog.model_copy(
                 update={
                     "properties": {

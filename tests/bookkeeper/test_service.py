@@ -113,7 +113,7 @@ def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> No
     """Backpressure: a writer reads nothing while monikers over `max_pending_bytes` wait."""
     from writers.job import WriterJob
 
-    config = bookkeeper_config(tmp_path, bookkeeper__max_pending_bytes="1")
+    config = bookkeeper_config(tmp_path, writer__max_pending_bytes="1")
     open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
     job = WriterJob.__new__(WriterJob)  # no Spark needed: the check happens before any read
     job.config, job.writer_id, job.transport, job.tables, job.seq = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,8 @@ def test_seed_properties_keep_their_seed_meaning() -> None:
     assert config.reaper.compact_filter_column == "_src_ts_ms"
     assert config.reaper.manifests_file_length == 10485760
     assert config.writer.app_name == "Kafka2Iceberg"
-    assert config.writer.spark_conf == {"spark.sql.sources.partitionOverwriteMode": "dynamic"}
+    assert config.spark.master == "local[*]"
+    assert config.spark.conf == {"spark.sql.sources.partitionOverwriteMode": "dynamic"}
 
 
 def test_a_bad_seed_property_value_names_the_property_key(tmp_path: Path) -> None:
@@ -232,3 +234,74 @@ def test_environment_can_switch_the_transport_kind() -> None:
         },
     )
     assert isinstance(config.transport, AzureQueueTransport) and config.transport.queue_name == "q9"
+
+
+def test_keys_of_the_previous_release_load_into_their_new_places_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(
+        tmp_path,
+        "old.yaml",
+        """
+writer: {spark_master: "spark://spark:7077", spark_conf: {spark.executor.memory: 2g}}
+bookkeeper: {group: orders, lease_uri: /mnt/leases, max_pending_bytes: 1000}
+reaper: {orphan_grace: 2h}
+""",
+    )
+    with caplog.at_level("WARNING", logger="common.config.renames"):
+        config = load_config(path, environ={})
+    assert config.spark.master == "spark://spark:7077"
+    assert config.spark.conf == {"spark.executor.memory": "2g"}
+    assert (config.group.name, config.group.lease_uri) == ("orders", "/mnt/leases")
+    assert config.group.orphan_grace == 7200.0
+    assert config.writer.max_pending_bytes == 1000
+    warned = "\n".join(record.getMessage() for record in caplog.records)
+    for old, new in [
+        ("writer.spark_master", "spark.master"),
+        ("writer.spark_conf", "spark.conf"),
+        ("bookkeeper.group", "group.name"),
+        ("bookkeeper.lease_uri", "group.lease_uri"),
+        ("bookkeeper.max_pending_bytes", "writer.max_pending_bytes"),
+        ("reaper.orphan_grace", "group.orphan_grace"),
+    ]:
+        assert f"config key {old} is deprecated: it is now {new}" in warned
+
+
+def test_an_old_environment_variable_still_overrides_its_moved_key() -> None:
+    config = load_config(None, environ={"ICEKEEPER__WRITER__SPARK_MASTER": "local[2]"})
+    assert config.spark.master == "local[2]"
+
+
+def test_an_old_key_and_its_new_key_set_differently_is_an_error_naming_both(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "both.yaml", "reaper: {orphan_grace: 1h}\ngroup: {orphan_grace: 2h}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ={})
+    assert "reaper.orphan_grace and group.orphan_grace are both set" in str(error.value)
+
+
+def test_a_new_file_loads_without_deprecation_warnings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, "new.yaml", "spark: {master: 'local[2]'}\ngroup: {name: orders}\n")
+    with caplog.at_level("WARNING", logger="common.config.renames"):
+        config = load_config(path, environ={})
+    assert (config.spark.master, config.group.name) == ("local[2]", "orders")
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("role", ["writers", "bookkeeper", "reaper", "common"])
+def test_no_role_reads_another_roles_config_section(role: str) -> None:
+    """A setting two roles need lives in a shared section (`spark`, `group`), never in one
+    role's section that another role reaches into."""
+    sections = {"writers": "writer", "bookkeeper": "bookkeeper", "reaper": "reaper"}
+    others = "|".join(name for folder, name in sections.items() if folder != role)
+    pattern = re.compile(rf"config\.({others})\.")
+    reads = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+        for path in sorted((REPO_ROOT / role).rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert reads == []

@@ -27,7 +27,7 @@ def pipeline_config(
             "ICEKEEPER__SOURCES__0__TOPICS": f"[{topic}]",
             "ICEKEEPER__TABLES__0__TOPICS": f"[{topic}]",
             "ICEKEEPER__CATALOG__NAME": f"cat_{uuid.uuid4().hex[:8]}",
-            "ICEKEEPER__WRITER__SPARK_MASTER": "local[2]",
+            "ICEKEEPER__SPARK__MASTER": "local[2]",
             "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
             "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0",
         }

@@ -63,7 +63,7 @@ def reaper_config(tmp_path: Path, mode: str = "changelog", **overrides: str) -> 
         "catalog__name": f"cat_{uuid.uuid4().hex[:8]}",
         "reaper__snapshot_expire_time": "0",
         "reaper__retain_last": "2",
-        "reaper__orphan_grace": str(GRACE_S),
+        "group__orphan_grace": str(GRACE_S),
         "reaper__compact_target_file_size_bytes": str(32 * 1024 * 1024),
         # The bookkeeper keeps history here, so that expiring it is the reaper's work.
         "bookkeeper__keep_snapshots": "100000",

@@ -119,9 +119,9 @@ def test_writer_runs_on_a_standalone_cluster(
     config = pipeline_config(
         tmp_path,
         unique_topic,
-        {"ICEKEEPER__WRITER__SPARK_MASTER": master, "ICEKEEPER__TABLES__0__MODE": "changelog"},
+        {"ICEKEEPER__SPARK__MASTER": master, "ICEKEEPER__TABLES__0__MODE": "changelog"},
     )
-    config.writer.spark_conf.update({"spark.executor.memory": "768m", "spark.cores.max": "2"})
+    config.spark.conf.update({"spark.executor.memory": "768m", "spark.cores.max": "2"})
     config_path = tmp_path / "writer.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")
     produce_seed_sample(config, topic=unique_topic, progress=lambda m: None)

@@ -198,7 +198,7 @@ def test_a_batch_folder_is_claimed_while_written_and_released_once_published(
     def write_and_look(rows, output_uri: str, *args, **kwargs) -> None:
         location = output_uri.split("/data/")[0]
         claimed_while_writing.append(
-            live_claimed_folders(location, config.reaper.orphan_grace, remove_stale=False)
+            live_claimed_folders(location, config.group.orphan_grace, remove_stale=False)
         )
         real_write_parquet(rows, output_uri, *args, **kwargs)
 
@@ -209,6 +209,6 @@ def test_a_batch_folder_is_claimed_while_written_and_released_once_published(
     folders = {normalize_location(posixpath.dirname(entry.path)) for entry in moniker.files}
     assert claimed_while_writing == [folders]
     assert (
-        live_claimed_folders(moniker.table_location, config.reaper.orphan_grace, remove_stale=False)
+        live_claimed_folders(moniker.table_location, config.group.orphan_grace, remove_stale=False)
         == set()
     )
