@@ -49,7 +49,8 @@ class SourceAdmin:
 
     @property
     def client(self) -> AdminClient:
-        """One admin client per source for the writer's life (a new client per batch cost ~70 ms)."""
+        """One admin client per source for the writer's life (a new client per batch cost ~70
+        ms)."""
         if self._client is None:
             self._client = AdminClient(
                 librdkafka_config(self.source, {"error_cb": self._refusals}),
@@ -96,7 +97,8 @@ class SourceAdmin:
         return {key: PartitionBounds(low[key], high[key]) for key in sorted(low)}
 
     def commit_group_offsets(self, plan: BatchPlan) -> None:
-        """Set the consumer group's offsets to the end of the batch's read ranges (for lag reports)."""
+        """Set the consumer group's offsets to the end of the batch's read ranges (for lag
+        reports)."""
         source = self.source
         offsets = [
             TopicPartition(topic, partition, until)
