@@ -70,7 +70,7 @@ from common.committed_state import (
 from common.config.model import IcekeeperConfig
 from common.file_events import location_key
 from common.internals import UncopiedTransaction, commit_once, stage_updates
-from common.moniker import FileEntry, Moniker
+from common.moniker import FileEntry, Moniker, OffsetRange
 from common.partitioning import partition_spec
 from common.retries import retry
 from common.transports.base import Delivery
@@ -206,7 +206,7 @@ def select_ready(
             size += moniker.bytes
             for offset_range in moniker.offsets:
                 key = (offset_range.topic, offset_range.partition)
-                covered[key] = max(covered.get(key, 0), offset_range.until_offset)
+                covered[key] = next_committed_offset(covered, offset_range)
     for delivery in replays:
         moniker = delivery.moniker
         if ready and (files + len(moniker.files) > max_files or size + moniker.bytes > max_bytes):
@@ -225,7 +225,12 @@ def overlapping_offsets(
     that starts below the next offset committed for its topic-partition."""
     for offset_range in moniker.offsets:
         committed = committed_offsets.get((offset_range.topic, offset_range.partition))
-        if offset_range.count and committed is not None and offset_range.from_offset < committed:
+        if (
+            offset_range.count
+            and committed is not None
+            and offset_range.from_offset < committed
+            and not offset_range.topic_reset  # a recreated topic starts below the old offsets
+        ):
             return (
                 f"offsets overlap the committed ones: writer {moniker.writer_id} seq {moniker.seq} "
                 f"covers {offset_range.topic}[{offset_range.partition}] "
@@ -235,6 +240,18 @@ def overlapping_offsets(
                 "added twice)"
             )
     return None
+
+
+def next_committed_offset(
+    committed_offsets: dict[tuple[str, int], int], offset_range: OffsetRange
+) -> int:
+    """The partition's committed offset once `offset_range` is committed: the later of the two,
+    or, for a range that starts a recreated topic (`OffsetRange.topic_reset`), its end: the old
+    topic's offsets mean nothing for the new one."""
+    key = (offset_range.topic, offset_range.partition)
+    if offset_range.topic_reset:
+        return offset_range.until_offset
+    return max(committed_offsets.get(key, 0), offset_range.until_offset)
 
 
 class Committer:
@@ -848,7 +865,7 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
         )
         for offset_range in moniker.offsets:
             key = (offset_range.topic, offset_range.partition)
-            offsets[key] = max(offsets.get(key, 0), offset_range.until_offset)
+            offsets[key] = next_committed_offset(offsets, offset_range)
             if moniker.max_event_time_ms is not None:
                 event_ms[key] = max(event_ms.get(key, 0), moniker.max_event_time_ms)
     for delivery, _ in plan.refused:

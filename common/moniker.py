@@ -39,6 +39,12 @@ class OffsetRange(_Value):
     partition: int = Field(ge=0)
     from_offset: int = Field(ge=0)
     until_offset: int = Field(ge=0)
+    topic_reset: Literal[True] | None = Field(
+        None,
+        description="The topic was deleted and recreated (`sources[].on_topic_reset: restart`): "
+        "this range starts the new topic below the offsets the table committed of the old one, "
+        "and the partition's committed offset becomes `until_offset`.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> OffsetRange:

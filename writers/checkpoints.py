@@ -43,6 +43,14 @@ class SourceCheckpoints:
             for partition, offset in partitions.items()
         }
 
+    def forget(self, source: KafkaSource, partitions: set[TP]) -> None:
+        """Drop `partitions`, before a batch starts them over on a recreated topic: their offsets
+        are the old topic's, and `advance` only moves forward."""
+        current = self.read(source)
+        if partitions & set(current):
+            kept = {key: value for key, value in current.items() if key not in partitions}
+            self.folder.write_bytes(self._name(source), json.dumps(nest_by_topic(kept)).encode())
+
     def advance(self, source: KafkaSource, plan: BatchPlan) -> None:
         """Note the end of the batch's read ranges (offsets only move forward)."""
         current = self.read(source)

@@ -231,6 +231,9 @@ class WriterJob:
             return
         routes = routes_for(source, self.config.tables)
         plan = self._plan(source, routes, bounds)
+        if plan.restarted:
+            # Before anything is published: a writer killed later starts the partitions over again.
+            self.checkpoints.forget(source, set().union(*plan.restarted.values()))
         if not plan.read_ranges:
             return
         report.records_read += plan.records
@@ -267,7 +270,22 @@ class WriterJob:
             if source.max_rate_per_partition
             else None
         )
-        plan = plan_batch(bounds, positions, source.starting_offsets, cap, per_partition)
+        plan = plan_batch(
+            bounds, positions, source.starting_offsets, cap, per_partition, source.on_topic_reset
+        )
+        if plan.restarted:
+            log.warning(
+                "partitions below the next offset to read (topic deleted and recreated): tables "
+                "start them over from the first offset (sources[].on_topic_reset: restart)",
+                extra={
+                    "writer": self.writer_id,
+                    "source": source.name,
+                    "restarted": {
+                        table: sorted(f"{t}:{p}" for t, p in partitions)
+                        for table, partitions in plan.restarted.items()
+                    },
+                },
+            )
         if plan.behind_next:
             message = topic_reset_message(plan.behind_next)
             log.error(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from common.moniker import Moniker
 
@@ -46,6 +47,9 @@ class BatchPlan:
     """Records Kafka's retention deleted before a table read them, per topic-partition."""
     behind_next: dict[TopicPartition, tuple[int, int]] = field(default_factory=dict)
     """Partitions whose end offset is below the next offset to read: (next offset, end offset)."""
+    restarted: dict[str, set[TopicPartition]] = field(default_factory=dict)
+    """Per table, partitions it starts over from the first offset of a recreated topic
+    (`on_topic_reset: restart`); its moniker says so (`OffsetRange.topic_reset`)."""
 
     @property
     def records(self) -> int:
@@ -87,12 +91,30 @@ def pending_until(monikers: Iterable[Moniker]) -> dict[TopicPartition, int]:
     return covered
 
 
+def pending_restarts(monikers: Iterable[Moniker]) -> dict[TopicPartition, int]:
+    """Where pending monikers that start a recreated topic over have got to, per topic-partition:
+    the highest `until_offset` of the newest such moniker and those after it. Until the bookkeeper
+    commits them, these replace the table's committed offsets of the old topic."""
+    restarts: dict[TopicPartition, int] = {}
+    positions: dict[TopicPartition, int] = {}
+    for moniker in sorted(monikers, key=lambda m: m.seq):
+        for offsets in moniker.offsets:
+            key = (offsets.topic, offsets.partition)
+            if offsets.topic_reset:
+                restarts[key] = moniker.seq
+                positions[key] = offsets.until_offset
+            elif key in restarts:
+                positions[key] = max(positions[key], offsets.until_offset)
+    return positions
+
+
 def plan_batch(
     bounds: Mapping[TopicPartition, PartitionBounds],
     table_positions: Mapping[str, Mapping[TopicPartition, int]],
     default_start: str = "earliest",
     max_records: int | None = None,
     max_per_partition: int | None = None,
+    on_topic_reset: Literal["stop", "restart"] = "stop",
 ) -> BatchPlan:
     """Plan the next batch.
 
@@ -103,10 +125,14 @@ def plan_batch(
         default_start: where a table starts on a partition it has never seen (`earliest`/`latest`).
         max_records: cap on the whole batch, split across partitions in proportion to their lag.
         max_per_partition: cap per topic-partition.
+        on_topic_reset: a table whose next offset is beyond a partition's end: `stop` names the
+            partition in `behind_next`; `restart` starts the table over from the partition's
+            first offset (in `restarted`).
     """
     table_starts: dict[str, dict[TopicPartition, int]] = {}
     lost: dict[TopicPartition, int] = {}
     behind: dict[TopicPartition, tuple[int, int]] = {}
+    restarted: dict[str, set[TopicPartition]] = {}
     for table, positions in table_positions.items():
         starts = {}
         for topic_partition, bound in bounds.items():
@@ -117,6 +143,9 @@ def plan_batch(
                 # Kafka's retention dropped records this table never got: report, start at what
                 # exists.
                 lost[topic_partition] = max(lost.get(topic_partition, 0), bound.earliest - start)
+                start = bound.earliest
+            if start > bound.latest and on_topic_reset == "restart":
+                restarted.setdefault(table, set()).add(topic_partition)
                 start = bound.earliest
             if start > bound.latest:
                 behind[topic_partition] = (
@@ -137,7 +166,7 @@ def plan_batch(
     }
     caps = _split_cap(lags, max_records, max_per_partition)
     read_ranges = {tp: (read_starts[tp], read_starts[tp] + caps[tp]) for tp in lags if caps[tp] > 0}
-    return BatchPlan(read_ranges, table_starts, lost, behind)
+    return BatchPlan(read_ranges, table_starts, lost, behind, restarted)
 
 
 def _split_cap(
@@ -164,5 +193,6 @@ def topic_reset_message(behind_next: Mapping[TopicPartition, tuple[int, int]]) -
     return (
         f"Kafka's end offset is below the next offset to read on {named}: the topic was deleted "
         "and recreated, or its records were lost. The writer stops instead of skipping the new "
-        "records up to the old offsets; see docs/operations.md, 'A topic was deleted or recreated'."
+        "records up to the old offsets (`sources[].on_topic_reset: restart` starts the tables over "
+        "on the new topic); see docs/operations.md, 'A topic was deleted or recreated'."
     )

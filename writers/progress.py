@@ -17,7 +17,7 @@ from common.catalog import load_table_or_none
 from common.committed_state import committed_state
 from common.moniker import Moniker
 from writers.offsets import TopicPartition as TP
-from writers.offsets import pending_until
+from writers.offsets import pending_restarts, pending_until
 
 _INITIAL_BYTES_PER_ROW = 64
 
@@ -78,13 +78,18 @@ def _progress_of(
     pending = [m for m in my_pending if m.table == identifier]
     for key, until in pending_until(pending).items():
         positions[key] = max(positions.get(key, 0), until)
+    # A pending moniker that starts a recreated topic over replaces the old topic's offsets.
+    restarted = pending_restarts(pending)
+    positions.update(restarted)
     seqs = [m.seq for m in pending]
     if state and writer_id in state.writer_seqs:
         seqs.append(state.writer_seqs[writer_id])
     progress.last_seq = max(seqs) if seqs else progress.last_seq
     # Positions only move forward: a table read back a moment ago cannot lose committed offsets.
     for key, value in positions.items():
-        progress.positions[key] = max(progress.positions.get(key, 0), value)
+        progress.positions[key] = (
+            value if key in restarted else max(progress.positions.get(key, 0), value)
+        )
     return progress
 
 

@@ -224,7 +224,13 @@ def offset_ranges(plan: BatchPlan, identifier: str) -> list[OffsetRange]:
     """The offsets a moniker of `identifier` covers: its own span of each partition the batch
     read."""
     return [
-        OffsetRange(topic=topic, partition=partition, from_offset=start, until_offset=until)
+        OffsetRange(
+            topic=topic,
+            partition=partition,
+            from_offset=start,
+            until_offset=until,
+            topic_reset=True if (topic, partition) in plan.restarted.get(identifier, ()) else None,
+        )
         for (topic, partition) in sorted(plan.read_ranges)
         if (span := plan.table_range(identifier, (topic, partition))) is not None
         for start, until in [span]

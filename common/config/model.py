@@ -197,6 +197,13 @@ class KafkaSource(_Model):
         "`kafka.consumer.*`, e.g. `max.poll.records`). Authentication and TLS go in `security`, "
         "which every Kafka client of the source gets; secrets here as references too.",
     )
+    on_topic_reset: Literal["stop", "restart"] = Field(
+        "stop",
+        description="A partition whose end offset is below the next offset a table needs (the "
+        "topic was deleted and recreated): `stop` stops the writer with an error; `restart` starts "
+        "the tables over from the new topic's first offset, and the bookkeeper replaces their "
+        "committed offsets of the partition (docs/operations.md).",
+    )
     commit_timeout: Duration = Field(
         10.0,
         gt=0,
