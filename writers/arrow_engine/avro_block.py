@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 
 from common.schema import MAX_DECIMAL_PRECISION
@@ -90,21 +91,20 @@ class SchemaDecoder:
         )
         return cls(schema_text, header)
 
-    def decode(self, datums: list[bytes]) -> tuple[pa.Table, list[int]]:
+    def decode(self, datums: pa.BinaryArray) -> tuple[pa.Table, list[int]]:
         """The decoded records of `datums` (framed values of this schema) and the positions in
         `datums` of those that did not decode (left out of the table)."""
-        if not datums:
+        if len(datums) == 0:
             return pa.table({}), []
         try:
-            return self._bulk([memoryview(datum)[5:] for datum in datums]), []
+            return self._bulk(len(datums), unframed(datums)), []
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException:  # noqa: BLE001 - polars also panics (a BaseException) on bad bytes
-            return self._one_by_one(datums)
+            return self._one_by_one(datums.to_pylist())
 
-    def _bulk(self, bodies: list[memoryview | bytes]) -> pa.Table:
-        size = sum(len(body) for body in bodies)
-        container = b"".join([self.header, _varint(len(bodies)), _varint(size), *bodies, _SYNC])
+    def _bulk(self, count: int, bodies: bytes) -> pa.Table:
+        container = b"".join([self.header, _varint(count), _varint(len(bodies)), bodies, _SYNC])
         return pl.read_avro(io.BytesIO(container)).to_arrow()
 
     def _one_by_one(self, datums: list[bytes]) -> tuple[pa.Table, list[int]]:
@@ -120,4 +120,22 @@ class SchemaDecoder:
                 failed.append(position)
                 continue
             bodies.append(datum[5 : stream.tell()])
-        return (self._bulk(bodies) if bodies else pa.table({})), failed
+        if not bodies:
+            return pa.table({}), failed
+        return self._bulk(len(bodies), b"".join(bodies)), failed
+
+
+def unframed(datums: pa.BinaryArray) -> bytes:
+    """The datums' bytes back to back without their 5-byte frames: the Arrow array's data buffer
+    with five bytes masked out at each value's start (a Python slice per record cost more than
+    polars' decoding)."""
+    bounds = np.frombuffer(datums.buffers()[1], dtype=np.int32)[
+        datums.offset : datums.offset + len(datums) + 1
+    ]
+    first, end = int(bounds[0]), int(bounds[-1])
+    data = np.frombuffer(datums.buffers()[2], dtype=np.uint8)[first:end]
+    keep = np.ones(end - first, dtype=bool)
+    starts = bounds[:-1] - first
+    for skipped in range(5):
+        keep[starts + skipped] = False
+    return data[keep].tobytes()

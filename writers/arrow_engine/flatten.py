@@ -101,12 +101,17 @@ def field_of(struct: pa.Array, name: str) -> pa.Array:
     return pc.if_else(pc.is_valid(struct), child, pa.nulls(len(child), child.type))
 
 
+def whole(column: pa.ChunkedArray) -> pa.Array:
+    """A column as one array (no copy when it is one chunk already, as polars gives it)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def row_image(decoded: pa.Table, version: VersionPlan, name: str) -> pa.Array:
     """The carrier value of row column `name`: from `after`, or `before` where `after` is null."""
     if not version.is_debezium:
-        return decoded.column(name).combine_chunks()
-    after = decoded.column("after").combine_chunks()
-    before = decoded.column("before").combine_chunks()
+        return whole(decoded.column(name))
+    after = whole(decoded.column("after"))
+    before = whole(decoded.column("before"))
     after_value = field_of(after, name)
     if after.null_count == 0:
         return after_value
@@ -126,7 +131,7 @@ class VersionRows:
     keys: pa.Array
 
     def envelope(self, name: str) -> pa.Array:
-        return self.decoded.column(name).combine_chunks()
+        return whole(self.decoded.column(name))
 
     def source_field(self, name: str) -> pa.Array | None:
         if not self.version.is_debezium or name not in self.version.source_fields:
@@ -149,9 +154,9 @@ class VersionRows:
 def kafka_value(rows: VersionRows, field: str) -> pa.Array:
     count = len(rows.offsets)
     if field == "topic":
-        return pa.array([rows.topic] * count, pa.string())
+        return pa.repeat(pa.scalar(rows.topic, pa.string()), count)
     if field == "partition":
-        return pa.array([rows.partition] * count, pa.int32())
+        return pa.repeat(pa.scalar(rows.partition, pa.int32()), count)
     if field == "offset":
         return rows.offsets
     if field == "timestamp":

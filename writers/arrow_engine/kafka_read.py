@@ -6,6 +6,7 @@ kept as Python bytes only until they are framed into one Avro block (`avro_block
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,13 +29,14 @@ _FETCH = {
 class RawRecords:
     """A task's records in offset order."""
 
-    keys: list[bytes | None]
-    values: list[bytes | None]
+    values: pa.BinaryArray
     offsets: pa.Array
     timestamps_ms: pa.Array
+    keys: list[bytes | None]
+    """Empty unless asked for (`read_range`'s `with_keys`)."""
 
 
-def read_range(source: KafkaSource, task: TaskRange) -> RawRecords:
+def read_range(source: KafkaSource, task: TaskRange, with_keys: bool = False) -> RawRecords:
     """Every record of `task`'s range (fewer when the range has gaps: compaction, transactions).
 
     Reads uncommitted records too, as Spark's Kafka source does by default, so both engines see
@@ -56,9 +58,9 @@ def read_range(source: KafkaSource, task: TaskRange) -> RawRecords:
     values: list[bytes | None] = []
     offsets: list[int] = []
     timestamps: list[int] = []
+    last = task.until - 1
     try:
         consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
-        last = task.until - 1
         done = task.until <= task.start
         while not done:
             messages = consumer.consume(num_messages=10_000, timeout=_POLL_TIMEOUT_S)
@@ -66,24 +68,27 @@ def read_range(source: KafkaSource, task: TaskRange) -> RawRecords:
                 raise TimeoutError(
                     f"no records from {task.topic}:{task.partition} in {_POLL_TIMEOUT_S} s"
                 )
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:  # noqa: SLF001 - librdkafka's name
-                        done = True
-                        break
+            errors = [m for m in messages if m.error() is not None]
+            for error in (m.error() for m in errors):
+                if error.code() != KafkaError._PARTITION_EOF:  # noqa: SLF001 - librdkafka's name
                     raise RuntimeError(f"reading {task.topic}:{task.partition}: {error}")
-                offset = message.offset()
-                if offset > last:
-                    done = True
-                    break
-                keys.append(message.key())
-                values.append(message.value())
-                offsets.append(offset)
-                timestamps.append(message.timestamp()[1])
-                if offset == last:
-                    done = True
-                    break
+            if errors:
+                done = True
+                messages = [m for m in messages if m.error() is None]
+            # One comprehension per field: a loop of appends per record cost a third more.
+            offsets.extend([m.offset() for m in messages])
+            values.extend([m.value() for m in messages])
+            timestamps.extend([m.timestamp()[1] for m in messages])
+            if with_keys:
+                keys.extend([m.key() for m in messages])
+            if offsets and offsets[-1] >= last:
+                done = True
     finally:
         consumer.close()
-    return RawRecords(keys, values, pa.array(offsets, pa.int64()), pa.array(timestamps, pa.int64()))
+    count = bisect.bisect_right(offsets, last)
+    return RawRecords(
+        pa.array(values[:count] if count < len(values) else values, pa.binary()),
+        pa.array(offsets[:count], pa.int64()),
+        pa.array(timestamps[:count], pa.int64()),
+        keys[:count],
+    )

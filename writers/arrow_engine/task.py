@@ -83,61 +83,78 @@ class TaskFacts:
 
 def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
     """The task's body (see the module docstring)."""
-    raw = read_range(plan.source, task)
-    facts = TaskFacts(records=len(raw.values))
-    by_prefix = {frame_prefix(v.schema_id): v for v in plan.versions}
-    positions: dict[int, list[int]] = {v.index: [] for v in plan.versions}
-    for position, value in enumerate(raw.values):
-        if value is None:
-            facts.errors["tombstone"] += 1
-        elif len(value) < 5 or value[0] != 0:
-            facts.errors["bad-magic-byte"] += 1
-        else:
-            version = by_prefix.get(value[:5])
-            if version is None:
-                facts.errors["unknown-schema-id"] += 1
-            else:
-                positions[version.index].append(position)
-    if not plan.tables and all(c.source_db is None and c.source_table is None for c in plan.claims):
-        # Learning which versions feed which table, routed by topic: the frames say it all.
-        route = _topic_route(plan.claims, task.topic)
-        for index, chosen in positions.items():
-            if route is not None and chosen:
-                facts.pairs[(route, index)] += len(chosen)
-        return facts
     needs_keys = any(
         plan.metadata.kafka.prefix + "key" == name for t in plan.tables for name in t.schema.names
     )
+    raw = read_range(plan.source, task, with_keys=needs_keys)
+    facts = TaskFacts(records=len(raw.values))
+    chosen_by_version = _frames(plan, raw.values, facts)
+    if not plan.tables and all(c.source_db is None and c.source_table is None for c in plan.claims):
+        # Learning which versions feed which table, routed by topic: the frames say it all.
+        route = _topic_route(plan.claims, task.topic)
+        for index, chosen in chosen_by_version.items():
+            if route is not None:
+                facts.pairs[(route, index)] += len(chosen)
+        return facts
     pieces: dict[str, list[_Piece]] = {t.identifier: [] for t in plan.tables}
     for version in plan.versions:
-        chosen = positions[version.index]
-        if not chosen:
+        chosen = chosen_by_version.get(version.index)
+        if chosen is None:
             continue
         decoder = SchemaDecoder.of(version.schema_text, version.resolved)
-        decoded, failed = decoder.decode([raw.values[p] for p in chosen])
+        decoded, failed = decoder.decode(raw.values.take(chosen))
+        decoded = decoded.combine_chunks()
         if failed:
             facts.errors["undecodable-avro"] += len(failed)
             route = _topic_route(plan.claims, task.topic)
             if route is not None:
                 facts.pairs[(route, version.index)] += len(failed)
             lost = set(failed)
-            chosen = [p for i, p in enumerate(chosen) if i not in lost]
-        if not chosen:
+            chosen = pa.array([p for i, p in enumerate(chosen.to_pylist()) if i not in lost])
+        if len(chosen) == 0:
             continue
-        taken = pa.array(chosen, pa.int64())
         rows = VersionRows(
             version,
             decoded,
             task.topic,
             task.partition,
-            raw.offsets.take(taken),
-            raw.timestamps_ms.take(taken),
-            pa.array([raw.keys[p] for p in chosen], pa.binary()) if needs_keys else pa.nulls(0),
+            raw.offsets.take(chosen),
+            raw.timestamps_ms.take(chosen),
+            pa.array(raw.keys, pa.binary()).take(chosen) if needs_keys else pa.nulls(0),
         )
         _classify_and_route(plan, rows, facts, pieces)
     for table in plan.tables:
         _write_table(table, task, pieces[table.identifier], facts)
     return facts
+
+
+def _frames(plan: TaskPlan, values: pa.BinaryArray, facts: TaskFacts) -> dict[int, pa.Array]:
+    """Positions of each version's records, by the 5-byte frame; counts the records that have
+    no frame of a known schema (`tombstone`, `bad-magic-byte`, `unknown-schema-id`)."""
+    tombstones = values.null_count
+    framed = pc.and_(
+        pc.greater_equal(pc.binary_length(values), 5),
+        pc.equal(pc.binary_slice(values, 0, 1), b"\x00"),
+    )
+    framed = pc.fill_null(framed, False)
+    prefixes = pc.binary_slice(values, 0, 5)
+    chosen: dict[int, pa.Array] = {}
+    known = 0
+    for version in plan.versions:
+        mine = pc.fill_null(pc.equal(prefixes, frame_prefix(version.schema_id)), False)
+        positions = pc.indices_nonzero(mine)
+        if len(positions):
+            chosen[version.index] = positions
+            known += len(positions)
+    framed_count = pc.sum(framed).as_py() or 0
+    for reason, count in (
+        ("tombstone", tombstones),
+        ("bad-magic-byte", len(values) - tombstones - framed_count),
+        ("unknown-schema-id", framed_count - known),
+    ):
+        if count:
+            facts.errors[reason] += count
+    return chosen
 
 
 def _topic_route(claims: list[RouteClaim], topic: str) -> str | None:
@@ -184,9 +201,8 @@ def _classify_and_route(
     version = rows.version
     count = len(rows.offsets)
     route = _routes(plan, rows)
-    for name, routed in Counter(route.to_pylist()).items():
-        if name is not None:
-            facts.pairs[(name, version.index)] += routed
+    for name, routed in _counts(route).items():
+        facts.pairs[(name, version.index)] += routed
     row_columns, unconvertible = rows.converted_row()
     error = pc.if_else(pc.is_null(route), "unroutable", pa.nulls(count, pa.string()))
     for keyed_route, key_columns in plan.keyed_routes.items():
@@ -205,9 +221,7 @@ def _classify_and_route(
     if unconvertible is not None:
         hit = pc.and_(pc.fill_null(unconvertible, False), pc.is_null(error))
         error = pc.if_else(hit, "unconvertible-value", error)
-    for reason, failed in Counter(error.to_pylist()).items():
-        if reason is not None:
-            facts.errors[reason] += failed
+    facts.errors.update(_counts(error))
     ok = pc.is_null(error)
     source_ms = rows.source_field("ts_ms")
     kafka_ms = rows.timestamps_ms
@@ -229,6 +243,16 @@ def _classify_and_route(
             selected_ms = events.filter(keep)
         flat = table_rows(selected, selected_columns, table.schema, plan.metadata)
         pieces[table.identifier].append(_Piece(flat, selected_ms, selected.offsets))
+
+
+def _counts(values: pa.Array) -> dict[str, int]:
+    """How often each non-null value occurs (Arrow's count, not a Python loop over records)."""
+    if values.null_count == len(values):
+        return {}
+    counted = pc.value_counts(values.drop_null())
+    return dict(
+        zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist(), strict=True)
+    )
 
 
 def _any_key_null(rows: VersionRows, key_columns: tuple[str, ...]) -> pa.Array | None:
