@@ -59,9 +59,10 @@ def _print_status(stack) -> None:  # noqa: ANN001 - LocalStack, imported lazily
 def cmd_config(args: argparse.Namespace) -> int:
     from common.config.docs import render_markdown
     from common.config.secrets import masked_dump
+    from icekeeper.localstack.settings import SECTION, StackConfig
 
     if args.action == "docs":
-        print(render_markdown(), end="")
+        print(render_markdown({SECTION: StackConfig}), end="")
         return 0
     config = _config(args)
     if args.action == "show":

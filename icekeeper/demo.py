@@ -48,7 +48,7 @@ def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     """The config with its state folder moved to `<state_dir>/demo`, everything else kept."""
     demo_state = str(Path(config.state_dir) / "demo")
     dumped = _replace_prefix(config.model_dump(mode="python"), config.state_dir, demo_state)
-    return IcekeeperConfig.model_validate(dumped)
+    return IcekeeperConfig.model_validate(dumped).with_development(config.development)
 
 
 def _replace_prefix(node: Any, old: str, new: str) -> Any:

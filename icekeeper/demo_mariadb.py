@@ -27,6 +27,7 @@ from common.config.model import IcekeeperConfig
 from icekeeper.demo import Progress, demo_config, fresh_stack
 from icekeeper.localstack.cdc import ConnectClient, MariaDbSource
 from icekeeper.localstack.databases import DATABASE, OWNER
+from icekeeper.localstack.settings import stack_settings
 from icekeeper.mirror import (
     Difference,
     differences,
@@ -114,7 +115,7 @@ def mariadb_demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     """The demo's config (`demo_config`) with its first source and only table set to Debezium's
     topic of `orders`."""
     config = demo_config(config)
-    topic = MariaDbSource(config.stack).topic(TOPIC_PREFIX, TABLE)
+    topic = MariaDbSource(stack_settings(config)).topic(TOPIC_PREFIX, TABLE)
     dumped = config.model_dump(mode="python")
     dumped["sources"] = [{**dumped["sources"][0], "topics": [topic], "topic_pattern": None}]
     dumped["tables"] = [
@@ -131,7 +132,7 @@ def mariadb_demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
             "mode": "changelog",
         }
     ]
-    return IcekeeperConfig.model_validate(dumped)
+    return IcekeeperConfig.model_validate(dumped).with_development(config.development)
 
 
 def expected_records(statement: str, affected_rows: int) -> int:
@@ -161,8 +162,8 @@ def run_mariadb_demo(
     started = time.monotonic()
     config = mariadb_demo_config(config)
     stack = fresh_stack(config, with_services=["mariadb"], progress=progress)
-    source = MariaDbSource(config.stack)
-    connect = ConnectClient.for_stack(config.stack)
+    source = MariaDbSource(stack.stack)
+    connect = ConnectClient.for_stack(stack.stack)
     db = spark = None
     connector_created = False
     try:
@@ -248,7 +249,7 @@ def run_mariadb_demo(
             spark.stop()
         if keep_stack:
             progress(
-                f"stack kept: MariaDB at {config.stack.host}:{config.stack.mariadb_port} (user "
+                f"stack kept: MariaDB at {stack.stack.host}:{stack.stack.mariadb_port} (user "
                 f"{OWNER.name}, password {OWNER.password}), connector {CONNECTOR} at "
                 f"{connect.url}; stop with: ICEKEEPER__STATE_DIR={config.state_dir} icekeeper "
                 "stack down --with mariadb"

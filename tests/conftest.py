@@ -20,6 +20,7 @@ import pytest
 
 from common.config import IcekeeperConfig, load_config
 from common.config.model import AzureQueueTransport
+from icekeeper.localstack.settings import stack_settings
 from tests.support.stack import TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
 
 
@@ -65,7 +66,7 @@ def kafka_connect(local_stack, stack_config: IcekeeperConfig):
     from icekeeper.localstack.cdc import ConnectClient
 
     with _optional_service(stack_config, "connect"):
-        yield ConnectClient.for_stack(stack_config.stack)
+        yield ConnectClient.for_stack(stack_settings(stack_config))
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +76,7 @@ def mariadb_cdc(kafka_connect, stack_config: IcekeeperConfig):
     from icekeeper.localstack.cdc import MariaDbSource
 
     with _optional_service(stack_config, "mariadb"):
-        yield MariaDbSource(stack_config.stack)
+        yield MariaDbSource(stack_settings(stack_config))
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +86,7 @@ def postgres_cdc(kafka_connect, stack_config: IcekeeperConfig):
     from icekeeper.localstack.cdc import PostgresSource
 
     with _optional_service(stack_config, "postgres"):
-        source = PostgresSource(stack_config.stack)
+        source = PostgresSource(stack_settings(stack_config))
         # left by an earlier session's killed worker; no connector runs yet
         source.drop_inactive_slots()
         yield source

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from common.config.model import StackConfig
+from icekeeper.localstack.settings import StackConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yaml").read_text(encoding="utf-8"))

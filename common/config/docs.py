@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -39,8 +40,22 @@ Generated from `common/config/model.py` by `icekeeper config docs`; do not edit 
 """
 
 
-def render_markdown() -> str:
-    """The whole reference."""
+_DEVELOPMENT_HEADER = """# Development sections
+
+Read only by the development tools (`icekeeper stack`, `icekeeper demo`, the tests), never by
+the writer, the bookkeeper or the reaper; a production config has no need of them. A config file
+may hold them beside the sections above, and `ICEKEEPER__STACK__...` variables override them.
+"""
+
+
+def render_markdown(development: Mapping[str, type[BaseModel]] | None = None) -> str:
+    """The whole reference: every key of the production model, then the development sections.
+
+    Args:
+        development: section name -> its tool's model (e.g. `stack` ->
+            `icekeeper.localstack.settings.StackConfig`); `common` imports no tool, so the
+            caller names them.
+    """
     sections = [_HEADER]
     sections.append(_render_model("Top level", IcekeeperConfig, prefix=""))
     for name, field in IcekeeperConfig.model_fields.items():
@@ -58,6 +73,10 @@ def render_markdown() -> str:
                             prefix=f"{name}{suffix}.{sub_name}{sub_suffix}.",
                         )
                     )
+    if development:
+        sections.append(_DEVELOPMENT_HEADER)
+        for name, model in development.items():
+            sections.append(_render_model(f"`{name}`", model, prefix=f"{name}."))
     return "\n".join(sections)
 
 

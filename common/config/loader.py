@@ -11,12 +11,12 @@ import copy
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from common.config.model import IcekeeperConfig
+from common.config.model import DEVELOPMENT_SECTIONS, DevelopmentSections, IcekeeperConfig
 from common.config.properties import translate_properties
 from common.config.secrets import mask_text, remember_secrets_in, resolve_references
 
@@ -68,15 +68,41 @@ def load_config(
         return ConfigError(source_name, _user_key(_dotted_key(path), key_names), reason)
 
     raw = resolve_references(raw, environ, reference_error)
+    development = DevelopmentSections(
+        source_name,
+        {name: raw.pop(name) for name in DEVELOPMENT_SECTIONS if name in raw},
+        dict(key_names),
+    )
     try:
         config = IcekeeperConfig.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
         key = _dotted_key(first["loc"])
         raise ConfigError(source_name, _user_key(key, key_names), _describe(first)) from None
-    config = _expand_paths(config)
+    config = _expand_paths(config).with_development(development)
     remember_secrets_in(config)
     return config
+
+
+SectionModel = TypeVar("SectionModel", bound=BaseModel)
+
+
+def validate_development_section(
+    development: DevelopmentSections, name: str, model: type[SectionModel]
+) -> SectionModel:
+    """Validate the development section `name` (e.g. `stack`) with its tool's own model.
+
+    Raises:
+        ConfigError: naming the file and the key (`stack.kafka_port`), as for any other key.
+    """
+    try:
+        return model.model_validate(development.sections.get(name) or {})
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = _dotted_key((name, *first["loc"]))
+        raise ConfigError(
+            development.source, _user_key(key, dict(development.key_names)), _describe(first)
+        ) from None
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:

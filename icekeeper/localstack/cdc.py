@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from common.config.model import StackConfig
 from icekeeper.localstack.databases import DATABASE, DEBEZIUM, OWNER, DatabaseUser
+from icekeeper.localstack.settings import StackConfig
 
 if TYPE_CHECKING:
     import psycopg

@@ -25,8 +25,8 @@ from common.artifacts import (
     npm_package,
     unpacked_archive,
 )
-from common.config.model import StackConfig
 from icekeeper.localstack.java import find_java
+from icekeeper.localstack.settings import StackConfig
 
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = (

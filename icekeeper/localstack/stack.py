@@ -26,6 +26,7 @@ from icekeeper.localstack.databases import MariaDbService, PostgresService
 from icekeeper.localstack.errors import StackError
 from icekeeper.localstack.secured import RegistryAuthService, SaslKafkaService
 from icekeeper.localstack.services import LaunchSpec, Service, all_services
+from icekeeper.localstack.settings import stack_settings
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,11 @@ def started_optional_services(config: IcekeeperConfig) -> list[str]:
     """Optional services that `up` started in this state folder (their pid files exist), for `down`
     and `status`."""
     state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
+    stack = stack_settings(config)
     return [
         name
         for name, kind in OPTIONAL_SERVICES.items()
-        if _pid_file(kind(config.stack, state_dir, cache_dir)).exists()
+        if _pid_file(kind(stack, state_dir, cache_dir)).exists()
     ]
 
 
@@ -97,16 +99,17 @@ class LocalStack:
     ) -> None:
         """
         Args:
-            config: the stack's ports and versions (`config.stack`), state and cache folders.
+            config: state and cache folders, and the file's `stack:` section (ports, versions).
             only: manage just these services (of the core ones and those in `with_services`).
             with_services: optional services to add (`OPTIONAL_SERVICES`); `mariadb` and `postgres`
                 bring `connect`.
         """
         self.config = config
+        self.stack = stack_settings(config)
         state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
         optional = with_dependencies(with_services or [])
-        services = all_services(config.stack, state_dir, cache_dir) + [
-            OPTIONAL_SERVICES[name](config.stack, state_dir, cache_dir) for name in optional
+        services = all_services(self.stack, state_dir, cache_dir) + [
+            OPTIONAL_SERVICES[name](self.stack, state_dir, cache_dir) for name in optional
         ]
         unknown = set(only or []) - {service.name for service in services}
         if unknown:
@@ -120,7 +123,7 @@ class LocalStack:
         # Every service by name, also those outside `only`, so a service's `needs` can be checked.
         self._known: dict[str, Service] = {service.name: service for service in services}
         for name, kind in OPTIONAL_SERVICES.items():
-            self._known.setdefault(name, kind(config.stack, state_dir, cache_dir))
+            self._known.setdefault(name, kind(self.stack, state_dir, cache_dir))
 
     def service(self, name: str) -> Service:
         return next(service for service in self.services if service.name == name)
@@ -198,7 +201,7 @@ class LocalStack:
         )
 
     def _wait_healthy(self, progress: Progress, services: list[Service]) -> None:
-        deadline = time.monotonic() + self.config.stack.start_timeout
+        deadline = time.monotonic() + self.stack.start_timeout
         pending = list(services)
         if not pending:
             return
@@ -217,7 +220,7 @@ class LocalStack:
                 if pending and time.monotonic() > deadline:
                     names = ", ".join(service.name for service in pending)
                     raise StackError(
-                        f"not healthy after {self.config.stack.start_timeout:.0f}s: {names}; logs "
+                        f"not healthy after {self.stack.start_timeout:.0f}s: {names}; logs "
                         f"under {Path(self.config.state_dir) / 'stack'}"
                     )
                 if pending:

@@ -32,6 +32,7 @@ from icekeeper.localstack.cdc import (
     snapshot_completed,
 )
 from icekeeper.localstack.errors import StackError
+from icekeeper.localstack.settings import stack_settings
 from tests.support.stack import REPO_ROOT, TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
 from tests.support.waiting import wait_until
 
@@ -203,7 +204,7 @@ def test_a_snapshot_is_complete_once_its_offsets_carry_no_snapshot_marker() -> N
 
 
 def test_connector_configs_carry_the_registry_and_converters(stack_config: IcekeeperConfig) -> None:
-    stack = stack_config.stack
+    stack = stack_settings(stack_config)
     config = MariaDbSource(stack).connector_config(
         "orders-cdc", "shop", ["orders", "order_lines"], "sales"
     )
@@ -589,9 +590,9 @@ def test_stack_status_shows_the_services_up_with_started(
         if line.strip()
     }
     for name, port in (
-        ("mariadb", stack_config.stack.mariadb_port),
-        ("postgres", stack_config.stack.postgres_port),
-        ("connect", stack_config.stack.connect_port),
+        ("mariadb", stack_settings(stack_config).mariadb_port),
+        ("postgres", stack_settings(stack_config).postgres_port),
+        ("connect", stack_settings(stack_config).connect_port),
     ):
         assert lines[name][1] == "running" and str(port) in lines[name][2]
 

@@ -41,9 +41,9 @@ def test_status_shows_every_service_running_with_its_address(local_stack: LocalS
     statuses = {status.name: status for status in local_stack.status()}
     assert set(statuses) == {"kafka", "registry", "azurite-queue", "azurite-blob"}
     assert all(status.state == "running" and status.pid for status in statuses.values())
-    config = local_stack.config
-    assert statuses["kafka"].address == f"127.0.0.1:{config.stack.kafka_port}"
-    assert statuses["registry"].address.endswith(f":{config.stack.registry_port}/apis/ccompat/v7")
+    stack = local_stack.stack
+    assert statuses["kafka"].address == f"127.0.0.1:{stack.kafka_port}"
+    assert statuses["registry"].address.endswith(f":{stack.registry_port}/apis/ccompat/v7")
 
 
 def test_up_again_is_idempotent(local_stack: LocalStack) -> None:
