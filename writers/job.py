@@ -44,6 +44,7 @@ from writers.offsets import (
 from writers.progress import TableProgress, next_seq, refresh_progress, table_positions
 from writers.registry import RegistryUnavailable, TopicSchemas
 from writers.routing import Routes, routes_for
+from writers.table_writer import restart_monikers
 
 log = logging.getLogger(__name__)
 _MAX_PAUSE_S = 60.0
@@ -243,6 +244,9 @@ class WriterJob:
             else []
         )
         outcome = self.batches.write(source, plan, seq, schemas, routes)
+        outcome.monikers += restart_monikers(
+            self.catalog, self.writer_id, plan, seq, outcome.monikers, self.tables
+        )
         for moniker in outcome.monikers:
             self.transport.publish(moniker)
             self.tables.setdefault(moniker.table, TableProgress()).published(moniker)

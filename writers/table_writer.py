@@ -220,6 +220,40 @@ class TableWriter:
         return TableWrite(moniker, output, observed_rows)
 
 
+def restart_monikers(
+    catalog: Catalog,
+    writer_id: str,
+    plan: BatchPlan,
+    seq: int,
+    written: list[Moniker],
+    tables: dict[str, TableProgress],
+) -> list[Moniker]:
+    """Monikers without files for the tables that start a partition over on a recreated topic
+    but got no row of this batch (`written` has none of theirs): the restart is in the offsets,
+    which the table's committed ones must take, else the next batch would find them beyond the
+    partition's end and start over again."""
+    monikers = []
+    for identifier in sorted(set(plan.restarted) - {m.table for m in written} - {"*"}):
+        table = load_table_or_none(catalog, identifier)
+        ranges = offset_ranges(plan, identifier)
+        if table is None or not ranges:
+            continue  # nothing committed to start over from
+        monikers.append(
+            Moniker(
+                id=moniker_id(writer_id, identifier, ranges),
+                writer_id=writer_id,
+                seq=seq,
+                prev_seq=tables.setdefault(identifier, TableProgress()).last_seq,
+                table=identifier,
+                schema=json.loads(table.schema().model_dump_json()),
+                offsets=ranges,
+                records=0,
+                table_location=table.location(),
+            )
+        )
+    return monikers
+
+
 def offset_ranges(plan: BatchPlan, identifier: str) -> list[OffsetRange]:
     """The offsets a moniker of `identifier` covers: its own span of each partition the batch
     read."""

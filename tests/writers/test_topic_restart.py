@@ -149,3 +149,51 @@ def test_the_bookkeeper_takes_a_restart_below_the_committed_offset_and_replaces_
     assert "would be added twice" in (overlapping_offsets(_moniker(2, plain), committed) or "")
     assert next_committed_offset(committed, restart) == 40
     assert next_committed_offset(committed, plain) == 300
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_a_table_with_no_row_in_the_restarted_partition_takes_the_restart_once(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    tables = (
+        f"[{{identifier: shop.orders, topics: [{unique_topic}], source_table: orders, "
+        "mode: changelog}, "
+        f"{{identifier: shop.items, topics: [{unique_topic}], source_table: items, "
+        "mode: changelog}]"
+    )
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {"ICEKEEPER__TABLES": tables, "ICEKEEPER__SOURCES__0__ON_TOPIC_RESET": "restart"},
+    )
+
+    def produce(seed: int, table: str, events: int) -> None:
+        produce_synthetic(
+            config,
+            SyntheticSpec(seed=seed, keys=20, events=events, schema_changes=0, table=table),
+            topic=unique_topic,
+            partitions=1,
+            progress=lambda m: None,
+        )
+
+    produce(71, "orders", 30)
+    produce(72, "items", 20)
+    WriterJob(config, spark=spark).run(until_idle=True)
+    commit_all(config)
+    _recreate(config, unique_topic)
+    produce(73, "orders", 5)  # nothing for shop.items in the new topic yet
+
+    reports = WriterJob(config, spark=spark).run(until_idle=True, max_batches=3)
+    assert [r.rows_written for r in reports] == [5]
+    bookkeeper = commit_all(config)
+    for identifier in ("shop.orders", "shop.items"):
+        table = bookkeeper.catalog.load_table(identifier)
+        assert committed_state(table).offsets == {(unique_topic, 0): 5}, identifier
+
+    produce(74, "items", 4)
+    reports = WriterJob(config, spark=spark).run(until_idle=True, max_batches=3)
+    assert sum(r.rows_written for r in reports) == 4
+    bookkeeper = commit_all(config)
+    assert len(table_rows(bookkeeper, "shop.orders")) == 35
+    assert len(table_rows(bookkeeper, "shop.items")) == 24
