@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from common.config.model import DEVELOPMENT_SECTIONS, DevelopmentSections, IcekeeperConfig
 from common.config.properties import translate_properties
+from common.config.renames import RENAMED_KEYS
 from common.config.secrets import mask_text, remember_secrets_in, resolve_references
 
 ENV_PREFIX = "ICEKEEPER__"
@@ -68,6 +69,7 @@ def load_config(
         return ConfigError(source_name, _user_key(_dotted_key(path), key_names), reason)
 
     raw = resolve_references(raw, environ, reference_error)
+    _name_renamed_keys(raw, key_names)
     development = DevelopmentSections(
         source_name,
         {name: raw.pop(name) for name in DEVELOPMENT_SECTIONS if name in raw},
@@ -103,6 +105,15 @@ def validate_development_section(
         raise ConfigError(
             development.source, _user_key(key, dict(development.key_names)), _describe(first)
         ) from None
+
+
+def _name_renamed_keys(raw: dict[str, Any], key_names: dict[str, str]) -> None:
+    """An error in a key the model moves (common/config/renames.py) names the key as written."""
+    for (old_section, old_key), (new_section, new_key) in RENAMED_KEYS.items():
+        section = raw.get(old_section)
+        if isinstance(section, dict) and old_key in section:
+            old = f"{old_section}.{old_key}"
+            key_names.setdefault(f"{new_section}.{new_key}", key_names.get(old, old))
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:

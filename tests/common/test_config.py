@@ -276,6 +276,16 @@ def test_an_old_environment_variable_still_overrides_its_moved_key() -> None:
     assert config.spark.master == "local[2]"
 
 
+def test_a_bad_value_under_an_old_key_names_the_key_as_written(tmp_path: Path) -> None:
+    path = write(tmp_path, "old.yaml", "reaper: {orphan_grace: soon}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ={})
+    assert "reaper.orphan_grace (group.orphan_grace): 'soon' is not a duration" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        load_config(None, environ={"ICEKEEPER__REAPER__ORPHAN_GRACE": "soon"})
+    assert "ICEKEEPER__REAPER__ORPHAN_GRACE (group.orphan_grace)" in str(error.value)
+
+
 def test_an_old_key_and_its_new_key_set_differently_is_an_error_naming_both(
     tmp_path: Path,
 ) -> None:
