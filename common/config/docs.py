@@ -22,6 +22,7 @@ from common.config.model import (
     TxLogTransport,
     parse_duration_s,
 )
+from common.config.renames import RENAMED_KEYS
 
 _HEADER = """# Configuration reference
 
@@ -56,7 +57,7 @@ def render_markdown(development: Mapping[str, type[BaseModel]] | None = None) ->
             `icekeeper.localstack.settings.StackConfig`); `common` imports no tool, so the
             caller names them.
     """
-    sections = [_HEADER]
+    sections = [_HEADER, _render_renamed_keys()]
     sections.append(_render_model("Top level", IcekeeperConfig, prefix=""))
     for name, field in IcekeeperConfig.model_fields.items():
         for model, suffix in _nested_models(field.annotation):
@@ -78,6 +79,17 @@ def render_markdown(development: Mapping[str, type[BaseModel]] | None = None) ->
         for name, model in development.items():
             sections.append(_render_model(f"`{name}`", model, prefix=f"{name}."))
     return "\n".join(sections)
+
+
+def _render_renamed_keys() -> str:
+    lines = [
+        "Keys moved in this release still load from their old place, with a warning naming the",
+        "new key; the old names go in the next release:",
+        "",
+    ]
+    for (old_section, old_key), (new_section, new_key) in RENAMED_KEYS.items():
+        lines.append(f"- `{old_section}.{old_key}` -> `{new_section}.{new_key}`")
+    return "\n".join(lines) + "\n"
 
 
 def _nested_models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
