@@ -44,7 +44,8 @@ def parse_duration_s(value: object) -> float:
         match = _DURATION_PATTERN.match(str(value))
         if not match:
             raise ValueError(
-                f"{value!r} is not a duration: use seconds or a string like '500ms', '10s', '5m', '2h', '7d'"
+                f"{value!r} is not a duration: use seconds or a string like '500ms', '10s', '5m', "
+                "'2h', '7d'"
             )
         seconds = float(match.group(1)) * _DURATION_UNITS_S[match.group(2) or "s"]
     if seconds < 0:
@@ -62,7 +63,8 @@ class _Model(BaseModel):
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration_s)]
-"""Seconds; config files may write ``"500ms"``, ``"10s"``, ``"5m"``, ``"2h"``, ``"7d"`` or a number."""
+"""Seconds; config files may write ``"500ms"``, ``"10s"``, ``"5m"``, ``"2h"``, ``"7d"`` or a
+number."""
 
 
 SourceFormat = Literal["avro-confluent", "debezium-json", "json"]
@@ -125,9 +127,10 @@ class KafkaSource(_Model):
     )
     schema_registry_url: str = Field(
         "http://127.0.0.1:8081/apis/ccompat/v7",
-        description="Confluent-compatible schema registry URL (seed 000: `kafka.schema.registry.url`). "
-        "For Apicurio include `/apis/ccompat/v7`. Basic auth as user-info, with the password referenced: "
-        "`https://user:${env:REGISTRY_PASSWORD}@host/...` (see docs/operations.md, Secrets).",
+        description="Confluent-compatible schema registry URL (seed 000: "
+        "`kafka.schema.registry.url`). For Apicurio include `/apis/ccompat/v7`. Basic auth as "
+        "user-info, with the password referenced: `https://user:${env:REGISTRY_PASSWORD}@host/...` "
+        "(see docs/operations.md, Secrets).",
     )
     schema_registry_username: str | None = Field(
         None, description="Schema registry basic-auth user (instead of user-info in the URL)."
@@ -155,11 +158,13 @@ class KafkaSource(_Model):
     )
     consumer_group: str = Field(
         "icekeeper",
-        description="Consumer group whose offsets writers commit so lag shows in Kafka tools (seed 000: `kafka.consumer.group.id`).",
+        description="Consumer group whose offsets writers commit so lag shows in Kafka tools "
+        "(seed 000: `kafka.consumer.group.id`).",
     )
     format: SourceFormat = Field(
         "avro-confluent",
-        description="Message format: `avro-confluent` (magic byte + schema id), `debezium-json` (with or without schema envelope) or `json`.",
+        description="Message format: `avro-confluent` (magic byte + schema id), `debezium-json` "
+        "(with or without schema envelope) or `json`.",
     )
     starting_offsets: Literal["earliest", "latest"] = Field(
         "earliest",
@@ -173,25 +178,30 @@ class KafkaSource(_Model):
     max_rate_per_partition: int | None = Field(
         None,
         ge=1,
-        description="Records per second per partition; caps a batch at rate x trigger interval x partitions (seed 000: `spark.streaming.kafka.maxRatePerPartition`).",
+        description="Records per second per partition; caps a batch at rate x trigger interval x "
+        "partitions (seed 000: `spark.streaming.kafka.maxRatePerPartition`).",
     )
     dead_letter_topic: str = Field(
         "icekeeper.dead-letter",
-        description="Topic that receives records which cannot be decoded or routed, with the reason in headers.",
+        description="Topic that receives records which cannot be decoded or routed, with the "
+        "reason in headers.",
     )
     tombstones: Literal["skip", "dead-letter"] = Field(
         "skip",
-        description="Kafka tombstones (null value, Debezium's follow-up to a delete): `skip` counts and drops them; `dead-letter` sends them to the dead-letter topic.",
+        description="Kafka tombstones (null value, Debezium's follow-up to a delete): `skip` "
+        "counts and drops them; `dead-letter` sends them to the dead-letter topic.",
     )
     offset_gaps: bool = Field(
         False,
-        description="Allow offsets with no record (compacted or transactional topics). Off: a batch that reads fewer records than "
-        "its offset span fails and is retried, instead of silently skipping records Kafka did not return.",
+        description="Allow offsets with no record (compacted or transactional topics). Off: a "
+        "batch that reads fewer records than its offset span fails and is retried, instead of "
+        "silently skipping records Kafka did not return.",
     )
     table_template: str | None = Field(
         None,
-        description="Route records no table claims to a table named by this template, e.g. `cdc.{db}_{table}`; "
-        "fields: `{topic}`, `{server}`, `{db}`, `{table}` (Debezium `source.name`, `source.db`, `source.table`).",
+        description="Route records no table claims to a table named by this template, e.g. "
+        "`cdc.{db}_{table}`; fields: `{topic}`, `{server}`, `{db}`, `{table}` (Debezium "
+        "`source.name`, `source.db`, `source.table`).",
     )
     consumer_properties: dict[str, str] = Field(
         default_factory=dict,
@@ -238,7 +248,8 @@ class TableSpec(_Model):
 
     identifier: str = Field(
         ...,
-        description="`namespace.table` in the catalog (seed 000: `iceberg.table.name`; a leading Spark catalog name is dropped).",
+        description="`namespace.table` in the catalog (seed 000: `iceberg.table.name`; a leading "
+        "Spark catalog name is dropped).",
     )
     source: str = Field("default", description="Name of the source this table reads from.")
     topics: list[str] = Field(
@@ -253,36 +264,40 @@ class TableSpec(_Model):
     )
     primary_key: list[str] = Field(
         default_factory=list,
-        description="Key columns (seed 000: `iceberg.table.primaryKey`); becomes the table's identifier fields.",
+        description="Key columns (seed 000: `iceberg.table.primaryKey`); becomes the table's "
+        "identifier fields.",
     )
     mode: Literal["changelog", "upsert"] | None = Field(
         None,
-        description="`upsert`: the table mirrors the source table, one live row per primary key (position deletes through the "
-        "bookkeeper's key index). `changelog`: every change is a row. Default: `upsert` when `primary_key` is set (seed 000's "
-        "primaryKey tables answer one row per key), else `changelog`.",
+        description="`upsert`: the table mirrors the source table, one live row per primary key "
+        "(position deletes through the bookkeeper's key index). `changelog`: every change is a "
+        "row. Default: `upsert` when `primary_key` is set (seed 000's primaryKey tables answer one "
+        "row per key), else `changelog`.",
     )
     delete_mode: Literal["hard", "soft"] = Field(
         "hard",
-        description="Upsert tables: `hard` removes a deleted key's row; `soft` keeps its last row with the delete operation "
-        "in the op column (`<prefix>op` = 'd').",
+        description="Upsert tables: `hard` removes a deleted key's row; `soft` keeps its last row "
+        "with the delete operation in the op column (`<prefix>op` = 'd').",
     )
     partition_by: list[str] = Field(
         default_factory=list,
-        description="Partition spec: `col`, `year(col)`, `month(col)`, `day(col)`, `hour(col)`, `bucket(N, col)`, `truncate(W, col)` "
-        "(seed 000: `iceberg.table.partitionBy`).",
+        description="Partition spec: `col`, `year(col)`, `month(col)`, `day(col)`, `hour(col)`, "
+        "`bucket(N, col)`, `truncate(W, col)` (seed 000: `iceberg.table.partitionBy`).",
     )
     properties: dict[str, str] = Field(
         default_factory=dict,
-        description="Iceberg table properties (seed 000: `iceberg.table.properties`). `format-version`: 2 (the default) or, for "
-        "changelog tables, 1; the bookkeeper does not write format-version 3 metadata (so no deletion vectors: upsert tables "
-        "get position-delete files).",
+        description="Iceberg table properties (seed 000: `iceberg.table.properties`). "
+        "`format-version`: 2 (the default) or, for changelog tables, 1; the bookkeeper does not "
+        "write format-version 3 metadata (so no deletion vectors: upsert tables get "
+        "position-delete files).",
     )
     comment: str | None = Field(
         None, description="Table comment (seed 000: `iceberg.table.comment`)."
     )
     location: str | None = Field(
         None,
-        description="Table location; default: under the catalog warehouse (seed 000: `iceberg.table.location`).",
+        description="Table location; default: under the catalog warehouse (seed 000: "
+        "`iceberg.table.location`).",
     )
 
     @field_validator("identifier")
@@ -307,12 +322,14 @@ class TableSpec(_Model):
         version = self.properties.get("format-version", "2")
         if version not in ("1", "2"):
             raise ValueError(
-                f"{self.identifier}: format-version {version} is not supported; the bookkeeper writes format-version 2 "
-                "(upsert tables: position-delete files, which every engine reads; deletion vectors need format-version 3)"
+                f"{self.identifier}: format-version {version} is not supported; the bookkeeper "
+                "writes format-version 2 (upsert tables: position-delete files, which every "
+                "engine reads; deletion vectors need format-version 3)"
             )
         if version == "1" and self.upsert:
             raise ValueError(
-                f"{self.identifier}: an upsert table needs format-version 2 (row-level deletes); format-version 1 has none"
+                f"{self.identifier}: an upsert table needs format-version 2 (row-level deletes); "
+                "format-version 1 has none"
             )
         return self
 
@@ -327,7 +344,8 @@ class TableSpec(_Model):
         for term in terms:
             if not _PARTITION_TERM.match(term):
                 raise ValueError(
-                    f"{term!r} is not a partition term: use col, day(col), hour(col), bucket(N, col), truncate(W, col)"
+                    f"{term!r} is not a partition term: use col, day(col), hour(col), bucket(N, "
+                    "col), truncate(W, col)"
                 )
         return terms
 
@@ -354,20 +372,23 @@ class MetadataColumns(_Model):
         default_factory=lambda: MetadataGroup(
             columns=["name", "db", "table", "ts_ms", "server_id", "file", "pos"], prefix="_src_"
         ),
-        description="Debezium `source` fields (seed 000: `record.metadata.source.columns` / `.prefix`). "
-        "The operation (`<prefix>op`) and the envelope's `ts_ms` (`<prefix>ts_ms_r`) are always added.",
+        description="Debezium `source` fields (seed 000: `record.metadata.source.columns` / "
+        "`.prefix`). The operation (`<prefix>op`) and the envelope's `ts_ms` (`<prefix>ts_ms_r`) "
+        "are always added.",
     )
     transaction: MetadataGroup = Field(
         default_factory=lambda: MetadataGroup(
             columns=["id", "total_order", "data_collection_order"], prefix="_tsc_"
         ),
-        description="Debezium `transaction` fields (seed 000: `record.metadata.transaction.columns` / `.prefix`).",
+        description="Debezium `transaction` fields (seed 000: "
+        "`record.metadata.transaction.columns` / `.prefix`).",
     )
     kafka: MetadataGroup = Field(
         default_factory=lambda: MetadataGroup(
             columns=["topic", "partition", "offset", "timestamp"], prefix="_kfk_"
         ),
-        description="Kafka record fields: topic, partition, offset, timestamp (seed 000: `record.metadata.kafka.columns` / `.prefix`).",
+        description="Kafka record fields: topic, partition, offset, timestamp (seed 000: "
+        "`record.metadata.kafka.columns` / `.prefix`).",
     )
 
     @field_validator("kafka")
@@ -376,20 +397,22 @@ class MetadataColumns(_Model):
         unknown = set(group.columns) - {"topic", "partition", "offset", "timestamp", "key"}
         if unknown:
             raise ValueError(
-                f"unknown Kafka metadata fields {sorted(unknown)}: use topic, partition, offset, timestamp, key"
+                f"unknown Kafka metadata fields {sorted(unknown)}: use topic, partition, offset, "
+                "timestamp, key"
             )
         return group
 
 
 class TxLogTransport(_Model):
-    """Monikers as files in a transaction-log folder (local, abfs://, s3://: anything pyarrow/fsspec opens)."""
+    """Monikers as files in a transaction-log folder (local, abfs://, s3://: anything
+    pyarrow/fsspec opens)."""
 
     kind: Literal["txlog"] = "txlog"
     uri: str = Field("{state_dir}/txlog", description="Folder that holds pending monikers.")
     dead_letter_uri: str = Field(
         "{state_dir}/dead-letter/monikers",
-        description="Folder for monikers set aside (unreadable, quarantined, refused), with their reasons: `icekeeper dead-letters` "
-        "lists and replays them, the reaper spares their files.",
+        description="Folder for monikers set aside (unreadable, quarantined, refused), with their "
+        "reasons: `icekeeper dead-letters` lists and replays them, the reaper spares their files.",
     )
 
 
@@ -401,18 +424,19 @@ class AzureQueueTransport(_Model):
         "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
         "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
         "QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;",
-        description="Storage account connection string (default: Azurite's well-known dev account); a secret: write "
-        "`${env:NAME}` or `${file:/path}` rather than the string itself.",
+        description="Storage account connection string (default: Azurite's well-known dev "
+        "account); a secret: write `${env:NAME}` or `${file:/path}` rather than the string itself.",
     )
     queue_name: str = Field("icekeeper-monikers", description="Queue that carries monikers.")
     dead_letter_queue_name: str = Field(
         "icekeeper-monikers-dead-letter",
-        description="Queue that gets a message (reason, source) for every dead-lettered moniker, for alerts.",
+        description="Queue that gets a message (reason, source) for every dead-lettered moniker, "
+        "for alerts.",
     )
     dead_letter_uri: str = Field(
         "{state_dir}/dead-letter/monikers",
-        description="Folder that keeps dead-lettered monikers whole, with their reasons: `icekeeper dead-letters` lists and replays them, "
-        "the reaper spares their files.",
+        description="Folder that keeps dead-lettered monikers whole, with their reasons: "
+        "`icekeeper dead-letters` lists and replays them, the reaper spares their files.",
     )
     api_version: str | None = Field(
         "2026-06-06",
@@ -420,8 +444,8 @@ class AzureQueueTransport(_Model):
     )
     journal_uri: str = Field(
         "{state_dir}/moniker-journal",
-        description="Folder that keeps a copy of every pending moniker: writers resume from it, the reaper spares its files, "
-        "and a message too large for the queue points to it.",
+        description="Folder that keeps a copy of every pending moniker: writers resume from it, "
+        "the reaper spares its files, and a message too large for the queue points to it.",
     )
 
 
@@ -433,7 +457,8 @@ class CatalogConfig(_Model):
 
     name: str = Field(
         "icekeeper",
-        description="Catalog name (pyiceberg's catalog name; Spark registers it under the same name).",
+        description="Catalog name (pyiceberg's catalog name; Spark registers it under the same "
+        "name).",
     )
     properties: dict[str, str] = Field(
         default_factory=lambda: {
@@ -441,8 +466,9 @@ class CatalogConfig(_Model):
             "uri": "sqlite:///{state_dir}/catalog.db",
             "warehouse": "file://{state_dir}/warehouse",
         },
-        description="pyiceberg catalog properties; default: a SQLite catalog and a local warehouse under the state folder. "
-        "Credentials (`credential`, `token`, `s3.secret-access-key`, a password in `uri`) as `${env:NAME}` or `${file:/path}`.",
+        description="pyiceberg catalog properties; default: a SQLite catalog and a local warehouse "
+        "under the state folder. Credentials (`credential`, `token`, `s3.secret-access-key`, a "
+        "password in `uri`) as `${env:NAME}` or `${file:/path}`.",
     )
 
 
@@ -451,7 +477,8 @@ class WriterConfig(_Model):
 
     writer_id: str = Field(
         "writer-1",
-        description="Stable id of this writer; part of every moniker id, so keep it across restarts.",
+        description="Stable id of this writer; part of every moniker id, so keep it across "
+        "restarts.",
     )
     app_name: str = Field(
         "icekeeper-writer", description="Spark application name (seed 000: `spark.app.name`)."
@@ -470,36 +497,41 @@ class WriterConfig(_Model):
     instance_index: int = Field(
         0,
         ge=0,
-        description="This writer's share of each topic: partitions p with p % instance_count == instance_index.",
+        description="This writer's share of each topic: partitions p with p % instance_count == "
+        "instance_index.",
     )
     instance_count: int = Field(
         1,
         ge=1,
-        description="How many writers share the source topics (each with its own writer_id and index).",
+        description="How many writers share the source topics (each with its own writer_id and "
+        "index).",
     )
     checkpoint_uri: str = Field(
         "{state_dir}/writer-checkpoints",
-        description="Folder where a writer notes how far it has read each source (advisory; tables and pending monikers decide).",
+        description="Folder where a writer notes how far it has read each source (advisory; "
+        "tables and pending monikers decide).",
     )
     distribution: Literal["none", "rebalance"] = Field(
         "none",
-        description="`none`: each Kafka task writes its own files (no shuffle); `rebalance`: shuffle by partition with Spark's adaptive "
-        "rebalancing, which splits skewed partitions across tasks (fewer, larger files per partition).",
+        description="`none`: each Kafka task writes its own files (no shuffle); `rebalance`: "
+        "shuffle by partition with Spark's adaptive rebalancing, which splits skewed partitions "
+        "across tasks (fewer, larger files per partition).",
     )
     engine: Literal["spark-sql", "arrow"] = Field(
         "spark-sql",
-        description="`spark-sql`: Spark reads, decodes (`from_avro`) and writes the rows (executors "
-        "need no Python packages). `arrow`: Spark schedules tasks whose Python body reads its "
-        "offsets with confluent-kafka, decodes Avro in bulk (polars), flattens with Arrow and writes "
-        "Parquet with pyarrow; no row crosses the JVM. It takes Confluent-framed Avro into changelog "
-        "tables; other batches run on `spark-sql` (logged once per reason).",
+        description="`spark-sql`: Spark reads, decodes (`from_avro`) and writes the rows "
+        "(executors need no Python packages). `arrow`: Spark schedules tasks whose Python body "
+        "reads its offsets with confluent-kafka, decodes Avro in bulk (polars), flattens with "
+        "Arrow and writes Parquet with pyarrow; no row crosses the JVM. It takes Confluent-framed "
+        "Avro into changelog tables; other batches run on `spark-sql` (logged once per reason).",
     )
 
     @model_validator(mode="after")
     def _index_in_range(self) -> WriterConfig:
         if self.instance_index >= self.instance_count:
             raise ValueError(
-                f"instance_index {self.instance_index} must be below instance_count {self.instance_count}"
+                f"instance_index {self.instance_index} must be below instance_count "
+                f"{self.instance_count}"
             )
         return self
 
@@ -510,8 +542,9 @@ class BookkeeperConfig(_Model):
     commit_interval: Duration = Field(1.0, description="Time between commit cycles.")
     idle_poll_interval: Duration = Field(
         0.1,
-        description="After a cycle that committed nothing, how often to look for new monikers until the next cycle (one "
-        "folder listing or queue peek each); one that arrives starts a cycle at once. 0: look only at cycles.",
+        description="After a cycle that committed nothing, how often to look for new monikers "
+        "until the next cycle (one folder listing or queue peek each); one that arrives starts a "
+        "cycle at once. 0: look only at cycles.",
     )
     max_files_per_commit: int = Field(
         10_000, ge=1, description="Upper bound on files in one snapshot."
@@ -522,7 +555,8 @@ class BookkeeperConfig(_Model):
     footer_workers: int = Field(
         0,
         ge=0,
-        description="Processes that read Parquet footers and compute column metrics in parallel (0: one per core).",
+        description="Processes that read Parquet footers and compute column metrics in parallel "
+        "(0: one per core).",
     )
     max_attempts: int = Field(
         5, ge=1, description="Attempts before an unreadable moniker goes to the dead-letter place."
@@ -530,9 +564,10 @@ class BookkeeperConfig(_Model):
     missing_file_timeout: Duration = Field(
         3600.0,
         gt=0,
-        description="How long a file a moniker names may stay missing (storage says it does not exist) before the "
-        "moniker is quarantined; until then it stays pending and is retried every cycle, like a file storage fails to serve "
-        "(network errors, timeouts, throttling), which is retried for as long as it takes. See docs/operations.md.",
+        description="How long a file a moniker names may stay missing (storage says it does not "
+        "exist) before the moniker is quarantined; until then it stays pending and is retried "
+        "every cycle, like a file storage fails to serve (network errors, timeouts, throttling), "
+        "which is retried for as long as it takes. See docs/operations.md.",
     )
     lease_ttl: Duration = Field(
         30.0,
@@ -544,8 +579,8 @@ class BookkeeperConfig(_Model):
     )
     http_host: str = Field(
         "127.0.0.1",
-        description="Address the metrics and health endpoint binds to; `0.0.0.0` for every interface "
-        "(a Prometheus scraping from another host).",
+        description="Address the metrics and health endpoint binds to; `0.0.0.0` for every "
+        "interface (a Prometheus scraping from another host).",
     )
     heartbeat_every_empty_cycles: int = Field(
         0, ge=0, description="Commit a watermark-only snapshot every N empty cycles (0: never)."
@@ -559,31 +594,35 @@ class BookkeeperConfig(_Model):
     )
     allow_drop_columns: bool = Field(
         False,
-        description="Drop a column from the table once a batch's records for it no longer carry the column (the source dropped it); "
-        "when false, the column stays and is null in later rows. See docs/types.md.",
+        description="Drop a column from the table once a batch's records for it no longer carry "
+        "the column (the source dropped it); when false, the column stays and is null in later "
+        "rows. See docs/types.md.",
     )
     keep_snapshots: int = Field(
         20,
         ge=2,
-        description="Snapshots always kept in table metadata, whatever their age (Iceberg's `history.expire.min-snapshots-to-keep`); "
-        "the bookkeeper expires, as it commits, snapshots beyond these that are older than `keep_snapshots_for`.",
+        description="Snapshots always kept in table metadata, whatever their age (Iceberg's "
+        "`history.expire.min-snapshots-to-keep`); the bookkeeper expires, as it commits, snapshots "
+        "beyond these that are older than `keep_snapshots_for`.",
     )
     keep_snapshots_for: Duration = Field(
         3600.0,
-        description="How long the bookkeeper keeps a snapshot (Iceberg's `history.expire.max-snapshot-age-ms`): a streaming "
-        "reader (Spark `readStream`, incremental reads) may fall this far behind and still read every later row once. "
-        "At one commit a second, an hour is 3,600 snapshots; commit cost stays flat (bench/results.md). See docs/operations.md.",
+        description="How long the bookkeeper keeps a snapshot (Iceberg's "
+        "`history.expire.max-snapshot-age-ms`): a streaming reader (Spark `readStream`, "
+        "incremental reads) may fall this far behind and still read every later row once. At one "
+        "commit a second, an hour is 3,600 snapshots; commit cost stays flat (bench/results.md). "
+        "See docs/operations.md.",
     )
     key_index_save_interval: Duration = Field(
         60.0,
-        description="Upsert tables: how often the key index is saved beside the table (and at a clean stop); a restarted "
-        "bookkeeper replays only the snapshots committed since.",
+        description="Upsert tables: how often the key index is saved beside the table (and at a "
+        "clean stop); a restarted bookkeeper replays only the snapshots committed since.",
     )
     rewrite_poll_interval: Duration = Field(
         5.0,
         gt=0,
-        description="Upsert tables: how often the bookkeeper looks for compactions the reaper left for it to commit "
-        "(the reaper cannot commit them itself while updates continue).",
+        description="Upsert tables: how often the bookkeeper looks for compactions the reaper left "
+        "for it to commit (the reaper cannot commit them itself while updates continue).",
     )
 
 
@@ -595,14 +634,16 @@ class ReaperConfig(_Model):
     )
     triggering_time: str | None = Field(
         None,
-        description="Earliest time of day of the first run, `HH:MM:SS` (seed 000: `.triggering.time`).",
+        description="Earliest time of day of the first run, `HH:MM:SS` (seed 000: "
+        "`.triggering.time`).",
     )
     execute_interval: Duration = Field(
         3600.0, description="Time between runs (seed 000: `.execute.interval`, milliseconds there)."
     )
     snapshot_expire_time: Duration = Field(
         86400.0,
-        description="Expire snapshots older than this (seed 000: `.snapshot.expire.time`, milliseconds there).",
+        description="Expire snapshots older than this (seed 000: `.snapshot.expire.time`, "
+        "milliseconds there).",
     )
     retain_last: int = Field(10, ge=1, description="Snapshots always kept, whatever their age.")
     retention: Duration | None = Field(
@@ -611,12 +652,14 @@ class ReaperConfig(_Model):
     retention_column: str | None = Field(None, description="Time column that retention filters on.")
     compact_filter_column: str | None = Field(
         None,
-        description="Time column that selects what to compact (seed 000: `.compact.filter.column`).",
+        description="Time column that selects what to compact (seed 000: "
+        "`.compact.filter.column`).",
     )
     compact_day_offset: int = Field(
         0,
         ge=0,
-        description="Compact data of the day this many days before yesterday; 0 = yesterday (seed 000: `.compact.day.offset`).",
+        description="Compact data of the day this many days before yesterday; 0 = yesterday (seed "
+        "000: `.compact.day.offset`).",
     )
     compact_target_file_size_bytes: int = Field(
         128 * 1024 * 1024,
@@ -627,23 +670,25 @@ class ReaperConfig(_Model):
         0.3,
         gt=0,
         le=1,
-        description="Upsert tables: compaction also rewrites any data file once this share of its rows is deleted "
-        "(or that has collected 8 delete files), dropping the deleted rows and the file's delete files; the bookkeeper commits "
-        "such compactions, so they land while updates continue.",
+        description="Upsert tables: compaction also rewrites any data file once this share of its "
+        "rows is deleted (or that has collected 8 delete files), dropping the deleted rows and the "
+        "file's delete files; the bookkeeper commits such compactions, so they land while updates "
+        "continue.",
     )
     manifests_file_length: int = Field(
         8 * 1024 * 1024,
         ge=1024,
-        description="Target manifest size when rewriting manifests (seed 000: `.manifests.file.length`).",
+        description="Target manifest size when rewriting manifests (seed 000: "
+        "`.manifests.file.length`).",
     )
     max_manifests: int = Field(
         100, ge=1, description="Rewrite manifests when a table has more than this many."
     )
     rewrite_wait: Duration = Field(
         300.0,
-        description="Upsert tables: how long a compaction waits for the bookkeeper to commit the files it wrote (the "
-        "bookkeeper commits them, since it keeps adding deletes to the same files); after that the pass goes on and the "
-        "bookkeeper commits them when it can.",
+        description="Upsert tables: how long a compaction waits for the bookkeeper to commit the "
+        "files it wrote (the bookkeeper commits them, since it keeps adding deletes to the same "
+        "files); after that the pass goes on and the bookkeeper commits them when it can.",
     )
     commit_attempts: int = Field(
         5,
@@ -657,8 +702,8 @@ class ReaperConfig(_Model):
     )
     lease_ttl: Duration = Field(
         600.0,
-        description="Lease that keeps two reapers of a group apart, renewed between steps; a killed "
-        "reaper delays the next pass by at most this long.",
+        description="Lease that keeps two reapers of a group apart, renewed between steps; a "
+        "killed reaper delays the next pass by at most this long.",
     )
 
     @field_validator("triggering_time")
@@ -737,7 +782,8 @@ class IcekeeperConfig(_Model):
 
     state_dir: str = Field(
         ".icekeeper",
-        description="Folder for local state: stack data and logs, catalog, warehouse, transaction log, reports. `{state_dir}` in other values expands to it.",
+        description="Folder for local state: stack data and logs, catalog, warehouse, transaction "
+        "log, reports. `{state_dir}` in other values expands to it.",
     )
     cache_dir: str = Field(
         ".cache",
@@ -822,7 +868,8 @@ class IcekeeperConfig(_Model):
         for index, table in enumerate(self.tables):
             if table.source not in source_names:
                 raise ValueError(
-                    f"tables[{index}].source: no source named {table.source!r} (sources: {source_names})"
+                    f"tables[{index}].source: no source named {table.source!r} (sources: "
+                    f"{source_names})"
                 )
         return self
 
@@ -834,7 +881,8 @@ class IcekeeperConfig(_Model):
         raise KeyError(name)
 
     def table(self, identifier: str) -> TableSpec:
-        """The spec of table ``identifier``; a table only a `table_template` names gets the defaults."""
+        """The spec of table ``identifier``; a table only a `table_template` names gets the
+        defaults."""
         for spec in self.tables:
             if spec.identifier == identifier:
                 return spec
