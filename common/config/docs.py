@@ -111,11 +111,17 @@ def _nested_models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
     return []
 
 
+def _summary(model: type[BaseModel]) -> str:
+    """The first paragraph of the model's docstring on one line (a summary may wrap at 100)."""
+    first_paragraph = (model.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(first_paragraph.split())
+
+
 def _render_model(title: str, model: type[BaseModel], prefix: str) -> str:
     lines = [
         f"## {title}",
         "",
-        (model.__doc__ or "").strip().splitlines()[0],
+        _summary(model),
         "",
         "| key | type | default | description |",
         "|---|---|---|---|",
