@@ -7,12 +7,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-heavy bench stack-up stack-down prerequisites clean
+.PHONY: demo lint test test-unit test-heavy bench stack-up stack-down prerequisites clean
 
 demo: $(INSTALLED)
 	$(BIN)/icekeeper demo
 
-test: $(INSTALLED)
+# Lint first: a long line or an unsorted import fails CI before the suite spends its minutes.
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/python -m pytest
 
 test-unit: $(INSTALLED)
