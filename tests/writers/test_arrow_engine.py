@@ -16,8 +16,8 @@ from common.config.model import IcekeeperConfig
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from icekeeper.samples.readback import topic_messages
+from tests.support.debezium_types import CASES, COLUMNS, UNCONVERTIBLE
 from tests.support.pipeline import pipeline_config
-from tests.writers.test_debezium_types import CASES, COLUMNS, UNCONVERTIBLE
 from writers.job import WriterJob
 
 # Two writers, two bookkeepers and the dead-letter passes: minutes on the shared 2-core machine.
