@@ -49,8 +49,7 @@ class SourceAdmin:
 
     @property
     def client(self) -> AdminClient:
-        """One admin client per source for the writer's life (a new client per batch cost ~70
-        ms)."""
+        """One admin client per source for the writer's life (a client per batch cost ~70 ms)."""
         if self._client is None:
             self._client = AdminClient(
                 librdkafka_config(self.source, {"error_cb": self._refusals}),
