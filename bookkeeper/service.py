@@ -405,8 +405,7 @@ class Bookkeeper:
             self._empty_cycles[identifier] = count
 
     def _write_report(self, result: TableCommit) -> None:
-        """One JSON line per snapshot, for downstream schedulers waiting on a watermark (seed
-        004)."""
+        """One JSON line per snapshot, for schedulers that wait on a watermark (seed 004)."""
         line = {
             "table": result.table,
             "snapshot_id": result.snapshot_id,

@@ -93,8 +93,7 @@ def _render_renamed_keys() -> str:
 
 
 def _nested_models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
-    """Models inside an annotation, with `[]` for lists: `list[KafkaSource]` -> [(KafkaSource,
-    '[]')]."""
+    """Models inside an annotation, `[]` for lists: `list[KafkaSource]` -> [(KafkaSource, '[]')]."""
     origin = typing.get_origin(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [(annotation, "")]
