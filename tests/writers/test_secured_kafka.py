@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from icekeeper.samples.readback import topic_messages
 from icekeeper.samples.synthetic import SyntheticSpec
 from icekeeper.status import collect_status
 from tests.support.pipeline import pipeline_config
+from tests.support.waiting import wait_until
 from writers.job import BatchReport, WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -79,13 +79,12 @@ def secured_config(
 
 def eventually_read(source: KafkaSource, topic: str, timeout_s: float = 30.0) -> list[Message]:
     """The records of `topic` once it has some (a producer creates it on its first send)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        messages = list(topic_messages(source, topic, timeout_s=timeout_s))
-        if messages:
-            return messages
-        time.sleep(0.5)
-    raise TimeoutError(f"nothing in {topic} after {timeout_s} s")
+    return wait_until(
+        lambda: list(topic_messages(source, topic, timeout_s=timeout_s)),
+        timeout_s,
+        f"records in {topic}",
+        interval_s=0.5,
+    )
 
 
 def test_a_writer_batch_runs_end_to_end_over_sasl_ssl_and_a_registry_behind_basic_auth(
