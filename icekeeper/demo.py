@@ -18,9 +18,10 @@ from typing import Any
 
 from bookkeeper.service import Bookkeeper
 from common.committed_state import KEY_WATERMARK
-from common.config.model import IcekeeperConfig
+from common.config.model import IcekeeperConfig, TableSpec
 from icekeeper.localstack.stack import LocalStack, started_optional_services
 from icekeeper.readers import duckdb_rows, render_grid, spark_rows
+from icekeeper.samples import seed000
 from icekeeper.samples.produce import produce_seed_sample
 
 Progress = Callable[[str], None]
@@ -44,10 +45,26 @@ SHOWN_COLUMNS = [
 ]
 
 
+SEED_TABLE = TableSpec(
+    identifier="db_gb18030_test.tbl_test_1", topics=[seed000.TOPIC], primary_key=["ID1", "ID2"]
+)
+"""The demo's table: seed 000's, keyed as seed 000's result table is (so an upsert mirror)."""
+
+
 def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
-    """The config with its state folder moved to `<state_dir>/demo`, everything else kept."""
+    """The demo's config: seed 000's table (`SEED_TABLE`) on the first source, reading seed 000's
+    topic, and the state folder moved to `<state_dir>/demo`; connections, catalog and every other
+    setting kept from `config`.
+
+    The demo names its table itself rather than taking the config's: it produces seed 000's
+    stream, so that is the table it shows, with a config of one's own (`icekeeper demo -c`, for
+    its connections) as with none.
+    """
     demo_state = str(Path(config.state_dir) / "demo")
     dumped = _replace_prefix(config.model_dump(mode="python"), config.state_dir, demo_state)
+    first = {**dumped["sources"][0], "topics": [seed000.TOPIC], "topic_pattern": None}
+    dumped["sources"] = [first, *dumped["sources"][1:]]
+    dumped["tables"] = [{**SEED_TABLE.model_dump(mode="python"), "source": first["name"]}]
     return IcekeeperConfig.model_validate(dumped).with_development(config.development)
 
 

@@ -789,14 +789,15 @@ class IcekeeperConfig(_Model):
         ".cache",
         description="Folder that caches downloads (jars, registry, Azurite); safe to delete.",
     )
-    # The demo's source and table are the embedded defaults (issue 16 item 6 asked to move them
-    # out): `icekeeper demo`, `produce-sample`, the writer bench and most tests build on them with
-    # no file, and moving them needs those entry points to load an embedded demo config instead.
+    # Seed 000's topic and table stay the embedded defaults (issue 16 item 6 asked to move them
+    # out): `icekeeper demo` names its table itself (icekeeper/demo.py) and `produce-sample` its
+    # topic, but the writer bench and the tests' configs still build on these (`tables[0]`
+    # overridden field by field); moving them means giving those a config of their own.
     sources: list[KafkaSource] = Field(
         default_factory=lambda: [KafkaSource(topics=["test.db_gb18030_test.tbl_test_1"])],
         description="Kafka sources. Default: one source on the local stack reading seed 000's "
-        "topic, the demo's, kept as the embedded default so that `icekeeper demo` and "
-        "`produce-sample` run with no file; a production config lists its own.",
+        "topic, so that commands run with no file against `icekeeper stack up`; a production "
+        "config lists its own.",
     )
     tables: list[TableSpec] = Field(
         default_factory=lambda: [
@@ -806,8 +807,8 @@ class IcekeeperConfig(_Model):
                 primary_key=["ID1", "ID2"],
             )
         ],
-        description="Iceberg tables and their routing. Default: seed 000's table (the demo's, "
-        "as for `sources`); a file's `tables:` replaces it whole.",
+        description="Iceberg tables and their routing. Default: seed 000's table (as for "
+        "`sources`); a file's `tables:` replaces it whole.",
     )
     metadata_columns: MetadataColumns = Field(
         default_factory=MetadataColumns, description="Metadata columns added to every row."

@@ -1,0 +1,46 @@
+"""`icekeeper demo` names its own table: seed 000's, whatever the config's tables are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.config import load_config
+from icekeeper.demo import SEED_TABLE, demo_config
+from icekeeper.localstack.settings import stack_settings
+from icekeeper.samples import seed000
+
+
+def test_the_demo_shows_seed_000s_table_with_a_config_of_ones_own(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        f"""
+state_dir: {tmp_path / "state"}
+sources: [{{name: prod, bootstrap_servers: "broker:9092", topics: [orders]}}]
+tables: [{{identifier: shop.orders, source: prod, topics: [orders]}}]
+stack: {{kafka_port: 19092}}
+""",
+        encoding="utf-8",
+    )
+    config = demo_config(load_config(path, environ={}))
+    assert [table.identifier for table in config.tables] == [SEED_TABLE.identifier]
+    table = config.tables[0]
+    assert (table.source, table.topics, table.primary_key) == (
+        "prod",
+        [seed000.TOPIC],
+        ["ID1", "ID2"],
+    )
+    assert table.upsert
+    source = config.sources[0]
+    assert (source.name, source.bootstrap_servers, source.topics) == (
+        "prod",
+        "broker:9092",
+        [seed000.TOPIC],
+    )
+    assert config.state_dir == str(tmp_path / "state" / "demo")
+    assert stack_settings(config).kafka_port == 19092
+
+
+def test_without_a_config_the_demo_has_the_same_table() -> None:
+    config = demo_config(load_config(None, environ={}))
+    assert config.tables == [SEED_TABLE]
+    assert config.sources[0].topics == [seed000.TOPIC]
