@@ -7,6 +7,7 @@ kept as Python bytes only until they are framed into one Avro block (`avro_block
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -16,7 +17,12 @@ from common.config.model import KafkaSource
 from common.kafka_clients import librdkafka_config
 from writers.arrow_engine.tasks import TaskRange
 
-_POLL_TIMEOUT_S = 30.0
+_STALL_S = 30.0
+"""A task fails when Kafka gives it nothing for this long."""
+_WAIT_S = 0.5
+"""Longest wait of one `consume` call: librdkafka's batch call waits its whole timeout unless it
+got every message asked for, so at a partition's end (EOF) a long timeout is idle time."""
+_BATCH = 10_000
 _FETCH = {
     # As `writers/kafka_io.py`'s fetch sizes for Spark's consumer.
     "max.partition.fetch.bytes": 10_485_760,
@@ -62,12 +68,20 @@ def read_range(source: KafkaSource, task: TaskRange, with_keys: bool = False) ->
     try:
         consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
         done = task.until <= task.start
+        stalled_since = time.monotonic()
         while not done:
-            messages = consumer.consume(num_messages=10_000, timeout=_POLL_TIMEOUT_S)
+            # Ask for no more than the range holds: the call then returns as soon as it is read.
+            remaining = task.until - (offsets[-1] + 1 if offsets else task.start)
+            messages = consumer.consume(
+                num_messages=max(1, min(_BATCH, remaining)), timeout=_WAIT_S
+            )
             if not messages:
-                raise TimeoutError(
-                    f"no records from {task.topic}:{task.partition} in {_POLL_TIMEOUT_S} s"
-                )
+                if time.monotonic() - stalled_since > _STALL_S:
+                    raise TimeoutError(
+                        f"no records from {task.topic}:{task.partition} in {_STALL_S} s"
+                    )
+                continue
+            stalled_since = time.monotonic()
             errors = [m for m in messages if m.error() is not None]
             for error in (m.error() for m in errors):
                 if error.code() != KafkaError._PARTITION_EOF:  # noqa: SLF001 - librdkafka's name
