@@ -87,6 +87,34 @@ def test_a_block_with_poison_decodes_the_good_records_and_names_the_bad() -> Non
     assert none_failed == [] and whole.num_rows == 2
 
 
+def test_trailing_bytes_that_still_decode_do_not_shift_the_records_after_them() -> None:
+    # polars reads a block's datums back to back: one datum with a trailing zero byte made it
+    # read the next records from the wrong place, without an error. Each must read as alone.
+    schema = {
+        "type": "record",
+        "name": "r",
+        "fields": [
+            {"name": "a", "type": ["null", "long"]},
+            {"name": "b", "type": ["null", "long"]},
+            {"name": "s", "type": "string"},
+        ],
+    }
+    records = [
+        {"a": 1, "b": 2, "s": "x"},
+        {"a": 3, "b": None, "s": "yy"},
+        {"a": None, "b": 5, "s": "z"},
+        {"a": 7, "b": 8, "s": "w"},
+    ]
+    datums = [_framed(schema, record) for record in records]
+    datums[1] = datums[1] + b"\x00"  # read in one block: a=None, b=None, s='\n', then a=61...
+    decoder = SchemaDecoder.of(json.dumps(schema), resolve_named_types(schema))
+
+    decoded, failed = decoder.decode(pa.array(datums, pa.binary()))
+
+    assert failed == []
+    assert decoded.to_pylist() == records
+
+
 @pytest.mark.parametrize(
     ("semantic", "carrier", "expected", "failed"),
     [

@@ -32,6 +32,8 @@ os.environ.setdefault("POLARS_MAX_THREADS", "1")
 import polars as pl
 
 _SYNC = b"icekeeper-arrow!"
+ALIGNMENT_SAMPLES = 16
+"""Records of a block decoded alone to check the block's reading (`SchemaDecoder._aligned`)."""
 
 
 def _varint(value: int) -> bytes:
@@ -97,11 +99,34 @@ class SchemaDecoder:
         if len(datums) == 0:
             return pa.table({}), []
         try:
-            return self._bulk(len(datums), unframed(datums)), []
+            decoded = self._bulk(len(datums), unframed(datums))
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException:  # noqa: BLE001 - polars also panics (a BaseException) on bad bytes
             return self._one_by_one(datums.to_pylist())
+        if not self._aligned(decoded, datums):
+            return self._one_by_one(datums.to_pylist())
+        return decoded, []
+
+    def _aligned(self, decoded: pa.Table, datums: pa.BinaryArray) -> bool:
+        """Whether sampled records of the block read as they read alone.
+
+        polars reads a block's datums back to back and never checks that it used up the block:
+        a datum longer than its schema reads (trailing bytes, which Spark's `from_avro` ignores)
+        shifts every later record of the block, and garbage can decode without an error (tried:
+        a zero byte after one datum silently changed the next ones). A shift persists to the
+        block's end, so the last datum and a few others, each decoded alone (~0.1 ms apiece),
+        must equal their rows; on a mismatch the block is read datum by datum, cut to what each
+        schema reads. Rows are compared by their repr, so a NaN equals itself.
+        """
+        count = len(datums)
+        sampled = {count - 1, *range(0, count, max(1, count // ALIGNMENT_SAMPLES))}
+        for position in sorted(sampled):
+            body = datums[position].as_py()[5:]
+            alone = self._bulk(1, body).to_pylist()
+            if repr(alone) != repr(decoded.slice(position, 1).to_pylist()):
+                return False
+        return True
 
     def _bulk(self, count: int, bodies: bytes) -> pa.Table:
         container = b"".join([self.header, _varint(count), _varint(len(bodies)), bodies, _SYNC])
