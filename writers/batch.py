@@ -39,6 +39,7 @@ from writers.record_keys import RecordKeys, record_keys_for
 from writers.registry import RegisteredSchema, RegistryUnavailable, TopicSchemas, registry_outage
 from writers.routing import Routes, routed_rows
 from writers.table_versions import (
+    only_pair,
     predicted_route_versions,
     prediction_checks,
     prediction_held,
@@ -189,7 +190,7 @@ class BatchWriter:
         batch = RoutedBatch(source, plan, seq, decoded, routed, routes)
         predicted = predicted_route_versions(
             self._route_schema_ids.get(source.name), decoded.versions
-        )
+        ) or only_pair(routes, decoded.versions)
         outcome = self._write_routed(batch, predicted) if predicted else None
         if outcome is None:
             # No guess, or the guess missed (a new table or schema version): learn the pairs, then

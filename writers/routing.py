@@ -76,6 +76,16 @@ class Routes:
             )
         return routes
 
+    def only_route(self) -> str | None:
+        """The one route a record can take: a single table claims records and no template names
+        others; None otherwise."""
+        claiming = [
+            table.identifier
+            for table in self.tables
+            if _claims(table) is not None and self.route_of(table.identifier) == table.identifier
+        ]
+        return claiming[0] if len(claiming) == 1 and not self.template else None
+
     def route_of(self, identifier: str) -> str:
         """The route whose records table `identifier` gets: its own, or the first table claiming
         alike."""

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from writers import sql
 from writers.decode import VersionShape
+from writers.routing import Routes
 
 
 def versions_by_table(
@@ -51,6 +52,18 @@ def predicted_route_versions(
     if any(schema_id not in index_of for _, schema_id in last_batch):
         return None
     return sorted((table, index_of[schema_id]) for table, schema_id in last_batch)
+
+
+def only_pair(routes: Routes, versions: list[VersionShape]) -> list[tuple[str, int]] | None:
+    """The guess when the batch has one schema version and records have one route to take.
+
+    A writer's first batch has no batch before it to predict from; without this guess it would
+    count (route, version) pairs in a pass of its own, reading and decoding the batch twice
+    (measured: a fresh writer's 1M records in two batches took 12.7 s against 6.7 s for the bare
+    pipeline). Like any prediction, it is checked while writing (`prediction_checks`).
+    """
+    route = routes.only_route()
+    return [(route, 0)] if route is not None and len(versions) == 1 else None
 
 
 def schema_ids_of(

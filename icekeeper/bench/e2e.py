@@ -117,14 +117,34 @@ def _committed_records(table: Table | None) -> int:
     return sum(CommittedState.from_summary(snapshot.summary.additional_properties).offsets.values())
 
 
-def _wait_for_records(config: IcekeeperConfig, records: int, timeout_s: float) -> None:
+def _wait_for_records(
+    config: IcekeeperConfig,
+    records: int,
+    timeout_s: float,
+    dead: Callable[[], list[str]] = list,
+) -> None:
+    """Until the table covers `records` records; `dead` names pipeline processes that ended (a
+    writer out of memory, say), which stops the wait at once instead of at the timeout."""
     catalog = open_catalog(config)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if _committed_records(load_table_or_none(catalog, TABLE)) >= records:
             return
+        if ended := dead():
+            raise RuntimeError(f"the {', '.join(ended)} process ended before the records were in")
         time.sleep(0.5)
     raise TimeoutError(f"{TABLE} did not cover {records:,} records in {timeout_s:.0f} s")
+
+
+def wait_for_observed(seen_path: Path, records: int, timeout_s: float) -> None:
+    """Until the observer has seen a snapshot covering `records` records of the topic."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen = read_seen_snapshots(seen_path) if seen_path.exists() else []
+        if seen and sum(seen[-1].offsets.values()) >= records:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"the snapshot observer did not see {records:,} records committed")
 
 
 def bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
@@ -213,6 +233,15 @@ class _Pipeline:
             if not ready.wait(180):
                 raise TimeoutError(f"the {name} process did not start")
 
+    def dead(self) -> list[str]:
+        """Names of the pipeline's processes that have ended."""
+        names = ("writer", "bookkeeper", "observer")
+        return [
+            name
+            for name, process in zip(names, self.processes, strict=True)
+            if process.pid is not None and not process.is_alive()
+        ]
+
     def close(self) -> None:
         self.stop.set()
         for process in self.processes:
@@ -262,7 +291,9 @@ def run_e2e_bench(
         produced = producer.submit(produce_at_rate, config, spec, rate, topic).result()
         produced_total += produced["records"]
         # Drained before the next window: windows do not share the pipeline's backlog.
-        _wait_for_records(config, produced_total, timeout_s=180 + window_s)
+        _wait_for_records(config, produced_total, 180 + window_s, pipeline.dead)
+        # The observer polls on its own: a window's last snapshot may not be in its file yet.
+        wait_for_observed(pipeline.seen_path, produced_total, timeout_s=10)
         return produced
 
     try:
@@ -287,7 +318,7 @@ def run_e2e_bench(
                 window_since = int(time.time() * 1000)
                 try:
                     produced = produce(producer, rate, sweep_seconds, seed)
-                except TimeoutError as error:
+                except (TimeoutError, RuntimeError) as error:
                     sweep.append({"rate_per_s": rate, "error": str(error)})
                     break
                 seen = read_seen_snapshots(pipeline.seen_path)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from common.config.model import TableSpec
 from writers.decode import VersionShape
+from writers.routing import Routes
 from writers.table_versions import (
+    only_pair,
     predicted_route_versions,
     prediction_held,
     schema_ids_of,
@@ -48,3 +51,21 @@ def test_the_guess_holds_only_when_every_pair_has_records_and_they_are_all_the_r
     assert not prediction_held(
         predicted, {"_ik_pair_0": 10, "_ik_pair_1": 5, "_ik_routed": 16}
     )  # a new table or version
+
+
+def test_a_first_batch_guesses_its_pair_only_with_one_version_and_one_route() -> None:
+    def table(identifier: str, topics: list[str]) -> TableSpec:
+        return TableSpec(identifier=identifier, topics=topics)
+
+    one = Routes([table("shop.orders", ["t.orders"])], None)
+    assert only_pair(one, V[:1]) == [("shop.orders", 0)]
+    assert only_pair(one, V[:2]) is None  # two versions: which table gets which is not known
+    fan_out = Routes(
+        [table("shop.orders", ["t.orders"]), table("audit.orders", ["t.orders"])], None
+    )
+    assert only_pair(fan_out, V[:1]) == [("shop.orders", 0)]  # followers share the route
+    two = Routes([table("shop.orders", ["t.orders"]), table("shop.items", ["t.items"])], None)
+    assert only_pair(two, V[:1]) is None
+    assert (
+        only_pair(Routes([table("shop.orders", ["t.orders"])], "cdc.{db}_{table}"), V[:1]) is None
+    )

@@ -38,7 +38,12 @@ from writers.offsets import BatchPlan
 from writers.progress import TableProgress
 from writers.registry import RegisteredSchema
 from writers.routing import Routes, _claims
-from writers.table_versions import predicted_route_versions, schema_ids_of, versions_by_table
+from writers.table_versions import (
+    only_pair,
+    predicted_route_versions,
+    schema_ids_of,
+    versions_by_table,
+)
 from writers.table_writer import offset_ranges
 
 log = logging.getLogger(__name__)
@@ -106,7 +111,7 @@ class ArrowEngine:
         tasks = task_ranges(plan, self.spark.sparkContext.defaultParallelism)
         predicted = predicted_route_versions(
             self._route_schema_ids.get(source.name), shapes
-        ) or _only_pair(routes, shapes)
+        ) or only_pair(routes, shapes)
         if predicted is None:
             learned = self._run(source, versions, routes, [], tasks)
             pairs = sorted(learned.pairs)
@@ -281,15 +286,6 @@ class ArrowEngine:
                     if theirs is not None:
                         setattr(into, bound, theirs if ours is None else pick(ours, theirs))
         return total
-
-
-def _only_pair(routes: Routes, shapes: list[VersionShape]) -> list[tuple[str, int]] | None:
-    """The guess when one schema version feeds one route: checked while writing like the last
-    batch's pairs, it spares a writer's first batch the pass that counts them."""
-    claims = _route_claims(routes)
-    if len(shapes) != 1 or len(claims) != 1:
-        return None
-    return [(claims[0].route, 0)]
 
 
 def _version_plan(index: int, schema: RegisteredSchema, shape: VersionShape) -> VersionPlan:
