@@ -11,40 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from common.config import IcekeeperConfig
-from icekeeper.samples.produce import ensure_topic, produce_synthetic
-from icekeeper.samples.synthetic import SyntheticSpec
-from tests.support.pipeline import commit_all, pipeline_config, table_rows
-from tests.support.waiting import wait_until
+from tests.support.pipeline import commit_all, table_rows
+from tests.support.recreated_topic import TABLE, produce, recreate, topic_config
 from writers.job import WriterJob
 from writers.offsets import PartitionBounds, TopicReset, plan_batch
-
-TABLE = "shop.orders"
-
-
-def _config(tmp_path: Path, topic: str) -> IcekeeperConfig:
-    return pipeline_config(
-        tmp_path,
-        topic,
-        {
-            "ICEKEEPER__TABLES__0__IDENTIFIER": TABLE,
-            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
-            "ICEKEEPER__TABLES__0__MODE": "changelog",
-        },
-    )
-
-
-def _produce(config: IcekeeperConfig, topic: str, seed: int, events: int) -> None:
-    produce_synthetic(
-        config,
-        SyntheticSpec(seed=seed, keys=50, events=events, schema_changes=0),
-        topic=topic,
-        partitions=1,
-        progress=lambda m: None,
-    )
 
 
 @pytest.mark.integration
@@ -52,10 +25,10 @@ def _produce(config: IcekeeperConfig, topic: str, seed: int, events: int) -> Non
 def test_records_lost_to_retention_are_counted_in_the_batch_report(
     local_stack, spark, tmp_path: Path, unique_topic: str
 ) -> None:
-    config = _config(tmp_path, unique_topic)
-    _produce(config, unique_topic, seed=51, events=300)
+    config = topic_config(tmp_path, unique_topic)
+    produce(config, unique_topic, seed=51, events=300)
     assert sum(r.rows_written for r in WriterJob(config, spark=spark).run(until_idle=True)) == 300
-    _produce(config, unique_topic, seed=52, events=300)
+    produce(config, unique_topic, seed=52, events=300)
     # Retention deletes offsets 300-449 before the writer comes back for them.
     admin = AdminClient({"bootstrap.servers": config.sources[0].bootstrap_servers})
     for future in admin.delete_records([TopicPartition(unique_topic, 0, 450)]).values():
@@ -73,12 +46,12 @@ def test_records_lost_to_retention_are_counted_in_the_batch_report(
 def test_a_recreated_topic_stops_the_writer_with_a_clear_error(
     local_stack, spark, tmp_path: Path, unique_topic: str
 ) -> None:
-    config = _config(tmp_path, unique_topic)
-    _produce(config, unique_topic, seed=53, events=300)
+    config = topic_config(tmp_path, unique_topic)
+    produce(config, unique_topic, seed=53, events=300)
     WriterJob(config, spark=spark).run(until_idle=True)
     commit_all(config)
-    _recreate(config, unique_topic)
-    _produce(config, unique_topic, seed=54, events=40)
+    recreate(config, unique_topic)
+    produce(config, unique_topic, seed=54, events=40)
 
     job = WriterJob(config, spark=spark)
     with pytest.raises(
@@ -89,21 +62,6 @@ def test_a_recreated_topic_stops_the_writer_with_a_clear_error(
     # Stopped before reading: the new topic's records are neither skipped nor written.
     assert job.transport.pending() == []
     assert len(table_rows(commit_all(config), TABLE)) == 300
-
-
-def _recreate(config: IcekeeperConfig, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": config.sources[0].bootstrap_servers})
-    for future in admin.delete_topics([topic]).values():
-        future.result(timeout=30)
-
-    def recreated() -> bool:
-        try:
-            ensure_topic(config.sources[0].bootstrap_servers, topic, 1)
-        except KafkaException:  # still being deleted
-            return False
-        return True
-
-    wait_until(recreated, 60, f"{topic} created again after its deletion", interval_s=0.5)
 
 
 def test_the_plan_names_partitions_behind_the_next_offset_and_counts_records_lost() -> None:

@@ -10,59 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 
 from bookkeeper.committer import next_committed_offset, overlapping_offsets
 from common.committed_state import committed_state
-from common.config import IcekeeperConfig
 from common.moniker import Moniker, OffsetRange, moniker_id
-from icekeeper.samples.produce import ensure_topic, produce_synthetic
+from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from tests.support.pipeline import commit_all, pipeline_config, table_rows
-from tests.support.waiting import wait_until
+from tests.support.recreated_topic import TABLE, produce, recreate, topic_config
 from writers.job import WriterJob
 from writers.offsets import PartitionBounds, pending_restarts, plan_batch
-
-TABLE = "shop.orders"
-
-
-def _config(tmp_path: Path, topic: str) -> IcekeeperConfig:
-    return pipeline_config(
-        tmp_path,
-        topic,
-        {
-            "ICEKEEPER__TABLES__0__IDENTIFIER": TABLE,
-            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
-            "ICEKEEPER__TABLES__0__MODE": "changelog",
-            "ICEKEEPER__SOURCES__0__ON_TOPIC_RESET": "restart",
-        },
-    )
-
-
-def _produce(config: IcekeeperConfig, topic: str, seed: int, events: int) -> None:
-    produce_synthetic(
-        config,
-        SyntheticSpec(seed=seed, keys=50, events=events, schema_changes=0),
-        topic=topic,
-        partitions=1,
-        progress=lambda m: None,
-    )
-
-
-def _recreate(config: IcekeeperConfig, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": config.sources[0].bootstrap_servers})
-    for future in admin.delete_topics([topic]).values():
-        future.result(timeout=30)
-
-    def recreated() -> bool:
-        try:
-            ensure_topic(config.sources[0], topic, 1)
-        except KafkaException:  # still being deleted
-            return False
-        return True
-
-    wait_until(recreated, 60, f"{topic} created again after its deletion", interval_s=0.5)
 
 
 @pytest.mark.integration
@@ -70,12 +27,14 @@ def _recreate(config: IcekeeperConfig, topic: str) -> None:
 def test_a_recreated_topic_starts_the_table_over_once_when_configured(
     local_stack, spark, tmp_path: Path, unique_topic: str
 ) -> None:
-    config = _config(tmp_path, unique_topic)
-    _produce(config, unique_topic, seed=61, events=300)
+    config = topic_config(
+        tmp_path, unique_topic, {"ICEKEEPER__SOURCES__0__ON_TOPIC_RESET": "restart"}
+    )
+    produce(config, unique_topic, seed=61, events=300)
     WriterJob(config, spark=spark).run(until_idle=True)
     commit_all(config)
-    _recreate(config, unique_topic)
-    _produce(config, unique_topic, seed=62, events=40)
+    recreate(config, unique_topic)
+    produce(config, unique_topic, seed=62, events=40)
 
     reports = WriterJob(config, spark=spark).run(until_idle=True, max_batches=3)
     assert sum(r.rows_written for r in reports) == 40
@@ -96,7 +55,7 @@ def test_a_recreated_topic_starts_the_table_over_once_when_configured(
     assert offsets == sorted([*range(300), *range(40)])
 
     # After the commit the new topic is read on from where the restart got to, and only once.
-    _produce(config, unique_topic, seed=63, events=10)
+    produce(config, unique_topic, seed=63, events=10)
     reports = WriterJob(config, spark=spark).run(until_idle=True, max_batches=3)
     assert sum(r.rows_written for r in reports) == 10
     bookkeeper = commit_all(config)
@@ -181,7 +140,7 @@ def test_a_table_with_no_row_in_the_restarted_partition_takes_the_restart_once(
     produce(72, "items", 20)
     WriterJob(config, spark=spark).run(until_idle=True)
     commit_all(config)
-    _recreate(config, unique_topic)
+    recreate(config, unique_topic)
     produce(73, "orders", 5)  # nothing for shop.items in the new topic yet
 
     reports = WriterJob(config, spark=spark).run(until_idle=True, max_batches=3)
