@@ -54,10 +54,8 @@ class Routes:
     def sql(self) -> str:
         """SQL for the route (a table identifier) of each row, or null when nothing claims it."""
         branches = [
-            f"WHEN {claim} THEN {sql.string(table.identifier)}"
-            for table in self.tables
-            if (claim := _claims(table)) is not None
-            and self.route_of(table.identifier) == table.identifier
+            f"WHEN {_claims(table)} THEN {sql.string(table.identifier)}"
+            for table in self.claiming()
         ]
         fallback = template_sql(self.template) if self.template else "CAST(NULL AS STRING)"
         return f"CASE {' '.join(branches)} ELSE {fallback} END" if branches else fallback
@@ -79,12 +77,17 @@ class Routes:
     def only_route(self) -> str | None:
         """The one route a record can take: a single table claims records and no template names
         others; None otherwise."""
-        claiming = [
-            table.identifier
+        claiming = self.claiming()
+        return claiming[0].identifier if len(claiming) == 1 and not self.template else None
+
+    def claiming(self) -> list[TableSpec]:
+        """The tables that claim records as their own route, in claim order (a follower of a
+        fan-out claims nothing of its own; a table without topics, db or table claims nothing)."""
+        return [
+            table
             for table in self.tables
             if _claims(table) is not None and self.route_of(table.identifier) == table.identifier
         ]
-        return claiming[0] if len(claiming) == 1 and not self.template else None
 
     def route_of(self, identifier: str) -> str:
         """The route whose records table `identifier` gets: its own, or the first table claiming

@@ -37,7 +37,7 @@ from writers.flatten import resolve_keys, table_columns
 from writers.offsets import BatchPlan
 from writers.progress import TableProgress
 from writers.registry import RegisteredSchema
-from writers.routing import Routes, _claims
+from writers.routing import Routes
 from writers.table_versions import (
     only_pair,
     predicted_route_versions,
@@ -305,8 +305,7 @@ def _route_claims(routes: Routes) -> list[RouteClaim]:
     """The routes' claims in `Routes.sql`'s order (a follower of a fan-out claims nothing)."""
     return [
         RouteClaim(spec.identifier, tuple(spec.topics), spec.source_db, spec.source_table)
-        for spec in routes.tables
-        if _claims(spec) is not None and routes.route_of(spec.identifier) == spec.identifier
+        for spec in routes.claiming()
     ]
 
 
