@@ -1,0 +1,60 @@
+"""A small batch on `writer.engine: arrow` runs its tasks in the writer's own process, with no
+Spark job (a job's fixed cost is most of a small batch's time: issue 15's freshness), and writes
+the table a Spark job writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from icekeeper.samples.produce import produce_synthetic
+from icekeeper.samples.synthetic import SyntheticSpec
+from tests.support.pipeline import commit_all, table_rows
+from tests.support.recreated_topic import TABLE, topic_config
+from writers.job import WriterJob
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+def _spark_jobs(spark) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+
+
+def test_a_small_batch_runs_in_the_writer_and_writes_what_a_spark_job_writes(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    configs = {
+        limit: topic_config(
+            tmp_path / f"limit-{limit}",
+            unique_topic,
+            {
+                "ICEKEEPER__WRITER__ENGINE": "arrow",
+                "ICEKEEPER__WRITER__DRIVER_BATCH_RECORDS": str(limit),
+            },
+        )
+        for limit in (20_000, 0)
+    }
+    produce_synthetic(
+        configs[20_000],
+        SyntheticSpec(seed=5, keys=40, events=600, schema_changes=0),
+        topic=unique_topic,
+        partitions=3,
+        progress=lambda m: None,
+    )
+    rows = {}
+    jobs = {}
+    for limit, config in configs.items():
+        before = _spark_jobs(spark)
+        reports = WriterJob(config, spark=spark).run(until_idle=True)
+        jobs[limit] = _spark_jobs(spark) - before
+        assert sum(report.rows_written for report in reports) == 600
+        rows[limit] = sorted(
+            table_rows(commit_all(config), TABLE),
+            key=lambda row: (row["_kfk_partition"], row["_kfk_offset"]),
+        )
+
+    assert jobs[20_000] == 0, "a 600-record batch ran as a Spark job"
+    assert jobs[0] > 0
+    assert len(rows[20_000]) == 600
+    assert rows[20_000] == rows[0]
