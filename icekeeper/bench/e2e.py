@@ -1,12 +1,12 @@
 """`icekeeper bench e2e`: freshness as a reader sees it, from a record's Kafka timestamp.
 
-A producer sends synthetic Debezium Avro records at a fixed rate for `seconds` (Kafka timestamps
-are the send time), while a writer (trigger every `writer.trigger_interval`) and the bookkeeper
-(a commit cycle every second) run, all on this machine with the local stack. Producer, writer,
-bookkeeper and the observer are separate processes, as deployed (in one process they would queue
-on one GIL). The observer (`snapshot_observer.py`) polls the catalog every 50 ms and notes when
-each snapshot first becomes visible; a record's freshness is that moment for the first snapshot
-whose committed offsets cover it, minus its Kafka timestamp, for every record
+A producer sends synthetic Debezium Avro records at a fixed rate for `seconds` (Kafka timestamps are
+the send time), while a writer (the config's `writer.engine`, a batch every `FRESHNESS_TRIGGER_S`)
+and the bookkeeper (the config's `bookkeeper.commit_interval`) run, all on this machine with the
+local stack. Producer, writer, bookkeeper and the observer are separate processes, as deployed (in
+one process they would queue on one GIL). The observer (`snapshot_observer.py`) polls the catalog
+every 50 ms and notes when each snapshot first becomes visible; a record's freshness is that moment
+for the first snapshot whose committed offsets cover it, minus its Kafka timestamp, for every record
 (`committed_offsets.py`). The same holds for upsert tables, where a change may leave no row.
 
 The clock starts after `warmup_s` of the same load went through: the first batches of a fresh
@@ -59,13 +59,17 @@ TABLE = "bench.freshness"
 SUSTAINED_P99_S = 5.0
 """A sweep window holds when its p99 freshness is at most this (and its throughput keeps up)."""
 SWEEP_RATES = (4000.0, 8000.0, 16000.0, 32000.0)
+FRESHNESS_TRIGGER_S = 0.25
+"""The writer's `trigger_interval` here: a low-latency deployment's setting. The default (1 s)
+writes a quarter of the files a quarter-second trigger writes, and a record waits half a trigger
+on average before its batch starts."""
 
 
 def e2e_config(
     base: IcekeeperConfig, work: Path, topic: str, cores: int | None, mode: str = "changelog"
 ) -> IcekeeperConfig:
-    """The stack's addresses from `base`; a fresh state folder, one topic, one table (`mode`:
-    changelog or upsert)."""
+    """The stack's addresses, the writer's engine and the commit interval from `base`; a fresh
+    state folder, one topic, one table (`mode`: changelog or upsert)."""
     source = base.sources[0]
     return load_config(
         None,
@@ -80,7 +84,9 @@ def e2e_config(
                 f"[{{identifier: {TABLE}, topics: [{topic}], primary_key: [id], mode: {mode}}}]"
             ),
             "ICEKEEPER__SPARK__MASTER": f"local[{cores or os.cpu_count() or 2}]",
-            "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
+            "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": str(base.bookkeeper.commit_interval),
+            "ICEKEEPER__WRITER__ENGINE": base.writer.engine,
+            "ICEKEEPER__WRITER__TRIGGER_INTERVAL": str(FRESHNESS_TRIGGER_S),
             "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
         },
     )
@@ -345,6 +351,7 @@ def run_e2e_bench(
         "rate_per_s": rate_per_s,
         "records": main["records"],
         "snapshots": len(read_seen_snapshots(pipeline.seen_path)),
+        "writer_engine": config.writer.engine,
         "writer_trigger_s": config.writer.trigger_interval,
         "commit_interval_s": config.bookkeeper.commit_interval,
         "observer_poll_s": 0.05,
