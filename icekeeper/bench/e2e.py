@@ -21,8 +21,9 @@ time from its start until the last of them was visible), beside `produced_per_s`
 Then, unless `sweep_rates` is empty, the same pipeline takes windows of `sweep_seconds` at each
 higher rate, one after the other (each drained before the next), until a window's p99 exceeds
 `SUSTAINED_P99_S` or its committed throughput falls below 90% of the rate:
-`max_sustained_rate_per_s` is the highest rate that held (`sweep` has every window's figures;
-`sweep_limited_by` says when the single producer process, not the pipeline, fell short).
+`max_sustained_rate_per_s` is the highest committed throughput of a window that held (`sweep` has
+every window's figures; `sweep_limited_by` says when the single producer process, not the pipeline,
+fell short).
 """
 
 from __future__ import annotations
@@ -356,7 +357,8 @@ def run_e2e_bench(
         "commit_interval_s": config.bookkeeper.commit_interval,
         "observer_poll_s": 0.05,
         "warmup_s": warmup_s,
-        "max_sustained_rate_per_s": max((w["rate_per_s"] for w in held), default=None),
+        # What was committed, not offered: a producer that fell short offered less than its rate.
+        "max_sustained_rate_per_s": max((w["records_per_s"] for w in held), default=None),
         "sweep": sweep,
         "sweep_limited_by": "producer" if short else None,
         "mode": mode,
