@@ -117,18 +117,27 @@ def _claims(table: TableSpec) -> str | None:
     return sql.all_of(conditions) if conditions else None
 
 
+def template_parts(template: str) -> list[tuple[str, str | None]]:
+    """`cdc.{db}_{table}` -> [('cdc.', 'db'), ('_', 'table')]: each literal and the field after
+    it (None at the end); the one reading of a template for both engines."""
+    parts: list[tuple[str, str | None]] = []
+    for literal, field_name, _, _ in string.Formatter().parse(template):
+        if field_name is not None and field_name not in _TEMPLATE_FIELDS:
+            raise ValueError(
+                f"table_template {template!r}: unknown field {{{field_name}}}; use "
+                f"{sorted(_TEMPLATE_FIELDS)}"
+            )
+        parts.append((literal, field_name))
+    return parts
+
+
 def template_sql(template: str) -> str:
     """`cdc.{db}_{table}` -> concat('cdc.', db, '_', table); null when a field is missing."""
     parts: list[str] = []
-    for literal, field_name, _, _ in string.Formatter().parse(template):
+    for literal, field_name in template_parts(template):
         if literal:
             parts.append(sql.string(literal))
         if field_name is not None:
-            if field_name not in _TEMPLATE_FIELDS:
-                raise ValueError(
-                    f"table_template {template!r}: unknown field {{{field_name}}}; use "
-                    f"{sorted(_TEMPLATE_FIELDS)}"
-                )
             parts.append(_TEMPLATE_FIELDS[field_name])
     return f"concat({', '.join(parts)})"
 

@@ -16,8 +16,9 @@ from common.schema import WIDE_DECIMAL, resolve_named_types
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import BinlogPosition, envelope
 from writers.arrow_engine.avro_block import SchemaDecoder
+from writers.arrow_engine.consumer_settings import librdkafka_settings
 from writers.arrow_engine.conversions import converted
-from writers.arrow_engine.support import unsupported_reason
+from writers.arrow_engine.support import layout_reason, unsupported_reason
 from writers.arrow_engine.tasks import task_ranges
 from writers.offsets import BatchPlan
 from writers.registry import RegisteredSchema
@@ -38,12 +39,45 @@ def test_batches_the_arrow_engine_does_not_take_are_named() -> None:
     assert unsupported_reason(source, [changelog], seed) is None
     assert "upsert" in unsupported_reason(source, [upsert], seed)
     partitioned = changelog.model_copy(update={"partition_by": ["ID2"]})
-    assert "partitioned" in unsupported_reason(source, [partitioned], seed)
+    assert unsupported_reason(source, [partitioned], seed) is None
+    assert layout_reason([partitioned], "none") is None
+    assert "rebalance" in layout_reason([partitioned], "rebalance")
+    tuned = source.model_copy(
+        update={"consumer_properties": {"max.poll.records": "50", "fetch.max.wait.ms": "100"}}
+    )
+    assert unsupported_reason(tuned, [changelog], seed) is None
+    java_only = source.model_copy(
+        update={
+            "consumer_properties": {
+                "interceptor.classes": "com.example.Audit",
+                "isolation.level": "read_committed",
+                "check.crcs": "perhaps",
+            }
+        }
+    )
+    reason = unsupported_reason(java_only, [changelog], seed)
+    assert "check.crcs, interceptor.classes" in reason and "isolation" not in reason
     json_source = source.model_copy(update={"format": "debezium-json"})
     assert "debezium-json" in unsupported_reason(json_source, [changelog], seed)
     with_map = SHAPE.value_schema()
     with_map["fields"].append({"name": "extra", "type": {"type": "map", "values": "int"}})
     assert "map" in unsupported_reason(source, [changelog], [_registered(with_map)])
+
+
+def test_consumer_properties_reach_librdkafka_by_its_names() -> None:
+    settings = librdkafka_settings(
+        {
+            "fetch.max.wait.ms": "100",
+            "receive.buffer.bytes": "65536",
+            "max.partition.fetch.bytes": "1048576",
+            "partition.assignment.strategy": "org.apache.kafka.clients.consumer.RangeAssignor",
+        }
+    )
+    assert settings == {
+        "fetch.wait.max.ms": "100",
+        "socket.receive.buffer.bytes": "65536",
+        "max.partition.fetch.bytes": "1048576",
+    }
 
 
 def test_tasks_are_cut_as_sparks_kafka_source_cuts_them() -> None:

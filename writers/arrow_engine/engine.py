@@ -26,13 +26,15 @@ from pyiceberg.schema import Schema
 from pyspark.sql import SparkSession
 
 from common.catalog import default_table_location, load_table_or_none, table_properties
-from common.config.model import IcekeeperConfig, KafkaSource
+from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
 from common.in_flight import InFlightClaims
 from common.moniker import Moniker, moniker_id
+from common.partitioning import partition_spec
 from common.schema import Column, assign_ids, envelope_shape
 from writers.arrow_engine.flatten import VersionPlan, arrow_schema
 from writers.arrow_engine.parquet import untaken_properties, writer_options
-from writers.arrow_engine.support import log_fallback_once, unsupported_reason
+from writers.arrow_engine.partitions import partition_fields
+from writers.arrow_engine.support import layout_reason, log_fallback_once, unsupported_reason
 from writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan, run_task
 from writers.arrow_engine.tasks import TaskRange, task_ranges
 from writers.columns import version_column
@@ -99,8 +101,10 @@ class ArrowEngine:
         routes: Routes,
     ) -> ArrowBatch | None:
         """Write the batch's tables; None when the batch must run on `spark-sql` (logged once)."""
-        reason = unsupported_reason(source, routes.tables, schemas) or self._properties_reason(
-            routes
+        reason = (
+            unsupported_reason(source, routes.tables, schemas)
+            or layout_reason(routes.tables, self.config.writer.distribution)
+            or self._properties_reason(routes.tables)
         )
         if reason is not None:
             log_fallback_once(source, reason)
@@ -137,8 +141,8 @@ class ArrowEngine:
         self._route_schema_ids[source.name] = schema_ids_of(pairs, shapes)
         return batch
 
-    def _properties_reason(self, routes: Routes) -> str | None:
-        for spec in routes.tables:
+    def _properties_reason(self, specs: list[TableSpec]) -> str | None:
+        for spec in specs:
             table = load_table_or_none(self.catalog, spec.identifier)
             untaken = untaken_properties(table_properties(table, spec))
             if untaken:
@@ -161,6 +165,21 @@ class ArrowEngine:
         table_plans: list[TablePlan] = []
         schemas = {}
         locations = {}
+        configured = {spec.identifier for spec in routes.tables}
+        templated = [
+            self.config.table(identifier)
+            for route, _ in pairs
+            for identifier in routes.fed_by(route)
+            if identifier not in configured
+        ]
+        reason = (
+            unsupported_reason(source, templated, [])
+            or layout_reason(templated, self.config.writer.distribution)
+            or self._properties_reason(templated)
+        )
+        if reason is not None:
+            log_fallback_once(source, f"table_template: {reason}")
+            return None
         for route, chosen in versions_by_table(pairs, shapes).items():
             for identifier in routes.fed_by(route):
                 table_plan, schema, location = self._table_plan(
@@ -244,6 +263,7 @@ class ArrowEngine:
             for key, (read_start, _) in plan.read_ranges.items()
             if (start := plan.table_starts.get(identifier, {}).get(key, read_start)) > read_start
         }
+        partition = table.spec() if table is not None else partition_spec(spec.partition_by, schema)
         table_plan = TablePlan(
             identifier,
             route,
@@ -252,6 +272,7 @@ class ArrowEngine:
             starts,
             max_records,
             writer_options(table_properties(table, spec)),
+            tuple(partition_fields(partition, schema)),
         )
         return table_plan, schema, location
 
@@ -271,6 +292,7 @@ class ArrowEngine:
             _keyed_routes(routes),
             table_plans,
             self.config.metadata_columns,
+            routes.template,
         )
         if sum(t.until - t.start for t in tasks) <= self.config.writer.driver_batch_records:
             # A small batch: a Spark job's fixed cost would be most of its time (freshness).

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from common.config.model import KafkaSource
 from common.kafka_clients import librdkafka_config
+from writers.arrow_engine.consumer_settings import librdkafka_settings
 from writers.arrow_engine.tasks import TaskRange
 
 _STALL_S = 30.0
@@ -53,10 +54,12 @@ def read_range(source: KafkaSource, task: TaskRange, with_keys: bool = False) ->
             source,
             {
                 "group.id": source.consumer_group,
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
                 "isolation.level": "read_uncommitted",
                 **_FETCH,
+                # The user's settings win, as on `spark-sql`, except what reading a range needs.
+                **librdkafka_settings(source.consumer_properties),
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
             },
         )
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,12 +64,14 @@ class WrittenFile:
     path: str
     size_bytes: int
     record_count: int
+    partition: dict[str, object] = field(default_factory=dict)
 
     def entry(self, spec_id: int) -> FileEntry:
         return FileEntry(
             path=self.path,
             size_bytes=self.size_bytes,
             record_count=self.record_count,
+            partition=self.partition,
             spec_id=spec_id,
         )
 
@@ -80,11 +82,17 @@ def write_files(
     task_index: int,
     max_records_per_file: int,
     options: Mapping[str, object],
+    folder: str = "",
+    partition: Mapping[str, object] | None = None,
 ) -> list[WrittenFile]:
-    """`rows` as files of at most `max_records_per_file` rows under `output_uri`."""
+    """`rows` as files of at most `max_records_per_file` rows under `output_uri` (in `folder`
+    below it: a partition's), each with the `partition` values of its rows."""
     if rows.num_rows == 0:
         return []
     filesystem, root = pafs.FileSystem.from_uri(output_uri)
+    if folder:
+        # Joined after parsing the URI: a folder's `%XX` escapes are part of its name.
+        root = f"{root.rstrip('/')}/{folder}"
     filesystem.create_dir(root, recursive=True)
     scheme = output_uri.split("://", 1)[0] + "://" if "://" in output_uri else ""
     written = []
@@ -96,5 +104,5 @@ def write_files(
             writer.write_table(piece, row_group_size=piece.num_rows)
         size = filesystem.get_file_info(path).size
         uri = ("file://" + path) if scheme == "file://" else (scheme + path if scheme else path)
-        written.append(WrittenFile(uri, int(size), piece.num_rows))
+        written.append(WrittenFile(uri, int(size), piece.num_rows, dict(partition or {})))
     return written

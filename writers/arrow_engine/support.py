@@ -1,9 +1,9 @@
 """What the arrow engine takes: the reason a source's batch must run on `spark-sql` instead.
 
 The arrow engine writes the same tables as `spark-sql` or none at all, so anything it has not
-been built and tested for yet (JSON sources, upsert tables, partitioned tables, table templates,
-Kafka client properties, semantic types without an Arrow conversion) is named here and the batch
-runs on the `spark-sql` engine.
+been built and tested for yet (JSON sources, upsert tables, Spark's rebalancing of partitioned
+tables' files, Kafka client properties librdkafka does not take, semantic types without an Arrow
+conversion) is named here and the batch runs on the `spark-sql` engine.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from common.config.model import KafkaSource, TableSpec
 from common.schema import COLLECTION, WIDE_DECIMAL, envelope_shape, row_columns
+from writers.arrow_engine.consumer_settings import refused_properties
 from writers.arrow_engine.conversions import CONVERTED
 from writers.registry import RegisteredSchema
 
@@ -31,19 +32,28 @@ def unsupported_reason(
     """
     if source.format != "avro-confluent":
         return f"source format {source.format} (only avro-confluent so far)"
-    if source.table_template:
-        return "table_template routing"
-    if source.consumer_properties:
-        return "consumer_properties (Kafka client settings are passed to Spark's Java client only)"
+    refused = refused_properties(source.consumer_properties)
+    if refused:
+        return f"consumer_properties librdkafka does not take: {', '.join(refused)}"
     for table in tables:
         if table.upsert:
             return f"upsert table {table.identifier}"
-        if table.partition_by:
-            return f"partitioned table {table.identifier}"
     for schema in schemas:
         reason = _schema_reason(schema.resolved)
         if reason:
             return f"schema id {schema.schema_id}: {reason}"
+    return None
+
+
+def layout_reason(tables: list[TableSpec], distribution: str) -> str | None:
+    """Why the arrow engine cannot lay out these tables' files as `spark-sql` does, or None.
+
+    Its tasks write their own files of each partition (`writer.distribution: none`); a shuffle
+    by partition (`rebalance`) is Spark's alone so far.
+    """
+    for table in tables:
+        if table.partition_by and distribution == "rebalance":
+            return f"writer.distribution rebalance on partitioned table {table.identifier}"
     return None
 
 

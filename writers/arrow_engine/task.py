@@ -21,7 +21,9 @@ from writers.arrow_engine.avro_block import SchemaDecoder
 from writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, table_rows
 from writers.arrow_engine.kafka_read import read_range
 from writers.arrow_engine.parquet import WrittenFile, write_files
+from writers.arrow_engine.partitions import PartitionField, split_by_partition
 from writers.arrow_engine.tasks import TaskRange
+from writers.arrow_engine.templates import template_routes, topic_template_route
 from writers.decode import frame_prefix
 
 
@@ -47,6 +49,8 @@ class TablePlan:
     """Offsets before which this table already has the records (`BatchPlan.table_starts`)."""
     max_records_per_file: int
     parquet_options: dict[str, object]
+    partition_fields: tuple[PartitionField, ...] = ()
+    """The table's partition spec: each task writes one file set per partition value."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class TaskPlan:
     """Route -> primary-key columns of a table it feeds (`missing-key` is checked for them)."""
     tables: list[TablePlan]
     metadata: MetadataColumns
+    template: str | None = None
+    """The source's `table_template`: the route of records no claim holds."""
 
 
 @dataclass
@@ -89,9 +95,13 @@ def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
     raw = read_range(plan.source, task, with_keys=needs_keys)
     facts = TaskFacts(records=len(raw.values))
     chosen_by_version = _frames(plan, raw.values, facts)
-    if not plan.tables and all(c.source_db is None and c.source_table is None for c in plan.claims):
+    if (
+        not plan.tables
+        and plan.template is None
+        and all(c.source_db is None and c.source_table is None for c in plan.claims)
+    ):
         # Learning which versions feed which table, routed by topic: the frames say it all.
-        route = _topic_route(plan.claims, task.topic)
+        route = _topic_route(plan, task.topic)
         for index, chosen in chosen_by_version.items():
             if route is not None:
                 facts.pairs[(route, index)] += len(chosen)
@@ -106,7 +116,7 @@ def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
         decoded = decoded.combine_chunks()
         if failed:
             facts.errors["undecodable-avro"] += len(failed)
-            route = _topic_route(plan.claims, task.topic)
+            route = _topic_route(plan, task.topic)
             if route is not None:
                 facts.pairs[(route, version.index)] += len(failed)
             lost = set(failed)
@@ -157,12 +167,12 @@ def _frames(plan: TaskPlan, values: pa.BinaryArray, facts: TaskFacts) -> dict[in
     return chosen
 
 
-def _topic_route(claims: list[RouteClaim], topic: str) -> str | None:
+def _topic_route(plan: TaskPlan, topic: str) -> str | None:
     """The route of a record that did not decode: claims on its topic alone can hold."""
-    for claim in claims:
+    for claim in plan.claims:
         if claim.source_db is None and claim.source_table is None and topic in claim.topics:
             return claim.route
-    return None
+    return topic_template_route(plan.template, topic) if plan.template else None
 
 
 def _routes(plan: TaskPlan, rows: VersionRows) -> pa.Array:
@@ -182,6 +192,8 @@ def _routes(plan: TaskPlan, rows: VersionRows) -> pa.Array:
                 )
                 holds = pc.and_kleene(holds, pc.fill_null(equal, False))
         route = pc.if_else(pc.and_(holds, pc.is_null(route)), claim.route, route)
+    if plan.template:
+        route = pc.coalesce(route, template_routes(plan.template, rows))
     return route
 
 
@@ -295,8 +307,15 @@ def _write_table(table: TablePlan, task: TaskRange, pieces: list[_Piece], facts:
     if low.as_py() is not None:
         table_facts.min_ms = low.as_py()
         table_facts.max_ms = high.as_py()
-    table_facts.files.extend(
-        write_files(
-            rows, table.output_uri, task.index, table.max_records_per_file, table.parquet_options
+    for part in split_by_partition(rows, list(table.partition_fields)):
+        table_facts.files.extend(
+            write_files(
+                part.rows,
+                table.output_uri,
+                task.index,
+                table.max_records_per_file,
+                table.parquet_options,
+                part.folder,
+                part.values,
+            )
         )
-    )
