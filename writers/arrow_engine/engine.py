@@ -30,13 +30,14 @@ from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
 from common.in_flight import InFlightClaims
 from common.moniker import Moniker, moniker_id
 from common.partitioning import partition_spec
-from common.schema import Column, assign_ids, envelope_shape
+from common.schema import Column, assign_ids, envelope_shape, op_column
 from writers.arrow_engine.flatten import VersionPlan, arrow_schema
 from writers.arrow_engine.parquet import untaken_properties, writer_options
 from writers.arrow_engine.partitions import partition_fields
 from writers.arrow_engine.support import layout_reason, log_fallback_once, unsupported_reason
 from writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan, run_task
 from writers.arrow_engine.tasks import TaskRange, task_ranges
+from writers.arrow_engine.upserts import UpsertPlan, per_partition, shared_key_count
 from writers.columns import version_column
 from writers.decode import VersionShape, _shape_from_avro
 from writers.files import batch_folder, discard_output
@@ -189,17 +190,29 @@ class ArrowEngine:
                 schemas[identifier] = schema
                 locations[identifier] = location
         output_dirs = [table_plan.output_uri for table_plan in table_plans]
+        if any(table_plan.upsert for table_plan in table_plans):
+            tasks = per_partition(tasks)  # a key's changes in one task (`upserts.py`)
         facts = self._run(source, versions, routes, table_plans, tasks)
         if facts.errors.get("delete-without-key"):
             # Their rows come from the Kafka record key, which only `spark-sql` reads so far.
             discard_output(output_dirs)
             log_fallback_once(source, "deletes without a before image on tables with a primary key")
             return None
+        shared = {
+            identifier: count
+            for identifier, table_facts in facts.tables.items()
+            if (count := shared_key_count(table_facts.key_hashes))
+        }
+        if shared:
+            # A key in two Kafka partitions of the batch: `spark-sql` orders it by offset alone.
+            discard_output(output_dirs)
+            log_fallback_once(source, f"upsert keys in two Kafka partitions of a batch: {shared}")
+            return None
         batch = ArrowBatch(facts.records, facts.errors, output_dirs=output_dirs)
         for table_plan in table_plans:
             identifier = table_plan.identifier
             table_facts = facts.tables.get(identifier)
-            if table_facts is None or not table_facts.files:
+            if table_facts is None or not (table_facts.files or table_facts.deleted_keys_files):
                 discard_output([table_plan.output_uri])
                 continue
             progress = self.tables.setdefault(identifier, TableProgress())
@@ -208,8 +221,16 @@ class ArrowEngine:
             files = sorted(
                 (written.entry(spec_id) for written in table_facts.files), key=lambda f: f.path
             )
-            written_bytes = sum(f.size_bytes for f in files)
+            deleted_keys = sorted(
+                (
+                    written.entry(spec_id).model_copy(update={"content": "deleted-keys"})
+                    for written in table_facts.deleted_keys_files
+                ),
+                key=lambda f: f.path,
+            )
+            written_bytes = sum(f.size_bytes for f in files + deleted_keys)
             progress.bytes_per_row = max(1.0, written_bytes / max(table_facts.rows, 1))
+            rows_written = sum(f.record_count for f in files)  # upsert tables: one row per key
             ranges = offset_ranges(plan, identifier)
             batch.monikers.append(
                 Moniker(
@@ -220,15 +241,15 @@ class ArrowEngine:
                     table=identifier,
                     schema=json.loads(schemas[identifier].model_dump_json()),
                     files=files,
-                    delete_files=[],
+                    delete_files=deleted_keys,
                     offsets=ranges,
-                    records=table_facts.rows,
+                    records=rows_written,
                     min_event_time_ms=table_facts.min_ms,
                     max_event_time_ms=table_facts.max_ms,
                     table_location=locations[identifier],
                 )
             )
-            batch.rows += table_facts.rows
+            batch.rows += rows_written
         return batch, facts
 
     def _table_plan(
@@ -273,6 +294,7 @@ class ArrowEngine:
             max_records,
             writer_options(table_properties(table, spec)),
             tuple(partition_fields(partition, schema)),
+            _upsert_plan(spec, key_names, schema, self.config),
         )
         return table_plan, schema, location
 
@@ -315,11 +337,24 @@ class ArrowEngine:
                 into = total.tables.setdefault(identifier, type(table_facts)())
                 into.rows += table_facts.rows
                 into.files.extend(table_facts.files)
+                into.deleted_keys_files.extend(table_facts.deleted_keys_files)
+                into.key_hashes.extend(table_facts.key_hashes)
                 for bound, pick in (("min_ms", min), ("max_ms", max)):
                     ours, theirs = getattr(into, bound), getattr(table_facts, bound)
                     if theirs is not None:
                         setattr(into, bound, theirs if ours is None else pick(ours, theirs))
         return total
+
+
+def _upsert_plan(
+    spec: TableSpec, key_names: list[str], schema: Schema, config: IcekeeperConfig
+) -> UpsertPlan | None:
+    """How the tasks keep one row per key of an upsert table (None for a changelog table)."""
+    if not spec.upsert:
+        return None
+    op = op_column(config.metadata_columns)
+    deletes = spec.delete_mode == "hard" and op in schema.column_names
+    return UpsertPlan(tuple(key_names), op if deletes else None)
 
 
 def _version_plan(index: int, schema: RegisteredSchema, shape: VersionShape) -> VersionPlan:

@@ -1,9 +1,10 @@
 """What the arrow engine takes: the reason a source's batch must run on `spark-sql` instead.
 
 The arrow engine writes the same tables as `spark-sql` or none at all, so anything it has not
-been built and tested for yet (JSON sources, upsert tables, Spark's rebalancing of partitioned
-tables' files, Kafka client properties librdkafka does not take, semantic types without an Arrow
-conversion) is named here and the batch runs on the `spark-sql` engine.
+been built and tested for yet (JSON sources, Spark's rebalancing of partitioned tables' files,
+Kafka client properties librdkafka does not take, semantic types without an Arrow conversion) is
+named here and the batch runs on the `spark-sql` engine. A batch can also find out while it runs
+that it needs `spark-sql` (`engine.py`: an upsert key in two Kafka partitions of one batch).
 """
 
 from __future__ import annotations
@@ -35,9 +36,6 @@ def unsupported_reason(
     refused = refused_properties(source.consumer_properties)
     if refused:
         return f"consumer_properties librdkafka does not take: {', '.join(refused)}"
-    for table in tables:
-        if table.upsert:
-            return f"upsert table {table.identifier}"
     for schema in schemas:
         reason = _schema_reason(schema.resolved)
         if reason:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -24,6 +25,13 @@ from writers.arrow_engine.parquet import WrittenFile, write_files
 from writers.arrow_engine.partitions import PartitionField, split_by_partition
 from writers.arrow_engine.tasks import TaskRange
 from writers.arrow_engine.templates import template_routes, topic_template_route
+from writers.arrow_engine.upserts import (
+    DELETED_FOLDER,
+    LIVE_FOLDER,
+    UpsertPlan,
+    key_hashes,
+    last_changes,
+)
 from writers.decode import frame_prefix
 
 
@@ -51,6 +59,8 @@ class TablePlan:
     parquet_options: dict[str, object]
     partition_fields: tuple[PartitionField, ...] = ()
     """The table's partition spec: each task writes one file set per partition value."""
+    upsert: UpsertPlan | None = None
+    """Upsert tables: how the task keeps each key's last change (`upserts.py`)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,10 @@ class TableFacts:
     min_ms: int | None = None
     max_ms: int | None = None
     files: list[WrittenFile] = field(default_factory=list)
+    deleted_keys_files: list[WrittenFile] = field(default_factory=list)
+    """Upsert tables: files of the keys whose last change deletes them."""
+    key_hashes: list[np.ndarray] = field(default_factory=list)
+    """Upsert tables: each task's key hashes (`upserts.key_hashes`), checked for overlap."""
 
 
 @dataclass
@@ -307,15 +321,31 @@ def _write_table(table: TablePlan, task: TaskRange, pieces: list[_Piece], facts:
     if low.as_py() is not None:
         table_facts.min_ms = low.as_py()
         table_facts.max_ms = high.as_py()
+    if table.upsert is None:
+        table_facts.files.extend(_write_parts(table, task, rows))
+        return
+    last = last_changes(rows, table.upsert)
+    table_facts.files.extend(_write_parts(table, task, last.live, LIVE_FOLDER))
+    table_facts.deleted_keys_files.extend(_write_parts(table, task, last.deleted, DELETED_FOLDER))
+    kept = pa.concat_tables([last.live, last.deleted])
+    table_facts.key_hashes.append(key_hashes(kept, table.upsert.key_columns))
+
+
+def _write_parts(
+    table: TablePlan, task: TaskRange, rows: pa.Table, folder: str = ""
+) -> list[WrittenFile]:
+    """`rows` as files of each partition value, under `folder` of the batch folder."""
+    written = []
     for part in split_by_partition(rows, list(table.partition_fields)):
-        table_facts.files.extend(
+        written.extend(
             write_files(
                 part.rows,
                 table.output_uri,
                 task.index,
                 table.max_records_per_file,
                 table.parquet_options,
-                part.folder,
+                "/".join(name for name in (folder, part.folder) if name),
                 part.values,
             )
         )
+    return written

@@ -1,0 +1,102 @@
+"""The arrow engine's upsert steps as plain functions (issue 15, item 6): the last change per key
+in Kafka order, the hard and soft delete split, and a key split across tasks."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from writers.arrow_engine.tasks import TaskRange
+from writers.arrow_engine.upserts import (
+    UpsertPlan,
+    key_hashes,
+    last_change_per_key,
+    last_changes,
+    per_partition,
+    shared_key_count,
+)
+
+KEYS = ("id", "region")
+
+
+def _changes(*changes: tuple[int, str, str, int]) -> pa.Table:
+    """(id, region, op, amount) in Kafka offset order."""
+    ids, regions, ops, amounts = zip(*changes, strict=True)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int32()),
+            "region": list(regions),
+            "_src_op": list(ops),
+            "amount": pa.array(amounts, pa.int64()),
+        }
+    )
+
+
+def _rows(table: pa.Table) -> list[tuple]:
+    return [tuple(row.values()) for row in table.to_pylist()]
+
+
+def test_the_last_change_of_each_key_wins_in_kafka_order() -> None:
+    changes = _changes(
+        (1, "eu", "c", 10),
+        (2, "eu", "c", 20),
+        (1, "us", "c", 100),  # same id, another region: another key
+        (1, "eu", "u", 11),
+        (2, "eu", "d", 20),
+        (3, "eu", "c", 30),
+        (1, "eu", "u", 12),
+        (2, "eu", "c", 21),  # deleted, then created again
+    )
+    assert _rows(last_change_per_key(changes, KEYS)) == [
+        (1, "us", "c", 100),
+        (3, "eu", "c", 30),
+        (1, "eu", "u", 12),
+        (2, "eu", "c", 21),
+    ]
+
+
+def test_hard_deletes_go_to_deleted_keys_and_soft_deletes_keep_their_row() -> None:
+    changes = _changes(
+        (1, "eu", "c", 10),
+        (2, "eu", "c", 20),
+        (1, "eu", "d", 10),
+        (3, "eu", "u", 30),
+        (4, "eu", "d", 40),  # a key of an earlier batch
+        (5, "eu", "c", 50),  # a change of primary key 5 -> 6: delete + create
+        (5, "eu", "d", 50),
+        (6, "eu", "c", 50),
+    )
+    hard = last_changes(changes, UpsertPlan(KEYS, "_src_op"))
+    assert _rows(hard.live) == [(2, "eu", "c", 20), (3, "eu", "u", 30), (6, "eu", "c", 50)]
+    assert _rows(hard.deleted) == [(1, "eu", "d", 10), (4, "eu", "d", 40), (5, "eu", "d", 50)]
+    soft = last_changes(changes, UpsertPlan(KEYS, None))
+    assert [row[:3] for row in _rows(soft.live)] == [
+        (2, "eu", "c"),
+        (1, "eu", "d"),
+        (3, "eu", "u"),
+        (4, "eu", "d"),
+        (5, "eu", "d"),
+        (6, "eu", "c"),
+    ]
+    assert soft.deleted.num_rows == 0
+
+
+def test_a_key_in_two_tasks_is_found_and_a_partitions_pieces_become_one_task() -> None:
+    first = last_change_per_key(_changes((1, "eu", "c", 10), (2, "eu", "c", 20)), KEYS)
+    second = last_change_per_key(_changes((3, "eu", "c", 30), (1, "us", "u", 11)), KEYS)
+    third = last_change_per_key(_changes((2, "eu", "u", 21), (1, "eu", "d", 10)), KEYS)
+    hashes = [key_hashes(rows, KEYS) for rows in (first, second, third)]
+    assert shared_key_count(hashes[:2]) == 0  # (1, eu) and (1, us) are different keys
+    assert shared_key_count(hashes) == 2  # (1, eu) and (2, eu) in the first and the third
+    assert shared_key_count([hashes[0], key_hashes(first.slice(0, 0), KEYS)]) == 0
+
+    cut = [
+        TaskRange(0, "t", 0, 0, 50),
+        TaskRange(1, "t", 0, 50, 100),
+        TaskRange(2, "t", 1, 0, 70),
+        TaskRange(3, "u", 0, 5, 9),
+    ]
+    assert per_partition(cut) == [
+        TaskRange(0, "t", 0, 0, 100),
+        TaskRange(1, "t", 1, 0, 70),
+        TaskRange(2, "u", 0, 5, 9),
+    ]
