@@ -211,6 +211,7 @@ def _produce_transactions(config: IcekeeperConfig, topic: str) -> None:
             at = BinlogPosition(ts_ms=1_767_225_600_000, file="b.1", pos=4, gtid="0-1-1")
             value = framer.frame(schema_id, envelope(shape, "c", None, row, at, at.ts_ms))
             producer.produce(topic, value=value, partition=0)
+        producer.flush()  # in the log before the abort (an abort drops what is still queued)
         if commit:
             producer.commit_transaction(30)
         else:

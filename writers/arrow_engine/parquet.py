@@ -7,6 +7,7 @@ as integers where they fit, as Spark stores them; Iceberg field ids come with th
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,16 +25,61 @@ _TAKEN = {
     "write.parquet.page-size-bytes",
     "write.parquet.page-row-limit",
     "write.parquet.row-group-size-bytes",
+    "write.parquet.bloom-filter-max-bytes",
 }
-"""The Parquet table properties the arrow engine honours; any other `write.parquet.*` (bloom
-filters) sends the batch to `spark-sql` (`untaken_properties`)."""
+"""The Parquet table properties the arrow engine honours, with the column ones below; any other
+`write.parquet.*` sends the batch to `spark-sql` (`untaken_properties`)."""
+_BLOOM_ENABLED = "write.parquet.bloom-filter-enabled.column."
+_BLOOM_FPP = "write.parquet.bloom-filter-fpp.column."
+_BLOOM_DEFAULTS = {"fpp": 0.01, "max_bytes": 1_048_576}
+"""Iceberg's defaults (`TableProperties`): false-positive probability and largest filter."""
 
 
 def untaken_properties(table_properties: Mapping[str, str]) -> list[str]:
     """`write.parquet.*` properties pyarrow's writer is not given here."""
     return sorted(
-        key for key in table_properties if key.startswith("write.parquet.") and key not in _TAKEN
+        key
+        for key in table_properties
+        if key.startswith("write.parquet.")
+        and key not in _TAKEN
+        and not key.startswith((_BLOOM_ENABLED, _BLOOM_FPP))
     )
+
+
+def bloom_filters(table_properties: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """Column -> its Bloom filter's `fpp` and `max_bytes`, for the columns the table's
+    `write.parquet.bloom-filter-enabled.column.*` properties turn on."""
+    max_bytes = int(
+        table_properties.get("write.parquet.bloom-filter-max-bytes", _BLOOM_DEFAULTS["max_bytes"])
+    )
+    return {
+        key.removeprefix(_BLOOM_ENABLED): {
+            "fpp": float(
+                table_properties.get(
+                    _BLOOM_FPP + key.removeprefix(_BLOOM_ENABLED), _BLOOM_DEFAULTS["fpp"]
+                )
+            ),
+            "max_bytes": max_bytes,
+        }
+        for key, value in table_properties.items()
+        if key.startswith(_BLOOM_ENABLED) and value.strip().lower() == "true"
+    }
+
+
+def _bloom_filter_options(
+    filters: Mapping[str, Mapping[str, float]], rows: int
+) -> dict[str, dict[str, float]]:
+    """pyarrow's `bloom_filter_options` for a file of `rows` rows: each filter sized for as many
+    distinct values as rows (pyarrow sizes by distinct values, Iceberg caps by bytes), at most
+    as many as fit `max_bytes` (pyarrow rounds a filter's size up to a power of two)."""
+    options = {}
+    for column, bloom in filters.items():
+        fpp = bloom["fpp"]
+        largest = 2 ** int(math.log2(bloom["max_bytes"]))
+        # A split-block filter takes -8 * ndv / ln(1 - fpp ** (1 / 8)) bits.
+        fitting = int(largest * -math.log(1 - fpp ** (1 / 8)))
+        options[column] = {"ndv": max(1, min(rows, fitting)), "fpp": fpp}
+    return options
 
 
 def writer_options(table_properties: Mapping[str, str]) -> dict[str, object]:
@@ -54,6 +100,8 @@ def writer_options(table_properties: Mapping[str, str]) -> dict[str, object]:
         options["data_page_size"] = int(table_properties["write.parquet.page-size-bytes"])
     if "write.parquet.page-row-limit" in table_properties:
         options["data_page_row_count_limit"] = int(table_properties["write.parquet.page-row-limit"])
+    if filters := bloom_filters(table_properties):
+        options["bloom_filter_options"] = filters  # sized per file by `write_files`
     return options
 
 
@@ -100,7 +148,13 @@ def write_files(
         piece = rows.slice(start, max_records_per_file)
         name = f"part-{task_index:05d}-{number:03d}-{uuid.uuid4().hex}.parquet"
         path = f"{root.rstrip('/')}/{name}"
-        with pq.ParquetWriter(path, rows.schema, filesystem=filesystem, **options) as writer:
+        file_options = dict(options)
+        if "bloom_filter_options" in options:
+            file_options["bloom_filter_options"] = _bloom_filter_options(
+                options["bloom_filter_options"],  # type: ignore[arg-type]
+                piece.num_rows,
+            )
+        with pq.ParquetWriter(path, rows.schema, filesystem=filesystem, **file_options) as writer:
             writer.write_table(piece, row_group_size=piece.num_rows)
         size = filesystem.get_file_info(path).size
         uri = ("file://" + path) if scheme == "file://" else (scheme + path if scheme else path)
