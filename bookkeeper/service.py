@@ -27,6 +27,7 @@ from bookkeeper.rewrites import RewriteCommitter
 from bookkeeper.table_metadata import with_lean_commits
 from common.catalog import load_table_or_none, open_catalog
 from common.config.model import IcekeeperConfig
+from common.config.required import require_tables
 from common.fencing import Fenced, Lease
 from common.file_events import location_key
 from common.transports import Delivery, open_transport
@@ -52,6 +53,9 @@ class Bookkeeper:
     """Commits monikers for the tables of one config; run one per group of tables."""
 
     def __init__(self, config: IcekeeperConfig, epoch: int = 0) -> None:
+        # Tables name their source (and a table_template is a source's), so commit reports,
+        # sent through the first source's cluster, always have one.
+        require_tables(config, "the bookkeeper commits to them")
         self.config = config
         self.catalog = with_lean_commits(open_catalog(config))
         self.transport = open_transport(config)

@@ -22,6 +22,14 @@ def _config(args: argparse.Namespace) -> IcekeeperConfig:
     return load_config(args.config)
 
 
+def _development_config(args: argparse.Namespace) -> IcekeeperConfig:
+    """The config of a development command (demo, samples, benchmarks, chaos): with no source or
+    table of its own, seed 000's on the local stack, so it runs on a fresh machine with no file."""
+    from icekeeper.seed_defaults import with_seed_defaults
+
+    return with_seed_defaults(_config(args))
+
+
 def _progress(message: str) -> None:
     print(f"[icekeeper] {message}", flush=True)
 
@@ -78,7 +86,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_produce_sample(args: argparse.Namespace) -> int:
     from icekeeper.samples.produce import produce_seed_sample
 
-    report = produce_seed_sample(_config(args), topic=args.topic, progress=_progress)
+    report = produce_seed_sample(_development_config(args), topic=args.topic, progress=_progress)
     print(json.dumps(report))
     return 0
 
@@ -98,7 +106,11 @@ def cmd_produce_synthetic(args: argparse.Namespace) -> int:
         format=args.format,
     )
     report = produce_synthetic(
-        _config(args), spec, topic=args.topic, partitions=args.partitions, progress=_progress
+        _development_config(args),
+        spec,
+        topic=args.topic,
+        partitions=args.partitions,
+        progress=_progress,
     )
     print(json.dumps(report))
     return 0
@@ -213,7 +225,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = _development_config(args)
     stack = None
     if args.start_stack:
         from icekeeper.localstack.stack import LocalStack
@@ -288,7 +300,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from icekeeper.chaos import run_chaos
     from icekeeper.localstack.stack import LocalStack
 
-    config = _config(args)
+    config = _development_config(args)
     stack = LocalStack(config)
     started = stack.up(_progress).started  # idempotent: reuses a running stack
     try:
@@ -317,7 +329,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         try:
             summary = run_mariadb_demo(
-                _config(args), keep_stack=args.keep_stack, progress=_progress
+                _development_config(args), keep_stack=args.keep_stack, progress=_progress
             )
         # e.g. MariaDB's Debian package missing and not root: the message says what to install
         except StackError as error:
@@ -326,7 +338,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         from icekeeper.demo import run_demo
 
-        summary = run_demo(_config(args), keep_stack=args.keep_stack, progress=_progress)
+        summary = run_demo(
+            _development_config(args), keep_stack=args.keep_stack, progress=_progress
+        )
     if args.json:
         print(json.dumps(summary))
     return 0

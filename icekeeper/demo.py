@@ -18,11 +18,12 @@ from typing import Any
 
 from bookkeeper.service import Bookkeeper
 from common.committed_state import KEY_WATERMARK
-from common.config.model import IcekeeperConfig, TableSpec
+from common.config.model import IcekeeperConfig
 from icekeeper.localstack.stack import LocalStack, started_optional_services
 from icekeeper.readers import duckdb_rows, render_grid, spark_rows
 from icekeeper.samples import seed000
 from icekeeper.samples.produce import produce_seed_sample
+from icekeeper.seed_defaults import SEED_TABLE, with_seed_defaults
 
 Progress = Callable[[str], None]
 SHOWN_COLUMNS = [
@@ -45,12 +46,6 @@ SHOWN_COLUMNS = [
 ]
 
 
-SEED_TABLE = TableSpec(
-    identifier="db_gb18030_test.tbl_test_1", topics=[seed000.TOPIC], primary_key=["ID1", "ID2"]
-)
-"""The demo's table: seed 000's, keyed as seed 000's result table is (so an upsert mirror)."""
-
-
 def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     """The demo's config: seed 000's table (`SEED_TABLE`) on the first source, reading seed 000's
     topic, and the state folder moved to `<state_dir>/demo`; connections, catalog and every other
@@ -58,8 +53,9 @@ def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
 
     The demo names its table itself rather than taking the config's: it produces seed 000's
     stream, so that is the table it shows, with a config of one's own (`icekeeper demo -c`, for
-    its connections) as with none.
+    its connections) as with none (then on seed 000's source: icekeeper/seed_defaults.py).
     """
+    config = with_seed_defaults(config)
     demo_state = str(Path(config.state_dir) / "demo")
     dumped = _replace_prefix(config.model_dump(mode="python"), config.state_dir, demo_state)
     first = {**dumped["sources"][0], "topics": [seed000.TOPIC], "topic_pattern": None}

@@ -24,6 +24,7 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
+from common.config.required import require_tables
 from common.fencing import Fenced, Lease
 from common.in_flight import live_claimed_folders
 from common.locations import normalize_location, table_state_folder
@@ -97,6 +98,8 @@ class Reaper:
         spark: SparkSession | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
+        # A table_template's tables are not listed, so the reaper does not maintain them.
+        require_tables(config, "the reaper maintains them", table_template=False)
         self.config = config
         self.catalog = open_catalog(config)
         self._spark = spark

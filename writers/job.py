@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig, KafkaSource
+from common.config.required import check_writer_config
 from common.in_flight import InFlightClaims
 from common.kafka_clients import KafkaAccessDenied
 from common.spark import spark_session
@@ -91,6 +92,7 @@ class WriterJob:
         spark: SparkSession | None = None,
         writer_id: str | None = None,
     ) -> None:
+        check_writer_config(config)
         self.config = config
         self.writer_id = writer_id or config.writer.writer_id
         self.catalog = open_catalog(config)

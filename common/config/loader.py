@@ -139,6 +139,9 @@ def _apply_env_overrides(
 ) -> dict[str, str]:
     """Set each `ICEKEEPER__...` variable into `raw`; returns env var name -> dotted model key.
 
+    Variables apply in name order, so a whole list (`ICEKEEPER__TABLES`) is set before the field
+    overrides of its items (`ICEKEEPER__TABLES__0__MODE`), whatever order the environment has.
+
     Hand-written rather than pydantic-settings' `env_nested_delimiter`: that addresses nested
     models but not list items (`ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS`, one field of the first
     source, the rest kept from the file or the defaults), cannot switch a section's `kind` with
@@ -170,7 +173,9 @@ def _set_path(raw: Any, defaults: Any, path: list[str | int], value: Any) -> Non
     """Set `value` at `path`, copying in defaults for containers the file does not have yet.
 
     Copying defaults (rather than creating empty containers) lets an override such as
-    `ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS` change one field of the default source.
+    `ICEKEEPER__CATALOG__PROPERTIES__URI` change one key of the default catalog; a list item the
+    file does not have (`ICEKEEPER__SOURCES__0__TOPICS` with no `sources:`, which default to none)
+    is made from the variable's fields and the item's own defaults.
     """
     node, default_node = raw, defaults
     for segment, next_segment in zip(path, path[1:]):

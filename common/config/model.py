@@ -796,26 +796,17 @@ class IcekeeperConfig(_Model):
         ".cache",
         description="Folder that caches downloads (jars, registry, Azurite); safe to delete.",
     )
-    # Seed 000's topic and table stay the embedded defaults (issue 16 item 6 asked to move them
-    # out): `icekeeper demo` names its table itself (icekeeper/demo.py) and `produce-sample` its
-    # topic, but the writer bench and the tests' configs still build on these (`tables[0]`
-    # overridden field by field); moving them means giving those a config of their own.
     sources: list[KafkaSource] = Field(
-        default_factory=lambda: [KafkaSource(topics=["test.db_gb18030_test.tbl_test_1"])],
-        description="Kafka sources. Default: one source on the local stack reading seed 000's "
-        "topic, so that commands run with no file against `icekeeper stack up`; a production "
-        "config lists its own.",
+        default_factory=list,
+        description="Kafka sources. None by default: the writer stops with an error until one is "
+        "listed (the development commands, e.g. `icekeeper demo` and `produce-sample`, use seed "
+        "000's on the local stack instead).",
     )
     tables: list[TableSpec] = Field(
-        default_factory=lambda: [
-            TableSpec(
-                identifier="db_gb18030_test.tbl_test_1",
-                topics=["test.db_gb18030_test.tbl_test_1"],
-                primary_key=["ID1", "ID2"],
-            )
-        ],
-        description="Iceberg tables and their routing. Default: seed 000's table (as for "
-        "`sources`); a file's `tables:` replaces it whole.",
+        default_factory=list,
+        description="Iceberg tables and their routing. None by default: the writer, the "
+        "bookkeeper and the reaper stop with an error until one is listed (or, for the writer "
+        "and the bookkeeper, a source has a `table_template`).",
     )
     metadata_columns: MetadataColumns = Field(
         default_factory=MetadataColumns, description="Metadata columns added to every row."
@@ -874,6 +865,12 @@ class IcekeeperConfig(_Model):
         if len(set(identifiers)) != len(identifiers):
             raise ValueError(f"table identifiers must be unique, got {identifiers}")
         for index, table in enumerate(self.tables):
+            if not source_names:
+                raise ValueError(
+                    f"tables[{index}].source: the config lists no source for {table.identifier} "
+                    f"to read; add one under `sources:` (named {table.source!r}, with "
+                    "`bootstrap_servers`, `schema_registry_url` and `topics`)"
+                )
             if table.source not in source_names:
                 raise ValueError(
                     f"tables[{index}].source: no source named {table.source!r} (sources: "

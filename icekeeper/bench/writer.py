@@ -44,6 +44,7 @@ from icekeeper.bench.work import fresh_work_folder
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import DEBEZIUM_VERSION
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
+from icekeeper.seed_defaults import SEED_TABLE
 
 Progress = Callable[[str], None]
 
@@ -283,8 +284,8 @@ def measure_stages(
 def _ours_config(
     config: IcekeeperConfig, topic: str, work_dir: Path, engine: str = "spark-sql"
 ) -> IcekeeperConfig:
-    """One source and one changelog table on `topic`, state (checkpoints, txlog, warehouse, lease)
-    under `work_dir`."""
+    """One source and one changelog table (seed 000's: the preloaded records are its) on `topic`,
+    state (checkpoints, txlog, warehouse, lease) under `work_dir`."""
     return config.model_copy(
         update={
             "sources": [
@@ -293,8 +294,13 @@ def _ours_config(
                 )
             ],
             "tables": [
-                config.tables[0].model_copy(
-                    update={"topics": [topic], "identifier": "bench.ours", "mode": "changelog"}
+                SEED_TABLE.model_copy(
+                    update={
+                        "source": config.sources[0].name,
+                        "topics": [topic],
+                        "identifier": "bench.ours",
+                        "mode": "changelog",
+                    }
                 )
             ],
             "writer": config.writer.model_copy(

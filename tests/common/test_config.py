@@ -31,7 +31,9 @@ def test_embedded_defaults_give_a_local_sqlite_catalog_under_the_state_folder(
     assert config.catalog.properties["uri"] == f"sqlite:///{tmp_path}/state/catalog.db"
     assert config.catalog.properties["warehouse"] == f"file://{tmp_path}/state/warehouse"
     assert config.transport.kind == "txlog" and config.transport.uri == f"{tmp_path}/state/txlog"
-    assert config.tables[0].identifier == "db_gb18030_test.tbl_test_1"
+    # No demo table in the production defaults: the development commands add seed 000's
+    # (icekeeper/seed_defaults.py), a deployment lists its own.
+    assert config.sources == [] and config.tables == []
     assert config.metadata_columns.kafka.columns == ["topic", "partition", "offset", "timestamp"]
 
 
@@ -140,8 +142,22 @@ def test_environment_overrides_any_key_including_inside_lists(tmp_path: Path) ->
 
 def test_environment_can_override_a_default_it_did_not_write() -> None:
     config = load_config(None, environ={"ICEKEEPER__SOURCES__0__CONSUMER_GROUP": "g2"})
+    # A source the defaults do not have: made from the one field, the rest the source's defaults.
+    assert [source.name for source in config.sources] == ["default"]
     assert config.sources[0].consumer_group == "g2"
-    assert config.sources[0].topics == ["test.db_gb18030_test.tbl_test_1"]
+    assert config.sources[0].bootstrap_servers == "127.0.0.1:9092"
+
+
+def test_a_whole_list_from_the_environment_takes_field_overrides_of_its_items() -> None:
+    # Variables apply in name order: `ICEKEEPER__TABLES` first, then its items' fields, whatever
+    # order the environment lists them in (tests/support/seed_config.py builds on this).
+    environ = {
+        "ICEKEEPER__TABLES__0__MODE": "changelog",
+        "ICEKEEPER__TABLES": "[{identifier: shop.orders, topics: [orders], primary_key: [id]}]",
+        "ICEKEEPER__SOURCES__0__TOPICS": "[orders]",
+    }
+    table = load_config(None, environ=environ).tables[0]
+    assert (table.identifier, table.primary_key, table.mode) == ("shop.orders", ["id"], "changelog")
 
 
 def test_a_bad_environment_value_names_the_variable() -> None:
@@ -154,6 +170,12 @@ def test_transport_kind_selects_the_azure_queue_model(tmp_path: Path) -> None:
     config = load_config(path, environ={})
     assert isinstance(config.transport, AzureQueueTransport) and config.transport.queue_name == "q1"
     assert config.transport.journal_uri.startswith(config.state_dir)
+
+
+def test_a_table_in_a_config_with_no_source_says_to_add_one(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.yaml", "tables: [{identifier: a.b, topics: [t]}]\n")
+    with pytest.raises(ConfigError, match=r"tables\[0\]\.source: .*add one under `sources:`"):
+        load_config(path, environ={})
 
 
 def test_partition_terms_are_checked(tmp_path: Path) -> None:
@@ -184,7 +206,10 @@ def test_a_format_version_the_bookkeeper_cannot_commit_is_refused_at_load(
     with pytest.raises(ConfigError, match=problem):
         load_config(path, environ={})
     changelog_v1 = write(
-        tmp_path, "v1.yaml", "tables:\n  - {identifier: a.b, properties: {format-version: '1'}}\n"
+        tmp_path,
+        "v1.yaml",
+        "sources: [{topics: [t]}]\n"
+        "tables:\n  - {identifier: a.b, properties: {format-version: '1'}}\n",
     )
     assert load_config(changelog_v1, environ={}).tables[0].properties["format-version"] == "1"
 

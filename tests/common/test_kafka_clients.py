@@ -12,6 +12,7 @@ import pytest
 
 from common.config import load_config
 from common.config.loader import ConfigError
+from common.config.model import KafkaSource
 from common.config.secrets import MASK, masked_dump
 from common.kafka_clients import (
     connection_environ,
@@ -73,7 +74,7 @@ def test_librdkafka_gets_the_same_settings_in_its_own_names() -> None:
         "group.id": "status",
     }
     # A plaintext source (the default) gets nothing beyond its servers and protocol.
-    assert librdkafka_config(load_config(None, environ={}).sources[0]) == {
+    assert librdkafka_config(KafkaSource()) == {
         "bootstrap.servers": "127.0.0.1:9092",
         "security.protocol": "plaintext",
     }

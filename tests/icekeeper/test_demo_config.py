@@ -1,13 +1,15 @@
-"""`icekeeper demo` names its own table: seed 000's, whatever the config's tables are."""
+"""`icekeeper demo` names its own table: seed 000's, whatever the config's tables are; the
+development commands fill in seed 000's source and table when a config has none."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from common.config import load_config
-from icekeeper.demo import SEED_TABLE, demo_config
+from icekeeper.demo import demo_config
 from icekeeper.localstack.settings import stack_settings
 from icekeeper.samples import seed000
+from icekeeper.seed_defaults import SEED_SOURCE, SEED_TABLE, with_seed_defaults
 
 
 def test_the_demo_shows_seed_000s_table_with_a_config_of_ones_own(tmp_path: Path) -> None:
@@ -44,3 +46,26 @@ def test_without_a_config_the_demo_has_the_same_table() -> None:
     config = demo_config(load_config(None, environ={}))
     assert config.tables == [SEED_TABLE]
     assert config.sources[0].topics == [seed000.TOPIC]
+
+
+def test_development_commands_fill_in_seed_000s_source_and_table_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    seeded = with_seed_defaults(load_config(None, environ={}))
+    assert seeded.sources == [SEED_SOURCE] and seeded.tables == [SEED_TABLE]
+    # A config with a source of its own: seed 000's table reads from it.
+    path = tmp_path / "mine.yaml"
+    path.write_text("sources: [{name: prod, topics: [orders]}]\n", encoding="utf-8")
+    seeded = with_seed_defaults(load_config(path, environ={}))
+    assert [source.name for source in seeded.sources] == ["prod"]
+    assert [(table.identifier, table.source) for table in seeded.tables] == [
+        (SEED_TABLE.identifier, "prod")
+    ]
+    # A config with tables is left as it is.
+    path.write_text(
+        "sources: [{name: prod, topics: [orders]}]\n"
+        "tables: [{identifier: shop.orders, source: prod, topics: [orders]}]\n",
+        encoding="utf-8",
+    )
+    mine = load_config(path, environ={})
+    assert with_seed_defaults(mine) is mine

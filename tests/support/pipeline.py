@@ -9,7 +9,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from bookkeeper.service import Bookkeeper
-from common.config import IcekeeperConfig, load_config
+from common.config import IcekeeperConfig
+from tests.support.seed_config import seed_config
 from tests.support.stack import TEST_STACK_PORTS, stack_environ
 
 
@@ -33,7 +34,7 @@ def pipeline_config(
         }
     )
     environ.update(extra or {})
-    return load_config(None, environ=environ)
+    return seed_config(environ)
 
 
 def register_catalog(spark, config: IcekeeperConfig) -> str:

@@ -11,10 +11,10 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from common.config import load_config
 from common.schema import WIDE_DECIMAL, resolve_named_types
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import BinlogPosition, envelope
+from tests.support.seed_config import seed_config
 from writers.arrow_engine.avro_block import SchemaDecoder
 from writers.arrow_engine.consumer_settings import librdkafka_settings
 from writers.arrow_engine.conversions import converted
@@ -31,7 +31,7 @@ def _registered(schema: dict, schema_id: int = 7) -> RegisteredSchema:
 
 
 def test_batches_the_arrow_engine_does_not_take_are_named() -> None:
-    config = load_config(None, environ={})
+    config = seed_config()
     source, upsert = config.sources[0], config.tables[0]
     changelog = upsert.model_copy(update={"mode": "changelog"})
     seed = [_registered(SHAPE.value_schema())]
