@@ -181,7 +181,9 @@ class BatchWriter:
         routes: Routes,
     ) -> BatchOutcome:
         if self.arrow_engine is not None:
-            written = self.arrow_engine.write(source, plan, seq, schemas, routes)
+            written = self.arrow_engine.write(
+                source, plan, seq, schemas, routes, self._key_schemas.get(source.name, [])
+            )
             if written is not None:
                 return _arrow_outcome(source, plan, written)
         raw = read_raw(self.spark, source, plan)

@@ -1,10 +1,21 @@
 """The arrow engine's upsert steps as plain functions (issue 15, item 6): the last change per key
-in Kafka order, the hard and soft delete split, and a key split across tasks."""
+in Kafka order, the hard and soft delete split, a key split across tasks, and a delete without a
+`before` image keyed by its record key."""
 
 from __future__ import annotations
 
+import io
+import json
+import struct
+
+import fastavro
 import pyarrow as pa
 
+from common.config.model import TableSpec
+from common.schema import resolve_named_types
+from tests.writers.test_upsert_record_keys import ORDERS
+from writers.arrow_engine.flatten import VersionPlan
+from writers.arrow_engine.record_keys import key_readers, with_record_keys
 from writers.arrow_engine.tasks import TaskRange
 from writers.arrow_engine.upserts import (
     UpsertPlan,
@@ -14,6 +25,8 @@ from writers.arrow_engine.upserts import (
     per_partition,
     shared_key_count,
 )
+from writers.record_keys import record_keys_for
+from writers.registry import RegisteredSchema
 
 KEYS = ("id", "region")
 
@@ -100,3 +113,55 @@ def test_a_key_in_two_tasks_is_found_and_a_partitions_pieces_become_one_task() -
         TaskRange(1, "t", 1, 0, 70),
         TaskRange(2, "u", 0, 5, 9),
     ]
+
+
+def test_a_delete_without_before_reads_its_key_columns_from_the_record_key() -> None:
+    value = ORDERS.value_schema()
+    key_schema = _registered(ORDERS.key_schema(), 41)
+    [version] = [VersionPlan(0, 7, json.dumps(value), resolve_named_types(value), True, {}, (), ())]
+    keys = record_keys_for([TableSpec(identifier="shop.orders", primary_key=["id", "region"])])
+    readers = key_readers([version], keys, [key_schema])[0]
+    before_type = pa.struct(
+        [
+            ("id", pa.int32()),
+            ("region", pa.string()),
+            ("amount", pa.int64()),
+            ("status", pa.string()),
+        ]
+    )
+    kept = {"id": 1, "region": "eu", "amount": 10, "status": "new"}
+    decoded = pa.table(
+        {
+            "op": ["d", "d", "c", "d", "d"],
+            "before": pa.array([None, kept, None, None, None], before_type),
+        }
+    )
+    record_keys = pa.array(
+        [
+            _framed(41, ORDERS.key_schema(), {"region": "us", "id": 7}),
+            _framed(41, ORDERS.key_schema(), {"region": "eu", "id": 1}),
+            _framed(41, ORDERS.key_schema(), {"region": "eu", "id": 2}),
+            None,  # no key: stays a delete without key (`delete-without-key`)
+            _framed(99, ORDERS.key_schema(), {"region": "us", "id": 8}),  # schema not learnt
+        ],
+        pa.binary(),
+    )
+    patched = with_record_keys(decoded, record_keys, readers)
+    assert patched.column("before").to_pylist() == [
+        {"id": 7, "region": "us", "amount": None, "status": None},
+        kept,
+        None,
+        None,
+        None,
+    ]
+    assert patched.column("op").to_pylist() == decoded.column("op").to_pylist()
+
+
+def _registered(schema: dict, schema_id: int) -> RegisteredSchema:
+    return RegisteredSchema(schema_id, json.dumps(schema), resolve_named_types(schema))
+
+
+def _framed(schema_id: int, schema: dict, datum: dict) -> bytes:
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), datum)
+    return struct.pack(">bI", 0, schema_id) + body.getvalue()

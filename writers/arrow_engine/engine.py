@@ -34,6 +34,7 @@ from common.schema import Column, assign_ids, envelope_shape, op_column
 from writers.arrow_engine.flatten import VersionPlan, arrow_schema
 from writers.arrow_engine.parquet import untaken_properties, writer_options
 from writers.arrow_engine.partitions import partition_fields
+from writers.arrow_engine.record_keys import KeyReader, key_readers
 from writers.arrow_engine.support import layout_reason, log_fallback_once, unsupported_reason
 from writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan, run_task
 from writers.arrow_engine.tasks import TaskRange, task_ranges
@@ -44,6 +45,7 @@ from writers.files import batch_folder, discard_output
 from writers.flatten import resolve_keys, table_columns
 from writers.offsets import BatchPlan
 from writers.progress import TableProgress
+from writers.record_keys import record_keys_for
 from writers.registry import RegisteredSchema
 from writers.routing import Routes
 from writers.table_versions import (
@@ -100,8 +102,11 @@ class ArrowEngine:
         seq: int,
         schemas: list[RegisteredSchema],
         routes: Routes,
+        key_schemas: list[RegisteredSchema] | None = None,
     ) -> ArrowBatch | None:
-        """Write the batch's tables; None when the batch must run on `spark-sql` (logged once)."""
+        """Write the batch's tables; None when the batch must run on `spark-sql` (logged once).
+
+        `key_schemas`: the record key schemas the writer knows (deletes without `before`)."""
         reason = (
             unsupported_reason(source, routes.tables, schemas)
             or layout_reason(routes.tables, self.config.writer.distribution)
@@ -119,6 +124,9 @@ class ArrowEngine:
             for index, (s, shape) in enumerate(zip(schemas, shapes, strict=True))
         ]
         tasks = task_ranges(plan, self.spark.sparkContext.defaultParallelism)
+        readers = key_readers(
+            versions, record_keys_for(routes.tables, key_schemas or []), key_schemas or []
+        )
         predicted = predicted_route_versions(
             self._route_schema_ids.get(source.name), shapes
         ) or only_pair(routes, shapes)
@@ -127,7 +135,7 @@ class ArrowEngine:
             pairs = sorted(learned.pairs)
         else:
             pairs = predicted
-        written = self._write(source, plan, seq, versions, shapes, routes, tasks, pairs)
+        written = self._write(source, plan, seq, versions, shapes, routes, tasks, pairs, readers)
         if written is None:
             return None
         batch, facts = written
@@ -135,7 +143,9 @@ class ArrowEngine:
             # The guess missed (a new table or schema version): write again with what was counted.
             discard_output(batch.output_dirs)
             pairs = sorted(facts.pairs)
-            written = self._write(source, plan, seq, versions, shapes, routes, tasks, pairs)
+            written = self._write(
+                source, plan, seq, versions, shapes, routes, tasks, pairs, readers
+            )
             if written is None:
                 return None
             batch, facts = written
@@ -160,6 +170,7 @@ class ArrowEngine:
         routes: Routes,
         tasks: list[TaskRange],
         pairs: list[tuple[str, int]],
+        readers: dict[int, tuple[KeyReader, ...]],
     ) -> tuple[ArrowBatch, TaskFacts] | None:
         """Write every table the pairs name; None (nothing kept) when the batch needs
         `spark-sql`."""
@@ -192,11 +203,12 @@ class ArrowEngine:
         output_dirs = [table_plan.output_uri for table_plan in table_plans]
         if any(table_plan.upsert for table_plan in table_plans):
             tasks = per_partition(tasks)  # a key's changes in one task (`upserts.py`)
-        facts = self._run(source, versions, routes, table_plans, tasks)
+        facts = self._run(source, versions, routes, table_plans, tasks, readers)
         if facts.errors.get("delete-without-key"):
-            # Their rows come from the Kafka record key, which only `spark-sql` reads so far.
+            # A record key of a schema the writer has not learnt yet, or none at all:
+            # `spark-sql` learns the one and dead-letters the other (`record_keys.py`).
             discard_output(output_dirs)
-            log_fallback_once(source, "deletes without a before image on tables with a primary key")
+            log_fallback_once(source, "deletes without a before image whose key is not read")
             return None
         shared = {
             identifier: count
@@ -305,6 +317,7 @@ class ArrowEngine:
         routes: Routes,
         table_plans: list[TablePlan],
         tasks: list[TaskRange],
+        readers: dict[int, tuple[KeyReader, ...]] | None = None,
     ) -> TaskFacts:
         """Run the tasks on Spark and add up what they return."""
         task_plan = TaskPlan(
@@ -315,6 +328,7 @@ class ArrowEngine:
             table_plans,
             self.config.metadata_columns,
             routes.template,
+            readers or {},
         )
         if sum(t.until - t.start for t in tasks) <= self.config.writer.driver_batch_records:
             # A small batch: a Spark job's fixed cost would be most of its time (freshness).

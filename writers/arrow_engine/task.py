@@ -23,6 +23,7 @@ from writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, ta
 from writers.arrow_engine.kafka_read import read_range
 from writers.arrow_engine.parquet import WrittenFile, write_files
 from writers.arrow_engine.partitions import PartitionField, split_by_partition
+from writers.arrow_engine.record_keys import KeyReader, with_record_keys
 from writers.arrow_engine.tasks import TaskRange
 from writers.arrow_engine.templates import template_routes, topic_template_route
 from writers.arrow_engine.upserts import (
@@ -76,6 +77,9 @@ class TaskPlan:
     metadata: MetadataColumns
     template: str | None = None
     """The source's `table_template`: the route of records no claim holds."""
+    record_keys: dict[int, tuple[KeyReader, ...]] = field(default_factory=dict)
+    """Version index -> how its deletes without `before` read their record key
+    (`record_keys.py`)."""
 
 
 @dataclass
@@ -106,7 +110,7 @@ def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
     needs_keys = any(
         plan.metadata.kafka.prefix + "key" == name for t in plan.tables for name in t.schema.names
     )
-    raw = read_range(plan.source, task, with_keys=needs_keys)
+    raw = read_range(plan.source, task, with_keys=needs_keys or bool(plan.record_keys))
     facts = TaskFacts(records=len(raw.values))
     chosen_by_version = _frames(plan, raw.values, facts)
     if (
@@ -137,6 +141,9 @@ def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
             chosen = pa.array([p for i, p in enumerate(chosen.to_pylist()) if i not in lost])
         if len(chosen) == 0:
             continue
+        if version.index in plan.record_keys:
+            record_keys = pa.array(raw.keys, pa.binary()).take(chosen)
+            decoded = with_record_keys(decoded, record_keys, plan.record_keys[version.index])
         rows = VersionRows(
             version,
             decoded,

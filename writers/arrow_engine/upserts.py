@@ -16,8 +16,8 @@ both write a row for it. Choice (measured on 2 cores, see below):
   ~50k-record task per partition either way (`tasks.SMALLEST_TASK_RECORDS`).
 - A key can still appear in two partitions (a topic repartitioned, a producer keying otherwise).
   Each task returns the 64-bit hashes of the keys it wrote (`key_hashes`); the driver checks the
-  tasks' sets for overlap (`shared_key_count`, a sort over a few hundred thousand integers: about
-  a millisecond per 100k keys) and, when two tasks share a hash, discards the arrow output and
+  tasks' sets for overlap (`shared_key_count`, one sort of the batch's hashes in the driver, only
+  when a batch has several tasks) and, when two tasks share a hash, discards the arrow output and
   runs the batch on `spark-sql`, which orders such a key by offset alone. A hash collision
   between two different keys costs that fallback, never a wrong row.
 - Rejected: fixing up the overlap in the driver (the earlier task's row of a shared key would
@@ -26,9 +26,10 @@ both write a row for it. Choice (measured on 2 cores, see below):
   `spark-sql` slow.
 
 Per-key dedup (one task's rows, in offset order): pyarrow's `group_by(keys).aggregate(max row
-number)` then `take`, 13.6 ms for 200k rows over 100k int keys, against 17.5 ms for polars'
-`group_by`, 20.6 ms for polars' `unique(keep="last")` and 30.2 ms for a sort by (key, row) with a
-numpy mask (one core, load ~3; `/tmp`-style micro-benchmark kept in the issue 15 report).
+number)` then `take`. For 200k rows over 100k int keys (best of 21, 2 cores at load 3 to 6): 12-15
+ms, against 13-18 ms for polars' `group_by` (Arrow conversion included), 19-21 ms for polars'
+`unique(keep="last")` and 30-57 ms for a sort by (key, row) with a numpy mask. The two group_bys
+are within the noise of this shared machine; pyarrow's takes every Arrow type as it is.
 """
 
 from __future__ import annotations
@@ -92,17 +93,19 @@ def last_changes(rows: pa.Table, plan: UpsertPlan) -> LastChanges:
 
 
 def key_hashes(rows: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
-    """64-bit hashes of the keys of `rows`, sorted and distinct (polars' row hash with a fixed
-    seed: the same in every executor running the same polars version)."""
+    """64-bit hashes of the keys of `rows` (one row per key, after `last_changes`), in row order:
+    polars' row hash with a fixed seed, the same in every executor running the same polars
+    version. Not made distinct here: that sort cost ~70 ms per 86k keys, the hash 0.2 ms."""
     if rows.num_rows == 0:
         return np.empty(0, np.uint64)
     keys = pl.from_arrow(rows.select(list(key_columns)))
     assert isinstance(keys, pl.DataFrame)
-    return np.unique(keys.hash_rows(seed=0).to_numpy())
+    return keys.hash_rows(seed=0).to_numpy()
 
 
 def shared_key_count(task_hashes: list[np.ndarray]) -> int:
-    """How many key hashes occur in more than one task's set (each set distinct)."""
+    """How many key hashes occur twice among the tasks' hashes (each task's keys are distinct,
+    so a repeat is a key in two tasks, or a 64-bit collision that costs a needless fallback)."""
     sets = [hashes for hashes in task_hashes if len(hashes)]
     if len(sets) < 2:
         return 0
