@@ -28,8 +28,8 @@ KEY_EVENT_FILES = PREFIX + "event-files"
 KEY_QUARANTINED_MONIKERS = PREFIX + "quarantined-monikers"
 
 QUARANTINED_MONIKERS_KEPT = 500
-"""Ids of quarantined monikers the state remembers for replay (quarantines are rare; the oldest go
-first)."""
+"""Ids of quarantined monikers the state remembers for
+replay (quarantines are rare; the oldest go first)."""
 
 TopicPartition = tuple[str, int]
 
@@ -146,9 +146,8 @@ def newest_state_carrier(table: Table) -> Snapshot | None:
 
 
 def expirable_snapshots(table: Table, keep: int, older_than_ms: int | None = None) -> list[int]:
-    """Snapshots that may be expired: beyond the newest `keep` (and older than `older_than_ms`
-    when given), never a branch or tag head, never the newest snapshot carrying icekeeper's
-    state."""
+    """Snapshots that may be expired: beyond the newest `keep` (and older than `older_than_ms` when
+    given), never a branch or tag head, never the newest snapshot carrying icekeeper's state."""
     snapshots = sorted(
         table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms), reverse=True
     )

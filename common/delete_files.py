@@ -20,8 +20,8 @@ from common.storage import open_filesystem
 
 POSITION_DELETE_PATH_ID = 2147483546
 POSITION_DELETE_POS_ID = 2147483545
-"""Field ids of `file_path` and `pos` in every Iceberg position-delete file (reserved by the
-spec)."""
+"""Field ids of `file_path` and `pos` in every Iceberg
+position-delete file (reserved by the spec)."""
 
 
 def read_columns_by_id(path: str, field_ids: list[int]) -> list[pa.ChunkedArray]:
@@ -63,8 +63,8 @@ def referenced_data_files(delete_file: DataFile) -> set[str]:
 
 
 def deleted_positions_per_file(delete_files: Iterable[DataFile]) -> Counter[str]:
-    """Deleted rows per data file (normalized path) across `delete_files` (positions deleted twice
-    count twice)."""
+    """Deleted rows per data file (normalized path) across
+    `delete_files` (positions deleted twice count twice)."""
     counts: Counter[str] = Counter()
     for delete_file in delete_files:
         target = single_target(delete_file)

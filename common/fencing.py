@@ -61,8 +61,8 @@ class Lease:
         self.epoch: int | None = None
 
     def acquire(self, timeout_s: float | None = None, poll_s: float = 0.5) -> int:
-        """Wait until the lease is free (or expired), take it with the next epoch; returns the
-        epoch."""
+        """Wait until the lease is free (or expired), take
+        it with the next epoch; returns the epoch."""
         self.folder.mkdir(parents=True, exist_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False

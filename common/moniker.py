@@ -1,9 +1,8 @@
 """The moniker: what a writer hands the bookkeeper for one table and one batch.
 
-A moniker names the Parquet files a writer made durable, the Iceberg schema they were written
-with, and the source offsets they cover. It is the only message between writers and the
-bookkeeper, so it is versioned (`format_version`) and has exactly one codec (`encode_moniker` /
-`decode_moniker`).
+A moniker names the Parquet files a writer made durable, the Iceberg schema they were written with,
+and the source offsets they cover. It is the only message between writers and the bookkeeper, so it
+is versioned (`format_version`) and has exactly one codec (`encode_moniker` / `decode_moniker`).
 
 Exactly-once rests on two fields besides the offsets. `seq` numbers a writer's batches, and
 `prev_seq` names the writer's previous moniker *for the same table*. The bookkeeper commits a

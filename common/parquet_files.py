@@ -170,8 +170,8 @@ def write_parquet(
 def list_written_files(
     output_uri: str, partitions: list[PartitionColumn], spec_id: int
 ) -> list[FileEntry]:
-    """Every Parquet file under `output_uri`, with size, record count (from its footer) and
-    partition."""
+    """Every Parquet file under `output_uri`, with size,
+    record count (from its footer) and partition."""
     filesystem, root = pafs.FileSystem.from_uri(output_uri)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     entries = []

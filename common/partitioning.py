@@ -1,5 +1,5 @@
-"""Partition specs from config terms (`day(ts)`, `bucket(16, id)`, `ID2`), for writers and
-bookkeeper.
+"""Partition specs from config terms (`day(ts)`,
+`bucket(16, id)`, `ID2`), for writers and bookkeeper.
 
 Both roles build the spec from the same config terms, so a writer lays files out exactly as the
 bookkeeper's table is partitioned; field names follow Iceberg's conventions (`ts_day`,

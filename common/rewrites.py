@@ -71,8 +71,8 @@ def publish_rewrite(table_location: str, request: RewriteRequest) -> None:
 
 
 def pending_rewrites(table_location: str) -> list[RewriteRequest | tuple[str, str]]:
-    """Requests waiting for the bookkeeper, oldest first; an unreadable one as (its id, the
-    reason)."""
+    """Requests waiting for the bookkeeper, oldest
+    first; an unreadable one as (its id, the reason)."""
     filesystem, folder = open_filesystem(rewrites_folder(table_location))
     try:
         listed = filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
@@ -113,8 +113,8 @@ def finish_rewrite(table_location: str, request_id: str) -> None:
 
 
 def refuse_rewrite(table_location: str, request_id: str, reason: str) -> None:
-    """Mark a request refused with `reason` (the refusal first, so a crash between leaves it
-    refused)."""
+    """Mark a request refused with `reason` (the refusal
+    first, so a crash between leaves it refused)."""
     filesystem, folder = open_filesystem(rewrites_folder(table_location))
     write_whole(filesystem, f"{folder}/{request_id}{_REFUSED}", reason.encode())
     finish_rewrite(table_location, request_id)

@@ -39,8 +39,8 @@ SPARK_PACKAGES = (
 V1_SOURCES_BUT_KAFKA = ("avro", "csv", "json", "orc", "parquet", "text")
 """Spark's default `spark.sql.sources.useV1SourceList` without `kafka`."""
 FUNCTIONS_CATALOG = "ik_functions"
-"""An Iceberg catalog registered only for its `system.*` functions (bucket, days, hours,
-truncate)."""
+"""An Iceberg catalog registered only for its `system.*`
+functions (bucket, days, hours, truncate)."""
 
 
 def spark_jars(cache_dir: Path) -> list[Path]:

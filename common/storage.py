@@ -34,7 +34,7 @@ def write_whole(filesystem: pafs.FileSystem, path: str, body: bytes) -> None:
 
 
 def path_segment(name: str) -> str:
-    """A folder or file name made from a table, writer or group name: no separators, no leading
-    dot."""
+    """A folder or file name made from a table, writer
+    or group name: no separators, no leading dot."""
     cleaned = "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
     return cleaned.lstrip(".") or "_"

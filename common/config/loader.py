@@ -22,8 +22,8 @@ from common.config.renames import RENAMED_KEYS
 from common.config.secrets import mask_text, remember_secrets_in, resolve_references
 
 ENV_PREFIX = "ICEKEEPER__"
-"""Environment variables `ICEKEEPER__A__B__0__C` override key `a.b[0].c`; values are YAML
-scalars."""
+"""Environment variables `ICEKEEPER__A__B__0__C`
+override key `a.b[0].c`; values are YAML scalars."""
 
 CONFIG_PATH_ENV = "ICEKEEPER_CONFIG"
 """Environment variable naming the config file when `--config` is not given."""
@@ -52,9 +52,9 @@ def load_config(
         environ: the environment to read overrides from (default `os.environ`).
 
     Returns:
-        The validated config, with `state_dir` and `cache_dir` made absolute, `{state_dir}`
-        expanded in every string value and `${env:NAME}` / `${file:path}` secret references
-        resolved (`common/config/secrets.py`).
+        The validated config, with `state_dir` and `cache_dir` made absolute,
+        `{state_dir}` expanded in every string value and `${env:NAME}` /
+        `${file:path}` secret references resolved (`common/config/secrets.py`).
     """
     environ = os.environ if environ is None else environ
     if path is None and environ.get(CONFIG_PATH_ENV):

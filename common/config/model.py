@@ -63,8 +63,8 @@ class _Model(BaseModel):
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration_s)]
-"""Seconds; config files may write ``"500ms"``, ``"10s"``, ``"5m"``, ``"2h"``, ``"7d"`` or a
-number."""
+"""Seconds; config files may write ``"500ms"``,
+``"10s"``, ``"5m"``, ``"2h"``, ``"7d"`` or a number."""
 
 
 SourceFormat = Literal["avro-confluent", "debezium-json", "json"]
@@ -404,8 +404,8 @@ class MetadataColumns(_Model):
 
 
 class TxLogTransport(_Model):
-    """Monikers as files in a transaction-log folder (local, abfs://, s3://: anything
-    pyarrow/fsspec opens)."""
+    """Monikers as files in a transaction-log folder (local,
+    abfs://, s3://: anything pyarrow/fsspec opens)."""
 
     kind: Literal["txlog"] = "txlog"
     uri: str = Field("{state_dir}/txlog", description="Folder that holds pending monikers.")
@@ -886,8 +886,8 @@ class IcekeeperConfig(_Model):
         raise KeyError(name)
 
     def table(self, identifier: str) -> TableSpec:
-        """The spec of table ``identifier``; a table only a `table_template` names gets the
-        defaults."""
+        """The spec of table ``identifier``; a table only
+        a `table_template` names gets the defaults."""
         for spec in self.tables:
             if spec.identifier == identifier:
                 return spec

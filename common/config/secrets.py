@@ -38,8 +38,8 @@ _ASSIGNED_SECRET = re.compile(
     re.IGNORECASE,
 )
 _SHORTEST_REMEMBERED = 4
-"""Resolved values shorter than this are not masked everywhere in logs (a `1` would mask every
-digit)."""
+"""Resolved values shorter than this are not masked
+everywhere in logs (a `1` would mask every digit)."""
 
 known_secret_values: set[str] = set()
 """Every value a `${...}` reference resolved to, or a secret-named key held, in this process."""
@@ -143,8 +143,8 @@ def is_secret_key(key: str) -> bool:
 
 
 def mask_text(text: str) -> str:
-    """`text` with URL passwords, `password=`/`AccountKey=`-style assignments and known secrets
-    masked."""
+    """`text` with URL passwords, `password=`/`AccountKey=`-style
+    assignments and known secrets masked."""
     for value in sorted(known_secret_values, key=len, reverse=True):
         if value in text:
             text = text.replace(value, MASK)
@@ -153,8 +153,8 @@ def mask_text(text: str) -> str:
 
 
 def mask_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a properties mapping with secret-named keys' values masked and the rest through
-    `mask_text`."""
+    """A copy of a properties mapping with secret-named
+    keys' values masked and the rest through `mask_text`."""
     return {
         key: MASK if is_secret_key(str(key)) else mask_strings(value)
         for key, value in properties.items()
@@ -162,8 +162,8 @@ def mask_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def mask_strings(value: Any) -> Any:
-    """`value` (a string, or lists and mappings of them) with `mask_text` applied to every string
-    in it."""
+    """`value` (a string, or lists and mappings of them)
+    with `mask_text` applied to every string in it."""
     if isinstance(value, str):
         return mask_text(value)
     if isinstance(value, Mapping):
@@ -184,8 +184,8 @@ def mask_field(value: Any) -> Any:
 
 
 def masked_dump(model: BaseModel) -> dict[str, Any]:
-    """`model.model_dump(mode="json")` with every secret masked: what `icekeeper config show`
-    prints."""
+    """`model.model_dump(mode="json")` with every secret
+    masked: what `icekeeper config show` prints."""
     dumped: dict[str, Any] = {}
     for name in type(model).model_fields:
         value = getattr(model, name)
@@ -204,8 +204,8 @@ def masked_dump(model: BaseModel) -> dict[str, Any]:
 
 
 def remember_secrets_in(model: BaseModel) -> None:
-    """Remember a loaded config's `SecretStr` values, secret-named properties and URL passwords,
-    for `mask_text`."""
+    """Remember a loaded config's `SecretStr` values, secret-named
+    properties and URL passwords, for `mask_text`."""
     for name in type(model).model_fields:
         _remember(getattr(model, name))
 

@@ -1,15 +1,14 @@
 """Monikers as Azure Storage Queue messages (seed 003), with a journal folder beside the queue.
 
 The message carries the moniker inline, so the bookkeeper never lists storage; a moniker over
-the queue's 64 KiB message limit travels as a pointer to its journal copy. The journal keeps a
-copy of every pending moniker because a queue cannot be listed (peek returns at most 32
+the queue's 64 KiB message limit travels as a pointer to its journal copy. The journal keeps
+a copy of every pending moniker because a queue cannot be listed (peek returns at most 32
 messages): writers resuming after a restart, and the reaper sparing pending files, read it.
 Publish writes the journal copy first, so a crash between the two steps loses nothing: the
-writer sends every copy of its own again when it starts (`resend_journal`; the bookkeeper drops
-the duplicates), or its table would wait forever for that moniker.
-A dead-lettered moniker is kept whole in the dead-letter folder (its journal copy goes, and a
-queue message cannot be listed or taken out by name); the dead-letter queue gets a message too,
-for alerts.
+writer sends every copy of its own again when it starts (`resend_journal`; the bookkeeper
+drops the duplicates), or its table would wait forever for that moniker. A dead-lettered
+moniker is kept whole in the dead-letter folder (its journal copy goes, and a queue message
+cannot be listed or taken out by name); the dead-letter queue gets a message too, for alerts.
 """
 
 from __future__ import annotations
@@ -117,9 +116,9 @@ class AzureQueueMonikerTransport(MonikerTransport):
                 self.journal.filesystem.get_file_info(parsed[POINTER_KEY]).type
                 == pafs.FileType.NotFound
             ):
-                # Its copy goes only when the moniker is acknowledged: this is a second message of a
-                # moniker already committed (`resend_journal`), to acknowledge and ignore, not
-                # poison.
+                # Its copy goes only when the moniker is acknowledged: this
+                # is a second message of a moniker already committed
+                # (`resend_journal`), to acknowledge and ignore, not poison.
                 return None, None
             stored = self.journal.read(parsed[POINTER_KEY])
             return stored.moniker, stored.error

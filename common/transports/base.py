@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Delivery:
-    """A received moniker, an Event Grid file event, or the raw bytes and why they could not be
-    read.
+    """A received moniker, an Event Grid file event,
+    or the raw bytes and why they could not be read.
 
     A delivery with neither a moniker, a file event nor an error is an event to acknowledge and
     ignore (say, an ADLS `CreateFile` before its `FlushWithClose`).
@@ -61,9 +61,9 @@ class Quarantined:
 
 
 class MonikerTransport(ABC):
-    """Carries monikers from writers to the bookkeeper. Every transport keeps what it dead-letters
-    whole in a dead-letter folder (`dead_letters`), so listing and replaying it is the same for
-    all."""
+    """Carries monikers from writers to the bookkeeper. Every transport
+    keeps what it dead-letters whole in a dead-letter folder
+    (`dead_letters`), so listing and replaying it is the same for all."""
 
     dead_letters: DeadLetterFolder
 

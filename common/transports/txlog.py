@@ -9,8 +9,8 @@ from common.transports.folder import DeadLetterFolder, MonikerFolder
 
 
 class TxLogMonikerTransport(MonikerTransport):
-    """Publish = atomic file create; acknowledge = delete; dead letter = move aside with a
-    reason."""
+    """Publish = atomic file create; acknowledge =
+    delete; dead letter = move aside with a reason."""
 
     def __init__(self, settings: TxLogTransport) -> None:
         self.folder = MonikerFolder(settings.uri)
