@@ -125,12 +125,12 @@ class TableCommit:
     duplicates: list[Delivery] = field(default_factory=list)
     quarantined: list[tuple[Delivery, str]] = field(default_factory=list)
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
-    """Monikers whose offsets overlap what the table committed: dead-lettered, their records not
-    added."""
+    """Monikers whose offsets overlap what the table
+    committed: dead-lettered, their records not added."""
     waiting: list[Delivery] = field(default_factory=list)
     unavailable: list[tuple[Delivery, str]] = field(default_factory=list)
-    """Monikers left pending because storage could not serve one of their files (also in
-    `waiting`)."""
+    """Monikers left pending because storage could not
+    serve one of their files (also in `waiting`)."""
     snapshot_id: int | None = None
     records: int = 0
     files: int = 0
@@ -265,8 +265,8 @@ class Committer:
         """The clock snapshot ages are measured against (tests move it forward)."""
         self._footers: dict[str, Described] = {}
         self._missing_since: dict[str, float] = {}
-        """File path -> when (monotonic) storage first said it does not exist; cleared once it is
-        read."""
+        """File path -> when (monotonic) storage first said
+        it does not exist; cleared once it is read."""
         self.footer_reader = FooterReader(config.bookkeeper.footer_workers or os.cpu_count() or 2)
         self.upserts = UpsertKeeper(
             config.bookkeeper.footer_workers or os.cpu_count() or 2,
@@ -274,8 +274,8 @@ class Committer:
         )
 
     def close(self, save_key_indexes: bool = True) -> None:
-        """Stop the footer readers; save the upsert tables' key indexes, the next bookkeeper's
-        start."""
+        """Stop the footer readers; save the upsert tables'
+        key indexes, the next bookkeeper's start."""
         self.footer_reader.close()
         if save_key_indexes:
             try:
@@ -308,8 +308,8 @@ class Committer:
         )
 
     def heartbeat(self, identifier: str) -> TableCommit:
-        """A snapshot with no files that carries the committed state forward (liveness for
-        schedulers)."""
+        """A snapshot with no files that carries the
+        committed state forward (liveness for schedulers)."""
         started = time.monotonic()
         table = self.catalog.load_table(identifier)
         state = self.checked_state(identifier, table)
@@ -391,8 +391,8 @@ class Committer:
             return None
         plan = self._prepare(table, identifier, selection.ready, result)
         if plan is None:
-            # Nothing was committed to move the refused monikers' writers on: they are refused
-            # next time.
+            # Nothing was committed to move the refused
+            # monikers' writers on: they are refused next time.
             result.waiting.extend(d for d, _ in result.refused)
             result.refused = []
             return None
@@ -498,8 +498,8 @@ class Committer:
     def _prepare(
         self, table: Table | None, identifier: str, ready: list[Delivery], result: TableCommit
     ) -> _Plan | None:
-        """Validate files, evolve the schema, build data files; quarantine monikers that cannot go
-        in."""
+        """Validate files, evolve the schema, build data
+        files; quarantine monikers that cannot go in."""
         # Monikers of a batch share their schema: parse (and below, compare) each distinct one once.
         schemas: dict[str, Schema] = {}
         schema_keys = []
@@ -525,8 +525,8 @@ class Committer:
         self._describe_retrying(requests, properties)
         plan = _Plan(table=table)
         held_writers: dict[str, int] = {}
-        """Writer -> the seq of its moniker left pending for a file: its later monikers wait behind
-        it."""
+        """Writer -> the seq of its moniker left pending
+        for a file: its later monikers wait behind it."""
         current_schema = table.schema() if table is not None else None
         evolutions: dict[tuple[int, str], object] = {}
         for delivery, schema_key in zip(ready, schema_keys):
@@ -589,8 +589,8 @@ class Committer:
             ).items():
                 held_writers.setdefault(writer, seq)
         if held_writers:
-            # A refused moniker after one left pending would move its writer's chain past it: it
-            # waits too.
+            # A refused moniker after one left pending would
+            # move its writer's chain past it: it waits too.
             held = [
                 (d, reason)
                 for d, reason in result.refused
@@ -778,8 +778,8 @@ class Committer:
         snapshots = table.metadata.snapshots
         if len(snapshots) < settings.keep_snapshots:
             return []
-        # Snapshots are listed in commit order: the first is the oldest (a skewed clock only delays
-        # expiry).
+        # Snapshots are listed in commit order: the first is
+        # the oldest (a skewed clock only delays expiry).
         if snapshots[0].timestamp_ms >= older_than_ms - min(keep_for_ms // 10, 60_000):
             return []
         return expirable_snapshots(table, settings.keep_snapshots - 1, older_than_ms=older_than_ms)
@@ -835,8 +835,8 @@ class _Plan:
     files_of: dict[str, list[DataFile]] = field(default_factory=dict)
     """Moniker id -> its data files, for upsert tables' key look-ups."""
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
-    """Monikers whose offsets overlap the committed ones: they move their writer's seq on, not the
-    offsets."""
+    """Monikers whose offsets overlap the committed ones:
+    they move their writer's seq on, not the offsets."""
     upsert: UpsertCycle | None = None
     new_state: CommittedState | None = None
     """The committed state this commit writes into the snapshot summary."""

@@ -145,8 +145,8 @@ def describe_file(path: str, file_schema: Schema, table_properties: dict[str, st
 
 
 FOOTER_READ_BYTES = 64 * 1024
-"""Bytes read from a file's end in one request: the footer and its length (parquet-cpp reads as
-much)."""
+"""Bytes read from a file's end in one request: the
+footer and its length (parquet-cpp reads as much)."""
 
 # pyarrow's own footer parser (`common.internals.parse_footer_bytes`) aborts the process on a
 # damaged footer: only footer worker processes use it (a dead worker's files are read again in
@@ -187,8 +187,8 @@ def footer_bytes(handle: pa.NativeFile) -> pa.Buffer | None:
 
 
 def parse_footer(handle: pa.NativeFile, footer: pa.Buffer | None) -> pq.FileMetaData:
-    """Parse footer bytes from `footer_bytes`; without them, `ParquetFile` reads or rejects the
-    file."""
+    """Parse footer bytes from `footer_bytes`; without
+    them, `ParquetFile` reads or rejects the file."""
     if footer is None:
         return pq.ParquetFile(handle).metadata
     if _FAST_FOOTERS:
@@ -248,11 +248,11 @@ class FooterReader:
     START_THRESHOLD = 2000
     """Batches from this size start the workers, for themselves and for the batches after them."""
     CHUNK_FILES = 100
-    """Files per task: big enough to amortize IPC, small enough to share the tail of a batch
-    evenly."""
+    """Files per task: big enough to amortize IPC, small
+    enough to share the tail of a batch evenly."""
     CHUNKS_AHEAD = 3
-    """Tasks queued per worker while this process reads a chunk itself, so workers never wait for
-    it."""
+    """Tasks queued per worker while this process reads
+    a chunk itself, so workers never wait for it."""
 
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
@@ -275,9 +275,9 @@ class FooterReader:
 
     def _start_pool(self) -> None:
         context = multiprocessing.get_context("forkserver")
-        # Workers fork from the forkserver with this module (and pyiceberg, pyarrow) imported,
-        # instead of each importing them again; `__main__` is what the forkserver preloads by
-        # default.
+        # Workers fork from the forkserver with this module (and
+        # pyiceberg, pyarrow) imported, instead of each importing them
+        # again; `__main__` is what the forkserver preloads by default.
         context.set_forkserver_preload(["__main__", __name__])
         pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
         try:
@@ -297,8 +297,8 @@ class FooterReader:
     def describe(
         self, requests: list[_Request], table_properties: dict[str, str]
     ) -> dict[str, Described]:
-        """`requests`: (path, file schema, the schema's JSON); returns facts or the reason per
-        path."""
+        """`requests`: (path, file schema, the schema's
+        JSON); returns facts or the reason per path."""
         if self.workers == 1 or len(requests) < self.PROCESS_THRESHOLD:
             return {
                 path: _describe_or_reason(path, schema, table_properties)
@@ -330,9 +330,9 @@ class FooterReader:
         try:
             while pending or in_flight:
                 while pending and len(in_flight) < self.workers * self.CHUNKS_AHEAD:
-                    # Taken off `pending` only once submitted: a submit to a pool whose worker just
-                    # died raises, and a chunk already taken would then be read by nobody (CI saw
-                    # it).
+                    # Taken off `pending` only once submitted: a submit to a
+                    # pool whose worker just died raises, and a chunk already
+                    # taken would then be read by nobody (CI saw it).
                     chunk = pending[0]
                     in_flight[
                         self._pool.submit(
@@ -362,8 +362,8 @@ class FooterReader:
             described[path] = _describe_or_reason(path, schema, table_properties)
 
     def _lost_workers(self) -> None:
-        """A worker died (killed, out of memory): this batch goes on in-process, a later one starts
-        new workers."""
+        """A worker died (killed, out of memory): this batch
+        goes on in-process, a later one starts new workers."""
         if self._pool is not None:
             log.warning("a footer worker process died; reading its files in-process")
         self.close()
@@ -380,8 +380,8 @@ class FooterReader:
 
 
 def _chunks(requests: list[_Request], size: int) -> list[list[_Request]]:
-    """Consecutive runs of at most `size` requests sharing a schema JSON (a worker task carries
-    one)."""
+    """Consecutive runs of at most `size` requests
+    sharing a schema JSON (a worker task carries one)."""
     chunks: list[list[_Request]] = []
     for request in requests:
         if chunks and len(chunks[-1]) < size and chunks[-1][0][2] == request[2]:
@@ -433,8 +433,8 @@ _LAYOUTS_PER_PLAN = 16
 def _column_plans(
     file_schema: Schema, table_properties: dict[str, str]
 ) -> tuple[dict[str, _ColumnPlan], list[tuple[pq.ParquetSchema, _Layout]]]:
-    """Parquet column path -> plan, and the layouts seen with it, cached per (schema object,
-    properties).
+    """Parquet column path -> plan, and the layouts seen
+    with it, cached per (schema object, properties).
 
     Callers reuse one `Schema` object per distinct moniker schema (see the committer), so the
     object's identity is a cheap key; the schema is kept alive by the cache entry itself.
@@ -561,8 +561,8 @@ _PACKERS = {
     DoubleType: "<d",
     BooleanType: "<?",
 }
-"""Iceberg's single-value serialization of fixed-width types, as `pyiceberg.conversions.to_bytes`
-packs them."""
+"""Iceberg's single-value serialization of fixed-width
+types, as `pyiceberg.conversions.to_bytes` packs them."""
 
 
 def _bound_encoders(plan: _ColumnPlan, source: int) -> tuple[_Encoder, _Encoder]:
@@ -673,8 +673,8 @@ def _statistics(metadata: pq.FileMetaData, layout: _Layout) -> dict[str, object]
                 nulls[field_id] = nulls.get(field_id, 0) + statistics.null_count
             if collect == _COUNTS or not statistics.has_min_max:
                 continue
-            # Raw values are plain ints, floats and bytes; pyarrow's `min` would build datetimes
-            # and str.
+            # Raw values are plain ints, floats and bytes;
+            # pyarrow's `min` would build datetimes and str.
             if source == _RAW:
                 low, high = statistics.min_raw, statistics.max_raw
             elif source == _DECIMAL:

@@ -64,8 +64,8 @@ class CycleChanges:
 def _find_in(
     keys_hi: np.ndarray, keys_lo: np.ndarray, hi: np.ndarray, lo: np.ndarray
 ) -> np.ndarray:
-    """The slot of each key (hi, lo) in the sorted set (`keys_hi`, `keys_lo`), or -1 where it has
-    none."""
+    """The slot of each key (hi, lo) in the sorted set
+    (`keys_hi`, `keys_lo`), or -1 where it has none."""
     size = len(keys_hi)
     if size == 0 or len(hi) == 0:
         return np.full(len(hi), -1, np.int64)
@@ -204,8 +204,8 @@ class KeyIndex:
     # -- a cycle: plan, commit elsewhere, apply ----------------------------------------------------
 
     def plan(self, hi: np.ndarray, lo: np.ndarray, location: np.ndarray) -> CycleChanges:
-        """Plan a cycle's events, given in commit order: each key's new location, or `ABSENT` for a
-        delete.
+        """Plan a cycle's events, given in commit order:
+        each key's new location, or `ABSENT` for a delete.
 
         A key touched several times (two monikers of the cycle, say) replaces its row each time:
         the first event replaces the index's row, each later one the row of the event before it,

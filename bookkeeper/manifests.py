@@ -96,8 +96,8 @@ def _optional_long_map(out: bytearray, values: dict[int, int] | None) -> None:
     out += _PRESENT
     out += _long(len(values))
     if values:
-        # One list comprehension with table lookups: measured 2.5x as fast as a loop calling
-        # `_long`.
+        # One list comprehension with table lookups:
+        # measured 2.5x as fast as a loop calling `_long`.
         table, size = _VARINTS, _VARINT_TABLE_SIZE
         out += b"".join(
             [
@@ -221,8 +221,8 @@ def _partition_encoder(partition_type: StructType) -> Callable[[Record], bytes]:
 
 
 _V2_MANIFEST_FILE_FIELDS = 15
-"""Fields of a format-version 2 `ManifestFile` record (a manifest list entry), in Avro schema
-order."""
+"""Fields of a format-version 2 `ManifestFile` record
+(a manifest list entry), in Avro schema order."""
 
 
 def encode_manifest_file(out: bytearray, manifest: ManifestFile) -> bool:
@@ -420,8 +420,8 @@ class _ManifestListWriter(ManifestListWriterV2):
 
 
 def written_manifest_list(location: str) -> tuple[ManifestFile, ...] | None:
-    """The manifests of a manifest list this process wrote recently, as written (None if not
-    known)."""
+    """The manifests of a manifest list this process
+    wrote recently, as written (None if not known)."""
     with _written_lock:
         return _WRITTEN_MANIFEST_LISTS.get(location)
 
@@ -499,8 +499,8 @@ class _MergeAppend(MergeAppendFiles):
         return written + super()._manifests()
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        """pyiceberg's summary, counting the delete files too (its collector knows position
-        deletes)."""
+        """pyiceberg's summary, counting the delete files
+        too (its collector knows position deletes)."""
         data_files = self._added_data_files
         self._added_data_files = data_files + self._added_delete_files
         try:

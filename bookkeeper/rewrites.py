@@ -47,8 +47,8 @@ class RewriteCommitter:
     """Commits pending rewrite requests of upsert tables, one snapshot per request."""
 
     def __init__(self, committer: Committer) -> None:
-        # The committer's catalog, footer readers, key indexes and epoch (set when the lease is
-        # taken).
+        # The committer's catalog, footer readers, key
+        # indexes and epoch (set when the lease is taken).
         self.committer = committer
         self.catalog = committer.catalog
 

@@ -1,5 +1,5 @@
-"""Primary-key values -> the 128-bit words the key index stores, and reading them from Parquet
-files.
+"""Primary-key values -> the 128-bit words the key
+index stores, and reading them from Parquet files.
 
 A single integer key (INT, BIGINT: most source tables) is stored as itself, exactly. Any other key
 (strings, composites, decimals, dates) is hashed with BLAKE2b to 128 bits over a canonical text of

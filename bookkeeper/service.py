@@ -79,8 +79,8 @@ class Bookkeeper:
         self._reports_failed_this_cycle = False
 
     def serve_http(self, port: int | None = None) -> int:
-        """Start `/metrics` and `/healthz`; returns the port (0 in config: off, unless a port is
-        given)."""
+        """Start `/metrics` and `/healthz`; returns the
+        port (0 in config: off, unless a port is given)."""
         port = self.config.bookkeeper.http_port if port is None else port
         self.http = HealthServer(
             self.metrics, port, self.health, host=self.config.bookkeeper.http_host
@@ -304,8 +304,8 @@ class Bookkeeper:
                 return
 
     def _settle(self, report: CycleReport, table: str, result: TableCommit) -> None:
-        """After a table's commit is durable (or there was nothing to commit): acknowledge,
-        dead-letter, report."""
+        """After a table's commit is durable (or there was
+        nothing to commit): acknowledge, dead-letter, report."""
         for delivery in result.committed + result.duplicates:
             self.transport.acknowledge(delivery)
         for delivery, reason in result.quarantined:
@@ -484,8 +484,8 @@ class Bookkeeper:
 
 
 UNWRITTEN_REPORTS_KEPT = 100_000
-"""Commit report lines kept while they cannot be written (some 30 MB); older ones are dropped and
-counted."""
+"""Commit report lines kept while they cannot be written
+(some 30 MB); older ones are dropped and counted."""
 
 
 def _append_lines(path: Path, lines: list[dict]) -> None:

@@ -52,8 +52,8 @@ from common.internals import (
 
 
 class MetadataCache:
-    """The newest metadata of each table (by the folder of its metadata files), with its file
-    location."""
+    """The newest metadata of each table (by the folder
+    of its metadata files), with its file location."""
 
     def __init__(self) -> None:
         self._newest: dict[str, tuple[str, TableMetadata]] = {}
@@ -64,8 +64,8 @@ class MetadataCache:
         """Metadata files parsed (cache misses), for tests and the benchmark."""
 
     def read(self, input_file: InputFile, encoding: str = "utf-8") -> TableMetadata:
-        """`FromInputFile.table_metadata`, parsing a file only when it is not the newest one
-        known."""
+        """`FromInputFile.table_metadata`, parsing a file
+        only when it is not the newest one known."""
         location = input_file.location
         with self._lock:
             known = self._newest.get(_folder(location))
@@ -86,9 +86,8 @@ class MetadataCache:
 
     def write(self, metadata: TableMetadata, output_file: OutputFile) -> None:
         """`ToOutputFile.table_metadata`, with each snapshot's JSON made once per table: snapshots
-        never change, and serializing them (pyiceberg's summary serializer is Python) was most
-        of the metadata file's cost. The same JSON document as pyiceberg's, with `snapshots`
-        last."""
+        never change, and serializing them (pyiceberg's summary serializer is Python) was most of
+        the metadata file's cost. The same JSON document as pyiceberg's, with `snapshots` last."""
         location = output_file.location
         if metadata.format_version != 2 or Config().get_bool("legacy-current-snapshot-id"):
             ToOutputFile.table_metadata(metadata, output_file)

@@ -61,8 +61,8 @@ class RewriteCycle:
 
 @dataclass
 class UpsertCycle:
-    """A planned cycle: its index changes (applied after the commit) and its position-delete
-    files."""
+    """A planned cycle: its index changes (applied
+    after the commit) and its position-delete files."""
 
     identifier: str
     changes: CycleChanges
@@ -210,8 +210,8 @@ class UpsertKeeper:
                 stale_targets.append(ref)
                 stale_positions.append(positions[~live])
         changes = index.plan(_concat(his), _concat(los), _concat(locations))
-        # A key twice among the new files (twice live in the replaced ones): only its last row
-        # stays.
+        # A key twice among the new files (twice live in
+        # the replaced ones): only its last row stays.
         doubled = changes.replaced[
             np.isin(unpack(changes.replaced)[0], np.array(new_ordinals, np.int64))
         ]
