@@ -387,10 +387,10 @@ class SparkMaintenance:
                 )
                 report.snapshots_expired = len(expired)
                 return
-            # Iceberg's core `ExpireSnapshots` (with file cleanup) rather than the Spark action: the
-            # action finds unreachable files with Spark jobs over every manifest, which at streaming
-            # history sizes costs far more than it saves (300 snapshots here: 21 s vs 0.9 s,
-            # measured).
+            # Iceberg's core `ExpireSnapshots` (with file cleanup) rather than the
+            # Spark action: the action finds unreachable files with Spark jobs
+            # over every manifest, which at streaming history sizes costs far more
+            # than it saves (300 snapshots here: 21 s vs 0.9 s, measured).
             update = self._java_table(identifier).expireSnapshots()
             # Only the chosen ids: an age of 0 keeps Iceberg's own age rule from adding others.
             update = update.expireOlderThan(0).retainLast(1).deleteWith(deleter)

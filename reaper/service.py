@@ -281,8 +281,8 @@ class Reaper:
             self.stop.wait(max(0.0, every_s - (time.monotonic() - began)))
 
     def _first_run_at(self) -> datetime | None:
-        """The next occurrence of `reaper.triggering_time` (seed 000: earliest start,
-        `HH:MM:SS`)."""
+        """The next occurrence of `reaper.triggering_time`
+        (seed 000: earliest start, `HH:MM:SS`)."""
         at = self.config.reaper.triggering_time
         if not at:
             return None

@@ -182,9 +182,9 @@ class UpsertCompaction:
         if outcome.refused is None:
             outcome.committed = True
             return outcome
-        # Refused: nothing will ever commit these files, so they go now (the refusal last, so a
-        # reaper that dies here finds it again... or orphan removal takes the files after the
-        # grace).
+        # Refused: nothing will ever commit these files, so they go
+        # now (the refusal last, so a reaper that dies here finds it
+        # again... or orphan removal takes the files after the grace).
         _delete_folder(output)
         forget_refusal(table.location(), request_id)
         return outcome
