@@ -55,8 +55,8 @@ class BatchIncomplete(RuntimeError):
 
 @dataclass
 class BatchOutcome:
-    """What writing one source's batch gave: monikers to publish, and counts for the batch
-    report."""
+    """What writing one source's batch gave: monikers
+    to publish, and counts for the batch report."""
 
     monikers: list[Moniker] = field(default_factory=list)
     rows: int = 0
@@ -98,11 +98,11 @@ class BatchWriter:
             else None
         )
         self._route_schema_ids: dict[str, set[tuple[str, int]] | None] = {}
-        """Per source, the (table, schema id) pairs of its last batch: the guess for the next
-        one."""
+        """Per source, the (table, schema id) pairs of
+        its last batch: the guess for the next one."""
         self._key_schemas: dict[str, list[RegisteredSchema]] = {}
-        """Per Avro source, the key schemas its deletes without `before` named so far
-        (`_learn_key_schemas`)."""
+        """Per Avro source, the key schemas its deletes without
+        `before` named so far (`_learn_key_schemas`)."""
 
     def write(
         self,
@@ -148,8 +148,8 @@ class BatchWriter:
                     raise RegistryUnavailable(outage)
                 send_dead_letters(dead, source)
         except RegistryUnavailable:
-            # Nothing of the batch is published or dead-lettered: the writer pauses and reads it
-            # again.
+            # Nothing of the batch is published or dead-lettered:
+            # the writer pauses and reads it again.
             discard_output(outcome.output_dirs)
             raise
         finally:
@@ -168,8 +168,8 @@ class BatchWriter:
         return decode_json(self.spark, raw, debezium=source.format == "debezium-json", keys=keys)
 
     def _record_keys(self, source: KafkaSource, routes: Routes) -> RecordKeys | None:
-        """How record keys are read: only for sources feeding tables with a primary key
-        (`record_keys.py`)."""
+        """How record keys are read: only for sources feeding
+        tables with a primary key (`record_keys.py`)."""
         return record_keys_for(routes.tables, self._key_schemas.get(source.name, []))
 
     def _write_tables(
@@ -195,8 +195,8 @@ class BatchWriter:
         ) or only_pair(routes, decoded.versions)
         outcome = self._write_routed(batch, predicted) if predicted else None
         if outcome is None:
-            # No guess, or the guess missed (a new table or schema version): learn the pairs, then
-            # write.
+            # No guess, or the guess missed (a new table or
+            # schema version): learn the pairs, then write.
             learned = route_versions(routed)
             outcome = self._write_routed(batch, None, learned)
             self._route_schema_ids[source.name] = schema_ids_of(learned, decoded.versions)  # type: ignore[assignment]
@@ -221,9 +221,9 @@ class BatchWriter:
         predicted: list[tuple[str, int]] | None,
         learned: list[tuple[str, int]] | None = None,
     ) -> BatchOutcome | None:
-        """Write every table of the batch with its own versions: `learned` route versions, or
-        `predicted`, checked while the first table is written; None (nothing kept) when it
-        missed."""
+        """Write every table of the batch with its own versions:
+        `learned` route versions, or `predicted`, checked while the
+        first table is written; None (nothing kept) when it missed."""
         outcome = BatchOutcome()
         checks = prediction_checks(predicted, ROUTE, VERSION) if predicted else {}
         table_versions = versions_by_table(predicted or learned or [], batch.decoded.versions)
@@ -259,8 +259,8 @@ class BatchWriter:
     def _newly_registered(
         self, source: KafkaSource, dead: DataFrame, schemas: list[RegisteredSchema]
     ) -> list[RegisteredSchema]:
-        """Schemas the registry knows by id that dead letters of this batch name but `schemas`
-        lacks."""
+        """Schemas the registry knows by id that dead
+        letters of this batch name but `schemas` lacks."""
         if source.format != "avro-confluent":
             return []
         ids = [
@@ -281,8 +281,8 @@ class BatchWriter:
     def _registry_outage(
         self, source: KafkaSource, plan: BatchPlan, dead: DataFrame, schemas: list[RegisteredSchema]
     ) -> str | None:
-        """Why the unknown schema ids of `dead` are the registry's fault (`registry_outage`), or
-        None."""
+        """Why the unknown schema ids of `dead` are the
+        registry's fault (`registry_outage`), or None."""
         registry = self.schemas[source.name]
         unknown_topics = {
             row["topic"]

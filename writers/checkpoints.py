@@ -31,8 +31,8 @@ class SourceCheckpoints:
         return f"{path_segment(self.writer_id)}/{path_segment(source.name)}.json"
 
     def read(self, source: KafkaSource) -> dict[TP, int]:
-        """The next offset per topic-partition this writer finished for `source`; empty without a
-        file."""
+        """The next offset per topic-partition this writer
+        finished for `source`; empty without a file."""
         try:
             raw = json.loads(self.folder.read_bytes(f"{self.folder.root}/{self._name(source)}"))
         except (OSError, ValueError):

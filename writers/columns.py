@@ -17,8 +17,8 @@ ERROR = "_ik_error"
 VERSION = "_ik_version"
 """Index into `DecodedBatch.versions` of the version whose schema the record names (null: none)."""
 DECODE_BARRIER = "_ik_decode_barrier"
-"""`spark_partition_id()`: a nondeterministic column that keeps filters from being pushed into
-decoding."""
+"""`spark_partition_id()`: a nondeterministic column
+that keeps filters from being pushed into decoding."""
 JSON_TEXT = "_ik_json"
 """The record's value as text."""
 JSON_SCHEMA = "_ik_json_schema"
@@ -33,14 +33,14 @@ def version_column(index: int) -> str:
 
 
 def json_parsed_column(index: int) -> str:
-    """JSON version `index`'s record as `from_json` parsed it, before conversion to the version's
-    struct."""
+    """JSON version `index`'s record as `from_json` parsed
+    it, before conversion to the version's struct."""
     return f"_ik_j{index}"
 
 
 def record_key_column(index: int) -> str:
-    """Version `index`'s row as read from the Kafka record key, for deletes without `before`
-    (`record_keys.py`)."""
+    """Version `index`'s row as read from the Kafka record
+    key, for deletes without `before` (`record_keys.py`)."""
     return f"_ik_key{index}"
 
 

@@ -31,8 +31,8 @@ _CONNECT_LOGICAL = {
     "org.apache.kafka.connect.data.Timestamp": ("int64", "long", "timestamp-millis"),
     "org.apache.kafka.connect.data.Time": ("int32", "int", "time-millis"),
 }
-"""Connect's own logical types: (Connect type, Avro type, Avro logical type), as AvroConverter maps
-them."""
+"""Connect's own logical types: (Connect type, Avro
+type, Avro logical type), as AvroConverter maps them."""
 _PRIMITIVES = {
     "int8": "int",
     "int16": "int",
@@ -193,8 +193,8 @@ def json_carrier_type(avro_type: Any) -> T.DataType:
 
 
 def avro_value_sql(value: str, avro_type: Any, depth: int = 0) -> str | None:
-    """SQL turning JSON carrier `value` into what `from_avro` gives for `avro_type`; None when
-    equal.
+    """SQL turning JSON carrier `value` into what
+    `from_avro` gives for `avro_type`; None when equal.
 
     Structs are rebuilt only where a field below them changes.
     """

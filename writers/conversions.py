@@ -23,8 +23,8 @@ def _floor_div(value: str, divisor: int) -> str:
 
 
 def _time_of_day(micros: str) -> str:
-    """`[-]HH:MM:SS[.ffffff]`, as MariaDB prints TIME (hours may pass 24, values may be
-    negative)."""
+    """`[-]HH:MM:SS[.ffffff]`, as MariaDB prints TIME
+    (hours may pass 24, values may be negative)."""
     magnitude = f"abs({micros})"
     fraction = (
         f"CASE WHEN {magnitude} % 1000000 = 0 THEN '' ELSE format_string('.%06d', {magnitude} % "
@@ -86,8 +86,8 @@ _CONVERSIONS: dict[str, str] = {
     "io.debezium.data.geometry.Point": "{}.wkb",
     COLLECTION: "to_json({})",
 }
-"""Semantic types whose carrier needs converting; the others (Json, Enum, Uuid, ...) are taken as
-they come."""
+"""Semantic types whose carrier needs converting; the
+others (Json, Enum, Uuid, ...) are taken as they come."""
 
 _FALLIBLE = {"io.debezium.time.ZonedTimestamp", "io.debezium.data.VariableScaleDecimal"}
 """Conversions that give null for some non-null input (text that is no timestamp, e.g. PostgreSQL's

@@ -86,8 +86,8 @@ class VersionShape:
     transaction: dict[str, IcebergType] = field(default_factory=dict)
     schema_id: int | None = None
     namespace: str | None = None
-    """Debezium names row records `<server>.<db>.<table>`: tells which table a version belongs
-    to."""
+    """Debezium names row records `<server>.<db>.<table>`:
+    tells which table a version belongs to."""
     record_key: str | None = None
     """The column holding the Kafka record key read as this version's key columns, for deletes
     without a `before` image (null for other records); None when keys are not read
@@ -203,9 +203,9 @@ def decode_avro_confluent(
 def _avro_record_key_sql(
     column: str, value_schema: dict[str, Any], key_schemas: list[tuple[int, Any]], keys: RecordKeys
 ) -> tuple[str, tuple[str, ...]] | None:
-    """SQL reading the record key of a delete without `before` as version `column`'s key columns, by
-    the key schema its frame names, and those columns; None when no known key schema fits the
-    row."""
+    """SQL reading the record key of a delete without `before` as
+    version `column`'s key columns, by the key schema its frame names,
+    and those columns; None when no known key schema fits the row."""
     row = row_record(value_schema)
     if row is None:
         return None
@@ -306,8 +306,8 @@ def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int | None) -
 
 
 def framed_schema_id_sql(column: str) -> str:
-    """SQL for the schema id the Confluent frame of binary `column` names, as a number; null
-    unframed."""
+    """SQL for the schema id the Confluent frame of
+    binary `column` names, as a number; null unframed."""
     return (
         f"CASE WHEN length({column}) >= 5 AND substring({column}, 1, 1) = X'00' THEN "
         f"CAST(conv(hex(substring({column}, 2, 4)), 16, 10) AS BIGINT) END"
@@ -340,8 +340,8 @@ class _JsonVersion:
     topic: str | None = None
     """The topic whose schemaless records this version decodes; None for a Connect schema's."""
     row_carrier: T.StructType | None = None
-    """The type `from_json` reads this version's row (`before`/`after`) into; None when it has no
-    row."""
+    """The type `from_json` reads this version's row
+    (`before`/`after`) into; None when it has no row."""
     row_avro: dict[str, Any] | None = None
     """Connect versions: the row as Avro, which says how its carrier converts (`avro_value_sql`)."""
 

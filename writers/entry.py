@@ -1,6 +1,6 @@
-"""The writer's own command line: its arguments and how it runs, for `icekeeper writer` and for
-`spark-submit writers/__main__.py` alike (a role's entry point does not go through another
-package)."""
+"""The writer's own command line: its arguments and how it runs, for
+`icekeeper writer` and for `spark-submit writers/__main__.py` alike
+(a role's entry point does not go through another package)."""
 
 from __future__ import annotations
 

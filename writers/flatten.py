@@ -45,8 +45,8 @@ from writers.decode import VersionShape
 
 @dataclass(frozen=True)
 class FlatRows:
-    """Flattened rows of one table plus helper columns, and the Iceberg schema of the row
-    columns."""
+    """Flattened rows of one table plus helper columns,
+    and the Iceberg schema of the row columns."""
 
     frame: DataFrame
     schema: Schema
@@ -77,8 +77,8 @@ def flatten(
     primary_key: list[str],
     carry: list[str] | None = None,
 ) -> FlatRows:
-    """Rows of `versions` flattened into the table's columns (ids from `existing` where it has
-    them).
+    """Rows of `versions` flattened into the table's
+    columns (ids from `existing` where it has them).
 
     The frame keeps the helper columns, and the columns named in `carry`, next to the row's.
     """
@@ -200,8 +200,8 @@ def _carrier_sql(version: VersionShape, name: str) -> str:
 
 
 def unconvertible_sql(versions: list[VersionShape]) -> str:
-    """SQL true for records holding a value their column's Iceberg type cannot take (see
-    conversions)."""
+    """SQL true for records holding a value their column's
+    Iceberg type cannot take (see conversions)."""
     return sql.any_of(
         failed
         for version in versions

@@ -69,8 +69,8 @@ class BatchReport:
     lost_to_retention: int = 0
     """Records Kafka's retention deleted before this writer read them (they are in no table)."""
     paused: str | None = None
-    """Why the writer paused instead of writing (the schema registry cannot answer); None when it
-    ran."""
+    """Why the writer paused instead of writing (the
+    schema registry cannot answer); None when it ran."""
 
     def add(self, source: KafkaSource, outcome: BatchOutcome) -> None:
         """Count what one source's batch wrote."""
@@ -120,8 +120,8 @@ class WriterJob:
         until_idle: bool = False,
         on_batch: Callable[[BatchReport], None] | None = None,
     ) -> list[BatchReport]:
-        """Run batches every trigger interval until stopped (SIGTERM/SIGINT), `max_batches`, or
-        idle."""
+        """Run batches every trigger interval until stopped
+        (SIGTERM/SIGINT), `max_batches`, or idle."""
         self._resend_journal()
         reports = []
         failures = 0
@@ -132,8 +132,8 @@ class WriterJob:
                 report = self.run_batch()
                 failures = pauses = 0
             except RegistryUnavailable as outage:
-                # Not poison and not a crash: wait for the registry as long as it takes, alerting
-                # each time.
+                # Not poison and not a crash: wait for the registry
+                # as long as it takes, alerting each time.
                 pauses += 1
                 wait_s = min(_MAX_PAUSE_S, 2.0**pauses)
                 log.error(
@@ -186,8 +186,8 @@ class WriterJob:
             )
 
     def install_signal_handlers(self) -> None:
-        """Finish the current batch on SIGTERM/SIGINT, then stop (files and monikers stay
-        consistent)."""
+        """Finish the current batch on SIGTERM/SIGINT,
+        then stop (files and monikers stay consistent)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop.set())
 
@@ -260,8 +260,8 @@ class WriterJob:
     def _plan(
         self, source: KafkaSource, routes: Routes, bounds: dict[TP, PartitionBounds]
     ) -> BatchPlan:
-        """The source's next offset ranges, from its tables' progress and this writer's
-        checkpoint."""
+        """The source's next offset ranges, from its
+        tables' progress and this writer's checkpoint."""
         configured = {s.identifier for s in self.config.tables}
         table_ids = [t.identifier for t in routes.tables] + [
             t for t in self.tables if source.table_template and t not in configured

@@ -96,8 +96,8 @@ class SourceAdmin:
         return {key: PartitionBounds(low[key], high[key]) for key in sorted(low)}
 
     def commit_group_offsets(self, plan: BatchPlan) -> None:
-        """Set the consumer group's offsets to the end of the batch's read ranges (for lag
-        reports)."""
+        """Set the consumer group's offsets to the end
+        of the batch's read ranges (for lag reports)."""
         source = self.source
         offsets = [
             TopicPartition(topic, partition, until)

@@ -140,8 +140,8 @@ def plan_batch(
             if start is None:
                 start = bound.earliest if default_start == "earliest" else bound.latest
             if start < bound.earliest:
-                # Kafka's retention dropped records this table never got: report, start at what
-                # exists.
+                # Kafka's retention dropped records this table
+                # never got: report, start at what exists.
                 lost[topic_partition] = max(lost.get(topic_partition, 0), bound.earliest - start)
                 start = bound.earliest
             if start > bound.latest and on_topic_reset == "restart":
@@ -184,8 +184,8 @@ def _split_cap(
 
 
 def topic_reset_message(behind_next: Mapping[TopicPartition, tuple[int, int]]) -> str:
-    """What the operator reads when the writer stops on partitions whose end is below the next
-    offset."""
+    """What the operator reads when the writer stops on
+    partitions whose end is below the next offset."""
     named = ", ".join(
         f"{topic}:{partition} (next offset {next_offset}, Kafka's end {end})"
         for (topic, partition), (next_offset, end) in sorted(behind_next.items())

@@ -67,8 +67,8 @@ class RecordKeys:
 def record_keys_for(
     tables: Iterable[TableSpec], avro_schemas: Iterable[RegisteredSchema] = ()
 ) -> RecordKeys | None:
-    """How keys are read for a source's `tables`; None when no table has a primary key (keys
-    unread)."""
+    """How keys are read for a source's `tables`; None
+    when no table has a primary key (keys unread)."""
     keyed = [table.primary_key for table in tables if table.primary_key]
     if not keyed:
         return None
@@ -78,8 +78,8 @@ def record_keys_for(
 
 
 def delete_without_before_sql(event: str) -> str:
-    """SQL true for a Debezium delete whose `before` image is null (`event`: SQL for the decoded
-    envelope)."""
+    """SQL true for a Debezium delete whose `before` image
+    is null (`event`: SQL for the decoded envelope)."""
     return f"({event}.{sql.ident('op')} = 'd' AND {event}.{sql.ident('before')} IS NULL)"
 
 
@@ -148,8 +148,8 @@ def row_record(envelope_schema: Any) -> dict[str, Any] | None:
         for branch in branches if isinstance(branches, list) else [branches]:
             if isinstance(branch, dict) and branch.get("type") == "record":
                 row = copy.deepcopy(branch)
-                # Nested in the envelope, the row inherits its namespace; standalone it must name
-                # it.
+                # Nested in the envelope, the row inherits
+                # its namespace; standalone it must name it.
                 if (
                     "namespace" not in row
                     and "." not in row["name"]
@@ -161,8 +161,8 @@ def row_record(envelope_schema: Any) -> dict[str, Any] | None:
 
 
 def _nullable_row(row: dict[str, Any]) -> dict[str, Any]:
-    """`row` with every field optional (null first, default null): a field the key lacks reads as
-    null."""
+    """`row` with every field optional (null first,
+    default null): a field the key lacks reads as null."""
     fields = []
     for field in row["fields"]:
         branches = field["type"] if isinstance(field["type"], list) else [field["type"]]
@@ -186,8 +186,8 @@ def _kind(avro_type: Any) -> str | None:
 
 
 def _resolvable(writer: Any, reader: Any) -> bool:
-    """True when Avro resolves a `writer` value into `reader` (nulls aside); complex types must be
-    equal."""
+    """True when Avro resolves a `writer` value into
+    `reader` (nulls aside); complex types must be equal."""
     writer, reader = _non_null(writer), _non_null(reader)
     if writer is None or reader is None:
         return False

@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class RegistryUnavailable(RuntimeError):
-    """The schema registry cannot say which schemas the batch's records name; nothing is
-    published."""
+    """The schema registry cannot say which schemas
+    the batch's records name; nothing is published."""
 
 
 T = TypeVar("T")
@@ -48,8 +48,8 @@ class TopicSchemas:
     """Schemas by id, and the ids registered for a topic's value subject (TopicNameStrategy)."""
 
     def __init__(self, source: KafkaSource) -> None:
-        # Error messages (logs, status, alerts) name the registry without the password of its
-        # user-info.
+        # Error messages (logs, status, alerts) name the
+        # registry without the password of its user-info.
         self.url = mask_text(source.schema_registry_url)
         self.client = registry_client(source)
         self._by_id: dict[int, RegisteredSchema] = {}
@@ -124,8 +124,8 @@ def registry_outage(
     unknown_topics: set[str],
     with_known_ids: Callable[[set[str]], set[str]],
 ) -> str | None:
-    """Why the batch's unknown schema ids are the registry's fault, not poison; None when they are
-    poison.
+    """Why the batch's unknown schema ids are the registry's
+    fault, not poison; None when they are poison.
 
     The registry is at fault when it does not list its subjects (down, or a wrong URL), when it
     lists none (an in-memory registry that restarted, or an empty one), or when a topic whose

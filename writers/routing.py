@@ -90,8 +90,8 @@ class Routes:
         ]
 
     def route_of(self, identifier: str) -> str:
-        """The route whose records table `identifier` gets: its own, or the first table claiming
-        alike."""
+        """The route whose records table `identifier` gets:
+        its own, or the first table claiming alike."""
         return self._routes.get(identifier, identifier)
 
     def fed_by(self, route: str) -> list[str]:
@@ -180,8 +180,8 @@ def routed_rows(decoded: DecodedBatch, routes: Routes, tables: list[TableSpec]) 
 
 
 def _delete_without_before(decoded: DecodedBatch) -> str:
-    """True for Debezium deletes without a `before` image: a missing key is then a missing record
-    key."""
+    """True for Debezium deletes without a `before`
+    image: a missing key is then a missing record key."""
     return sql.any_of(
         delete_without_before_sql(sql.ident(v.column)) for v in decoded.versions if v.is_debezium
     )

@@ -1,12 +1,11 @@
 """Which schema versions feed which table in a batch: a table's schema is its own records' schema.
 
-A batch may mix topics, tables and schema versions. Flattening every table with the union of
-all the batch's versions leaked columns from one table into another, failed the whole batch on a
-column name two tables use with different types (`qty` INT beside `qty` VARCHAR), let an ALTER
-on one table evolve the other, and kept a dropped column alive for as long as its old version
-stayed registered. So the writer first learns which versions' records each table actually gets
-in this batch (one small aggregate over route and version), and flattens each table with those
-alone.
+A batch may mix topics, tables and schema versions. Flattening every table with the union of all
+the batch's versions leaked columns from one table into another, failed the whole batch on a
+column name two tables use with different types (`qty` INT beside `qty` VARCHAR), let an ALTER on
+one table evolve the other, and kept a dropped column alive for as long as its old version stayed
+registered. So the writer first learns which versions' records each table actually gets in this
+batch (one small aggregate over route and version), and flattens each table with those alone.
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ from writers.upserts import deleted_partition, last_change_per_key, split_delete
 
 @dataclass(frozen=True)
 class RoutedBatch:
-    """One source's batch, decoded and routed (`routing.routed_rows`): what each table is written
-    from."""
+    """One source's batch, decoded and routed
+    (`routing.routed_rows`): what each table is written from."""
 
     source: KafkaSource
     plan: BatchPlan
@@ -76,8 +76,8 @@ class TableWrite:
     output_dir: str
     """The batch folder, to discard if the batch is not published."""
     observed: dict
-    """The counts observed while writing: the table's rows and event times, plus any batch counts
-    asked for."""
+    """The counts observed while writing: the table's rows
+    and event times, plus any batch counts asked for."""
 
 
 class TableWriter:
@@ -110,8 +110,8 @@ class TableWriter:
         batch_observations: list[Column] | None = None,
         route: str | None = None,
     ) -> TableWrite:
-        """Write `identifier`'s rows of the batch; with `batch_observations`, also count the whole
-        batch.
+        """Write `identifier`'s rows of the batch; with
+        `batch_observations`, also count the whole batch.
 
         The rows are the records of `route` (default: the table's own; see `Routes` for fan-out).
 
@@ -255,8 +255,8 @@ def restart_monikers(
 
 
 def offset_ranges(plan: BatchPlan, identifier: str) -> list[OffsetRange]:
-    """The offsets a moniker of `identifier` covers: its own span of each partition the batch
-    read."""
+    """The offsets a moniker of `identifier` covers:
+    its own span of each partition the batch read."""
     return [
         OffsetRange(
             topic=topic,
@@ -272,8 +272,8 @@ def offset_ranges(plan: BatchPlan, identifier: str) -> list[OffsetRange]:
 
 
 def _at_or_after(plan: BatchPlan, identifier: str) -> str:
-    """SQL keeping rows at or after the table's own start, where it differs from the batch's read
-    start."""
+    """SQL keeping rows at or after the table's own start,
+    where it differs from the batch's read start."""
     skipped = []
     for (topic, partition), (read_start, _) in plan.read_ranges.items():
         start = plan.table_starts.get(identifier, {}).get((topic, partition), read_start)
