@@ -329,8 +329,8 @@ def _pause_and_fence(
     lease_folder: Path,
     progress: Progress,
 ) -> None:
-    """SIGSTOP the bookkeeper; a second one takes the lease and commits; SIGCONT: the first is
-    fenced."""
+    """SIGSTOP the bookkeeper; a second one takes the
+    lease and commits; SIGCONT: the first is fenced."""
     first = components["bookkeeper"]
     if not first.alive():
         first.start()

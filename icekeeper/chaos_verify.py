@@ -138,9 +138,9 @@ def topic_changes(source: KafkaSource, topic: str) -> tuple[list[Row], list[Posi
 
 
 def payload_digest(values: Sequence[Any]) -> int:
-    """A 64-bit digest of one row's payload values (in `CHANGELOG_PAYLOAD` order): equal values give
-    equal digests whichever engine read them, so a million rows compare without holding their
-    values."""
+    """A 64-bit digest of one row's payload values (in `CHANGELOG_PAYLOAD`
+    order): equal values give equal digests whichever engine read them, so
+    a million rows compare without holding their values."""
     return int.from_bytes(
         hashlib.blake2b(repr(tuple(values)).encode(), digest_size=8).digest(), "big"
     )
@@ -159,8 +159,8 @@ def expected_payloads(
 
 
 def positioned_digests(rows: Iterable[Sequence[Any]]) -> list[PositionedDigest]:
-    """Rows read as (partition, offset, *payload in `CHANGELOG_PAYLOAD` order) to (partition,
-    offset, digest)."""
+    """Rows read as (partition, offset, *payload in
+    `CHANGELOG_PAYLOAD` order) to (partition, offset, digest)."""
     return [(int(row[0]), int(row[1]), payload_digest(row[2:])) for row in rows]
 
 
@@ -178,8 +178,8 @@ class ChangelogComparison:
     unknown_positions: int
     """Rows at a position the topic does not have (a wrong offset written)."""
     payload_mismatched: int
-    """Rows whose payload differs from the Kafka record at their position (values crossed or
-    altered)."""
+    """Rows whose payload differs from the Kafka record
+    at their position (values crossed or altered)."""
     examples: tuple[str, ...]
 
 
@@ -251,8 +251,8 @@ class DeadLetterCheck:
 def check_dead_letters(
     dead_letters: Counter[Position], undecodable: set[Position]
 ) -> DeadLetterCheck:
-    """How the dead letters (by source position, with repeats) differ from one per undecodable
-    record."""
+    """How the dead letters (by source position, with
+    repeats) differ from one per undecodable record."""
     repeated = sorted(position for position, count in dead_letters.items() if count > 1)
     absent = sorted(undecodable - set(dead_letters))
     good = sorted(set(dead_letters) - undecodable)
@@ -273,9 +273,9 @@ def check_dead_letters(
 
 
 def engines_disagreeing(reads: dict[str, Sequence[PositionedDigest]]) -> int:
-    """Rows (position and payload digest, with repeats) in which some engine's read differs from the
-    first engine's, counted on both sides: 0 when every engine read the same rows with the same
-    payloads."""
+    """Rows (position and payload digest, with repeats) in which some
+    engine's read differs from the first engine's, counted on both sides:
+    0 when every engine read the same rows with the same payloads."""
     reads_by_engine = [Counter(rows) for rows in reads.values()]
     if not reads_by_engine:
         return 0
@@ -295,8 +295,8 @@ class UpsertComparison:
     duplicate_keys: int
     """Rows beyond the first of a key (0 when every key has one row)."""
     missing_keys: int
-    """Keys of the reference the table lacks (a lost update, or a delete applied to the wrong
-    row)."""
+    """Keys of the reference the table lacks (a lost
+    update, or a delete applied to the wrong row)."""
     extra_keys: int
     """Keys the table has and the reference does not (a resurrected row: its delete was lost)."""
     mismatched_keys: int
@@ -307,8 +307,8 @@ class UpsertComparison:
 def compare_with_reference(
     rows: list[Row], reference: dict[Key, Row], columns: tuple[str, ...] = UPSERT_COLUMNS
 ) -> UpsertComparison:
-    """How `rows` (one engine's read of the upsert table) differ from `reference` (latest live rows
-    by key)."""
+    """How `rows` (one engine's read of the upsert table)
+    differ from `reference` (latest live rows by key)."""
     per_key = Counter(tuple(row[name] for name in KEY) for row in rows)
     mirror = {tuple(row[name] for name in KEY): row for row in rows}
     expected = {key: {name: row.get(name) for name in columns} for key, row in reference.items()}
@@ -422,8 +422,8 @@ def _in_payload_order(
 
 
 def _pyiceberg_tuples(table: Table, columns: list[str]) -> Iterator[tuple[Any, ...]]:
-    """The table's rows as pyiceberg reads them, as tuples of `columns`, one Arrow batch at a
-    time."""
+    """The table's rows as pyiceberg reads them, as
+    tuples of `columns`, one Arrow batch at a time."""
     for batch in table.scan(selected_fields=tuple(columns)).to_arrow_batch_reader():
         values = batch.to_pydict()
         yield from zip(*(values[name] for name in columns))
@@ -590,10 +590,10 @@ def failures(result: dict[str, Any]) -> list[str]:
 
 
 def spark_reads(overrides: dict[str, str], queries: dict[str, str]) -> dict[str, list[list[Any]]]:
-    """Each query's rows as Spark reads them (`{catalog}` is the config's catalog name), in a
-    process of its own: a SparkSession is one per process, and the caller's (a test's, say) must
-    neither be reused with another catalog nor stopped. One process for all queries: a JVM start
-    costs seconds."""
+    """Each query's rows as Spark reads them (`{catalog}` is the config's
+    catalog name), in a process of its own: a SparkSession is one per process,
+    and the caller's (a test's, say) must neither be reused with another catalog
+    nor stopped. One process for all queries: a JVM start costs seconds."""
     if not queries:
         return {}
     code = (

@@ -1,5 +1,5 @@
-"""`icekeeper dead-letters list | replay`: what was set aside, and putting it back once the cause
-is fixed.
+"""`icekeeper dead-letters list | replay`: what was set
+aside, and putting it back once the cause is fixed.
 
 Two places hold what did not reach a table:
 - quarantined monikers, in the transport's dead-letter folder: monikers the bookkeeper could not
@@ -52,8 +52,8 @@ SOURCE_OFFSET_HEADER = "icekeeper.source.offset"
 log = logging.getLogger(__name__)
 
 REPLAY_OF_HEADER = "icekeeper.replay.of"
-"""Added to a replayed record: `<dead-letter topic>/<partition>/<offset>` of the copy it came
-from."""
+"""Added to a replayed record:
+`<dead-letter topic>/<partition>/<offset>` of the copy it came from."""
 REPLAY_BATCH = 1000
 """Records per Kafka transaction."""
 
@@ -259,8 +259,8 @@ def replay_group(source: KafkaSource) -> str:
 def replay_records(
     config: IcekeeperConfig, source: KafkaSource, catalog: Catalog, timeout_s: float = 60.0
 ) -> RecordReplay:
-    """Produce the source's dead-lettered records not replayed yet to their source topics, exactly
-    once.
+    """Produce the source's dead-lettered records not
+    replayed yet to their source topics, exactly once.
 
     Not in Kafka transactions: a transaction's commit marker takes an offset of the source topic,
     and writers refuse offsets without a record (`sources[].offset_gaps`). Instead, before each
@@ -368,8 +368,8 @@ def _copy_name(record: DeadLetteredRecord) -> str:
 
 
 def _replayed_copies(source: KafkaSource, marks: dict[str, int], timeout_s: float) -> set[str]:
-    """The `icekeeper.replay.of` values of records in the source partitions from the marked offsets
-    on."""
+    """The `icekeeper.replay.of` values of records in
+    the source partitions from the marked offsets on."""
     from icekeeper.samples.readback import partition_messages
 
     starts = {

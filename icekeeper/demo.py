@@ -79,9 +79,9 @@ def fresh_stack(
 ) -> LocalStack:
     """The demo's stack started from nothing, so every run shows the same result.
 
-    Whatever an earlier demo left running in the demo's folder (`--keep-stack`, with or without
-    `--with` services) is stopped and the folder removed first; a stack that fails to come up is
-    stopped again.
+    Whatever an earlier demo left running in the demo's folder
+    (`--keep-stack`, with or without `--with` services) is stopped and the
+    folder removed first; a stack that fails to come up is stopped again.
 
     Args:
         config: a `demo_config`.

@@ -48,8 +48,8 @@ KEY = ["id"]
 TOPIC_PREFIX = "demo"
 CONNECTOR = "icekeeper-demo"
 WAIT_S = 300.0
-"""How long the pipeline may take to commit a round's changes (2 busy cores: Spark batches take
-seconds)."""
+"""How long the pipeline may take to commit a round's
+changes (2 busy cores: Spark batches take seconds)."""
 
 CREATE_TABLE = f"""CREATE TABLE {TABLE} (
   id INT NOT NULL PRIMARY KEY,
@@ -152,8 +152,8 @@ def expected_records(statement: str, affected_rows: int) -> int:
 def run_mariadb_demo(
     config: IcekeeperConfig, keep_stack: bool = False, progress: Progress = print
 ) -> dict[str, Any]:
-    """Run the demo against MariaDB; returns the figures `icekeeper demo --source mariadb --json`
-    prints.
+    """Run the demo against MariaDB; returns the figures
+    `icekeeper demo --source mariadb --json` prints.
 
     Raises:
         StackError: the stack cannot start (MariaDB's Debian package missing and not root, a port
@@ -278,8 +278,8 @@ def _sync_until(
     expected: int,
     progress: Progress,
 ) -> None:
-    """Run writer batches and bookkeeper cycles until `expected` records are accounted for (or
-    WAIT_S passes)."""
+    """Run writer batches and bookkeeper cycles until
+    `expected` records are accounted for (or WAIT_S passes)."""
     deadline = time.monotonic() + WAIT_S
     while figures.records_accounted < expected:
         if time.monotonic() > deadline:
@@ -318,8 +318,8 @@ def _sync_until(
 
 
 def _select_star(db) -> tuple[list[dict[str, Any]], dict[str, str]]:  # noqa: ANN001 - pymysql connection
-    """MariaDB's rows of the demo table (ordered by key) and each column's type as MariaDB names
-    it."""
+    """MariaDB's rows of the demo table (ordered by
+    key) and each column's type as MariaDB names it."""
     import pymysql.cursors
 
     with db.cursor(pymysql.cursors.DictCursor) as cursor:
@@ -335,8 +335,8 @@ def _select_star(db) -> tuple[list[dict[str, Any]], dict[str, str]]:  # noqa: AN
 
 
 def _shown(value: Any) -> Any:
-    """A value as the grid shows it: the same text for equal values on both sides, short where that
-    loses nothing."""
+    """A value as the grid shows it: the same text for equal
+    values on both sides, short where that loses nothing."""
     if isinstance(value, dt.datetime):
         spec = (
             "seconds"

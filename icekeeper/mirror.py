@@ -1,5 +1,5 @@
-"""An Iceberg changelog table as a mirror of its source table: the latest live row per key,
-compared.
+"""An Iceberg changelog table as a mirror of its
+source table: the latest live row per key, compared.
 
 icekeeper's tables are changelogs: one row per Debezium record, with `_src_op` and the Kafka
 position (`_kfk_partition`, `_kfk_offset`) beside the columns. The source table's current state
@@ -71,8 +71,8 @@ def rows_by_key(rows: Iterable[Row], key: list[str]) -> dict[Key, Row]:
 
 
 def normalized(value: Any, iceberg_type: str) -> Any:
-    """One engine's value in one form: aware UTC for timestamptz, bytes for binary, Decimal for
-    decimals."""
+    """One engine's value in one form: aware UTC for
+    timestamptz, bytes for binary, Decimal for decimals."""
     if value is None:
         return None
     if iceberg_type == "timestamptz" and isinstance(value, dt.datetime):
@@ -96,8 +96,8 @@ def source_value(value: Any, iceberg_type: str) -> Any:
 
 
 def iceberg_types(table: Table) -> dict[str, str]:
-    """Each column's Iceberg type as text (`int`, `decimal(10, 2)`, `timestamptz`), in schema
-    order."""
+    """Each column's Iceberg type as text (`int`,
+    `decimal(10, 2)`, `timestamptz`), in schema order."""
     return {field.name: str(field.field_type) for field in table.schema().fields}
 
 
@@ -170,8 +170,8 @@ def differences(source: Mapping[Key, Row], mirror: Mapping[Key, Row]) -> list[Di
 
 
 def ordered_keys(keys: Iterable[Key]) -> list[Key]:
-    """Keys in their natural order, or by their text where parts do not compare (None, mixed
-    types)."""
+    """Keys in their natural order, or by their text
+    where parts do not compare (None, mixed types)."""
     try:
         return sorted(keys)
     except TypeError:

@@ -1,5 +1,5 @@
-"""Read an icekeeper table with other engines (DuckDB, Spark SQL), to show they see what we
-wrote."""
+"""Read an icekeeper table with other engines (DuckDB,
+Spark SQL), to show they see what we wrote."""
 
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def spark_rows(
     columns: str = "*",
     order_by: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The table's rows as Spark SQL reads them through iceberg-spark-runtime on the same
-    catalog."""
+    """The table's rows as Spark SQL reads them through
+    iceberg-spark-runtime on the same catalog."""
     from common.spark import iceberg_catalog_conf
 
     for key, value in iceberg_catalog_conf(config).items():

@@ -73,8 +73,8 @@ _ARROW = {
 
 
 def _wall_clock_us(millis: int) -> int:
-    """A DATETIME column as the writer stores it: Debezium's millis as an Iceberg timestamp
-    (micros)."""
+    """A DATETIME column as the writer stores it:
+    Debezium's millis as an Iceberg timestamp (micros)."""
     return millis * 1000
 
 
@@ -218,8 +218,8 @@ def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
 
 
 def bench_footers(work: Path, count: int, progress: Progress) -> tuple[float, float]:
-    """Seconds to read `count` footers with a fresh reader, and to also turn them into data
-    files."""
+    """Seconds to read `count` footers with a fresh
+    reader, and to also turn them into data files."""
     config = _config(work / "footers")
     schema = seed_schema(config)
     entries = [

@@ -18,12 +18,12 @@ Reported: `freshness_p50_s`, `freshness_p99_s`, `freshness_max_s`; `written_p50_
 the data files keep); `records_per_s`, the committed throughput (records of the window over the
 time from its start until the last of them was visible), beside `produced_per_s`.
 
-Then, unless `sweep_rates` is empty, the same pipeline takes windows of `sweep_seconds` at each
-higher rate, one after the other (each drained before the next), until a window's p99 exceeds
-`SUSTAINED_P99_S` or its committed throughput falls below 90% of the rate:
-`max_sustained_rate_per_s` is the highest committed throughput of a window that held (`sweep` has
-every window's figures; `sweep_limited_by` says when the single producer process, not the pipeline,
-fell short).
+Then, unless `sweep_rates` is empty, the same pipeline takes windows of `sweep_seconds`
+at each higher rate, one after the other (each drained before the next), until a
+window's p99 exceeds `SUSTAINED_P99_S` or its committed throughput falls below 90% of
+the rate: `max_sustained_rate_per_s` is the highest committed throughput of a window
+that held (`sweep` has every window's figures; `sweep_limited_by` says when the single
+producer process, not the pipeline, fell short).
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def written_delays(config: IcekeeperConfig, since_ms: int) -> list[float]:
-    """Seconds from Kafka timestamp to the data file being written (its modification time: the
-    writer's share of the delay), for every row the table's data files keep, produced at or
-    after `since_ms`."""
+    """Seconds from Kafka timestamp to the data file being written (its
+    modification time: the writer's share of the delay), for every row
+    the table's data files keep, produced at or after `since_ms`."""
     table = open_catalog(config).load_table(TABLE)
     written: list[float] = []
     for manifest in table.current_snapshot().manifests(table.io):

@@ -65,8 +65,8 @@ def append_snapshot_per_file(
 
 
 def files_under(location: str) -> dict[str, int]:
-    """Every visible file under a local table location, with its size (hidden `.crc` files
-    aside)."""
+    """Every visible file under a local table location,
+    with its size (hidden `.crc` files aside)."""
     root = Path(location.removeprefix("file://"))
     return {
         str(path): path.stat().st_size

@@ -4,9 +4,8 @@
 
 The bookkeeper keeps snapshots for `bookkeeper.keep_snapshots_for` (1 hour by default) so that
 streaming readers may lag; at one commit a second that is 3,600 snapshots in the table metadata.
-This commits single-moniker snapshots (seed-like files of 100 rows, as `icekeeper bench
-bookkeeper`) at default settings on a local SQLite catalog and reports, over windows of 100
-commits:
+This commits single-moniker snapshots (seed-like files of 100 rows, as `icekeeper bench bookkeeper`)
+at default settings on a local SQLite catalog and reports, over windows of 100 commits:
 
 - `commit_ms_at_100` / `commit_ms_at_N`: median commit latency of commits 100-199 and of the last
   100 (the table then holds N-100 to N snapshots), their p90 and the cycle's CPU time;
@@ -51,8 +50,8 @@ def _window(latencies: list[float], cpu: list[float], window: slice) -> dict[str
 def run_snapshot_history_bench(
     state_dir: str, commits: int = 3700, plain: bool = False, progress: Progress = print
 ) -> dict[str, Any]:
-    """Commit `commits` single-moniker snapshots, then 100 more an hour later; figures as described
-    above."""
+    """Commit `commits` single-moniker snapshots, then 100
+    more an hour later; figures as described above."""
     work = fresh_work_folder(state_dir, "bench-snapshot-history")
     config = _config(work)
     schema = seed_schema(config)

@@ -145,8 +145,8 @@ def row_image(seq: SparkColumn, born_seq: SparkColumn, key: SparkColumn) -> Spar
 
 
 def plan_frame(spark: SparkSession, plan: ChangePlan, partitions: int, folder: Path) -> DataFrame:
-    """The plan as a Spark frame (seq, op, key, prev_seq, born_seq, partition), through a Parquet
-    file."""
+    """The plan as a Spark frame (seq, op, key, prev_seq,
+    born_seq, partition), through a Parquet file."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "plan.parquet"
     pq.write_table(
@@ -293,9 +293,9 @@ def preload(
 def confluent_records(
     envelopes: DataFrame, key_id: int, value_id: int, keep: tuple[str, ...] = ()
 ) -> DataFrame:
-    """`envelope_frame`'s rows as Kafka records (`partition`, `key`, `value`, and the columns in
-    `keep`): Confluent-framed Avro of the bench's key and value schemas, registered under `key_id`
-    and `value_id`."""
+    """`envelope_frame`'s rows as Kafka records (`partition`, `key`, `value`,
+    and the columns in `keep`): Confluent-framed Avro of the bench's key and
+    value schemas, registered under `key_id` and `value_id`."""
     from pyspark.sql.avro.functions import to_avro
 
     prefix = lambda schema_id: F.lit(bytes([0]) + schema_id.to_bytes(4, "big"))  # noqa: E731

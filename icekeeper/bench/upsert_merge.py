@@ -1,5 +1,5 @@
-"""The baseline of `icekeeper bench upsert`: how a Spark user mirrors a CDC topic into Iceberg
-today.
+"""The baseline of `icekeeper bench upsert`: how a
+Spark user mirrors a CDC topic into Iceberg today.
 
 A Structured Streaming query reads the topic (trigger `availableNow`, `maxOffsetsPerTrigger` as
 large as our writer's batches), decodes and flattens every record as our writer does, and its
@@ -74,8 +74,8 @@ def create_merge_table(config: IcekeeperConfig, identifier: str, schema: Schema)
 
 
 def merge_statement(target: str, source_view: str, key_columns: list[str], op: str) -> str:
-    """MERGE of a batch's last change per key: deletes remove the row, other changes replace or
-    insert it."""
+    """MERGE of a batch's last change per key: deletes
+    remove the row, other changes replace or insert it."""
     on = " AND ".join(f"t.{sql.ident(key)} = s.{sql.ident(key)}" for key in key_columns)
     deleted = f"s.{sql.ident(op)} = 'd'"
     return (

@@ -1,5 +1,5 @@
-"""Where an upsert batch's time goes: one batch of the topic through growing prefixes of the
-pipeline.
+"""Where an upsert batch's time goes: one batch of
+the topic through growing prefixes of the pipeline.
 
 The writer's own pieces, one Spark job per prefix, no icekeeper bookkeeping around them: the Kafka
 read alone; + decoding and flattening (Spark's `noop` sink); + Parquet (what a changelog batch
@@ -38,8 +38,8 @@ def measure_upsert_stages(
     folder: Path,
     repeat: int = 3,
 ) -> dict[str, float]:
-    """Median seconds of each prefix over one batch (`loaded`: what `upsert_data.preload`
-    reported)."""
+    """Median seconds of each prefix over one batch
+    (`loaded`: what `upsert_data.preload` reported)."""
     topic = loaded["topic"]
     per_partition = max(1, batch_records // len(loaded["partition_records"]))
     ending = json.dumps(

@@ -50,8 +50,8 @@ Progress = Callable[[str], None]
 
 
 def seed_like_frame(spark: SparkSession, records: int, partitions: int) -> DataFrame:
-    """`records` seed-000 envelopes (schema v4: C3..C6), keys spread over 100k ids, mostly
-    updates."""
+    """`records` seed-000 envelopes (schema v4: C3..C6),
+    keys spread over 100k ids, mostly updates."""
     n = F.col("id")
     row_fields = lambda base: F.struct(  # noqa: E731 - a template for before/after
         (F.lit(1000) + n % 100_000).cast("int").alias("ID1"),
@@ -105,8 +105,8 @@ def seed_like_frame(spark: SparkSession, records: int, partitions: int) -> DataF
 def preload(
     spark: SparkSession, config: IcekeeperConfig, topic: str, records: int, partitions: int = 3
 ) -> dict[str, Any]:
-    """Register the seed v4 schemas and fill `topic` with `records` Confluent-framed Avro
-    messages."""
+    """Register the seed v4 schemas and fill `topic`
+    with `records` Confluent-framed Avro messages."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from pyspark.sql.avro.functions import to_avro
 
@@ -162,9 +162,9 @@ def _kafka_options(spark: SparkSession, config: IcekeeperConfig) -> dict[str, st
 def _seed_rows(
     config: IcekeeperConfig, kafka_frame: DataFrame, schema_text: str, schema_id: int
 ) -> tuple[DataFrame, Schema]:
-    """The seed table's rows from a Kafka frame (batch or stream): our `from_avro` decoding (with
-    the writer's reader schema) and flattening, poison dropped; also the flattened Iceberg
-    schema."""
+    """The seed table's rows from a Kafka frame (batch or stream):
+    our `from_avro` decoding (with the writer's reader schema) and
+    flattening, poison dropped; also the flattened Iceberg schema."""
     from common.schema import resolve_named_types
     from writers.columns import HELPER_COLUMNS
     from writers.decode import decode_avro_confluent, envelope_fields

@@ -194,8 +194,8 @@ class MariaDbSource:
 
 @dataclass(frozen=True)
 class PostgresSource:
-    """The stack's PostgreSQL (`stack up --with postgres`) as a Debezium source, through
-    pgoutput."""
+    """The stack's PostgreSQL (`stack up --with postgres`)
+    as a Debezium source, through pgoutput."""
 
     stack: StackConfig
 
@@ -222,8 +222,8 @@ class PostgresSource:
 
     @staticmethod
     def slot_name(name: str) -> str:
-        """Replication slot (and publication) of connector `name`: lower case, digits and `_`, at
-        most 63."""
+        """Replication slot (and publication) of connector
+        `name`: lower case, digits and `_`, at most 63."""
         return re.sub(r"[^a-z0-9_]", "_", name.lower())[:63]
 
     def drop_publication(self, name: str) -> None:
@@ -257,8 +257,8 @@ class PostgresSource:
         transaction_metadata: bool = False,
         extra: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
-        """Config of a Debezium PostgreSQL connector streaming `schema.<table>` of the `icekeeper`
-        database.
+        """Config of a Debezium PostgreSQL connector streaming
+        `schema.<table>` of the `icekeeper` database.
 
         Each connector gets its own replication slot and publication (`slot_name(name)`), created
         for just its tables (`publication.autocreate.mode=filtered`: the `debezium` user is a member
@@ -349,8 +349,8 @@ class ConnectClient:
         return status, json.loads(text) if text.strip() else None
 
     def create(self, config: Mapping[str, str]) -> dict[str, Any]:
-        """Register a connector (`POST /connectors`); `config["name"]` names it. Returns Connect's
-        answer."""
+        """Register a connector (`POST /connectors`);
+        `config["name"]` names it. Returns Connect's answer."""
         name = config.get("name")
         if not name:
             raise ValueError("the connector config needs a name")
@@ -368,8 +368,8 @@ class ConnectClient:
         return self._request("GET", "/connectors")[1]
 
     def status(self, name: str) -> dict[str, Any]:
-        """`GET /connectors/<name>/status`: the connector's and its tasks' states (and traces when
-        FAILED)."""
+        """`GET /connectors/<name>/status`: the connector's
+        and its tasks' states (and traces when FAILED)."""
         return self._request("GET", f"/connectors/{name}/status")[1]
 
     def offsets(self, name: str) -> list[dict[str, Any]]:
@@ -378,8 +378,8 @@ class ConnectClient:
         return self._request("GET", f"/connectors/{name}/offsets")[1]["offsets"]
 
     def _running(self, name: str) -> bool:
-        """True when the connector and at least one task run; raises ConnectorFailed on a FAILED
-        one."""
+        """True when the connector and at least one task
+        run; raises ConnectorFailed on a FAILED one."""
         code, status = self._request("GET", f"/connectors/{name}/status", ok=(200, 404))
         if code == 404:
             return False  # accepted, not yet started

@@ -1,5 +1,5 @@
-"""Kafka Connect standalone with Debezium's MariaDB and PostgreSQL connectors and Apicurio's
-converters.
+"""Kafka Connect standalone with Debezium's MariaDB
+and PostgreSQL connectors and Apicurio's converters.
 
 The worker is Kafka's own (`connect-runtime` + `connect-json`, the stack's Kafka version) from
 Maven Central, started once Kafka answers. Its `plugin.path` holds Debezium's connector plugins
@@ -48,8 +48,8 @@ class KafkaConnectService(Service):
             coordinates=(
                 f"org.apache.kafka:connect-runtime:{version}",
                 f"org.apache.kafka:connect-json:{version}",
-                # As for the broker: no logging backend in the poms, and Kafka 4 logs through SLF4J
-                # 1.7.
+                # As for the broker: no logging backend in the
+                # poms, and Kafka 4 logs through SLF4J 1.7.
                 f"org.apache.logging.log4j:log4j-slf4j-impl:{_LOG4J_VERSION}",
                 f"org.apache.logging.log4j:log4j-core:{_LOG4J_VERSION}",
             ),

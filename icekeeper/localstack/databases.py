@@ -41,8 +41,8 @@ OWNER = DatabaseUser("icekeeper", "icekeeper")
 DEBEZIUM = DatabaseUser("debezium", "debezium")
 """What Debezium connects as: replication rights, no more than its documentation asks for."""
 DATABASE = "icekeeper"
-"""The database created in both servers (MariaDB: one of many; PostgreSQL: the one Debezium
-reads)."""
+"""The database created in both servers (MariaDB:
+one of many; PostgreSQL: the one Debezium reads)."""
 
 MARIADB_DEBEZIUM_GRANTS = (
     "SELECT",
@@ -57,8 +57,8 @@ CLIENT since 10.5."""
 
 
 def _server_user(system_user: str, package: str) -> pwd.struct_passwd:
-    """Who runs the server: as root, the system user of its package (the servers refuse root); else
-    ourselves."""
+    """Who runs the server: as root, the system user of its
+    package (the servers refuse root); else ourselves."""
     if os.geteuid() != 0:
         return pwd.getpwuid(os.geteuid())
     try:
@@ -236,8 +236,8 @@ class MariaDbService(Service):
 
 
 class PostgresService(Service):
-    """PostgreSQL with `wal_level=logical`, for Debezium's connector through the built-in pgoutput
-    plugin."""
+    """PostgreSQL with `wal_level=logical`, for Debezium's
+    connector through the built-in pgoutput plugin."""
 
     name = "postgres"
 
@@ -252,8 +252,8 @@ class PostgresService(Service):
         postgres = _server_user("postgres", POSTGRESQL.name)
         data_dir = _server_folder(postgres, self.home) / "data"
         initialised = self.home / "initialised"
-        # The marker alone is not enough: state left by an older layout has it but no data folder
-        # here.
+        # The marker alone is not enough: state left by
+        # an older layout has it but no data folder here.
         if not initialised.exists() or not (data_dir / "PG_VERSION").exists():
             progress(f"initialising PostgreSQL in {data_dir}")
             if data_dir.exists():
@@ -317,9 +317,9 @@ class PostgresService(Service):
             [
                 f"CREATE ROLE {OWNER.name} LOGIN PASSWORD '{OWNER.password}';",
                 f"CREATE ROLE {DEBEZIUM.name} REPLICATION LOGIN PASSWORD '{DEBEZIUM.password}';",
-                # Debezium's docs: publications of tables need their owner's rights; a replication
-                # user that is a member of the owning role has them (and SELECT for the snapshot)
-                # without superuser.
+                # Debezium's docs: publications of tables need their owner's
+                # rights; a replication user that is a member of the owning role
+                # has them (and SELECT for the snapshot) without superuser.
                 f"GRANT {OWNER.name} TO {DEBEZIUM.name};",
                 f"CREATE DATABASE {DATABASE} OWNER {OWNER.name};",
                 "",

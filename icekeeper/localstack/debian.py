@@ -45,8 +45,8 @@ _apt_lists_updated = False
 def find_programs(package: DebianPackage) -> dict[str, str] | None:
     """Paths of all of the package's programs, or None if one is missing.
 
-    The search folders come first (a user's PATH often lacks /usr/sbin), newest version first,
-    then PATH.
+    The search folders come first (a user's PATH often
+    lacks /usr/sbin), newest version first, then PATH.
     """
     folders = [
         folder

@@ -1,9 +1,9 @@
-"""The one error the local stack raises for what a user must fix (a port, a package, a crashed
-service)."""
+"""The one error the local stack raises for what a user
+must fix (a port, a package, a crashed service)."""
 
 from __future__ import annotations
 
 
 class StackError(RuntimeError):
-    """A service that would not start; the message says why and points at its log or what to
-    install."""
+    """A service that would not start; the message says
+    why and points at its log or what to install."""

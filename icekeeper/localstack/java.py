@@ -64,8 +64,8 @@ def candidate_javas(preferred_home: str | None = None) -> list[str]:
 
 
 def find_java(min_major: int, preferred_home: str | None = None, purpose: str = "") -> str:
-    """Path of a `java` of at least `min_major`: the preferred home if it qualifies, else the
-    newest found."""
+    """Path of a `java` of at least `min_major`: the
+    preferred home if it qualifies, else the newest found."""
     versions = [(java, java_major_version(java)) for java in candidate_javas(preferred_home)]
     if preferred_home:
         preferred = str(Path(preferred_home) / "bin" / "java")

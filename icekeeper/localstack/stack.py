@@ -1,10 +1,10 @@
-"""`icekeeper stack up [--with mariadb postgres] | down | status`: run the local services as
-detached processes.
+"""`icekeeper stack up [--with mariadb postgres] | down | status`:
+run the local services as detached processes.
 
-Each process started by `up` gets a pid file under `<state_dir>/stack/<service>/`. `down` stops
-exactly those processes (their whole process group) and nothing else, so a Kafka the user runs
-on the same machine is never touched. `up` is idempotent: a healthy service with a live pid is
-left alone.
+Each process started by `up` gets a pid file under `<state_dir>/stack/<service>/`.
+`down` stops exactly those processes (their whole process group) and nothing else,
+so a Kafka the user runs on the same machine is never touched. `up` is idempotent:
+a healthy service with a live pid is left alone.
 """
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ OPTIONAL_SERVICES: dict[str, type[Service]] = {
     "kafka-sasl": SaslKafkaService,
     "registry-auth": RegistryAuthService,
 }
-"""Services `stack up --with <name>` adds, in start order; a database brings Kafka Connect with
-it."""
+"""Services `stack up --with <name>` adds, in start
+order; a database brings Kafka Connect with it."""
 
 
 def with_dependencies(names: list[str]) -> list[str]:
-    """Optional services to run for `--with names`: a CDC source is no use without Debezium in
-    Connect."""
+    """Optional services to run for `--with names`: a
+    CDC source is no use without Debezium in Connect."""
     unknown = set(names) - set(OPTIONAL_SERVICES)
     if unknown:
         raise StackError(
@@ -76,8 +76,8 @@ def with_dependencies(names: list[str]) -> list[str]:
 
 
 def started_optional_services(config: IcekeeperConfig) -> list[str]:
-    """Optional services that `up` started in this state folder (their pid files exist), for `down`
-    and `status`."""
+    """Optional services that `up` started in this state folder
+    (their pid files exist), for `down` and `status`."""
     state_dir, cache_dir = Path(config.state_dir), Path(config.cache_dir)
     stack = stack_settings(config)
     return [
@@ -88,8 +88,8 @@ def started_optional_services(config: IcekeeperConfig) -> list[str]:
 
 
 class LocalStack:
-    """The local Kafka, schema registry and Azurite of one state folder, plus the optional services
-    asked for."""
+    """The local Kafka, schema registry and Azurite of one
+    state folder, plus the optional services asked for."""
 
     def __init__(
         self,

@@ -39,8 +39,8 @@ UNKNOWN_SCHEMA_ID = 987_654_321
 
 
 class ConfluentAvroFramer:
-    """Registers schemas under TopicNameStrategy subjects and frames records: magic, id, Avro
-    body."""
+    """Registers schemas under TopicNameStrategy subjects
+    and frames records: magic, id, Avro body."""
 
     def __init__(self, registry: SchemaRegistryClient, topic: str) -> None:
         self.registry = registry
@@ -351,8 +351,8 @@ def produce_at_rate(
     partitions: int = 3,
     stop: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """Produce `spec.events` synthetic events at a steady `rate_per_s`, Kafka timestamps = send
-    time.
+    """Produce `spec.events` synthetic events at a
+    steady `rate_per_s`, Kafka timestamps = send time.
 
     For freshness measurements: records carry the time they were produced, so the delay to a
     committed snapshot is `commit time - Kafka timestamp`. Sends in 20 ms slices to stay steady.

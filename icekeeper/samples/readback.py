@@ -63,9 +63,9 @@ def topic_messages(cluster: Cluster, topic: str, timeout_s: float = 300.0) -> It
 def partition_messages(
     cluster: Cluster, starts: dict[tuple[str, int], int], timeout_s: float = 300.0
 ) -> Iterator[Message]:
-    """Every record of each (topic, partition) in `starts` from its start offset (or the first one
-    retention kept) to the partition's end as of the call, undecoded; each partition in offset
-    order.
+    """Every record of each (topic, partition) in `starts` from its
+    start offset (or the first one retention kept) to the partition's
+    end as of the call, undecoded; each partition in offset order.
 
     Raises:
         TimeoutError: a partition was not read to its end within `timeout_s`.
@@ -114,8 +114,8 @@ def partition_messages(
 
 
 def read_topic(source: KafkaSource, topic: str, timeout_s: float = 30.0) -> list[DecodedRecord]:
-    """Every record of `topic` from offset 0 to the current end, decoded; ordered by partition,
-    offset."""
+    """Every record of `topic` from offset 0 to the
+    current end, decoded; ordered by partition, offset."""
     deserializer = AvroDeserializer(registry_client(source))
     records = []
     for message in topic_messages(source, topic, timeout_s):
