@@ -45,8 +45,8 @@ def local_stack(stack_config: IcekeeperConfig):
 
 @contextlib.contextmanager
 def _optional_service(config: IcekeeperConfig, name: str) -> Iterator[None]:
-    """One of `stack up --with`'s services, started on entry and stopped on exit if this session
-    started it."""
+    """One of `stack up --with`'s services, started on entry
+    and stopped on exit if this session started it."""
     from icekeeper.localstack.stack import LocalStack
 
     stack = LocalStack(config, only=[name], with_services=[name])
@@ -81,8 +81,8 @@ def mariadb_cdc(kafka_connect, stack_config: IcekeeperConfig):
 
 @pytest.fixture(scope="session")
 def postgres_cdc(kafka_connect, stack_config: IcekeeperConfig):
-    """The stack's PostgreSQL (wal_level=logical) beside Kafka Connect, started once; yields a
-    `PostgresSource`."""
+    """The stack's PostgreSQL (wal_level=logical) beside Kafka
+    Connect, started once; yields a `PostgresSource`."""
     from icekeeper.localstack.cdc import PostgresSource
 
     with _optional_service(stack_config, "postgres"):

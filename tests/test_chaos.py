@@ -1,11 +1,10 @@
 """A quick chaos run in the default tests: kill -9 writers, bookkeeper and reaper at random while
 records arrive, pause a bookkeeper while a second takes over. The topic feeds a changelog table,
-where every good record must be exactly once with its Kafka record's payload, and an upsert
-table, which must equal the state a reference builds from the Kafka records (last change per
-key, deletes remove the key), no key twice, through pyiceberg, DuckDB and Spark; every poison
-record is in the dead-letter topic once. `tests/icekeeper/test_chaos_verify.py` shows the checks
-see each fault on small inputs. The README documents a long run (1M records, 50 kills) with
-`icekeeper chaos`."""
+where every good record must be exactly once with its Kafka record's payload, and an upsert table,
+which must equal the state a reference builds from the Kafka records (last change per key, deletes
+remove the key), no key twice, through pyiceberg, DuckDB and Spark; every poison record is in the
+dead-letter topic once. `tests/icekeeper/test_chaos_verify.py` shows the checks see each fault on
+small inputs. The README documents a long run (1M records, 50 kills) with `icekeeper chaos`."""
 
 from __future__ import annotations
 
@@ -75,8 +74,8 @@ def test_quick_chaos_keeps_exactly_once_and_the_upsert_state(
 
 
 def test_the_upsert_comparison_counts_each_way_a_table_can_differ_from_its_reference() -> None:
-    """Without services: a key twice, a lost update, a resurrected row and a lost key are each
-    counted."""
+    """Without services: a key twice, a lost update, a
+    resurrected row and a lost key are each counted."""
     changes = [
         {"id": 1, "amount": 10, "_src_op": "c", "_kfk_partition": 0, "_kfk_offset": 0},
         {"id": 1, "amount": 11, "_src_op": "u", "_kfk_partition": 0, "_kfk_offset": 1},

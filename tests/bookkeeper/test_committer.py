@@ -166,8 +166,8 @@ def test_schema_evolves_before_newer_files_and_an_incompatible_change_is_quarant
     assert table.schema().find_field("note").field_id == 5
     [(delivery, reason)] = report.tables[0].quarantined
     assert delivery.moniker.writer_id == "w2" and "cannot become string" in reason
-    # The others flowed: w1's two monikers, and w2's next one (its chain continues past the
-    # quarantined one).
+    # The others flowed: w1's two monikers, and w2's next
+    # one (its chain continues past the quarantined one).
     assert len(rows_of(bookkeeper)) == 24
     dead = list((tmp_path / "dead-letter" / "monikers").glob("*.reason"))
     assert len(dead) == 1 and "cannot become string" in json.loads(dead[0].read_text())["reason"]

@@ -309,8 +309,8 @@ def test_worker_processes_describe_files_like_the_main_process(tmp_path: Path) -
 
 
 def test_a_dead_worker_costs_only_time(tmp_path: Path) -> None:
-    """Files of a batch whose worker died are read in-process; the next big batch has new
-    workers."""
+    """Files of a batch whose worker died are read
+    in-process; the next big batch has new workers."""
     paths = [
         str(write(tmp_path / f"f{i}.parquet", 10, 1000))
         for i in range(FooterReader.PROCESS_THRESHOLD + 6)
@@ -372,8 +372,8 @@ def test_string_upper_bounds_equal_pyicebergs(text: str) -> None:
 def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Only what storage served decides that a file is broken; failing to serve it decides
-    nothing."""
+    """Only what storage served decides that a file is
+    broken; failing to serve it decides nothing."""
     good = write(tmp_path / "good.parquet", 10, 100).read_bytes()
     not_parquet = tmp_path / "not.parquet"
     not_parquet.write_bytes(b"x" * len(good))
@@ -386,8 +386,8 @@ def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(
     (tmp_path / "folder.parquet").mkdir()
     with pytest.raises(InvalidFile, match="not a file"):
         describe_file(str(tmp_path / "folder.parquet"), SCHEMA, {})
-    # An object store that does not answer (nothing listens on port 1): a network error, not a
-    # verdict.
+    # An object store that does not answer (nothing
+    # listens on port 1): a network error, not a verdict.
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -110,8 +110,8 @@ def test_incompatible_changes_are_refused_with_the_reason(field: NestedField, re
 
 
 def test_a_new_column_with_an_id_the_table_already_used_is_refused() -> None:
-    """A writer that assigned ids against a stale schema must not make files read the wrong
-    column."""
+    """A writer that assigned ids against a stale schema
+    must not make files read the wrong column."""
     stale = Schema(
         NestedField(1, "id", LongType(), required=True),
         NestedField(5, "note", StringType(), required=False),

@@ -1,5 +1,5 @@
-"""Manifests written by the bookkeeper's encoder: the bytes pyiceberg would write, read back by
-other readers."""
+"""Manifests written by the bookkeeper's encoder: the bytes
+pyiceberg would write, read back by other readers."""
 
 from __future__ import annotations
 
@@ -99,8 +99,8 @@ def data_files(spec: PartitionSpec) -> list[DataFile]:
 
 
 def entries(spec: PartitionSpec, snapshot_id: int | None = 42) -> list[ManifestEntry]:
-    """Added entries of this snapshot (no sequence number yet), existing and deleted ones of older
-    snapshots."""
+    """Added entries of this snapshot (no sequence number
+    yet), existing and deleted ones of older snapshots."""
     statuses = [
         ManifestEntryStatus.ADDED,
         ManifestEntryStatus.EXISTING,

@@ -54,8 +54,8 @@ def test_a_second_writer_id_over_committed_offsets_is_refused_and_dead_lettered(
     ]
     assert [d["reason"] for d in dead] == [reason]
     state = committed_state(bookkeeper.catalog.load_table("shop.items"))
-    # The refused writer's chain moves on (its next batch does not wait forever); the offsets do
-    # not.
+    # The refused writer's chain moves on (its next
+    # batch does not wait forever); the offsets do not.
     assert state.writer_seqs == {"w1": 1, "w1-restarted": 1} and state.offsets == {
         ("items", 0): 100
     }

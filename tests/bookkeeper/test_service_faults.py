@@ -38,8 +38,8 @@ def lockable_catalog_config(tmp_path: Path, **overrides: str) -> IcekeeperConfig
 
 @contextlib.contextmanager
 def catalog_unreachable(tmp_path: Path) -> Iterator[None]:
-    """Another connection holds the catalog database's exclusive lock: every read and write
-    fails."""
+    """Another connection holds the catalog database's
+    exclusive lock: every read and write fails."""
     holder = sqlite3.connect(tmp_path / "catalog.db", timeout=10)
     holder.execute("BEGIN EXCLUSIVE")
     try:

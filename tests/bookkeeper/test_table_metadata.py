@@ -1,6 +1,6 @@
-"""The bookkeeper's metadata shortcuts (bookkeeper/table_metadata.py) against pyiceberg's own path:
-the same metadata files, the same metadata after updates, and no stale table after another
-process commits."""
+"""The bookkeeper's metadata shortcuts (bookkeeper/table_metadata.py)
+against pyiceberg's own path: the same metadata files, the same metadata
+after updates, and no stale table after another process commits."""
 
 from __future__ import annotations
 

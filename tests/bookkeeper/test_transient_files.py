@@ -1,5 +1,5 @@
-"""A file storage cannot serve for a while is waited for, never taken for a broken one (issue 14,
-item 1).
+"""A file storage cannot serve for a while is waited
+for, never taken for a broken one (issue 14, item 1).
 
 The failure this guards against: one data file of a 20,000-record batch unreachable for a single
 cycle got the whole moniker quarantined, its offsets committed, and its rows never reached the
@@ -119,8 +119,8 @@ def test_a_file_that_is_not_parquet_is_quarantined_without_waiting(tmp_path: Pat
 def test_a_real_writers_batch_survives_one_file_unreachable_for_a_cycle(
     local_stack, spark, tmp_path: Path, unique_topic: str
 ) -> None:
-    """The issue's reproduction: 20,000 records, one writer batch, one of its files away for one
-    cycle."""
+    """The issue's reproduction: 20,000 records, one
+    writer batch, one of its files away for one cycle."""
     from icekeeper.samples.produce import produce_synthetic
     from icekeeper.samples.synthetic import SyntheticSpec
     from tests.support.pipeline import pipeline_config

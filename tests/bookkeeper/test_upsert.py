@@ -18,8 +18,8 @@ from tests.support.shop_items import UpsertWriter, bookkeeper_config, duckdb_row
 def upsert_table_with(
     tmp_path: Path, keys: int
 ) -> tuple[IcekeeperConfig, MonikerTransport, UpsertWriter, Bookkeeper]:
-    """An upsert table whose keys 0..`keys`-1 hold themselves, committed by the bookkeeper
-    returned."""
+    """An upsert table whose keys 0..`keys`-1 hold
+    themselves, committed by the bookkeeper returned."""
     config = bookkeeper_config(tmp_path, mode="upsert")
     transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
     transport.publish(writer.batch([(k, k) for k in range(keys)]))

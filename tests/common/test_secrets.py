@@ -1,5 +1,5 @@
-"""Secrets in the config: referenced, not written; never printed by `config show`, `repr` or
-logs."""
+"""Secrets in the config: referenced, not written;
+never printed by `config show`, `repr` or logs."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from icekeeper.bench.upsert_data import OPS, ChangePlan, plan_changes
 
 
 def replay(plan: ChangePlan) -> dict[int, int]:
-    """Key -> the change that wrote its live row, checking every change against the keys' state as
-    it goes."""
+    """Key -> the change that wrote its live row, checking
+    every change against the keys' state as it goes."""
     live: dict[int, int] = {}
     for seq, (op, key, before) in enumerate(
         zip(OPS[plan.op].tolist(), plan.key.tolist(), plan.prev_seq.tolist())

@@ -40,8 +40,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def micros(text: str) -> int:
-    """Microseconds since the epoch of a wall-clock time (Debezium's DATETIME / TIMESTAMP WITHOUT
-    TIME ZONE)."""
+    """Microseconds since the epoch of a wall-clock time
+    (Debezium's DATETIME / TIMESTAMP WITHOUT TIME ZONE)."""
     moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
     return (moment - EPOCH) // timedelta(microseconds=1)
 
@@ -51,8 +51,8 @@ def days(text: str) -> int:
 
 
 class ConfluentAvro:
-    """Decodes magic byte 0 + 4-byte id + Avro body, resolving ids through the registry's Confluent
-    API."""
+    """Decodes magic byte 0 + 4-byte id + Avro body,
+    resolving ids through the registry's Confluent API."""
 
     def __init__(self, registry_url: str) -> None:
         self.registry_url = registry_url
@@ -76,8 +76,8 @@ class ConfluentAvro:
 def read_topic(
     config: IcekeeperConfig, topic: str, count: int, timeout_s: float = 60.0
 ) -> list[tuple[bytes | None, bytes | None]]:
-    """The first `count` (key, value) messages of every partition of `topic`, in offset order per
-    partition."""
+    """The first `count` (key, value) messages of every
+    partition of `topic`, in offset order per partition."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -113,8 +113,8 @@ def read_topic(
 
 
 def field_types(value_schema: dict[str, Any]) -> dict[str, Any]:
-    """Column name -> the non-null branch of its Avro type, from a Debezium envelope's `before`
-    record."""
+    """Column name -> the non-null branch of its Avro
+    type, from a Debezium envelope's `before` record."""
     before = next(field for field in value_schema["fields"] if field["name"] == "before")
     row = next(branch for branch in before["type"] if branch != "null")
     return {
@@ -128,8 +128,8 @@ def field_types(value_schema: dict[str, Any]) -> dict[str, Any]:
 def changes_by_key(
     decoder: ConfluentAvro, messages: list[tuple[bytes | None, bytes | None]]
 ) -> tuple[dict[int, list[dict[str, Any]]], dict[str, Any]]:
-    """Change events per primary key `id` (tombstones dropped), and the value schema they were
-    written with."""
+    """Change events per primary key `id` (tombstones
+    dropped), and the value schema they were written with."""
     by_key: dict[int, list[dict[str, Any]]] = {}
     value_schemas = set()
     for key, value in messages:
@@ -601,8 +601,8 @@ def test_stack_status_shows_the_services_up_with_started(
 def test_a_second_mariadb_and_postgres_start_and_down_leaves_no_process() -> None:
     from icekeeper.localstack.stack import LocalStack
 
-    # Not under pytest's tmp_path: the servers run as mysql / postgres, who cannot enter
-    # /tmp/pytest-of-root.
+    # Not under pytest's tmp_path: the servers run as mysql
+    # / postgres, who cannot enter /tmp/pytest-of-root.
     state_dir = REPO_ROOT / ".icekeeper" / f"test-cdc-down-{uuid.uuid4().hex[:8]}"
     ports = {name: port + 10_200 for name, port in TEST_STACK_PORTS.items()}
     stack = LocalStack(

@@ -77,8 +77,8 @@ CHANGES = [
 
 
 def table_row(change: dict[str, Any], **changed: Any) -> tuple[Any, ...]:
-    """A changelog row as an engine reads it: (partition, offset, *payload), with `changed`
-    values."""
+    """A changelog row as an engine reads it: (partition,
+    offset, *payload), with `changed` values."""
     values = {**change, **changed}
     return (
         values["_kfk_partition"],
@@ -134,8 +134,8 @@ def test_a_row_committed_twice_is_a_duplicate() -> None:
 
 
 def test_a_row_whose_payload_is_not_its_records_is_reported() -> None:
-    """The right count at the right positions, but one value altered (or another record's
-    values)."""
+    """The right count at the right positions, but one
+    value altered (or another record's values)."""
     altered = [*CLEAN_TABLE[:4], table_row(CHANGES[4], amount=22)]
     report = run_report(altered, CLEAN_DEAD_LETTERS)
     assert (

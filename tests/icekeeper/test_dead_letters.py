@@ -32,8 +32,8 @@ def command(config, capsys, *arguments: str) -> dict:
 
 
 def committed_records(servers: str, topic: str, expected: int) -> list[Message]:
-    """The topic's committed records: read until `expected` came (30 s at most), then 3 s more for
-    any extra."""
+    """The topic's committed records: read until `expected`
+    came (30 s at most), then 3 s more for any extra."""
     consumer = Consumer(
         {
             "bootstrap.servers": servers,
@@ -106,8 +106,8 @@ def test_a_quarantined_moniker_is_listed_with_its_reason_and_replayed_once(
     state = committed_state(bookkeeper.catalog.load_table("shop.items"))
     assert state.quarantined_records == 0 and state.quarantined_monikers == ()
 
-    # Published again (a replay that crashed before it took the copy out, run twice): not added
-    # again.
+    # Published again (a replay that crashed before it
+    # took the copy out, run twice): not added again.
     transport.publish(broken)
     report = bookkeeper.run_cycle()
     assert report.committed_monikers == 0 and len(report.tables[0].duplicates) == 1
@@ -219,8 +219,8 @@ def test_dead_lettered_records_go_back_to_their_topic_once(
         (1, b"k5", b"five"),
         (1, b"k7", b"seven"),
     ]
-    # Plain records at consecutive offsets: no transaction markers, which writers would take for
-    # lost records.
+    # Plain records at consecutive offsets: no transaction
+    # markers, which writers would take for lost records.
     assert sorted(m.offset() for m in replayed) == [0, 1]
     for message in replayed:
         headers = dict(message.headers())

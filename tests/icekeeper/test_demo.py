@@ -42,12 +42,12 @@ def test_demo_commits_the_seed_sample_and_other_engines_read_it(tmp_path: Path) 
         summary["records_produced"] == summary["records_read"] == 26
         and summary["dead_lettered"] == 0
     )
-    # Seed 000's primary-key table is a mirror: the article's five rows, one per key, in every
-    # engine.
+    # Seed 000's primary-key table is a mirror: the
+    # article's five rows, one per key, in every engine.
     assert summary["spark_rows"] == summary["duckdb_rows"] == summary["rows_committed"] == 5
     assert summary["snapshots"] >= 1 and summary["seconds"] > 0
-    # (The reaper's pass runs too; with five rows there is little to compact: tests/reaper covers
-    # it.)
+    # (The reaper's pass runs too; with five rows there
+    # is little to compact: tests/reaper covers it.)
     assert "|_src_name|_src_db" in result.stdout and "1646392418000" in result.stdout
 
 
@@ -78,8 +78,8 @@ def test_mariadb_demo_mirrors_select_star_and_its_figures_reconcile() -> None:
     summary = json.loads(lines[-1])
     assert summary["equal"] is True and summary["differences"] == [], summary["differences"]
     assert any(line.startswith("verdict: EQUAL:") for line in lines)
-    # Records Debezium wrote, as the statements' affected rows predict, are rows or skipped
-    # tombstones.
+    # Records Debezium wrote, as the statements' affected
+    # rows predict, are rows or skipped tombstones.
     assert summary["records"] == summary["expected_records"] == 15
     assert (
         summary["records"]
@@ -119,8 +119,8 @@ def test_mariadb_demo_mirrors_select_star_and_its_figures_reconcile() -> None:
 
 
 def _stop_demo_stack(environ: dict[str, str]) -> None:
-    """Whatever the demo left running if it was killed (timeout): its own stack, never the
-    session's."""
+    """Whatever the demo left running if it was killed
+    (timeout): its own stack, never the session's."""
     from icekeeper.demo import demo_config
     from icekeeper.localstack.stack import LocalStack, started_optional_services
 

@@ -1,5 +1,5 @@
-"""The development stack's settings: out of the production model, still read from the same file
-and environment."""
+"""The development stack's settings: out of the production
+model, still read from the same file and environment."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Oracle test: a real MariaDB, streamed by Debezium (Avro through the registry), equals its
-Iceberg tables.
+"""Oracle test: a real MariaDB, streamed by Debezium
+(Avro through the registry), equals its Iceberg tables.
 
 Two tables with a composite key, colliding column names of different types, every common column
 type with edge values, a snapshot, then seeded random inserts, hot-key updates, deletes,
@@ -252,8 +252,8 @@ class Workload:
 
 
 def select_star(connection, table: str, types: dict[str, str]) -> list[dict[str, Any]]:
-    """The table as MariaDB returns it, values in the form the Iceberg table (`types`) holds
-    them."""
+    """The table as MariaDB returns it, values in the
+    form the Iceberg table (`types`) holds them."""
     import pymysql.cursors
 
     with connection.cursor(pymysql.cursors.DictCursor) as cursor:
@@ -295,8 +295,8 @@ def check_mariadb_oracle(
     statements_per_phase: int,
     record_format: str = "avro",
 ) -> None:
-    """Snapshot, four phases of `statements_per_phase` random statements around three ALTERs, then
-    compare."""
+    """Snapshot, four phases of `statements_per_phase`
+    random statements around three ALTERs, then compare."""
     tag = uuid.uuid4().hex[:6]
     orders, customers, prefix, connector = (
         f"orders_{tag}",

@@ -66,8 +66,8 @@ def rows(table) -> Counter:
 
 
 def reachable(table) -> set[str]:
-    """Every file a snapshot of the table reaches: metadata, manifest lists, manifests, live
-    files."""
+    """Every file a snapshot of the table reaches:
+    metadata, manifest lists, manifests, live files."""
     paths = {
         table.metadata_location,
         *(entry.metadata_file for entry in table.metadata.metadata_log),
@@ -89,8 +89,8 @@ def exercise_reaper_under_load(spark, tmp_path: Path, files: int) -> None:
     before = rows(table)
     assert len(table.snapshots()) == files and sum(before.values()) == files
     transport = open_transport(config)
-    # A moniker that stays pending (its writer's seq 1 never arrives), with files as old as any
-    # orphan.
+    # A moniker that stays pending (its writer's seq 1
+    # never arrives), with files as old as any orphan.
     pending = make_moniker(config, 2, 1, (0, 5), writer_id="late", partition=7)
     transport.publish(pending)
     age_files([entry.path for entry in pending.files], 3600)
@@ -338,8 +338,8 @@ def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_pa
 
 
 def test_compaction_is_limited_to_the_filter_columns_day(spark, tmp_path: Path) -> None:
-    """Seed 000: `compact.filter.column` with `compact.day.offset` 0 compacts yesterday's data
-    only."""
+    """Seed 000: `compact.filter.column` with
+    `compact.day.offset` 0 compacts yesterday's data only."""
     config = reaper_config(
         tmp_path,
         reaper__compact_filter_column="_kfk_offset",

@@ -41,8 +41,8 @@ def applied(reference: dict[int, int], changes: list[tuple[int, int | None]]) ->
 def commit(
     bookkeeper: Bookkeeper, transport, writer: UpsertWriter, changes: list, reference: dict
 ) -> None:
-    """Publish one batch and cycle until it is committed (a cycle may lose to the reaper's
-    commits)."""
+    """Publish one batch and cycle until it is committed
+    (a cycle may lose to the reaper's commits)."""
     moniker = writer.batch(changes)
     transport.publish(moniker)
     for _ in range(20):

@@ -13,8 +13,8 @@ def b64(value: bytes) -> str:
 
 
 def connect_decimal(value: Decimal, scale: int) -> str:
-    """JsonConverter's Decimal (decimal.format=BASE64): the unscaled big-endian two's complement,
-    in base64."""
+    """JsonConverter's Decimal (decimal.format=BASE64): the
+    unscaled big-endian two's complement, in base64."""
     unscaled = int(value.scaleb(scale))
     return b64(unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True))
 

@@ -1,5 +1,5 @@
-"""Moniker values for the codec and transport tests: well-formed monikers with no files behind
-them."""
+"""Moniker values for the codec and transport tests:
+well-formed monikers with no files behind them."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-# The latest live row per key and the value forms live where `icekeeper demo --source mariadb` uses
-# them too.
+# The latest live row per key and the value forms live
+# where `icekeeper demo --source mariadb` uses them too.
 from common.committed_state import committed_state
 from common.config import IcekeeperConfig
 from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, rows_by_key, time_text  # noqa: F401 - re-exported for the oracle tests
@@ -93,8 +93,8 @@ class Pipeline:
     def sync_until(
         self, identifier: str, column: str, value: Any, timeout_s: float = 120.0
     ) -> None:
-        """Sync until a row with `column` = `value` (the source's last statement) is in the
-        table."""
+        """Sync until a row with `column` = `value` (the
+        source's last statement) is in the table."""
 
         def arrived() -> bool:
             self.sync()
@@ -122,10 +122,9 @@ class Pipeline:
         """Each table equals the database's rows through every engine, and every Kafka record of
         `topics` is accounted for.
 
-        An upsert table is compared as it is read, one row per key, with no read-time
-        deduplication, and its committed offsets reach the end of every partition. A changelog
-        table's latest live rows are compared, and each record is in exactly one table or is a
-        skipped tombstone.
+        An upsert table is compared as it is read, one row per key, with no read-time deduplication,
+        and its committed offsets reach the end of every partition. A changelog table's latest live
+        rows are compared, and each record is in exactly one table or is a skipped tombstone.
 
         Args:
             expected_by_table: identifier -> (key columns, the source's `SELECT *` as the table

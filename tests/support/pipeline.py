@@ -47,8 +47,8 @@ def register_catalog(spark, config: IcekeeperConfig) -> str:
 
 
 def commit_all(config: IcekeeperConfig) -> Bookkeeper:
-    """A bookkeeper that has run cycles until nothing is pending or it committed nothing more (at
-    most five)."""
+    """A bookkeeper that has run cycles until nothing is
+    pending or it committed nothing more (at most five)."""
     bookkeeper = Bookkeeper(config)
     for _ in range(5):
         report = bookkeeper.run_cycle()

@@ -1,9 +1,8 @@
 """The `shop.items` test table without Spark: its schema, bookkeeper and reaper configs, monikers
 over small Parquet files written with pyarrow (with Iceberg field ids), and its rows read back.
 
-The bookkeeper's and the reaper's tests need many monikers fast; these files are what a writer
-would produce for a simple table (`id`, `amount`, `_kfk_partition`, `_kfk_offset`), laid out the
-same way.
+The bookkeeper's and the reaper's tests need many monikers fast; these files are what a writer would
+produce for a simple table (`id`, `amount`, `_kfk_partition`, `_kfk_offset`), laid out the same way.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ SCHEMA = Schema(
 def bookkeeper_config(
     state_dir: Path, mode: str = "changelog", **overrides: str
 ) -> IcekeeperConfig:
-    """`shop.items` keyed by `id`: a changelog (these fixtures repeat ids) unless `mode` says
-    upsert."""
+    """`shop.items` keyed by `id`: a changelog (these
+    fixtures repeat ids) unless `mode` says upsert."""
     environ = {
         "ICEKEEPER__STATE_DIR": str(state_dir),
         "ICEKEEPER__TABLES": "[{identifier: shop.items, topics: [items], primary_key: [id], "
@@ -72,8 +71,8 @@ def reaper_config(tmp_path: Path, mode: str = "changelog", **overrides: str) -> 
 
 
 def azure_queue_settings(local_stack) -> dict[str, str]:
-    """Config overrides for an Azure queue transport on the stack's Azurite, on queues of the
-    test's own."""
+    """Config overrides for an Azure queue transport on
+    the stack's Azurite, on queues of the test's own."""
     queue = f"eg-{uuid.uuid4().hex[:10]}"
     return {
         "transport__kind": "azure-queue",

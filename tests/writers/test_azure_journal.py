@@ -1,7 +1,7 @@
-"""A writer killed between the Azure queue's two publishing steps (journal copy written, message not
-sent) stalls nothing: a restarted writer sends its journal copies again and the bookkeeper commits
-every record once. Against Azurite's real queue, as the writer and the bookkeeper run in
-production."""
+"""A writer killed between the Azure queue's two publishing steps (journal
+copy written, message not sent) stalls nothing: a restarted writer sends its
+journal copies again and the bookkeeper commits every record once. Against
+Azurite's real queue, as the writer and the bookkeeper run in production."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.integration]
 
 
 class Died(Exception):
-    """Stands in for SIGKILL after the journal write, before the queue send (the only injected
-    failure)."""
+    """Stands in for SIGKILL after the journal write,
+    before the queue send (the only injected failure)."""
 
 
 @pytest.mark.spark

@@ -1,5 +1,5 @@
-"""How a batch is cut into Spark tasks and which Parquet settings its files get (no Spark
-needed)."""
+"""How a batch is cut into Spark tasks and which
+Parquet settings its files get (no Spark needed)."""
 
 from __future__ import annotations
 

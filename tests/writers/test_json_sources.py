@@ -181,8 +181,8 @@ WIDE_DECIMAL_REASON = (
     "unsupported-connect-schema: before.num: decimal(65, 30) does not fit an Iceberg decimal (at "
     "most 38 digits)"
 )
-"""MariaDB's DECIMAL(65,30) holds more digits than any Iceberg decimal: its records are
-dead-lettered, named."""
+"""MariaDB's DECIMAL(65,30) holds more digits than any
+Iceberg decimal: its records are dead-lettered, named."""
 
 
 def test_debezium_json_with_schemas_keeps_mariadb_types_and_values(

@@ -66,8 +66,8 @@ def _dead_letters(config: IcekeeperConfig) -> int:
 
 
 def _produce_framed(config: IcekeeperConfig, topic: str, schema_ids: list[int]) -> None:
-    """One record per id, framed as Confluent's serializer frames them, with a body that is not
-    Avro."""
+    """One record per id, framed as Confluent's serializer
+    frames them, with a body that is not Avro."""
     producer = Producer({"bootstrap.servers": config.sources[0].bootstrap_servers})
     for schema_id in schema_ids:
         producer.produce(

@@ -1,5 +1,5 @@
-"""The writer on a real Spark standalone cluster (a master and two workers from the PySpark
-install).
+"""The writer on a real Spark standalone cluster (a
+master and two workers from the PySpark install).
 
 Writers must run on any `spark.master`; this runs the same job as `local[*]` does, but with
 executors in separate worker JVMs and Python workers, as on a cluster.

@@ -89,8 +89,8 @@ def order(key: int, region: str, amount: int, status: str = "new") -> dict:
 
 
 def run_batches(config: IcekeeperConfig, spark) -> tuple[list[BatchReport], Bookkeeper]:
-    """Write batch after batch, the bookkeeper committing each before the next (keys meet across
-    snapshots)."""
+    """Write batch after batch, the bookkeeper committing
+    each before the next (keys meet across snapshots)."""
     writer, bookkeeper = WriterJob(config, spark=spark), Bookkeeper(config)
     reports = []
     while batch := writer.run(max_batches=1, until_idle=True):
@@ -226,8 +226,8 @@ SINGLE = TableShape(
 def test_a_primitive_record_key_stands_for_a_one_column_primary_key(
     local_stack, spark, tmp_path: Path, unique_topic: str, encoding: str
 ) -> None:
-    """Keys set by other producers (or Connect's `ExtractField$Key`) are often the bare key
-    value."""
+    """Keys set by other producers (or Connect's
+    `ExtractField$Key`) are often the bare key value."""
     stream, size = Stream(SINGLE, key_of=lambda row: row["id"]), 3
     rows = {key: {"id": key, "name": f"tag {key}"} for key in (1, 2, 3, 4)}
     for key in (1, 2, 3):

@@ -98,8 +98,8 @@ def test_seed_sample_becomes_the_articles_table(
     assert sorted(row["ID1"] for row in rows) == sorted(ARTICLE_RESULT)
     for row in rows:
         (c2, c3, c4, c5, c6, update_time), (partition, offset) = ARTICLE_RESULT[row["ID1"]]
-        # Debezium's io.debezium.time.Timestamp (millis of a DATETIME's wall clock) lands as a
-        # timestamp.
+        # Debezium's io.debezium.time.Timestamp (millis of
+        # a DATETIME's wall clock) lands as a timestamp.
         wall_clock = datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=update_time)
         assert (row["C2"], row["C3"], row["C4"], row["C5"], row["C6"], row["UPDATE_TIME"]) == (
             c2,

@@ -1,5 +1,5 @@
-"""A writer whose credentials are referenced (`${env:...}`) reads with them and writes none of them
-down."""
+"""A writer whose credentials are referenced (`${env:...}`)
+reads with them and writes none of them down."""
 
 from __future__ import annotations
 

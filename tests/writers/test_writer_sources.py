@@ -61,8 +61,8 @@ def test_plain_json_rows_get_kafka_metadata_columns(
     assert sorted(r["user"] for r in rows) == list(range(50)) and {
         r["_kfk_topic"] for r in rows
     } == {unique_topic}
-    # Arrays as JSON text: Spark gives list elements no Parquet field ids, which Iceberg readers
-    # refuse.
+    # Arrays as JSON text: Spark gives list elements no
+    # Parquet field ids, which Iceberg readers refuse.
     assert {r["user"]: r["tags"] for r in rows}[7] == "[7,null]"
 
 
