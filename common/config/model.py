@@ -523,7 +523,8 @@ class WriterConfig(_Model):
         "(executors need no Python packages). `arrow`: Spark schedules tasks whose Python body "
         "reads its offsets with confluent-kafka, decodes Avro in bulk (polars), flattens with "
         "Arrow and writes Parquet with pyarrow; no row crosses the JVM. It takes Confluent-framed "
-        "Avro into changelog tables; other batches run on `spark-sql` (logged once per reason).",
+        "Avro into changelog and upsert tables; other batches run on `spark-sql` (logged once per "
+        "reason).",
     )
     driver_batch_records: int = Field(
         20_000,
