@@ -5,9 +5,10 @@ The topic is preloaded with `changes` Debezium Avro changes over `keys` keys (ab
 10% deletes, 20% inserts; `upsert_data.py`) in `partitions` Kafka partitions. Then, in one
 SparkSession and on the same cores, each side mirrors the whole topic into a table of its own:
 
-- ours: our writer (batches of `batch_records` until idle) while the bookkeeper, in its own
-  process as deployed, commits (key index, position deletes); timed from the writer's start to
-  the commit that covers the last offset;
+- ours: our writer (the config's `writer.engine`, as `writer_engine` reports; batches of
+  `batch_records` until idle) while the bookkeeper, in its own process as deployed, commits (key
+  index, position deletes); timed from the writer's start to the commit that covers the last
+  offset;
 - changelog: the same, with `mode: changelog` (every change a row): what upsert costs over it;
 - baseline: a Structured Streaming query whose `foreachBatch` keeps each key's last change and
   runs `MERGE INTO` a merge-on-read format-v2 table (`upsert_merge.py`), batches of the same size.
@@ -71,8 +72,9 @@ SIDES = ("ours", "changelog", "baseline")
 def upsert_bench_config(
     base: IcekeeperConfig, work: Path, topic: str, batch_records: int, cores: int
 ) -> IcekeeperConfig:
-    """The stack's addresses from `base`; a fresh state folder and catalog; writer batches of
-    `batch_records`, one after the other; a commit cycle every second."""
+    """The stack's addresses and the writer's engine (ours and changelog) from `base`; a fresh
+    state folder and catalog; writer batches of `batch_records`, one after the other; a commit
+    cycle every second."""
     source = base.sources[0]
     return load_config(
         None,
@@ -91,6 +93,7 @@ def upsert_bench_config(
             f"topics: [{topic}], primary_key: [id]}}]",
             "ICEKEEPER__SPARK__MASTER": f"local[{cores}]",
             "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
+            "ICEKEEPER__WRITER__ENGINE": base.writer.engine,
             "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "1",
             "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
         },
@@ -589,7 +592,12 @@ def run_upsert_bench(
     shutil.rmtree(work, ignore_errors=True)
     return summarize(
         plan, runs, states, scans, freshness, index, batch_records, partitions, cores
-    ) | {"stages_s": stages, "preload_s": loaded["preload_s"], "table_rows": table_rows}
+    ) | {
+        "stages_s": stages,
+        "preload_s": loaded["preload_s"],
+        "table_rows": table_rows,
+        "writer_engine": config.writer.engine,
+    }
 
 
 def summarize(
