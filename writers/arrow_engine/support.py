@@ -4,7 +4,9 @@ The arrow engine writes the same tables as `spark-sql` or none at all, so anythi
 been built and tested for yet (JSON sources, Spark's rebalancing of partitioned tables' files,
 Kafka client properties librdkafka does not take, semantic types without an Arrow conversion) is
 named here and the batch runs on the `spark-sql` engine. A batch can also find out while it runs
-that it needs `spark-sql` (`engine.py`: an upsert key in two Kafka partitions of one batch).
+that it needs `spark-sql` (`engine.py`): an upsert key in two Kafka partitions of one batch
+(`upserts.py`), a delete without `before` whose record key the writer cannot read yet
+(`record_keys.py`).
 """
 
 from __future__ import annotations

@@ -8,12 +8,13 @@ out as `spark-sql` lays them out, under `_ik_deleted=false/` and `_ik_deleted=tr
 the batch, above the table's own partition folders.
 
 Keys split across tasks. A task sees only its own records, so two tasks holding one key would
-both write a row for it. Choice (measured on 2 cores, see below):
+both write a row for it. Choice (correctness first; a key in two tasks is rare, so its cost
+matters little):
 - An upsert batch runs one task per Kafka partition (`per_partition`), never a partition cut in
   pieces: Debezium keys records by primary key, so a key's changes share a partition and one task
   sees all of them, in offset order. The cut's parallelism is lost only when a batch has fewer
-  partitions than cores; the 1M-change bench's batches of 200k records over 4 partitions are one
-  ~50k-record task per partition either way (`tasks.SMALLEST_TASK_RECORDS`).
+  partitions than two per core; `icekeeper bench upsert`'s batches of 200k records over 4
+  partitions on 2 cores are cut one task per partition anyway (`tasks.task_ranges`).
 - A key can still appear in two partitions (a topic repartitioned, a producer keying otherwise).
   Each task returns the 64-bit hashes of the keys it wrote (`key_hashes`); the driver checks the
   tasks' sets for overlap (`shared_key_count`, one sort of the batch's hashes in the driver, only
@@ -22,8 +23,8 @@ both write a row for it. Choice (measured on 2 cores, see below):
   between two different keys costs that fallback, never a wrong row.
 - Rejected: fixing up the overlap in the driver (the earlier task's row of a shared key would
   have to be removed from its files, which means rewriting them), for a case that happens only
-  after a repartitioning; and a hash-partitioned shuffle of the rows by key, which is what makes
-  `spark-sql` slow.
+  after a repartitioning; and a shuffle of the rows by key (`spark-sql`'s window), which would
+  send rows between tasks where the arrow engine's tasks return only file facts.
 
 Per-key dedup (one task's rows, in offset order): pyarrow's `group_by(keys).aggregate(max row
 number)` then `take`. For 200k rows over 100k int keys (best of 21, 2 cores at load 3 to 6): 12-15
