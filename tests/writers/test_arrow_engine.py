@@ -115,6 +115,8 @@ PARTITIONED = {
     "ICEKEEPER__TABLES__0__PARTITION_BY": "['day(dt3)', 'month(ts)', 'year(d)', "
     "'hour(_kfk_timestamp)', 'bucket(4, id)', 'bucket(3, amount)', 'truncate(2, note)', "
     "'truncate(10, id)', color]",
+    # As a Spark job (the tasks and their partition specs pickled to Python workers).
+    "ICEKEEPER__WRITER__DRIVER_BATCH_RECORDS": "0",
 }
 TEMPLATED = {
     # shop.types claims its own records; the template names a table for each other one.
