@@ -518,13 +518,15 @@ class WriterConfig(_Model):
         "across tasks (fewer, larger files per partition).",
     )
     engine: Literal["spark-sql", "arrow"] = Field(
-        "spark-sql",
-        description="`spark-sql`: Spark reads, decodes (`from_avro`) and writes the rows "
-        "(executors need no Python packages). `arrow`: Spark schedules tasks whose Python body "
-        "reads its offsets with confluent-kafka, decodes Avro in bulk (polars), flattens with "
-        "Arrow and writes Parquet with pyarrow; no row crosses the JVM. It takes Confluent-framed "
-        "Avro into changelog and upsert tables; other batches run on `spark-sql` (logged once per "
-        "reason).",
+        "arrow",
+        description="`arrow` (the default): Spark schedules tasks whose Python body reads its "
+        "offsets with confluent-kafka, decodes Avro in bulk (polars), flattens with Arrow and "
+        "writes Parquet with pyarrow; no row crosses the JVM (a small batch runs in the writer "
+        "itself: `driver_batch_records`). It takes Confluent-framed Avro into changelog and "
+        "upsert tables; other batches (JSON sources, collection and map columns, a few "
+        "settings) run on `spark-sql`, logged once with the reason. `spark-sql`: Spark reads, "
+        "decodes (`from_avro`) and writes the rows, for clusters whose executors have no Python "
+        "packages.",
     )
     driver_batch_records: int = Field(
         20_000,

@@ -13,6 +13,7 @@ import pytest
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import IntegerType
 
+import writers.arrow_engine.task
 import writers.table_writer
 from bookkeeper.service import Bookkeeper
 from common.in_flight import live_claimed_folders
@@ -20,7 +21,6 @@ from common.locations import normalize_location
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from tests.support.pipeline import pipeline_config
-from writers.files import write_parquet as real_write_parquet
 from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -182,11 +182,27 @@ def test_monikers_travel_over_the_azure_queue(
     assert len(positions) == rows.num_rows == 2500
 
 
+@pytest.mark.parametrize(
+    ("engine", "module", "writes_files"),
+    [
+        ("spark-sql", writers.table_writer, "write_parquet"),
+        ("arrow", writers.arrow_engine.task, "write_files"),
+    ],
+)
 def test_a_batch_folder_is_claimed_while_written_and_released_once_published(
-    local_stack, spark, tmp_path: Path, unique_topic: str, monkeypatch: pytest.MonkeyPatch
+    local_stack,
+    spark,
+    tmp_path: Path,
+    unique_topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str,
+    module: object,
+    writes_files: str,
 ) -> None:
     """Orphan removal spares claimed folders, so a batch longer than the grace keeps its files."""
-    config = pipeline_config(tmp_path, unique_topic, ORDERS)
+    config = pipeline_config(
+        tmp_path, unique_topic, {**ORDERS, "ICEKEEPER__WRITER__ENGINE": engine}
+    )
     produce_synthetic(
         config,
         SyntheticSpec(seed=5, keys=50, events=300, schema_changes=0),
@@ -194,20 +210,23 @@ def test_a_batch_folder_is_claimed_while_written_and_released_once_published(
         progress=lambda m: None,
     )
     claimed_while_writing: list[set[str]] = []
+    real_write = getattr(module, writes_files)
 
-    def write_and_look(rows, output_uri: str, *args, **kwargs) -> None:
+    def write_and_look(rows, output_uri: str, *args, **kwargs):
         location = output_uri.split("/data/")[0]
         claimed_while_writing.append(
             live_claimed_folders(location, config.group.orphan_grace, remove_stale=False)
         )
-        real_write_parquet(rows, output_uri, *args, **kwargs)
+        return real_write(rows, output_uri, *args, **kwargs)
 
-    monkeypatch.setattr(writers.table_writer, "write_parquet", write_and_look)
+    # The arrow engine's small batch runs its tasks in this process, so the patch sees them.
+    monkeypatch.setattr(module, writes_files, write_and_look)
     job = WriterJob(config, spark=spark)
     job.run(until_idle=True)
     [moniker] = job.transport.pending()
     folders = {normalize_location(posixpath.dirname(entry.path)) for entry in moniker.files}
-    assert claimed_while_writing == [folders]
+    assert claimed_while_writing
+    assert all(claimed == folders for claimed in claimed_while_writing)
     assert (
         live_claimed_folders(moniker.table_location, config.group.orphan_grace, remove_stale=False)
         == set()
