@@ -205,9 +205,11 @@ class KafkaSource(_Model):
     )
     consumer_properties: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra Java consumer properties of Spark's Kafka source (seed 000: "
-        "`kafka.consumer.*`, e.g. `max.poll.records`). Authentication and TLS go in `security`, "
-        "which every Kafka client of the source gets; secrets here as references too.",
+        description="Extra Kafka consumer properties (seed 000: `kafka.consumer.*`, e.g. "
+        "`isolation.level`), in the Java client's names: Spark's Kafka source takes them as they "
+        "are; the arrow engine passes those librdkafka knows (a few renamed, assignment-only ones "
+        "dropped) and hands a batch with others to `spark-sql`. Authentication and TLS go in "
+        "`security`, which every Kafka client of the source gets; secrets here as references too.",
     )
     on_topic_reset: Literal["stop", "restart"] = Field(
         "stop",
