@@ -475,6 +475,21 @@ def run_writer_bench(
         "ours_visible_runs_s": [round(s, 2) for s in ours_visible],
         "baseline_runs_s": [round(s, 2) for s in baseline_runs],
         **_arrow_figures(records, cores, baseline_s, arrow_writer, arrow_visible),
+        **_default_figures(config.writer.engine, records, cores, baseline_s, ours_s, arrow_visible),
+    }
+
+
+def _default_figures(
+    engine: str, records: int, cores: int, baseline_s: float, ours_s: float, arrow: list[float]
+) -> dict[str, Any]:
+    """The figures of `writer.engine`'s default, the ones issue 15's target is about: until
+    visible, per core and against the baseline (`ours_*` are spark-sql's, `arrow_*` arrow's)."""
+    visible_s = statistics.median(arrow) if engine == "arrow" else ours_s
+    return {
+        "default_engine": engine,
+        "default_s": round(visible_s, 2),
+        "default_records_per_s_per_core": round(records / visible_s / cores),
+        "default_ratio_vs_baseline": round(baseline_s / visible_s, 2),
     }
 
 
