@@ -6,6 +6,11 @@ work (zstd, microsecond timestamps, Iceberg field ids from column metadata). Par
 computed with Iceberg's own transform functions (`system.days`, `system.bucket`, ...), so a file's
 partition is exactly what Iceberg would compute, and Spark lays files out by them; listing the
 files back reads each one's partition from its folder names.
+
+Spark writes an empty string partition value to the same folder as a null
+(`__HIVE_DEFAULT_PARTITION__`), where Iceberg keeps them apart: string values are written with a
+one-character prefix (`_ik_p0=sred/`, `_ik_p0=s/` for ''), which listing removes, so '' keeps a
+folder of its own and a file's partition is Iceberg's value.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from common.moniker import FileEntry
 from common.spark import FUNCTIONS_CATALOG
 
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+_STRING_PREFIX = "s"
+"""Starts every non-null string partition value Spark writes in a folder name: with it an empty
+string is `s`, which Spark does not turn into a null (it does so with '' itself)."""
 _PARQUET_OPTIONS = {
     "write.parquet.row-group-size-bytes": "parquet.block.size",
     "write.parquet.page-size-bytes": "parquet.page.size",
@@ -66,6 +74,9 @@ class PartitionColumn:
     field_name: str
     expression: SparkColumn
     kind: str  # "int", "date", "string", "long", "bool"
+    folder_prefix: str = ""
+    """What the folder's value starts with before the value itself (`_STRING_PREFIX` for the
+    string values Spark writes; none in the arrow engine's folders, which keep '' as `_ik_p0=`)."""
 
 
 def partition_columns(spec: PartitionSpec, schema: Schema) -> list[PartitionColumn]:
@@ -99,7 +110,12 @@ def partition_columns(spec: PartitionSpec, schema: Schema) -> list[PartitionColu
             expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.years(`{source.name}`)"), "int"
         else:
             raise ValueError(f"partition transform {transform} is not supported by writers")
-        columns.append(PartitionColumn(partition_column(index), field.name, expression, kind))
+        prefix = _STRING_PREFIX if kind == "string" else ""
+        if prefix:  # concat keeps a null null, and makes '' a value Spark does not null
+            expression = F.concat(F.lit(prefix), expression)
+        columns.append(
+            PartitionColumn(partition_column(index), field.name, expression, kind, prefix)
+        )
     return columns
 
 
@@ -170,8 +186,14 @@ def write_parquet(
 def list_written_files(
     output_uri: str, partitions: list[PartitionColumn], spec_id: int
 ) -> list[FileEntry]:
-    """Every Parquet file under `output_uri`, with size,
-    record count (from its footer) and partition."""
+    """Every Parquet file under `output_uri` that holds records, with size, record count (from its
+    footer) and partition.
+
+    A file of no records is deleted instead: Spark's first write task opens a file even when none
+    of the rows are its own (so that an empty write leaves a schema behind), e.g. a table whose
+    rows the batch's other tables surround. Nothing may refer to it, and `output_uri` is the
+    caller's own new folder.
+    """
     filesystem, root = pafs.FileSystem.from_uri(output_uri)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     entries = []
@@ -186,6 +208,9 @@ def list_written_files(
             continue
         with filesystem.open_input_file(info.path) as handle:
             record_count = pq.ParquetFile(handle).metadata.num_rows
+        if record_count == 0:
+            filesystem.delete_file(info.path)
+            continue
         relative = posixpath.relpath(posixpath.dirname(info.path), root)
         entries.append(
             FileEntry(
@@ -223,5 +248,5 @@ def _partition_values(relative_dir: str, partitions: list[PartitionColumn]) -> d
         elif partition.kind == "bool":
             values[partition.field_name] = raw == "true"
         else:
-            values[partition.field_name] = raw
+            values[partition.field_name] = raw.removeprefix(partition.folder_prefix)
     return values
