@@ -2,7 +2,8 @@
 (issue 15, item 6): inserts, repeated updates within and across batches, hard and soft deletes
 (one topic feeding a table of each), a change of primary key, a delete without a `before` image,
 and poison records; compared through pyiceberg after the bookkeeper's commits, with the dead
-letters."""
+letters. And a key in two Kafka partitions of one batch (two arrow tasks) ends as `spark-sql`
+orders it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import pytest
 from confluent_kafka import Producer
 
 from common.config.model import IcekeeperConfig
+from common.kafka_clients import registry_client
+from icekeeper.samples.debezium import BinlogPosition, envelope
+from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from icekeeper.samples.readback import topic_messages
 from tests.support.pipeline import pipeline_config
 from tests.writers.test_upsert_record_keys import ORDERS, Stream, order, run_batches
@@ -157,3 +161,72 @@ def test_arrow_engine_writes_the_upsert_tables_spark_sql_writes(
         )
     assert len(dead["arrow"]) == 3
     assert dead["arrow"] == dead["spark-sql"]
+
+
+def _produce_to(config: IcekeeperConfig, topic: str, changes: list[tuple[int, str, dict]]) -> None:
+    """(partition, op, row) changes of ORDERS, keyed and framed as Debezium's converter does."""
+    source = config.sources[0]
+    framer = ConfluentAvroFramer(registry_client(source), topic)
+    value_id = framer.schema_id(ORDERS.value_schema(), is_key=False)
+    key_id = framer.schema_id(ORDERS.key_schema(), is_key=True)
+    producer = Producer({"bootstrap.servers": source.bootstrap_servers})
+    for partition, op, row in changes:
+        at = BinlogPosition(1_767_225_600_000, "b.1", 4, "g")
+        before, after = (None, row) if op == "c" else (row, row)
+        event = envelope(ORDERS, op, before, after, at, at.ts_ms)
+        producer.produce(
+            topic,
+            key=framer.frame(key_id, ORDERS.key_of(row)),
+            value=framer.frame(value_id, event),
+            partition=partition,
+        )
+    producer.flush()
+
+
+def test_a_key_in_two_kafka_partitions_of_a_batch_is_written_by_spark_sql(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    """After a repartitioning a key's changes can sit in two partitions, so in two arrow tasks:
+    the batch runs on `spark-sql`, which orders them by offset alone; the next batch, whose keys
+    stay in their partitions, runs on arrow again."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__WRITER__ENGINE": "arrow",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": TABLES[0],
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id, region]",
+        },
+    )
+    ensure_topic(config.sources[0], unique_topic, 2)
+    _produce_to(
+        config,
+        unique_topic,
+        [
+            (1, "c", order(1, "eu", 10)),
+            (1, "c", order(3, "eu", 30)),
+            (0, "c", order(2, "eu", 20)),
+            (0, "c", order(4, "eu", 40)),
+            (0, "u", order(1, "eu", 11)),  # offset 2 of partition 0, after offset 0 of partition 1
+        ],
+    )
+    _, bookkeeper = run_batches(config, spark)
+    _produce_to(config, unique_topic, [(0, "u", order(2, "eu", 21)), (1, "u", order(3, "eu", 31))])
+    _, bookkeeper = run_batches(config, spark)
+
+    table = bookkeeper.catalog.load_table(TABLES[0])
+    assert [(row["id"], row["amount"]) for row in _rows(table)] == [
+        (1, 11),
+        (2, 21),
+        (3, 31),
+        (4, 40),
+    ]
+    data_files = [e["file_path"] for e in table.inspect.files().to_pylist() if e["content"] == 0]
+    # (batch, written by Spark): the batch folder is <location>/data/<writer>/<seq>-<random>.
+    assert {
+        (
+            int(path.split("/data/")[1].split("/")[1].split("-")[0]),
+            path.endswith("c000.zstd.parquet"),
+        )
+        for path in data_files
+    } == {(1, True), (2, False)}
