@@ -19,7 +19,7 @@ import os
 import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
@@ -197,7 +197,8 @@ class ArrowEngine:
                 table_plan, schema, location = self._table_plan(
                     identifier, route, chosen, plan, seq
                 )
-                table_plans.append(table_plan)
+                indexes = frozenset(index for name, index in pairs if name == route)
+                table_plans.append(replace(table_plan, versions=indexes))
                 schemas[identifier] = schema
                 locations[identifier] = location
         output_dirs = [table_plan.output_uri for table_plan in table_plans]

@@ -62,6 +62,10 @@ class TablePlan:
     """The table's partition spec: each task writes one file set per partition value."""
     upsert: UpsertPlan | None = None
     """Upsert tables: how the task keeps each key's last change (`upserts.py`)."""
+    versions: frozenset[int] | None = None
+    """The schema versions `schema` was planned from (None: any). A record of another version
+    (the driver's guess missed it) is counted, not written: its values may not fit `schema`,
+    and the driver writes the batch again with the versions the tasks counted."""
 
 
 @dataclass(frozen=True)
@@ -262,6 +266,8 @@ def _classify_and_route(
         kafka_ms if source_ms is None else pc.coalesce(pc.cast(source_ms, pa.int64()), kafka_ms)
     )
     for table in plan.tables:
+        if table.versions is not None and version.index not in table.versions:
+            continue
         start = table.starts.get((rows.topic, rows.partition))
         keep = pc.and_(ok, pc.fill_null(pc.equal(route, table.route), False))
         if start is not None:
