@@ -87,7 +87,7 @@ def partition_columns(spec: PartitionSpec, schema: Schema) -> list[PartitionColu
         column = F.col(f"`{source.name}`")
         transform = field.transform
         if isinstance(transform, IdentityTransform):
-            expression, kind = column, _identity_kind(str(source.field_type))
+            expression, kind = column, identity_kind(str(source.field_type))
         elif isinstance(transform, BucketTransform):
             expression, kind = (
                 F.expr(
@@ -98,7 +98,7 @@ def partition_columns(spec: PartitionSpec, schema: Schema) -> list[PartitionColu
         elif isinstance(transform, TruncateTransform):
             expression, kind = (
                 F.expr(f"{FUNCTIONS_CATALOG}.system.truncate({transform.width}, `{source.name}`)"),
-                _identity_kind(str(source.field_type)),
+                identity_kind(str(source.field_type)),
             )
         elif isinstance(transform, DayTransform):
             expression, kind = F.expr(f"{FUNCTIONS_CATALOG}.system.days(`{source.name}`)"), "date"
@@ -119,7 +119,9 @@ def partition_columns(spec: PartitionSpec, schema: Schema) -> list[PartitionColu
     return columns
 
 
-def _identity_kind(type_name: str) -> str:
+def identity_kind(type_name: str) -> str:
+    """The kind of partition value an identity or truncate field of this source type has; a
+    ValueError for types the writers do not partition by (both engines ask here)."""
     if type_name in ("int",):
         return "int"
     if type_name in ("long",):

@@ -30,9 +30,8 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import IcebergType
 
-from common.parquet_files import partition_column
+from common.parquet_files import identity_kind, partition_column
 
-_IDENTITY_TYPES = {"int", "long", "date", "boolean", "string"}
 """Column types whose identity (and truncate) partitions writers take (`parquet_files`)."""
 _TEMPORAL = (YearTransform, MonthTransform, DayTransform, HourTransform)
 _NULL_FOLDER = "__HIVE_DEFAULT_PARTITION__"
@@ -69,10 +68,7 @@ def partition_fields(spec: PartitionSpec, schema: Schema) -> list[PartitionField
         transform = field.transform
         type_name = str(source.field_type)
         if isinstance(transform, (IdentityTransform, TruncateTransform)):
-            if type_name not in _IDENTITY_TYPES:
-                raise ValueError(
-                    f"identity partitions on {type_name} columns are not supported by writers"
-                )
+            identity_kind(type_name)  # refuses what `spark-sql` refuses
         elif not isinstance(transform, (BucketTransform, *_TEMPORAL)):
             raise ValueError(f"partition transform {transform} is not supported by writers")
         fields.append(PartitionField(field.name, source.name, transform, source.field_type))
