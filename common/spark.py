@@ -134,9 +134,8 @@ def spark_session(
             "PYSPARK_PYTHON" not in os.environ
         )
     if own_workers:
-        # Local Python workers run this interpreter (PySpark would start `python3` from PATH,
-        # which may lack our packages), so its daemon can be ours, whose tasks start ~150 ms
-        # sooner (common/spark_worker_daemon.py).
+        # Local Python workers run this interpreter (below), so their daemon can be ours, whose
+        # tasks start ~150 ms sooner (common/spark_worker_daemon.py).
         builder = builder.config("spark.python.daemon.module", "common.spark_worker_daemon")
     builder = (
         builder.config("spark.ui.enabled", "false")
@@ -166,7 +165,9 @@ def spark_session(
     }.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    if own_workers:
+    if session.sparkContext.master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
+        # PySpark starts Python workers with `python3` from PATH unless told otherwise, and that
+        # one may lack our packages (the arrow engine's tasks): local workers run this one.
         session.sparkContext.pythonExec = sys.executable
     session.sparkContext.setLogLevel("WARN")
     _quiet_routine_warnings(session)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -89,11 +88,6 @@ class ArrowEngine:
         self.claims = claims
         self.tables = tables
         self._route_schema_ids: dict[str, set[tuple[str, int]] | None] = {}
-        context = spark.sparkContext
-        if context.master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
-            # PySpark starts Python workers with `python3` from PATH unless told otherwise, and
-            # that one lacks our packages: a local session's workers run this interpreter.
-            context.pythonExec = sys.executable
 
     def write(
         self,
