@@ -754,8 +754,13 @@ class Committer:
                 (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
                 (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
             )
+        removed_deletes = plan.upsert.removed_deletes if plan.upsert else []
         with merge_append(
-            transaction, summary, plan.upsert.delete_files if plan.upsert else None
+            transaction,
+            summary,
+            plan.upsert.delete_files if plan.upsert else None,
+            [live.delete_file for live in removed_deletes],
+            {live.manifest_path for live in removed_deletes},
         ) as append:
             for data in plan.data_files:
                 append.append_data_file(data)

@@ -462,22 +462,51 @@ class _MergeAppend(MergeAppendFiles):
 
     _commit = snapshot_commit_writing_lists_with(_write_manifest_list)
     _added_delete_files: list[DataFile] = []
+    _removed: tuple[DataFile, ...] = ()
+    _removed_from: frozenset[str] | None = None
+    """Paths of the parent's manifests that hold `_removed`, when the caller knows them (None: any
+    manifest may): only those are read."""
+    _folded: frozenset[str] = frozenset()
+    """Paths of the parent's manifests this snapshot rewrote (set by `_manifests`)."""
 
     def append_delete_file(self, delete_file: DataFile) -> None:
         """Add a position-delete file to this snapshot (pyiceberg 0.12 has no API for it)."""
         self._added_delete_files = [*self._added_delete_files, delete_file]
 
+    def remove_files(self, files: list[DataFile], in_manifests: set[str] | None = None) -> None:
+        """Remove these data files and delete files (as the parent snapshot lists them) in this
+        snapshot; `in_manifests`, the parent's manifests that hold them, spares reading the
+        others. A file not found there fails the commit: it is not live in the parent."""
+        self._removed = (*self._removed, *files)
+        self._deleted_data_files = set(self._removed)  # pyiceberg's summary counts them as removed
+        if in_manifests is not None:
+            self._removed_from = (self._removed_from or frozenset()) | frozenset(in_manifests)
+
     def _manifests(self) -> list[ManifestFile]:
-        """pyiceberg's manifests (new data, then the parent's, merged) plus one delete manifest per
-        partition spec for this snapshot's delete files; the delete entries inherit the snapshot's
-        sequence number, so they apply to data files of this snapshot too (position deletes apply
-        to data files whose sequence number is at most theirs)."""
-        by_spec: dict[int, list[DataFile]] = {}
+        """pyiceberg's manifests (new data, then the parent's, merged) plus this snapshot's delete
+        manifests: one per partition spec for its new delete files, in which the parent's
+        manifests that hold removed files are folded (their other entries kept as existing, the
+        removed ones marked deleted). The new delete entries inherit the snapshot's sequence
+        number, so they apply to data files of this snapshot too (position deletes apply to data
+        files whose sequence number is at most theirs); the kept entries keep theirs."""
+        by_group: dict[tuple[ManifestContent, int], list[ManifestEntry]] = {}
         for delete_file in self._added_delete_files:
-            by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
+            by_group.setdefault((ManifestContent.DELETES, delete_file.spec_id), []).append(
+                ManifestEntry.from_args(
+                    status=ManifestEntryStatus.ADDED,
+                    snapshot_id=self.snapshot_id,
+                    sequence_number=None,
+                    file_sequence_number=None,
+                    data_file=delete_file,
+                )
+            )
+        folded = self._fold_removed(by_group)
         written = []
-        for spec_id, delete_files in by_spec.items():
-            writer = _DeleteManifestWriter(
+        for (content, spec_id), entries in by_group.items():
+            writer_kind = (
+                _DeleteManifestWriter if content == ManifestContent.DELETES else _ManifestWriter
+            )
+            writer = writer_kind(
                 self.spec(spec_id),
                 self.schema(),
                 self.new_manifest_output(),
@@ -485,18 +514,49 @@ class _MergeAppend(MergeAppendFiles):
                 self._compression,
             )
             with writer:
-                for delete_file in delete_files:
-                    writer.add_entry(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self.snapshot_id,
-                            sequence_number=None,
-                            file_sequence_number=None,
-                            data_file=delete_file,
-                        )
-                    )
+                for entry in entries:
+                    writer.add_entry(entry)
             written.append(writer.to_manifest_file())
+        self._folded = frozenset(folded)
         return written + super()._manifests()
+
+    def _fold_removed(
+        self, by_group: dict[tuple[ManifestContent, int], list[ManifestEntry]]
+    ) -> set[str]:
+        """Add to `by_group` the entries of the parent's manifests that hold removed files (the
+        removed ones as deleted by this snapshot, the others as existing); returns the paths of
+        those manifests, which this snapshot no longer lists."""
+        if not self._removed:
+            return set()
+        removed = {data.file_path for data in self._removed}
+        folded: set[str] = set()
+        found: set[str] = set()
+        for manifest in self._parent_manifests():
+            if self._removed_from is not None and manifest.manifest_path not in self._removed_from:
+                continue
+            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+            if not any(entry.data_file.file_path in removed for entry in entries):
+                continue
+            folded.add(manifest.manifest_path)
+            group = by_group.setdefault((manifest.content, manifest.partition_spec_id), [])
+            for entry in entries:
+                gone = entry.data_file.file_path in removed
+                if gone:
+                    found.add(entry.data_file.file_path)
+                group.append(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.DELETED
+                        if gone
+                        else ManifestEntryStatus.EXISTING,
+                        snapshot_id=self.snapshot_id if gone else entry.snapshot_id,
+                        sequence_number=entry.sequence_number,
+                        file_sequence_number=entry.file_sequence_number,
+                        data_file=entry.data_file,
+                    )
+                )
+        if missing := removed - found:
+            raise ValueError(f"files to remove are not in the table: {sorted(missing)[:3]}")
+        return folded
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         """pyiceberg's summary, counting the delete files
@@ -514,6 +574,16 @@ class _MergeAppend(MergeAppendFiles):
         )
 
     def _existing_manifests(self) -> list[ManifestFile]:
+        """The parent's manifests this snapshot keeps as they are (all but those folded)."""
+        return [
+            manifest
+            for manifest in self._parent_manifests()
+            if manifest.manifest_path not in self._folded
+        ]
+
+    def _parent_manifests(self) -> list[ManifestFile]:
+        """The parent's manifests that list live files (pyiceberg's `_existing_manifests`), taken
+        from the remembered list when this process wrote it."""
         parent = (
             self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id)
             if self._parent_snapshot_id is not None
@@ -536,21 +606,26 @@ def merge_append(
     transaction: Transaction,
     snapshot_properties: dict[str, str],
     delete_files: list[DataFile] | None = None,
+    removed_delete_files: list[DataFile] | None = None,
+    removed_from: set[str] | None = None,
 ) -> SnapshotProducer[Any]:
     """`transaction.update_snapshot(snapshot_properties).merge_append()`, written by `_MergeAppend`
     for format-version 2 tables (other versions keep pyiceberg's writers).
 
     With `delete_files` (position deletes, format-version 2 only), the snapshot is an `overwrite`,
-    as Iceberg's Java `RowDelta` names a snapshot that adds deletes.
+    as Iceberg's Java `RowDelta` names a snapshot that adds deletes. `removed_delete_files` leave
+    in the same snapshot (delete files whose rows the new ones repeat, as Iceberg's `RowDelta`
+    removes a data file's previous file-scoped deletes); `removed_from` names the parent's
+    manifests that hold them.
     """
     if transaction.table_metadata.format_version != 2:
-        if delete_files:
+        if delete_files or removed_delete_files:
             raise ValueError(
                 "position deletes need a format-version 2 table, not "
                 f"{transaction.table_metadata.format_version}"
             )
         return transaction.update_snapshot(snapshot_properties=snapshot_properties).merge_append()
-    operation = Operation.OVERWRITE if delete_files else Operation.APPEND
+    operation = Operation.OVERWRITE if delete_files or removed_delete_files else Operation.APPEND
     producer = _MergeAppend(
         operation=operation,
         transaction=transaction,
@@ -560,22 +635,17 @@ def merge_append(
     )
     for delete_file in delete_files or []:
         producer.append_delete_file(delete_file)
+    if removed_delete_files:
+        producer.remove_files(removed_delete_files, removed_from)
     return producer
 
 
 class _RewriteFiles(_MergeAppend):
     """A `replace` snapshot (Iceberg's `RewriteFiles`): data and delete files out, data and delete
-    files in, in one commit. Parent manifests that hold a removed file are rewritten with it
-    marked deleted and the others kept as existing, in the manifest's own kind (data or deletes);
-    the others are kept as they are. Manifests are not merged: rewrites are rare, and a merge
-    would only move the parent's entries around once more."""
-
-    _removed: tuple[DataFile, ...] = ()
-
-    def remove_files(self, files: list[DataFile]) -> None:
-        """Remove these data files and delete files (as the parent snapshot lists them)."""
-        self._removed = (*self._removed, *files)
-        self._deleted_data_files = set(self._removed)  # pyiceberg's summary counts them as removed
+    files in, in one commit. Parent manifests that hold a removed file are folded into new ones
+    (one per kind and spec) with it marked deleted and the others kept as existing (see
+    `_MergeAppend._manifests`); the others are kept as they are. Data manifests are not merged:
+    rewrites are rare, and a merge would only move the parent's entries around once more."""
 
     def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
         return manifests
@@ -590,56 +660,6 @@ class _RewriteFiles(_MergeAppend):
         finally:
             self._operation = Operation.REPLACE
         return Summary(operation=Operation.REPLACE, **summary.additional_properties)
-
-    def _existing_manifests(self) -> list[ManifestFile]:
-        parent = (
-            self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id)
-            if self._parent_snapshot_id is not None
-            else None
-        )
-        if parent is None:
-            return []
-        removed = {data.file_path for data in self._removed}
-        kept: list[ManifestFile] = []
-        found: set[str] = set()
-        for manifest in parent.manifests(self._io):
-            if not (manifest.has_added_files() or manifest.has_existing_files()):
-                continue
-            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
-            if not any(entry.data_file.file_path in removed for entry in entries):
-                kept.append(manifest)
-                continue
-            writer_kind = (
-                _DeleteManifestWriter
-                if manifest.content == ManifestContent.DELETES
-                else _ManifestWriter
-            )
-            writer = writer_kind(
-                self.spec(manifest.partition_spec_id),
-                self.schema(),
-                self.new_manifest_output(),
-                self.snapshot_id,
-                self._compression,
-            )
-            with writer:
-                for entry in entries:
-                    gone = entry.data_file.file_path in removed
-                    found.update([entry.data_file.file_path] if gone else [])
-                    writer.add_entry(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.DELETED
-                            if gone
-                            else ManifestEntryStatus.EXISTING,
-                            snapshot_id=self.snapshot_id if gone else entry.snapshot_id,
-                            sequence_number=entry.sequence_number,
-                            file_sequence_number=entry.file_sequence_number,
-                            data_file=entry.data_file,
-                        )
-                    )
-            kept.append(writer.to_manifest_file())
-        if missing := removed - found:
-            raise ValueError(f"files to replace are not in the table: {sorted(missing)[:3]}")
-        return kept
 
 
 def rewrite_files(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,7 @@ from pyiceberg.table.snapshots import Snapshot
 from bookkeeper.datafiles import FileUnavailable, InvalidFile
 from bookkeeper.key_index import ABSENT, CycleChanges, KeyIndex, pack, unpack
 from bookkeeper.key_index_store import load_index, save_index
+from bookkeeper.live_deletes import LiveDelete, LiveDeletes, positions_in
 from bookkeeper.position_deletes import DataFileRef, write_position_deletes
 from bookkeeper.row_keys import exact_keys, file_key_words
 from common.delete_files import read_position_deletes
@@ -61,13 +62,14 @@ class RewriteCycle:
 
 @dataclass
 class UpsertCycle:
-    """A planned cycle: its index changes (applied
-    after the commit) and its position-delete files."""
+    """A planned cycle: its index changes (applied after the commit), its position-delete files,
+    and the live delete files they take over (removed by the same snapshot)."""
 
     identifier: str
     changes: CycleChanges
     delete_files: list[DataFile]
     rows_replaced: int
+    removed_deletes: list[LiveDelete] = field(default_factory=list)
 
 
 def file_ref(data: DataFile) -> DataFileRef:
@@ -85,6 +87,7 @@ class UpsertKeeper:
         self._doubled: dict[str, np.ndarray] = {}
         """Per table, rows found at a rebuild whose key has a newer row (a table that was a
         changelog before): deleted by the next commit, so the table becomes a mirror."""
+        self._live_deletes = LiveDeletes()
 
     # -- reading a cycle's keys --------------------------------------------------------------------
 
@@ -155,9 +158,8 @@ class UpsertKeeper:
         replaced = _concat(
             [changes.replaced, self._doubled.get(identifier, np.empty(0, np.uint64))]
         )
-        return UpsertCycle(
-            identifier, changes, self._write_deletes(table, index, replaced), len(replaced)
-        )
+        delete_files, removed_deletes = self._write_deletes(table, index, replaced)
+        return UpsertCycle(identifier, changes, delete_files, len(replaced), removed_deletes)
 
     def committed(self, cycle: UpsertCycle, snapshot_id: int, table: Table) -> None:
         """Record a durable commit in the index; save the index now and then."""
@@ -269,16 +271,34 @@ class UpsertKeeper:
         save_index(table, self._indexes[identifier])
         self._saved_at[identifier] = time.monotonic()
 
-    def _write_deletes(self, table: Table, index: KeyIndex, replaced: np.ndarray) -> list[DataFile]:
+    def _write_deletes(
+        self, table: Table, index: KeyIndex, replaced: np.ndarray
+    ) -> tuple[list[DataFile], list[LiveDelete]]:
+        """One delete file per data file with `replaced` rows, holding also the positions of that
+        data file's live file-scoped delete files in `table`'s current snapshot; returns the new
+        files and the live ones they take over (see `live_deletes.py`)."""
         if not len(replaced):
-            return []
+            return [], []
         ordinals, positions = unpack(np.sort(replaced))
         starts = np.flatnonzero(np.r_[True, ordinals[1:] != ordinals[:-1]])
         ends = np.r_[starts[1:], len(ordinals)]
         targets = [index.files[int(ordinals[start])] for start in starts]
-        return write_position_deletes(
-            table.location(), targets, [positions[start:end] for start, end in zip(starts, ends)]
+        target_positions = [positions[start:end] for start, end in zip(starts, ends)]
+        live = self._live_deletes.by_data_file(table, table.current_snapshot())
+        earlier = [
+            (number, old)
+            for number, target in enumerate(targets)
+            for old in live.get(target.path, ())
+        ]
+        taken_over: list[LiveDelete] = []
+        earlier_positions = self._pool.map(
+            lambda item: positions_in(item[1], targets[item[0]].path), earlier
         )
+        for (number, old), old_positions in zip(earlier, earlier_positions):
+            if old_positions is not None:
+                target_positions[number] = np.union1d(target_positions[number], old_positions)
+                taken_over.append(old)
+        return write_position_deletes(table.location(), targets, target_positions), taken_over
 
     # -- following the table -----------------------------------------------------------------------
 
