@@ -1,11 +1,12 @@
 """Position-delete files of format-version 2 tables: which rows of which data files stop being live.
 
-One file per data file and cycle ("file-scoped", Iceberg's default `write.delete.granularity`
-since 1.7), rows sorted by position, with the data file's path as both `file_path` bounds:
-pyiceberg, Spark and Trino match such a file to its data file directly. A delete file covering a
-whole partition is read once per data file its path range spans: with them, the reaper's upsert
-compaction test spent 164 s (Spark's rewrite of ~150 small files alone 41 s); with file-scoped
-deletes, 76 s. Position deletes rather than equality deletes: every
+One file per data file ("file-scoped", Iceberg's default `write.delete.granularity` since 1.7):
+a cycle's file for a data file also holds the rows of the data file's live delete file, which the
+same snapshot removes (`live_deletes.py`). Rows sorted by position, with the data file's path as
+both `file_path` bounds: pyiceberg, Spark and Trino match such a file to its data file directly.
+A delete file covering a whole partition is read once per data file its path range spans: with
+them, the reaper's upsert compaction test spent 164 s (Spark's rewrite of ~150 small files alone
+41 s); with file-scoped deletes, 76 s. Position deletes rather than equality deletes: every
 engine reads them (pyiceberg, Snowflake and Databricks cannot read equality deletes) and a scan
 does not slow down with their count the way it does with equality deletes (apache/iceberg#9363).
 
