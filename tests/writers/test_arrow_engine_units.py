@@ -149,6 +149,22 @@ def test_trailing_bytes_that_still_decode_do_not_shift_the_records_after_them() 
     assert decoded.to_pylist() == records
 
 
+def test_a_slice_of_the_records_decodes_exactly_its_records() -> None:
+    # A version's datums arrive as a slice or a `take` of the task's values: the block is cut
+    # from the array's own offsets, frames removed, whatever the array's start.
+    schema = {"type": "record", "name": "r", "fields": [{"name": "s", "type": "string"}]}
+    records = [{"s": "a" * n} for n in (0, 3, 1, 200, 2)]
+    values = pa.array([_framed(schema, record) for record in records], pa.binary())
+    decoder = SchemaDecoder.of(json.dumps(schema), resolve_named_types(schema))
+
+    decoded, failed = decoder.decode(values.slice(1, 3))
+
+    assert failed == []
+    assert decoded.to_pylist() == records[1:4]
+    empty_bodies = pa.array([_framed(schema, {"s": ""})] * 2, pa.binary())
+    assert decoder.decode(empty_bodies)[0].to_pylist() == [{"s": ""}, {"s": ""}]
+
+
 @pytest.mark.parametrize(
     ("semantic", "carrier", "expected", "failed"),
     [
