@@ -9,19 +9,37 @@ files under the table's `data/` folder, and hands them over as a rewrite request
 
 Which files: in each partition, every file whose deleted share reaches `compact_delete_ratio`
 or that has collected `MANY_DELETE_FILES` delete files (one per bookkeeper cycle that touched
-it), plus the partition's small files (under 75% of the target size) when there are two or more.
+it), plus every small file of the partition (under 75% of the target size) when the chosen files
+would be two or more: a pass leaves no small file of a partition beside its compacted ones. A
+file of 75% of the target or more that is not worn stays as it is (rewriting it would not make
+fewer files).
+
+How many files: the live rows of a partition's chosen files go to
+ceil(live bytes / `compact_target_file_size_bytes`) files (at least one), the live bytes estimated
+from the files' sizes less their deleted share (`plan_layout`). Spark would otherwise write one
+file per read task (an unpartitioned table's rows were never shuffled), and Iceberg plans read
+tasks for reading: each file with its delete files weighs at least 4 MB apiece, and adaptive split
+sizes (`read.split.adaptive-size.enabled`, on by default) cut a small scan into at least as many
+tasks as Spark has cores or shuffle partitions. The upsert bench's few MB came out as 13 files.
+Here each partition gets write tasks of its own, as many as its files, and a row goes to one of
+them by a hash of its file and position; a file is cut by record count only if a task got far more
+rows than its share.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask, Table
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from common.catalog import table_properties
@@ -49,6 +67,14 @@ MANY_DELETE_FILES = 8
 """A data file with this many delete files is rewritten whatever its deleted share: every reader
 opens all of them for it."""
 PARQUET_FIELD_ID = "parquet.field.id"
+SMALL_SHARE = 0.75
+"""A file under this share of the target size is small: merged with its partition's others."""
+RECORDS_HEADROOM = 1.25
+"""A write task cuts a file by record count only past this multiple of its expected rows (hash
+shares vary a little; a file is not cut for that)."""
+FILE_COLUMN, FIRST_TASK_COLUMN, FILES_COLUMN = "_ik_file", "_ik_first_task", "_ik_files"
+TASK_COLUMN = "_ik_task"
+"""Columns of the compaction's own while it lays rows out (none of them is written)."""
 
 
 @dataclass
@@ -62,17 +88,42 @@ class CompactionOutcome:
     waiting: bool = False
 
 
-def choose_files(
-    table: Table, snapshot_id: int, target_bytes: int, delete_ratio: float
-) -> list[DataFile]:
-    """The data files of snapshot `snapshot_id` worth rewriting (see the module docstring)."""
+@dataclass(frozen=True)
+class OutputLayout:
+    """Where the live rows of the chosen files are written: the rows of a partition's files go to
+    write tasks `first_task[path]` .. `first_task[path] + files[path] - 1`, one file each."""
+
+    first_task: dict[str, int]
+    files: dict[str, int]
+    tasks: int
+    max_records_per_file: int
+
+
+def scan_files(table: Table, snapshot_id: int) -> tuple[list[FileScanTask], Counter[str]]:
+    """The data files of snapshot `snapshot_id` with their delete files, and deleted rows per
+    data file (normalized path)."""
     tasks = list(table.scan(snapshot_id=snapshot_id).plan_files())
     deleted = deleted_positions_per_file(
         {delete.file_path: delete for task in tasks for delete in task.delete_files}.values()
     )
-    by_partition: dict[tuple, list] = defaultdict(list)
+    return tasks, deleted
+
+
+def _partition_key(data: DataFile) -> tuple:
+    return (data.spec_id, tuple(data.partition))
+
+
+def _live_rows(data: DataFile, deleted: Counter[str]) -> int:
+    return max(0, data.record_count - deleted.get(normalize_location(data.file_path), 0))
+
+
+def choose_files(
+    tasks: Iterable[FileScanTask], deleted: Counter[str], target_bytes: int, delete_ratio: float
+) -> list[DataFile]:
+    """The data files worth rewriting (see the module docstring)."""
+    by_partition: dict[tuple, list[FileScanTask]] = defaultdict(list)
     for task in tasks:
-        by_partition[(task.file.spec_id, tuple(task.file.partition))].append(task)
+        by_partition[_partition_key(task.file)].append(task)
     chosen: list[DataFile] = []
     for partition_tasks in by_partition.values():
         worn = [
@@ -86,13 +137,43 @@ def choose_files(
         small = [
             task.file
             for task in partition_tasks
-            if task.file.file_size_in_bytes < 0.75 * target_bytes
+            if task.file.file_size_in_bytes < SMALL_SHARE * target_bytes
             and task.file.file_path not in worn_paths
         ]
         chosen.extend(worn)
         if len(small) + len(worn) >= 2:
             chosen.extend(small)
     return chosen
+
+
+def plan_layout(chosen: list[DataFile], deleted: Counter[str], target_bytes: int) -> OutputLayout:
+    """How many files each partition's live rows go to, and which write tasks write them (see the
+    module docstring). A partition with no live row gets no task: its files just leave."""
+    by_partition: dict[tuple, list[DataFile]] = defaultdict(list)
+    for data in chosen:
+        by_partition[_partition_key(data)].append(data)
+    first_task: dict[str, int] = {}
+    files: dict[str, int] = {}
+    tasks, most_rows_per_file = 0, 0
+    for partition_files in by_partition.values():
+        live_rows = sum(_live_rows(data, deleted) for data in partition_files)
+        if live_rows == 0:
+            continue
+        live_bytes = sum(
+            data.file_size_in_bytes * _live_rows(data, deleted) / max(data.record_count, 1)
+            for data in partition_files
+        )
+        partition_files_out = max(1, math.ceil(live_bytes / target_bytes))
+        for data in partition_files:
+            first_task[data.file_path], files[data.file_path] = tasks, partition_files_out
+        tasks += partition_files_out
+        most_rows_per_file = max(most_rows_per_file, math.ceil(live_rows / partition_files_out))
+    return OutputLayout(
+        first_task=first_task,
+        files=files,
+        tasks=tasks,
+        max_records_per_file=max(1000, math.ceil(RECORDS_HEADROOM * most_rows_per_file)),
+    )
 
 
 class UpsertCompaction:
@@ -110,9 +191,11 @@ class UpsertCompaction:
         snapshot = table.refresh().current_snapshot()
         if snapshot is None:
             return outcome
-        chosen = choose_files(table, snapshot.snapshot_id, target_bytes, delete_ratio)
+        tasks, deleted = scan_files(table, snapshot.snapshot_id)
+        chosen = choose_files(tasks, deleted, target_bytes, delete_ratio)
         if not chosen:
             return outcome
+        layout = plan_layout(chosen, deleted, target_bytes)
         request_id = uuid.uuid4().hex
         output = output_folder(table.location(), request_id)
         if "://" not in output:
@@ -123,33 +206,16 @@ class UpsertCompaction:
             else table.schema()
         )
         paths = [data.file_path for data in chosen]
-        rows = (
-            self.spark.read.format("iceberg")
-            .option("versionAsOf", str(snapshot.snapshot_id))
-            .load(f"{self.catalog_name}.{identifier}")
-            .where(F.col("_file").isin(paths))
-            .select(
-                *[
-                    F.col(f"`{field.name}`").alias(
-                        field.name, metadata={PARQUET_FIELD_ID: field.field_id}
-                    )
-                    for field in schema.fields
-                ]
-            )
-        )
-        bytes_per_row = sum(data.file_size_in_bytes for data in chosen) / max(
-            1, sum(data.record_count for data in chosen)
-        )
         spec = table.spec()
         partitions = partition_columns(spec, schema)
-        write_parquet(
-            rows,
-            output,
-            partitions,
-            max(1000, int(target_bytes / max(bytes_per_row, 1.0))),
-            rebalance=True,
-            options=parquet_write_options(table_properties(table, None)),
-        )
+        if layout.tasks:
+            write_parquet(
+                self._laid_out_rows(identifier, snapshot.snapshot_id, schema, paths, layout),
+                output,
+                partitions,
+                layout.max_records_per_file,
+                options=parquet_write_options(table_properties(table, None)),
+            )
         files = list_written_files(output, partitions, spec.spec_id)
         request = RewriteRequest(
             id=request_id,
@@ -188,6 +254,45 @@ class UpsertCompaction:
         _delete_folder(output)
         forget_refusal(table.location(), request_id)
         return outcome
+
+    def _laid_out_rows(
+        self,
+        identifier: str,
+        snapshot_id: int,
+        schema: Schema,
+        paths: list[str],
+        layout: OutputLayout,
+    ) -> DataFrame:
+        """The live rows of files `paths` as of `snapshot_id` (deletes applied), in the write
+        tasks `layout` gives them: a hash of the row's file and position picks one of its
+        partition's tasks."""
+        tasks_of_files = self.spark.createDataFrame(
+            [(path, layout.first_task[path], layout.files[path]) for path in layout.first_task],
+            f"{FILE_COLUMN} string, {FIRST_TASK_COLUMN} int, {FILES_COLUMN} int",
+        )
+        return (
+            self.spark.read.format("iceberg")
+            .option("versionAsOf", str(snapshot_id))
+            .load(f"{self.catalog_name}.{identifier}")
+            .where(F.col("_file").isin(paths))
+            # Metadata columns: named, since `*` and a join's USING leave them out.
+            .select("*", "_file", "_pos")
+            .join(F.broadcast(tasks_of_files), F.col("_file") == F.col(FILE_COLUMN))
+            .withColumn(
+                TASK_COLUMN,
+                F.col(FIRST_TASK_COLUMN) + F.pmod(F.xxhash64("_file", "_pos"), F.col(FILES_COLUMN)),
+            )
+            # A given number of partitions: adaptive execution neither merges nor splits them.
+            .repartition(layout.tasks, TASK_COLUMN)
+            .select(
+                *[
+                    F.col(f"`{field.name}`").alias(
+                        field.name, metadata={PARQUET_FIELD_ID: field.field_id}
+                    )
+                    for field in schema.fields
+                ]
+            )
+        )
 
 
 def _delete_folder(uri: str) -> None:

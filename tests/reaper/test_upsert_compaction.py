@@ -1,26 +1,37 @@
 """Compaction of an upsert table lands while the bookkeeper keeps updating the same files: the
 reaper writes the compacted files, the bookkeeper commits them and deletes again the rows whose
 keys changed meanwhile, and its key index follows the live rows to their new files. Nothing is
-lost or resurrected, and later updates find the rows in the new files."""
+lost or resurrected, and later updates find the rows in the new files. A small table's pass
+leaves one file per partition (its live bytes are far under the target size) in place of all the
+small files it had, however many read tasks Spark planned for them."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
 from bookkeeper.service import Bookkeeper
+from common.moniker import Moniker, OffsetRange, moniker_id
 from common.transports import open_transport
 from icekeeper.readers import duckdb_rows, spark_rows
 from reaper.service import Reaper
 from tests.support.pipeline import register_catalog
-from tests.support.shop_items import UpsertWriter, reaper_config
+from tests.support.shop_items import SCHEMA, UpsertWriter, reaper_config, write_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 KEYS = 300
+REWRITTEN_FOLDER = "/data/icekeeper-rewrites/"
+"""Where the reaper writes a compaction's files (`common/rewrites.py` `output_folder`)."""
 
 
 def random_changes(rng: random.Random, count: int) -> list[tuple[int, int | None]]:
@@ -56,10 +67,74 @@ def commit(
     raise AssertionError("a batch was never committed")
 
 
+@contextlib.contextmanager
+def updates_continuing(
+    bookkeeper: Bookkeeper, transport, writer: UpsertWriter, rng: random.Random, reference: dict
+) -> Iterator[list[int]]:
+    """Batches committed one after another while the caller's block runs; yields their count."""
+    stop = threading.Event()
+    failure: list[BaseException] = []
+    batches = [0]
+
+    def keep_updating() -> None:
+        try:
+            while not stop.is_set():
+                commit(bookkeeper, transport, writer, random_changes(rng, 40), reference)
+                batches[0] += 1
+                # Twenty commits a second, not back to back: the reaper's expiry commits through
+                # Iceberg's optimistic retries too, and a committer with no pause at all could win
+                # every one of them (a fresh-clone CI run failed so).
+                stop.wait(0.05)
+        except BaseException as error:  # noqa: BLE001 - reported by the test below
+            failure.append(error)
+
+    updater = threading.Thread(target=keep_updating)
+    updater.start()
+    try:
+        yield batches
+    finally:
+        stop.set()
+        updater.join(timeout=120)
+    assert not failure, failure
+
+
 def live_rows(rows: list[dict]) -> dict[int, int]:
     keys = [row["id"] for row in rows]
     assert len(keys) == len(set(keys)), "a key has two live rows"
     return {row["id"]: row["amount"] for row in rows}
+
+
+def current_files(table: Table) -> list[dict]:
+    """`file_path` and `partition` (a dict) of every data file of the current snapshot."""
+    files = table.inspect.files()
+    return [
+        row
+        for row in files.select(["content", "file_path", "partition"]).to_pylist()
+        if row["content"] == 0
+    ]
+
+
+def rewrite_snapshot(table: Table) -> Snapshot:
+    [rewrite] = [
+        s
+        for s in table.snapshots()
+        if s.summary and "icekeeper.rewrite-id" in s.summary.additional_properties
+    ]
+    return rewrite
+
+
+def assert_packed(table: Table, files_before_pass: set[str], partitions: int) -> None:
+    """The pass merged every file the table had before it, into one file per partition: the table
+    is a few KB, far under the target size."""
+    files = current_files(table)
+    left = [row["file_path"] for row in files if row["file_path"] in files_before_pass]
+    assert not left, f"{len(left)} of {len(files_before_pass)} files were not compacted"
+    written = Counter(
+        tuple(sorted(row["partition"].items()))
+        for row in files
+        if REWRITTEN_FOLDER in row["file_path"]
+    )
+    assert len(written) == partitions and set(written.values()) == {1}, written
 
 
 def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
@@ -78,50 +153,18 @@ def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
         commit(bookkeeper, transport, writer, random_changes(rng, 60), reference)
     table = bookkeeper.catalog.load_table("shop.items")
     assert int(table.current_snapshot().summary["total-position-deletes"]) > 0
-    files_before = int(table.current_snapshot().summary["total-data-files"])
+    files_before = {row["file_path"] for row in current_files(table)}
 
-    stop = threading.Event()
-    failure: list[BaseException] = []
-    batches_during_pass = [0]
-
-    def keep_updating() -> None:
-        try:
-            while not stop.is_set():
-                commit(bookkeeper, transport, writer, random_changes(rng, 40), reference)
-                batches_during_pass[0] += 1
-                # Twenty commits a second, not back to back: the reaper's expiry commits through
-                # Iceberg's optimistic retries too, and a committer with no pause at all could win
-                # every one of them (a fresh-clone CI run failed so).
-                stop.wait(0.05)
-        except BaseException as error:  # noqa: BLE001 - reported by the test below
-            failure.append(error)
-
-    updater = threading.Thread(target=keep_updating)
-    updater.start()
-    try:
+    with updates_continuing(bookkeeper, transport, writer, rng, reference) as batches:
         [table_report] = Reaper(config, spark=spark).run_pass().tables
-    finally:
-        stop.set()
-        updater.join(timeout=120)
-    assert not failure, failure
     assert not table_report.errors, table_report.errors
-    assert table_report.files_compacted > 0 and batches_during_pass[0] > 0, (
-        table_report,
-        batches_during_pass,
-    )
+    assert table_report.files_compacted > 0 and batches[0] > 0, (table_report, batches)
     table = bookkeeper.catalog.load_table("shop.items")
-    [rewrite] = [
-        s
-        for s in table.snapshots()
-        if s.summary and "icekeeper.rewrite-id" in s.summary.additional_properties
-    ]
     # Updates committed while the reaper wrote its files: their keys' rows in the new files are
     # stale, and the rewrite snapshot deletes them (the remapping this test is about).
+    rewrite = rewrite_snapshot(table)
     assert int(rewrite.summary["added-position-deletes"]) > 0, rewrite.summary
-    assert (
-        int(table.current_snapshot().summary["total-data-files"])
-        < files_before + batches_during_pass[0]
-    )
+    assert_packed(table, files_before, partitions=1)
     assert live_rows(table.scan().to_arrow().to_pylist()) == reference, (
         "an update was lost or a row resurrected"
     )
@@ -129,6 +172,116 @@ def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
     for _ in range(5):
         commit(bookkeeper, transport, writer, random_changes(rng, 80), reference)
     table = bookkeeper.catalog.load_table("shop.items")
+    assert live_rows(table.scan().to_arrow().to_pylist()) == reference
+    assert live_rows(duckdb_rows(table, "id, amount")) == reference
+    assert live_rows(spark_rows(spark, config, "shop.items", "id, amount")) == reference
+
+
+PARTITIONS = 3
+
+
+def partition_of(key: int) -> int:
+    """Skewed on purpose: partition 0 holds two thirds of the keys."""
+    return 0 if key < 2 * KEYS // 3 else 1 + key % (PARTITIONS - 1)
+
+
+class PartitionedUpsertWriter(UpsertWriter):
+    """`UpsertWriter`'s batches for `shop.items` partitioned by `_kfk_partition` (`partition_of`
+    the key): one data file per partition a batch touches, as the writers lay them out."""
+
+    def batch(self, changes: list[tuple[int, int | None]]) -> Moniker:
+        last: dict[int, tuple[int | None, int]] = {}
+        for key, amount in changes:
+            last[key] = (amount, self.offset)
+            self.offset += 1
+        self.seq += 1
+        folder = Path(self.location.removeprefix("file://")) / "data" / self.writer_id
+        folder = folder / f"{self.seq:012d}"
+        files = []
+        for partition in range(PARTITIONS):
+            rows = [
+                {"id": k, "amount": a, "_kfk_partition": partition, "_kfk_offset": o}
+                for k, (a, o) in last.items()
+                if a is not None and partition_of(k) == partition
+            ]
+            if rows:
+                entry = write_file(
+                    folder / f"_kfk_partition={partition}" / f"{uuid.uuid4().hex}.parquet",
+                    SCHEMA,
+                    rows,
+                )
+                files.append(entry.model_copy(update={"partition": {"_kfk_partition": partition}}))
+        gone = [
+            {"id": k, "amount": None, "_kfk_partition": partition_of(k), "_kfk_offset": o}
+            for k, (a, o) in last.items()
+            if a is None
+        ]
+        deleted = []
+        if gone:
+            entry = write_file(
+                folder / "ik_deleted=true" / f"{uuid.uuid4().hex}.parquet", SCHEMA, gone
+            )
+            deleted = [entry.model_copy(update={"content": "deleted-keys"})]
+        ranges = [
+            OffsetRange(
+                topic="items",
+                partition=0,
+                from_offset=self.offset - len(changes),
+                until_offset=self.offset,
+            )
+        ]
+        return Moniker(
+            id=moniker_id(self.writer_id, "shop.items", ranges),
+            writer_id=self.writer_id,
+            seq=self.seq,
+            prev_seq=self.seq - 1 if self.seq > 1 else None,
+            table="shop.items",
+            table_location=self.location,
+            schema=SCHEMA.model_dump(mode="json"),
+            files=files,
+            delete_files=deleted,
+            offsets=ranges,
+            records=sum(f.record_count for f in files),
+        )
+
+
+def test_compaction_leaves_one_file_per_small_partition(spark, tmp_path: Path) -> None:
+    """Partitioned: each partition's small and worn files end as one file of that partition, while
+    updates keep landing in all of them."""
+    config = reaper_config(
+        tmp_path,
+        mode="upsert",
+        tables="[{identifier: shop.items, topics: [items], primary_key: [id], mode: upsert, "
+        "partition_by: [_kfk_partition]}]",
+        reaper__compact_delete_ratio="0.1",
+        bookkeeper__keep_snapshots="200",
+        bookkeeper__rewrite_poll_interval="0.5",
+        reaper__rewrite_wait="120",
+    )
+    register_catalog(spark, config)
+    transport, bookkeeper = open_transport(config), Bookkeeper(config)
+    writer = PartitionedUpsertWriter(config)
+    rng, reference = random.Random(5), {}
+    for _ in range(20):
+        commit(bookkeeper, transport, writer, random_changes(rng, 60), reference)
+    table = bookkeeper.catalog.load_table("shop.items")
+    assert int(table.current_snapshot().summary["total-position-deletes"]) > 0
+    files_before = {row["file_path"] for row in current_files(table)}
+    assert len(files_before) >= 3 * PARTITIONS
+
+    with updates_continuing(bookkeeper, transport, writer, rng, reference) as batches:
+        [table_report] = Reaper(config, spark=spark).run_pass().tables
+    assert not table_report.errors, table_report.errors
+    assert batches[0] > 0
+    table = bookkeeper.catalog.load_table("shop.items")
+    assert_packed(table, files_before, partitions=PARTITIONS)
+    for partition in range(PARTITIONS):
+        # A scan pruned by partition finds every row of its partition: the compacted files carry
+        # the partition they hold.
+        pruned = table.scan(row_filter=f"_kfk_partition == {partition}").to_arrow().to_pylist()
+        assert live_rows(pruned) == {
+            key: amount for key, amount in reference.items() if partition_of(key) == partition
+        }
     assert live_rows(table.scan().to_arrow().to_pylist()) == reference
     assert live_rows(duckdb_rows(table, "id, amount")) == reference
     assert live_rows(spark_rows(spark, config, "shop.items", "id, amount")) == reference
