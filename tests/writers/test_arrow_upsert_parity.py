@@ -2,8 +2,9 @@
 (issue 15, item 6): inserts, repeated updates within and across batches, hard and soft deletes
 (one topic feeding a table of each), a change of primary key, a delete without a `before` image,
 and poison records; compared through pyiceberg after the bookkeeper's commits, with the dead
-letters. And a key in two Kafka partitions of one batch (two arrow tasks) ends as `spark-sql`
-orders it."""
+letters. A batch over more Kafka partitions than cores runs whole partitions in one arrow task
+per core. And a key in two Kafka partitions of one batch, in two arrow tasks or in two ranges of
+one task, ends as `spark-sql` orders it."""
 
 from __future__ import annotations
 
@@ -172,7 +173,7 @@ def _produce_to(config: IcekeeperConfig, topic: str, changes: list[tuple[int, st
     producer = Producer({"bootstrap.servers": source.bootstrap_servers})
     for partition, op, row in changes:
         at = BinlogPosition(1_767_225_600_000, "b.1", 4, "g")
-        before, after = (None, row) if op == "c" else (row, row)
+        before, after = {"c": (None, row), "u": (row, row), "d": (row, None)}[op]
         event = envelope(ORDERS, op, before, after, at, at.ts_ms)
         producer.produce(
             topic,
@@ -223,6 +224,127 @@ def test_a_key_in_two_kafka_partitions_of_a_batch_is_written_by_spark_sql(
     ]
     data_files = [e["file_path"] for e in table.inspect.files().to_pylist() if e["content"] == 0]
     # (batch, written by Spark): the batch folder is <location>/data/<writer>/<seq>-<random>.
+    assert {
+        (
+            int(path.split("/data/")[1].split("/")[1].split("-")[0]),
+            path.endswith("c000.zstd.parquet"),
+        )
+        for path in data_files
+    } == {(1, True), (2, False)}
+
+
+def _batch_folders(table) -> dict[tuple[int, str], int]:
+    """(batch, folder inside the batch folder) -> the data files it holds."""
+    folders: Counter = Counter()
+    for entry in table.inspect.files().to_pylist():
+        if entry["content"] == 0:
+            batch_folder, *inner, _ = entry["file_path"].split("/data/")[1].split("/")[1:]
+            folders[(int(batch_folder.split("-")[0]), "/".join(inner))] += 1
+    return dict(folders)
+
+
+def test_a_batch_over_more_partitions_than_cores_writes_a_file_per_core_and_partition(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    """Four Kafka partitions on two cores (the `spark` fixture's local[2]): each batch runs as
+    two arrow tasks of two whole partitions, so at most two data files per table partition,
+    where one task per partition wrote four; and the table is the one `spark-sql` writes."""
+    configs = {
+        engine: pipeline_config(
+            tmp_path / engine,
+            unique_topic,
+            {
+                "ICEKEEPER__WRITER__ENGINE": engine,
+                "ICEKEEPER__WRITER__DRIVER_BATCH_RECORDS": "0",  # a Spark job: tasks pickled
+                "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "16",
+                "ICEKEEPER__TABLES__0__IDENTIFIER": TABLES[0],
+                "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id, region]",
+                "ICEKEEPER__TABLES__0__PARTITION_BY": "[region]",
+            },
+        )
+        for engine in ("spark-sql", "arrow")
+    }
+    ensure_topic(configs["arrow"].sources[0], unique_topic, 4)
+    region = lambda key: "us" if key % 3 == 0 else "eu"  # noqa: E731
+    changes = [(key % 4, "c", order(key, region(key), key * 10)) for key in range(1, 13)]
+    changes += [(key % 4, "u", order(key, region(key), key * 10 + 1)) for key in range(1, 9)]
+    changes += [(key % 4, "d", order(key, region(key), key * 10)) for key in (9, 10)]
+    changes += [(key % 4, "u", order(key, region(key), key * 10 + 2)) for key in (1, 2, 3, 4)]
+    changes += [(key % 4, "c", order(key, region(key), key * 10)) for key in range(13, 17)]
+    _produce_to(configs["arrow"], unique_topic, changes)
+
+    written = {engine: run_batches(config, spark) for engine, config in configs.items()}
+
+    reports = {engine: reports for engine, (reports, _) in written.items()}
+    assert sum(r.records_read for r in reports["arrow"]) == len(changes)
+    assert len(reports["arrow"]) >= 2
+    arrow_table, spark_table = (
+        written[engine][1].catalog.load_table(TABLES[0]) for engine in ("arrow", "spark-sql")
+    )
+    assert _rows(arrow_table) == _rows(spark_table)
+    assert _metrics(arrow_table) == _metrics(spark_table)
+    assert [(row["id"], row["amount"]) for row in _rows(arrow_table)] == [
+        *[(key, key * 10 + 2) for key in (1, 2, 3, 4)],
+        *[(key, key * 10 + 1) for key in (5, 6, 7, 8)],
+        *[(key, key * 10) for key in (11, 12, 13, 14, 15, 16)],
+    ]
+    folders = _batch_folders(arrow_table)
+    assert {inner for _, inner in folders} == {
+        "_ik_deleted=false/_ik_p0=eu",
+        "_ik_deleted=false/_ik_p0=us",
+    }
+    assert max(folders.values()) <= 2, folders
+    data_files = [e["file_path"] for e in arrow_table.inspect.files().to_pylist()]
+    assert not [path for path in data_files if path.endswith("c000.zstd.parquet")]
+
+
+def test_a_key_in_two_kafka_partitions_of_one_task_is_written_by_spark_sql(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    """Four partitions on two cores: partitions 0 and 2 run in one arrow task (3, 3, 2 and 2
+    records: largest first into the least loaded task). A key in both has no order within that
+    task, so the batch runs on `spark-sql`, which orders it by offset alone; the next batch,
+    whose keys stay in their partitions, runs on arrow again."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__WRITER__ENGINE": "arrow",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": TABLES[0],
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id, region]",
+        },
+    )
+    ensure_topic(config.sources[0], unique_topic, 4)
+    _produce_to(
+        config,
+        unique_topic,
+        [
+            (2, "c", order(1, "eu", 10)),  # offset 0 of partition 2
+            (2, "c", order(8, "eu", 80)),
+            (0, "c", order(2, "eu", 20)),
+            (0, "c", order(4, "eu", 40)),
+            (0, "u", order(1, "eu", 11)),  # offset 2 of partition 0: read before partition 2
+            *[(1, "c", order(key, "eu", key * 10)) for key in (5, 6, 7)],
+            *[(3, "c", order(key, "eu", key * 10)) for key in (9, 10)],
+        ],
+    )
+    _, bookkeeper = run_batches(config, spark)
+    _produce_to(config, unique_topic, [(0, "u", order(2, "eu", 21)), (2, "u", order(8, "eu", 81))])
+    _, bookkeeper = run_batches(config, spark)
+
+    table = bookkeeper.catalog.load_table(TABLES[0])
+    assert [(row["id"], row["amount"]) for row in _rows(table)] == [
+        (1, 11),
+        (2, 21),
+        (4, 40),
+        (5, 50),
+        (6, 60),
+        (7, 70),
+        (8, 81),
+        (9, 90),
+        (10, 100),
+    ]
+    data_files = [e["file_path"] for e in table.inspect.files().to_pylist() if e["content"] == 0]
     assert {
         (
             int(path.split("/data/")[1].split("/")[1].split("-")[0]),

@@ -1,5 +1,6 @@
 """The arrow engine's upsert steps as plain functions (issue 15, item 6): the last change per key
-in Kafka order, the hard and soft delete split, a key split across tasks, and a delete without a
+in Kafka order, the hard and soft delete split, a key split across tasks or across the ranges of
+one task, whole partitions grouped into at most one task per core, and a delete without a
 `before` image keyed by its record key."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from common.schema import resolve_named_types
 from tests.writers.test_upsert_record_keys import ORDERS
 from writers.arrow_engine.flatten import VersionPlan
 from writers.arrow_engine.record_keys import key_readers, with_record_keys
-from writers.arrow_engine.tasks import TaskRange
+from writers.arrow_engine.tasks import TaskGroup, TaskRange
 from writers.arrow_engine.upserts import (
     UpsertPlan,
     key_hashes,
@@ -24,6 +25,7 @@ from writers.arrow_engine.upserts import (
     last_changes,
     per_partition,
     shared_key_count,
+    whole_partitions,
 )
 from writers.record_keys import record_keys_for
 from writers.registry import RegisteredSchema
@@ -113,6 +115,66 @@ def test_a_key_in_two_tasks_is_found_and_a_partitions_pieces_become_one_task() -
         TaskRange(1, "t", 1, 0, 70),
         TaskRange(2, "u", 0, 5, 9),
     ]
+
+
+def test_a_key_in_two_ranges_of_one_task_is_counted() -> None:
+    changes = _changes(
+        (1, "eu", "c", 10),  # range 0
+        (2, "eu", "c", 20),
+        (1, "eu", "u", 11),
+        (1, "us", "c", 100),  # range 1: (1, us) is another key
+        (3, "eu", "c", 30),
+        (2, "eu", "u", 21),  # (2, eu) again: in ranges 0 and 1
+        (4, "eu", "c", 40),  # range 2
+        (3, "eu", "d", 30),  # (3, eu) again: in ranges 1 and 2
+    )
+    ranges = pa.array([0, 0, 0, 1, 1, 1, 2, 2], pa.int32())
+    plan = UpsertPlan(KEYS, "_src_op")
+    assert last_changes(changes, plan, ranges).keys_in_two_ranges == 2
+    apart = last_changes(changes.slice(0, 5), plan, ranges.slice(0, 5))
+    assert apart.keys_in_two_ranges == 0
+    assert _rows(apart.live) == _rows(last_changes(changes.slice(0, 5), plan).live)
+    assert last_changes(changes, plan).keys_in_two_ranges == 0  # one range: no question
+
+
+def test_an_upsert_batch_runs_whole_partitions_in_at_most_one_task_per_core() -> None:
+    cut = [  # as `task_ranges` cuts a batch: (t, 0) in two pieces
+        TaskRange(0, "t", 0, 0, 50_000),
+        TaskRange(1, "t", 0, 50_000, 100_000),
+        TaskRange(2, "t", 1, 0, 60_000),
+        TaskRange(3, "t", 2, 10, 70_010),
+        TaskRange(4, "t", 3, 0, 30_000),
+        TaskRange(5, "u", 0, 5, 45_005),
+    ]
+    groups = whole_partitions(cut, 2)
+    # Largest first into the least loaded: t0 (100k) -> 0, t2 (70k) -> 1, t1 (60k) -> 1,
+    # u0 (45k) -> 0, t3 (30k) -> 1 (130k against 145k); each task's ranges in partition order.
+    assert groups == [
+        TaskGroup(0, (TaskRange(0, "t", 0, 0, 100_000), TaskRange(0, "u", 0, 5, 45_005))),
+        TaskGroup(
+            1,
+            (
+                TaskRange(1, "t", 1, 0, 60_000),
+                TaskRange(1, "t", 2, 10, 70_010),
+                TaskRange(1, "t", 3, 0, 30_000),
+            ),
+        ),
+    ]
+    assert [group.records for group in groups] == [145_000, 160_000]
+    assert whole_partitions(list(reversed(cut)), 2) == groups  # the order given does not matter
+    for parallelism in (1, 2, 3, 4, 5, 8):
+        grouped = whole_partitions(cut, parallelism)
+        assert len(grouped) == min(parallelism, 5)
+        ranges = [(r.topic, r.partition, r.start, r.until) for g in grouped for r in g.ranges]
+        assert sorted(ranges) == sorted(
+            (r.topic, r.partition, r.start, r.until) for r in per_partition(cut)
+        )
+        loads = [group.records for group in grouped]
+        assert max(loads) - min(loads) <= 100_000  # never more than the largest partition
+    assert [len(group.ranges) for group in whole_partitions(cut, 8)] == [1] * 5
+    even = [TaskRange(index, "t", index, 0, 50_000) for index in range(4)]
+    assert [group.records for group in whole_partitions(even, 2)] == [100_000, 100_000]
+    assert whole_partitions([], 2) == []
 
 
 def test_a_delete_without_before_reads_its_key_columns_from_the_record_key() -> None:

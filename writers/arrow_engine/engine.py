@@ -36,8 +36,8 @@ from writers.arrow_engine.partitions import partition_fields
 from writers.arrow_engine.record_keys import KeyReader, key_readers
 from writers.arrow_engine.support import layout_reason, log_fallback_once, unsupported_reason
 from writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan, run_task
-from writers.arrow_engine.tasks import TaskRange, task_ranges
-from writers.arrow_engine.upserts import UpsertPlan, per_partition, shared_key_count
+from writers.arrow_engine.tasks import TaskGroup, TaskRange, task_ranges
+from writers.arrow_engine.upserts import UpsertPlan, shared_key_count, whole_partitions
 from writers.columns import version_column
 from writers.decode import VersionShape, _shape_from_avro
 from writers.files import batch_folder, discard_output
@@ -196,9 +196,11 @@ class ArrowEngine:
                 schemas[identifier] = schema
                 locations[identifier] = location
         output_dirs = [table_plan.output_uri for table_plan in table_plans]
+        run_as: list[TaskRange] | list[TaskGroup] = tasks
         if any(table_plan.upsert for table_plan in table_plans):
-            tasks = per_partition(tasks)  # a key's changes in one task (`upserts.py`)
-        facts = self._run(source, versions, routes, table_plans, tasks, readers)
+            # A key's changes in one task, whole partitions per core (`upserts.py`).
+            run_as = whole_partitions(tasks, self.spark.sparkContext.defaultParallelism)
+        facts = self._run(source, versions, routes, table_plans, run_as, readers)
         if facts.errors.get("delete-without-key"):
             # A record key of a schema the writer has not learnt yet, or none at all:
             # `spark-sql` learns the one and dead-letters the other (`record_keys.py`).
@@ -208,7 +210,7 @@ class ArrowEngine:
         shared = {
             identifier: count
             for identifier, table_facts in facts.tables.items()
-            if (count := shared_key_count(table_facts.key_hashes))
+            if (count := table_facts.keys_in_two_ranges + shared_key_count(table_facts.key_hashes))
         }
         if shared:
             # A key in two Kafka partitions of the batch: `spark-sql` orders it by offset alone.
@@ -311,7 +313,7 @@ class ArrowEngine:
         versions: list[VersionPlan],
         routes: Routes,
         table_plans: list[TablePlan],
-        tasks: list[TaskRange],
+        tasks: list[TaskRange] | list[TaskGroup],
         readers: dict[int, tuple[KeyReader, ...]] | None = None,
     ) -> TaskFacts:
         """Run the tasks on Spark and add up what they return."""
@@ -325,7 +327,7 @@ class ArrowEngine:
             routes.template,
             readers or {},
         )
-        if sum(t.until - t.start for t in tasks) <= self.config.writer.driver_batch_records:
+        if sum(t.records for t in tasks) <= self.config.writer.driver_batch_records:
             # A small batch: a Spark job's fixed cost would be most of its time (freshness).
             with ThreadPoolExecutor(max(1, min(len(tasks), os.cpu_count() or 1))) as pool:
                 results = list(pool.map(lambda task: run_task(task_plan, task), tasks))
@@ -348,6 +350,7 @@ class ArrowEngine:
                 into.files.extend(table_facts.files)
                 into.deleted_keys_files.extend(table_facts.deleted_keys_files)
                 into.key_hashes.extend(table_facts.key_hashes)
+                into.keys_in_two_ranges += table_facts.keys_in_two_ranges
                 for bound, pick in (("min_ms", min), ("max_ms", max)):
                     ours, theirs = getattr(into, bound), getattr(table_facts, bound)
                     if theirs is not None:

@@ -24,7 +24,7 @@ from writers.arrow_engine.kafka_read import read_range
 from writers.arrow_engine.parquet import WrittenFile, write_files
 from writers.arrow_engine.partitions import PartitionField, split_by_partition
 from writers.arrow_engine.record_keys import KeyReader, with_record_keys
-from writers.arrow_engine.tasks import TaskRange
+from writers.arrow_engine.tasks import TaskGroup, TaskRange
 from writers.arrow_engine.templates import template_routes, topic_template_route
 from writers.arrow_engine.upserts import (
     DELETED_FOLDER,
@@ -96,6 +96,8 @@ class TableFacts:
     """Upsert tables: files of the keys whose last change deletes them."""
     key_hashes: list[np.ndarray] = field(default_factory=list)
     """Upsert tables: each task's key hashes (`upserts.key_hashes`), checked for overlap."""
+    keys_in_two_ranges: int = 0
+    """Upsert tables: keys a task read in two of its Kafka ranges (`upserts.LastChanges`)."""
 
 
 @dataclass
@@ -109,13 +111,28 @@ class TaskFacts:
     tables: dict[str, TableFacts] = field(default_factory=dict)
 
 
-def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
-    """The task's body (see the module docstring)."""
+def run_task(plan: TaskPlan, task: TaskRange | TaskGroup) -> TaskFacts:
+    """The task's body (see the module docstring); a group's ranges are read one after the
+    other and written together."""
+    group = task if isinstance(task, TaskGroup) else TaskGroup(task.index, (task,))
+    facts = TaskFacts()
+    pieces: dict[str, list[_Piece]] = {t.identifier: [] for t in plan.tables}
+    for task_range in group.ranges:
+        _read_pieces(plan, task_range, facts, pieces)
+    for table in plan.tables:
+        _write_table(table, group, pieces[table.identifier], facts)
+    return facts
+
+
+def _read_pieces(
+    plan: TaskPlan, task: TaskRange, facts: TaskFacts, pieces: dict[str, list[_Piece]]
+) -> None:
+    """Read one range: count its records and errors, add each table's rows to `pieces`."""
     needs_keys = any(
         plan.metadata.kafka.prefix + "key" == name for t in plan.tables for name in t.schema.names
     )
     raw = read_range(plan.source, task, with_keys=needs_keys or bool(plan.record_keys))
-    facts = TaskFacts(records=len(raw.values))
+    facts.records += len(raw.values)
     chosen_by_version = _frames(plan, raw.values, facts)
     if (
         not plan.tables
@@ -127,8 +144,7 @@ def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
         for index, chosen in chosen_by_version.items():
             if route is not None:
                 facts.pairs[(route, index)] += len(chosen)
-        return facts
-    pieces: dict[str, list[_Piece]] = {t.identifier: [] for t in plan.tables}
+        return
     for version in plan.versions:
         chosen = chosen_by_version.get(version.index)
         if chosen is None:
@@ -158,9 +174,6 @@ def run_task(plan: TaskPlan, task: TaskRange) -> TaskFacts:
             pa.array(raw.keys, pa.binary()).take(chosen) if needs_keys else pa.nulls(0),
         )
         _classify_and_route(plan, rows, facts, pieces)
-    for table in plan.tables:
-        _write_table(table, task, pieces[table.identifier], facts)
-    return facts
 
 
 def _frames(plan: TaskPlan, values: pa.BinaryArray, facts: TaskFacts) -> dict[int, pa.Array]:
@@ -229,6 +242,8 @@ class _Piece:
     rows: pa.Table
     event_ms: pa.Array
     offsets: pa.Array
+    source: tuple[str, int]
+    """The Kafka topic-partition of the rows."""
 
 
 def _classify_and_route(
@@ -281,7 +296,9 @@ def _classify_and_route(
             selected_columns = {name: value.filter(keep) for name, value in row_columns.items()}
             selected_ms = events.filter(keep)
         flat = table_rows(selected, selected_columns, table.schema, plan.metadata)
-        pieces[table.identifier].append(_Piece(flat, selected_ms, selected.offsets))
+        pieces[table.identifier].append(
+            _Piece(flat, selected_ms, selected.offsets, (rows.topic, rows.partition))
+        )
 
 
 def _counts(values: pa.Array) -> dict[str, int]:
@@ -320,13 +337,32 @@ def _filtered(rows: VersionRows, keep: pa.Array) -> VersionRows:
     )
 
 
-def _write_table(table: TablePlan, task: TaskRange, pieces: list[_Piece], facts: TaskFacts) -> None:
+def _write_table(table: TablePlan, task: TaskGroup, pieces: list[_Piece], facts: TaskFacts) -> None:
     if not pieces:
         return
     rows = pa.concat_tables([piece.rows for piece in pieces])
-    if len(pieces) > 1:
-        # Several versions in one task: back into Kafka order, as the `spark-sql` engine writes.
-        rows = rows.take(pc.sort_indices(pa.concat_arrays([piece.offsets for piece in pieces])))
+    sources = list(dict.fromkeys(piece.source for piece in pieces))
+    ranges = None
+    if len(sources) > 1:
+        # Each row's range in the task: range by range, as read (a group's whole partitions).
+        ranges = pa.array(
+            np.repeat(
+                [sources.index(piece.source) for piece in pieces],
+                [piece.rows.num_rows for piece in pieces],
+            ),
+            pa.int32(),
+        )
+    if len(pieces) > len(sources):
+        # Several versions in one range: back into Kafka order, as the `spark-sql` engine writes.
+        offsets = pa.concat_arrays([piece.offsets for piece in pieces])
+        if ranges is None:
+            order = pc.sort_indices(offsets)
+        else:
+            order = pc.sort_indices(
+                pa.table({"range": ranges, "offset": offsets}),
+                sort_keys=[("range", "ascending"), ("offset", "ascending")],
+            )
+        rows, ranges = rows.take(order), None if ranges is None else ranges.take(order)
     events = pa.chunked_array([piece.event_ms for piece in pieces])
     table_facts = facts.tables.setdefault(table.identifier, TableFacts())
     table_facts.rows += rows.num_rows
@@ -337,7 +373,8 @@ def _write_table(table: TablePlan, task: TaskRange, pieces: list[_Piece], facts:
     if table.upsert is None:
         table_facts.files.extend(_write_parts(table, task, rows))
         return
-    last = last_changes(rows, table.upsert)
+    last = last_changes(rows, table.upsert, ranges)
+    table_facts.keys_in_two_ranges += last.keys_in_two_ranges
     table_facts.files.extend(_write_parts(table, task, last.live, LIVE_FOLDER))
     table_facts.deleted_keys_files.extend(_write_parts(table, task, last.deleted, DELETED_FOLDER))
     kept = pa.concat_tables([last.live, last.deleted])
@@ -345,7 +382,7 @@ def _write_table(table: TablePlan, task: TaskRange, pieces: list[_Piece], facts:
 
 
 def _write_parts(
-    table: TablePlan, task: TaskRange, rows: pa.Table, folder: str = ""
+    table: TablePlan, task: TaskGroup, rows: pa.Table, folder: str = ""
 ) -> list[WrittenFile]:
     """`rows` as files of each partition value, under `folder` of the batch folder."""
     written = []

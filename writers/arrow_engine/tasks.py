@@ -3,6 +3,7 @@
 The same cut as the `spark-sql` engine's Kafka source (`maxRecordsPerPartition`): a range is
 split into pieces of roughly equal size, none larger than `BatchPlan.records_per_task`, so a
 large batch runs as two tasks per core and both engines write the same files per piece.
+Upsert batches group whole partitions instead (`TaskGroup`, `upserts.whole_partitions`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,23 @@ class TaskRange:
     partition: int
     start: int
     until: int
+
+    @property
+    def records(self) -> int:
+        return self.until - self.start
+
+
+@dataclass(frozen=True)
+class TaskGroup:
+    """One task reading several ranges, one after the other, and writing them as one: its files
+    hold the rows of all its ranges (an upsert batch's whole partitions, `upserts.py`)."""
+
+    index: int
+    ranges: tuple[TaskRange, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(task.records for task in self.ranges)
 
 
 def task_ranges(plan: BatchPlan, parallelism: int) -> list[TaskRange]:

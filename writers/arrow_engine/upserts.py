@@ -8,19 +8,25 @@ out as `spark-sql` lays them out, under `_ik_deleted=false/` and `_ik_deleted=tr
 the batch, above the table's own partition folders.
 
 Keys split across tasks. A task sees only its own records, so two tasks holding one key would
-both write a row for it. Choice (correctness first; a key in two tasks is rare, so its cost
+both write a row for it. Choice (correctness first; a key in two partitions is rare, so its cost
 matters little):
-- An upsert batch runs one task per Kafka partition (`per_partition`), never a partition cut in
-  pieces: Debezium keys records by primary key, so a key's changes share a partition and one task
-  sees all of them, in offset order. The cut's parallelism is lost only when a batch has fewer
-  partitions than two per core; `icekeeper bench upsert`'s batches of 200k records over 4
-  partitions on 2 cores are cut one task per partition anyway (`tasks.task_ranges`).
+- An upsert batch runs as at most one task per core (`whole_partitions`), each taking whole Kafka
+  partitions, never a partition cut in pieces: Debezium keys records by primary key, so a key's
+  changes share a partition and one task sees all of them, in offset order. Partitions go
+  largest first to the least loaded task, so the tasks' record counts stay close. Fewer tasks
+  than one per partition mean fewer files (one data file per table partition and one
+  deleted-keys file per task; the bookkeeper writes a position-delete file per data file it
+  touches) and fewer task start costs (consumer, schema, Parquet writers). `icekeeper bench
+  upsert`'s 200k-record batches over 4 partitions on 2 cores ran as 4 tasks before (24 data
+  and 39 delete files at the end, DuckDB's scan 3.77x the compacted one), as 2 now.
 - A key can still appear in two partitions (a topic repartitioned, a producer keying otherwise).
-  Each task returns the 64-bit hashes of the keys it wrote (`key_hashes`); the driver checks the
+  Within a task, the dedup's group_by also takes the lowest and highest range of each key
+  (`LastChanges.keys_in_two_ranges`): no offset orders two partitions' changes. Between tasks,
+  each task returns the 64-bit hashes of the keys it wrote (`key_hashes`); the driver checks the
   tasks' sets for overlap (`shared_key_count`, one sort of the batch's hashes in the driver, only
-  when a batch has several tasks) and, when two tasks share a hash, discards the arrow output and
-  runs the batch on `spark-sql`, which orders such a key by offset alone. A hash collision
-  between two different keys costs that fallback, never a wrong row.
+  when a batch has several tasks). Either way the driver discards the arrow output and runs the
+  batch on `spark-sql`, which orders such a key by offset alone. A hash collision between two
+  different keys costs that fallback, never a wrong row.
 - Rejected: fixing up the overlap in the driver (the earlier task's row of a shared key would
   have to be removed from its files, which means rewriting them), for a case that happens only
   after a repartitioning; and a shuffle of the rows by key (`spark-sql`'s window), which would
@@ -42,10 +48,11 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from writers.arrow_engine.tasks import TaskRange
+from writers.arrow_engine.tasks import TaskGroup, TaskRange
 from writers.columns import DELETED
 
 _ROW = "_ik_row"
+_RANGE = "_ik_range"
 LIVE_FOLDER = f"{DELETED}=false"
 DELETED_FOLDER = f"{DELETED}=true"
 """The folders `spark-sql` writes a batch's rows into (`writers.upserts.deleted_partition`)."""
@@ -70,27 +77,48 @@ class LastChanges:
     """Rows of keys whose last change keeps a row (data files)."""
     deleted: pa.Table
     """Rows of keys whose last change deletes them (deleted-keys files)."""
+    keys_in_two_ranges: int = 0
+    """Keys with changes in two of the task's Kafka ranges: their order is unknown, and the
+    batch must run on `spark-sql` (see the module docstring)."""
 
 
 def last_change_per_key(rows: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
     """The last row of each key of `rows` (which are in Kafka offset order), in that order."""
+    return rows.take(_last_rows(rows, key_columns, None)[0])
+
+
+def _last_rows(
+    rows: pa.Table, key_columns: tuple[str, ...], ranges: pa.Array | None
+) -> tuple[np.ndarray, int]:
+    """Positions of each key's last row, ascending, and how many keys have rows of two `ranges`
+    (each row's range in the task; None: one range)."""
     if rows.num_rows == 0:
-        return rows
+        return np.empty(0, np.int64), 0
     numbered = rows.select(list(key_columns)).append_column(
         _ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64))
     )
-    last = numbered.group_by(list(key_columns), use_threads=False).aggregate([(_ROW, "max")])
-    return rows.take(np.sort(last.column(f"{_ROW}_max").to_numpy()))
+    aggregates = [(_ROW, "max")]
+    if ranges is not None:
+        numbered = numbered.append_column(_RANGE, ranges)
+        aggregates += [(_RANGE, "min"), (_RANGE, "max")]
+    last = numbered.group_by(list(key_columns), use_threads=False).aggregate(aggregates)
+    shared = 0
+    if ranges is not None:
+        low, high = last.column(f"{_RANGE}_min"), last.column(f"{_RANGE}_max")
+        shared = pc.sum(pc.not_equal(low, high)).as_py() or 0
+    return np.sort(last.column(f"{_ROW}_max").to_numpy()), shared
 
 
-def last_changes(rows: pa.Table, plan: UpsertPlan) -> LastChanges:
-    """`rows` (one task's, in offset order) reduced to each key's last change, split by whether
-    it deletes the key."""
-    latest = last_change_per_key(rows, plan.key_columns)
+def last_changes(rows: pa.Table, plan: UpsertPlan, ranges: pa.Array | None = None) -> LastChanges:
+    """`rows` (one task's, in offset order within each of its Kafka ranges) reduced to each key's
+    last change, split by whether it deletes the key. `ranges`: each row's range in the task,
+    when it has several (`LastChanges.keys_in_two_ranges` counts the keys found in two)."""
+    positions, shared = _last_rows(rows, plan.key_columns, ranges)
+    latest = rows.take(positions)
     if plan.op_column is None or plan.op_column not in latest.column_names:
-        return LastChanges(latest, latest.slice(0, 0))
+        return LastChanges(latest, latest.slice(0, 0), shared)
     deletes = pc.fill_null(pc.equal(latest.column(plan.op_column), "d"), False)
-    return LastChanges(latest.filter(pc.invert(deletes)), latest.filter(deletes))
+    return LastChanges(latest.filter(pc.invert(deletes)), latest.filter(deletes), shared)
 
 
 def key_hashes(rows: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
@@ -125,4 +153,28 @@ def per_partition(tasks: list[TaskRange]) -> list[TaskRange]:
     return [
         TaskRange(index, topic, partition, start, until)
         for index, ((topic, partition), (start, until)) in enumerate(spans.items())
+    ]
+
+
+def whole_partitions(tasks: list[TaskRange], parallelism: int) -> list[TaskGroup]:
+    """`tasks`' Kafka partitions, each whole, in at most `parallelism` tasks balanced by record
+    count: largest partition first into the task with the fewest records so far (ties: the
+    lower topic-partition, the lower task), each task's ranges in topic-partition order."""
+    spans = per_partition(tasks)
+    count = max(1, min(parallelism, len(spans)))
+    groups: list[list[TaskRange]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for span in sorted(spans, key=lambda s: (-s.records, s.topic, s.partition)):
+        least = min(range(count), key=lambda index: (loads[index], index))
+        groups[least].append(span)
+        loads[least] += span.records
+    return [
+        TaskGroup(
+            index,
+            tuple(
+                TaskRange(index, s.topic, s.partition, s.start, s.until)
+                for s in sorted(group, key=lambda s: (s.topic, s.partition))
+            ),
+        )
+        for index, group in enumerate(group for group in groups if group)
     ]
