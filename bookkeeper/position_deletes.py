@@ -78,7 +78,9 @@ def write_position_deletes(
         target, rows = item
         table = pa.table(
             {
-                "file_path": pa.array([target.path] * len(rows), pa.string()),
+                # pa.repeat fills the column in C: a Python list of the path took ~4x as long
+                # (a merged delete file holds every deleted row of its data file).
+                "file_path": pa.repeat(pa.scalar(target.path, pa.string()), len(rows)),
                 "pos": pa.array(rows, pa.int64()),
             },
             schema=_SCHEMA,
