@@ -191,8 +191,8 @@ class UpsertCompaction:
         snapshot = table.refresh().current_snapshot()
         if snapshot is None:
             return outcome
-        tasks, deleted = scan_files(table, snapshot.snapshot_id)
-        chosen = choose_files(tasks, deleted, target_bytes, delete_ratio)
+        scan_tasks, deleted = scan_files(table, snapshot.snapshot_id)
+        chosen = choose_files(scan_tasks, deleted, target_bytes, delete_ratio)
         if not chosen:
             return outcome
         layout = plan_layout(chosen, deleted, target_bytes)
