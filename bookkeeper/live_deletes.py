@@ -24,19 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from bookkeeper.manifests import written_manifest_list
-from common.delete_files import (
-    POSITION_DELETE_PATH_ID,
-    POSITION_DELETE_POS_ID,
-    read_columns_by_id,
-    single_target,
-)
+from common.delete_files import read_positions_in, single_target
 
 
 @dataclass(frozen=True)
@@ -86,9 +79,4 @@ class LiveDeletes:
 def positions_in(live: LiveDelete, data_path: str) -> np.ndarray | None:
     """The row positions `live` deletes in data file `data_path`; None when some of its rows point
     into another data file (its bounds were not exact): such a file is not taken over."""
-    paths, positions = read_columns_by_id(
-        live.delete_file.file_path, [POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID]
-    )
-    if len(paths) and not pc.all(pc.equal(paths, data_path)).as_py():
-        return None
-    return pc.cast(positions, pa.int64()).to_numpy()
+    return read_positions_in(live.delete_file.file_path, data_path)

@@ -36,7 +36,7 @@ _SCHEMA = pa.schema(
     [
         pa.field(
             "file_path",
-            pa.string(),
+            pa.dictionary(pa.int32(), pa.string()),  # see `write_position_deletes`
             nullable=False,
             metadata={b"PARQUET:field_id": str(POSITION_DELETE_PATH_ID).encode()},
         ),
@@ -69,25 +69,33 @@ def write_position_deletes(
     filesystem, local_folder = open_filesystem(folder)
     filesystem.create_dir(local_folder, recursive=True)
     work = [
-        (target, np.sort(np.asarray(rows, np.int64)))
+        (target, np.sort(np.asarray(rows, np.int64), kind="stable"))  # mostly sorted already
         for target, rows in zip(targets, positions)
         if len(rows)
     ]
 
     def write(item: tuple[DataFileRef, np.ndarray]) -> DataFile:
         target, rows = item
-        table = pa.table(
-            {
-                # pa.repeat fills the column in C: a Python list of the path took ~4x as long
-                # (a merged delete file holds every deleted row of its data file).
-                "file_path": pa.repeat(pa.scalar(target.path, pa.string()), len(rows)),
-                "pos": pa.array(rows, pa.int64()),
-            },
-            schema=_SCHEMA,
+        # The one path as a dictionary column: Parquet stores a string column, dictionary
+        # encoded, as it would for a column of repeated strings, without building and hashing
+        # each row's copy (a merged delete file holds every deleted row of its data file; a
+        # Python list of the path took ~4x as long as this on 100k rows). Without the Arrow
+        # schema in the file, readers see a plain string column. Positions are all distinct:
+        # a dictionary for them overflows and falls back to plain encoding after the work
+        # (400k positions: half the time and 60% of the bytes without it).
+        paths = pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(len(rows), np.int32)), pa.array([target.path], pa.string())
         )
+        table = pa.table({"file_path": paths, "pos": pa.array(rows, pa.int64())}, schema=_SCHEMA)
         name = f"{uuid.uuid4().hex}.parquet"
         with filesystem.open_output_stream(f"{local_folder}/{name}") as stream:
-            pq.write_table(table, stream, compression="zstd")
+            pq.write_table(
+                table,
+                stream,
+                compression="zstd",
+                use_dictionary=["file_path"],
+                store_schema=False,
+            )
         size = filesystem.get_file_info(f"{local_folder}/{name}").size
         return _delete_file(
             f"{folder}/{name}", size, len(rows), target, (int(rows[0]), int(rows[-1]))

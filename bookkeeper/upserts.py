@@ -478,10 +478,10 @@ def _words_or_error(
 
 
 def _sorted_union(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """The sorted distinct values of two int64 arrays (np.union1d hashes them first: measured
-    ~10x slower on 100k positions)."""
+    """The sorted distinct values of two sorted int64 arrays (np.union1d hashes them first:
+    measured ~10x slower on 100k positions; a stable sort finds the two sorted runs)."""
     merged = np.concatenate([first.astype(np.int64), second.astype(np.int64)])
-    merged.sort()
+    merged.sort(kind="stable")
     return merged[np.r_[True, merged[1:] != merged[:-1]]] if len(merged) else merged
 
 

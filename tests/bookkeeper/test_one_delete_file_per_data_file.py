@@ -10,13 +10,15 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import LongType
 
 from bookkeeper.service import Bookkeeper
 from bookkeeper.upserts import live_files
-from common.delete_files import read_position_deletes, single_target
+from common.delete_files import read_position_deletes, read_positions_in, single_target
 from common.moniker import Moniker, moniker_id
 from common.rewrites import is_pending, publish_rewrite, refusal
 from common.transports import open_transport
@@ -279,3 +281,29 @@ def test_spark_reads_an_upsert_table_with_merged_delete_files_like_the_others(
     assert len(rows) == len({row["id"] for row in rows}), "a key has two live rows"
     assert {row["id"]: row["amount"] for row in rows} == reference
     assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
+
+
+def test_a_delete_file_with_rows_for_another_data_file_is_not_taken_over(tmp_path: Path) -> None:
+    """Only a delete file whose every row points into the data file is merged and removed; the
+    footer's statistics spare reading its paths, and a file they do not vouch for is read."""
+    first, second = f"file://{tmp_path}/a.parquet", f"file://{tmp_path}/b.parquet"
+    scoped = tmp_path / "scoped.parquet"
+    shared = tmp_path / "shared.parquet"
+    for path, rows in ((scoped, [(first, 3), (first, 7)]), (shared, [(first, 1), (second, 2)])):
+        pq.write_table(
+            pa.table(
+                {"file_path": [p for p, _ in rows], "pos": [n for _, n in rows]},
+                schema=pa.schema(
+                    [
+                        pa.field(
+                            "file_path", pa.string(), False, {b"PARQUET:field_id": b"2147483546"}
+                        ),
+                        pa.field("pos", pa.int64(), False, {b"PARQUET:field_id": b"2147483545"}),
+                    ]
+                ),
+            ),
+            path,
+        )
+    assert read_positions_in(f"file://{scoped}", first).tolist() == [3, 7]
+    assert read_positions_in(f"file://{scoped}", second) is None
+    assert read_positions_in(f"file://{shared}", first) is None
