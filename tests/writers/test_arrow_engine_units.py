@@ -149,6 +149,39 @@ def test_trailing_bytes_that_still_decode_do_not_shift_the_records_after_them() 
     assert decoded.to_pylist() == records
 
 
+def test_the_before_image_of_deletes_is_read_and_the_columns_keep_their_shape() -> None:
+    # `before` is decoded only where `after` is null (deletes): updates' copies are skipped.
+    schema = SHAPE.value_schema()
+    at = BinlogPosition(ts_ms=1, file="f", pos=4, gtid="g")
+    changes = [
+        envelope(SHAPE, "u", _row(0), _row(1), at, 5),
+        envelope(SHAPE, "d", _row(2), None, at, 5),
+        envelope(SHAPE, "c", None, _row(3), at, 5),
+        envelope(SHAPE, "d", _row(4), None, at, 5),
+    ]
+    datums = pa.array([_framed(schema, change) for change in changes], pa.binary())
+    decoder = SchemaDecoder.of(json.dumps(schema), resolve_named_types(schema))
+
+    decoded, failed = decoder.decode(datums)
+    without_deletes, _ = decoder.decode(datums.take([0, 2]))
+
+    assert failed == []
+    assert decoded.column_names == [field["name"] for field in schema["fields"]]
+    assert [image and image["ID1"] for image in decoded.column("before").to_pylist()] == [
+        None,
+        2,
+        None,
+        4,
+    ]
+    assert decoded.column("after").to_pylist() == [c["after"] for c in changes]
+    assert decoded.schema == without_deletes.schema
+
+
+def _row(n: int) -> dict:
+    return {"ID1": n, "ID2": "A", "C1": f"v{n}", "C2": n, "C6": None, "C5": None, "C4": None,
+            "C3": None, "CREATE_TIME": 1, "UPDATE_TIME": 2}  # fmt: skip
+
+
 def test_a_slice_of_the_records_decodes_exactly_its_records() -> None:
     # A version's datums arrive as a slice or a `take` of the task's values: the block is cut
     # from the array's own offsets, frames removed, whatever the array's start.
