@@ -281,8 +281,8 @@ class SparkMaintenance:
                 report.errors.append(f"compaction: {failed} files failed to be rewritten")
 
         def rewrite_deletes_once() -> None:
-            # Position deletes of upsert tables, one small file per bookkeeper cycle: merged into
-            # fewer files, dropping entries whose data files compaction just replaced.
+            # Position deletes other engines wrote (a Spark DELETE or MERGE on this table): merged
+            # into fewer files, dropping entries whose data files compaction just replaced.
             self.spark.sql(
                 f"CALL `{self.catalog_name}`.system.rewrite_position_delete_files(table => "
                 f"'{self.catalog_name}.{identifier}', options => map('rewrite-all', 'true'))"

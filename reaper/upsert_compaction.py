@@ -7,12 +7,12 @@ reads their live rows as of one snapshot with Spark (deletes applied), writes th
 files under the table's `data/` folder, and hands them over as a rewrite request
 (`common/rewrites.py`); the bookkeeper commits it and deletes again whatever changed since.
 
-Which files: in each partition, every file whose deleted share reaches `compact_delete_ratio`
-or that has collected `MANY_DELETE_FILES` delete files (one per bookkeeper cycle that touched
-it), plus every small file of the partition (under 75% of the target size) when the chosen files
-would be two or more: a pass leaves no small file of a partition beside its compacted ones. A
-file of 75% of the target or more that is not worn stays as it is (rewriting it would not make
-fewer files).
+Which files: in each partition, every file whose deleted share reaches `compact_delete_ratio` or
+that has collected `MANY_DELETE_FILES` delete files (the bookkeeper keeps one per data file, but
+other engines' deletes, a Spark DELETE or MERGE, can leave many), plus every small file of the
+partition (under 75% of the target size) when the chosen files would be two or more: a pass leaves
+no small file of a partition beside its compacted ones. A file of 75% of the target or more that is
+not worn stays as it is (rewriting it would not make fewer files).
 
 How many files: the live rows of a partition's chosen files go to
 ceil(live bytes / `compact_target_file_size_bytes`) files (at least one), the live bytes estimated

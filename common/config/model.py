@@ -683,9 +683,9 @@ class ReaperConfig(_Model):
         gt=0,
         le=1,
         description="Upsert tables: compaction also rewrites any data file once this share of its "
-        "rows is deleted (or that has collected 8 delete files), dropping the deleted rows and the "
-        "file's delete files; the bookkeeper commits such compactions, so they land while updates "
-        "continue.",
+        "rows is deleted (or that has collected 8 delete files, as other engines' deletes can "
+        "leave), dropping the deleted rows and the file's delete files; the bookkeeper commits "
+        "such compactions, so they land while updates continue.",
     )
     manifests_file_length: int = Field(
         8 * 1024 * 1024,
