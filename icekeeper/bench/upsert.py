@@ -21,9 +21,10 @@ changelog, of each key's last change).
 
 Then, on our table: DuckDB full scans (`scan_s`) before and after a reaper pass
 (`scan_compacted_s`), both also as a ratio to the same rows rewritten into a fresh table without
-deletes (`scan_rewritten_s`); freshness at `rate` changes/s on an upsert table (`e2e.py`); and the
-key index on its own at `index_keys` keys (`key_index.py`). `stages_s` shows where a batch's time
-goes (`upsert_stages.py`). The last stdout line is one JSON object.
+deletes (`scan_rewritten_s`), and the baseline's table as it ended (`baseline_scan_s`); freshness
+at `rate` changes/s on an upsert table (`e2e.py`); and the key index on its own at `index_keys`
+keys (`key_index.py`). `stages_s` shows where a batch's time goes (`upsert_stages.py`). The last
+stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -289,18 +290,31 @@ def table_files(table: Table) -> dict[str, int]:
 
 
 def measure_scans(
-    spark: SparkSession, config: IcekeeperConfig, identifier: str, progress: Progress
+    spark: SparkSession,
+    config: IcekeeperConfig,
+    identifier: str,
+    progress: Progress,
+    baseline_identifier: str | None = None,
 ) -> dict[str, Any]:
     """DuckDB full scans of our table after the changes, after a reaper pass, and of its rows
     rewritten into a fresh table (one append, no deletes): what compaction could at best reach.
-    The bookkeeper runs during the pass, as deployed (an upsert table's compaction may need it)."""
+    The bookkeeper runs during the pass, as deployed (an upsert table's compaction may need it).
+    Also the baseline's `MERGE INTO` table after the same changes (`baseline_identifier`): what a
+    reader of the other merge-on-read table pays for the same deleted rows."""
     from reaper.service import Reaper
 
     catalog = open_catalog(config)
     table = catalog.load_table(identifier)
     before = table_files(table)
     scan_s, scan_rows = duckdb_scan(table.metadata_location)
-    progress(f"DuckDB scan of {identifier}: {scan_s:.3f}s ({before}); reaper pass")
+    baseline: dict[str, Any] = {}
+    if baseline_identifier is not None:
+        merged = catalog.load_table(baseline_identifier)
+        baseline = {
+            "baseline_scan_s": round(duckdb_scan(merged.metadata_location)[0], 4),
+            "baseline_files": table_files(merged),
+        }
+    progress(f"DuckDB scan of {identifier}: {scan_s:.3f}s ({before}), {baseline}; reaper pass")
     started = time.monotonic()
     with bookkeeper_running(config):
         report = Reaper(config, spark=spark).run_pass()
@@ -324,6 +338,12 @@ def measure_scans(
         "scan_compacted_s": round(scan_compacted_s, 4),
         "scan_rewritten_s": round(scan_rewritten_s, 4),
         "scan_vs_rewritten": round(scan_s / scan_rewritten_s, 2),
+        **baseline,
+        **(
+            {"baseline_scan_vs_rewritten": round(baseline["baseline_scan_s"] / scan_rewritten_s, 2)}
+            if baseline
+            else {}
+        ),
         "scan_compacted_vs_rewritten": round(scan_compacted_s / scan_rewritten_s, 2),
         "files_before_reaper": before,
         "files_after_reaper": after,
@@ -568,7 +588,11 @@ def run_upsert_bench(
         )
         progress(f"one batch through the bare pipeline, seconds: {stages}")
         scans = measure_scans(
-            spark, runs["ours"][-1]["config"], runs["ours"][-1]["identifier"], progress
+            spark,
+            runs["ours"][-1]["config"],
+            runs["ours"][-1]["identifier"],
+            progress,
+            baseline_identifier=runs["baseline"][-1]["identifier"],
         )
         freshness: dict[str, Any] = {}
         if freshness_s > 0:
@@ -661,7 +685,10 @@ def summarize(
                 "scan_rewritten_s",
                 "scan_vs_rewritten",
                 "scan_compacted_vs_rewritten",
+                "baseline_scan_s",
+                "baseline_scan_vs_rewritten",
             )
+            if name in scans
         },
         "scan_rows_equal": scans["scan_rows"] == scans["scan_compacted_rows"] == final_rows,
         "freshness_p50_s": freshness.get("freshness_p50_s"),

@@ -102,5 +102,10 @@ def test_every_side_ends_in_the_streams_final_state_and_every_figure_is_reported
     assert (
         result["scan_s"] > 0 and result["scan_compacted_s"] > 0 and result["scan_rewritten_s"] > 0
     )
+    assert result["baseline_scan_s"] > 0  # the MERGE INTO table, same deleted rows
+    assert (
+        result["scans"]["baseline_files"]["position_deletes"]
+        == (result["scans"]["files_before_reaper"]["position_deletes"])
+    )
     assert result["freshness"]["records"] == 5 * 500  # every change timed, deletes too
     assert 0 < result["freshness_p50_s"] <= result["freshness_p99_s"]
