@@ -27,6 +27,7 @@ from tests.bookkeeper.test_rewrites import compacted_request, random_changes
 from tests.bookkeeper.test_upsert import upsert_table_with
 from tests.support.shop_items import (
     UpsertWriter,
+    applied,
     bookkeeper_config,
     duckdb_rows,
     pyiceberg_rows,
@@ -185,11 +186,7 @@ def test_a_partitioned_tables_merged_delete_files_keep_their_data_files_partitio
         for moniker in writer.batches(changes):
             transport.publish(moniker)
         assert bookkeeper.run_cycle().tables[0].committed
-        for key, amount in changes:
-            if amount is None:
-                reference.pop(key, None)
-            else:
-                reference[key] = amount
+        applied(reference, changes)
         counts = delete_files_per_data_file(bookkeeper)  # checks partition and spec too
         assert not counts or max(counts.values()) == 1, counts
     table = bookkeeper.catalog.load_table("shop.items")
@@ -220,11 +217,7 @@ def test_a_compaction_planned_before_a_merge_removes_the_current_delete_files(
     for changes in ([(k, 500 + k) for k in range(10, 20)], [(5, None), (15, 7), (70, None)]):
         transport.publish(writer.batch(changes))
         bookkeeper.run_cycle()
-        for key, amount in changes:
-            if amount is None:
-                reference.pop(key, None)
-            else:
-                reference[key] = amount
+        applied(reference, changes)
     table = bookkeeper.catalog.load_table("shop.items")
     _, before_rewrite = live_files(table, table.current_snapshot())
     assert not {d.file_path for d in planned_with} & {d.file_path for d in before_rewrite}
@@ -247,11 +240,7 @@ def test_a_compaction_planned_before_a_merge_removes_the_current_delete_files(
     for changes in ([(k, 3 * k) for k in range(0, 80, 3)], [(k, None) for k in range(40, 50)]):
         transport.publish(writer.batch(changes))
         bookkeeper.run_cycle()
-        for key, amount in changes:
-            if amount is None:
-                reference.pop(key, None)
-            else:
-                reference[key] = amount
+        applied(reference, changes)
         counts = delete_files_per_data_file(bookkeeper)
         assert max(counts.values()) == 1, counts
     assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
@@ -270,11 +259,7 @@ def test_spark_reads_an_upsert_table_with_merged_delete_files_like_the_others(
     ]:
         transport.publish(writer.batch(changes))
         assert bookkeeper.run_cycle().tables[0].committed
-        for key, amount in changes:
-            if amount is None:
-                reference.pop(key, None)
-            else:
-                reference[key] = amount
+        applied(reference, changes)
     counts = delete_files_per_data_file(bookkeeper)
     assert max(counts.values()) == 1, counts
     rows = spark_rows(spark, config, "shop.items", "id, amount")

@@ -23,6 +23,7 @@ from common.transports import open_transport
 from tests.support.shop_items import (
     SCHEMA,
     UpsertWriter,
+    applied,
     bookkeeper_config,
     duckdb_rows,
     pyiceberg_rows,
@@ -49,11 +50,7 @@ def commit_batches(
         changes = random_changes(rng, 30)
         transport.publish(writer.batch(changes))
         assert bookkeeper.run_cycle().tables[0].committed
-        for key, amount in changes:
-            if amount is None:
-                reference.pop(key, None)
-            else:
-                reference[key] = amount
+        applied(reference, changes)
 
 
 def compacted_request(bookkeeper: Bookkeeper, drop_one_row: bool = False) -> RewriteRequest:

@@ -20,12 +20,12 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from bookkeeper.service import Bookkeeper
-from common.moniker import Moniker, OffsetRange, moniker_id
+from common.moniker import Moniker
 from common.transports import open_transport
 from icekeeper.readers import duckdb_rows, spark_rows
 from reaper.service import Reaper
 from tests.support.pipeline import register_catalog
-from tests.support.shop_items import SCHEMA, UpsertWriter, reaper_config, write_file
+from tests.support.shop_items import SCHEMA, UpsertWriter, applied, reaper_config, write_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -39,14 +39,6 @@ def random_changes(rng: random.Random, count: int) -> list[tuple[int, int | None
         (rng.randrange(KEYS), None if rng.random() < 0.15 else rng.randrange(10**6))
         for _ in range(count)
     ]
-
-
-def applied(reference: dict[int, int], changes: list[tuple[int, int | None]]) -> None:
-    for key, amount in changes:
-        if amount is None:
-            reference.pop(key, None)
-        else:
-            reference[key] = amount
 
 
 def commit(
@@ -190,13 +182,8 @@ class PartitionedUpsertWriter(UpsertWriter):
     the key): one data file per partition a batch touches, as the writers lay them out."""
 
     def batch(self, changes: list[tuple[int, int | None]]) -> Moniker:
-        last: dict[int, tuple[int | None, int]] = {}
-        for key, amount in changes:
-            last[key] = (amount, self.offset)
-            self.offset += 1
-        self.seq += 1
-        folder = Path(self.location.removeprefix("file://")) / "data" / self.writer_id
-        folder = folder / f"{self.seq:012d}"
+        last = self.last_changes(changes)
+        folder = self.batch_folder()
         files = []
         for partition in range(PARTITIONS):
             rows = [
@@ -211,38 +198,7 @@ class PartitionedUpsertWriter(UpsertWriter):
                     rows,
                 )
                 files.append(entry.model_copy(update={"partition": {"_kfk_partition": partition}}))
-        gone = [
-            {"id": k, "amount": None, "_kfk_partition": partition_of(k), "_kfk_offset": o}
-            for k, (a, o) in last.items()
-            if a is None
-        ]
-        deleted = []
-        if gone:
-            entry = write_file(
-                folder / "ik_deleted=true" / f"{uuid.uuid4().hex}.parquet", SCHEMA, gone
-            )
-            deleted = [entry.model_copy(update={"content": "deleted-keys"})]
-        ranges = [
-            OffsetRange(
-                topic="items",
-                partition=0,
-                from_offset=self.offset - len(changes),
-                until_offset=self.offset,
-            )
-        ]
-        return Moniker(
-            id=moniker_id(self.writer_id, "shop.items", ranges),
-            writer_id=self.writer_id,
-            seq=self.seq,
-            prev_seq=self.seq - 1 if self.seq > 1 else None,
-            table="shop.items",
-            table_location=self.location,
-            schema=SCHEMA.model_dump(mode="json"),
-            files=files,
-            delete_files=deleted,
-            offsets=ranges,
-            records=sum(f.record_count for f in files),
-        )
+        return self.moniker(len(changes), files, self.deleted_keys(folder, last, partition_of))
 
 
 def test_compaction_leaves_one_file_per_small_partition(spark, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -174,41 +175,60 @@ class UpsertWriter:
 
     def batch(self, changes: list[tuple[int, int | None]]) -> Moniker:
         """`changes`: (id, amount) upserts and (id, None) deletes, in offset order."""
-        last: dict[int, tuple[int | None, int]] = {}
-        for key, amount in changes:
-            last[key] = (amount, self.offset)
-            self.offset += 1
+        last = self.last_changes(changes)
+        folder = self.batch_folder()
         rows = [
             {"id": k, "amount": a, "_kfk_partition": 0, "_kfk_offset": o}
             for k, (a, o) in last.items()
             if a is not None
         ]
-        gone = [
-            {"id": k, "amount": None, "_kfk_partition": 0, "_kfk_offset": o}
-            for k, (a, o) in last.items()
-            if a is None
-        ]
+        files = [write_file(folder / f"{uuid.uuid4().hex}.parquet", SCHEMA, rows)] if rows else []
+        return self.moniker(len(changes), files, self.deleted_keys(folder, last, lambda key: 0))
+
+    def last_changes(
+        self, changes: list[tuple[int, int | None]]
+    ) -> dict[int, tuple[int | None, int]]:
+        """Key -> (amount or None, offset) of its last change; the offsets advance."""
+        last: dict[int, tuple[int | None, int]] = {}
+        for key, amount in changes:
+            last[key] = (amount, self.offset)
+            self.offset += 1
+        return last
+
+    def batch_folder(self) -> Path:
+        """The next batch's folder (the batch number advances)."""
         self.seq += 1
-        folder = (
+        return (
             Path(self.location.removeprefix("file://"))
             / "data"
             / self.writer_id
             / f"{self.seq:012d}"
         )
-        files = [write_file(folder / f"{uuid.uuid4().hex}.parquet", SCHEMA, rows)] if rows else []
-        deleted = (
-            [write_file(folder / "ik_deleted=true" / f"{uuid.uuid4().hex}.parquet", SCHEMA, gone)]
-            if gone
-            else []
-        )
-        deleted = [
-            FileEntry(**{**entry.model_dump(), "content": "deleted-keys"}) for entry in deleted
+
+    def deleted_keys(
+        self,
+        folder: Path,
+        last: dict[int, tuple[int | None, int]],
+        partition_of: Callable[[int], int],
+    ) -> list[FileEntry]:
+        """The deleted-keys file of the keys whose last change deletes them (none if no key)."""
+        gone = [
+            {"id": k, "amount": None, "_kfk_partition": partition_of(k), "_kfk_offset": o}
+            for k, (a, o) in last.items()
+            if a is None
         ]
+        if not gone:
+            return []
+        entry = write_file(folder / "ik_deleted=true" / f"{uuid.uuid4().hex}.parquet", SCHEMA, gone)
+        return [entry.model_copy(update={"content": "deleted-keys"})]
+
+    def moniker(self, changes: int, files: list[FileEntry], deleted: list[FileEntry]) -> Moniker:
+        """The batch's moniker: its last `changes` offsets of partition 0, its files."""
         ranges = [
             OffsetRange(
                 topic="items",
                 partition=0,
-                from_offset=self.offset - len(changes),
+                from_offset=self.offset - changes,
                 until_offset=self.offset,
             )
         ]
@@ -225,6 +245,16 @@ class UpsertWriter:
             offsets=ranges,
             records=sum(f.record_count for f in files),
         )
+
+
+def applied(reference: dict[int, int], changes: list[tuple[int, int | None]]) -> None:
+    """`changes` ((id, amount) upserts, (id, None) deletes) applied to `reference` in order: the
+    state an upsert table must mirror."""
+    for key, amount in changes:
+        if amount is None:
+            reference.pop(key, None)
+        else:
+            reference[key] = amount
 
 
 def pyiceberg_rows(bookkeeper: Bookkeeper) -> dict[int, int]:

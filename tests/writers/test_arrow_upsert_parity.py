@@ -222,15 +222,20 @@ def test_a_key_in_two_kafka_partitions_of_a_batch_is_written_by_spark_sql(
         (3, 31),
         (4, 40),
     ]
-    data_files = [e["file_path"] for e in table.inspect.files().to_pylist() if e["content"] == 0]
-    # (batch, written by Spark): the batch folder is <location>/data/<writer>/<seq>-<random>.
-    assert {
+    assert _batches_by_writer_engine(table) == {(1, True), (2, False)}
+
+
+def _batches_by_writer_engine(table) -> set[tuple[int, bool]]:
+    """(batch, written by spark-sql) of each data file: the batch folder is
+    <location>/data/<writer>/<seq>-<random>, and Spark's files end in c000.zstd.parquet."""
+    return {
         (
-            int(path.split("/data/")[1].split("/")[1].split("-")[0]),
-            path.endswith("c000.zstd.parquet"),
+            int(entry["file_path"].split("/data/")[1].split("/")[1].split("-")[0]),
+            entry["file_path"].endswith("c000.zstd.parquet"),
         )
-        for path in data_files
-    } == {(1, True), (2, False)}
+        for entry in table.inspect.files().to_pylist()
+        if entry["content"] == 0
+    }
 
 
 def _batch_folders(table) -> dict[tuple[int, str], int]:
@@ -344,11 +349,4 @@ def test_a_key_in_two_kafka_partitions_of_one_task_is_written_by_spark_sql(
         (9, 90),
         (10, 100),
     ]
-    data_files = [e["file_path"] for e in table.inspect.files().to_pylist() if e["content"] == 0]
-    assert {
-        (
-            int(path.split("/data/")[1].split("/")[1].split("-")[0]),
-            path.endswith("c000.zstd.parquet"),
-        )
-        for path in data_files
-    } == {(1, True), (2, False)}
+    assert _batches_by_writer_engine(table) == {(1, True), (2, False)}
