@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from common.config.model import KafkaSource, MetadataColumns
 from writers.arrow_engine.avro_block import SchemaDecoder
 from writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, table_rows
+from writers.arrow_engine.gc_pause import gc_paused
 from writers.arrow_engine.kafka_read import read_range
 from writers.arrow_engine.parquet import WrittenFile, write_files
 from writers.arrow_engine.partitions import PartitionField, split_by_partition
@@ -117,10 +118,11 @@ def run_task(plan: TaskPlan, task: TaskRange | TaskGroup) -> TaskFacts:
     group = task if isinstance(task, TaskGroup) else TaskGroup(task.index, (task,))
     facts = TaskFacts()
     pieces: dict[str, list[_Piece]] = {t.identifier: [] for t in plan.tables}
-    for task_range in group.ranges:
-        _read_pieces(plan, task_range, facts, pieces)
-    for table in plan.tables:
-        _write_table(table, group, pieces[table.identifier], facts)
+    with gc_paused():
+        for task_range in group.ranges:
+            _read_pieces(plan, task_range, facts, pieces)
+        for table in plan.tables:
+            _write_table(table, group, pieces[table.identifier], facts)
     return facts
 
 
