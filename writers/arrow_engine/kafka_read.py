@@ -28,8 +28,22 @@ _FETCH = {
     # As `writers/kafka_io.py`'s fetch sizes for Spark's consumer.
     "max.partition.fetch.bytes": 10_485_760,
     "fetch.max.bytes": 52_428_800,
-    "queued.min.messages": 200_000,
 }
+_MOST_QUEUED = 200_000
+
+
+def fetch_settings(records: int) -> dict[str, int]:
+    """librdkafka's fetch settings for reading a range of `records` records.
+
+    librdkafka prefetches until its queue holds `queued.min.messages`, past the range's end when
+    the partition goes on: with 200,000 queued, a task reading 50,000 records of a 250,000-record
+    partition received all 250,000 (its `rxmsgs` statistic) and decompressed and parsed them, 1.9x
+    the CPU of a queue bounded by the range (0.755 -> 0.395 CPU-s for four such reads, medians of
+    three; librdkafka's fetcher thread included). Bounded by the range, it receives the range and
+    at most one fetch more. Never under one `consume` call's worth (`_BATCH`): a call waits until
+    it has all it asked for.
+    """
+    return {**_FETCH, "queued.min.messages": max(_BATCH, min(_MOST_QUEUED, records))}
 
 
 @dataclass(frozen=True)
@@ -55,7 +69,7 @@ def read_range(source: KafkaSource, task: TaskRange, with_keys: bool = False) ->
             {
                 "group.id": source.consumer_group,
                 "isolation.level": "read_uncommitted",
-                **_FETCH,
+                **fetch_settings(task.records),
                 # The user's settings win, as on `spark-sql`, except what reading a range needs.
                 **librdkafka_settings(source.consumer_properties),
                 "enable.auto.commit": False,
