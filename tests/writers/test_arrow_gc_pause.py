@@ -23,7 +23,9 @@ def test_a_task_reads_with_the_collector_paused_and_restores_it(
     config = seed_config()
     seen: list[bool] = []
 
-    def read_range(source: object, task: object, with_keys: bool = False) -> RawRecords:
+    def read_range(
+        source: object, task: object, with_keys: bool = False, consumer: object = None
+    ) -> RawRecords:
         seen.append(gc.isenabled())
         empty = pa.array([], pa.int64())
         return RawRecords(pa.array([], pa.binary()), empty, empty, [])

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from common.config.model import KafkaSource
 from common.kafka_clients import librdkafka_config
@@ -30,6 +33,8 @@ _FETCH = {
     "fetch.max.bytes": 52_428_800,
 }
 _MOST_QUEUED = 200_000
+_SECOND = itemgetter(1)
+"""A message's `timestamp()` is (type, milliseconds)."""
 
 
 def fetch_settings(records: int) -> dict[str, int]:
@@ -57,11 +62,14 @@ class RawRecords:
     """Empty unless asked for (`read_range`'s `with_keys`)."""
 
 
-def read_range(source: KafkaSource, task: TaskRange, with_keys: bool = False) -> RawRecords:
-    """Every record of `task`'s range (fewer when the range has gaps: compaction, transactions).
+@contextmanager
+def range_consumer(source: KafkaSource, records: int) -> Iterator[Consumer]:
+    """A consumer for reading ranges of at most `records` records one after the other.
 
-    Reads uncommitted records too, as Spark's Kafka source does by default, so both engines see
-    the same records of a transactional topic.
+    A task reads its ranges (whole Kafka partitions of an upsert batch) with one consumer:
+    `assign` starts the next range on the same connection, and librdkafka drops what it had
+    fetched for the range before. Reads uncommitted records too, as Spark's Kafka source does by
+    default, so both engines see the same records of a transactional topic.
     """
     consumer = Consumer(
         librdkafka_config(
@@ -69,7 +77,7 @@ def read_range(source: KafkaSource, task: TaskRange, with_keys: bool = False) ->
             {
                 "group.id": source.consumer_group,
                 "isolation.level": "read_uncommitted",
-                **fetch_settings(task.records),
+                **fetch_settings(records),
                 # The user's settings win, as on `spark-sql`, except what reading a range needs.
                 **librdkafka_settings(source.consumer_properties),
                 "enable.auto.commit": False,
@@ -77,45 +85,52 @@ def read_range(source: KafkaSource, task: TaskRange, with_keys: bool = False) ->
             },
         )
     )
+    try:
+        yield consumer
+    finally:
+        consumer.close()
+
+
+def read_range(
+    source: KafkaSource, task: TaskRange, with_keys: bool = False, consumer: Consumer | None = None
+) -> RawRecords:
+    """Every record of `task`'s range (fewer when the range has gaps: compaction, transactions),
+    with `consumer` (`range_consumer`) or a consumer of its own."""
+    if consumer is None:
+        with range_consumer(source, task.records) as own:
+            return read_range(source, task, with_keys, own)
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
     offsets: list[int] = []
     timestamps: list[int] = []
     last = task.until - 1
-    try:
-        consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
-        done = task.until <= task.start
+    consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+    done = task.until <= task.start
+    stalled_since = time.monotonic()
+    while not done:
+        # Ask for no more than the range holds: the call then returns as soon as it is read.
+        remaining = task.until - (offsets[-1] + 1 if offsets else task.start)
+        messages = consumer.consume(num_messages=max(1, min(_BATCH, remaining)), timeout=_WAIT_S)
+        if not messages:
+            if time.monotonic() - stalled_since > _STALL_S:
+                raise TimeoutError(f"no records from {task.topic}:{task.partition} in {_STALL_S} s")
+            continue
         stalled_since = time.monotonic()
-        while not done:
-            # Ask for no more than the range holds: the call then returns as soon as it is read.
-            remaining = task.until - (offsets[-1] + 1 if offsets else task.start)
-            messages = consumer.consume(
-                num_messages=max(1, min(_BATCH, remaining)), timeout=_WAIT_S
-            )
-            if not messages:
-                if time.monotonic() - stalled_since > _STALL_S:
-                    raise TimeoutError(
-                        f"no records from {task.topic}:{task.partition} in {_STALL_S} s"
-                    )
-                continue
-            stalled_since = time.monotonic()
-            errors = [m for m in messages if m.error() is not None]
-            for error in (m.error() for m in errors):
+        if any(map(Message.error, messages)):  # an error is never None, and never false
+            for error in filter(None, map(Message.error, messages)):
                 if error.code() != KafkaError._PARTITION_EOF:  # noqa: SLF001 - librdkafka's name
                     raise RuntimeError(f"reading {task.topic}:{task.partition}: {error}")
-            if errors:
-                done = True
-                messages = [m for m in messages if m.error() is None]
-            # One comprehension per field: a loop of appends per record cost a third more.
-            offsets.extend([m.offset() for m in messages])
-            values.extend([m.value() for m in messages])
-            timestamps.extend([m.timestamp()[1] for m in messages])
-            if with_keys:
-                keys.extend([m.key() for m in messages])
-            if offsets and offsets[-1] >= last:
-                done = True
-    finally:
-        consumer.close()
+            done = True
+            messages = [m for m in messages if m.error() is None]
+        # One `map` of the unbound method per field: no Python frame per record (a comprehension
+        # per field cost 1.5-2x as much on 100,000 messages; a loop of appends a third more).
+        offsets.extend(map(Message.offset, messages))
+        values.extend(map(Message.value, messages))
+        timestamps.extend(map(_SECOND, map(Message.timestamp, messages)))
+        if with_keys:
+            keys.extend(map(Message.key, messages))
+        if offsets and offsets[-1] >= last:
+            done = True
     count = bisect.bisect_right(offsets, last)
     return RawRecords(
         pa.array(values[:count] if count < len(values) else values, pa.binary()),
