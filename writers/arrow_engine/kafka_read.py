@@ -46,9 +46,16 @@ def fetch_settings(records: int) -> dict[str, int]:
     the CPU of a queue bounded by the range (0.755 -> 0.395 CPU-s for four such reads, medians of
     three; librdkafka's fetcher thread included). Bounded by the range, it receives the range and
     at most one fetch more. Never under one `consume` call's worth (`_BATCH`): a call waits until
-    it has all it asked for.
+    it has all it asked for. A partition whose queue passed the bound is not fetched again for
+    `fetch.queue.backoff.ms`, 1 s by default: a task's second range (`range_consumer`) then got
+    nothing for two 0.5 s `consume` calls; at 10 ms the fetcher looks again as soon as the task
+    has taken what it queued.
     """
-    return {**_FETCH, "queued.min.messages": max(_BATCH, min(_MOST_QUEUED, records))}
+    return {
+        **_FETCH,
+        "queued.min.messages": max(_BATCH, min(_MOST_QUEUED, records)),
+        "fetch.queue.backoff.ms": 10,
+    }
 
 
 @dataclass(frozen=True)
