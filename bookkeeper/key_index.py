@@ -176,6 +176,33 @@ class KeyIndex:
         locations = np.concatenate([self.location, self._recent_location])
         return locations[locations != ABSENT]
 
+    def live_rows_per_file(self) -> np.ndarray:
+        """Live rows per file ordinal (length `len(files)`): what is left of each data file.
+
+        Counted on the location arrays as they are, without gathering the live ones first (at 10M
+        keys ~0.1 s either way, but no 80 MB copy): absent keys fall into one extra bucket."""
+        counts = np.zeros(len(self.files) + 1, np.int64)
+        for locations in (self.location, self._recent_location):
+            ordinals = (locations >> np.uint64(_POSITION_BITS)).astype(np.int64)
+            np.minimum(ordinals, len(self.files), out=ordinals)  # ABSENT's ordinal is 2**32 - 1
+            counts += np.bincount(ordinals, minlength=len(self.files) + 1)
+        return counts[:-1]
+
+    def live_positions(self, ordinals: list[int]) -> dict[int, np.ndarray]:
+        """The sorted row positions of the live rows of each of files `ordinals`."""
+        wanted = np.asarray(ordinals, np.int64)
+        found_ordinals, found_positions = [], []
+        for locations in (self.location, self._recent_location):
+            file_ordinals = (locations >> np.uint64(_POSITION_BITS)).astype(np.int64)
+            mask = np.isin(file_ordinals, wanted) & (locations != ABSENT)
+            found_ordinals.append(file_ordinals[mask])
+            found_positions.append((locations[mask] & _POSITION_MASK).astype(np.int64))
+        all_ordinals = np.concatenate(found_ordinals)
+        all_positions = np.concatenate(found_positions)
+        return {
+            int(ordinal): np.sort(all_positions[all_ordinals == ordinal]) for ordinal in ordinals
+        }
+
     def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
         """The slot of each key (hi, lo), or -1 where the index has none."""
         slots = _find_in(self.hi, self.lo, hi, lo)
