@@ -141,6 +141,8 @@ class TableCommit:
     schema_changes: list[str] = field(default_factory=list)
     rows_replaced: int = 0
     """Upsert tables: earlier rows this snapshot position-deleted (updated or deleted keys)."""
+    refusal: str | None = None
+    """Rewrites: why the bookkeeper refused the request (nothing was committed)."""
 
 
 @dataclass

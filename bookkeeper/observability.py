@@ -67,6 +67,24 @@ class BookkeeperMetrics:
         self.errors = Counter(
             "icekeeper_errors_total", "Errors by kind", ["kind"], registry=self.registry
         )
+        self.purged_files = Counter(
+            "icekeeper_purged_files_total",
+            "Upsert tables: mostly-deleted data files the bookkeeper replaced by their live rows",
+            ["table"],
+            registry=self.registry,
+        )
+        self.purged_rows = Counter(
+            "icekeeper_purged_rows_total",
+            "Upsert tables: deleted rows readers no longer read after the bookkeeper's purges",
+            ["table"],
+            registry=self.registry,
+        )
+        self.purge_seconds = Counter(
+            "icekeeper_purge_seconds_total",
+            "Upsert tables: time the bookkeeper spent purging mostly-deleted data files",
+            ["table"],
+            registry=self.registry,
+        )
         self.epoch = Gauge(
             "icekeeper_bookkeeper_epoch",
             "Epoch of the lease this bookkeeper holds",

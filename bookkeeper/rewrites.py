@@ -10,7 +10,8 @@ learns where the live rows went (`UpsertKeeper.plan_rewrite`).
 Exactly once: the snapshot names the request (`icekeeper.rewrite-id`); a request found committed
 is only dropped. A request that cannot be committed (its files changed, a replaced file is gone
 after a concurrent rewrite, a live row would be lost) is refused with the reason; the reaper
-reads the refusal and deletes its files.
+reads the refusal and deletes its files. The bookkeeper's own requests (its purges of
+mostly-deleted files, `purges.py`) go the same way, and a refused one's files are deleted here.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from common.delete_files import referenced_data_files
 from common.internals import UncopiedTransaction, commit_once
 from common.rewrites import (
     REWRITE_ID_PROPERTY,
+    REWRITE_ORIGIN_PROPERTY,
     RewriteRequest,
+    discard_rewrite,
     finish_rewrite,
     pending_rewrites,
     refuse_rewrite,
@@ -53,7 +56,8 @@ class RewriteCommitter:
         self.catalog = committer.catalog
 
     def commit_pending(self, identifier: str) -> list[TableCommit]:
-        """Commit (or refuse) every request waiting for table `identifier`."""
+        """Commit (or refuse) every request waiting for table `identifier`; returns the reaper's
+        (a purge a bookkeeper left behind when it died is committed, not returned)."""
         table = load_table_or_none(self.catalog, identifier)
         if table is None:
             return []
@@ -67,7 +71,9 @@ class RewriteCommitter:
                     extra={"table": identifier, "request": request_id, "reason": reason},
                 )
                 continue
-            results.append(self.commit(identifier, request))
+            result = self.commit(identifier, request)
+            if request.origin == "reaper":  # a purge is no news to report (`purges.py`)
+                results.append(result)
         return results
 
     def commit(self, identifier: str, request: RewriteRequest) -> TableCommit:
@@ -90,15 +96,27 @@ class RewriteCommitter:
             removed, added, cycle = self._plan(table, request)
         except (RewriteRefused, InvalidFile) as error:
             refuse_rewrite(table.location(), request.id, str(error))
+            if request.origin == "bookkeeper":
+                discard_rewrite(table.location(), request)  # nobody else waits for it
             log.warning(
                 "rewrite request refused",
-                extra={"table": identifier, "request": request.id, "reason": str(error)},
+                extra={
+                    "table": identifier,
+                    "request": request.id,
+                    "origin": request.origin,
+                    "reason": str(error),
+                },
             )
+            result.refusal = str(error)
             return result
         new_state = dataclasses.replace(
             state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch)
         )
-        properties = {**new_state.to_summary([]), REWRITE_ID_PROPERTY: request.id}
+        properties = {
+            **new_state.to_summary([]),
+            REWRITE_ID_PROPERTY: request.id,
+            REWRITE_ORIGIN_PROPERTY: request.origin,
+        }
         transaction = UncopiedTransaction(table)
         with rewrite_files(transaction, properties, removed, cycle.delete_files) as producer:
             for data in added:
@@ -110,7 +128,9 @@ class RewriteCommitter:
         snapshot_id = table.current_snapshot().snapshot_id
         self.committer.upserts.rewritten(cycle, snapshot_id, table)
         finish_rewrite(table.location(), request.id)
-        log.info(
+        # A purge says what it did in its own line (`purges.py`); the reaper's compactions here.
+        log.log(
+            logging.DEBUG if request.origin == "bookkeeper" else logging.INFO,
             "rewrite committed",
             extra={
                 "table": identifier,

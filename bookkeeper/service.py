@@ -4,7 +4,9 @@ One cycle: receive every pending delivery, set aside unreadable ones (dead-lette
 `max_attempts`), group the rest by table, commit each table's ready monikers as one snapshot,
 and only then acknowledge them (and dead-letter quarantined ones). A crash anywhere before
 the acknowledgement leaves the monikers pending; the next cycle finds them committed (by the
-commit id and writer seqs in the table) and acknowledges them as duplicates.
+commit id and writer seqs in the table) and acknowledges them as duplicates. Maintenance comes
+last, after every acknowledgement: the reaper's compactions (every `rewrite_poll_interval`), then
+the purge of mostly-deleted data files of the upsert tables just committed (`purges.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from bookkeeper.committer import Committer, StaleEpoch, TableCommit
 from bookkeeper.observability import BookkeeperMetrics, HealthServer
+from bookkeeper.purges import PurgeOutcome, Purger
 from bookkeeper.rewrites import RewriteCommitter
 from bookkeeper.table_metadata import with_lean_commits
 from common.catalog import load_table_or_none, open_catalog
@@ -41,6 +44,8 @@ class CycleReport:
 
     tables: list[TableCommit] = field(default_factory=list)
     dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+    purges: dict[str, PurgeOutcome] = field(default_factory=dict)
+    """Upsert tables purged after their commit (`purges.py`): what each purge did."""
     pending: int = 0
     seconds: float = 0.0
 
@@ -62,6 +67,11 @@ class Bookkeeper:
         self.committer = Committer(config, self.catalog, epoch)
         self.rewrites = RewriteCommitter(self.committer)
         self._rewrites_polled_at = float("-inf")
+        workers = config.bookkeeper.footer_workers or os.cpu_count() or 2
+        self.purger = Purger(self.rewrites, config.bookkeeper, workers)
+        self._purges_due: set[str] = set()
+        """Upsert tables a purge left work for (budget, failure): purged again next cycle even
+        without a commit."""
         self.lease: Lease | None = None
         self._table_locations: dict[str, str] = {}
         self.stop = threading.Event()
@@ -271,6 +281,7 @@ class Bookkeeper:
                 continue
             self._settle(report, table, result)
         self._commit_rewrites(report)
+        self._purge(report)
         self._heartbeats(
             report, committed={t.table for t in report.tables if t.snapshot_id is not None}
         )
@@ -379,6 +390,43 @@ class Bookkeeper:
             for result in results:
                 if result.snapshot_id is not None:
                     self._settle(report, spec.identifier, result)
+
+    def _purge(self, report: CycleReport) -> None:
+        """Purge the mostly-deleted data files of the upsert tables this cycle committed to (and
+        of those an earlier purge left work for). The cycle's commits are durable and acknowledged
+        already: a purge that fails is logged and counted, and tried again next cycle."""
+        if self.config.bookkeeper.purge_deleted_share <= 0:
+            return
+        committed = {
+            result.table
+            for result in report.tables
+            if result.snapshot_id is not None and self.config.table(result.table).upsert
+        }
+        for identifier in sorted(committed | self._purges_due):
+            if self.lease is not None:
+                self.lease.check()
+            self._purges_due.discard(identifier)
+            try:
+                outcome = self.purger.purge(identifier)
+            except StaleEpoch:
+                raise
+            except Exception as error:  # noqa: BLE001 - maintenance: the data is committed, the purge waits
+                self._purges_due.add(identifier)
+                self.metrics.errors.labels("purge-failed").inc()
+                log.warning(
+                    "purge failed; tried again next cycle",
+                    extra={"table": identifier, "error": repr(error)},
+                )
+                continue
+            self.metrics.purge_seconds.labels(identifier).inc(outcome.seconds)
+            if outcome.refused is not None:
+                self.metrics.errors.labels("purge-refused").inc()
+            elif outcome.snapshot_id is not None:
+                self.metrics.purged_files.labels(identifier).inc(outcome.files_replaced)
+                self.metrics.purged_rows.labels(identifier).inc(outcome.rows_dropped)
+            report.purges[identifier] = outcome
+            if outcome.deferred:
+                self._purges_due.add(identifier)
 
     def _heartbeats(self, report: CycleReport, committed: set[str]) -> None:
         """Every N empty cycles, a watermark-only snapshot per table (off when N is 0)."""

@@ -166,9 +166,7 @@ class UpsertKeeper:
         index = self._indexes[cycle.identifier]
         index.apply(cycle.changes, snapshot_id)
         self._doubled.pop(cycle.identifier, None)
-        now = time.monotonic()
-        if now - self._saved_at.get(cycle.identifier, 0.0) >= self._save_interval_s:
-            self._save(cycle.identifier, table)
+        self._save_if_due(cycle.identifier, table)
 
     def plan_rewrite(
         self, table: Table, new_files: list[DataFile], replaced: set[str]
@@ -244,9 +242,19 @@ class UpsertKeeper:
         return RewriteCycle(identifier, changes, delete_files, moved, stale)
 
     def rewritten(self, cycle: RewriteCycle, snapshot_id: int, table: Table) -> None:
-        """Record a durable rewrite commit: the moved keys point at their rows in the new files."""
+        """Record a durable rewrite commit: the moved keys point at their rows in the new files.
+
+        Saved now and then, as after a cycle: the bookkeeper's purges rewrite files most cycles,
+        and saving a 10M-key index (240 MB) each time would cost more than they do. An index saved
+        before a rewrite catches up through it like through any snapshot (the new files' rows,
+        less the rows its stale deletes remove)."""
         self._indexes[cycle.identifier].apply(cycle.changes, snapshot_id)
-        self._save(cycle.identifier, table)
+        self._save_if_due(cycle.identifier, table)
+
+    def has_doubled_rows(self, identifier: str) -> bool:
+        """Whether the table's index, rebuilt, found keys with several live rows that no commit
+        has deleted yet (`plan_rewrite` refuses to move rows until then)."""
+        return identifier in self._doubled
 
     def save_all(self, tables: dict[str, Table]) -> None:
         """Persist every index (a clean stop: the next bookkeeper starts from here)."""
@@ -266,6 +274,10 @@ class UpsertKeeper:
         """The table's index, loaded, caught up or rebuilt now rather than in the first cycle that
         needs it: a bookkeeper starting (or taking over) is ready before its first commit."""
         return self._current(".".join(table.name()), table)
+
+    def _save_if_due(self, identifier: str, table: Table) -> None:
+        if time.monotonic() - self._saved_at.get(identifier, 0.0) >= self._save_interval_s:
+            self._save(identifier, table)
 
     def _save(self, identifier: str, table: Table) -> None:
         save_index(table, self._indexes[identifier])

@@ -8,27 +8,36 @@ not commit them: it leaves a request in the table's state folder, and the bookke
 that knows every key's row, commits it. Rows updated or deleted since the base snapshot are
 deleted again in the new files in the same commit, so nothing is lost or resurrected.
 
+The bookkeeper hands itself requests the same way when it purges an upsert table's mostly-deleted
+data files after a commit (`bookkeeper/purges.py`, `origin: bookkeeper`): written and published
+before the commit, so a bookkeeper that dies in between leaves a request its successor commits or
+refuses, never files a snapshot half names.
+
 A request lives at `<table>/icekeeper/rewrites/<id>.json` until the bookkeeper commits it (its
 snapshot carries `icekeeper.rewrite-id`) or refuses it (then `<id>.refused.json` says why, and the
-files it names are the reaper's to delete: nothing will ever commit them). The reaper's orphan
-removal spares the folders of pending requests.
+files it names are their writer's to delete: nothing will ever commit them; the reaper deletes its
+own, the bookkeeper its purges' at once, `discard_rewrite`). The reaper's orphan removal spares the
+folders of pending requests.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pyarrow import fs as pafs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.locations import normalize_location, table_state_folder
 from common.moniker import FileEntry
-from common.storage import open_filesystem, write_whole
+from common.storage import delete_folder, open_filesystem, write_whole
 
 REWRITE_ID_PROPERTY = "icekeeper.rewrite-id"
 """Snapshot summary property naming the rewrite request a snapshot committed."""
+REWRITE_ORIGIN_PROPERTY = "icekeeper.rewrite-origin"
+"""Snapshot summary property saying who wrote a rewrite's files (`RewriteRequest.origin`): a
+reaper's compaction or a bookkeeper's purge."""
 _REFUSED = ".refused.json"
 
 
@@ -51,6 +60,11 @@ class RewriteRequest(BaseModel):
     )
     output_folder: str
     created_ms: int = Field(default_factory=lambda: int(time.time() * 1000))
+    origin: Literal["reaper", "bookkeeper"] = Field(
+        "reaper",
+        description="Who wrote the files and deletes them if the request is refused: the reaper "
+        "(a compaction it waits for) or the bookkeeper (a purge of mostly-deleted files).",
+    )
 
 
 def rewrites_folder(table_location: str) -> str:
@@ -118,6 +132,15 @@ def refuse_rewrite(table_location: str, request_id: str, reason: str) -> None:
     filesystem, folder = open_filesystem(rewrites_folder(table_location))
     write_whole(filesystem, f"{folder}/{request_id}{_REFUSED}", reason.encode())
     finish_rewrite(table_location, request_id)
+
+
+def discard_rewrite(table_location: str, request: RewriteRequest) -> None:
+    """Delete the files of a refused request and its refusal, for a writer that does not wait for
+    the outcome (the bookkeeper's purges): nothing will ever commit them. The refusal first: a
+    crash between leaves files no pending request names, which orphan removal takes after its
+    grace, where the other order would leave a refusal nobody reads."""
+    forget_refusal(table_location, request.id)
+    delete_folder(request.output_folder)
 
 
 def refusal(table_location: str, request_id: str) -> str | None:

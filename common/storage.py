@@ -33,6 +33,15 @@ def write_whole(filesystem: pafs.FileSystem, path: str, body: bytes) -> None:
     filesystem.move(temporary, path)
 
 
+def delete_folder(uri_or_path: str) -> None:
+    """Delete a folder and everything in it, if it is there."""
+    filesystem, path = open_filesystem(uri_or_path)
+    try:
+        filesystem.delete_dir(path)
+    except FileNotFoundError:
+        pass
+
+
 def path_segment(name: str) -> str:
     """A folder or file name made from a table, writer
     or group name: no separators, no leading dot."""

@@ -599,7 +599,9 @@ class BookkeeperConfig(_Model):
     )
     commit_report_path: str = Field(
         "{state_dir}/reports/commits.jsonl",
-        description="File that receives one JSON line per snapshot.",
+        description="File that receives one JSON line per snapshot (not for the bookkeeper's "
+        "purges of mostly-deleted files, `purge_deleted_share`: they add no rows and no "
+        "watermark).",
     )
     commit_report_topic: str | None = Field(
         None, description="Kafka topic that also receives the commit reports."
@@ -635,6 +637,32 @@ class BookkeeperConfig(_Model):
         gt=0,
         description="Upsert tables: how often the bookkeeper looks for compactions the reaper left "
         "for it to commit (the reaper cannot commit them itself while updates continue).",
+    )
+    purge_deleted_share: float = Field(
+        0.3,
+        ge=0,
+        le=1,
+        description="Upsert tables: after a cycle's commit, the bookkeeper rewrites each data file "
+        "of which at least this share of rows is deleted (and that is at most "
+        "`purge_max_file_bytes`) as a new file of its live rows, and commits a `replace` snapshot "
+        "that swaps them and the delete files that only concern them out, so that readers between "
+        "reaper passes do not read and drop the dead rows; a file with no live row just leaves. "
+        "Iceberg's `delete-ratio-threshold` default, as `reaper.compact_delete_ratio`. 0: off.",
+    )
+    purge_max_file_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="Upsert tables: largest data file the bookkeeper purges "
+        "(`purge_deleted_share`), and the size its new files are cut at; larger files are the "
+        "reaper's compaction's.",
+    )
+    purge_max_bytes_per_cycle: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="Upsert tables: bytes of data files the bookkeeper reads for purges in one "
+        "cycle (about a second of work on one core), so a cycle's latency stays bounded; the most "
+        "deleted files go first, the rest wait for a later cycle. A file larger than this is not "
+        "purged.",
     )
 
 

@@ -137,6 +137,8 @@ def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
         bookkeeper__keep_snapshots="200",
         bookkeeper__rewrite_poll_interval="0.5",
         reaper__rewrite_wait="120",
+        # The reaper's compaction alone: the bookkeeper's purges would replace some of its files.
+        bookkeeper__purge_deleted_share="0",
     )
     register_catalog(spark, config)
     transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
@@ -213,6 +215,8 @@ def test_compaction_leaves_one_file_per_small_partition(spark, tmp_path: Path) -
         bookkeeper__keep_snapshots="200",
         bookkeeper__rewrite_poll_interval="0.5",
         reaper__rewrite_wait="120",
+        # The layout of the reaper's files alone: the bookkeeper's purges write more.
+        bookkeeper__purge_deleted_share="0",
     )
     register_catalog(spark, config)
     transport, bookkeeper = open_transport(config), Bookkeeper(config)

@@ -1,0 +1,387 @@
+"""The bookkeeper purges an upsert table's mostly-deleted data files after its commits
+(`bookkeeper/purges.py`): batches that update most keys of the batches before leave no live data
+file with `purge_deleted_share` of its rows deleted, the table holds far fewer rows than without
+purges, and pyiceberg, DuckDB and Spark read one row per key, the reference's. A bookkeeper that
+dies between writing a purge and committing it leaves a request its successor commits (or refuses,
+deleting its files), and updates of the same keys meanwhile lose and resurrect nothing."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyarrow import fs as pafs
+from pyiceberg.schema import Schema
+from pyiceberg.types import NestedField, StringType
+
+from bookkeeper import purges
+from bookkeeper.service import Bookkeeper
+from bookkeeper.upserts import live_files
+from common.config import IcekeeperConfig
+from common.delete_files import read_position_deletes
+from common.moniker import Moniker
+from common.rewrites import (
+    REWRITE_ID_PROPERTY,
+    RewriteRequest,
+    pending_rewrites,
+    refusal,
+    rewrites_folder,
+)
+from common.storage import open_filesystem
+from common.transports import open_transport
+from icekeeper.readers import duckdb_rows as read_with_duckdb
+from icekeeper.readers import spark_rows
+from tests.bookkeeper.test_one_delete_file_per_data_file import BucketedUpsertWriter
+from tests.support.shop_items import (
+    SCHEMA,
+    UpsertWriter,
+    applied,
+    bookkeeper_config,
+    duckdb_rows,
+    pyiceberg_rows,
+    write_file,
+)
+
+KEYS = 600
+SHARE = 0.3
+PARTITIONED = (
+    "[{identifier: shop.items, topics: [items], primary_key: [id], mode: upsert, "
+    "partition_by: ['bucket(2, id)']}]"
+)
+REWRITTEN_FOLDER = "/data/icekeeper-rewrites/"
+
+
+def churn(rng: random.Random, keys: int = KEYS) -> list[tuple[int, int | None]]:
+    """A batch as the upsert bench's: most keys updated (86%), a few deleted, some re-inserted."""
+    changes: list[tuple[int, int | None]] = [
+        (key, rng.randrange(10**6)) for key in rng.sample(range(keys), int(0.86 * keys))
+    ]
+    changes += [(key, None) for key in rng.sample(range(keys), keys // 30)]
+    rng.shuffle(changes)
+    return changes
+
+
+def deleted_share_per_file(bookkeeper: Bookkeeper) -> dict[str, tuple[float, int]]:
+    """Each live data file of `shop.items`: (deleted share, size in bytes), from its delete files
+    (read back, not from the bookkeeper's index)."""
+    table = bookkeeper.catalog.load_table("shop.items")
+    data_files, delete_files = live_files(table, table.current_snapshot())
+    deleted: dict[str, set[int]] = {}
+    for delete_file in delete_files:
+        for path, position in zip(*read_position_deletes(delete_file.file_path)):
+            deleted.setdefault(path, set()).add(int(position))
+    return {
+        data.file_path: (
+            len(deleted.get(data.file_path, ())) / data.record_count,
+            data.file_size_in_bytes,
+        )
+        for data in data_files
+    }
+
+
+def physical_rows(bookkeeper: Bookkeeper) -> int:
+    table = bookkeeper.catalog.load_table("shop.items")
+    return sum(data.record_count for data in live_files(table, table.current_snapshot())[0])
+
+
+def run_batches(
+    config: IcekeeperConfig, batches: int, seed: int
+) -> tuple[Bookkeeper, BucketedUpsertWriter, dict[int, int], list[int]]:
+    """Bucketed `shop.items` taking `batches` churning batches (after one inserting every key),
+    one cycle each, checked after each; returns the bookkeeper, the writer, the reference and each
+    cycle's physical rows."""
+    transport, writer = open_transport(config), BucketedUpsertWriter(config)
+    bookkeeper = Bookkeeper(config)
+    rng, reference, rows = random.Random(seed), {}, []
+    for changes in [[(k, k) for k in range(KEYS)]] + [churn(rng) for _ in range(batches)]:
+        for moniker in writer.batches(changes):
+            transport.publish(moniker)
+        report = bookkeeper.run_cycle()
+        assert report.tables[0].committed
+        applied(reference, changes)
+        rows.append(physical_rows(bookkeeper))
+        assert pyiceberg_rows(bookkeeper) == reference
+    return bookkeeper, writer, reference, rows
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_a_churning_upsert_table_keeps_no_mostly_deleted_file_and_reads_alike(
+    spark, tmp_path: Path
+) -> None:
+    config = bookkeeper_config(
+        tmp_path / "purged",
+        mode="upsert",
+        tables=PARTITIONED,
+        catalog__name=f"cat_{uuid.uuid4().hex[:8]}",
+    )
+    bookkeeper, _, reference, rows = run_batches(config, batches=8, seed=21)
+    shares = deleted_share_per_file(bookkeeper)
+    worn = {path: share for path, (share, size) in shares.items() if share >= SHARE}
+    assert not worn, f"live data files {SHARE:.0%} deleted or more: {worn}"
+    # Without purges the same batches leave most rows of the table deleted.
+    _, _, unpurged_reference, unpurged_rows = run_batches(
+        bookkeeper_config(
+            tmp_path / "unpurged",
+            mode="upsert",
+            tables=PARTITIONED,
+            bookkeeper__purge_deleted_share="0",
+        ),
+        batches=8,
+        seed=21,
+    )
+    assert unpurged_reference == reference
+    assert rows[-1] < len(reference) / (1 - SHARE) < unpurged_rows[-1], (rows, unpurged_rows)
+    print(f"physical rows per cycle, purged: {rows}; unpurged: {unpurged_rows}")
+    table = bookkeeper.catalog.load_table("shop.items")
+    purges = [
+        s
+        for s in table.snapshots()
+        if s.summary is not None and REWRITE_ID_PROPERTY in s.summary.additional_properties
+    ]
+    assert purges and {s.summary.operation.value for s in purges} == {"replace"}
+    # The new files: under the rewrites folder, with the table's codec and Iceberg field ids, and
+    # one per bucket and purge at most.
+    data_files, _ = live_files(table, table.current_snapshot())
+    purged_files = [d for d in data_files if REWRITTEN_FOLDER in d.file_path]
+    assert purged_files
+    assert {tuple(d.partition) for d in data_files} == {(0,), (1,)}
+    for data in purged_files:
+        metadata = pq.ParquetFile(data.file_path.removeprefix("file://")).metadata
+        assert metadata.row_group(0).column(0).compression == "ZSTD"
+        arrow_schema = metadata.schema.to_arrow_schema()
+        assert [f.metadata[b"PARQUET:field_id"] for f in arrow_schema] == [b"1", b"2", b"3", b"4"]
+    per_request = Counter(
+        (d.file_path.split(REWRITTEN_FOLDER)[1].split("/")[0], tuple(d.partition))
+        for d in purged_files
+    )
+    assert set(per_request.values()) == {1}
+    assert not pending_rewrites(table.location())
+    spark_read = spark_rows(spark, config, "shop.items", "id, amount")
+    assert len(spark_read) == len({row["id"] for row in spark_read}), "a key has two live rows"
+    assert {row["id"]: row["amount"] for row in spark_read} == reference
+    assert duckdb_rows(bookkeeper) == reference == pyiceberg_rows(bookkeeper)
+    assert (
+        bookkeeper.metrics.registry.get_sample_value(
+            "icekeeper_purged_files_total", {"table": "shop.items"}
+        )
+        or 0
+    ) >= len(purges)
+
+
+def test_a_bookkeeper_restarted_from_an_index_saved_before_its_purges_catches_up(
+    tmp_path: Path,
+) -> None:
+    """Purges save the index at the save interval, not at each rewrite: a successor starting from
+    the one saved at the first commit replays the purges' snapshots like any other."""
+    config = bookkeeper_config(tmp_path, mode="upsert", tables=PARTITIONED)
+    _, writer, reference, _ = run_batches(config, batches=4, seed=4)
+    # No clean stop: the saved index is the first commit's (the save interval is 60 s).
+    second, transport = Bookkeeper(config), open_transport(config)
+    rng = random.Random(40)
+    for _ in range(3):
+        changes = churn(rng)
+        for moniker in writer.batches(changes):
+            transport.publish(moniker)
+        [result] = second.run_cycle().tables
+        assert result.committed and not result.quarantined
+        applied(reference, changes)
+        assert pyiceberg_rows(second) == reference
+    assert duckdb_rows(second) == reference
+    assert all(share < SHARE for share, _ in deleted_share_per_file(second).values())
+
+
+class Crash(BaseException):
+    """The bookkeeper process dying (not an error any handler catches)."""
+
+
+def published_purge_then_crash(
+    tmp_path: Path,
+) -> tuple[IcekeeperConfig, dict[int, int], str, UpsertWriter]:
+    """An upsert table whose bookkeeper dies in a cycle's purge, after publishing its request and
+    before committing it; returns the config, the reference, the request id and the writer."""
+    config = bookkeeper_config(tmp_path, mode="upsert")
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(9), {}
+    inserts = [(k, k) for k in range(KEYS)]
+    transport.publish(writer.batch(inserts))
+    bookkeeper.run_cycle()
+    applied(reference, inserts)
+
+    def crash(identifier: str, request: RewriteRequest) -> None:
+        raise Crash(request.id)
+
+    bookkeeper.rewrites.commit = crash  # the second batch leaves the first file 86% deleted
+    changes = churn(rng)
+    transport.publish(writer.batch(changes))
+    with pytest.raises(Crash):
+        bookkeeper.run_cycle()
+    applied(reference, changes)
+    location = bookkeeper.catalog.load_table("shop.items").location()
+    [request] = pending_rewrites(location)
+    assert request.origin == "bookkeeper" and request.replaced and request.files
+    assert transport.pending() == [], "the batch was committed and acknowledged before the purge"
+    assert pyiceberg_rows(bookkeeper) == reference
+    return config, reference, request.id, writer
+
+
+@pytest.mark.parametrize("outcome", ["committed", "refused"])
+def test_a_purge_published_by_a_bookkeeper_that_died_is_committed_or_refused_by_the_next(
+    tmp_path: Path, outcome: str
+) -> None:
+    config, reference, request_id, writer = published_purge_then_crash(tmp_path)
+    successor, transport = Bookkeeper(config), open_transport(config)
+    location = successor.catalog.load_table("shop.items").location()
+    [request] = pending_rewrites(location)
+    if outcome == "refused":
+        # Its file damaged while nobody committed it: the successor must not commit it.
+        [entry] = request.files
+        filesystem, path = open_filesystem(entry.path)
+        with filesystem.open_output_stream(path) as stream:
+            stream.write(b"not parquet")
+    rng = random.Random(10)
+    # Updates of the same keys (most of them live in the purge's file) before the successor's first
+    # cycle commits the request: its rows of those keys are stale, deleted again by its commit.
+    for cycle in range(4):
+        changes = churn(rng)
+        transport.publish(writer.batch(changes))
+        report = successor.run_cycle()
+        applied(reference, changes)
+        assert pyiceberg_rows(successor) == reference == duckdb_rows(successor), cycle
+    assert not pending_rewrites(location)
+    table = successor.catalog.load_table("shop.items")
+    committed = [
+        s
+        for s in table.snapshots()
+        if s.summary.additional_properties.get(REWRITE_ID_PROPERTY) == request_id
+    ]
+    if outcome == "committed":
+        assert len(committed) == 1
+        assert int(committed[0].summary["added-position-deletes"]) > 0, "stale rows deleted"
+    else:
+        assert not committed and refusal(location, request_id) is None  # forgotten, not left
+        filesystem, folder = open_filesystem(request.output_folder)
+        assert filesystem.get_file_info(folder).type.name == "NotFound", "its files are deleted"
+    # Purges went on after it; the rewrites folder holds nothing left behind.
+    assert report.purges["shop.items"].snapshot_id is not None
+    filesystem, folder = open_filesystem(rewrites_folder(location))
+    assert not filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+
+
+def test_a_purge_that_fails_leaves_the_commit_alone_and_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = bookkeeper_config(tmp_path, mode="upsert")
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(11), {}
+
+    def storage_down(*args: object) -> None:
+        raise OSError("storage unavailable (test)")
+
+    monkeypatch.setattr(purges, "_live_rows_or_skip", storage_down)
+    for changes in ([(k, k) for k in range(KEYS)], churn(rng)):
+        transport.publish(writer.batch(changes))
+        [result] = bookkeeper.run_cycle().tables
+        assert result.committed and transport.pending() == []
+        applied(reference, changes)
+    assert (
+        bookkeeper.metrics.registry.get_sample_value(
+            "icekeeper_errors_total", {"kind": "purge-failed"}
+        )
+        == 1
+    )
+    assert pyiceberg_rows(bookkeeper) == reference
+    assert any(share >= SHARE for share, _ in deleted_share_per_file(bookkeeper).values())
+    # The next cycle, with nothing to commit, purges what the failed one left.
+    monkeypatch.undo()
+    report = bookkeeper.run_cycle()
+    assert not report.tables and report.purges["shop.items"].snapshot_id is not None
+    assert all(share < SHARE for share, _ in deleted_share_per_file(bookkeeper).values())
+    assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
+
+
+def test_purges_turned_off_leave_the_files_as_they_are(tmp_path: Path) -> None:
+    config = bookkeeper_config(tmp_path, mode="upsert", bookkeeper__purge_deleted_share="0")
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng = random.Random(12)
+    for changes in ([(k, k) for k in range(KEYS)], churn(rng), churn(rng)):
+        transport.publish(writer.batch(changes))
+        assert not bookkeeper.run_cycle().purges
+    assert physical_rows(bookkeeper) > 2 * KEYS
+
+
+NOTE_SCHEMA = Schema(
+    *SCHEMA.fields, NestedField(5, "note", StringType(), required=False), identifier_field_ids=[1]
+)
+
+
+class NotedUpsertWriter(UpsertWriter):
+    """`UpsertWriter` after the source added a `note` column: its files have five columns."""
+
+    def batch(self, changes: list[tuple[int, int | None]]) -> Moniker:
+        last = self.last_changes(changes)
+        folder = self.batch_folder()
+        rows = [
+            {"id": k, "amount": a, "_kfk_partition": 0, "_kfk_offset": o, "note": f"n{k}"}
+            for k, (a, o) in last.items()
+            if a is not None
+        ]
+        files = [write_file(folder / f"{uuid.uuid4().hex}.parquet", NOTE_SCHEMA, rows)]
+        moniker = self.moniker(len(changes), files, [])
+        return moniker.model_copy(update={"schema_": json.loads(NOTE_SCHEMA.model_dump_json())})
+
+
+def test_files_written_before_a_schema_change_are_purged_into_files_of_their_own_columns(
+    tmp_path: Path,
+) -> None:
+    config = bookkeeper_config(tmp_path, mode="upsert")
+    transport, bookkeeper = open_transport(config), Bookkeeper(config)
+    writer, noted = UpsertWriter(config), NotedUpsertWriter(config)
+    transport.publish(writer.batch([(k, k) for k in range(100)]))  # four columns
+    bookkeeper.run_cycle()
+    noted.seq, noted.offset = writer.seq, writer.offset
+    transport.publish(noted.batch([(k, k) for k in range(100, 200)]))  # five columns
+    bookkeeper.run_cycle()
+    # 40% of each file updated: both purged at once, into one new file per column set.
+    updates = [(k, -k) for k in [*range(40), *range(100, 140)]]
+    transport.publish(noted.batch(updates))
+    report = bookkeeper.run_cycle()
+    purge = report.purges["shop.items"]
+    assert (purge.files_replaced, purge.files_written, purge.rows_moved) == (2, 2, 120), purge
+    table = bookkeeper.catalog.load_table("shop.items")
+    data_files, _ = live_files(table, table.current_snapshot())
+    columns = sorted(
+        len(pq.read_schema(d.file_path.removeprefix("file://")))
+        for d in data_files
+        if REWRITTEN_FOLDER in d.file_path
+    )
+    assert columns == [4, 5]
+    # Rows of the four-column file (keys 40-99 now) read a null note, in every engine.
+    updated = {*range(40), *range(100, 140)}
+    expected = {
+        k: (-k if k in updated else k, None if 40 <= k < 100 else f"n{k}") for k in range(200)
+    }
+    rows = table.scan(selected_fields=("id", "amount", "note")).to_arrow().to_pylist()
+    assert {r["id"]: (r["amount"], r["note"]) for r in rows} == expected
+    duckdb_read = read_with_duckdb(table, "id, amount, note")
+    assert {r["id"]: (r["amount"], r["note"]) for r in duckdb_read} == expected
+
+
+def test_a_file_with_no_live_row_just_leaves_with_its_delete_file(tmp_path: Path) -> None:
+    config = bookkeeper_config(tmp_path, mode="upsert")
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    for changes in ([(k, k) for k in range(50)], [(k, -k) for k in range(50)]):
+        transport.publish(writer.batch(changes))
+        report = bookkeeper.run_cycle()
+    purge = report.purges["shop.items"]
+    assert (purge.files_replaced, purge.files_written, purge.rows_dropped) == (1, 0, 50), purge
+    table = bookkeeper.catalog.load_table("shop.items")
+    data_files, delete_files = live_files(table, table.current_snapshot())
+    assert len(data_files) == 1 and not delete_files
+    assert table.current_snapshot().summary.operation.value == "replace"
+    assert pyiceberg_rows(bookkeeper) == {k: -k for k in range(50)} == duckdb_rows(bookkeeper)
