@@ -8,10 +8,12 @@ were updated or deleted after the compaction read them. The key index says which
 learns where the live rows went (`UpsertKeeper.plan_rewrite`).
 
 Exactly once: the snapshot names the request (`icekeeper.rewrite-id`); a request found committed
-is only dropped. A request that cannot be committed (its files changed, a replaced file is gone
-after a concurrent rewrite, a live row would be lost) is refused with the reason; the reaper
-reads the refusal and deletes its files. The bookkeeper's own requests (its purges of
-mostly-deleted files, `purges.py`) go the same way, and a refused one's files are deleted here.
+is only dropped. A request that cannot be committed (its files changed, every replaced file is
+gone after a concurrent rewrite, a gone one still holds live rows by the index, as after
+retention, a live row would be lost) is refused with the reason; the reaper reads the refusal and
+deletes its files. Replaced files gone with no live row left (the bookkeeper purged them,
+`purges.py`, while the reaper wrote) are let go: their rows in the new files are stale. The
+bookkeeper's own requests (its purges) go the same way, and a refused one's files are deleted here.
 """
 
 from __future__ import annotations
@@ -158,10 +160,12 @@ class RewriteCommitter:
         live_data, delete_files = live_files(table, table.current_snapshot())
         data_files = {data.file_path: data for data in live_data}
         gone = [path for path in request.replaced if path not in data_files]
-        if gone:
+        still_live = self.committer.upserts.live_rows_in(table, gone) if gone else 0
+        if gone and (len(gone) == len(request.replaced) or still_live):
             raise RewriteRefused(
-                f"{len(gone)} replaced files are no longer in the table (another rewrite or "
-                f"retention), e.g. {gone[0]}"
+                f"{len(gone)} of {len(request.replaced)} replaced files are no longer in the table "
+                f"(another rewrite or retention; {still_live} live rows in them by the key "
+                f"index), e.g. {gone[0]}"
             )
         schema = Schema.model_validate(request.schema_)
         schema_json = schema.model_dump_json()
@@ -178,11 +182,14 @@ class RewriteCommitter:
             added.append(
                 data_file(entry, described, table.specs().get(entry.spec_id, table.spec()))
             )
-        replaced = set(request.replaced)
+        # Files gone with no live row left: the bookkeeper's purge copied their rows elsewhere
+        # while the reaper wrote. Their rows in the new files are stale (their keys live in the
+        # purge's files), deleted again like rows updated meanwhile; the rest of the compaction
+        # lands, which under steady updates it otherwise never would.
+        replaced = set(request.replaced) - set(gone)
         cycle = self.committer.upserts.plan_rewrite(table, added, replaced)
-        removed = [data_files[path] for path in request.replaced] + _deletes_only_for(
-            delete_files, replaced
-        )
+        removed = [data_files[path] for path in request.replaced if path in replaced]
+        removed += _deletes_only_for(delete_files, replaced)
         return removed, added, cycle
 
 

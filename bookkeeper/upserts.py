@@ -251,6 +251,13 @@ class UpsertKeeper:
         self._indexes[cycle.identifier].apply(cycle.changes, snapshot_id)
         self._save_if_due(cycle.identifier, table)
 
+    def live_rows_in(self, table: Table, paths: list[str]) -> int:
+        """Live rows the index has in data files `paths` of `table` (none in a file it never
+        knew)."""
+        index = self._current(".".join(table.name()), table)
+        ordinals = [o for path in paths if (o := index.ordinal_of(path)) is not None]
+        return int(index.live_rows_per_file()[ordinals].sum()) if ordinals else 0
+
     def has_doubled_rows(self, identifier: str) -> bool:
         """Whether the table's index, rebuilt, found keys with several live rows that no commit
         has deleted yet (`plan_rewrite` refuses to move rows until then)."""

@@ -29,6 +29,7 @@ from common.rewrites import (
     REWRITE_ID_PROPERTY,
     RewriteRequest,
     pending_rewrites,
+    publish_rewrite,
     refusal,
     rewrites_folder,
 )
@@ -37,6 +38,7 @@ from common.transports import open_transport
 from icekeeper.readers import duckdb_rows as read_with_duckdb
 from icekeeper.readers import spark_rows
 from tests.bookkeeper.test_one_delete_file_per_data_file import BucketedUpsertWriter
+from tests.bookkeeper.test_rewrites import compacted_request
 from tests.support.shop_items import (
     SCHEMA,
     UpsertWriter,
@@ -313,6 +315,48 @@ def test_purges_turned_off_leave_the_files_as_they_are(tmp_path: Path) -> None:
         transport.publish(writer.batch(changes))
         assert not bookkeeper.run_cycle().purges
     assert physical_rows(bookkeeper) > 2 * KEYS
+
+
+def test_a_compaction_whose_files_were_partly_purged_meanwhile_lands(tmp_path: Path) -> None:
+    """The reaper reads files A (every key) and B; before it hands them over, the bookkeeper purges
+    B (60% deleted), moving B's live rows to a file of its own. The compaction lands: A is
+    replaced, and the compacted file's rows from B are all stale (deleted again), not resurrected
+    beside the purge's copies."""
+    config = bookkeeper_config(tmp_path, mode="upsert", bookkeeper__rewrite_poll_interval="0.001")
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    reference: dict[int, int] = {}
+    for changes in ([(k, k) for k in range(KEYS)], [(k, -k) for k in range(50)]):
+        transport.publish(writer.batch(changes))
+        bookkeeper.run_cycle()
+        applied(reference, changes)
+    request = compacted_request(bookkeeper)  # the reaper reads A and B here
+    assert len(request.replaced) == 2
+    changes = [(k, 1000 + k) for k in range(30)]  # B is 60% deleted: purged
+    transport.publish(writer.batch(changes))
+    report = bookkeeper.run_cycle()
+    applied(reference, changes)
+    assert report.purges["shop.items"].files_replaced == 1
+    location = bookkeeper.catalog.load_table("shop.items").location()
+    publish_rewrite(location, request)
+    bookkeeper.run_cycle()
+    assert refusal(location, request.id) is None and not pending_rewrites(location)
+    table = bookkeeper.catalog.load_table("shop.items")
+    [compaction] = [
+        s
+        for s in table.snapshots()
+        if s.summary.additional_properties.get(REWRITE_ID_PROPERTY) == request.id
+    ]
+    assert int(compaction.summary["deleted-data-files"]) == 1  # A; B was gone already
+    # B's 50 rows: keys 0-29 updated since, 30-49 live in the purge's file.
+    assert int(compaction.summary["added-position-deletes"]) == 50
+    assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
+    rng = random.Random(14)
+    for _ in range(3):
+        changes = churn(rng)
+        transport.publish(writer.batch(changes))
+        bookkeeper.run_cycle()
+        applied(reference, changes)
+    assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
 
 
 NOTE_SCHEMA = Schema(

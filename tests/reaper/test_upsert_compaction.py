@@ -8,6 +8,7 @@ small files it had, however many read tasks Spark planned for them."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import threading
 import uuid
@@ -137,7 +138,7 @@ def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
         bookkeeper__keep_snapshots="200",
         bookkeeper__rewrite_poll_interval="0.5",
         reaper__rewrite_wait="120",
-        # The reaper's compaction alone: the bookkeeper's purges would replace some of its files.
+        # The reaper's compaction alone (with the bookkeeper's purges: the test after this one).
         bookkeeper__purge_deleted_share="0",
     )
     register_catalog(spark, config)
@@ -163,6 +164,64 @@ def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
         "an update was lost or a row resurrected"
     )
     # After the pass: more updates of the same keys, which must find the rows in their new files.
+    for _ in range(5):
+        commit(bookkeeper, transport, writer, random_changes(rng, 80), reference)
+    table = bookkeeper.catalog.load_table("shop.items")
+    assert live_rows(table.scan().to_arrow().to_pylist()) == reference
+    assert live_rows(duckdb_rows(table, "id, amount")) == reference
+    assert live_rows(spark_rows(spark, config, "shop.items", "id, amount")) == reference
+
+
+def test_compaction_lands_while_the_bookkeeper_purges_files_it_read(
+    spark, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bookkeeper purges mostly-deleted files after its commits (`bookkeeper/purges.py`), some
+    of them files the reaper is compacting meanwhile: the compaction lands all the same (refusing it
+    for its files gone would refuse it at most passes under steady updates), its rows of the purged
+    files deleted again as stale, and no row is lost or resurrected. The first file (every key) is
+    over the purge's size cap, so the reaper's files are never all gone (a compaction whose every
+    file was purged is refused: nothing of it is left to commit)."""
+    config = reaper_config(
+        tmp_path,
+        mode="upsert",
+        reaper__compact_delete_ratio="0.1",
+        bookkeeper__keep_snapshots="400",
+        bookkeeper__rewrite_poll_interval="0.5",
+        bookkeeper__purge_max_file_bytes="3500",  # a batch's file is ~2.2 KB, the first ~4.7 KB
+        reaper__rewrite_wait="120",
+    )
+    register_catalog(spark, config)
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(13), {}
+    commit(bookkeeper, transport, writer, [(k, k) for k in range(KEYS)], reference)
+    for _ in range(12):
+        commit(bookkeeper, transport, writer, random_changes(rng, 60), reference)
+    before = {s.snapshot_id for s in bookkeeper.catalog.load_table("shop.items").snapshots()}
+
+    with caplog.at_level(logging.INFO, logger="reaper.upsert_compaction"):
+        with updates_continuing(bookkeeper, transport, writer, rng, reference) as batches:
+            [table_report] = Reaper(config, spark=spark).run_pass().tables
+    assert not table_report.errors, table_report.errors
+    assert batches[0] > 0
+    [handed_over] = [r for r in caplog.records if r.msg == "compaction handed to the bookkeeper"]
+    table = bookkeeper.catalog.load_table("shop.items")
+    rewrites = {
+        origin: [
+            s
+            for s in table.snapshots()
+            if s.snapshot_id not in before
+            and s.summary.additional_properties.get("icekeeper.rewrite-origin") == origin
+        ]
+        for origin in ("reaper", "bookkeeper")
+    }
+    [compaction] = rewrites["reaper"]
+    assert rewrites["bookkeeper"], "the bookkeeper purged files during the pass"
+    # Some files the reaper compacted were purged before its commit: it replaced the others.
+    assert 0 < int(compaction.summary["deleted-data-files"]) < handed_over.files_replaced
+    assert int(compaction.summary["added-position-deletes"]) > 0, compaction.summary
+    assert live_rows(table.scan().to_arrow().to_pylist()) == reference, (
+        "an update was lost or a row resurrected"
+    )
     for _ in range(5):
         commit(bookkeeper, transport, writer, random_changes(rng, 80), reference)
     table = bookkeeper.catalog.load_table("shop.items")
