@@ -1,11 +1,11 @@
 """Write Parquet files with pyarrow as a table's `write.parquet.*` properties ask; describe them.
 
 Every role that writes a table's data files with pyarrow writes them here: the arrow engine's tasks
-(`writers/arrow_engine/`, whose `parquet.py` holds the same code until it imports this module) and
-the bookkeeper's purge of mostly-deleted files (`bookkeeper/purges.py`). The files get what the
-table's properties ask (codec, level, dictionary page size, page size, Bloom filters), as the
-`spark-sql` engine's files do (`writers/files.py`); decimals are stored as integers where they fit,
-as Spark stores them; Iceberg field ids come with the Arrow schema.
+(`writers/arrow_engine/task.py`) and the bookkeeper's purge of mostly-deleted files
+(`bookkeeper/purges.py`). The files get what the table's properties ask (codec, level, dictionary
+page size, page size, Bloom filters), as the `spark-sql` engine's files do (`writers/files.py`);
+decimals are stored as integers where they fit, as Spark stores them; Iceberg field ids come with
+the Arrow schema.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from common.arrow_parquet import write_files
 from common.parquet_files import PartitionColumn, list_written_files
-from writers.arrow_engine.parquet import write_files
 from writers.arrow_engine.partitions import PartitionField, partition_fields, split_by_partition
 
 MICROS = [-1, 0, 1, 3_599_999_999, -86_400_000_001, 1_767_225_600_123_456, None]

@@ -24,6 +24,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
 from pyspark.sql import SparkSession
 
+from common.arrow_parquet import untaken_properties, writer_options
 from common.catalog import default_table_location, load_table_or_none, table_properties
 from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
 from common.in_flight import InFlightClaims
@@ -31,7 +32,6 @@ from common.moniker import Moniker, moniker_id
 from common.partitioning import partition_spec
 from common.schema import Column, assign_ids, envelope_shape, op_column
 from writers.arrow_engine.flatten import VersionPlan, arrow_schema
-from writers.arrow_engine.parquet import untaken_properties, writer_options
 from writers.arrow_engine.partitions import partition_fields
 from writers.arrow_engine.record_keys import KeyReader, key_readers
 from writers.arrow_engine.support import layout_reason, log_fallback_once, unsupported_reason

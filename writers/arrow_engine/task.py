@@ -18,12 +18,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer
 
+from common.arrow_parquet import WrittenFile, write_files
 from common.config.model import KafkaSource, MetadataColumns
 from writers.arrow_engine.avro_block import SchemaDecoder
 from writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, table_rows
 from writers.arrow_engine.gc_pause import gc_paused
 from writers.arrow_engine.kafka_read import range_consumer, read_range
-from writers.arrow_engine.parquet import WrittenFile, write_files
 from writers.arrow_engine.partitions import PartitionField, split_by_partition
 from writers.arrow_engine.record_keys import KeyReader, with_record_keys
 from writers.arrow_engine.tasks import TaskGroup, TaskRange
