@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -46,16 +44,9 @@ def fetch_settings(records: int) -> dict[str, int]:
     the CPU of a queue bounded by the range (0.755 -> 0.395 CPU-s for four such reads, medians of
     three; librdkafka's fetcher thread included). Bounded by the range, it receives the range and
     at most one fetch more. Never under one `consume` call's worth (`_BATCH`): a call waits until
-    it has all it asked for. A partition whose queue passed the bound is not fetched again for
-    `fetch.queue.backoff.ms`, 1 s by default: a task's second range (`range_consumer`) then got
-    nothing for two 0.5 s `consume` calls; at 10 ms the fetcher looks again as soon as the task
-    has taken what it queued.
+    it has all it asked for.
     """
-    return {
-        **_FETCH,
-        "queued.min.messages": max(_BATCH, min(_MOST_QUEUED, records)),
-        "fetch.queue.backoff.ms": 10,
-    }
+    return {**_FETCH, "queued.min.messages": max(_BATCH, min(_MOST_QUEUED, records))}
 
 
 @dataclass(frozen=True)
@@ -69,14 +60,14 @@ class RawRecords:
     """Empty unless asked for (`read_range`'s `with_keys`)."""
 
 
-@contextmanager
-def range_consumer(source: KafkaSource, records: int) -> Iterator[Consumer]:
-    """A consumer for reading ranges of at most `records` records one after the other.
+def read_range(source: KafkaSource, task: TaskRange, with_keys: bool = False) -> RawRecords:
+    """Every record of `task`'s range (fewer when the range has gaps: compaction, transactions).
 
-    A task reads its ranges (whole Kafka partitions of an upsert batch) with one consumer:
-    `assign` starts the next range on the same connection, and librdkafka drops what it had
-    fetched for the range before. Reads uncommitted records too, as Spark's Kafka source does by
-    default, so both engines see the same records of a transactional topic.
+    A consumer of its own per range: one consumer moved to a task's next range by `assign`
+    (or `incremental_assign`, with or without an `unassign` first) returned nothing from its
+    first `consume` until the call's whole timeout had passed, 0.5 s per range even for two
+    records. Reads uncommitted records too, as Spark's Kafka source does by default, so both
+    engines see the same records of a transactional topic.
     """
     consumer = Consumer(
         librdkafka_config(
@@ -84,7 +75,7 @@ def range_consumer(source: KafkaSource, records: int) -> Iterator[Consumer]:
             {
                 "group.id": source.consumer_group,
                 "isolation.level": "read_uncommitted",
-                **fetch_settings(records),
+                **fetch_settings(task.records),
                 # The user's settings win, as on `spark-sql`, except what reading a range needs.
                 **librdkafka_settings(source.consumer_properties),
                 "enable.auto.commit": False,
@@ -93,19 +84,12 @@ def range_consumer(source: KafkaSource, records: int) -> Iterator[Consumer]:
         )
     )
     try:
-        yield consumer
+        return _read(consumer, task, with_keys)
     finally:
         consumer.close()
 
 
-def read_range(
-    source: KafkaSource, task: TaskRange, with_keys: bool = False, consumer: Consumer | None = None
-) -> RawRecords:
-    """Every record of `task`'s range (fewer when the range has gaps: compaction, transactions),
-    with `consumer` (`range_consumer`) or a consumer of its own."""
-    if consumer is None:
-        with range_consumer(source, task.records) as own:
-            return read_range(source, task, with_keys, own)
+def _read(consumer: Consumer, task: TaskRange, with_keys: bool) -> RawRecords:
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
     offsets: list[int] = []

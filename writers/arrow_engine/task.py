@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer
 
 from common.arrow_parquet import WrittenFile, write_files
 from common.config.model import KafkaSource, MetadataColumns
 from writers.arrow_engine.avro_block import SchemaDecoder
 from writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, table_rows
 from writers.arrow_engine.gc_pause import gc_paused
-from writers.arrow_engine.kafka_read import range_consumer, read_range
+from writers.arrow_engine.kafka_read import read_range
 from writers.arrow_engine.partitions import PartitionField, split_by_partition
 from writers.arrow_engine.record_keys import KeyReader, with_record_keys
 from writers.arrow_engine.tasks import TaskGroup, TaskRange
@@ -119,27 +118,22 @@ def run_task(plan: TaskPlan, task: TaskRange | TaskGroup) -> TaskFacts:
     group = task if isinstance(task, TaskGroup) else TaskGroup(task.index, (task,))
     facts = TaskFacts()
     pieces: dict[str, list[_Piece]] = {t.identifier: [] for t in plan.tables}
-    most = max(task_range.records for task_range in group.ranges)
-    with gc_paused(), range_consumer(plan.source, most) as consumer:
+    with gc_paused():
         for task_range in group.ranges:
-            _read_pieces(plan, task_range, facts, pieces, consumer)
+            _read_pieces(plan, task_range, facts, pieces)
         for table in plan.tables:
             _write_table(table, group, pieces[table.identifier], facts)
     return facts
 
 
 def _read_pieces(
-    plan: TaskPlan,
-    task: TaskRange,
-    facts: TaskFacts,
-    pieces: dict[str, list[_Piece]],
-    consumer: Consumer,
+    plan: TaskPlan, task: TaskRange, facts: TaskFacts, pieces: dict[str, list[_Piece]]
 ) -> None:
     """Read one range: count its records and errors, add each table's rows to `pieces`."""
     needs_keys = any(
         plan.metadata.kafka.prefix + "key" == name for t in plan.tables for name in t.schema.names
     )
-    raw = read_range(plan.source, task, needs_keys or bool(plan.record_keys), consumer)
+    raw = read_range(plan.source, task, with_keys=needs_keys or bool(plan.record_keys))
     facts.records += len(raw.values)
     chosen_by_version = _frames(plan, raw.values, facts)
     if (
