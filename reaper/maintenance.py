@@ -32,6 +32,7 @@ from common.in_flight import under_any
 from common.internals import java_exception_of, java_spark_session, py4j_gateway, spark_jvm
 from common.locations import normalize_location
 from common.retries import retry
+from common.rewrites import REWRITE_ORIGIN_PROPERTY
 from common.storage import open_filesystem
 from reaper.upsert_compaction import UpsertCompaction
 
@@ -434,13 +435,15 @@ class SparkMaintenance:
 
 
 def _count_replaced(table: Table, before: set[int], report: TableReport) -> None:
-    """Count the `replace` snapshots committed since the snapshots `before` into `report`."""
+    """Count the `replace` snapshots committed since the snapshots `before` into `report`, but
+    the bookkeeper's purges (`bookkeeper/purges.py`), which are not this pass's work."""
     for snapshot in table.refresh().snapshots():
         summary = snapshot.summary
         if (
             snapshot.snapshot_id in before
             or summary is None
             or summary.operation.value != "replace"
+            or summary.additional_properties.get(REWRITE_ORIGIN_PROPERTY) == "bookkeeper"
         ):
             continue
         properties = summary.additional_properties

@@ -218,6 +218,8 @@ def test_compaction_lands_while_the_bookkeeper_purges_files_it_read(
     assert rewrites["bookkeeper"], "the bookkeeper purged files during the pass"
     # Some files the reaper compacted were purged before its commit: it replaced the others.
     assert 0 < int(compaction.summary["deleted-data-files"]) < handed_over.files_replaced
+    # The pass reports its own compaction, not the purges committed meanwhile.
+    assert table_report.files_compacted == int(compaction.summary["deleted-data-files"])
     assert int(compaction.summary["added-position-deletes"]) > 0, compaction.summary
     assert live_rows(table.scan().to_arrow().to_pylist()) == reference, (
         "an update was lost or a row resurrected"
