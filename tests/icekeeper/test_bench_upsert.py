@@ -94,9 +94,9 @@ def test_every_side_ends_in_the_streams_final_state_and_every_figure_is_reported
         result["ours_changes_per_s"] / result["baseline_changes_per_s"], abs=0.01
     )
     assert 0 < ours["writer_s"] <= ours["seconds"] == result["ours_s"]
-    assert (
-        ours["files"]["position_deletes"] == baseline["files"]["position_deletes"] > 0
-    )  # both merge on read, row for row
+    # Both merge on read; ours also purges mostly-deleted files after its commits
+    # (`bookkeeper/purges.py`), so its table keeps fewer deleted rows than MERGE INTO's.
+    assert ours["files"]["position_deletes"] < baseline["files"]["position_deletes"]
     assert result["index_keys"] >= 100_000 and 0 < result["index_bytes_per_key"] <= 64
     assert result["index_ops_per_s"] > 0 and result["index_recovery_s"] >= 0
     assert (
@@ -104,8 +104,8 @@ def test_every_side_ends_in_the_streams_final_state_and_every_figure_is_reported
     )
     assert result["baseline_scan_s"] > 0  # the MERGE INTO table, same deleted rows
     assert (
-        result["scans"]["baseline_files"]["position_deletes"]
-        == (result["scans"]["files_before_reaper"]["position_deletes"])
+        result["scans"]["files_before_reaper"]["position_deletes"]
+        < result["scans"]["baseline_files"]["position_deletes"]
     )
     assert result["freshness"]["records"] == 5 * 500  # every change timed, deletes too
     assert 0 < result["freshness_p50_s"] <= result["freshness_p99_s"]
