@@ -97,9 +97,10 @@ class RewriteCommitter:
         try:
             removed, added, cycle = self._plan(table, request)
         except (RewriteRefused, InvalidFile) as error:
-            refuse_rewrite(table.location(), request.id, str(error))
             if request.origin == "bookkeeper":
-                discard_rewrite(table.location(), request)  # nobody else waits for it
+                discard_rewrite(table.location(), request)  # nobody waits for a refusal
+            else:
+                refuse_rewrite(table.location(), request.id, str(error))
             log.warning(
                 "rewrite request refused",
                 extra={

@@ -135,11 +135,11 @@ def refuse_rewrite(table_location: str, request_id: str, reason: str) -> None:
 
 
 def discard_rewrite(table_location: str, request: RewriteRequest) -> None:
-    """Delete the files of a refused request and its refusal, for a writer that does not wait for
-    the outcome (the bookkeeper's purges): nothing will ever commit them. The refusal first: a
+    """Drop a request that cannot be committed, and its files, for a writer that does not wait
+    for a refusal (the bookkeeper's purges): nothing will ever commit them. The request first: a
     crash between leaves files no pending request names, which orphan removal takes after its
-    grace, where the other order would leave a refusal nobody reads."""
-    forget_refusal(table_location, request.id)
+    grace."""
+    finish_rewrite(table_location, request.id)
     delete_folder(request.output_folder)
 
 
