@@ -10,7 +10,8 @@ Every `report_every_s` one JSON line reports, for the interval just ended:
 - `commit_p50_ms`, `commit_p99_ms`, `commits`: the bookkeeper's commit latency (its commit
   reports' `latency_ms`) and the number of commits in the interval;
 - `snapshots`, `metadata_kb`: the table's kept history (snapshots listed) and the size of its
-  current metadata file, which grow until `keep_snapshots_for` has passed and then stay.
+  current metadata file, which grow until `keep_snapshots_for` has passed and then stay;
+- `load_1m`: the machine's load average, since other work on the machine slows commits down.
 
 A bookkeeper whose memory follows the kept history grows while the history grows (the first
 `keep_snapshots_for`) and levels off after: the last intervals' `rss_mb.bookkeeper` should be
@@ -224,6 +225,8 @@ def run_soak(
                 "commit_p99_ms": round(percentile(latencies, 0.99), 1) if latencies else None,
                 "snapshots": snapshots,
                 "metadata_kb": metadata_kb,
+                # The machine's load: other work on it slows commits (and the writer) down.
+                "load_1m": round(os.getloadavg()[0], 1),
             }
             intervals.append(figures)
             if emit is not None:
