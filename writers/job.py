@@ -45,7 +45,7 @@ from writers.offsets import (
 from writers.progress import TableProgress, next_seq, refresh_progress, table_positions
 from writers.registry import RegistryUnavailable, TopicSchemas
 from writers.routing import Routes, routes_for
-from writers.table_writer import restart_monikers
+from writers.table_writer import offset_only_monikers
 
 log = logging.getLogger(__name__)
 _MAX_PAUSE_S = 60.0
@@ -246,7 +246,7 @@ class WriterJob:
             else []
         )
         outcome = self.batches.write(source, plan, seq, schemas, routes)
-        outcome.monikers += restart_monikers(
+        outcome.monikers += offset_only_monikers(
             self.catalog, self.writer_id, plan, seq, outcome.monikers, self.tables
         )
         for moniker in outcome.monikers:

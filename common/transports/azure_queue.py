@@ -128,12 +128,17 @@ class AzureQueueMonikerTransport(MonikerTransport):
             return None, str(error)
 
     def acknowledge(self, delivery: Delivery) -> None:
+        self.acknowledge_copy(delivery)
+        if delivery.moniker is not None:
+            self.journal.delete(self.journal.path_for(delivery.moniker))
+
+    def acknowledge_copy(self, delivery: Delivery) -> None:
+        """Delete this message only: the journal copy stays for the moniker's other message
+        (`resend_journal` sends a second one while the first may still wait to be committed)."""
         try:
             self.queue.delete_message(delivery.handle)
         except ResourceNotFoundError:
             pass  # already gone (its visibility lapsed and another receive deleted it)
-        if delivery.moniker is not None:
-            self.journal.delete(self.journal.path_for(delivery.moniker))
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         # The moniker itself, not the message: a big one's message only points to its journal copy,
