@@ -244,7 +244,12 @@ def select_ready(
             overlap = overlapping_offsets(moniker, covered)
             if overlap is not None:
                 refused.append((delivery, overlap))
-                refused_through = max(refused_through or moniker.seq, moniker.seq)
+                if moniker.rereads_refused:
+                    refused_through = max(refused_through or moniker.seq, moniker.seq)
+                else:
+                    # A writer of an earlier version never reads a refusal back: its chain moves
+                    # on as before, or its later monikers would all be refused.
+                    expected = moniker.seq
                 continue
             expected = moniker.seq
             ready.append(delivery)
@@ -925,6 +930,11 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
     refusals = dict(state.refusals)
     for delivery, _ in plan.refused:
         moniker = delivery.moniker
+        if not moniker.rereads_refused:  # an earlier version's writer: its chain moves on
+            writer_seqs[moniker.writer_id] = max(
+                writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq
+            )
+            continue
         earlier = refusals.get(moniker.writer_id)
         from_offsets = dict(earlier.from_offsets) if earlier is not None else {}
         for offset_range in moniker.offsets:

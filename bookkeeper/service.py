@@ -333,11 +333,20 @@ class Bookkeeper:
                 extra={"table": table, "source": delivery.source, "reason": reason},
             )
         for delivery, reason in result.refused:
+            self.metrics.errors.labels("overlapping-offsets").inc()
+            report.refused.append((delivery.source, reason))
+            if not delivery.moniker.rereads_refused:
+                # An earlier version's writer does not read the refusal back: set aside as before.
+                self.transport.dead_letter(delivery, reason)
+                report.dead_lettered.append((delivery.source, reason))
+                log.error(
+                    "moniker refused: its offsets overlap the committed ones",
+                    extra={"table": table, "source": delivery.source, "reason": reason},
+                )
+                continue
             # The refusal is in the table's committed state (durable before this): its writer
             # reads the refused offsets again, so the moniker itself is not needed any more.
-            self.metrics.errors.labels("overlapping-offsets").inc()
             self.transport.acknowledge(delivery)
-            report.refused.append((delivery.source, reason))
             log.warning(
                 "moniker refused: its offsets overlap the committed ones; its writer reads them "
                 "again",

@@ -36,9 +36,9 @@ class TableProgress:
     bytes_per_row: float = _INITIAL_BYTES_PER_ROW
     rereading: frozenset[TP] = frozenset()
     """Partitions the table refused this writer's monikers for and the writer has not yet
-    published a moniker for since (`CommittedState.refusals`): read again from `positions`,
-    whatever the source's checkpoint says; the next batch gives the table a moniker even
-    without rows, so the refusal is settled."""
+    published a moniker for since (`CommittedState.refusals`): read again from `positions` (the
+    writer rewinds the source's checkpoint to them first); the next batch gives the table a
+    moniker even without rows, so the refusal is settled."""
 
     def published(self, moniker: Moniker) -> None:
         """Move past a moniker this writer just published for the table."""
@@ -70,9 +70,9 @@ def refresh_progress(
     served = set(configured) | set(tables)
     pending_bytes = sum(m.bytes for m in pending if m.table in served)
     mine = [m for m in pending if m.writer_id == writer_id]
-    for identifier in configured:
-        _progress_of(tables, catalog, identifier, mine, writer_id)
-    for identifier in {m.table for m in mine}:
+    # Every table this writer knows, not only configured ones: a templated table's refusal or
+    # committed seq must reach the writer whether or not a moniker of it is pending right now.
+    for identifier in sorted(set(configured) | set(tables) | {m.table for m in mine}):
         _progress_of(tables, catalog, identifier, mine, writer_id)
     return pending_bytes
 
@@ -194,11 +194,8 @@ def table_positions(
         # a batch that gave a table no rows (only other tables', tombstones or dead letters)
         # publishes nothing for it, and must not be read again for it forever.
         known = dict(checkpoint)
-        progress = tables.setdefault(identifier, TableProgress())
-        for key, offset in progress.positions.items():
-            # A partition read again after a refusal starts where the table's own progress is:
-            # the checkpoint stands past the refused ranges.
-            known[key] = offset if key in progress.rereading else max(known.get(key, 0), offset)
+        for key, offset in tables.setdefault(identifier, TableProgress()).positions.items():
+            known[key] = max(known.get(key, 0), offset)
         positions[identifier] = known
     if templated:
         positions["*"] = checkpoint

@@ -204,6 +204,7 @@ class TableWriter:
         ranges = offset_ranges(plan, identifier)
         moniker = Moniker(
             id=moniker_id(self.writer_id, identifier, ranges),
+            rereads_refused=True,
             writer_id=self.writer_id,
             seq=batch.seq,
             prev_seq=progress.last_seq,
@@ -237,7 +238,11 @@ def offset_only_monikers(
       the refused offsets again, and the table must learn that it did, else every batch would
       read them again."""
     monikers = []
-    rereading = {identifier for identifier, progress in tables.items() if progress.rereading}
+    rereading = {
+        identifier
+        for identifier in set(plan.table_starts) - {"*"}  # this source's tables only
+        if identifier in tables and tables[identifier].rereading
+    }
     for identifier in sorted(
         (set(plan.restarted) | rereading) - {m.table for m in written} - {"*"}
     ):
@@ -248,6 +253,7 @@ def offset_only_monikers(
         monikers.append(
             Moniker(
                 id=moniker_id(writer_id, identifier, ranges),
+                rereads_refused=True,
                 writer_id=writer_id,
                 seq=seq,
                 prev_seq=tables.setdefault(identifier, TableProgress()).last_seq,

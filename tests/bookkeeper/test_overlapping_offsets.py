@@ -132,3 +132,29 @@ def test_select_ready_refuses_what_was_planned_on_a_refused_moniker(tmp_path: Pa
     assert [d.moniker.seq for d in selection.duplicates] == [2]
     assert [d.moniker.seq for d, _ in selection.refused] == [3]
     assert [d.moniker.seq for d in selection.ready] == [4]
+
+
+def test_a_refused_moniker_of_an_earlier_version_s_writer_is_set_aside_as_before(
+    tmp_path: Path,
+) -> None:
+    """A writer that does not read refusals back (its monikers lack `rereads_refused`): its
+    refused moniker is dead-lettered and its chain moves on, or its later batches would all be
+    refused while it never reads them again."""
+    config = bookkeeper_config(tmp_path)
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    transport.publish(make_moniker(config, 1, None, (0, 100), writer_id="w1"))
+    bookkeeper.run_cycle()
+    old = make_moniker(config, 1, None, (50, 150), writer_id="old").model_copy(
+        update={"rereads_refused": None}
+    )
+    transport.publish(old)
+    report = bookkeeper.run_cycle()
+    assert len(report.refused) == len(report.dead_lettered) == 1
+    state = committed_state(bookkeeper.catalog.load_table("shop.items"))
+    assert state.writer_seqs == {"w1": 1, "old": 1} and state.refusals == {}
+    nxt = make_moniker(config, 2, 1, (150, 160), writer_id="old").model_copy(
+        update={"rereads_refused": None}
+    )
+    transport.publish(nxt)
+    assert bookkeeper.run_cycle().committed_monikers == 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from common.moniker import Moniker, OffsetRange, moniker_id
-from writers.progress import TableProgress, live_monikers, next_seq, table_positions
+from writers.offsets import BatchPlan
+from writers.progress import TableProgress, live_monikers, next_seq
+from writers.table_writer import offset_only_monikers
 
 
 def moniker(seq: int, prev_seq: int | None, start: int, until: int) -> Moniker:
@@ -39,12 +41,20 @@ def test_pending_monikers_after_a_refusal_are_doomed_until_the_writer_re_plans()
     assert live_monikers([moniker(4, 3, 90, 100)], committed, None) == ([], [])
 
 
-def test_a_writer_never_reuses_a_seq_and_rereads_past_its_checkpoint() -> None:
-    progress = TableProgress(
-        last_seq=3, highest_seq=9, positions={("t", 0): 100}, rereading=frozenset({("t", 0)})
-    )
+def test_a_writer_never_reuses_a_seq() -> None:
+    progress = TableProgress(last_seq=3, highest_seq=9, positions={("t", 0): 100})
     tables = {"db.t": progress, "db.u": TableProgress(last_seq=4, positions={("t", 0): 170})}
     assert next_seq(tables, None) == 10  # above the refused seq 9, not the chain's head 3
-    positions = table_positions(tables, ["db.t", "db.u"], {("t", 0): 180}, templated=False)
-    assert positions["db.t"] == {("t", 0): 100}  # the checkpoint's 180 does not hide the refusal
-    assert positions["db.u"] == {("t", 0): 180}
+
+
+def test_a_file_less_moniker_settles_a_refusal_only_for_the_source_s_own_tables() -> None:
+    """A writer of two sources: the refused table belongs to the second; the first source's
+    batch must not give it a moniker over the first source's partitions."""
+    plan = BatchPlan(
+        read_ranges={("shop", 0): (10, 20)}, table_starts={"db.orders": {("shop", 0): 10}}
+    )
+    tables = {
+        "db.orders": TableProgress(last_seq=1),
+        "web.clicks": TableProgress(last_seq=1, rereading=frozenset({("clicks", 0)})),
+    }
+    assert offset_only_monikers(None, "w", plan, 2, [], tables) == []
