@@ -44,6 +44,8 @@ class CycleReport:
 
     tables: list[TableCommit] = field(default_factory=list)
     dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """Monikers refused (source, reason): recorded in their table, read again by their writer."""
     purges: dict[str, PurgeOutcome] = field(default_factory=dict)
     """Upsert tables purged after their commit (`purges.py`): what each purge did."""
     pending: int = 0
@@ -319,6 +321,9 @@ class Bookkeeper:
         nothing to commit): acknowledge, dead-letter, report."""
         for delivery in result.committed + result.duplicates:
             self.transport.acknowledge(delivery)
+        for delivery in result.copies:
+            # Another delivery of the same moniker may still wait: drop this one only.
+            self.transport.acknowledge_copy(delivery)
         for delivery, reason in result.quarantined:
             self.metrics.errors.labels("quarantined").inc()
             self.transport.dead_letter(delivery, reason)
@@ -329,10 +334,22 @@ class Bookkeeper:
             )
         for delivery, reason in result.refused:
             self.metrics.errors.labels("overlapping-offsets").inc()
-            self.transport.dead_letter(delivery, reason)
-            report.dead_lettered.append((delivery.source, reason))
-            log.error(
-                "moniker refused: its offsets overlap the committed ones",
+            report.refused.append((delivery.source, reason))
+            if not delivery.moniker.rereads_refused:
+                # An earlier version's writer does not read the refusal back: set aside as before.
+                self.transport.dead_letter(delivery, reason)
+                report.dead_lettered.append((delivery.source, reason))
+                log.error(
+                    "moniker refused: its offsets overlap the committed ones",
+                    extra={"table": table, "source": delivery.source, "reason": reason},
+                )
+                continue
+            # The refusal is in the table's committed state (durable before this): its writer
+            # reads the refused offsets again, so the moniker itself is not needed any more.
+            self.transport.acknowledge(delivery)
+            log.warning(
+                "moniker refused: its offsets overlap the committed ones; its writer reads them "
+                "again",
                 extra={"table": table, "source": delivery.source, "reason": reason},
             )
         for delivery, reason in result.unavailable:

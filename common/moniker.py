@@ -115,6 +115,13 @@ class Moniker(_Value):
     min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
     created_ms: int = Field(default_factory=lambda: int(time.time() * 1000))
+    rereads_refused: Literal[True] | None = Field(
+        None,
+        description="The writer reads a refused moniker's offsets again (it reads the table's "
+        "`icekeeper.refusals`): the bookkeeper records a refusal instead of moving the writer's "
+        "chain past it. Writers of earlier versions leave it out, and their refused monikers are "
+        "dead-lettered as before.",
+    )
 
     @property
     def bytes(self) -> int:

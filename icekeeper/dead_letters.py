@@ -4,12 +4,13 @@ aside, and putting it back once the cause is fixed.
 Two places hold what did not reach a table:
 - quarantined monikers, in the transport's dead-letter folder: monikers the bookkeeper could not
   read or commit (a file that is not Parquet or not what the moniker says, a file missing past
-  `bookkeeper.missing_file_timeout`, an incompatible schema, offsets overlapping the committed
-  ones), each with its reason. Replay publishes the moniker again. The bookkeeper commits a replay
+  `bookkeeper.missing_file_timeout`, an incompatible schema), each with its reason. Replay
+  publishes the moniker again. The bookkeeper commits a replay
   once: the table's committed state lists the ids of the monikers it quarantined, and the commit
   of a replayed one takes its id off, in the same snapshot; a second replay, or a replay after a
-  crash half way, is then a duplicate. A moniker refused for overlapping offsets is not on that
-  list (its records are in the table from another writer): its replay is dropped as a duplicate.
+  crash half way, is then a duplicate. (A moniker refused for overlapping offsets is not set aside
+  at all: its writer reads its records again; one dead-lettered by an older version is dropped as
+  a duplicate when replayed.)
 - dead-lettered records, in each source's dead-letter topic: records a writer could not decode or
   route, raw, with the reason and their source topic, partition and offset in headers
   (`writers/dead_letters.py`). Replay produces them again to their source topic, as Kafka Connect

@@ -413,7 +413,7 @@ class TxLogTransport(_Model):
     uri: str = Field("{state_dir}/txlog", description="Folder that holds pending monikers.")
     dead_letter_uri: str = Field(
         "{state_dir}/dead-letter/monikers",
-        description="Folder for monikers set aside (unreadable, quarantined, refused), with their "
+        description="Folder for monikers set aside (unreadable, quarantined), with their "
         "reasons: `icekeeper dead-letters` lists and replays them, the reaper spares their files.",
     )
 

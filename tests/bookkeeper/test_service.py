@@ -124,6 +124,7 @@ def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> No
         None,
     )
     job.catalog = Bookkeeper(config).catalog
+    job.templated = {}
     report = job.run_batch()
     assert report.throttled and report.records_read == 0 and job.pending_bytes > 1
 

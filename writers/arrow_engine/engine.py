@@ -244,6 +244,7 @@ class ArrowEngine:
             batch.monikers.append(
                 Moniker(
                     id=moniker_id(self.writer_id, identifier, ranges),
+                    rereads_refused=True,
                     writer_id=self.writer_id,
                     seq=seq,
                     prev_seq=progress.last_seq,
