@@ -92,7 +92,7 @@ def plan_evolution(
         last_column_id: the table's last-column-id (`TableMetadata.last_column_id`): the ids up
             to it were given out, possibly to columns dropped since.
         earlier_schemas: the table's schemas (`TableMetadata.schemas`, oldest first), where a
-            dropped column is found again.
+            dropped column is found again; the new schema's id follows theirs.
 
     Raises:
         IncompatibleSchema: a type that cannot be promoted, or field ids that disagree with names.
@@ -112,9 +112,11 @@ def plan_evolution(
     identifier_ids = list(table_schema.identifier_field_ids) or list(
         file_schema.identifier_field_ids
     )
-    schema = Schema(
-        *fields, schema_id=table_schema.schema_id + 1, identifier_field_ids=identifier_ids
-    )
+    # After the highest schema id, not the current one's: an engine that dropped what it added
+    # made an earlier schema current again, and "set current" resolves a repeated id to the
+    # first schema that has it.
+    schema_id = max(s.schema_id for s in (table_schema, *earlier_schemas)) + 1
+    schema = Schema(*fields, schema_id=schema_id, identifier_field_ids=identifier_ids)
     return Evolution(schema, changes)
 
 

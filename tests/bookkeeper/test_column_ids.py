@@ -92,3 +92,29 @@ def test_an_id_another_engine_gave_out_meanwhile_is_not_taken_for_a_new_column(
     table = ours.catalog.load_table("shop.items")
     assert table.schema().column_names == SCHEMA.column_names
     assert table.metadata.last_column_id == 5
+
+
+def test_a_new_schema_gets_a_schema_id_no_earlier_schema_has(tmp_path: Path) -> None:
+    """Another engine added a column and dropped it (schemas 0 and 1, the current one 0 again):
+    the bookkeeper's next schema is 2, not a second 1 that "set current" would resolve to the
+    other engine's schema."""
+    config = bookkeeper_config(tmp_path)
+    transport = open_transport(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.run_cycle()
+    other = bookkeeper.catalog.load_table("shop.items")
+    with other.update_schema() as update:
+        update.add_column("scratch", LongType())
+    with other.refresh().update_schema() as update:
+        update.delete_column("scratch")
+    label = NestedField(6, "label", StringType(), required=False)  # after scratch's 5
+    transport.publish(make_moniker(config, 2, 1, (10, 20), schema=schema(label)))
+
+    report = bookkeeper.run_cycle()
+
+    assert report.committed_monikers == 1
+    table = bookkeeper.catalog.load_table("shop.items")
+    assert [s.schema_id for s in table.schemas().values()] == [0, 1, 2]
+    assert table.schema().schema_id == 2
+    assert table.schema().column_names == [*SCHEMA.column_names, "label"]
