@@ -42,6 +42,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import (
     AddSchemaUpdate,
     AssertCurrentSchemaId,
+    AssertLastAssignedFieldId,
     AssertTableUUID,
     SetCurrentSchemaUpdate,
 )
@@ -580,6 +581,9 @@ class Committer:
         """Writer -> the seq of its moniker left pending
         for a file: its later monikers wait behind it."""
         current_schema = table.schema() if table is not None else None
+        # What ids the table gave out, as the cycle's schema changes move it on (see evolution.py).
+        last_column_id = table.metadata.last_column_id if table is not None else 0
+        known_schemas = list(table.metadata.schemas) if table is not None else []
         evolutions: dict[tuple[int, str], object] = {}
         for delivery, schema_key in zip(ready, schema_keys):
             moniker = delivery.moniker
@@ -603,11 +607,17 @@ class Committer:
                 if current_schema is None:
                     table = self._create_table(identifier, moniker, file_schema)
                     plan.table, current_schema = table, table.schema()
+                    last_column_id = table.metadata.last_column_id
+                    known_schemas = list(table.metadata.schemas)
                 evolution_key = (id(current_schema), schema_key)
                 if evolution_key not in evolutions:
                     try:
                         evolutions[evolution_key] = plan_evolution(
-                            current_schema, file_schema, self.config.bookkeeper.allow_drop_columns
+                            current_schema,
+                            file_schema,
+                            self.config.bookkeeper.allow_drop_columns,
+                            last_column_id=last_column_id,
+                            earlier_schemas=known_schemas,
                         )
                     except IncompatibleSchema as error:
                         evolutions[evolution_key] = error
@@ -628,6 +638,9 @@ class Committer:
                 continue
             if evolution.schema is not None:
                 current_schema = evolution.schema
+                # As Iceberg's metadata builder (and pyiceberg's AddSchemaUpdate) will set it.
+                last_column_id = max(last_column_id, current_schema.highest_field_id)
+                known_schemas.append(current_schema)
                 plan.new_schema = evolution.schema
                 plan.schema_changes.extend(evolution.changes)
             plan.committed.append(delivery)
@@ -804,7 +817,12 @@ class Committer:
             stage_updates(  # explicit field ids: see evolution.py
                 transaction,
                 (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
-                (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
+                (
+                    AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),
+                    # The new schema's ids were checked against this last-column-id: an engine
+                    # that added and dropped a column meanwhile leaves the schema id as it was.
+                    AssertLastAssignedFieldId(last_assigned_field_id=table.metadata.last_column_id),
+                ),
             )
         removed_deletes = plan.upsert.removed_deletes if plan.upsert else []
         with merge_append(

@@ -126,7 +126,6 @@ class TableWriter:
         observes_batch = batch_observations is not None
         spec = self.config.table(identifier)
         table = load_table_or_none(self.catalog, identifier)
-        existing = table.schema() if table is not None else None
         keep = (
             f"{ROUTE} = {sql.string(route or identifier)} AND {ERROR} IS NULL AND "
             f"{_at_or_after(plan, identifier)}"
@@ -144,7 +143,7 @@ class TableWriter:
             frame,
             versions,
             self.config.metadata_columns,
-            existing,
+            table.metadata if table is not None else None,
             spec.primary_key,
             carry=[KEEP, ROUTE, VERSION],
         )
