@@ -155,10 +155,10 @@ class Purger:
                 partition=tuple(data.partition),
                 record_count=data.record_count,
                 size_bytes=data.file_size_in_bytes,
-                live_rows=int(live_rows[ordinal]),
+                live_rows=int(live_rows[ordinal]) if ordinal is not None else 0,
             )
             for data in candidates
-            if (ordinal := index.ordinal_of(data.file_path)) is not None
+            for ordinal in [index.ordinal_of(data.file_path)]
         ]
         plan = plan_purge(
             files,

@@ -296,7 +296,13 @@ class UpsertKeeper:
             self._save(identifier, table)
 
     def _save(self, identifier: str, table: Table) -> None:
-        save_index(table, self._indexes[identifier])
+        """Save the index, without the data files it no longer needs (`KeyIndex.prune_files`:
+        saves, between cycles, are the one moment no planned cycle holds ordinals). Not while
+        rows found doubled at a rebuild wait for their deletes: those point into such files."""
+        index = self._indexes[identifier]
+        if identifier not in self._doubled:
+            index.prune_files()
+        save_index(table, index)
         self._saved_at[identifier] = time.monotonic()
 
     def _write_deletes(

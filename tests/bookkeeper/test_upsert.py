@@ -19,6 +19,7 @@ from common.transports import MonikerTransport, open_transport
 from tests.support.shop_items import (
     SCHEMA,
     UpsertWriter,
+    applied,
     bookkeeper_config,
     duckdb_rows,
     pyiceberg_rows,
@@ -292,3 +293,33 @@ def test_a_data_file_named_through_a_parent_folder_quarantines_its_moniker(tmp_p
         [(_, reason)] = result.quarantined
         assert "names a parent folder" in reason, name
     assert pyiceberg_rows(bookkeeper) == {k: k for k in range(3)}
+
+
+def test_the_saved_key_index_names_only_files_with_live_keys(tmp_path: Path) -> None:
+    """Every batch updates every key: each commit leaves the previous data file without a live
+    row. The index saved beside the table (at every commit here) lists only the files live keys
+    point into, not every file ever committed; the bookkeeper's purges still drop the dead files
+    from the table; and a bookkeeper restarted from the saved index carries on exactly."""
+    config, transport, writer, bookkeeper = upsert_table_with(
+        tmp_path, 20, bookkeeper__key_index_save_interval="0"
+    )
+    reference = {k: k for k in range(20)}
+    for cycle in range(1, 31):
+        changes = [(k, 1000 * cycle + k) for k in range(20)]
+        transport.publish(writer.batch(changes))
+        [result] = bookkeeper.run_cycle().tables
+        assert result.committed
+        reference.update(changes)
+    table = bookkeeper.catalog.load_table("shop.items")
+    saved = load_index(table)
+    assert saved is not None and saved.snapshot_id == table.current_snapshot().snapshot_id
+    assert len(saved.files) <= 2, [ref.path for ref in saved.files]
+    assert len(list(table.scan().plan_files())) <= 2, "dead data files left in the table"
+    assert pyiceberg_rows(bookkeeper) == reference
+    restarted = Bookkeeper(config)  # no clean stop: it starts from the index saved last
+    changes = [(k, -k) for k in range(0, 20, 3)] + [(5, None)]
+    transport.publish(writer.batch(changes))
+    [result] = restarted.run_cycle().tables
+    assert result.committed and not result.quarantined
+    applied(reference, changes)
+    assert pyiceberg_rows(restarted) == reference == duckdb_rows(restarted)
