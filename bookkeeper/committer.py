@@ -413,7 +413,7 @@ class Committer:
             result.files = len(plan.data_files)
             result.watermark_ms = plan.new_state.watermark_ms
             for delivery in plan.committed + [q for q, _ in plan.quarantined]:
-                for entry in delivery.moniker.files if delivery.moniker is not None else ():
+                for entry in _checked_files(delivery.moniker, True) if delivery.moniker else ():
                     self._footers.pop(entry.path, None)
                     self._missing_since.pop(entry.path, None)
             return result
@@ -568,10 +568,13 @@ class Committer:
             if schema_key not in schemas:
                 schemas[schema_key] = Schema.model_validate(delivery.moniker.schema_)
             schema_keys.append(schema_key)
+        # An upsert table's deleted-keys files are read and checked as its data files are: each
+        # one deletes every key it holds.
+        upsert = self.config.table(identifier).upsert
         requests = [
             (entry.path, schemas[key], key)
             for delivery, key in zip(ready, schema_keys)
-            for entry in delivery.moniker.files
+            for entry in _checked_files(delivery.moniker, upsert)
             if not isinstance(self._footers.get(entry.path), (FooterFacts, InvalidFile))
         ]  # unread, or unavailable last time
         properties = table.properties if table is not None else {}
@@ -593,7 +596,7 @@ class Committer:
                 continue
             unavailable = [
                 facts
-                for entry in moniker.files
+                for entry in _checked_files(moniker, upsert)
                 if isinstance(facts := self._footers[entry.path], FileUnavailable)
             ]
             if unavailable:
@@ -633,6 +636,11 @@ class Committer:
                     validate(entry, facts, location, file_schema)
                     spec = plan.table.specs().get(entry.spec_id, plan.table.spec())
                     files.append(data_file(entry, facts, spec))
+                for entry in moniker.delete_files if upsert else ():
+                    facts = self._footers[entry.path]
+                    if isinstance(facts, InvalidFile):
+                        raise facts
+                    validate(entry, facts, location, file_schema)
             except (IncompatibleSchema, InvalidFile) as error:
                 plan.quarantined.append((delivery, str(error)))
                 continue
@@ -882,6 +890,12 @@ class Committer:
             if properties.get(KEY_COMMIT_ID) == commit_id:
                 return snapshot.snapshot_id
         return None
+
+
+def _checked_files(moniker: Moniker, upsert: bool) -> list[FileEntry]:
+    """The files of `moniker` whose footers are read and checked: its data files, and for an
+    upsert table its deleted-keys files too."""
+    return [*moniker.files, *moniker.delete_files] if upsert else list(moniker.files)
 
 
 EVENT_FILES_KEPT = 2000

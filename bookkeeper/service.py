@@ -394,7 +394,7 @@ class Bookkeeper:
             if not spec.upsert:
                 continue
             try:
-                results = self.rewrites.commit_pending(spec.identifier)
+                polled = self.rewrites.commit_pending(spec.identifier)
             except StaleEpoch:
                 raise
             except Exception as error:  # noqa: BLE001 - a rewrite is maintenance: it waits for the next poll
@@ -404,7 +404,10 @@ class Bookkeeper:
                     extra={"table": spec.identifier, "error": repr(error)},
                 )
                 continue
-            for result in results:
+            # Each request on its own (`RewriteCommitter.commit_pending` logged each one).
+            self.metrics.errors.labels("rewrite-failed").inc(len(polled.failed))
+            self.metrics.errors.labels("rewrite-set-aside").inc(len(polled.set_aside))
+            for result in polled.committed:
                 if result.snapshot_id is not None:
                     self._settle(report, spec.identifier, result)
 
@@ -436,7 +439,9 @@ class Bookkeeper:
                 )
                 continue
             self.metrics.purge_seconds.labels(identifier).inc(outcome.seconds)
-            if outcome.refused is not None:
+            if outcome.set_aside is not None:
+                self.metrics.errors.labels("rewrite-set-aside").inc()
+            elif outcome.refused is not None:
                 self.metrics.errors.labels("purge-refused").inc()
             elif outcome.snapshot_id is not None:
                 self.metrics.purged_files.labels(identifier).inc(outcome.files_replaced)

@@ -69,7 +69,7 @@ class ColumnMetrics(_Value):
 
 
 class FileEntry(_Value):
-    """One file the writer made durable under the table's location."""
+    """One file the writer made durable under the table's data folder (`<location>/data`)."""
 
     path: str
     size_bytes: int = Field(ge=0)

@@ -248,7 +248,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from icekeeper.bench.bookkeeper import run_bookkeeper_bench
 
             result = run_bookkeeper_bench(
-                config.state_dir, commits=args.commits, footers=args.footers, progress=_progress
+                config.state_dir,
+                commits=args.commits or 10_000,
+                footers=args.footers,
+                progress=_progress,
             )
         elif args.target == "reaper":
             from icekeeper.bench.reaper import run_reaper_bench
@@ -271,7 +274,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         elif args.target == "key-index":
             from icekeeper.bench.key_index import run_key_index_bench
 
-            result = run_key_index_bench(keys=args.keys, progress=_progress)
+            result = run_key_index_bench(keys=args.keys or 10_000_000, progress=_progress)
+        elif args.target == "key-index-files":
+            from icekeeper.bench.key_index import run_key_index_files_bench
+
+            result = run_key_index_files_bench(
+                commits=args.commits or 100_000, keys=args.keys or 100_000, progress=_progress
+            )
         elif args.target == "upsert":
             from icekeeper.bench.upsert import run_upsert_bench
 
@@ -280,7 +289,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 changes=args.records or 1_000_000,
                 cores=args.cores,
                 repeat=args.repeat or 1,
-                index_keys=args.keys,
+                index_keys=args.keys or 10_000_000,
                 freshness_s=args.seconds,
                 rate_per_s=args.rate,
                 freshness_warmup_s=args.warmup,
@@ -496,7 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
         "benchmarks that print ratios against a baseline run on the same machine",
     )
     bench.add_argument(
-        "target", choices=["writer", "bookkeeper", "reaper", "e2e", "key-index", "upsert"]
+        "target",
+        choices=["writer", "bookkeeper", "reaper", "e2e", "key-index", "key-index-files", "upsert"],
     )
     bench.add_argument(
         "--records",
@@ -515,8 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--commits",
         type=int,
-        default=10_000,
-        help="bookkeeper: single-moniker commits for the latency curve",
+        default=None,
+        help="bookkeeper: single-moniker commits for the latency curve (default 10,000); "
+        "key-index-files: commits, one data file each, before the index is saved (default "
+        "100,000)",
     )
     bench.add_argument("--footers", type=int, default=10_000, help="bookkeeper: footers to read")
     bench.add_argument(
@@ -552,8 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--keys",
         type=int,
-        default=10_000_000,
-        help="key-index, upsert: keys in the upsert key index",
+        default=None,
+        help="key-index, upsert: keys in the upsert key index (default 10,000,000); "
+        "key-index-files: keys the commits update (default 100,000)",
     )
     bench.add_argument(
         "--table-rows",

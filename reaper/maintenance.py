@@ -327,6 +327,11 @@ class SparkMaintenance:
                 f"compaction: the bookkeeper refused it ({outcome.refused}); the next pass plans "
                 "again"
             )
+        elif outcome.set_aside:
+            report.errors.append(
+                f"compaction: the bookkeeper set it aside ({outcome.set_aside}); see "
+                "`icekeeper dead-letters list --rewrites`"
+            )
         elif outcome.waiting:
             log.info(
                 "compaction handed to the bookkeeper, not committed yet",

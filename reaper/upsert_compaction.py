@@ -53,11 +53,13 @@ from common.parquet_files import (
 )
 from common.rewrites import (
     RewriteRequest,
+    commit_attempted,
     forget_refusal,
     is_pending,
     output_folder,
     publish_rewrite,
     refusal,
+    set_aside_reason,
 )
 from common.storage import open_filesystem
 
@@ -85,6 +87,8 @@ class CompactionOutcome:
     files_written: int = 0
     committed: bool = False
     refused: str | None = None
+    set_aside: str | None = None
+    """Why the bookkeeper set the request aside (its files are kept for the operator)."""
     waiting: bool = False
 
 
@@ -246,12 +250,17 @@ class UpsertCompaction:
             time.sleep(0.5)
         outcome.refused = refusal(table.location(), request_id)
         if outcome.refused is None:
-            outcome.committed = True
+            outcome.set_aside = set_aside_reason(table.location(), request_id)
+            outcome.committed = outcome.set_aside is None
             return outcome
         # Refused: nothing will ever commit these files, so they go
         # now (the refusal last, so a reaper that dies here finds it
         # again... or orphan removal takes the files after the grace).
-        _delete_folder(output)
+        # Unless a commit of it was attempted: it may have landed in a
+        # snapshot since expired, and orphan removal knows what any
+        # snapshot still names.
+        if not commit_attempted(table.location(), request_id):
+            _delete_folder(output)
         forget_refusal(table.location(), request_id)
         return outcome
 

@@ -579,7 +579,9 @@ class BookkeeperConfig(_Model):
         description="How long a file a moniker names may stay missing (storage says it does not "
         "exist) before the moniker is quarantined; until then it stays pending and is retried "
         "every cycle, like a file storage fails to serve (network errors, timeouts, throttling), "
-        "which is retried for as long as it takes. See docs/operations.md.",
+        "which is retried for as long as it takes. The same for the files of a rewrite request "
+        "(a compaction or purge of an upsert table): past it the request is set aside, its files "
+        "kept. See docs/operations.md.",
     )
     lease_ttl: Duration = Field(
         30.0,
