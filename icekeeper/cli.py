@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stack",
         cmd_stack,
         "start, stop or show the local Kafka, schema registry and Azurite (and MariaDB, "
-        "PostgreSQL, Debezium)",
+        "PostgreSQL, Debezium; an S3 server and Iceberg catalogs)",
     )
     stack.add_argument("action", choices=["up", "down", "status"])
     stack.add_argument(
