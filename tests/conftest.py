@@ -160,12 +160,13 @@ def unique_topic() -> str:
 def spark(stack_config: IcekeeperConfig):
     """One local SparkSession (2 cores) for the whole test session; starting one takes 10-20 s.
 
-    It has the jars of the stack's S3 server and catalogs on its classpath (they cannot be added
-    later), so a test can register any of those catalogs in it (`spark_catalog(name).conf`).
+    Its jars include those of the stack's S3 server and catalogs (they cannot be added to a running
+    session), so a test can register any of those catalogs in it (`spark_catalog(name).conf`).
     """
-    from common.spark import spark_session
+    from common.spark import spark_jars, spark_session
     from icekeeper.localstack.stack import LocalStack
 
+    cache_dir = Path(stack_config.cache_dir)
     client_jars = LocalStack(stack_config).spark_client_jars(
         progress=lambda message: print(f"[spark] {message}")
     )
@@ -175,7 +176,9 @@ def spark(stack_config: IcekeeperConfig):
         master="local[2]",
         extra_conf={
             "spark.sql.shuffle.partitions": "4",
-            "spark.driver.extraClassPath": ":".join(str(jar) for jar in client_jars),
+            # After icekeeper's own, in Spark's class loader (not `extraClassPath`, which would
+            # put iceberg-aws-bundle's unshaded commons-codec and caffeine before Spark's).
+            "spark.jars": ",".join(str(jar) for jar in [*spark_jars(cache_dir), *client_jars]),
         },
     )
     yield session

@@ -107,7 +107,8 @@ class HiveMetastoreService(CatalogService):
             classpath,
         ]
         initialised = self.home / "schema-initialised"
-        if not initialised.exists():
+        # The marker alone is not enough: a Derby folder removed by hand would come back empty.
+        if not initialised.exists() or not self.derby_dir.is_dir():
             progress(f"creating the Hive Metastore {version} schema in Derby (once)")
             self._init_schema(jvm, metastore_home)
             initialised.touch()
