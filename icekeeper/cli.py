@@ -30,6 +30,34 @@ def _development_config(args: argparse.Namespace) -> IcekeeperConfig:
     return with_seed_defaults(_config(args))
 
 
+OPTIONAL_SERVICE_NAMES = (
+    "mariadb",
+    "postgres",
+    "connect",
+    "kafka-sasl",
+    "registry-auth",
+    "s3",
+    "rest",
+    "nessie",
+    "hms",
+    "pg-catalog",
+)
+"""What `stack up --with` takes (icekeeper/localstack/stack.py `OPTIONAL_SERVICES`, named here so
+that `--help` does not import the stack)."""
+
+
+def _optional_service_names(text: str) -> list[str]:
+    """`--with` names, space- or comma-separated (`--with s3,rest nessie`)."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in OPTIONAL_SERVICE_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"no optional service {', '.join(unknown)}; "
+            f"choose from {', '.join(OPTIONAL_SERVICE_NAMES)}"
+        )
+    return names
+
+
 def _progress(message: str) -> None:
     print(f"[icekeeper] {message}", flush=True)
 
@@ -38,7 +66,8 @@ def cmd_stack(args: argparse.Namespace) -> int:
     from icekeeper.localstack.stack import LocalStack, started_optional_services
 
     config = _config(args)
-    with_services = list(args.with_services or [])
+    # Each --with word is a list of names (`s3,rest`).
+    with_services = [name for names in args.with_services or [] for name in names]
     if args.action != "up":
         # `down` and `status` also cover the optional services an earlier `up --with` started.
         with_services += [
@@ -394,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stack",
         cmd_stack,
         "start, stop or show the local Kafka, schema registry and Azurite (and MariaDB, "
-        "PostgreSQL, Debezium)",
+        "PostgreSQL, Debezium; an S3 server and Iceberg catalogs)",
     )
     stack.add_argument("action", choices=["up", "down", "status"])
     stack.add_argument(
@@ -407,12 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--with",
         dest="with_services",
         nargs="+",
-        choices=["mariadb", "postgres", "connect", "kafka-sasl", "registry-auth"],
+        action="extend",
+        type=_optional_service_names,
         metavar="SERVICE",
         help="also run a CDC source: mariadb and/or postgres (each with Kafka Connect running "
         "Debezium), or connect alone; or a secured broker (kafka-sasl: SASL_SSL, SCRAM, a CA made "
-        "at start) and a basic-auth registry (registry-auth); down and status cover what an "
-        "earlier up --with started",
+        "at start) and a basic-auth registry (registry-auth); or an S3 server (s3) and Iceberg "
+        "catalogs with their tables on it (rest, nessie, hms, pg-catalog; each brings s3). Names "
+        "separated by spaces or commas; down and status cover what an earlier up --with started",
     )
 
     config = add(
