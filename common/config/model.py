@@ -587,11 +587,14 @@ class BookkeeperConfig(_Model):
         "renewal; a standby takes over after it.",
     )
     http_port: int = Field(
-        9464, ge=0, le=65535, description="Port of the metrics and health endpoint (0: off)."
+        9464,
+        ge=0,
+        le=65535,
+        description="Port of `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); 0: off.",
     )
     http_host: str = Field(
         "127.0.0.1",
-        description="Address the metrics and health endpoint binds to; `0.0.0.0` for every "
+        description="Address the metrics and health endpoints bind to; `0.0.0.0` for every "
         "interface (a Prometheus scraping from another host).",
     )
     heartbeat_every_empty_cycles: int = Field(
