@@ -170,6 +170,14 @@ class Lease:
         return True
 
 
+def live_lease(folder: str, group: str) -> LeaseRecord | None:
+    """The lease of `group` in `folder` while someone holds it, None when it is free, expired or
+    released. A bookkeeper renews its lease every cycle, so a live lease is how another process
+    (the reaper) tells that the group's bookkeeper is running, and who it is."""
+    newest = _newest_lease(Path(folder) / path_segment(group), ttl_ms=1000)
+    return newest if newest is not None and not newest.expired(_now_ms()) else None
+
+
 def _newest_lease(folder: Path, ttl_ms: int) -> LeaseRecord | None:
     """The lease of the highest epoch in `folder`, None if there is none; one being created (not
     readable yet) as held for `ttl_ms` from now."""

@@ -731,7 +731,9 @@ class ReaperConfig(_Model):
         300.0,
         description="Upsert tables: how long a compaction waits for the bookkeeper to commit the "
         "files it wrote (the bookkeeper commits them, since it keeps adding deletes to the same "
-        "files); after that the pass goes on and the bookkeeper commits them when it can.",
+        "files); after that the pass goes on and the bookkeeper commits them when it can. Only a "
+        "running bookkeeper (one holding the group's lease) is waited for: with none, or once its "
+        "lease lapses, the pass goes on at once.",
     )
     commit_attempts: int = Field(
         5,
