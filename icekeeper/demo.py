@@ -51,8 +51,8 @@ SHOWN_COLUMNS = [
 
 def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     """The demo's config: seed 000's table (`SEED_TABLE`) on the first source, reading seed 000's
-    topic, and the state folder moved to `<state_dir>/demo`; connections, catalog and every other
-    setting kept from `config`.
+    topic, the state folder moved to `<state_dir>/demo` with the group's leases in it, and no
+    bookkeeper HTTP port; connections, catalog and every other setting kept from `config`.
 
     The demo names its table itself rather than taking the config's: it produces seed 000's
     stream, so that is the table it shows, with a config of one's own (`icekeeper demo -c`, for
@@ -65,8 +65,11 @@ def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     dumped["sources"] = [first, *dumped["sources"][1:]]
     dumped["tables"] = [{**SEED_TABLE.model_dump(mode="python"), "source": first["name"]}]
     # The demo's bookkeeper is a thread of the demo, over when it ends: no metrics port, which a
-    # bookkeeper running on this machine may hold.
+    # bookkeeper running on this machine may hold; and its leases (and its reaper's) in the
+    # demo's folder, since with a config of one's own the group's real bookkeeper may hold the
+    # group's lease (the demo would stand by for it).
     dumped["bookkeeper"] = {**dumped["bookkeeper"], "http_port": 0}
+    dumped["group"] = {**dumped["group"], "lease_uri": f"{demo_state}/bookkeeper-leases"}
     return IcekeeperConfig.model_validate(dumped).with_development(config.development)
 
 
