@@ -8,6 +8,7 @@ benchmarks); the roles never import it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import signal
 import sys
@@ -185,6 +186,12 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
             f"icekeeper bookkeeper: stopped, fenced by a newer bookkeeper: {error}", file=sys.stderr
         )
         return 3
+    finally:
+        # The service is over (lease released, endpoints closed); what is left is the
+        # interpreter's teardown, whose collections over every object the imports made
+        # (pyiceberg, pyarrow, SQLAlchemy) took 0.5-1 s on a loaded machine. Frozen, they are
+        # skipped, and the process exits within a second of SIGTERM, as supervisors expect.
+        gc.freeze()
     return 0
 
 

@@ -589,11 +589,14 @@ class BookkeeperConfig(_Model):
         "renewal; a standby takes over after it.",
     )
     http_port: int = Field(
-        9464, ge=0, le=65535, description="Port of the metrics and health endpoint (0: off)."
+        9464,
+        ge=0,
+        le=65535,
+        description="Port of `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); 0: off.",
     )
     http_host: str = Field(
         "127.0.0.1",
-        description="Address the metrics and health endpoint binds to; `0.0.0.0` for every "
+        description="Address the metrics and health endpoints bind to; `0.0.0.0` for every "
         "interface (a Prometheus scraping from another host).",
     )
     heartbeat_every_empty_cycles: int = Field(
@@ -730,7 +733,9 @@ class ReaperConfig(_Model):
         300.0,
         description="Upsert tables: how long a compaction waits for the bookkeeper to commit the "
         "files it wrote (the bookkeeper commits them, since it keeps adding deletes to the same "
-        "files); after that the pass goes on and the bookkeeper commits them when it can.",
+        "files); after that the pass goes on and the bookkeeper commits them when it can. Only a "
+        "running bookkeeper (one holding the group's lease) is waited for: with none, or once its "
+        "lease lapses, the pass goes on at once.",
     )
     commit_attempts: int = Field(
         5,
