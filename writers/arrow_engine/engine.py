@@ -39,7 +39,12 @@ from writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan
 from writers.arrow_engine.tasks import TaskGroup, TaskRange, task_ranges
 from writers.arrow_engine.upserts import UpsertPlan, shared_key_count, whole_partitions
 from writers.columns import version_column
-from writers.decode import VersionShape, _shape_from_avro
+from writers.decode import (
+    VersionShape,
+    _shape_from_avro,
+    envelope_fields,
+    skipped_envelope_fields,
+)
 from writers.files import batch_folder, discard_output
 from writers.flatten import resolve_keys, table_columns
 from writers.offsets import BatchPlan
@@ -116,8 +121,9 @@ class ArrowEngine:
             _shape_from_avro(version_column(index), envelope_shape(s.resolved), s.schema_id)
             for index, s in enumerate(schemas)
         ]
+        keep = envelope_fields(self.config.metadata_columns)
         versions = [
-            _version_plan(index, s, shape)
+            _version_plan(index, s, shape, skipped_envelope_fields(s.text, keep))
             for index, (s, shape) in enumerate(zip(schemas, shapes, strict=True))
         ]
         tasks = task_ranges(plan, self.spark.sparkContext.defaultParallelism)
@@ -401,7 +407,12 @@ def _upsert_plan(
     return UpsertPlan(tuple(key_names), op if deletes else None)
 
 
-def _version_plan(index: int, schema: RegisteredSchema, shape: VersionShape) -> VersionPlan:
+def _version_plan(
+    index: int,
+    schema: RegisteredSchema,
+    shape: VersionShape,
+    unchecked: dict[str, frozenset[str]],
+) -> VersionPlan:
     return VersionPlan(
         index,
         schema.schema_id,
@@ -411,6 +422,7 @@ def _version_plan(index: int, schema: RegisteredSchema, shape: VersionShape) -> 
         {column.name: column.semantic for column in shape.row},
         tuple(shape.source),
         tuple(shape.transaction),
+        unchecked,
     )
 
 

@@ -2,11 +2,11 @@
 
 This runs in a Spark executor's Python worker. The records are classified as the `spark-sql`
 engine classifies them (`writers/decode.py`, `writers/routing.py`), in the same order of
-reasons: `tombstone`, `bad-magic-byte`, `unknown-schema-id`, `undecodable-avro`, `unroutable`,
-`missing-key` / `delete-without-key`, `unconvertible-value`. Only counts leave the task, never a
-record: the dead letters themselves are sent by the `spark-sql` engine's dead-letter pass, which
-the batch runs only when something failed; the batch reconciles the two before it publishes
-anything (`writers/reconciliation.py`).
+reasons: `tombstone`, `bad-magic-byte`, `unknown-schema-id`, `undecodable-avro`, `invalid-utf8`,
+`unroutable`, `missing-key` / `delete-without-key`, `unconvertible-value`. Only counts leave the
+task, never a record: the dead letters themselves are sent by the `spark-sql` engine's
+dead-letter pass, which the batch runs only when something failed; the batch reconciles the two
+before it publishes anything (`writers/reconciliation.py`).
 """
 
 from __future__ import annotations
@@ -157,11 +157,11 @@ def _read_pieces(
         chosen = chosen_by_version.get(version.index)
         if chosen is None:
             continue
-        decoder = SchemaDecoder.of(version.schema_text, version.resolved)
+        decoder = SchemaDecoder.of(version.schema_text, version.resolved, version.unchecked)
         decoded, failed = decoder.decode(raw.values.take(chosen))
         decoded = decoded.combine_chunks()
         if failed:
-            facts.errors["undecodable-avro"] += len(failed)
+            facts.errors.update(failed.values())
             route = _topic_route(plan, task.topic)
             if route is not None:
                 facts.pairs[(route, version.index)] += len(failed)
