@@ -154,9 +154,6 @@ class SchemaDecoder:
     """The container header with the polars-readable schema."""
     columns: tuple[str, ...] = ()
     """The top-level fields, in order."""
-    bytes_text: str = ""
-    """`schema_text` with every string read as bytes: fastavro tells datums that are not Avro
-    from the others with it, as Spark's `from_avro` does (it does not check UTF-8)."""
 
     @classmethod
     def of(
@@ -181,12 +178,7 @@ class SchemaDecoder:
             + _SYNC
         )
         fields = resolved.get("fields") if isinstance(resolved, dict) else None
-        return cls(
-            schema_text,
-            header,
-            tuple(field["name"] for field in fields or ()),
-            json.dumps(strings_as_bytes(json.loads(schema_text))),
-        )
+        return cls(schema_text, header, tuple(field["name"] for field in fields or ()))
 
     @property
     def lazy_before(self) -> bool:
@@ -269,7 +261,9 @@ class SchemaDecoder:
         return pl.read_avro(io.BytesIO(container), columns=columns).to_arrow()
 
     def _one_by_one(self, datums: list[bytes]) -> tuple[pa.Table, dict[int, str]]:
-        parsed = fastavro.parse_schema(json.loads(self.bytes_text))
+        # Every string read as bytes: fastavro tells the datums that are not Avro from the
+        # others as Spark's `from_avro` does, which does not check UTF-8.
+        parsed = fastavro.parse_schema(strings_as_bytes(json.loads(self.schema_text)))
         cut: list[bytes] = []
         positions: list[int] = []
         failed: dict[int, str] = {}
