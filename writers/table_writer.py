@@ -128,7 +128,7 @@ class TableWriter:
         table = load_table_or_none(self.catalog, identifier)
         keep = (
             f"{ROUTE} = {sql.string(route or identifier)} AND {ERROR} IS NULL AND "
-            f"{_at_or_after(plan, identifier)}"
+            f"{at_or_after_sql(plan, identifier)}"
         )
         if not observes_batch:
             frame = frame.where(keep)
@@ -283,7 +283,7 @@ def offset_ranges(plan: BatchPlan, identifier: str) -> list[OffsetRange]:
     ]
 
 
-def _at_or_after(plan: BatchPlan, identifier: str) -> str:
+def at_or_after_sql(plan: BatchPlan, identifier: str) -> str:
     """SQL keeping rows at or after the table's own start,
     where it differs from the batch's read start."""
     skipped = []
