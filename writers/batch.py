@@ -9,7 +9,8 @@ table's rows (`table_writer.py`); records that failed go to the dead-letter topi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -35,6 +36,13 @@ from writers.files import discard_output
 from writers.kafka_io import read_raw
 from writers.offsets import BatchPlan
 from writers.progress import TableProgress
+from writers.reconciliation import (
+    BatchIntake,
+    BatchUnreconciled,
+    TableIntake,
+    discrepancies,
+    ledger,
+)
 from writers.record_keys import RecordKeys, record_keys_for
 from writers.registry import RegisteredSchema, RegistryUnavailable, TopicSchemas, registry_outage
 from writers.routing import Routes, routed_rows
@@ -46,7 +54,9 @@ from writers.table_versions import (
     schema_ids_of,
     versions_by_table,
 )
-from writers.table_writer import RoutedBatch, TableWriter
+from writers.table_writer import RoutedBatch, TableWriter, at_or_after_sql
+
+log = logging.getLogger(__name__)
 
 
 class BatchIncomplete(RuntimeError):
@@ -65,6 +75,9 @@ class BatchOutcome:
     failed: int = 0
     tombstones: int = 0
     batch_metrics: dict = field(default_factory=dict)
+    intake: BatchIntake | None = None
+    """What the writing pass counted, reconciled with the dead letters before the monikers are
+    returned (`writers/reconciliation.py`)."""
 
     def skipped_tombstones(self, source: KafkaSource) -> int:
         return self.tombstones if source.tombstones == "skip" else 0
@@ -123,6 +136,7 @@ class BatchWriter:
         """
         outcome = self._write_tables(source, plan, seq, schemas, routes)
         dead: DataFrame | None = None
+        dead_letters: dict[str, int] = {}
         try:
             while outcome.dead_lettered(source):
                 # Cached (poison is a handful of rows): counted by reason, searched for schema ids
@@ -138,18 +152,21 @@ class BatchWriter:
                 schemas = schemas + registered
                 outcome = self._write_tables(source, plan, seq, schemas, routes)
             if dead is not None:
-                outcome.errors = {
+                dead_letters = {
                     row["reason"]: int(row["count"])
                     for row in dead.groupBy("reason").count().collect()
                 }
+                outcome.errors = dict(dead_letters)
                 if outcome.errors.get("unknown-schema-id") and (
                     outage := self._registry_outage(source, plan, dead, schemas)
                 ):
                     raise RegistryUnavailable(outage)
+            _reconcile(source, plan, seq, outcome, dead_letters)
+            if dead is not None:
                 send_dead_letters(dead, source)
-        except RegistryUnavailable:
-            # Nothing of the batch is published or dead-lettered:
-            # the writer pauses and reads it again.
+        except (RegistryUnavailable, BatchUnreconciled):
+            # Nothing of the batch is published or dead-lettered: the writer pauses
+            # and reads it again, or fails the batch loudly (`_reconcile`).
             discard_output(outcome.output_dirs)
             raise
         finally:
@@ -203,6 +220,10 @@ class BatchWriter:
         metrics = outcome.batch_metrics if outcome.batch_metrics else _batch_metrics_alone(routed)
         outcome.failed = int(metrics.get("failed") or 0)
         outcome.tombstones = int(metrics.get("tombstone") or 0)
+        if outcome.intake is None:  # no table written: every record must have failed
+            outcome.intake = BatchIntake(
+                int(metrics.get("records") or 0), outcome.failed, outcome.tombstones
+            )
         if (
             not source.offset_gaps
             and metrics.get("records") is not None
@@ -232,12 +253,15 @@ class BatchWriter:
             for route, versions in table_versions.items()
             for identifier in batch.routes.fed_by(route)
         ]
+        accepted, before_start, intake_counts = _intake_counts(batch.plan, writes)
+        taken: dict[str, TableIntake] = {}
         for index, (route, identifier, versions) in enumerate(writes):
             # The first table's write also counts the whole batch (and checks the guess).
             observations = (
                 [
                     *batch_metric_columns(),
                     *[F.expr(expression).alias(name) for name, expression in checks.items()],
+                    *[F.expr(expression).alias(name) for name, expression in intake_counts.items()],
                 ]
                 if index == 0
                 else None
@@ -254,6 +278,22 @@ class BatchWriter:
             if written.moniker is not None:
                 outcome.monikers.append(written.moniker)
                 outcome.rows += written.moniker.records
+            taken[identifier] = TableIntake(route, int(written.observed.get("rows") or 0))
+        if writes:
+            metrics = outcome.batch_metrics
+            outcome.intake = BatchIntake(
+                records=int(metrics.get("records") or 0),
+                failed=int(metrics.get("failed") or 0),
+                tombstones=int(metrics.get("tombstone") or 0),
+                accepted={route: int(metrics.get(name) or 0) for route, name in accepted.items()},
+                tables={
+                    identifier: replace(
+                        table, before_start=int(metrics.get(before_start.get(identifier)) or 0)
+                    )
+                    for identifier, table in taken.items()
+                },
+                fed_by={route: tuple(batch.routes.fed_by(route)) for route in accepted},
+            )
         return outcome
 
     def _newly_registered(
@@ -362,6 +402,7 @@ def _arrow_outcome(source: KafkaSource, plan: BatchPlan, written: ArrowBatch) ->
         output_dirs=written.output_dirs,
         failed=failed,
         tombstones=written.errors.get("tombstone", 0),
+        intake=written.intake,
         batch_metrics={
             "records": written.records,
             "failed": failed,
@@ -375,6 +416,61 @@ def _arrow_outcome(source: KafkaSource, plan: BatchPlan, written: ArrowBatch) ->
             "retried"
         )
     return outcome
+
+
+def _intake_counts(
+    plan: BatchPlan, writes: list[tuple[str, str, list]]
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """What the first table's write also counts for the reconciliation: records each written
+    route accepted, and each table's before its own start (where that differs from the read
+    start). Returns route -> alias, table -> alias, and alias -> SQL of the counts."""
+    routes = list(dict.fromkeys(route for route, _, _ in writes))
+    accepted = {route: f"_ik_accepted_{index}" for index, route in enumerate(routes)}
+    counts = {
+        accepted[route]: f"count_if({ERROR} IS NULL AND {ROUTE} = {sql.string(route)})"
+        for route in routes
+    }
+    before_start = {}
+    for route, identifier, _ in writes:
+        kept = at_or_after_sql(plan, identifier)
+        if kept != "true":
+            alias = before_start[identifier] = f"_ik_before_start_{len(before_start)}"
+            counts[alias] = (
+                f"count_if({ERROR} IS NULL AND {ROUTE} = {sql.string(route)} AND NOT {kept})"
+            )
+    return accepted, before_start, counts
+
+
+def _reconcile(
+    source: KafkaSource,
+    plan: BatchPlan,
+    seq: int,
+    outcome: BatchOutcome,
+    dead_letters: dict[str, int],
+) -> None:
+    """Raise `BatchUnreconciled`, logged at error level with the counts, when a record the batch
+    read would land nowhere, or twice: written, dead-lettered or skipped (`reconciliation.py`)."""
+    if outcome.intake is None:
+        return
+    skip = source.tombstones == "skip"
+    problems = discrepancies(outcome.intake, dead_letters, skip)
+    if not problems:
+        return
+    counts = ledger(outcome.intake, dead_letters, skip)
+    log.error(
+        "batch does not reconcile; nothing of it is published or dead-lettered, its files are "
+        "discarded",
+        extra={
+            "source": source.name,
+            "seq": seq,
+            "offsets": {
+                f"{t}:{p}": list(span) for (t, p), span in sorted(plan.read_ranges.items())
+            },
+            "problems": problems,
+            **counts,
+        },
+    )
+    raise BatchUnreconciled(problems, counts)
 
 
 def route_versions(routed: DataFrame) -> list[tuple[str, int]]:

@@ -11,8 +11,10 @@ carry (typed like the Avro schema Connect would register, `connect_schema.py`), 
 for schemaless JSON, typed by inference.
 
 Every record also gets `_ik_error`: null when it decoded, else why not (`bad-magic-byte`,
-`unknown-schema-id`, `undecodable-avro`, `invalid-json`, `payload-does-not-match-schema`,
-`unsupported-connect-schema: <why>`, `not-a-debezium-event`, `unconvertible-value`, `tombstone`).
+`unknown-schema-id`, `undecodable-avro`, `invalid-utf8` (a string the writer reads is not
+UTF-8, which `from_avro` does not check: `valid_utf8_sql`), `invalid-json`,
+`payload-does-not-match-schema`, `unsupported-connect-schema: <why>`, `not-a-debezium-event`,
+`unconvertible-value`, `tombstone`).
 
 Given `RecordKeys` (a source feeding tables with primary keys), each Debezium version also reads
 the Kafka record key of its deletes without a `before` image, as a row (`record_keys.py`).
@@ -185,12 +187,23 @@ def decode_avro_confluent(
         f"{version} AS {VERSION}",
         f"spark_partition_id() AS {DECODE_BARRIER}",
     )
+    decoded_types = {f.name: f.dataType for f in frame.schema.fields}
+    valid_utf8 = [
+        f"WHEN {index} THEN {valid_utf8_sql(v.column, decoded_types[v.column])}"
+        for index, v in enumerate(versions)
+    ]
     error = (
         f"CASE WHEN {DECODE_BARRIER} < 0 THEN 'unreachable'"
         " WHEN value IS NULL THEN 'tombstone'"
         " WHEN length(value) < 5 OR substring(value, 1, 1) != X'00' THEN 'bad-magic-byte'"
         f" WHEN NOT {sql.in_list(prefix, known)} THEN 'unknown-schema-id'"
-        f" WHEN NOT {_any_decoded(versions)} THEN 'undecodable-avro' END"
+        f" WHEN NOT {_any_decoded(versions)} THEN 'undecodable-avro'"
+        + (
+            f" WHEN NOT (CASE {VERSION} {' '.join(valid_utf8)} ELSE true END) THEN 'invalid-utf8'"
+            if valid_utf8
+            else ""
+        )
+        + " END"
     )
     # Keys are read after the barrier, from the decoded events, so `from_avro` of values runs once.
     return DecodedBatch(
@@ -280,6 +293,84 @@ def reader_schema(writer_schema: str, keep: dict[str, set[str]]) -> str | None:
                     "fields"
                 ][:1]
     return json.dumps(parsed)
+
+
+def skipped_envelope_fields(
+    writer_schema: str, keep: dict[str, set[str]]
+) -> dict[str, frozenset[str]]:
+    """Envelope field (`source`, `transaction`) -> its fields `reader_schema` skips: the fields
+    `spark-sql` does not decode, whose strings neither engine checks (`valid_utf8_sql`)."""
+    reader = reader_schema(writer_schema, keep)
+    if reader is None:
+        return {}
+    kept = {
+        envelope_field["name"]: _record_field_names(envelope_field["type"])
+        for envelope_field in json.loads(reader)["fields"]
+    }
+    skipped = {}
+    for envelope_field in json.loads(writer_schema)["fields"]:
+        name = envelope_field["name"]
+        if name in keep:
+            dropped = _record_field_names(envelope_field["type"]) - kept[name]
+            if dropped:
+                skipped[name] = frozenset(dropped)
+    return skipped
+
+
+def _record_field_names(avro_type: Any) -> set[str]:
+    branches = avro_type if isinstance(avro_type, list) else [avro_type]
+    return {
+        record_field["name"]
+        for branch in branches
+        if isinstance(branch, dict) and branch.get("type") == "record"
+        for record_field in branch["fields"]
+    }
+
+
+def valid_utf8_sql(column: str, decoded: T.StructType) -> str:
+    """True when the strings of decoded struct `column` that the writer reads are UTF-8: every
+    field's (Spark's `from_avro` decodes only those the reader schema keeps), `before`'s only
+    where `after` is null, as the arrow engine decodes it (`avro_block.SchemaDecoder`)."""
+    names = decoded.fieldNames()
+    lazy_before = "before" in names and "after" in names
+    checks = []
+    for struct_field in decoded.fields:
+        inner = _strings_valid(sql.path(column, struct_field.name), struct_field.dataType, 0)
+        if inner and lazy_before and struct_field.name == "before":
+            checks.append(f"({sql.path(column, 'after')} IS NOT NULL OR {sql.all_of(inner)})")
+        else:
+            checks.extend(inner)
+    return sql.all_of(checks)
+
+
+def _strings_valid(expression: str, data_type: T.DataType, depth: int) -> list[str]:
+    """Conditions, true or null-safe, that each string within `expression` is UTF-8."""
+    if isinstance(data_type, T.StringType):
+        return [f"coalesce(is_valid_utf8({expression}), true)"]
+    if isinstance(data_type, T.StructType):
+        return [
+            check
+            for struct_field in data_type.fields
+            for check in _strings_valid(
+                f"{expression}.{sql.ident(struct_field.name)}", struct_field.dataType, depth
+            )
+        ]
+    variable = f"_ik_s{depth}"
+    if isinstance(data_type, T.ArrayType):
+        parts = [(expression, data_type.elementType)]
+    elif isinstance(data_type, T.MapType):
+        parts = [
+            (f"map_keys({expression})", data_type.keyType),
+            (f"map_values({expression})", data_type.valueType),
+        ]
+    else:
+        return []
+    checks = []
+    for items, item_type in parts:
+        inner = _strings_valid(variable, item_type, depth + 1)
+        if inner:
+            checks.append(f"coalesce(forall({items}, {variable} -> {sql.all_of(inner)}), true)")
+    return checks
 
 
 def _any_decoded(versions: list[VersionShape]) -> str:

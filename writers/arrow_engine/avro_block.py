@@ -11,6 +11,15 @@ schema has no defaults, which decoding never reads. A datum that does not decode
 whole block; then each datum is read alone with fastavro, the undecodable ones are set aside
 (`undecodable-avro`, as on `spark-sql`), each of the others is cut to the bytes its schema reads
 (Spark's `from_avro` ignores trailing bytes too), and the block is built again from those.
+
+Strings must be UTF-8 (the Avro spec; a Parquet string column and its readers, DuckDB among
+them, require it). Spark's `from_avro` does not check; polars does, for every string it decodes.
+Both engines check exactly the strings the writer reads, so that they agree on which records are
+poison (`invalid-utf8`; `writers.decode.valid_utf8_sql` on `spark-sql`): those of every field,
+except the `source`/`transaction` fields `spark-sql` skips (`unchecked`: declared `bytes` in the
+header, the same bytes on the wire), and `before`'s only where `after` is null (the only records
+whose `before` is read, `lazy_before`). fastavro tells undecodable datums with every string read
+as bytes, as Spark decides; polars then finds the ones with a bad string.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +84,66 @@ def polars_schema(resolved: Any) -> Any:
     }
 
 
+def strings_as_bytes(schema: Any) -> Any:
+    """`schema` with every string read as bytes (the same encoding: a length, then the bytes),
+    so a reader does not check that they are UTF-8. Named types stay as they are named."""
+    if schema == "string":
+        return "bytes"
+    if isinstance(schema, list):
+        return [strings_as_bytes(branch) for branch in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kind = schema.get("type")
+    if kind == "string":
+        return {key: value for key, value in schema.items() if key != "logicalType"} | {
+            "type": "bytes"
+        }
+    if kind == "record":
+        return {
+            **schema,
+            "fields": [
+                {**field, "type": strings_as_bytes(field["type"])} for field in schema["fields"]
+            ],
+        }
+    if kind == "array":
+        return {**schema, "items": strings_as_bytes(schema["items"])}
+    if kind == "map":
+        return {**schema, "values": strings_as_bytes(schema["values"])}
+    return schema
+
+
+def _unchecked_fields(resolved: Any, unchecked: Mapping[str, frozenset[str]]) -> Any:
+    """`resolved` (a record) with the strings of the fields `unchecked` names (top-level field ->
+    fields of its record) read as bytes."""
+    if not unchecked or not isinstance(resolved, dict) or resolved.get("type") != "record":
+        return resolved
+
+    def narrowed(node: Any, names: frozenset[str]) -> Any:
+        if isinstance(node, list):
+            return [narrowed(branch, names) for branch in node]
+        if not isinstance(node, dict) or node.get("type") != "record":
+            return node
+        return {
+            **node,
+            "fields": [
+                {**field, "type": strings_as_bytes(field["type"])}
+                if field["name"] in names
+                else field
+                for field in node["fields"]
+            ],
+        }
+
+    return {
+        **resolved,
+        "fields": [
+            {**field, "type": narrowed(field["type"], unchecked[field["name"]])}
+            if field["name"] in unchecked
+            else field
+            for field in resolved["fields"]
+        ],
+    }
+
+
 @dataclass(frozen=True)
 class SchemaDecoder:
     """Decodes the datums of one registered schema."""
@@ -86,8 +156,17 @@ class SchemaDecoder:
     """The top-level fields, in order."""
 
     @classmethod
-    def of(cls, schema_text: str, resolved: dict[str, Any]) -> SchemaDecoder:
-        schema = json.dumps(polars_schema(resolved)).encode()
+    def of(
+        cls,
+        schema_text: str,
+        resolved: dict[str, Any],
+        unchecked: Mapping[str, frozenset[str]] | None = None,
+    ) -> SchemaDecoder:
+        """Args:
+        unchecked: envelope field -> its fields the writer does not read, whose strings are
+            not checked (`writers.decode.skipped_envelope_fields`).
+        """
+        schema = json.dumps(polars_schema(_unchecked_fields(resolved, unchecked or {}))).encode()
         header = (
             b"Obj\x01"
             + _varint(2)
@@ -111,19 +190,26 @@ class SchemaDecoder:
         """
         return "before" in self.columns and "after" in self.columns
 
-    def decode(self, datums: pa.BinaryArray) -> tuple[pa.Table, list[int]]:
-        """The decoded records of `datums` (framed values of this schema) and the positions in
-        `datums` of those that did not decode (left out of the table)."""
+    def decode(self, datums: pa.BinaryArray) -> tuple[pa.Table, dict[int, str]]:
+        """The decoded records of `datums` (framed values of this schema), and the positions in
+        `datums` of those that did not decode (left out of the table) with the reason:
+        `undecodable-avro`, or `invalid-utf8` (a string the writer reads is not UTF-8)."""
         if len(datums) == 0:
-            return pa.table({}), []
+            return pa.table({}), {}
+        decoded = self._projected(datums)
+        if decoded is None:
+            return self._one_by_one(datums.to_pylist())
+        return decoded, {}
+
+    def _projected(self, datums: pa.BinaryArray) -> pa.Table | None:
+        """`datums` read in bulk, `before` only where `after` is null (`lazy_before`); None when
+        the block does not read."""
         projection = (
             [name for name in self.columns if name != "before"] if self.lazy_before else None
         )
         decoded = self._checked(datums, projection)
-        if decoded is None:
-            return self._one_by_one(datums.to_pylist())
-        if projection is None:
-            return decoded, []
+        if decoded is None or projection is None:
+            return decoded
         deletes = pc.fill_null(pc.is_null(decoded.column("after")), True).combine_chunks()
         before = (
             self._checked(datums.filter(deletes), ["before"])
@@ -131,8 +217,8 @@ class SchemaDecoder:
             else (self._bulk(0, b"", ["before"]))
         )
         if before is None:
-            return self._one_by_one(datums.to_pylist())
-        return _placed(decoded, before.column("before").combine_chunks(), deletes, self.columns), []
+            return None
+        return _placed(decoded, before.column("before").combine_chunks(), deletes, self.columns)
 
     def _checked(self, datums: pa.BinaryArray, columns: list[str] | None) -> pa.Table | None:
         """The block of `datums` read in bulk (top-level `columns` only), or None when it does not
@@ -174,22 +260,59 @@ class SchemaDecoder:
         container = b"".join([self.header, _varint(count), _varint(len(bodies)), bodies, _SYNC])
         return pl.read_avro(io.BytesIO(container), columns=columns).to_arrow()
 
-    def _one_by_one(self, datums: list[bytes]) -> tuple[pa.Table, list[int]]:
-        parsed = fastavro.parse_schema(json.loads(self.schema_text))
-        bodies: list[bytes] = []
-        failed: list[int] = []
+    def _one_by_one(self, datums: list[bytes]) -> tuple[pa.Table, dict[int, str]]:
+        # Every string read as bytes: fastavro tells the datums that are not Avro from the
+        # others as Spark's `from_avro` does, which does not check UTF-8.
+        parsed = fastavro.parse_schema(strings_as_bytes(json.loads(self.schema_text)))
+        cut: list[bytes] = []
+        positions: list[int] = []
+        failed: dict[int, str] = {}
         for position, datum in enumerate(datums):
             stream = io.BytesIO(datum)
             stream.seek(5)
             try:
                 fastavro.schemaless_reader(stream, parsed, None)
             except Exception:  # noqa: BLE001 - any failure means the bytes are no such datum
-                failed.append(position)
+                failed[position] = "undecodable-avro"
                 continue
-            bodies.append(datum[5 : stream.tell()])
-        if not bodies:
-            return pa.table({}), failed
-        return self._bulk(len(bodies), b"".join(bodies)), failed
+            cut.append(datum[: stream.tell()])
+            positions.append(position)
+        decoded, unread = self._split(pa.array(cut, pa.binary()))
+        for index in unread:
+            failed[positions[index]] = "invalid-utf8"
+        return decoded, dict(sorted(failed.items()))
+
+    def _split(self, datums: pa.BinaryArray) -> tuple[pa.Table, list[int]]:
+        """The datums (Avro, cut to what their schema reads) that polars reads in bulk, and the
+        positions of those it does not: a block that does not read is halved until they are
+        found, about two reads of the block per bad datum."""
+        if len(datums) == 0:
+            return pa.table({}), []
+        decoded = self._projected(datums)
+        if decoded is not None:
+            return decoded, []
+        if len(datums) == 1:
+            body = datums[0].as_py()
+            try:
+                fastavro.schemaless_reader(
+                    io.BytesIO(body[_FRAME:]),
+                    fastavro.parse_schema(json.loads(self.schema_text)),
+                    None,
+                )
+            except UnicodeDecodeError:
+                return pa.table({}), [0]
+            raise ValueError(
+                "polars does not read a datum that fastavro reads, with no bad UTF-8 in it: "
+                f"{body.hex()}"
+            )
+        half = len(datums) // 2
+        first, first_unread = self._split(datums.slice(0, half))
+        second, second_unread = self._split(datums.slice(half))
+        tables = [table for table in (first, second) if table.num_rows]
+        return (
+            pa.concat_tables(tables) if len(tables) > 1 else (tables or [pa.table({})])[0],
+            first_unread + [half + index for index in second_unread],
+        )
 
 
 def unframed(datums: pa.BinaryArray) -> pa.Buffer:

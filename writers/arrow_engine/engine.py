@@ -39,11 +39,17 @@ from writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan
 from writers.arrow_engine.tasks import TaskGroup, TaskRange, task_ranges
 from writers.arrow_engine.upserts import UpsertPlan, shared_key_count, whole_partitions
 from writers.columns import version_column
-from writers.decode import VersionShape, _shape_from_avro
+from writers.decode import (
+    VersionShape,
+    _shape_from_avro,
+    envelope_fields,
+    skipped_envelope_fields,
+)
 from writers.files import batch_folder, discard_output
 from writers.flatten import resolve_keys, table_columns
 from writers.offsets import BatchPlan
 from writers.progress import TableProgress
+from writers.reconciliation import TOMBSTONE, BatchIntake, TableIntake
 from writers.record_keys import record_keys_for
 from writers.registry import RegisteredSchema
 from writers.routing import Routes
@@ -67,6 +73,8 @@ class ArrowBatch:
     monikers: list[Moniker] = field(default_factory=list)
     rows: int = 0
     output_dirs: list[str] = field(default_factory=list)
+    intake: BatchIntake | None = None
+    """What the tasks counted, for the batch's reconciliation (`writers/reconciliation.py`)."""
 
 
 class ArrowEngine:
@@ -113,8 +121,9 @@ class ArrowEngine:
             _shape_from_avro(version_column(index), envelope_shape(s.resolved), s.schema_id)
             for index, s in enumerate(schemas)
         ]
+        keep = envelope_fields(self.config.metadata_columns)
         versions = [
-            _version_plan(index, s, shape)
+            _version_plan(index, s, shape, skipped_envelope_fields(s.text, keep))
             for index, (s, shape) in enumerate(zip(schemas, shapes, strict=True))
         ]
         tasks = task_ranges(plan, self.spark.sparkContext.defaultParallelism)
@@ -217,7 +226,12 @@ class ArrowEngine:
             discard_output(output_dirs)
             log_fallback_once(source, f"upsert keys in two Kafka partitions of a batch: {shared}")
             return None
-        batch = ArrowBatch(facts.records, facts.errors, output_dirs=output_dirs)
+        batch = ArrowBatch(
+            facts.records,
+            facts.errors,
+            output_dirs=output_dirs,
+            intake=_intake(facts, table_plans, routes),
+        )
         for table_plan in table_plans:
             identifier = table_plan.identifier
             table_facts = facts.tables.get(identifier)
@@ -244,6 +258,7 @@ class ArrowEngine:
             batch.monikers.append(
                 Moniker(
                     id=moniker_id(self.writer_id, identifier, ranges),
+                    rereads_refused=True,
                     writer_id=self.writer_id,
                     seq=seq,
                     prev_seq=progress.last_seq,
@@ -276,7 +291,7 @@ class ArrowEngine:
         columns = table_columns(chosen, self.config.metadata_columns)
         key_names = resolve_keys([c.name for c in columns], spec.primary_key)
         columns = [Column(c.name, c.type, c.name in key_names) for c in columns]
-        schema = assign_ids(columns, table.schema() if table is not None else None, key_names)
+        schema = assign_ids(columns, table.metadata if table is not None else None, key_names)
         location = (
             table.location()
             if table is not None
@@ -344,6 +359,7 @@ class ArrowEngine:
             total.records += facts.records
             total.errors.update(facts.errors)
             total.pairs.update(facts.pairs)
+            total.accepted.update(facts.accepted)
             for identifier, table_facts in facts.tables.items():
                 into = total.tables.setdefault(identifier, type(table_facts)())
                 into.rows += table_facts.rows
@@ -351,11 +367,34 @@ class ArrowEngine:
                 into.deleted_keys_files.extend(table_facts.deleted_keys_files)
                 into.key_hashes.extend(table_facts.key_hashes)
                 into.keys_in_two_ranges += table_facts.keys_in_two_ranges
+                into.before_start += table_facts.before_start
                 for bound, pick in (("min_ms", min), ("max_ms", max)):
                     ours, theirs = getattr(into, bound), getattr(table_facts, bound)
                     if theirs is not None:
                         setattr(into, bound, theirs if ours is None else pick(ours, theirs))
         return total
+
+
+def _intake(facts: TaskFacts, table_plans: list[TablePlan], routes: Routes) -> BatchIntake:
+    """The tasks' counts as the batch reconciles them: each record failed (by reason) or
+    accepted by a route, and what each table took in."""
+    tables = {}
+    for table_plan in table_plans:
+        table_facts = facts.tables.get(table_plan.identifier)
+        tables[table_plan.identifier] = TableIntake(
+            table_plan.route,
+            table_facts.rows if table_facts is not None else 0,
+            table_facts.before_start if table_facts is not None else 0,
+        )
+    return BatchIntake(
+        records=facts.records,
+        failed=sum(facts.errors.values()),
+        tombstones=facts.errors.get(TOMBSTONE, 0),
+        accepted=dict(facts.accepted),
+        tables=tables,
+        fed_by={route: tuple(routes.fed_by(route)) for route in facts.accepted},
+        failed_by_reason=dict(facts.errors),
+    )
 
 
 def _upsert_plan(
@@ -369,7 +408,12 @@ def _upsert_plan(
     return UpsertPlan(tuple(key_names), op if deletes else None)
 
 
-def _version_plan(index: int, schema: RegisteredSchema, shape: VersionShape) -> VersionPlan:
+def _version_plan(
+    index: int,
+    schema: RegisteredSchema,
+    shape: VersionShape,
+    unchecked: dict[str, frozenset[str]],
+) -> VersionPlan:
     return VersionPlan(
         index,
         schema.schema_id,
@@ -379,6 +423,7 @@ def _version_plan(index: int, schema: RegisteredSchema, shape: VersionShape) -> 
         {column.name: column.semantic for column in shape.row},
         tuple(shape.source),
         tuple(shape.transaction),
+        unchecked,
     )
 
 

@@ -9,6 +9,7 @@ Kafka record; each column is cast to its Iceberg type, with the field ids of the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -91,6 +92,9 @@ class VersionPlan:
     """Row column -> its semantic type (`common.schema.row_columns`), in the row's order."""
     source_fields: tuple[str, ...]
     transaction_fields: tuple[str, ...]
+    unchecked: dict[str, frozenset[str]] = dataclass_field(default_factory=dict)
+    """Envelope field -> its fields the writer skips, whose strings are not checked for UTF-8
+    (`writers.decode.skipped_envelope_fields`)."""
 
 
 def field_of(struct: pa.Array, name: str) -> pa.Array:

@@ -2,10 +2,11 @@
 
 This runs in a Spark executor's Python worker. The records are classified as the `spark-sql`
 engine classifies them (`writers/decode.py`, `writers/routing.py`), in the same order of
-reasons: `tombstone`, `bad-magic-byte`, `unknown-schema-id`, `undecodable-avro`, `unroutable`,
-`missing-key` / `delete-without-key`, `unconvertible-value`. Only counts leave the task, never a
-record: the dead letters themselves are sent by the `spark-sql` engine's dead-letter pass, which
-the batch runs only when something failed.
+reasons: `tombstone`, `bad-magic-byte`, `unknown-schema-id`, `undecodable-avro`, `invalid-utf8`,
+`unroutable`, `missing-key` / `delete-without-key`, `unconvertible-value`. Only counts leave the
+task, never a record: the dead letters themselves are sent by the `spark-sql` engine's
+dead-letter pass, which the batch runs only when something failed; the batch reconciles the two
+before it publishes anything (`writers/reconciliation.py`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ class TableFacts:
     """Upsert tables: each task's key hashes (`upserts.key_hashes`), checked for overlap."""
     keys_in_two_ranges: int = 0
     """Upsert tables: keys a task read in two of its Kafka ranges (`upserts.LastChanges`)."""
+    before_start: int = 0
+    """Accepted records of the table's route before its own start (`TablePlan.starts`), counted
+    apart from `rows` so that the batch can reconcile (`writers/reconciliation.py`)."""
 
 
 @dataclass
@@ -109,6 +113,8 @@ class TaskFacts:
     errors: Counter = field(default_factory=Counter)
     pairs: Counter = field(default_factory=Counter)
     """(route, version index) -> records, as `writers.batch.route_versions` counts them."""
+    accepted: Counter = field(default_factory=Counter)
+    """Route -> records decoded and routed without error (`writers/reconciliation.py`)."""
     tables: dict[str, TableFacts] = field(default_factory=dict)
 
 
@@ -151,11 +157,11 @@ def _read_pieces(
         chosen = chosen_by_version.get(version.index)
         if chosen is None:
             continue
-        decoder = SchemaDecoder.of(version.schema_text, version.resolved)
+        decoder = SchemaDecoder.of(version.schema_text, version.resolved, version.unchecked)
         decoded, failed = decoder.decode(raw.values.take(chosen))
         decoded = decoded.combine_chunks()
         if failed:
-            facts.errors["undecodable-avro"] += len(failed)
+            facts.errors.update(failed.values())
             route = _topic_route(plan, task.topic)
             if route is not None:
                 facts.pairs[(route, version.index)] += len(failed)
@@ -277,18 +283,22 @@ def _classify_and_route(
         error = pc.if_else(hit, "unconvertible-value", error)
     facts.errors.update(_counts(error))
     ok = pc.is_null(error)
+    facts.accepted.update(_counts(pc.if_else(ok, route, pa.nulls(count, pa.string()))))
     source_ms = rows.source_field("ts_ms")
     kafka_ms = rows.timestamps_ms
     events = (
         kafka_ms if source_ms is None else pc.coalesce(pc.cast(source_ms, pa.int64()), kafka_ms)
     )
     for table in plan.tables:
-        if table.versions is not None and version.index not in table.versions:
-            continue
         start = table.starts.get((rows.topic, rows.partition))
         keep = pc.and_(ok, pc.fill_null(pc.equal(route, table.route), False))
         if start is not None:
+            before = pc.sum(pc.and_(keep, pc.less(rows.offsets, start))).as_py()
+            if before:
+                facts.tables.setdefault(table.identifier, TableFacts()).before_start += before
             keep = pc.and_(keep, pc.greater_equal(rows.offsets, start))
+        if table.versions is not None and version.index not in table.versions:
+            continue
         if not pc.any(keep).as_py():
             continue
         if pc.all(keep).as_py():

@@ -1,0 +1,171 @@
+"""A batch whose counts do not add up fails loudly instead of losing records (issue 26, item 4).
+
+Each engine is made to lose a record the way the issue found it could (the rule itself is in
+`test_reconciliation.py`): the dead-letter pass accepts a record the writing pass failed (the
+arrow task and `spark-sql` disagreed on poison), or a table's write leaves out a record its
+route accepted. The batch must then publish nothing, dead-letter nothing and leave no file, say
+why at error level with the counts, and its next batch, without the fault, must land every
+record once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from common.config import IcekeeperConfig
+from icekeeper.samples.produce import produce_synthetic
+from icekeeper.samples.synthetic import SyntheticSpec
+from tests.support.pipeline import commit_all, pipeline_config, table_rows
+from tests.writers.test_registry_outage import _dead_letters
+from writers.arrow_engine import task as arrow_task
+from writers.batch import BatchWriter
+from writers.job import WriterJob
+from writers.reconciliation import BatchUnreconciled
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+TABLE = "shop.orders"
+ENGINES = ["arrow", "spark-sql"]
+SPEC = SyntheticSpec(seed=26, keys=20, events=40, schema_changes=0, poison_ratio=0.1)
+
+
+def _config(tmp_path: Path, topic: str, engine: str) -> IcekeeperConfig:
+    return pipeline_config(
+        tmp_path,
+        topic,
+        {
+            "ICEKEEPER__WRITER__ENGINE": engine,
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": topic + ".dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": TABLE,
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
+
+
+def _fails_loudly_then_lands(
+    config: IcekeeperConfig,
+    spark,
+    tmp_path: Path,
+    produced: dict,
+    caplog: pytest.LogCaptureFixture,
+    undo,
+    problem: str,
+) -> None:
+    """`problem`: a pattern of the reason given."""
+    job = WriterJob(config, spark=spark)
+    with caplog.at_level(logging.ERROR, logger="writers.batch"):
+        with pytest.raises(BatchUnreconciled) as raised:
+            job.run_batch()
+    assert re.search(problem, str(raised.value))
+    [logged] = [r for r in caplog.records if "batch does not reconcile" in r.getMessage()]
+    assert logged.records_read == produced["records"]
+    assert re.search(problem, " ".join(logged.problems))
+    # Nothing published, nothing dead-lettered, no file left, no progress.
+    assert job.transport.pending(writer_id=None) == []
+    assert _dead_letters(config) == 0
+    assert not list((tmp_path / "warehouse").rglob("*.parquet"))
+    assert job.checkpoints.read(config.sources[0]) == {}
+
+    undo()
+    report = job.run_batch()  # the same writer's next batch: the same records, once
+    assert report.records_read == produced["records"]
+    assert report.dead_lettered == sum(produced["poison"].values())
+    rows = table_rows(commit_all(config), TABLE)
+    assert len(rows) == report.rows_written == SPEC.events
+    assert len(rows) + _dead_letters(config) == produced["records"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_record_failed_while_writing_but_not_dead_lettered_fails_the_batch(
+    local_stack,
+    spark,
+    tmp_path: Path,
+    unique_topic: str,
+    engine: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = _config(tmp_path, unique_topic, engine)
+    produced = produce_synthetic(
+        config, SPEC, topic=unique_topic, partitions=1, progress=lambda m: None
+    )
+    assert sum(produced["poison"].values()) >= 2
+    original = BatchWriter._dead_letter_rows
+
+    def accepting_one(self, *args):
+        # The dead-letter pass decodes one poison record the writing pass failed.
+        dead = original(self, *args)
+        first = dead.agg(F.min("offset")).collect()[0][0]
+        return dead.where(F.col("offset") != first)
+
+    monkeypatch.setattr(BatchWriter, "_dead_letter_rows", accepting_one)
+    _fails_loudly_then_lands(
+        config,
+        spark,
+        tmp_path,
+        produced,
+        caplog,
+        monkeypatch.undo,
+        "while writing, but the dead-letter pass found",
+    )
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_record_a_table_leaves_out_fails_the_batch(
+    local_stack,
+    spark,
+    tmp_path: Path,
+    unique_topic: str,
+    engine: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = _config(tmp_path, unique_topic, engine)
+    produced = produce_synthetic(
+        config, SPEC, topic=unique_topic, partitions=1, progress=lambda m: None
+    )
+    if engine == "arrow":
+        original = arrow_task._write_table
+
+        def one_short(table, task, pieces, facts):
+            # The task writes the table's rows but the last one.
+            if pieces:
+                last = pieces[-1]
+                kept = last.rows.num_rows - 1
+                pieces = [
+                    *pieces[:-1],
+                    replace(
+                        last,
+                        rows=last.rows.slice(0, kept),
+                        event_ms=last.event_ms.slice(0, kept),
+                        offsets=last.offsets.slice(0, kept),
+                    ),
+                ]
+            original(table, task, pieces, facts)
+
+        monkeypatch.setattr(arrow_task, "_write_table", one_short)
+    else:
+        # The table's write keeps the rows at or after its start, and here also drops offset 0.
+        import writers.table_writer as table_writer
+
+        monkeypatch.setattr(
+            table_writer, "at_or_after_sql", lambda plan, identifier: "_ik_offset != 0"
+        )
+    _fails_loudly_then_lands(
+        config,
+        spark,
+        tmp_path,
+        produced,
+        caplog,
+        monkeypatch.undo,
+        # One fewer per task (a batch this small runs as two).
+        rf"table {TABLE} took 3[89] records and has 0 before its start, but route {TABLE} "
+        rf"accepted {SPEC.events}",
+    )
