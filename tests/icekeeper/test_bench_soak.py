@@ -42,7 +42,9 @@ def test_role_memory_counts_each_role_and_the_processes_it_started() -> None:
             sys.executable,
             "-c",
             "import subprocess, sys, time; "
-            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "child = subprocess.Popen([sys.executable, '-c', "
+            "'import time; print(1, flush=True); time.sleep(60)'], stdout=subprocess.PIPE); "
+            "child.stdout.readline(); "  # the child's interpreter is up, not just forked
             "print(child.pid, flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,
