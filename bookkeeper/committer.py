@@ -21,6 +21,7 @@ given the same partitions) is refused: committing it would add those records twi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -54,6 +55,7 @@ from bookkeeper.datafiles import (
     FooterFacts,
     FooterReader,
     InvalidFile,
+    ParsedSchemas,
     data_file,
     validate,
 )
@@ -316,6 +318,10 @@ class Committer:
         self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         """The clock snapshot ages are measured against (tests move it forward)."""
         self._footers: dict[str, Described] = {}
+        """File path -> what reading its footer found, until its moniker is committed,
+        quarantined or found a duplicate."""
+        self._schemas = ParsedSchemas()
+        """Monikers' schemas, parsed once for every cycle (see `ParsedSchemas`)."""
         self._missing_since: dict[str, float] = {}
         """File path -> when (monotonic) storage first said
         it does not exist; cleared once it is read."""
@@ -412,15 +418,24 @@ class Committer:
             result.committed = list(plan.committed)
             result.files = len(plan.data_files)
             result.watermark_ms = plan.new_state.watermark_ms
-            for delivery in plan.committed + [q for q, _ in plan.quarantined]:
-                for entry in _checked_files(delivery.moniker, True) if delivery.moniker else ():
-                    self._footers.pop(entry.path, None)
-                    self._missing_since.pop(entry.path, None)
+            self._forget_files(plan.committed + [q for q, _ in plan.quarantined])
             return result
 
         result = attempt_until_committed(identifier, attempt, "commit")
+        # A duplicate's files may have been read in an earlier cycle (its moniker waited, then
+        # another bookkeeper committed it): nothing reads them again.
+        self._forget_files(result.duplicates)
         result.seconds = time.monotonic() - started
         return result
+
+    def _forget_files(self, deliveries: list[Delivery]) -> None:
+        """Drop what is cached about the files of monikers that are done with (committed,
+        quarantined, duplicates), so the caches hold only pending monikers' files."""
+        for delivery in deliveries:
+            # Data and deleted-keys files alike (pop is a no-op for a file never read).
+            for entry in _checked_files(delivery.moniker, True) if delivery.moniker else ():
+                self._footers.pop(entry.path, None)
+                self._missing_since.pop(entry.path, None)
 
     def _plan_monikers(
         self, identifier: str, deliveries: list[Delivery], result: TableCommit
@@ -566,7 +581,9 @@ class Committer:
                     json.dumps(delivery.moniker.schema_, sort_keys=True),
                 )
             if schema_key not in schemas:
-                schemas[schema_key] = Schema.model_validate(delivery.moniker.schema_)
+                schemas[schema_key] = self._schemas.get(
+                    schema_key, functools.partial(Schema.model_validate, delivery.moniker.schema_)
+                )
             schema_keys.append(schema_key)
         # An upsert table's deleted-keys files are read and checked as its data files are: each
         # one deletes every key it holds.

@@ -203,7 +203,33 @@ def parse_footer(handle: pa.NativeFile, footer: pa.Buffer | None) -> pq.FileMeta
     return pq.read_metadata(pa.BufferReader(framed))
 
 
-_WORKER_SCHEMAS: dict[str, Schema] = {}
+class ParsedSchemas:
+    """Parsed file schemas by their JSON, the `limit` most recently used kept.
+
+    One `Schema` object per distinct schema, reused cycle after cycle: the statistics plans below
+    are cached per schema object, so a schema parsed anew each cycle would make a new plan (and
+    keep a Parquet footer's schema with it) every commit, about 50 KB a commit (issue 26)."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._parsed: collections.OrderedDict[str, Schema] = collections.OrderedDict()
+
+    def get(self, schema_json: str, parse: Callable[[], Schema]) -> Schema:
+        """The schema of `schema_json`, from `parse()` the first time."""
+        schema = self._parsed.get(schema_json)
+        if schema is None:
+            schema = self._parsed[schema_json] = parse()
+            while len(self._parsed) > self.limit:
+                self._parsed.popitem(last=False)
+        else:
+            self._parsed.move_to_end(schema_json)
+        return schema
+
+    def __len__(self) -> int:
+        return len(self._parsed)
+
+
+_WORKER_SCHEMAS = ParsedSchemas()
 
 
 Described = FooterFacts | InvalidFile | FileUnavailable
@@ -217,9 +243,7 @@ def _describe_in_worker(
     file); the schema is parsed once per process and distinct schema."""
     global _FAST_FOOTERS
     _FAST_FOOTERS = True  # a damaged footer may abort this process, not the bookkeeper
-    schema = _WORKER_SCHEMAS.get(schema_json)
-    if schema is None:
-        schema = _WORKER_SCHEMAS.setdefault(schema_json, Schema.model_validate_json(schema_json))
+    schema = _WORKER_SCHEMAS.get(schema_json, lambda: Schema.model_validate_json(schema_json))
     return [_describe_or_reason(path, schema, dict(properties)) for path in paths]
 
 
@@ -435,10 +459,13 @@ class _ColumnPlan:
     truncate: int | None
 
 
-_PLANS: dict[
+_PLANS: collections.OrderedDict[
     tuple[int, tuple[tuple[str, str], ...]],
     tuple[Schema, dict[str, _ColumnPlan], list[tuple[pq.ParquetSchema, _Layout]]],
-] = {}
+] = collections.OrderedDict()
+PLANS_KEPT = 64
+"""Statistics plans kept (the least recently used is dropped): one per schema and table
+properties in use, each with its layouts (Parquet schemas, which keep their footer alive)."""
 _LAYOUTS_PER_PLAN = 16
 
 
@@ -448,12 +475,14 @@ def _column_plans(
     """Parquet column path -> plan, and the layouts seen
     with it, cached per (schema object, properties).
 
-    Callers reuse one `Schema` object per distinct moniker schema (see the committer), so the
+    Callers reuse one `Schema` object per distinct moniker schema (`ParsedSchemas`), so the
     object's identity is a cheap key; the schema is kept alive by the cache entry itself.
     """
     key = (id(file_schema), tuple(sorted(table_properties.items())))
     cached = _PLANS.get(key)
-    if cached is None or cached[0] is not file_schema:
+    if cached is not None and cached[0] is file_schema:
+        _PLANS.move_to_end(key)
+    else:
         collectors = compute_statistics_plan(file_schema, table_properties)
         plans = {
             path: _ColumnPlan(
@@ -465,9 +494,10 @@ def _column_plans(
             for path, field_id in parquet_path_to_id_mapping(file_schema).items()
             if field_id in collectors
         }
-        if len(_PLANS) > 256:
-            _PLANS.clear()
         cached = _PLANS[key] = (file_schema, plans, [])
+        _PLANS.move_to_end(key)
+        while len(_PLANS) > PLANS_KEPT:
+            _PLANS.popitem(last=False)
     return cached[1], cached[2]
 
 

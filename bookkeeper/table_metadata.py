@@ -17,7 +17,8 @@ For the bookkeeper's catalog object only (nothing global is changed):
 - updates are applied without the final deep copy: metadata models are frozen and pyiceberg's
   update functions build new lists and dicts instead of changing the base's (the reasoning of
   `common.internals.UncopiedTransaction`), so the new metadata may share untouched snapshots;
-- each snapshot's JSON is made once per table, and the usual commit appends one to the list;
+- each snapshot's JSON is made once per table (kept as a slice of the list's JSON, not a string
+  of its own), and the usual commit appends one to the list;
 - snapshots are looked up from the newest end (the current and parent snapshots are).
 
 What is left grows with history but stays small: the rest of the metadata file's JSON (the
@@ -103,24 +104,25 @@ class MetadataCache:
             and all(map(operator.is_, snapshots, previous.snapshots))
         ):
             # The usual commit: the snapshot objects last written, plus one.
-            fragment = snapshots[-1].model_dump_json()
-            written = _SnapshotsJson(
-                list(snapshots),
-                [*previous.fragments, fragment],
-                previous.listed + ("," if previous.listed else "") + fragment,
+            listed = (
+                previous.listed + ("," if previous.listed else "") + snapshots[-1].model_dump_json()
             )
+            written = _SnapshotsJson(list(snapshots), [*previous.ends, len(listed)], listed)
         else:
             # By object, not snapshot id: pyiceberg replaces a snapshot whose parent is expired
             # with a copy that has no parent id.
             known = (
-                dict(zip(map(id, previous.snapshots), previous.fragments))
+                {id(snapshot): index for index, snapshot in enumerate(previous.snapshots)}
                 if previous is not None
                 else {}
             )
             fragments = [
-                known.get(id(snapshot)) or snapshot.model_dump_json() for snapshot in snapshots
+                previous.fragment(known[id(snapshot)])
+                if previous is not None and id(snapshot) in known
+                else snapshot.model_dump_json()
+                for snapshot in snapshots
             ]
-            written = _SnapshotsJson(list(snapshots), fragments, ",".join(fragments))
+            written = _SnapshotsJson.joined(list(snapshots), fragments)
         head = metadata.model_dump_json(exclude={"snapshots"})
         document = head[:-1] + ',"snapshots":[' + written.listed + "]}"
         content = Compressor.get_compressor(location).bytes_compressor()(document.encode("utf-8"))
@@ -150,12 +152,29 @@ class _NewestFirstMetadataV2(TableMetadataV2):
 
 @dataclass(frozen=True)
 class _SnapshotsJson:
-    """The snapshot objects of a metadata file (kept, so their ids are not reused), each one's
-    JSON, and the JSON of the list joined."""
+    """The snapshot objects of a metadata file (kept, so their ids are not reused) and the JSON of
+    their list, with where each one's JSON ends in it.
+
+    Each snapshot's JSON is a slice of `listed`, not a string of its own: one string of ~1 KB per
+    snapshot kept for the whole history, among the commit's short-lived allocations of that size,
+    left the allocator's heap ever more fragmented (and doubled the JSON held; issue 26)."""
 
     snapshots: list[Snapshot]
-    fragments: list[str]
+    ends: list[int]
+    """Offset in `listed` just past each snapshot's JSON (the next one starts after a comma)."""
     listed: str
+
+    @classmethod
+    def joined(cls, snapshots: list[Snapshot], fragments: list[str]) -> _SnapshotsJson:
+        ends, end = [], -1
+        for fragment in fragments:
+            end += 1 + len(fragment)
+            ends.append(end)
+        return cls(snapshots, ends, ",".join(fragments))
+
+    def fragment(self, index: int) -> str:
+        """The JSON of `snapshots[index]`."""
+        return self.listed[(self.ends[index - 1] + 1 if index else 0) : self.ends[index]]
 
 
 def _folder(location: str) -> str:

@@ -307,6 +307,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 progress=_progress,
                 sweep_rates=tuple(float(rate) for rate in args.sweep_rates.split(",") if rate),
             )
+        elif args.target == "soak":
+            from icekeeper.bench.soak import run_soak
+
+            result = run_soak(
+                config,
+                minutes=args.minutes,
+                report_every_s=args.report_every,
+                rate_per_s=args.rate,
+                cores=args.cores,
+                reaper_every_s=args.reaper_every,
+                keep_snapshots_for_s=args.keep_snapshots_for,
+                progress=_progress,
+                emit=lambda figures: print(json.dumps(figures), flush=True),
+            )
         elif args.target == "key-index":
             from icekeeper.bench.key_index import run_key_index_bench
 
@@ -544,7 +558,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "target",
-        choices=["writer", "bookkeeper", "reaper", "e2e", "key-index", "key-index-files", "upsert"],
+        choices=[
+            "writer",
+            "bookkeeper",
+            "reaper",
+            "e2e",
+            "soak",
+            "key-index",
+            "key-index-files",
+            "upsert",
+        ],
     )
     bench.add_argument(
         "--records",
@@ -585,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate",
         type=float,
         default=2000.0,
-        help="e2e, upsert: records produced per second for freshness",
+        help="e2e, upsert: records produced per second for freshness; soak: the load",
     )
     bench.add_argument(
         "--warmup",
@@ -598,6 +621,24 @@ def build_parser() -> argparse.ArgumentParser:
         default="4000,8000,16000,32000",
         help="e2e: higher rates tried after the main window, 30 s each, until p99 freshness "
         "exceeds 5 s (comma-separated; empty for none)",
+    )
+    bench.add_argument(
+        "--minutes", type=float, default=90.0, help="soak: how long the pipeline runs"
+    )
+    bench.add_argument(
+        "--report-every",
+        type=float,
+        default=600.0,
+        help="soak: seconds between the JSON lines of memory and commit latency",
+    )
+    bench.add_argument(
+        "--reaper-every", type=float, default=600.0, help="soak: seconds between reaper passes"
+    )
+    bench.add_argument(
+        "--keep-snapshots-for",
+        type=float,
+        default=None,
+        help="soak: the bookkeeper's keep_snapshots_for in seconds (default: the config's, 1 h)",
     )
     bench.add_argument(
         "--keys",

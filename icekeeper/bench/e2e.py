@@ -67,10 +67,16 @@ on average before its batch starts."""
 
 
 def e2e_config(
-    base: IcekeeperConfig, work: Path, topic: str, cores: int | None, mode: str = "changelog"
+    base: IcekeeperConfig,
+    work: Path,
+    topic: str,
+    cores: int | None,
+    mode: str = "changelog",
+    extra: dict[str, str] | None = None,
 ) -> IcekeeperConfig:
     """The stack's addresses, the writer's engine and the commit interval from `base`; a fresh
-    state folder, one topic, one table (`mode`: changelog or upsert)."""
+    state folder, one topic, one table (`mode`: changelog or upsert). `extra`: more settings, as
+    `ICEKEEPER__...` environment variables."""
     source = base.sources[0]
     return load_config(
         None,
@@ -89,6 +95,7 @@ def e2e_config(
             "ICEKEEPER__WRITER__ENGINE": base.writer.engine,
             "ICEKEEPER__WRITER__TRIGGER_INTERVAL": str(FRESHNESS_TRIGGER_S),
             "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+            **(extra or {}),
         },
     )
 
