@@ -42,6 +42,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import (
     AddSchemaUpdate,
     AssertCurrentSchemaId,
+    AssertLastAssignedFieldId,
     AssertTableUUID,
     SetCurrentSchemaUpdate,
 )
@@ -64,6 +65,7 @@ from common.committed_state import (
     KEY_COMMIT_ID,
     QUARANTINED_MONIKERS_KEPT,
     CommittedState,
+    Refusal,
     committed_state,
     expirable_snapshots,
 )
@@ -123,10 +125,13 @@ class TableCommit:
     table: str
     committed: list[Delivery] = field(default_factory=list)
     duplicates: list[Delivery] = field(default_factory=list)
+    copies: list[Delivery] = field(default_factory=list)
+    """Second deliveries of a moniker in the same receive: only the delivery is dropped."""
     quarantined: list[tuple[Delivery, str]] = field(default_factory=list)
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
-    """Monikers whose offsets overlap what the table
-    committed: dead-lettered, their records not added."""
+    """Monikers whose offsets overlap what the table committed, or that were planned on such a
+    one: their records are not added; the refusal is in the committed state, and their writer
+    reads the offsets again."""
     waiting: list[Delivery] = field(default_factory=list)
     unavailable: list[tuple[Delivery, str]] = field(default_factory=list)
     """Monikers left pending because storage could not
@@ -149,38 +154,57 @@ class TableCommit:
 class _Selection:
     ready: list[Delivery]
     duplicates: list[Delivery]
+    """Deliveries of monikers the table has already settled (committed, quarantined or refused)."""
     waiting: list[Delivery]
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
+    copies: list[Delivery] = field(default_factory=list)
+    """Second deliveries of a moniker delivered once more in the same receive (a writer re-sent
+    its journal while the first message still waited): only the copy's delivery may go, the
+    moniker itself is still pending through the first."""
 
 
 def select_ready(
     deliveries: list[Delivery], state: CommittedState, max_files: int, max_bytes: int
 ) -> _Selection:
-    """Ready monikers in commit order, duplicates, those waiting for a predecessor, and those
-    refused because an offset range starts below what is committed (or what a moniker before it
-    in this commit covers) for its partition: the records below are in the table already, and a
-    moniker cannot be trimmed (its files hold the rows). A refused moniker still moves its
-    writer's chain on, so the writer's next moniker does not wait for it forever.
+    """Ready monikers in commit order, duplicates, copies, those waiting for a predecessor, and
+    those refused.
+
+    A moniker is refused when an offset range starts below what is committed (or what a moniker
+    before it in this commit covers) for its partition: the records below are in the table
+    already, and a moniker cannot be trimmed (its files hold the rows). A refusal does not move
+    its writer's chain: it is recorded in the state (`Refusal`), and the writer's later monikers
+    planned on top of the refused one (their `prev_seq` is a refused seq) are refused too, since
+    they assume its ranges were committed. The writer reads the refusal back and re-plans from the
+    committed offsets, chaining its next moniker on its last committed one (`writers/progress.py`):
+    so records past the committed offset come again, from the writer that read them.
 
     A moniker the table quarantined (its id in `state.quarantined_monikers`) that comes again is a
     replay: ready whatever its writer's seq has become, once (the commit takes its id off the list).
     """
     by_writer: dict[str, list[Delivery]] = {}
     duplicates: list[Delivery] = []
+    copies: list[Delivery] = []
     replays: list[Delivery] = []
-    seen_ids: set[str] = set()
+    seen: set[tuple[str, int]] = set()
     for delivery in deliveries:
         moniker = delivery.moniker
         assert moniker is not None
-        committed_seq = state.writer_seqs.get(moniker.writer_id)
-        if moniker.id in state.quarantined_monikers and moniker.id not in seen_ids:
-            seen_ids.add(moniker.id)
+        # By seq too: an id is made of the writer, table and offsets only, and a writer that
+        # reads a range again after a refusal publishes it under a new seq.
+        if (moniker.id, moniker.seq) in seen:
+            copies.append(delivery)
+            continue
+        seen.add((moniker.id, moniker.seq))
+        if moniker.id in state.quarantined_monikers:
             replays.append(delivery)
             continue
-        if (committed_seq is not None and moniker.seq <= committed_seq) or moniker.id in seen_ids:
+        committed_seq = state.writer_seqs.get(moniker.writer_id)
+        refusal = state.refusals.get(moniker.writer_id)
+        if (committed_seq is not None and moniker.seq <= committed_seq) or (
+            refusal is not None and moniker.seq <= refusal.seq
+        ):
             duplicates.append(delivery)
             continue
-        seen_ids.add(moniker.id)
         by_writer.setdefault(moniker.writer_id, []).append(delivery)
     ready: list[Delivery] = []
     waiting: list[Delivery] = []
@@ -190,19 +214,45 @@ def select_ready(
     for writer_id, chain in sorted(by_writer.items()):
         chain.sort(key=lambda d: d.moniker.seq)
         expected = state.writer_seqs.get(writer_id)
+        refusal = state.refusals.get(writer_id)
+        refused_through = refusal.seq if refusal is not None else None
         for delivery in chain:
             moniker = delivery.moniker
+            if (
+                refused_through is not None
+                and moniker.prev_seq is not None
+                and (expected is None or moniker.prev_seq > expected)
+                and moniker.prev_seq <= refused_through
+            ):
+                # Chained on a seq past the last committed one and not above the highest refused:
+                # only a refused moniker has such a seq (the writer's re-planned monikers chain
+                # on its last committed one, and their seqs are above every refused seq).
+                refused.append(
+                    (
+                        delivery,
+                        f"planned on writer {writer_id}'s refused seq {moniker.prev_seq}: "
+                        "the writer reads its offsets again",
+                    )
+                )
+                refused_through = moniker.seq
+                continue
             over_budget = ready and (
                 files + len(moniker.files) > max_files or size + moniker.bytes > max_bytes
             )
             if moniker.prev_seq != expected or over_budget:
                 waiting.append(delivery)
                 continue
-            expected = moniker.seq
             overlap = overlapping_offsets(moniker, covered)
             if overlap is not None:
                 refused.append((delivery, overlap))
+                if moniker.rereads_refused:
+                    refused_through = max(refused_through or moniker.seq, moniker.seq)
+                else:
+                    # A writer of an earlier version never reads a refusal back: its chain moves
+                    # on as before, or its later monikers would all be refused.
+                    expected = moniker.seq
                 continue
+            expected = moniker.seq
             ready.append(delivery)
             files += len(moniker.files)
             size += moniker.bytes
@@ -217,7 +267,7 @@ def select_ready(
         ready.append(delivery)
         files += len(moniker.files)
         size += moniker.bytes
-    return _Selection(ready, duplicates, waiting, refused)
+    return _Selection(ready, duplicates, waiting, refused, copies)
 
 
 def overlapping_offsets(
@@ -363,7 +413,7 @@ class Committer:
             result.files = len(plan.data_files)
             result.watermark_ms = plan.new_state.watermark_ms
             for delivery in plan.committed + [q for q, _ in plan.quarantined]:
-                for entry in delivery.moniker.files if delivery.moniker is not None else ():
+                for entry in _checked_files(delivery.moniker, True) if delivery.moniker else ():
                     self._footers.pop(entry.path, None)
                     self._missing_since.pop(entry.path, None)
             return result
@@ -384,8 +434,9 @@ class Committer:
             self.config.bookkeeper.max_files_per_commit,
             self.config.bookkeeper.max_bytes_per_commit,
         )
-        result.duplicates, result.waiting, result.refused = (
+        result.duplicates, result.copies, result.waiting, result.refused = (
             selection.duplicates,
+            selection.copies,
             selection.waiting,
             selection.refused,
         )
@@ -517,10 +568,13 @@ class Committer:
             if schema_key not in schemas:
                 schemas[schema_key] = Schema.model_validate(delivery.moniker.schema_)
             schema_keys.append(schema_key)
+        # An upsert table's deleted-keys files are read and checked as its data files are: each
+        # one deletes every key it holds.
+        upsert = self.config.table(identifier).upsert
         requests = [
             (entry.path, schemas[key], key)
             for delivery, key in zip(ready, schema_keys)
-            for entry in delivery.moniker.files
+            for entry in _checked_files(delivery.moniker, upsert)
             if not isinstance(self._footers.get(entry.path), (FooterFacts, InvalidFile))
         ]  # unread, or unavailable last time
         properties = table.properties if table is not None else {}
@@ -530,6 +584,9 @@ class Committer:
         """Writer -> the seq of its moniker left pending
         for a file: its later monikers wait behind it."""
         current_schema = table.schema() if table is not None else None
+        # What ids the table gave out, as the cycle's schema changes move it on (see evolution.py).
+        last_column_id = table.metadata.last_column_id if table is not None else 0
+        known_schemas = list(table.metadata.schemas) if table is not None else []
         evolutions: dict[tuple[int, str], object] = {}
         for delivery, schema_key in zip(ready, schema_keys):
             moniker = delivery.moniker
@@ -539,7 +596,7 @@ class Committer:
                 continue
             unavailable = [
                 facts
-                for entry in moniker.files
+                for entry in _checked_files(moniker, upsert)
                 if isinstance(facts := self._footers[entry.path], FileUnavailable)
             ]
             if unavailable:
@@ -553,11 +610,17 @@ class Committer:
                 if current_schema is None:
                     table = self._create_table(identifier, moniker, file_schema)
                     plan.table, current_schema = table, table.schema()
+                    last_column_id = table.metadata.last_column_id
+                    known_schemas = list(table.metadata.schemas)
                 evolution_key = (id(current_schema), schema_key)
                 if evolution_key not in evolutions:
                     try:
                         evolutions[evolution_key] = plan_evolution(
-                            current_schema, file_schema, self.config.bookkeeper.allow_drop_columns
+                            current_schema,
+                            file_schema,
+                            self.config.bookkeeper.allow_drop_columns,
+                            last_column_id=last_column_id,
+                            earlier_schemas=known_schemas,
                         )
                     except IncompatibleSchema as error:
                         evolutions[evolution_key] = error
@@ -573,11 +636,19 @@ class Committer:
                     validate(entry, facts, location, file_schema)
                     spec = plan.table.specs().get(entry.spec_id, plan.table.spec())
                     files.append(data_file(entry, facts, spec))
+                for entry in moniker.delete_files if upsert else ():
+                    facts = self._footers[entry.path]
+                    if isinstance(facts, InvalidFile):
+                        raise facts
+                    validate(entry, facts, location, file_schema)
             except (IncompatibleSchema, InvalidFile) as error:
                 plan.quarantined.append((delivery, str(error)))
                 continue
             if evolution.schema is not None:
                 current_schema = evolution.schema
+                # As Iceberg's metadata builder (and pyiceberg's AddSchemaUpdate) will set it.
+                last_column_id = max(last_column_id, current_schema.highest_field_id)
+                known_schemas.append(current_schema)
                 plan.new_schema = evolution.schema
                 plan.schema_changes.extend(evolution.changes)
             plan.committed.append(delivery)
@@ -754,7 +825,12 @@ class Committer:
             stage_updates(  # explicit field ids: see evolution.py
                 transaction,
                 (AddSchemaUpdate(schema=plan.new_schema), SetCurrentSchemaUpdate(schema_id=-1)),
-                (AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),),
+                (
+                    AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),
+                    # The new schema's ids were checked against this last-column-id: an engine
+                    # that added and dropped a column meanwhile leaves the schema id as it was.
+                    AssertLastAssignedFieldId(last_assigned_field_id=table.metadata.last_column_id),
+                ),
             )
         removed_deletes = plan.upsert.removed_deletes if plan.upsert else []
         with merge_append(
@@ -816,6 +892,12 @@ class Committer:
         return None
 
 
+def _checked_files(moniker: Moniker, upsert: bool) -> list[FileEntry]:
+    """The files of `moniker` whose footers are read and checked: its data files, and for an
+    upsert table its deleted-keys files too."""
+    return [*moniker.files, *moniker.delete_files] if upsert else list(moniker.files)
+
+
 EVENT_FILES_KEPT = 2000
 """Event Grid file keys kept in the committed state: redeliveries come within minutes, not days."""
 
@@ -854,9 +936,11 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
 
     Quarantined monikers advance their writer's seq and offsets too: their records are
     accounted for in the dead-letter place, and later monikers of the writer must not wait.
-    Refused ones (offsets overlapping the committed ones) advance only their writer's seq: the
-    offsets they cover were committed by another moniker, or are still to be. Quarantined ones
-    join `quarantined_monikers`, and a replayed one leaves it (its records leave the count).
+    Refused ones (offsets overlapping the committed ones, or planned on such a one) advance
+    neither: they are recorded as the writer's `Refusal`, which its writer reads to re-plan, and
+    which goes once a later moniker of the writer is committed (the writer chained past it).
+    Quarantined ones join `quarantined_monikers`, and a replayed one leaves it (its records leave
+    the count).
     """
     writer_seqs = dict(state.writer_seqs)
     offsets = dict(state.offsets)
@@ -875,11 +959,30 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
             offsets[key] = next_committed_offset(offsets, offset_range)
             if moniker.max_event_time_ms is not None:
                 event_ms[key] = max(event_ms.get(key, 0), moniker.max_event_time_ms)
+    refusals = dict(state.refusals)
     for delivery, _ in plan.refused:
         moniker = delivery.moniker
-        writer_seqs[moniker.writer_id] = max(
-            writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq
+        if not moniker.rereads_refused:  # an earlier version's writer: its chain moves on
+            writer_seqs[moniker.writer_id] = max(
+                writer_seqs.get(moniker.writer_id, moniker.seq), moniker.seq
+            )
+            continue
+        earlier = refusals.get(moniker.writer_id)
+        from_offsets = dict(earlier.from_offsets) if earlier is not None else {}
+        for offset_range in moniker.offsets:
+            if offset_range.count:
+                key = (offset_range.topic, offset_range.partition)
+                from_offsets[key] = min(
+                    from_offsets.get(key, offset_range.from_offset), offset_range.from_offset
+                )
+        refusals[moniker.writer_id] = Refusal(
+            max(moniker.seq, earlier.seq if earlier is not None else moniker.seq), from_offsets
         )
+    refusals = {
+        writer: refusal
+        for writer, refusal in refusals.items()
+        if writer_seqs.get(writer, -1) < refusal.seq
+    }
     listed = list(state.quarantined_monikers)
     for delivery in plan.committed:
         if delivery.moniker.id in listed:  # a replay
@@ -900,6 +1003,7 @@ def _advance(state: CommittedState, plan: _Plan, epoch: int) -> CommittedState:
         max(0, quarantined),
         state.event_files,
         tuple(listed[-QUARANTINED_MONIKERS_KEPT:]),
+        refusals,
     )
 
 

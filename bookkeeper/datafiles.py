@@ -64,7 +64,12 @@ from pyiceberg.utils.truncate import (
 )
 
 from common.internals import FOOTER_PARSER_ENABLED, parse_footer_bytes
-from common.locations import normalize_location
+from common.locations import (
+    is_within,
+    names_parent_folder,
+    normalize_location,
+    table_data_folder,
+)
 from common.moniker import FileEntry
 from common.storage import open_filesystem
 
@@ -394,10 +399,17 @@ def _chunks(requests: list[_Request], size: int) -> list[list[_Request]]:
 def validate(
     entry: FileEntry, facts: FooterFacts, table_location: str, file_schema: Schema
 ) -> None:
-    """Raise `InvalidFile` unless the file is where, how big and what the moniker says."""
-    location = normalize_location(table_location) + "/"
-    if not normalize_location(entry.path).startswith(location):
-        raise InvalidFile(f"{entry.path}: not under the table location {table_location}")
+    """Raise `InvalidFile` unless the file is where, how big and what the moniker says.
+
+    Data files and deleted-keys files alike: a deleted-keys file deletes every key it holds, so
+    one that names another file (a data file of the table, say) must fail here, not delete keys.
+    Where: under the table's data folder once `..` and duplicate slashes are resolved, and with no
+    `..` at all (object stores would take it literally where a local filesystem climbs)."""
+    data_folder = table_data_folder(table_location)
+    if names_parent_folder(entry.path):
+        raise InvalidFile(f"{entry.path}: names a parent folder ('..'); not committed")
+    if not is_within(entry.path, data_folder):
+        raise InvalidFile(f"{entry.path}: not under the table location's data folder {data_folder}")
     if facts.size_bytes != entry.size_bytes:
         raise InvalidFile(
             f"{entry.path}: size {facts.size_bytes} bytes, moniker says {entry.size_bytes}"

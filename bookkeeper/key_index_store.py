@@ -1,11 +1,14 @@
 """The key index on storage, beside the table: what a restarted or new bookkeeper starts from.
 
 One Parquet file per table at `<table location>/icekeeper/key-index.parquet`: the three index
-arrays as columns, and in its metadata the snapshot id it reflects, the key kind and the data
-files its locations point into. It is written to a temporary name and moved into place, so a
-bookkeeper that dies while saving leaves the previous index. A file that is missing, unreadable or
-of another version is not an error: the caller rebuilds the index from the table. The reaper's
-orphan removal spares the folder (`common.locations.TABLE_STATE_FOLDER`).
+arrays as columns, and in its metadata the snapshot id it reflects, the key kind and the data files
+its locations point into: only those, files no live key points into are pruned before each save
+(`KeyIndex.prune_files`; the list, saved whole each time, otherwise grew by every data file ever
+committed). Pruning changes no format: an index saved before it loads as ever. It is written to a
+temporary name and moved into place, so a bookkeeper that dies while saving leaves the previous
+index. A file that is missing, unreadable or of another version is not an error: the caller
+rebuilds the index from the table. The reaper's orphan removal spares the folder
+(`common.locations.TABLE_STATE_FOLDER`).
 """
 
 from __future__ import annotations
@@ -37,17 +40,23 @@ def index_location(table_location: str) -> str:
 
 def save_index(table: Table, index: KeyIndex) -> None:
     """Write `index` for `table`, replacing the previous one only once the new one is complete."""
+    save_index_at(table.location(), str(table.metadata.table_uuid), index)
+
+
+def save_index_at(table_location: str, table_uuid: str, index: KeyIndex) -> None:
+    """`save_index` by the table's location and uuid (what `icekeeper bench key-index-files` times
+    without a catalog)."""
     header = {
         "format": _FORMAT,
         "snapshot_id": index.snapshot_id,
         "exact": index.exact,
-        "table_uuid": str(table.metadata.table_uuid),
+        "table_uuid": table_uuid,
         "files": [[ref.path, ref.spec_id, list(ref.partition)] for ref in index.files],
     }
     hi, lo, location = index.arrays()
     arrays = pa.table({"hi": hi, "lo": lo, "location": location})
     arrays = arrays.replace_schema_metadata({_METADATA_KEY: json.dumps(header).encode()})
-    location = index_location(table.location())
+    location = index_location(table_location)
     filesystem, path = open_filesystem(location)
     folder = path.rsplit("/", 1)[0]
     filesystem.create_dir(folder, recursive=True)
@@ -60,7 +69,12 @@ def save_index(table: Table, index: KeyIndex) -> None:
 
 def load_index(table: Table) -> KeyIndex | None:
     """The saved index of `table`, or None when there is none usable (the caller rebuilds it)."""
-    location = index_location(table.location())
+    return load_index_at(table.location(), str(table.metadata.table_uuid))
+
+
+def load_index_at(table_location: str, table_uuid: str) -> KeyIndex | None:
+    """`load_index` by the table's location and uuid."""
+    location = index_location(table_location)
     filesystem, path = open_filesystem(location)
     try:
         if filesystem.get_file_info(path).type != pafs.FileType.File:
@@ -68,9 +82,7 @@ def load_index(table: Table) -> KeyIndex | None:
         with filesystem.open_input_file(path) as handle:
             arrays = pq.read_table(handle)
         header = json.loads(arrays.schema.metadata[_METADATA_KEY])
-        if header.get("format") != _FORMAT or header.get("table_uuid") != str(
-            table.metadata.table_uuid
-        ):
+        if header.get("format") != _FORMAT or header.get("table_uuid") != table_uuid:
             return None
         files = [
             DataFileRef(path, spec_id, tuple(partition))

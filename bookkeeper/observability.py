@@ -1,8 +1,11 @@
-"""Prometheus metrics and a health endpoint for the bookkeeper.
+"""Prometheus metrics and health endpoints for the bookkeeper.
 
 `prometheus_client` provides the metric types and the text exposition format; a small
-`ThreadingHTTPServer` serves `/metrics` and `/healthz` (the library's own server has no health
-route). Health is "ok" while the bookkeeper holds its lease and finished a cycle recently.
+`ThreadingHTTPServer` serves `/metrics`, `/healthz` and `/readyz` (the library's own server has no
+health route). Liveness and readiness are apart, as Kubernetes probes them: `/healthz` answers 200
+while the service loop runs, a standby waiting for the lease included (a liveness probe restarts
+what fails it, which helps a stuck loop and nothing else); `/readyz` answers 200 only while the
+bookkeeper holds its group's lease and finished a cycle recently.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -87,12 +91,12 @@ class BookkeeperMetrics:
         )
         self.epoch = Gauge(
             "icekeeper_bookkeeper_epoch",
-            "Epoch of the lease this bookkeeper holds",
+            "Epoch of the lease this bookkeeper holds (0: it holds none, a standby)",
             registry=self.registry,
         )
         self.last_cycle = Gauge(
             "icekeeper_last_cycle_timestamp_seconds",
-            "When the last cycle finished",
+            "When the last cycle finished (0: none yet, a standby)",
             registry=self.registry,
         )
         self._watermarks: dict[str, float] = {}
@@ -116,24 +120,36 @@ class BookkeeperMetrics:
             self.last_commit_age.labels(table).set(now - committed)
         for table, watermark in self._watermarks.items():
             self.freshness_lag.labels(table).set(max(0.0, now - watermark))
-        self.last_cycle.set(now)
+
+
+Probe = Callable[[], tuple[bool, dict]]
+"""A health check: whether it passes, and the details to show (JSON)."""
 
 
 class HealthServer:
-    """`/metrics` (Prometheus text) and `/healthz` (JSON, 200 or 503) on one port."""
+    """`/metrics` (Prometheus text), `/healthz` (liveness) and `/readyz` (readiness), both JSON
+    answered 200 or 503, on one port."""
 
     def __init__(
-        self, metrics: BookkeeperMetrics, port: int, health: callable, host: str = "127.0.0.1"
+        self,
+        metrics: BookkeeperMetrics,
+        port: int,
+        liveness: Probe,
+        readiness: Probe,
+        host: str = "127.0.0.1",
     ) -> None:
         # Loopback unless asked (`bookkeeper.http_host`): metrics name tables and topics, and
         # nothing authenticates a scraper.
         self.metrics = metrics
-        self.health = health
+        self.probes = {"/healthz": liveness, "/readyz": readiness}
         handler = self._handler()
         self.server = ThreadingHTTPServer((host, port), handler)
         self.port = self.server.server_address[1]
+        # A short poll: `stop` waits for it, and a bookkeeper stops within a second of SIGTERM.
         self.thread = threading.Thread(
-            target=self.server.serve_forever, name="icekeeper-http", daemon=True
+            target=lambda: self.server.serve_forever(poll_interval=0.1),
+            name="icekeeper-http",
+            daemon=True,
         )
 
     def start(self) -> HealthServer:
@@ -156,8 +172,8 @@ class HealthServer:
                         200,
                         CONTENT_TYPE_LATEST,
                     )
-                elif self.path.startswith("/healthz"):
-                    ok, details = outer.health()
+                elif (probe := outer.probes.get(self.path.split("?", 1)[0])) is not None:
+                    ok, details = probe()
                     body, status, content_type = (
                         json.dumps({"ok": ok, **details}).encode(),
                         200 if ok else 503,

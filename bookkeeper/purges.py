@@ -68,6 +68,8 @@ class PurgeOutcome:
     """Files that qualify but wait for a later cycle (budget)."""
     snapshot_id: int | None = None
     refused: str | None = None
+    set_aside: str | None = None
+    """Why an earlier purge's request was set aside (`RewriteCommitter`): its files missing."""
     skipped: str | None = None
     seconds: float = 0.0
 
@@ -148,6 +150,8 @@ class Purger:
             outcome.skipped = "the key index does not reflect the current snapshot"
             return PurgePlan()
         live_rows = index.live_rows_per_file()
+        # A live data file the index has no ordinal for has no live key: the index, current with
+        # the snapshot, numbers every file it adds and forgets only those (`prune_files`).
         files = [
             FileLiveness(
                 path=data.file_path,
@@ -155,10 +159,10 @@ class Purger:
                 partition=tuple(data.partition),
                 record_count=data.record_count,
                 size_bytes=data.file_size_in_bytes,
-                live_rows=int(live_rows[ordinal]),
+                live_rows=int(live_rows[ordinal]) if ordinal is not None else 0,
             )
             for data in candidates
-            if (ordinal := index.ordinal_of(data.file_path)) is not None
+            for ordinal in [index.ordinal_of(data.file_path)]
         ]
         plan = plan_purge(
             files,
@@ -249,6 +253,7 @@ class Purger:
         self._unfinished.pop(identifier, None)
         outcome.snapshot_id = result.snapshot_id
         outcome.refused = result.refusal
+        outcome.set_aside = result.set_aside
 
 
 def _largest_purged(settings: BookkeeperConfig) -> int:

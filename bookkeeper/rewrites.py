@@ -8,44 +8,88 @@ were updated or deleted after the compaction read them. The key index says which
 learns where the live rows went (`UpsertKeeper.plan_rewrite`).
 
 Exactly once: the snapshot names the request (`icekeeper.rewrite-id`); a request found committed
-is only dropped. A request that cannot be committed (its files changed, every replaced file is
-gone after a concurrent rewrite, a gone one still holds live rows by the index, as after
-retention, a live row would be lost) is refused with the reason; the reaper reads the refusal and
-deletes its files. Replaced files gone with no live row left (the bookkeeper purged them,
-`purges.py`, while the reaper wrote) are let go: their rows in the new files are stale. The
-bookkeeper's own requests (its purges) go the same way, and a refused one's files are deleted here.
+is only dropped. Found committed also once that snapshot has expired: when a file of the request
+is in the current snapshot (only its commit adds them). A request that cannot be committed (its
+files changed, every replaced file is gone after a concurrent rewrite, a gone one still holds live
+rows by the index, as after retention, a live row would be lost) is refused with the reason; the
+reaper reads the refusal and deletes its files. Replaced files gone with no live row left (the
+bookkeeper purged them, `purges.py`, while the reaper wrote) are let go: their rows in the new files
+are stale. The bookkeeper's own requests (its purges) go the same way, and a refused one's files
+are deleted here. Unless a commit of the request was attempted before (`mark_commit_attempt`,
+written before every commit): then it may have landed in a snapshot expired since, and the files
+are left to orphan removal, which knows whether any snapshot still names them.
+
+One request never holds up the others: each is tried on its own, and one that fails (storage or
+the catalog cannot serve it now, conflicts) stays pending for the next poll while the queue goes
+on. A request whose files storage says do not exist for `bookkeeper.missing_file_timeout`, or
+that is not a readable request, is set aside with the reason (`set_aside_rewrite`), files kept,
+for the operator; an outage never sets one aside.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
+from dataclasses import dataclass, field
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.update import AssertTableUUID
 
-from bookkeeper.committer import CommitConflict, Committer, TableCommit, attempt_until_committed
+from bookkeeper.committer import (
+    CommitConflict,
+    Committer,
+    StaleEpoch,
+    TableCommit,
+    attempt_until_committed,
+)
 from bookkeeper.datafiles import FileUnavailable, InvalidFile, data_file, validate
 from bookkeeper.manifests import rewrite_files
 from bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
 from common.catalog import load_table_or_none
 from common.delete_files import referenced_data_files
 from common.internals import UncopiedTransaction, commit_once
+from common.locations import normalize_location
 from common.rewrites import (
     REWRITE_ID_PROPERTY,
     REWRITE_ORIGIN_PROPERTY,
     RewriteRequest,
+    UnreadableRewrite,
+    clear_commit_attempt,
+    commit_attempted,
     discard_rewrite,
     finish_rewrite,
+    mark_commit_attempt,
     pending_rewrites,
     refuse_rewrite,
+    set_aside_rewrite,
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RewriteCommit(TableCommit):
+    """A rewrite request's outcome: a `TableCommit`, or why it was set aside."""
+
+    set_aside: str | None = None
+    """Why the request was set aside (`set_aside_rewrite`): nothing committed, nothing deleted."""
+
+
+@dataclass
+class PendingRewrites:
+    """What one poll of a table's rewrite requests did, request by request."""
+
+    committed: list[RewriteCommit] = field(default_factory=list)
+    """The reaper's requests committed (or found committed) and refused; purges are not news."""
+    set_aside: list[tuple[str, str]] = field(default_factory=list)
+    """(request id, reason) of the requests set aside."""
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    """(request id, error) of the requests left pending for the next poll."""
 
 
 class RewriteCommitter:
@@ -56,51 +100,101 @@ class RewriteCommitter:
         # indexes and epoch (set when the lease is taken).
         self.committer = committer
         self.catalog = committer.catalog
+        self._missing_since: dict[str, float] = {}
+        """Request id -> when (monotonic) storage first said one of its files does not exist;
+        dropped once the request is read whole, committed, refused or set aside."""
 
-    def commit_pending(self, identifier: str) -> list[TableCommit]:
-        """Commit (or refuse) every request waiting for table `identifier`; returns the reaper's
-        (a purge a bookkeeper left behind when it died is committed, not returned)."""
+    def commit_pending(self, identifier: str) -> PendingRewrites:
+        """Commit (or refuse, or set aside) every request waiting for table `identifier`, each on
+        its own: one that fails stays pending and the next is tried. Raises only what concerns
+        the table (it cannot be loaded, its requests cannot be listed) and `StaleEpoch`."""
+        outcome = PendingRewrites()
         table = load_table_or_none(self.catalog, identifier)
         if table is None:
-            return []
-        results = []
-        for request in pending_rewrites(table.location()):
-            if isinstance(request, tuple):
-                request_id, reason = request
-                refuse_rewrite(table.location(), request_id, reason)
-                log.warning(
-                    "rewrite request refused",
-                    extra={"table": identifier, "request": request_id, "reason": reason},
-                )
+            return outcome
+        location = table.location()
+        for request in pending_rewrites(location):
+            if isinstance(request, UnreadableRewrite):
+                if request.content is None:  # storage did not serve it: an outage, not a verdict
+                    self._left_pending(identifier, request.request_id, request.reason, outcome)
+                    continue
+                try:
+                    set_aside_rewrite(
+                        location, request.request_id, request.reason, content=request.content
+                    )
+                except OSError as error:
+                    self._left_pending(identifier, request.request_id, repr(error), outcome)
+                    continue
+                self._set_aside(identifier, location, request.request_id, request.reason)
+                outcome.set_aside.append((request.request_id, request.reason))
                 continue
-            result = self.commit(identifier, request)
-            if request.origin == "reaper":  # a purge is no news to report (`purges.py`)
-                results.append(result)
-        return results
+            try:
+                result = self.commit(identifier, request)
+            except StaleEpoch:
+                raise
+            except Exception as error:  # noqa: BLE001 - this request waits; the others go on
+                self._left_pending(identifier, request.id, repr(error), outcome)
+                continue
+            if result.set_aside is not None:
+                outcome.set_aside.append((request.id, result.set_aside))
+            elif request.origin == "reaper":  # a purge is no news to report (`purges.py`)
+                outcome.committed.append(result)
+        return outcome
 
-    def commit(self, identifier: str, request: RewriteRequest) -> TableCommit:
-        """Commit one request, or refuse it with the reason; never both, never twice."""
+    def commit(self, identifier: str, request: RewriteRequest) -> RewriteCommit:
+        """Commit one request, or refuse it with the reason, or set it aside; never two of them,
+        never twice. Raises when it cannot tell now (storage, the catalog, conflicts): the request
+        stays pending."""
         return attempt_until_committed(
             identifier,
             lambda attempt: self._attempt(identifier, request, attempt),
             f"rewrite {request.id}",
         )
 
-    def _attempt(self, identifier: str, request: RewriteRequest, attempt: int) -> TableCommit:
+    def _attempt(self, identifier: str, request: RewriteRequest, attempt: int) -> RewriteCommit:
         """One attempt at `commit`, on the table as it is now; `CommitConflict` if it lost."""
         table = self.catalog.load_table(identifier)
+        location = table.location()
         state = self.committer.checked_state(identifier, table)
-        result = TableCommit(identifier, attempts=attempt)
+        result = RewriteCommit(identifier, attempts=attempt)
         if _committed_before(table, request.id):
-            finish_rewrite(table.location(), request.id)
+            self._missing_since.pop(request.id, None)
+            finish_rewrite(location, request.id)
+            return result
+        live_data, delete_files = live_files(table, table.current_snapshot())
+        if _committed_by_its_files(table, request, live_data):
+            # Its snapshot expired; its files are the table's now.
+            log.info(
+                "rewrite request found committed by its files",
+                extra={"table": identifier, "request": request.id},
+            )
+            self._missing_since.pop(request.id, None)
+            finish_rewrite(location, request.id)
             return result
         try:
-            removed, added, cycle = self._plan(table, request)
+            removed, added, cycle = self._plan(table, request, live_data, delete_files)
+        except FileUnavailable as error:
+            missing_for = self._missing_for(request.id, error)
+            timeout = self.committer.config.bookkeeper.missing_file_timeout
+            if missing_for is None or missing_for < timeout:
+                raise  # storage cannot serve it now, or not yet for long: it stays pending
+            reason = (
+                f"files missing for {missing_for:.0f} s (bookkeeper.missing_file_timeout "
+                f"{timeout:.0f} s): {error}"
+            )
+            set_aside_rewrite(location, request.id, reason, request=request)
+            self._set_aside(identifier, location, request.id, reason)
+            result.set_aside = reason
+            return result
         except (RewriteRefused, InvalidFile) as error:
-            if request.origin == "bookkeeper":
-                discard_rewrite(table.location(), request)  # nobody waits for a refusal
+            self._missing_since.pop(request.id, None)
+            attempted = commit_attempted(location, request.id)
+            if attempted and request.origin == "bookkeeper":
+                finish_rewrite(location, request.id)  # its files: orphan removal's to judge
+            elif request.origin == "bookkeeper":
+                discard_rewrite(location, request)  # nobody waits for a refusal
             else:
-                refuse_rewrite(table.location(), request.id, str(error))
+                refuse_rewrite(location, request.id, str(error))
             log.warning(
                 "rewrite request refused",
                 extra={
@@ -108,10 +202,12 @@ class RewriteCommitter:
                     "request": request.id,
                     "origin": request.origin,
                     "reason": str(error),
+                    "files_kept": attempted,
                 },
             )
             result.refusal = str(error)
             return result
+        self._missing_since.pop(request.id, None)
         new_state = dataclasses.replace(
             state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch)
         )
@@ -124,13 +220,16 @@ class RewriteCommitter:
         with rewrite_files(transaction, properties, removed, cycle.delete_files) as producer:
             for data in added:
                 producer.append_data_file(data)
+        # Durable before the commit: once the snapshot has expired, this says it may have landed.
+        mark_commit_attempt(location, request.id)
         try:  # one compare-and-swap, as the committer's
             commit_once(transaction, (AssertTableUUID(uuid=table.metadata.table_uuid),))
         except CommitFailedException as error:
+            clear_commit_attempt(location, request.id)  # it definitely did not land
             raise CommitConflict(str(error)) from error  # planned again on the refreshed table
         snapshot_id = table.current_snapshot().snapshot_id
         self.committer.upserts.rewritten(cycle, snapshot_id, table)
-        finish_rewrite(table.location(), request.id)
+        finish_rewrite(location, request.id)
         # A purge says what it did in its own line (`purges.py`); the reaper's compactions here.
         log.log(
             logging.DEBUG if request.origin == "bookkeeper" else logging.INFO,
@@ -153,12 +252,46 @@ class RewriteCommitter:
         result.records = sum(data.record_count for data in added)
         return result
 
+    def _missing_for(self, request_id: str, error: FileUnavailable) -> float | None:
+        """Seconds since storage first said a file of request `request_id` does not exist (this
+        bookkeeper's count, as for monikers' files); None when it only failed to serve them."""
+        if not error.missing:
+            self._missing_since.pop(request_id, None)  # retried for as long as it takes
+            return None
+        now = time.monotonic()
+        return now - self._missing_since.setdefault(request_id, now)
+
+    def _set_aside(self, identifier: str, location: str, request_id: str, reason: str) -> None:
+        self._missing_since.pop(request_id, None)
+        log.error(
+            "rewrite request set aside; its files are kept",
+            extra={
+                "table": identifier,
+                "request": request_id,
+                "reason": reason,
+                "location": location,
+            },
+        )
+
+    def _left_pending(
+        self, identifier: str, request_id: str, error: str, outcome: PendingRewrites
+    ) -> None:
+        outcome.failed.append((request_id, error))
+        log.warning(
+            "rewrite request left pending; tried again at the next poll",
+            extra={"table": identifier, "request": request_id, "error": error},
+        )
+
     def _plan(
-        self, table: Table, request: RewriteRequest
+        self,
+        table: Table,
+        request: RewriteRequest,
+        live_data: list[DataFile],
+        delete_files: list[DataFile],
     ) -> tuple[list[DataFile], list[DataFile], RewriteCycle]:
         """(files to remove, data files to add, the key index's plan) for `request` on `table` as
-        it is now."""
-        live_data, delete_files = live_files(table, table.current_snapshot())
+        it is now (`live_data`, `delete_files`: its current snapshot's). `FileUnavailable` (with
+        `missing` when storage said a file does not exist) when its files cannot be read now."""
         data_files = {data.file_path: data for data in live_data}
         gone = [path for path in request.replaced if path not in data_files]
         still_live = self.committer.upserts.live_rows_in(table, gone) if gone else 0
@@ -168,16 +301,26 @@ class RewriteCommitter:
                 f"(another rewrite or retention; {still_live} live rows in them by the key "
                 f"index), e.g. {gone[0]}"
             )
-        schema = Schema.model_validate(request.schema_)
+        try:
+            schema = Schema.model_validate(request.schema_)
+        except ValueError as error:  # pydantic's ValidationError: a request no commit can take
+            raise RewriteRefused(f"its schema is not an Iceberg schema: {error}") from None
         schema_json = schema.model_dump_json()
         facts = self.committer.footer_reader.describe(
             [(entry.path, schema, schema_json) for entry in request.files], table.properties
         )
+        unavailable = [
+            described for described in facts.values() if isinstance(described, FileUnavailable)
+        ]
+        if unavailable:  # not refused: the request waits (or, missing too long, is set aside)
+            raise FileUnavailable(
+                "; ".join(str(problem) for problem in unavailable),
+                missing=any(problem.missing for problem in unavailable),
+            )
         added = []
         for entry in request.files:
             described = facts[entry.path]
-            if isinstance(described, (InvalidFile, FileUnavailable)):
-                # unavailable: not refused, the request stays pending for the next poll
+            if isinstance(described, InvalidFile):
                 raise described
             validate(entry, described, table.location(), schema)
             added.append(
@@ -200,6 +343,27 @@ def _committed_before(table: Table, request_id: str) -> bool:
         and snapshot.summary.additional_properties.get(REWRITE_ID_PROPERTY) == request_id
         for snapshot in table.snapshots()
     )
+
+
+def _committed_by_its_files(
+    table: Table, request: RewriteRequest, live_data: list[DataFile]
+) -> bool:
+    """Whether `request` was committed, known from its files once the snapshot that committed
+    it has expired: a file of it is a live data file, and no snapshot left in the table's history
+    added it (one that did would name the request that committed it; `_committed_before` found
+    none naming this one). Only a request's own commit adds the files of its output folder."""
+    wanted = {normalize_location(entry.path) for entry in request.files}
+    if not wanted & {normalize_location(data.file_path) for data in live_data}:
+        return False
+    snapshot = table.current_snapshot()
+    added_by = {
+        entry.snapshot_id
+        for manifest in snapshot.manifests(table.io)
+        if manifest.content == ManifestContent.DATA
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+        if normalize_location(entry.data_file.file_path) in wanted
+    }
+    return all(table.snapshot_by_id(snapshot_id) is None for snapshot_id in added_by)
 
 
 def _deletes_only_for(delete_files: list[DataFile], replaced: set[str]) -> list[DataFile]:

@@ -31,7 +31,7 @@ from bookkeeper.table_metadata import with_lean_commits
 from common.catalog import load_table_or_none, open_catalog
 from common.config.model import IcekeeperConfig
 from common.config.required import require_tables
-from common.fencing import Fenced, Lease
+from common.fencing import Fenced, Lease, LeaseRecord
 from common.file_events import location_key
 from common.transports import Delivery, open_transport
 
@@ -44,6 +44,8 @@ class CycleReport:
 
     tables: list[TableCommit] = field(default_factory=list)
     dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """Monikers refused (source, reason): recorded in their table, read again by their writer."""
     purges: dict[str, PurgeOutcome] = field(default_factory=dict)
     """Upsert tables purged after their commit (`purges.py`): what each purge did."""
     pending: int = 0
@@ -73,12 +75,22 @@ class Bookkeeper:
         """Upsert tables a purge left work for (budget, failure): purged again next cycle even
         without a commit."""
         self.lease: Lease | None = None
+        """The group's lease, once this bookkeeper holds it (never while it stands by)."""
+        self.state = "starting"
+        """What the service loop does: starting, standby (another holds the lease), warming
+        (loading key indexes), active (cycling), stopped. `/healthz` and `/readyz` report it."""
+        self._holder: LeaseRecord | None = None
+        """While standing by: the lease of the bookkeeper that holds it."""
+        self._alive_at = time.monotonic()
+        """When the service loop last showed life (a lease poll, a cycle's start or end, a wait):
+        liveness."""
         self._table_locations: dict[str, str] = {}
         self.stop = threading.Event()
         self._report_path = Path(config.bookkeeper.commit_report_path)
         self.metrics = BookkeeperMetrics()
         self.http: HealthServer | None = None
         self._last_cycle_at: float | None = None
+        """Wall-clock time the last successful cycle finished (None before the first)."""
         self._report_producer = None
         self._empty_cycles: dict[str, int] = {}
         self._failed_cycles = 0
@@ -89,36 +101,95 @@ class Bookkeeper:
         self._reports_failed_this_cycle = False
 
     def serve_http(self, port: int | None = None) -> int:
-        """Start `/metrics` and `/healthz`; returns the
-        port (0 in config: off, unless a port is given)."""
+        """Start `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); returns the port (0
+        in config: off, unless a port is given)."""
         port = self.config.bookkeeper.http_port if port is None else port
         self.http = HealthServer(
-            self.metrics, port, self.health, host=self.config.bookkeeper.http_host
+            self.metrics,
+            port,
+            liveness=self.liveness,
+            readiness=self.readiness,
+            host=self.config.bookkeeper.http_host,
         ).start()
         return self.http.port
 
-    def health(self) -> tuple[bool, dict]:
-        """Healthy while holding the lease and cycling (a cycle finished within 10 commit intervals
-        + 30 s)."""
-        details: dict = {"epoch": self.committer.epoch, "lease": self.lease is not None}
+    def _stale_after_s(self) -> float:
+        """How long the loop may show no life (liveness) or finish no cycle (readiness): 10 commit
+        intervals + 30 s, which covers the longest wait between cycles (30 s after failures)."""
+        return 10 * self.config.bookkeeper.commit_interval + 30
+
+    def status(self) -> dict:
+        """What `/healthz` and `/readyz` both say: the loop's state and the lease as they are."""
+        holds_lease = self.lease is not None and self.state != "stopped"
+        details: dict = {
+            "state": self.state,
+            "lease": holds_lease,
+            "epoch": self.committer.epoch if holds_lease else None,
+            "last_cycle_age_s": (
+                None if self._last_cycle_at is None else round(time.time() - self._last_cycle_at, 3)
+            ),
+        }
+        if self.state == "standby" and self._holder is not None:
+            details["holder"] = self._holder.owner
+            details["holder_epoch"] = self._holder.epoch
+        return details
+
+    def liveness(self) -> tuple[bool, dict]:
+        """Alive while the service loop runs and shows life: a standby polling for the lease is
+        alive, and so is an active bookkeeper whose cycles fail (a catalog outage: a restart would
+        not help). Not alive once the loop stopped, or when it showed no life for
+        `_stale_after_s` (stuck)."""
+        details = self.status()
+        if self.state == "stopped":
+            return False, {**details, "reason": "the service loop stopped"}
+        silent_s = time.monotonic() - self._alive_at
+        if silent_s > self._stale_after_s():
+            reason = f"the service loop showed no life for {silent_s:.0f}s"
+            return False, {**details, "reason": reason}
+        return True, details
+
+    def readiness(self) -> tuple[bool, dict]:
+        """Ready while holding the lease and cycling: a cycle finished within `_stale_after_s`."""
+        details = self.status()
+        if not details["lease"]:
+            if self.state == "standby" and self._holder is not None:
+                holder = self._holder
+                reason = f"standing by: {holder.owner} holds the lease (epoch {holder.epoch})"
+            else:
+                reason = f"no lease held ({self.state})"
+            return False, {**details, "reason": reason}
         if self._last_cycle_at is None:
             return False, {**details, "reason": "no cycle finished yet"}
         age = time.time() - self._last_cycle_at
-        details["last_cycle_age_s"] = round(age, 3)
-        limit = 10 * self.config.bookkeeper.commit_interval + 30
-        if age > limit:
+        if age > self._stale_after_s():
             return False, {**details, "reason": f"no cycle for {age:.0f}s"}
         return True, details
 
-    def take_lease(self, timeout_s: float | None = None) -> int:
-        """Become the group's active bookkeeper (waits while another holds the lease)."""
+    def _alive(self) -> None:
+        self._alive_at = time.monotonic()
+
+    def _standing_by(self, holder: LeaseRecord) -> None:
+        """Each lease poll while another bookkeeper holds the lease."""
+        self.state, self._holder = "standby", holder
+        self._alive()
+
+    def take_lease(self, timeout_s: float | None = None) -> int | None:
+        """Become the group's active bookkeeper (waits while another holds the lease); returns the
+        epoch, or None when stopped while waiting."""
         group = self.config.group
-        self.lease = Lease(group.lease_uri, group.name, self.config.bookkeeper.lease_ttl)
-        self.committer.epoch = self.lease.acquire(timeout_s)
-        return self.committer.epoch
+        lease = Lease(group.lease_uri, group.name, self.config.bookkeeper.lease_ttl)
+        epoch = lease.acquire(timeout_s, stop=self.stop, on_wait=self._standing_by)
+        self._holder = None
+        if epoch is None:
+            return None
+        self.lease, self.state = lease, "active"
+        self.committer.epoch = epoch
+        self.metrics.epoch.set(epoch)
+        return epoch
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: finish the current cycle (its commit and acknowledgements), then stop."""
+        """SIGTERM/SIGINT: finish the current cycle (its commit and acknowledgements), then stop; a
+        standby waiting for the lease, or a bookkeeper waiting for its next cycle, stops at once."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop.set())
 
@@ -128,13 +199,17 @@ class Bookkeeper:
         """Hold the lease and run cycles until stopped; a fenced bookkeeper stops, never commits."""
         if self.http is None and self.config.bookkeeper.http_port:
             self.serve_http()
-        if self.lease is None:
-            self.take_lease()
-        self.warm_key_indexes()
         fenced = False
         try:
+            if self.lease is None and self.take_lease() is None:
+                return  # stopped while standing by
+            self.state = "warming"
+            self._alive()
+            self.warm_key_indexes()
+            self.state = "active"
             while not self.stop.is_set():
                 started = time.monotonic()
+                self._alive()
                 try:
                     report = self.run_cycle()
                 except (Fenced, StaleEpoch) as error:
@@ -155,6 +230,7 @@ class Bookkeeper:
                         "bookkeeper cycle failed; retrying",
                         extra={"error": repr(error), "retry_in_s": self._cycle_backoff_s()},
                     )
+                    self._alive()
                     self.stop.wait(self._cycle_backoff_s())
                     self._failed_cycles += 1
                     continue
@@ -167,11 +243,13 @@ class Bookkeeper:
                     started, idle=not report.tables and not report.dead_lettered
                 )
         finally:
+            self.state = "stopped"
             if self.lease is not None and not fenced:
                 # A clean exit (--once, SIGTERM) or a crash: the next bookkeeper need not wait
                 # for the TTL. A fenced one has no lease left to release.
                 self.lease.release()
-                self.lease = None
+            self.lease = None
+            self.metrics.epoch.set(0)
             if self.http is not None:
                 self.http.stop()
                 self.http = None
@@ -187,8 +265,9 @@ class Bookkeeper:
         first cycle's commit does not wait for it; a table that cannot be loaded now is left to the
         cycle, which reports it."""
         for spec in self.config.tables:
-            if not spec.upsert:
+            if not spec.upsert or self.stop.is_set():
                 continue
+            self._alive()
             started = time.monotonic()
             try:
                 table = load_table_or_none(self.catalog, spec.identifier)
@@ -291,6 +370,8 @@ class Bookkeeper:
             self._flush_reports()
         report.seconds = time.monotonic() - started
         self._last_cycle_at = time.time()
+        self._alive()
+        self.metrics.last_cycle.set(self._last_cycle_at)
         self.metrics.refresh_ages()
         return report
 
@@ -319,6 +400,9 @@ class Bookkeeper:
         nothing to commit): acknowledge, dead-letter, report."""
         for delivery in result.committed + result.duplicates:
             self.transport.acknowledge(delivery)
+        for delivery in result.copies:
+            # Another delivery of the same moniker may still wait: drop this one only.
+            self.transport.acknowledge_copy(delivery)
         for delivery, reason in result.quarantined:
             self.metrics.errors.labels("quarantined").inc()
             self.transport.dead_letter(delivery, reason)
@@ -329,10 +413,22 @@ class Bookkeeper:
             )
         for delivery, reason in result.refused:
             self.metrics.errors.labels("overlapping-offsets").inc()
-            self.transport.dead_letter(delivery, reason)
-            report.dead_lettered.append((delivery.source, reason))
-            log.error(
-                "moniker refused: its offsets overlap the committed ones",
+            report.refused.append((delivery.source, reason))
+            if not delivery.moniker.rereads_refused:
+                # An earlier version's writer does not read the refusal back: set aside as before.
+                self.transport.dead_letter(delivery, reason)
+                report.dead_lettered.append((delivery.source, reason))
+                log.error(
+                    "moniker refused: its offsets overlap the committed ones",
+                    extra={"table": table, "source": delivery.source, "reason": reason},
+                )
+                continue
+            # The refusal is in the table's committed state (durable before this): its writer
+            # reads the refused offsets again, so the moniker itself is not needed any more.
+            self.transport.acknowledge(delivery)
+            log.warning(
+                "moniker refused: its offsets overlap the committed ones; its writer reads them "
+                "again",
                 extra={"table": table, "source": delivery.source, "reason": reason},
             )
         for delivery, reason in result.unavailable:
@@ -377,7 +473,7 @@ class Bookkeeper:
             if not spec.upsert:
                 continue
             try:
-                results = self.rewrites.commit_pending(spec.identifier)
+                polled = self.rewrites.commit_pending(spec.identifier)
             except StaleEpoch:
                 raise
             except Exception as error:  # noqa: BLE001 - a rewrite is maintenance: it waits for the next poll
@@ -387,7 +483,10 @@ class Bookkeeper:
                     extra={"table": spec.identifier, "error": repr(error)},
                 )
                 continue
-            for result in results:
+            # Each request on its own (`RewriteCommitter.commit_pending` logged each one).
+            self.metrics.errors.labels("rewrite-failed").inc(len(polled.failed))
+            self.metrics.errors.labels("rewrite-set-aside").inc(len(polled.set_aside))
+            for result in polled.committed:
                 if result.snapshot_id is not None:
                     self._settle(report, spec.identifier, result)
 
@@ -419,7 +518,9 @@ class Bookkeeper:
                 )
                 continue
             self.metrics.purge_seconds.labels(identifier).inc(outcome.seconds)
-            if outcome.refused is not None:
+            if outcome.set_aside is not None:
+                self.metrics.errors.labels("rewrite-set-aside").inc()
+            elif outcome.refused is not None:
                 self.metrics.errors.labels("purge-refused").inc()
             elif outcome.snapshot_id is not None:
                 self.metrics.purged_files.labels(identifier).inc(outcome.files_replaced)

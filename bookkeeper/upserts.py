@@ -32,6 +32,7 @@ from bookkeeper.live_deletes import LiveDelete, LiveDeletes, positions_in
 from bookkeeper.position_deletes import DataFileRef, write_position_deletes
 from bookkeeper.row_keys import exact_keys, file_key_words
 from common.delete_files import read_position_deletes
+from common.locations import resolved_location
 from common.moniker import FileEntry
 
 log = logging.getLogger(__name__)
@@ -107,14 +108,22 @@ class UpsertKeeper:
                 )
             ] * len(monikers)
         exact = exact_keys(schema)
+        index = self._indexes.get(".".join(table.name()))
+        misnamed = [_names_a_data_file(files, deleted, index) for files, deleted in monikers]
         paths = [data.file_path for files, _ in monikers for data in files] + [
-            entry.path for _, deleted in monikers for entry in deleted
+            entry.path
+            for (_, deleted), problem in zip(monikers, misnamed)
+            if problem is None
+            for entry in deleted
         ]
         words = dict(
             zip(paths, self._pool.map(lambda path: _words_or_error(path, key_ids, exact), paths))
         )
         found: list[MonikerKeys | InvalidFile | FileUnavailable] = []
-        for files, deleted in monikers:
+        for (files, deleted), problem in zip(monikers, misnamed):
+            if problem is not None:
+                found.append(problem)
+                continue
             problems = [
                 words[path]
                 for path in [d.file_path for d in files] + [e.path for e in deleted]
@@ -287,7 +296,13 @@ class UpsertKeeper:
             self._save(identifier, table)
 
     def _save(self, identifier: str, table: Table) -> None:
-        save_index(table, self._indexes[identifier])
+        """Save the index, without the data files it no longer needs (`KeyIndex.prune_files`:
+        saves, between cycles, are the one moment no planned cycle holds ordinals). Not while
+        rows found doubled at a rebuild wait for their deletes: those point into such files."""
+        index = self._indexes[identifier]
+        if identifier not in self._doubled:
+            index.prune_files()
+        save_index(table, index)
         self._saved_at[identifier] = time.monotonic()
 
     def _write_deletes(
@@ -474,6 +489,23 @@ def _added_files(table: Table, snapshot: Snapshot) -> tuple[list[DataFile], list
             elif entry.data_file.content == DataFileContent.POSITION_DELETES:
                 deletes.append(entry.data_file)
     return data, deletes
+
+
+def _names_a_data_file(
+    files: list[DataFile], deleted: list[FileEntry], index: KeyIndex | None
+) -> InvalidFile | None:
+    """Why a moniker's deleted-keys entries cannot be read as such: one names a data file (of the
+    moniker, or one the key index has rows in), whose keys it would all delete. A writer's
+    deleted-keys file is a new file of its own; only a malformed moniker names another."""
+    own = {resolved_location(data.file_path) for data in files}
+    for entry in deleted:
+        if resolved_location(entry.path) in own or (
+            index is not None and index.ordinal_of(entry.path) is not None
+        ):
+            return InvalidFile(
+                f"{entry.path}: named as a deleted-keys file but it is a data file of the table"
+            )
+    return None
 
 
 def _words_or_error(

@@ -9,10 +9,12 @@ redone rather than trusted. Maven resolves transitive dependencies for us (Kafka
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import subprocess
 import tarfile
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +39,8 @@ class MavenBundle:
 
     Attributes:
         name: folder name under the cache, include versions so upgrades fetch anew.
-        coordinates: `group:artifact:version` entries.
+        coordinates: `group:artifact:version` entries, or `group:artifact:version:classifier` for
+            a jar published beside the main one (`iceberg-core`'s `tests`).
         transitive: also copy their runtime dependencies.
         exclusions: `group:artifact` pairs left out of every dependency's tree.
     """
@@ -65,22 +68,43 @@ def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.
         (home / "pom.xml").write_text(_pom(bundle), encoding="utf-8")
         command = [
             "mvn",
-            "-q",
             "-B",
             "-f",
             str(home / "pom.xml"),
             "dependency:copy-dependencies",
             "-DincludeScope=runtime",
-            f"-DoutputDirectory={lib}",
+            # Absolute: Maven resolves a relative one against the pom's folder.
+            f"-DoutputDirectory={lib.resolve()}",
             f"-DexcludeTransitive={'false' if bundle.transitive else 'true'}",
         ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise ArtifactError(
-                f"mvn could not fetch {bundle.name}:\n{(result.stdout + result.stderr)[-3000:]}"
-            )
+        returncode, output_tail = _run_reporting_downloads(command, progress)
+        if returncode != 0:
+            raise ArtifactError(f"mvn could not fetch {bundle.name}:\n{output_tail[-3000:]}")
         (home / _COMPLETE).touch()
     return sorted(lib.glob("*.jar"))
+
+
+_DOWNLOADED = re.compile(r"Downloaded from [^:]+: \S+/([^/\s]+\.jar) \(([\d.]+) MB")
+"""Maven's line for a finished download of a jar of a megabyte or more."""
+
+
+def _run_reporting_downloads(command: list[str], progress: Progress) -> tuple[int, str]:
+    """Run Maven, reporting each jar of a megabyte or more as it arrives (a bundle can take a
+    minute); returns the exit code and the output's last lines."""
+    tail: deque[str] = deque(maxlen=60)
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail.append(line)
+            if match := _DOWNLOADED.search(line):
+                progress(f"  {match.group(1)} ({match.group(2)} MB)")
+    return process.returncode, "".join(tail)
 
 
 def _pom(bundle: MavenBundle) -> str:
@@ -91,15 +115,20 @@ def _pom(bundle: MavenBundle) -> str:
         f"<exclusion><groupId>{group}</groupId><artifactId>{artifact}</artifactId></exclusion>"
         for group, artifact in (item.split(":") for item in excluded)
     )
-    dependencies = "".join(
-        f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId><version>{version}</version>"
-        f"<exclusions>{exclusions}</exclusions></dependency>"
-        for group, artifact, version in (coordinate.split(":") for coordinate in bundle.coordinates)
-    )
+    dependencies = "".join(_dependency(coordinate, exclusions) for coordinate in bundle.coordinates)
     return (
         '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
         f"<groupId>icekeeper.cache</groupId><artifactId>{bundle.name}</artifactId><version>1</version>"
         f"<dependencies>{dependencies}</dependencies></project>\n"
+    )
+
+
+def _dependency(coordinate: str, exclusions: str) -> str:
+    group, artifact, version, *classifier = coordinate.split(":")
+    classified = f"<classifier>{classifier[0]}</classifier>" if classifier else ""
+    return (
+        f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+        f"<version>{version}</version>{classified}<exclusions>{exclusions}</exclusions></dependency>"
     )
 
 
@@ -133,6 +162,19 @@ def maven_file_url(coordinate: str, classifier: str | None = None, extension: st
     suffix = f"-{classifier}" if classifier else ""
     folder = f"{group.replace('.', '/')}/{artifact}/{version}"
     return f"{MAVEN_CENTRAL}/{folder}/{artifact}-{version}{suffix}.{extension}"
+
+
+def maven_file(
+    cache_dir: Path,
+    coordinate: str,
+    classifier: str | None = None,
+    extension: str = "jar",
+    progress: Progress = log.info,
+) -> Path:
+    """One file from Maven Central (a self-contained jar, an archive), downloaded once into
+    `<cache_dir>/downloads`."""
+    url = maven_file_url(coordinate, classifier, extension)
+    return download(url, cache_dir / "downloads" / url.rsplit("/", 1)[-1], progress)
 
 
 def unpacked_archive(cache_dir: Path, name: str, url: str, progress: Progress = log.info) -> Path:

@@ -26,12 +26,29 @@ KEY_MONIKERS = PREFIX + "moniker-ids"
 KEY_QUARANTINED = PREFIX + "quarantined-records"
 KEY_EVENT_FILES = PREFIX + "event-files"
 KEY_QUARANTINED_MONIKERS = PREFIX + "quarantined-monikers"
+KEY_REFUSALS = PREFIX + "refusals"
 
 QUARANTINED_MONIKERS_KEPT = 500
 """Ids of quarantined monikers the state remembers for
 replay (quarantines are rare; the oldest go first)."""
 
 TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A writer's monikers the table refused (their offsets overlapped committed ones, or they
+    were planned on top of a refused one), until the writer's chain moves past them.
+
+    The writer reads it back to re-plan: its progress and checkpoint stood past the refused
+    ranges, and the records beyond the committed offsets must come from it again."""
+
+    seq: int
+    """The highest refused seq: the writer's monikers up to it are refused; later ones whose
+    `prev_seq` is a refused seq are refused too (they were planned on the refused ranges)."""
+    from_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    """Per topic-partition, the lowest offset the refused monikers covered: where the writer
+    reads again a partition the table has no committed offset for."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,8 @@ class CommittedState:
     quarantined_monikers: tuple[str, ...] = ()
     """Ids of quarantined monikers whose records are not in the table: a replayed one is committed
     once (its id leaves the list in the same snapshot), whatever its writer's seq has become."""
+    refusals: dict[str, Refusal] = field(default_factory=dict)
+    """Per writer id, what the table refused of it and the writer has not yet re-planned past."""
     snapshot_id: int | None = None
 
     def to_summary(self, moniker_ids: list[str]) -> dict[str, str]:
@@ -67,6 +86,14 @@ class CommittedState:
             summary[KEY_WATERMARK] = str(self.watermark_ms)
         if self.event_files:
             summary[KEY_EVENT_FILES] = json.dumps(list(self.event_files))
+        if self.refusals:
+            summary[KEY_REFUSALS] = json.dumps(
+                {
+                    writer: {"seq": refusal.seq, "from": nest_by_topic(refusal.from_offsets)}
+                    for writer, refusal in self.refusals.items()
+                },
+                sort_keys=True,
+            )
         if self.quarantined_monikers:
             summary[KEY_QUARANTINED_MONIKERS] = ",".join(
                 self.quarantined_monikers[-QUARANTINED_MONIKERS_KEPT:]
@@ -92,6 +119,10 @@ class CommittedState:
             quarantined_monikers=tuple(
                 filter(None, (summary.get(KEY_QUARANTINED_MONIKERS) or "").split(","))
             ),
+            refusals={
+                writer: Refusal(int(refusal["seq"]), _flatten(refusal.get("from") or {}))
+                for writer, refusal in json.loads(summary.get(KEY_REFUSALS) or "{}").items()
+            },
             snapshot_id=snapshot_id,
         )
 

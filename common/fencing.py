@@ -17,8 +17,10 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,14 +62,22 @@ class Lease:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.epoch: int | None = None
 
-    def acquire(self, timeout_s: float | None = None, poll_s: float = 0.5) -> int:
-        """Wait until the lease is free (or expired), take
-        it with the next epoch; returns the epoch."""
+    def acquire(
+        self,
+        timeout_s: float | None = None,
+        poll_s: float = 0.5,
+        stop: threading.Event | None = None,
+        on_wait: Callable[[LeaseRecord], None] | None = None,
+    ) -> int | None:
+        """Wait until the lease is free (or expired), take it with the next epoch; returns the
+        epoch, or None once `stop` is set (a standby told to stop must not wait for the lease:
+        SIGTERM ends it at once). `on_wait` hears of the current holder at every poll while this
+        one stands by."""
         self.folder.mkdir(parents=True, exist_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False
-        while True:
-            current = self._newest()
+        while stop is None or not stop.is_set():
+            current = _newest_lease(self.folder, self.ttl_ms)
             now = _now_ms()
             if current is None or current.expired(now):
                 epoch = (current.epoch if current else 0) + 1
@@ -80,17 +90,24 @@ class Lease:
                         extra={"epoch": epoch, "owner": self.owner, "group": self.folder.name},
                     )
                     return epoch
-            elif not announced:
-                log.warning(
-                    f"another {self.role} holds the lease; standing by",
-                    extra={"holder": current.owner, "epoch": current.epoch},
-                )
-                announced = True
+            else:
+                if not announced:
+                    log.warning(
+                        f"another {self.role} holds the lease; standing by",
+                        extra={"holder": current.owner, "epoch": current.epoch},
+                    )
+                    announced = True
+                if on_wait is not None:
+                    on_wait(current)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(
                     f"lease of {self.folder.name} still held by {current.owner if current else '?'}"
                 )
-            time.sleep(poll_s)
+            if stop is None:
+                time.sleep(poll_s)
+            else:
+                stop.wait(poll_s)
+        return None
 
     def renew(self) -> None:
         """Extend the lease; raises `Fenced` if a newer epoch exists."""
@@ -106,7 +123,7 @@ class Lease:
         """Raise `Fenced` when a newer lease exists (or ours expired and was taken)."""
         if self.epoch is None:
             raise Fenced("no lease held")
-        newest = self._newest()
+        newest = _newest_lease(self.folder, self.ttl_ms)
         if newest is not None and newest.epoch > self.epoch:
             raise Fenced(
                 f"{self.role} epoch {self.epoch} is stale: {newest.owner} holds epoch "
@@ -126,23 +143,6 @@ class Lease:
                 )
         except OSError:
             pass
-
-    def _newest(self) -> LeaseRecord | None:
-        epochs = sorted(
-            (
-                int(m.group(1))
-                for p in self.folder.glob("lease-*.json")
-                if (m := _LEASE_NAME.match(p.name))
-            ),
-            reverse=True,
-        )
-        for epoch in epochs:
-            record = _read(self.folder / _name(epoch))
-            if record is not None:
-                return record
-            # A lease file being created right now: treat it as held, fresh.
-            return LeaseRecord(epoch, "(being created)", _now_ms(), self.ttl_ms)
-        return None
 
     def _create(self, epoch: int) -> bool:
         return self._write(
@@ -168,6 +168,30 @@ class Lease:
         temporary.write_bytes(payload)
         os.replace(temporary, path)
         return True
+
+
+def live_lease(folder: str, group: str) -> LeaseRecord | None:
+    """The lease of `group` in `folder` while someone holds it, None when it is free, expired or
+    released. A bookkeeper renews its lease every cycle, so a live lease is how another process
+    (the reaper) tells that the group's bookkeeper is running, and who it is."""
+    newest = _newest_lease(Path(folder) / path_segment(group), ttl_ms=1000)
+    return newest if newest is not None and not newest.expired(_now_ms()) else None
+
+
+def _newest_lease(folder: Path, ttl_ms: int) -> LeaseRecord | None:
+    """The lease of the highest epoch in `folder`, None if there is none; one being created (not
+    readable yet) as held for `ttl_ms` from now."""
+    epochs = sorted(
+        (int(m.group(1)) for p in folder.glob("lease-*.json") if (m := _LEASE_NAME.match(p.name))),
+        reverse=True,
+    )
+    for epoch in epochs:
+        record = _read(folder / _name(epoch))
+        if record is not None:
+            return record
+        # A lease file being created right now: treat it as held, fresh.
+        return LeaseRecord(epoch, "(being created)", _now_ms(), ttl_ms)
+    return None
 
 
 def _read(path: Path) -> LeaseRecord | None:

@@ -2,12 +2,50 @@
 
 from __future__ import annotations
 
+import posixpath
+import re
+
 
 def normalize_location(path: str) -> str:
     """`file:/x`, `file:///x` and `/x` name the same local file (Java writes the first form)."""
     if path.startswith("file:"):
         path = "/" + path[len("file:") :].lstrip("/")
     return path.rstrip("/")
+
+
+def _split_authority(path: str) -> tuple[str, str]:
+    """(`scheme://authority`, the path after it) of a URI; ("", path) of a plain path."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/]*)(.*)$", path)
+    return (match.group(1), match.group(2)) if match else ("", path)
+
+
+def resolved_location(path: str) -> str:
+    """`normalize_location`, with duplicate slashes collapsed and `.` and `..` segments resolved in
+    the path (never in a URI's scheme or authority): the spelling to tell which folder holds a
+    file by. A string prefix alone would take `<table>/../other/x.parquet` for a file of the
+    table."""
+    prefix, rest = _split_authority(normalize_location(path))
+    if not rest:
+        return prefix
+    rest = posixpath.normpath(re.sub("/+", "/", rest))
+    return prefix + ("" if rest == "." else rest)
+
+
+def names_parent_folder(path: str) -> bool:
+    """Whether `path` has a `..` segment: object stores take it as a literal name where a local
+    filesystem climbs out of the folder, so no file icekeeper commits may be named that way."""
+    return ".." in _split_authority(normalize_location(path))[1].split("/")
+
+
+def is_within(path: str, folder: str) -> bool:
+    """Whether `path` names something inside `folder`, both resolved (`resolved_location`)."""
+    return resolved_location(path).startswith(resolved_location(folder).rstrip("/") + "/")
+
+
+def table_data_folder(table_location: str) -> str:
+    """Where a table's data files go (`<location>/data`, Iceberg's default): writers' batches,
+    the reaper's compactions and the bookkeeper's purges all write under it."""
+    return f"{table_location.rstrip('/')}/data"
 
 
 TABLE_STATE_FOLDER = "icekeeper"

@@ -69,7 +69,7 @@ class ColumnMetrics(_Value):
 
 
 class FileEntry(_Value):
-    """One file the writer made durable under the table's location."""
+    """One file the writer made durable under the table's data folder (`<location>/data`)."""
 
     path: str
     size_bytes: int = Field(ge=0)
@@ -115,6 +115,13 @@ class Moniker(_Value):
     min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
     created_ms: int = Field(default_factory=lambda: int(time.time() * 1000))
+    rereads_refused: Literal[True] | None = Field(
+        None,
+        description="The writer reads a refused moniker's offsets again (it reads the table's "
+        "`icekeeper.refusals`): the bookkeeper records a refusal instead of moving the writer's "
+        "chain past it. Writers of earlier versions leave it out, and their refused monikers are "
+        "dead-lettered as before.",
+    )
 
     @property
     def bytes(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import (
@@ -37,6 +37,9 @@ from pyiceberg.types import (
 )
 
 from common.config.model import MetadataColumns
+
+if TYPE_CHECKING:
+    from pyiceberg.table.metadata import TableMetadata
 
 PARQUET_FIELD_ID = "parquet.field.id"
 
@@ -400,16 +403,19 @@ def wider_type(old: IcebergType, new: IcebergType) -> IcebergType:
 
 
 def assign_ids(
-    columns: list[Column], existing: Schema | None, identifier_names: Iterable[str] = ()
+    columns: list[Column], table: TableMetadata | None, identifier_names: Iterable[str] = ()
 ) -> Schema:
-    """A schema for `columns` whose ids agree with `existing`.
+    """A schema for `columns` whose ids agree with the table's (`table`: its metadata).
 
-    Names the table has keep their ids; new names get ids after the table's highest, in order
-    (the order in which the bookkeeper will add them). Without a table, ids are assigned exactly
-    as pyiceberg's `create_table` will assign them.
+    Names the table's current schema has keep their ids; new names, nested fields and list and
+    map ids get ids after the table's `last-column-id`, in order (the order in which the
+    bookkeeper will add them). Not after the current schema's highest id: that of a dropped
+    column may be above it, and old files' values under that id would read as the new column.
+    So a column re-added under a dropped column's name is a new column, as in Iceberg. Without a
+    table, ids are assigned exactly as pyiceberg's `create_table` will assign them.
     """
     identifier_names = list(identifier_names)
-    if existing is None:
+    if table is None:
         fields = [
             NestedField(1000 + index, column.name, column.type, column.required)
             for index, column in enumerate(columns)
@@ -418,7 +424,8 @@ def assign_ids(
         fresh = assign_fresh_schema_ids(provisional)
         ids = [fresh.find_field(name).field_id for name in identifier_names]
         return Schema(*fresh.fields, identifier_field_ids=ids)
-    counter = itertools.count(existing.highest_field_id + 1)
+    existing = table.schema()
+    counter = itertools.count(max(table.last_column_id, existing.highest_field_id) + 1)
     fields = []
     for column in columns:
         try:

@@ -1,21 +1,28 @@
 """`icekeeper dead-letters list | replay`: what was set
 aside, and putting it back once the cause is fixed.
 
-Two places hold what did not reach a table:
+Three places hold what did not reach a table:
 - quarantined monikers, in the transport's dead-letter folder: monikers the bookkeeper could not
   read or commit (a file that is not Parquet or not what the moniker says, a file missing past
-  `bookkeeper.missing_file_timeout`, an incompatible schema, offsets overlapping the committed
-  ones), each with its reason. Replay publishes the moniker again. The bookkeeper commits a replay
+  `bookkeeper.missing_file_timeout`, an incompatible schema), each with its reason. Replay
+  publishes the moniker again. The bookkeeper commits a replay
   once: the table's committed state lists the ids of the monikers it quarantined, and the commit
   of a replayed one takes its id off, in the same snapshot; a second replay, or a replay after a
-  crash half way, is then a duplicate. A moniker refused for overlapping offsets is not on that
-  list (its records are in the table from another writer): its replay is dropped as a duplicate.
+  crash half way, is then a duplicate. (A moniker refused for overlapping offsets is not set aside
+  at all: its writer reads its records again; one dead-lettered by an older version is dropped as
+  a duplicate when replayed.)
 - dead-lettered records, in each source's dead-letter topic: records a writer could not decode or
   route, raw, with the reason and their source topic, partition and offset in headers
   (`writers/dead_letters.py`). Replay produces them again to their source topic, as Kafka Connect
   users replay a dead-letter queue: the writers read them like any new record, so a fixed schema
   registry or routing rule applies to them. (For upsert tables a replayed change lands after the
   changes the key had since: replay only what the mirror can take out of order, or rebuild it.)
+
+- rewrite requests the bookkeeper set aside, beside each upsert table
+  (`<table>/icekeeper/rewrites/set-aside/`): a compaction or purge whose files storage said were
+  missing for `bookkeeper.missing_file_timeout`, or a request file that is not a request, with the
+  reason. Their files are kept (orphan removal spares them). Replay publishes the request again;
+  the bookkeeper commits it once (its snapshot names it), or sets it aside again.
 
 Exactly once, for records: the replay consumer group's offsets on the dead-letter topic say what
 was replayed, and a batch in flight is marked in them first (see `replay_records`), so a replay
@@ -41,6 +48,8 @@ from common.transports.base import MonikerTransport, Quarantined
 if TYPE_CHECKING:
     from confluent_kafka import Message
     from pyiceberg.catalog import Catalog
+
+    from common.rewrites import SetAsideRewrite
 
 # The headers `writers/dead_letters.py` adds (that module imports PySpark, which `icekeeper --help`
 # should not wait for).
@@ -111,12 +120,17 @@ def add_dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
         "--records", action="store_true", help="only records of the sources' dead-letter topics"
     )
     parser.add_argument(
+        "--rewrites",
+        action="store_true",
+        help="only rewrite requests (compactions, purges) the bookkeeper set aside",
+    )
+    parser.add_argument(
         "--name",
         action="append",
         default=None,
         metavar="NAME",
-        help="replay: only the quarantined moniker(s) of this name (as `list` shows them); "
-        "repeatable",
+        help="replay: only the quarantined moniker(s) or set-aside rewrite request(s) of this "
+        "name (as `list` shows them); repeatable",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     parser.add_argument(
@@ -128,8 +142,10 @@ def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
     from common.catalog import open_catalog
     from common.transports import open_transport
 
-    monikers = args.monikers or not args.records
-    records = args.records or not args.monikers
+    everything = not (args.monikers or args.records or args.rewrites)
+    monikers = args.monikers or everything
+    records = args.records or everything
+    rewrites = args.rewrites or everything
     transport = open_transport(config)
     if args.action == "list":
         listing = {
@@ -143,15 +159,23 @@ def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
             ]
             if records
             else [],
+            "rewrites": [
+                _rewrite_json(table, entry)
+                for table, _, entry in set_aside_rewrites_of(config, open_catalog(config))
+            ]
+            if rewrites
+            else [],
         }
         if args.json:
             print(json.dumps(listing))
         else:
             _print_listing(listing)
         return 0
-    outcome: dict = {"monikers": [], "records": []}
+    outcome: dict = {"monikers": [], "records": [], "rewrites": []}
     if monikers:
         outcome["monikers"] = replay_monikers(transport, args.name)
+    if rewrites:
+        outcome["rewrites"] = replay_rewrites(config, open_catalog(config), args.name)
     if records:
         catalog = open_catalog(config)
         outcome["records"] = [
@@ -163,6 +187,8 @@ def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
     else:
         for name in outcome["monikers"]:
             print(f"moniker {name}: published again")
+        for name in outcome["rewrites"]:
+            print(f"rewrite request {name}: published again")
         for replay in outcome["records"]:
             print(
                 f"records of {replay['dead_letter_topic']}: {replay['replayed']} produced again to "
@@ -218,6 +244,67 @@ def _moniker_json(item: Quarantined) -> dict:
     return facts
 
 
+# -- rewrite requests ----------------------------------------------------------------------------
+
+
+def set_aside_rewrites_of(
+    config: IcekeeperConfig, catalog: Catalog
+) -> list[tuple[str, str, SetAsideRewrite]]:
+    """(table, its location, entry) of every rewrite request set aside for the upsert tables."""
+    from common.catalog import load_table_or_none
+    from common.rewrites import set_aside_rewrites
+
+    found = []
+    for spec in config.tables:
+        table = load_table_or_none(catalog, spec.identifier) if spec.upsert else None
+        if table is not None:
+            found.extend(
+                (spec.identifier, table.location(), entry)
+                for entry in set_aside_rewrites(table.location())
+            )
+    return found
+
+
+def replay_rewrites(
+    config: IcekeeperConfig, catalog: Catalog, names: Iterable[str] | None = None
+) -> list[str]:
+    """Publish set-aside rewrite requests again (all, or those `names`); returns the names
+    replayed. Unreadable ones stay where they are: there is no request to publish."""
+    from common.rewrites import replay_set_aside
+
+    wanted = set(names) if names else None
+    replayed = []
+    for _, location, entry in set_aside_rewrites_of(config, catalog):
+        if wanted is not None and entry.request_id not in wanted:
+            continue
+        if entry.request is None:
+            log.warning(
+                "not a readable rewrite request; left set aside",
+                extra={"name": entry.request_id, "reason": entry.reason},
+            )
+            continue
+        replay_set_aside(location, entry)
+        replayed.append(entry.request_id)
+    return replayed
+
+
+def _rewrite_json(table: str, entry: SetAsideRewrite) -> dict:
+    facts: dict = {
+        "name": entry.request_id,
+        "table": table,
+        "reason": entry.reason,
+        "set_aside_ms": entry.set_aside_ms,
+    }
+    if entry.request is not None:
+        facts.update(
+            origin=entry.request.origin,
+            files_replaced=len(entry.request.replaced),
+            files=len(entry.request.files),
+            output_folder=entry.request.output_folder,
+        )
+    return facts
+
+
 def _print_listing(listing: dict) -> None:
     print(f"quarantined monikers: {len(listing['monikers'])}")
     for item in listing["monikers"]:
@@ -237,6 +324,15 @@ def _print_listing(listing: dict) -> None:
             else "unknown source"
         )
         print(f"  {record['dead_letter']}  from {where}\n      {record['reason']}")
+    print(f"set-aside rewrite requests: {len(listing['rewrites'])}")
+    for item in listing["rewrites"]:
+        what = (
+            f"{item['table']} {item['origin']}, {item['files']} files replacing "
+            f"{item['files_replaced']}"
+            if "origin" in item
+            else f"{item['table']} unreadable"
+        )
+        print(f"  {item['name']}  {what}\n      {item['reason']}")
 
 
 # -- records -------------------------------------------------------------------------------------

@@ -2,21 +2,24 @@
 
 Starts the local stack in a state folder the demo owns (`<state_dir>/demo`, reset every run so
 the result is always the same), produces seed 000's `tbl_test_1` stream through the registry,
-runs a writer and the bookkeeper until everything produced is committed, and shows the table
-with its metadata columns, the snapshots with their watermarks, and the same table read by
-Spark SQL and by DuckDB.
+runs a writer and the bookkeeper until everything produced is committed, then one reaper pass
+while the bookkeeper runs as a service (as deployed: it commits the pass's compaction of the
+upsert table, which the reaper hands to it), and shows the table with its metadata columns, the
+snapshots with their watermarks, and the same table read by Spark SQL and by DuckDB.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import shutil
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bookkeeper.service import Bookkeeper
+from bookkeeper.service import Bookkeeper, CycleReport
 from common.committed_state import KEY_WATERMARK
 from common.config.model import IcekeeperConfig
 from icekeeper.localstack.stack import LocalStack, started_optional_services
@@ -48,8 +51,8 @@ SHOWN_COLUMNS = [
 
 def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     """The demo's config: seed 000's table (`SEED_TABLE`) on the first source, reading seed 000's
-    topic, and the state folder moved to `<state_dir>/demo`; connections, catalog and every other
-    setting kept from `config`.
+    topic, the state folder moved to `<state_dir>/demo` with the group's leases in it, and no
+    bookkeeper HTTP port; connections, catalog and every other setting kept from `config`.
 
     The demo names its table itself rather than taking the config's: it produces seed 000's
     stream, so that is the table it shows, with a config of one's own (`icekeeper demo -c`, for
@@ -61,6 +64,12 @@ def demo_config(config: IcekeeperConfig) -> IcekeeperConfig:
     first = {**dumped["sources"][0], "topics": [seed000.TOPIC], "topic_pattern": None}
     dumped["sources"] = [first, *dumped["sources"][1:]]
     dumped["tables"] = [{**SEED_TABLE.model_dump(mode="python"), "source": first["name"]}]
+    # The demo's bookkeeper is a thread of the demo, over when it ends: no metrics port, which a
+    # bookkeeper running on this machine may hold; and its leases (and its reaper's) in the
+    # demo's folder, since with a config of one's own the group's real bookkeeper may hold the
+    # group's lease (the demo would stand by for it).
+    dumped["bookkeeper"] = {**dumped["bookkeeper"], "http_port": 0}
+    dumped["group"] = {**dumped["group"], "lease_uri": f"{demo_state}/bookkeeper-leases"}
     return IcekeeperConfig.model_validate(dumped).with_development(config.development)
 
 
@@ -118,6 +127,7 @@ def run_demo(
         spark = spark_session(config, "icekeeper-demo", master="local[2]")
         writer = WriterJob(config, spark=spark)
         bookkeeper = Bookkeeper(config)
+        bookkeeper.take_lease()  # the group's bookkeeper, as the reaper will see it
         read = dead_lettered = 0
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -130,17 +140,7 @@ def run_demo(
                     f"{batch.rows_written} rows in {batch.files} files"
                 )
             cycle = bookkeeper.run_cycle()
-            for table in cycle.tables:
-                if table.snapshot_id:
-                    progress(
-                        f"bookkeeper: committed {table.records} rows of {table.table} as snapshot "
-                        f"{table.snapshot_id}"
-                        + (
-                            f", replacing {table.rows_replaced} earlier rows"
-                            if table.rows_replaced
-                            else ""
-                        )
-                    )
+            _show_cycle(cycle, progress)
             if (
                 read >= produced["records"]
                 and not batches
@@ -150,13 +150,18 @@ def run_demo(
                 break
         from reaper.service import Reaper
 
-        maintenance = Reaper(config, spark=spark).run_pass()
+        progress("reaper: one maintenance pass, the bookkeeper running as a service meanwhile")
+        with _running_as_a_service(bookkeeper, progress):
+            maintenance = Reaper(config, spark=spark).run_pass()
         totals = maintenance.totals()
         progress(
             f"reaper: compacted {totals['files_compacted']} files into {totals['files_added']}, "
             f"expired {totals['snapshots_expired']} snapshots, deleted {totals['files_deleted']} "
             f"files in {maintenance.seconds:.1f}s"
         )
+        for table_report in maintenance.tables:
+            if table_report.compaction_pending:
+                progress(f"reaper: {table_report.table}: {table_report.compaction_pending}")
         identifier = config.tables[0].identifier
         table = bookkeeper.catalog.load_table(identifier)
         rows = table.scan().to_arrow().to_pylist()
@@ -196,6 +201,7 @@ def run_demo(
             "spark_rows": int(spark_result[0]["rows"]),
             "duckdb_rows": int(duck_result[0]["rows"]),
             "reaper_files_compacted": totals["files_compacted"],
+            "reaper_seconds": round(maintenance.seconds, 1),
             "seconds": round(time.monotonic() - started, 1),
         }
     finally:
@@ -203,6 +209,47 @@ def run_demo(
             spark.stop()
         if not keep_stack:
             stack.down(progress)
+
+
+def _show_cycle(cycle: CycleReport, progress: Progress) -> None:
+    for table in cycle.tables:
+        if not table.snapshot_id:
+            continue
+        if table.committed:
+            progress(
+                f"bookkeeper: committed {table.records} rows of {table.table} as snapshot "
+                f"{table.snapshot_id}"
+                + (f", replacing {table.rows_replaced} earlier rows" if table.rows_replaced else "")
+            )
+        elif table.files:  # files and no moniker: the reaper's compaction
+            progress(
+                f"bookkeeper: committed the reaper's compaction of {table.table} as snapshot "
+                f"{table.snapshot_id}: {table.records} live rows in {table.files} files"
+            )
+
+
+@contextlib.contextmanager
+def _running_as_a_service(bookkeeper: Bookkeeper, progress: Progress) -> Iterator[None]:
+    """`bookkeeper` cycling in a thread (`Bookkeeper.run`, as `icekeeper bookkeeper` runs it)
+    while the block runs: the reaper hands an upsert table's compaction to the group's running
+    bookkeeper and waits for its commit. Stopped after its current cycle when the block ends."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            bookkeeper.run(on_cycle=lambda cycle: _show_cycle(cycle, progress))
+        except BaseException as error:  # noqa: BLE001 - raised again in the demo's thread
+            failure.append(error)
+
+    service = threading.Thread(target=run, name="icekeeper-demo-bookkeeper")
+    service.start()
+    try:
+        yield
+    finally:
+        bookkeeper.stop.set()
+        service.join()
+    if failure:
+        raise failure[0]
 
 
 def _snapshot_lines(table) -> list[str]:  # noqa: ANN001 - pyiceberg Table

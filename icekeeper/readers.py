@@ -30,7 +30,8 @@ def _extension_file(package: str, name: str) -> str:
 
 
 def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
-    """A DuckDB connection with the avro and iceberg extensions loaded from their wheels."""
+    """A DuckDB connection with the avro, iceberg and httpfs (S3, and Iceberg REST catalogs)
+    extensions loaded from their wheels."""
     import duckdb
 
     connection = duckdb.connect(
@@ -39,6 +40,7 @@ def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
     # avro first: iceberg needs it and would otherwise try to download it.
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_avro', 'avro')}'")
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_iceberg', 'iceberg')}'")
+    connection.execute(f"LOAD '{_extension_file('duckdb_extension_httpfs', 'httpfs')}'")
     return connection
 
 

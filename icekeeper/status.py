@@ -3,7 +3,8 @@
 Per table: committed rows and snapshots, age of the last commit, freshness (now minus the
 watermark), pending monikers and bytes, quarantined records. Per writer: its last moniker
 (pending or committed), how far it has read each partition and the lag behind Kafka's end.
-Dead letters: records in the dead-letter topic, monikers in the transport's dead-letter place.
+Dead letters: records in the dead-letter topic, monikers in the transport's dead-letter place,
+rewrite requests the bookkeeper set aside beside the upsert tables.
 
 Everything is read from where it already lives (table snapshot summaries, the transport,
 writer checkpoints, Kafka watermarks): status needs no running service and changes nothing.
@@ -21,6 +22,7 @@ from typing import Any
 from common.catalog import load_table_or_none, open_catalog
 from common.committed_state import committed_state
 from common.config.model import IcekeeperConfig, KafkaSource
+from common.rewrites import set_aside_rewrites
 from common.transports import open_transport
 
 TopicPartition = tuple[str, int]
@@ -44,6 +46,7 @@ def collect_status(config: IcekeeperConfig, kafka_timeout_s: float = 5.0) -> Sta
     pending = transport.pending()
     catalog = open_catalog(config)
     committed_seqs: dict[str, int] = {}
+    set_aside_requests = 0
     for spec in config.tables:
         waiting = [m for m in pending if m.table == spec.identifier]
         row: dict[str, Any] = {
@@ -79,6 +82,11 @@ def collect_status(config: IcekeeperConfig, kafka_timeout_s: float = 5.0) -> Sta
             )
             for writer_id, seq in state.writer_seqs.items():
                 committed_seqs[writer_id] = max(committed_seqs.get(writer_id, 0), seq)
+            if spec.upsert:
+                try:
+                    set_aside_requests += len(set_aside_rewrites(table.location()))
+                except Exception as error:  # noqa: BLE001 - a status screen shows what it can
+                    status.problems.append(f"{spec.identifier}: set-aside rewrites: {error}")
         status.tables.append(row)
     ends = _kafka_end_offsets(config, kafka_timeout_s, status.problems)
     for writer_id, positions, last_batch_ms in _writer_checkpoints(config):
@@ -120,6 +128,7 @@ def collect_status(config: IcekeeperConfig, kafka_timeout_s: float = 5.0) -> Sta
         status.dead_letters["monikers"] = transport.dead_letter_count()
     except Exception as error:  # noqa: BLE001 - a status screen shows what it can
         status.problems.append(f"moniker dead letters: {error}")
+    status.dead_letters["rewrite requests"] = set_aside_requests
     for source in config.sources:
         status.dead_letters[f"topic {source.dead_letter_topic}"] = _topic_size(
             source, source.dead_letter_topic, kafka_timeout_s, status.problems

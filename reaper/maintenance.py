@@ -28,6 +28,7 @@ from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, Time
 
 from common.committed_state import expirable_snapshots
 from common.config.model import ReaperConfig
+from common.fencing import LeaseRecord
 from common.in_flight import under_any
 from common.internals import java_exception_of, java_spark_session, py4j_gateway, spark_jvm
 from common.locations import normalize_location
@@ -79,6 +80,9 @@ class TableReport:
     files_deleted: int = 0
     bytes_deleted: int = 0
     orphans_spared: int = 0
+    compaction_pending: str | None = None
+    """Upsert tables: why the pass's compaction is not committed yet (no bookkeeper running, or
+    not within `rewrite_wait`); the bookkeeper commits it when it runs."""
     seconds: float = 0.0
     step_seconds: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -147,12 +151,16 @@ class SparkMaintenance:
         catalog_name: str,
         settings: ReaperConfig,
         orphan_grace_s: float,
+        bookkeeper_lease: Callable[[], LeaseRecord | None],
     ) -> None:
+        """`bookkeeper_lease`: the group's bookkeeper lease while one holds it (None: no
+        bookkeeper is running), which an upsert compaction waits on."""
         from pyspark.java_gateway import ensure_callback_server_started
 
         self.spark = spark
         self.catalog_name = catalog_name
         self.settings = settings
+        self.bookkeeper_lease = bookkeeper_lease
         self.orphan_grace_s = orphan_grace_s  # group.orphan_grace: writers' claims rely on it
         self._jvm = spark_jvm(spark)  # Iceberg's action API has no Python binding
         ensure_callback_server_started(py4j_gateway(spark))
@@ -319,6 +327,7 @@ class SparkMaintenance:
                 settings.compact_target_file_size_bytes,
                 settings.compact_delete_ratio,
                 settings.rewrite_wait,
+                self.bookkeeper_lease,
             )
         finally:
             _count_replaced(table, before, report)
@@ -327,13 +336,25 @@ class SparkMaintenance:
                 f"compaction: the bookkeeper refused it ({outcome.refused}); the next pass plans "
                 "again"
             )
+        elif outcome.set_aside:
+            report.errors.append(
+                f"compaction: the bookkeeper set it aside ({outcome.set_aside}); see "
+                "`icekeeper dead-letters list --rewrites`"
+            )
         elif outcome.waiting:
+            report.compaction_pending = (
+                "no bookkeeper is running; it commits the compaction when it starts"
+                if outcome.no_bookkeeper
+                else f"not committed within reaper.rewrite_wait ({settings.rewrite_wait:g} s); "
+                "the bookkeeper commits it when it can"
+            )
             log.info(
                 "compaction handed to the bookkeeper, not committed yet",
                 extra={
                     "table": identifier,
                     "files": outcome.files_replaced,
-                    "waited_s": settings.rewrite_wait,
+                    "waited_s": outcome.waited_s,
+                    "reason": report.compaction_pending,
                 },
             )
 

@@ -25,7 +25,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from common.catalog import open_catalog
 from common.config.model import IcekeeperConfig
 from common.config.required import require_tables
-from common.fencing import Fenced, Lease
+from common.fencing import Fenced, Lease, LeaseRecord, live_lease
 from common.in_flight import live_claimed_folders
 from common.locations import normalize_location, table_state_folder
 from common.rewrites import pending_rewrite_folders
@@ -120,8 +120,14 @@ class Reaper:
                 self.config.catalog.name,
                 self.config.reaper,
                 self.config.group.orphan_grace,
+                bookkeeper_lease=self.bookkeeper_lease,
             )
         return self._maintenance
+
+    def bookkeeper_lease(self) -> LeaseRecord | None:
+        """The group's bookkeeper lease while a bookkeeper holds it (it renews it every cycle);
+        None when no bookkeeper is running, so nothing should wait for one."""
+        return live_lease(self.config.group.lease_uri, self.config.group.name)
 
     def run_pass(self, dry_run: bool = False, progress: Progress | None = None) -> PassReport:
         """One pass over every configured table that exists; holds the group's reaper lease."""

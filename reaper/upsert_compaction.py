@@ -24,6 +24,11 @@ tasks as Spark has cores or shuffle partitions. The upsert bench's few MB came o
 Here each partition gets write tasks of its own, as many as its files, and a row goes to one of
 them by a hash of its file and position; a file is cut by record count only if a task got far more
 rows than its share.
+
+Waiting for the commit: only on a bookkeeper that is running, which it shows by holding the
+group's lease (renewed every cycle). With none, the request is left for the bookkeeper's next
+start at once (waiting `rewrite_wait` for nobody made `make demo` sit 5 minutes in silence); while
+one runs, the wait logs its progress and ends as soon as the lease lapses.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import math
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pyiceberg.manifest import DataFile
@@ -44,6 +49,7 @@ from pyspark.sql import functions as F
 
 from common.catalog import table_properties
 from common.delete_files import deleted_positions_per_file
+from common.fencing import LeaseRecord
 from common.locations import normalize_location
 from common.parquet_files import (
     list_written_files,
@@ -53,11 +59,13 @@ from common.parquet_files import (
 )
 from common.rewrites import (
     RewriteRequest,
+    commit_attempted,
     forget_refusal,
     is_pending,
     output_folder,
     publish_rewrite,
     refusal,
+    set_aside_reason,
 )
 from common.storage import open_filesystem
 
@@ -75,6 +83,10 @@ shares vary a little; a file is not cut for that)."""
 FILE_COLUMN, FIRST_TASK_COLUMN, FILES_COLUMN = "_ik_file", "_ik_first_task", "_ik_files"
 TASK_COLUMN = "_ik_task"
 """Columns of the compaction's own while it lays rows out (none of them is written)."""
+WAIT_POLL_S = 0.5
+"""How often the wait for the bookkeeper looks at the request and at the bookkeeper's lease."""
+WAIT_PROGRESS_EVERY_S = 10.0
+"""How often a wait for the bookkeeper's commit logs that it still waits."""
 
 
 @dataclass
@@ -85,7 +97,13 @@ class CompactionOutcome:
     files_written: int = 0
     committed: bool = False
     refused: str | None = None
+    set_aside: str | None = None
+    """Why the bookkeeper set the request aside (its files are kept for the operator)."""
     waiting: bool = False
+    """Handed over and not committed yet: the bookkeeper commits it later."""
+    no_bookkeeper: bool = False
+    """Waiting because no bookkeeper was running (nobody held the group's lease)."""
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,9 +202,16 @@ class UpsertCompaction:
         self.catalog_name = catalog_name
 
     def run(
-        self, table: Table, identifier: str, target_bytes: int, delete_ratio: float, wait_s: float
+        self,
+        table: Table,
+        identifier: str,
+        target_bytes: int,
+        delete_ratio: float,
+        wait_s: float,
+        bookkeeper_lease: Callable[[], LeaseRecord | None],
     ) -> CompactionOutcome:
-        """Write and hand over one compaction of `table`; wait up to `wait_s` for its commit."""
+        """Write and hand over one compaction of `table`; wait up to `wait_s` for its commit while
+        `bookkeeper_lease` says the group's bookkeeper is running (its live lease, or None)."""
         outcome = CompactionOutcome()
         snapshot = table.refresh().current_snapshot()
         if snapshot is None:
@@ -238,20 +263,24 @@ class UpsertCompaction:
                 "base_snapshot_id": snapshot.snapshot_id,
             },
         )
-        deadline = time.monotonic() + wait_s
-        while is_pending(table.location(), request_id):
-            if time.monotonic() >= deadline:
-                outcome.waiting = True
-                return outcome
-            time.sleep(0.5)
+        if not wait_for_commit(
+            table.location(), identifier, request_id, wait_s, bookkeeper_lease, outcome
+        ):
+            outcome.waiting = True
+            return outcome
         outcome.refused = refusal(table.location(), request_id)
         if outcome.refused is None:
-            outcome.committed = True
+            outcome.set_aside = set_aside_reason(table.location(), request_id)
+            outcome.committed = outcome.set_aside is None
             return outcome
         # Refused: nothing will ever commit these files, so they go
         # now (the refusal last, so a reaper that dies here finds it
         # again... or orphan removal takes the files after the grace).
-        _delete_folder(output)
+        # Unless a commit of it was attempted: it may have landed in a
+        # snapshot since expired, and orphan removal knows what any
+        # snapshot still names.
+        if not commit_attempted(table.location(), request_id):
+            _delete_folder(output)
         forget_refusal(table.location(), request_id)
         return outcome
 
@@ -293,6 +322,47 @@ class UpsertCompaction:
                 ]
             )
         )
+
+
+def wait_for_commit(
+    location: str,
+    identifier: str,
+    request_id: str,
+    wait_s: float,
+    bookkeeper_lease: Callable[[], LeaseRecord | None],
+    outcome: CompactionOutcome,
+) -> bool:
+    """Until the bookkeeper commits or refuses request `request_id` (True), for at most
+    `wait_s` and only while a bookkeeper holds the lease (False: the request stays pending
+    for the bookkeeper to commit when it runs)."""
+    started = time.monotonic()
+    progress_at = started
+    while is_pending(location, request_id):
+        outcome.waited_s = round(time.monotonic() - started, 1)
+        holder = bookkeeper_lease()
+        if holder is None:
+            if not is_pending(location, request_id):
+                break  # committed (or refused) just before its bookkeeper stopped
+            outcome.no_bookkeeper = True
+            return False
+        if time.monotonic() - started >= wait_s:
+            return False
+        if time.monotonic() >= progress_at:
+            log.info(
+                "waiting for the bookkeeper to commit the compaction",
+                extra={
+                    "table": identifier,
+                    "request": request_id,
+                    "bookkeeper": holder.owner,
+                    "epoch": holder.epoch,
+                    "waited_s": outcome.waited_s,
+                    "wait_at_most_s": wait_s,
+                },
+            )
+            progress_at += WAIT_PROGRESS_EVERY_S
+        time.sleep(WAIT_POLL_S)
+    outcome.waited_s = round(time.monotonic() - started, 1)
+    return True
 
 
 def _delete_folder(uri: str) -> None:

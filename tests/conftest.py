@@ -5,7 +5,9 @@ their own (so a developer's running stack is left alone) and a state folder unde
 `.icekeeper/test-stack` (tests/support/stack.py). The stack is stopped at the end only if this
 session started it; set `ICEKEEPER_TEST_KEEP_STACK=1` to leave it running for faster reruns. The
 CDC sources of `stack up --with` (MariaDB, PostgreSQL, Kafka Connect with Debezium) start only when
-a test asks for `mariadb_cdc`, `postgres_cdc` or `kafka_connect`, and likewise once per session.
+a test asks for `mariadb_cdc`, `postgres_cdc` or `kafka_connect`, and likewise once per session;
+so do the S3 server and the Iceberg catalogs on it (`s3_storage`, `rest_catalog`, `nessie_catalog`,
+`hive_metastore`, `pg_catalog`), which need no Kafka.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 
 from common.config import IcekeeperConfig, load_config
 from common.config.model import AzureQueueTransport
+from icekeeper.localstack.services import Service
 from icekeeper.localstack.settings import stack_settings
 from tests.support.stack import TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
 
@@ -44,7 +47,7 @@ def local_stack(stack_config: IcekeeperConfig):
 
 
 @contextlib.contextmanager
-def _optional_service(config: IcekeeperConfig, name: str) -> Iterator[None]:
+def _optional_service(config: IcekeeperConfig, name: str) -> Iterator[Service]:
     """One of `stack up --with`'s services, started on entry
     and stopped on exit if this session started it."""
     from icekeeper.localstack.stack import LocalStack
@@ -54,7 +57,7 @@ def _optional_service(config: IcekeeperConfig, name: str) -> Iterator[None]:
     print(
         f"[stack] {name} up in {report.seconds:.1f}s (started: {report.started or 'none, reused'})"
     )
-    yield
+    yield stack.service(name)
     if report.started and not os.environ.get("ICEKEEPER_TEST_KEEP_STACK"):
         stack.down(progress=lambda message: None)
 
@@ -107,6 +110,46 @@ def secured_services(local_stack, stack_config: IcekeeperConfig):
         stack.down(progress=lambda message: None)
 
 
+@pytest.fixture(scope="session")
+def s3_storage(stack_config: IcekeeperConfig):
+    """The stack's S3 server (`stack up --with s3`: s3proxy, its bucket made at start), started
+    once; yields its `S3Service`."""
+    with _optional_service(stack_config, "s3") as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def rest_catalog(s3_storage, stack_config: IcekeeperConfig):
+    """Iceberg's REST catalog server (`--with rest`), tables on `s3_storage`, started once;
+    yields its `RestCatalogService`."""
+    with _optional_service(stack_config, "rest") as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def nessie_catalog(s3_storage, stack_config: IcekeeperConfig):
+    """Nessie's Iceberg REST catalog (`--with nessie`), tables on `s3_storage`, started once;
+    yields its `NessieService`."""
+    with _optional_service(stack_config, "nessie") as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def hive_metastore(s3_storage, stack_config: IcekeeperConfig):
+    """Hive Metastore 3.1.3 (`--with hms`), tables on `s3_storage`, started once; yields its
+    `HiveMetastoreService`."""
+    with _optional_service(stack_config, "hms") as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def pg_catalog(s3_storage, stack_config: IcekeeperConfig):
+    """A SQL catalog in PostgreSQL (`--with pg-catalog`), tables on `s3_storage`, started once;
+    yields its `PostgresCatalogService`."""
+    with _optional_service(stack_config, "pg-catalog") as service:
+        yield service
+
+
 @pytest.fixture
 def unique_topic() -> str:
     """A topic name no other test uses."""
@@ -115,14 +158,28 @@ def unique_topic() -> str:
 
 @pytest.fixture(scope="session")
 def spark(stack_config: IcekeeperConfig):
-    """One local SparkSession (2 cores) for the whole test session; starting one takes 10-20 s."""
-    from common.spark import spark_session
+    """One local SparkSession (2 cores) for the whole test session; starting one takes 10-20 s.
 
+    Its jars include those of the stack's S3 server and catalogs (they cannot be added to a running
+    session), so a test can register any of those catalogs in it (`spark_catalog(name).conf`).
+    """
+    from common.spark import spark_jars, spark_session
+    from icekeeper.localstack.stack import LocalStack
+
+    cache_dir = Path(stack_config.cache_dir)
+    client_jars = LocalStack(stack_config).spark_client_jars(
+        progress=lambda message: print(f"[spark] {message}")
+    )
     session = spark_session(
         stack_config,
         "icekeeper-tests",
         master="local[2]",
-        extra_conf={"spark.sql.shuffle.partitions": "4"},
+        extra_conf={
+            "spark.sql.shuffle.partitions": "4",
+            # After icekeeper's own, in Spark's class loader (not `extraClassPath`, which would
+            # put iceberg-aws-bundle's unshaded commons-codec and caffeine before Spark's).
+            "spark.jars": ",".join(str(jar) for jar in [*spark_jars(cache_dir), *client_jars]),
+        },
     )
     yield session
     session.stop()

@@ -51,6 +51,41 @@ class SourceCheckpoints:
             kept = {key: value for key, value in current.items() if key not in partitions}
             self.folder.write_bytes(self._name(source), json.dumps(nest_by_topic(kept)).encode())
 
+    def rewind(self, source: KafkaSource, positions: dict[TP, int]) -> None:
+        """Move partitions back to `positions` where the checkpoint is past them, before a batch
+        reads again what a table refused (`TableProgress.rereading`): the checkpoint stood past the
+        refused ranges, and a batch capped below it would leave the rest unread for good."""
+        current = self.read(source)
+        lowered = {
+            key: offset for key, offset in positions.items() if current.get(key, offset) > offset
+        }
+        if lowered:
+            current.update(lowered)
+            self.folder.write_bytes(self._name(source), json.dumps(nest_by_topic(current)).encode())
+
+    def templated_tables(self) -> dict[str, str]:
+        """Tables a source's `table_template` named that this writer published to: identifier ->
+        source. A restarted writer reads their committed state too (its seq chain and any
+        refusal), which it cannot otherwise find: they are not in the config."""
+        try:
+            known = json.loads(self.folder.read_bytes(f"{self.folder.root}/{self._tables_name}"))
+        except (OSError, ValueError):
+            return {}
+        return {str(identifier): str(source) for identifier, source in known.items()}
+
+    def remember_templated_tables(self, tables: dict[str, str]) -> None:
+        """Add tables to `templated_tables`, before their first moniker is published."""
+        known = self.templated_tables()
+        if not tables.keys() - known.keys():
+            return
+        known.update(tables)
+        self.folder.write_bytes(self._tables_name, json.dumps(known, sort_keys=True).encode())
+
+    @property
+    def _tables_name(self) -> str:
+        # Not `.json`: `icekeeper status` reads every `.json` of the folder as offsets.
+        return f"{path_segment(self.writer_id)}/templated-tables"
+
     def advance(self, source: KafkaSource, plan: BatchPlan) -> None:
         """Note the end of the batch's read ranges (offsets only move forward)."""
         current = self.read(source)

@@ -11,6 +11,7 @@ Expressions are Spark SQL text (see `sql.py`); field ids are attached in one fin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyiceberg.schema import Schema
 from pyspark.sql import DataFrame
@@ -41,6 +42,9 @@ from writers.columns import (
 )
 from writers.conversions import converted_sql, failed_sql
 from writers.decode import VersionShape
+
+if TYPE_CHECKING:
+    from pyiceberg.table.metadata import TableMetadata
 
 
 @dataclass(frozen=True)
@@ -73,19 +77,19 @@ def flatten(
     frame: DataFrame,
     versions: list[VersionShape],
     metadata: MetadataColumns,
-    existing: Schema | None,
+    table: TableMetadata | None,
     primary_key: list[str],
     carry: list[str] | None = None,
 ) -> FlatRows:
-    """Rows of `versions` flattened into the table's
-    columns (ids from `existing` where it has them).
+    """Rows of `versions` flattened into the table's columns, with ids from `table`'s metadata
+    (`assign_ids`: its current schema's by name, new ones after its last-column-id).
 
     The frame keeps the helper columns, and the columns named in `carry`, next to the row's.
     """
     columns = table_columns(versions, metadata)
     key_names = resolve_keys([c.name for c in columns], primary_key)
     columns = [Column(c.name, c.type, c.name in key_names) for c in columns]
-    schema = assign_ids(columns, existing, key_names)
+    schema = assign_ids(columns, table, key_names)
     projections = [
         f"CAST({value_sql(field.name, versions, metadata)} AS {spark_sql_type(field.field_type)}) "
         f"AS {sql.ident(field.name)}"

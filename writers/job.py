@@ -45,7 +45,7 @@ from writers.offsets import (
 from writers.progress import TableProgress, next_seq, refresh_progress, table_positions
 from writers.registry import RegistryUnavailable, TopicSchemas
 from writers.routing import Routes, routes_for
-from writers.table_writer import restart_monikers
+from writers.table_writer import offset_only_monikers
 
 log = logging.getLogger(__name__)
 _MAX_PAUSE_S = 60.0
@@ -101,6 +101,8 @@ class WriterJob:
         self.spark = spark or spark_session(config, f"{config.writer.app_name}-{self.writer_id}")
         self.schemas = {source.name: TopicSchemas(source) for source in config.sources}
         self.tables: dict[str, TableProgress] = {}
+        self.templated: dict[str, str] = self.checkpoints.templated_tables()
+        """Tables a `table_template` named that this writer published to: identifier -> source."""
         self.seq: int | None = None
         self.pending_bytes = 0
         self.stop = threading.Event()
@@ -199,7 +201,7 @@ class WriterJob:
             self.tables,
             pending,
             self.catalog,
-            [spec.identifier for spec in self.config.tables],
+            [spec.identifier for spec in self.config.tables] + sorted(self.templated),
             self.writer_id,
         )
         seq = next_seq(self.tables, self.seq)
@@ -233,7 +235,9 @@ class WriterJob:
         if not bounds:
             return
         routes = routes_for(source, self.config.tables)
-        plan = self._plan(source, routes, bounds)
+        table_ids = self._source_tables(source, routes)
+        self._rewind_for_refusals(source, table_ids)
+        plan = self._plan(source, table_ids, bounds)
         if plan.restarted:
             # Before anything is published: a writer killed later starts the partitions over again.
             self.checkpoints.forget(source, set().union(*plan.restarted.values()))
@@ -246,9 +250,19 @@ class WriterJob:
             else []
         )
         outcome = self.batches.write(source, plan, seq, schemas, routes)
-        outcome.monikers += restart_monikers(
+        outcome.monikers += offset_only_monikers(
             self.catalog, self.writer_id, plan, seq, outcome.monikers, self.tables
         )
+        configured = {spec.identifier for spec in self.config.tables}
+        new_templated = {
+            moniker.table: source.name
+            for moniker in outcome.monikers
+            if moniker.table not in configured and moniker.table not in self.templated
+        }
+        if new_templated:
+            # Durable before the first moniker: a restarted writer must find these tables' seqs.
+            self.checkpoints.remember_templated_tables(new_templated)
+            self.templated.update(new_templated)
         for moniker in outcome.monikers:
             self.transport.publish(moniker)
             self.tables.setdefault(moniker.table, TableProgress()).published(moniker)
@@ -257,15 +271,39 @@ class WriterJob:
         admin.commit_group_offsets(plan)
         self.checkpoints.advance(source, plan)
 
+    def _source_tables(self, source: KafkaSource, routes: Routes) -> list[str]:
+        """The tables `source` feeds that this writer knows: its configured ones, and those its
+        `table_template` named (`templated`; with a single templated source, also unconfigured
+        tables known only from pending monikers of an earlier version)."""
+        tables = [spec.identifier for spec in routes.tables]
+        if not source.table_template:
+            return tables
+        tables += sorted(t for t, named_by in self.templated.items() if named_by == source.name)
+        if [s.name for s in self.config.sources if s.table_template] == [source.name]:
+            configured = {spec.identifier for spec in self.config.tables}
+            tables += sorted(set(self.tables) - configured - set(tables))
+        return tables
+
+    def _rewind_for_refusals(self, source: KafkaSource, table_ids: list[str]) -> None:
+        """Before planning: move the source's checkpoint back to where tables read again what they
+        refused of this writer (`TableProgress.rereading`). Durable, so a batch capped below the
+        old checkpoint, or a writer restarted before its next moniker, still reads the rest."""
+        rewind: dict[TP, int] = {}
+        for identifier in table_ids:
+            progress = self.tables.get(identifier)
+            if progress is None:
+                continue
+            for key in progress.rereading & progress.positions.keys():
+                start = progress.positions[key]
+                rewind[key] = min(rewind.get(key, start), start)
+        if rewind:
+            self.checkpoints.rewind(source, rewind)
+
     def _plan(
-        self, source: KafkaSource, routes: Routes, bounds: dict[TP, PartitionBounds]
+        self, source: KafkaSource, table_ids: list[str], bounds: dict[TP, PartitionBounds]
     ) -> BatchPlan:
         """The source's next offset ranges, from its
         tables' progress and this writer's checkpoint."""
-        configured = {s.identifier for s in self.config.tables}
-        table_ids = [t.identifier for t in routes.tables] + [
-            t for t in self.tables if source.table_template and t not in configured
-        ]
         checkpoint = self.checkpoints.read(source)
         positions = table_positions(
             self.tables, table_ids, checkpoint, templated=bool(source.table_template)

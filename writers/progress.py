@@ -27,12 +27,24 @@ class TableProgress:
     """What this writer knows of one table between batches."""
 
     last_seq: int | None = None
+    """The seq of this writer's newest live moniker for the table (committed or pending): the
+    `prev_seq` of its next one."""
+    highest_seq: int | None = None
+    """The highest seq this writer is known to have used for the table, refused ones included:
+    its next batch's seq is above it, so no seq is ever used twice."""
     positions: dict[TP, int] = field(default_factory=dict)
     bytes_per_row: float = _INITIAL_BYTES_PER_ROW
+    rereading: frozenset[TP] = frozenset()
+    """Partitions the table refused this writer's monikers for and the writer has not yet
+    published a moniker for since (`CommittedState.refusals`): read again from `positions` (the
+    writer rewinds the source's checkpoint to them first); the next batch gives the table a
+    moniker even without rows, so the refusal is settled."""
 
     def published(self, moniker: Moniker) -> None:
         """Move past a moniker this writer just published for the table."""
         self.last_seq = moniker.seq
+        self.highest_seq = max(self.highest_seq or moniker.seq, moniker.seq)
+        self.rereading = frozenset()
         for offsets in moniker.offsets:
             self.positions[(offsets.topic, offsets.partition)] = offsets.until_offset
 
@@ -49,7 +61,8 @@ def refresh_progress(
     Args:
         tables: this writer's progress per table identifier, updated in place (entries are added
             for configured tables and for tables with pending monikers of this writer).
-        pending: every pending moniker, of all writers.
+        pending: every pending moniker, of all writers; read before the tables, so a moniker
+            committed and acknowledged in between is found in the table.
         configured: the identifiers of the config's tables.
     Returns:
         The bytes of pending monikers of the tables this writer serves (for backpressure).
@@ -57,9 +70,9 @@ def refresh_progress(
     served = set(configured) | set(tables)
     pending_bytes = sum(m.bytes for m in pending if m.table in served)
     mine = [m for m in pending if m.writer_id == writer_id]
-    for identifier in configured:
-        _progress_of(tables, catalog, identifier, mine, writer_id)
-    for identifier in {m.table for m in mine}:
+    # Every table this writer knows, not only configured ones: a templated table's refusal or
+    # committed seq must reach the writer whether or not a moniker of it is pending right now.
+    for identifier in sorted(set(configured) | set(tables) | {m.table for m in mine}):
         _progress_of(tables, catalog, identifier, mine, writer_id)
     return pending_bytes
 
@@ -74,16 +87,49 @@ def _progress_of(
     progress = tables.setdefault(identifier, TableProgress())
     table = load_table_or_none(catalog, identifier)
     state = committed_state(table) if table is not None else None
-    positions: dict[TP, int] = dict(state.offsets) if state else {}
     pending = [m for m in my_pending if m.table == identifier]
-    for key, until in pending_until(pending).items():
+    refusal = state.refusals.get(writer_id) if state else None
+    committed_seq = state.writer_seqs.get(writer_id) if state else None
+    live, doomed = live_monikers(pending, committed_seq, refusal.seq if refusal else None)
+    positions: dict[TP, int] = dict(state.offsets) if state else {}
+    for key, until in pending_until(live).items():
         positions[key] = max(positions.get(key, 0), until)
     # A pending moniker that starts a recreated topic over replaces the old topic's offsets.
-    restarted = pending_restarts(pending)
+    restarted = pending_restarts(live)
     positions.update(restarted)
     seqs = [m.seq for m in pending]
-    if state and writer_id in state.writer_seqs:
-        seqs.append(state.writer_seqs[writer_id])
+    if committed_seq is not None:
+        seqs.append(committed_seq)
+    if refusal is not None:
+        seqs.append(refusal.seq)
+    progress.highest_seq = max([*seqs, progress.highest_seq or 0]) if seqs else progress.highest_seq
+    if refusal is not None:
+        # The table refused this writer's monikers (or will: `doomed` ones were planned on a
+        # refused one): start over from what is committed and what is still live, which may be
+        # behind what this writer read and what its checkpoint says.
+        progress.last_seq = live[-1].seq if live else committed_seq
+        reread = set(refusal.from_offsets if refusal else ()) | {
+            (r.topic, r.partition) for m in doomed for r in m.offsets if r.count
+        }
+        for key in reread:
+            if key not in positions:
+                # Nothing committed or live there: from where the refused ranges started.
+                starts = [
+                    r.from_offset
+                    for m in doomed
+                    for r in m.offsets
+                    if (r.topic, r.partition) == key and r.count
+                ]
+                if refusal is not None and key in refusal.from_offsets:
+                    starts.append(refusal.from_offsets[key])
+                positions[key] = min(starts)
+        progress.positions = positions
+        # Once a live moniker follows every refused one, it covers these partitions from there.
+        refused_through = max([refusal.seq, *(m.seq for m in doomed)])
+        settled = any(m.seq > refused_through for m in live)
+        progress.rereading = frozenset() if settled else frozenset(reread)
+        return progress
+    progress.rereading = frozenset()
     progress.last_seq = max(seqs) if seqs else progress.last_seq
     # Positions only move forward: a table read back a moment ago cannot lose committed offsets.
     for key, value in positions.items():
@@ -93,9 +139,36 @@ def _progress_of(
     return progress
 
 
+def live_monikers(
+    pending: list[Moniker], committed_seq: int | None, refused_seq: int | None
+) -> tuple[list[Moniker], list[Moniker]]:
+    """This writer's pending monikers for one table that can still be committed, in seq order,
+    and those the table refused or will refuse.
+
+    A moniker at or below the table's highest refused seq of this writer was refused (or planned
+    on a refused one); one whose `prev_seq` is not the previous live moniker (or the committed
+    seq) was planned on a refused one too. Monikers at or below the committed seq are committed
+    (their acknowledgement is on its way) and are neither.
+    """
+    live: list[Moniker] = []
+    doomed: list[Moniker] = []
+    head = committed_seq
+    for moniker in sorted(pending, key=lambda m: m.seq):
+        if committed_seq is not None and moniker.seq <= committed_seq:
+            continue
+        if refused_seq is not None and moniker.seq <= refused_seq:
+            doomed.append(moniker)
+        elif refused_seq is not None and moniker.prev_seq != head:
+            doomed.append(moniker)
+        else:
+            live.append(moniker)
+            head = moniker.seq
+    return live, doomed
+
+
 def next_seq(tables: dict[str, TableProgress], last_batch_seq: int | None) -> int:
     """The seq of this writer's next batch: one past the highest it used or any table knows."""
-    known = [p.last_seq for p in tables.values() if p.last_seq is not None]
+    known = [seq for p in tables.values() for seq in (p.last_seq, p.highest_seq) if seq is not None]
     if last_batch_seq is not None:
         known.append(last_batch_seq)
     return (max(known) + 1) if known else 1

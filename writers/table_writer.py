@@ -126,7 +126,6 @@ class TableWriter:
         observes_batch = batch_observations is not None
         spec = self.config.table(identifier)
         table = load_table_or_none(self.catalog, identifier)
-        existing = table.schema() if table is not None else None
         keep = (
             f"{ROUTE} = {sql.string(route or identifier)} AND {ERROR} IS NULL AND "
             f"{_at_or_after(plan, identifier)}"
@@ -144,7 +143,7 @@ class TableWriter:
             frame,
             versions,
             self.config.metadata_columns,
-            existing,
+            table.metadata if table is not None else None,
             spec.primary_key,
             carry=[KEEP, ROUTE, VERSION],
         )
@@ -204,6 +203,7 @@ class TableWriter:
         ranges = offset_ranges(plan, identifier)
         moniker = Moniker(
             id=moniker_id(self.writer_id, identifier, ranges),
+            rereads_refused=True,
             writer_id=self.writer_id,
             seq=batch.seq,
             prev_seq=progress.last_seq,
@@ -220,7 +220,7 @@ class TableWriter:
         return TableWrite(moniker, output, observed_rows)
 
 
-def restart_monikers(
+def offset_only_monikers(
     catalog: Catalog,
     writer_id: str,
     plan: BatchPlan,
@@ -228,12 +228,23 @@ def restart_monikers(
     written: list[Moniker],
     tables: dict[str, TableProgress],
 ) -> list[Moniker]:
-    """Monikers without files for the tables that start a partition over on a recreated topic
-    but got no row of this batch (`written` has none of theirs): the restart is in the offsets,
-    which the table's committed ones must take, else the next batch would find them beyond the
-    partition's end and start over again."""
+    """Monikers without files for the tables whose offsets must reach the table although they
+    got no row of this batch (`written` has none of theirs):
+    - a table that starts a partition over on a recreated topic: the restart is in the offsets,
+      which the table's committed ones must take, else the next batch would find them beyond the
+      partition's end and start over again;
+    - a table that refused this writer's monikers (`TableProgress.rereading`): the writer read
+      the refused offsets again, and the table must learn that it did, else every batch would
+      read them again."""
     monikers = []
-    for identifier in sorted(set(plan.restarted) - {m.table for m in written} - {"*"}):
+    rereading = {
+        identifier
+        for identifier in set(plan.table_starts) - {"*"}  # this source's tables only
+        if identifier in tables and tables[identifier].rereading
+    }
+    for identifier in sorted(
+        (set(plan.restarted) | rereading) - {m.table for m in written} - {"*"}
+    ):
         table = load_table_or_none(catalog, identifier)
         ranges = offset_ranges(plan, identifier)
         if table is None or not ranges:
@@ -241,6 +252,7 @@ def restart_monikers(
         monikers.append(
             Moniker(
                 id=moniker_id(writer_id, identifier, ranges),
+                rereads_refused=True,
                 writer_id=writer_id,
                 seq=seq,
                 prev_seq=tables.setdefault(identifier, TableProgress()).last_seq,

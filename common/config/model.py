@@ -413,7 +413,7 @@ class TxLogTransport(_Model):
     uri: str = Field("{state_dir}/txlog", description="Folder that holds pending monikers.")
     dead_letter_uri: str = Field(
         "{state_dir}/dead-letter/monikers",
-        description="Folder for monikers set aside (unreadable, quarantined, refused), with their "
+        description="Folder for monikers set aside (unreadable, quarantined), with their "
         "reasons: `icekeeper dead-letters` lists and replays them, the reaper spares their files.",
     )
 
@@ -602,7 +602,9 @@ class BookkeeperConfig(_Model):
         description="How long a file a moniker names may stay missing (storage says it does not "
         "exist) before the moniker is quarantined; until then it stays pending and is retried "
         "every cycle, like a file storage fails to serve (network errors, timeouts, throttling), "
-        "which is retried for as long as it takes. See docs/operations.md.",
+        "which is retried for as long as it takes. The same for the files of a rewrite request "
+        "(a compaction or purge of an upsert table): past it the request is set aside, its files "
+        "kept. See docs/operations.md.",
     )
     lease_ttl: Duration = Field(
         30.0,
@@ -610,11 +612,14 @@ class BookkeeperConfig(_Model):
         "renewal; a standby takes over after it.",
     )
     http_port: int = Field(
-        9464, ge=0, le=65535, description="Port of the metrics and health endpoint (0: off)."
+        9464,
+        ge=0,
+        le=65535,
+        description="Port of `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); 0: off.",
     )
     http_host: str = Field(
         "127.0.0.1",
-        description="Address the metrics and health endpoint binds to; `0.0.0.0` for every "
+        description="Address the metrics and health endpoints bind to; `0.0.0.0` for every "
         "interface (a Prometheus scraping from another host).",
     )
     heartbeat_every_empty_cycles: int = Field(
@@ -751,7 +756,9 @@ class ReaperConfig(_Model):
         300.0,
         description="Upsert tables: how long a compaction waits for the bookkeeper to commit the "
         "files it wrote (the bookkeeper commits them, since it keeps adding deletes to the same "
-        "files); after that the pass goes on and the bookkeeper commits them when it can.",
+        "files); after that the pass goes on and the bookkeeper commits them when it can. Only a "
+        "running bookkeeper (one holding the group's lease) is waited for: with none, or once its "
+        "lease lapses, the pass goes on at once.",
     )
     commit_attempts: int = Field(
         5,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 
 import pyarrow.fs as pafs
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
 from common.config.model import MAX_INLINE_MONIKER_BYTES, AzureQueueTransport
@@ -81,7 +81,10 @@ class AzureQueueMonikerTransport(MonikerTransport):
         return len(copies)
 
     def receive(self, max_count: int = 1000) -> list[Delivery]:
-        deliveries = []
+        """Every message visible now, each once: a message received again within the same call
+        (a long receive outlasting its visibility timeout) keeps only its newest receipt, the only
+        one that can still delete it."""
+        deliveries: dict[str, Delivery] = {}
         pages = self.queue.receive_messages(
             messages_per_page=32,
             visibility_timeout=self.visibility_timeout_s,
@@ -97,18 +100,17 @@ class AzureQueueMonikerTransport(MonikerTransport):
             event = None
             if moniker is None and (grid := parse_event_grid(raw)) is not None:
                 event, error = grid.file, grid.error
-            deliveries.append(
-                Delivery(
-                    moniker,
-                    f"queue:{message.id}",
-                    error,
-                    raw,
-                    message.dequeue_count or 1,
-                    handle=message,
-                    file_event=event,
-                )
+            deliveries.pop(message.id, None)  # the newer receipt goes last, in receive order
+            deliveries[message.id] = Delivery(
+                moniker,
+                f"queue:{message.id}",
+                error,
+                raw,
+                message.dequeue_count or 1,
+                handle=message,
+                file_event=event,
             )
-        return deliveries
+        return list(deliveries.values())
 
     def _decode(self, raw: bytes) -> tuple[Moniker | None, str | None]:
         try:
@@ -132,12 +134,22 @@ class AzureQueueMonikerTransport(MonikerTransport):
             return None, str(error)
 
     def acknowledge(self, delivery: Delivery) -> None:
+        self.acknowledge_copy(delivery)
+        if delivery.moniker is not None:
+            self.journal.delete(self.journal.path_for(delivery.moniker))
+
+    def acknowledge_copy(self, delivery: Delivery) -> None:
+        """Delete this message only: the journal copy stays for the moniker's other message
+        (`resend_journal` sends a second one while the first may still wait to be committed)."""
         try:
             self.queue.delete_message(delivery.handle)
         except ResourceNotFoundError:
             pass  # already gone (its visibility lapsed and another receive deleted it)
-        if delivery.moniker is not None:
-            self.journal.delete(self.journal.path_for(delivery.moniker))
+        except HttpResponseError as error:
+            if error.error_code != "PopReceiptMismatch":
+                raise
+            # Received again since (its visibility lapsed): that delivery settles it, or it is
+            # received once more and dropped as a duplicate.
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         # The moniker itself, not the message: a big one's message only points to its journal copy,

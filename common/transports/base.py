@@ -84,6 +84,12 @@ class MonikerTransport(ABC):
     def acknowledge(self, delivery: Delivery) -> None:
         """Forget a delivery for good; only after its commit is durable (or it was a duplicate)."""
 
+    def acknowledge_copy(self, delivery: Delivery) -> None:
+        """Forget one delivery of a moniker that another delivery of the same receive still
+        carries (a re-sent message): never what that other delivery needs. A transport whose
+        deliveries are the stored moniker itself (one file per moniker) has nothing to drop."""
+        return None
+
     @abstractmethod
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Move a delivery aside with the reason, so it is neither lost nor retried forever."""

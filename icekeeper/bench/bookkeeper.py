@@ -166,6 +166,7 @@ def _monikers(
         monikers.append(
             Moniker(
                 id=moniker_id("bench", TABLE, ranges),
+                rereads_refused=True,
                 writer_id="bench",
                 seq=seq,
                 prev_seq=seq - 1 if seq > 1 else None,

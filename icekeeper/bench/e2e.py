@@ -161,7 +161,9 @@ def bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
     configure_logging()
     bookkeeper = Bookkeeper(config)
     threading.Thread(target=lambda: (stop.wait(), bookkeeper.stop.set()), daemon=True).start()
-    # Ready once a table it starts with is indexed, as a long-running bookkeeper's is.
+    # Ready once it holds the group's lease (a reaper pass waits only on a bookkeeper that does)
+    # and a table it starts with is indexed, as a long-running bookkeeper's is.
+    bookkeeper.take_lease()
     bookkeeper.warm_key_indexes()
     ready.set()
     bookkeeper.run()

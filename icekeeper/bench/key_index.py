@@ -92,3 +92,96 @@ def run_key_index_bench(
         f"bytes/key, recovery {result['index_recovery_s']}s at {live:,} keys"
     )
     return result
+
+
+SAVE_REPEATS = 3
+"""Saves (and loads) timed per checkpoint and kind; the fastest is reported."""
+
+
+def run_key_index_files_bench(
+    commits: int = 100_000,
+    keys: int = 100_000,
+    changes_per_commit: int = 100,
+    checkpoints: tuple[int, ...] = (1_000, 10_000, 100_000),
+    progress: Progress = print,
+) -> dict[str, Any]:
+    """Save time of a table's key index after `commits` commits, with and without the pruning of
+    data files no live key points into (`KeyIndex.prune_files`).
+
+    Each commit writes one data file (a path as long as an ADLS one) holding `changes_per_commit`
+    updates of random keys among `keys`, run through the index as the bookkeeper runs a cycle
+    (`plan`, then `apply`). At each checkpoint the index is saved and loaded through the
+    bookkeeper's own file format (`save_index_at`, `load_index_at`) as it is (every file ever
+    committed in its list, as before pruning) and pruned (a copy), on the local disk, the best
+    of `SAVE_REPEATS`.
+    """
+    from bookkeeper.key_index_store import load_index_at, save_index_at
+    from bookkeeper.position_deletes import DataFileRef
+
+    rng = np.random.default_rng(26)
+    index = KeyIndex(exact=True)
+    prefix = "abfss://warehouse@account.dfs.core.windows.net/warehouse/shop/items/data/w1"
+    marks = sorted(set(c for c in checkpoints if c <= commits) | {commits})
+    results: list[dict[str, Any]] = []
+    busy = 0.0
+    with tempfile.TemporaryDirectory() as folder:
+        for commit in range(1, commits + 1):
+            began = time.perf_counter()
+            ref = DataFileRef(
+                f"{prefix}/{commit:012d}-{rng.bytes(16).hex()}/part-00000-{rng.bytes(16).hex()}"
+                "-c000.zstd.parquet",
+                0,
+                (),
+            )
+            changed = np.unique(rng.integers(0, keys, changes_per_commit, dtype=np.uint64))
+            locations = pack(index.file_ordinal(ref), np.arange(len(changed)))
+            index.apply(index.plan(changed, np.zeros_like(changed), locations), commit)
+            busy += time.perf_counter() - began
+            if commit not in marks:
+                continue
+            figures: dict[str, Any] = {"commits": commit, "live_keys": index.live_keys}
+            for kind in ("unpruned", "pruned"):
+                hi, lo, location = index.arrays()
+                copy = KeyIndex(
+                    exact=True,
+                    files=list(index.files),
+                    snapshot_id=index.snapshot_id,
+                    hi=hi.copy(),
+                    lo=lo.copy(),
+                    location=location.copy(),
+                )
+                if kind == "pruned":
+                    began = time.perf_counter()
+                    copy.prune_files()
+                    figures["prune_s"] = round(time.perf_counter() - began, 4)
+                table_location = f"{folder}/{kind}"
+                save_s = load_s = float("inf")
+                for _ in range(SAVE_REPEATS):  # the best of a few: the machine is shared
+                    began = time.perf_counter()
+                    save_index_at(table_location, "bench", copy)
+                    save_s = min(save_s, time.perf_counter() - began)
+                    began = time.perf_counter()
+                    loaded = load_index_at(table_location, "bench")
+                    load_s = min(load_s, time.perf_counter() - began)
+                assert loaded is not None and loaded.live_keys == index.live_keys
+                saved = Path(table_location) / "icekeeper" / "key-index.parquet"
+                figures[kind] = {
+                    "files_listed": len(copy.files),
+                    "save_s": round(save_s, 4),
+                    "load_s": round(load_s, 4),
+                    "index_file_bytes": saved.stat().st_size,
+                }
+            results.append(figures)
+            progress(
+                f"{commit:,} commits: {figures['unpruned']['files_listed']:,} files listed, "
+                f"save {figures['unpruned']['save_s']:.3f}s; pruned: "
+                f"{figures['pruned']['files_listed']:,} files, save "
+                f"{figures['pruned']['save_s']:.3f}s"
+            )
+    return {
+        "commits": commits,
+        "keys": keys,
+        "changes_per_commit": changes_per_commit,
+        "commit_cycles_s": round(busy, 1),
+        "checkpoints": results,
+    }

@@ -17,12 +17,14 @@ import hashlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.artifacts import Progress
+from icekeeper.localstack.catalog_service import CatalogService
 from icekeeper.localstack.debian import MARIADB_SERVER, POSTGRESQL, ensure_package
 from icekeeper.localstack.errors import StackError
 from icekeeper.localstack.services import LaunchSpec, Service, port_open
@@ -240,15 +242,20 @@ class PostgresService(Service):
     connector through the built-in pgoutput plugin."""
 
     name = "postgres"
+    # Fast shutdown: SIGTERM is PostgreSQL's "smart" one, which waits for every client to leave.
+    stop_signal = signal.SIGINT
+
+    def port(self) -> int:
+        return self.stack.postgres_port
 
     def address(self) -> str:
-        return f"postgresql://{self.stack.host}:{self.stack.postgres_port}/{DATABASE}"
+        return f"postgresql://{self.stack.host}:{self.port()}/{DATABASE}"
 
     def ports(self) -> list[int]:
-        return [self.stack.postgres_port]
+        return [self.port()]
 
     def prepare(self, progress: Progress) -> LaunchSpec:
-        programs = ensure_package(POSTGRESQL, "stack service postgres", progress)
+        programs = ensure_package(POSTGRESQL, f"stack service {self.name}", progress)
         postgres = _server_user("postgres", POSTGRESQL.name)
         data_dir = _server_folder(postgres, self.home) / "data"
         initialised = self.home / "initialised"
@@ -291,27 +298,27 @@ class PostgresService(Service):
             initialised.touch()
         # `pg_ctl start` would daemonise and leave no process of ours to track: run the server
         # itself, in the foreground, as postgres.
-        command = _as_user(postgres) + [
+        command = [
             programs["postgres"],
             "-D",
             str(data_dir),
             "-h",
             self.stack.host,
             "-p",
-            str(self.stack.postgres_port),
+            str(self.port()),
             "-k",
             "",  # no Unix socket: clients use TCP on the stack's host
-            "-c",
-            "wal_level=logical",
-            "-c",
-            "max_wal_senders=10",
-            "-c",
-            "max_replication_slots=10",
+            *(option for setting in self._settings() for option in ("-c", setting)),
         ]
-        return LaunchSpec(command=command, cwd=self.home)
+        # As root the server runs as postgres, started so by `stack.py` without runuser in between.
+        run_as = postgres.pw_name if postgres.pw_uid != os.geteuid() else None
+        return LaunchSpec(command=command, cwd=self.home, user=run_as)
 
-    @staticmethod
-    def _bootstrap_sql() -> str:
+    def _settings(self) -> list[str]:
+        """`name=value` server settings: what Debezium's logical decoding needs."""
+        return ["wal_level=logical", "max_wal_senders=10", "max_replication_slots=10"]
+
+    def _bootstrap_sql(self) -> str:
         # One statement per line: single-user mode ends a statement at a newline.
         return "\n".join(
             [
@@ -327,14 +334,14 @@ class PostgresService(Service):
         )
 
     def healthy(self) -> bool:
-        if not port_open(self.stack.host, self.stack.postgres_port):
+        if not port_open(self.stack.host, self.port()):
             return False
         import psycopg
 
         try:
             with psycopg.connect(
                 host=self.stack.host,
-                port=self.stack.postgres_port,
+                port=self.port(),
                 user=DEBEZIUM.name,
                 password=DEBEZIUM.password,
                 dbname=DATABASE,
@@ -343,3 +350,85 @@ class PostgresService(Service):
                 return connection.execute("SHOW wal_level").fetchone() == ("logical",)
         except psycopg.Error:
             return False
+
+
+CATALOG_DATABASE = "iceberg_catalog"
+"""The database of the stack's SQL catalog (`pg-catalog`), owned by `OWNER`."""
+POSTGRES_JDBC_DRIVER = "org.postgresql:postgresql:42.7.8"
+"""The JDBC driver Spark's JdbcCatalog opens `pg-catalog` with."""
+
+
+class PostgresCatalogService(PostgresService, CatalogService):
+    """A PostgreSQL of its own (`stack.pg_catalog_port`) holding an Iceberg SQL catalog: the
+    tables pyiceberg's SqlCatalog and Iceberg's JdbcCatalog share (schema V1), warehouse on S3.
+
+    A separate instance from the CDC source `postgres`: a catalog outlives and ignores the
+    databases it describes, and needs no logical decoding.
+    """
+
+    name = "pg-catalog"
+
+    def port(self) -> int:
+        return self.stack.pg_catalog_port
+
+    def address(self) -> str:
+        return f"postgresql://{self.stack.host}:{self.port()}/{CATALOG_DATABASE}"
+
+    def _settings(self) -> list[str]:
+        return []
+
+    def _bootstrap_sql(self) -> str:
+        return "\n".join(
+            [
+                f"CREATE ROLE {OWNER.name} LOGIN PASSWORD '{OWNER.password}';",
+                f"CREATE DATABASE {CATALOG_DATABASE} OWNER {OWNER.name};",
+                "",
+            ]
+        )
+
+    def healthy(self) -> bool:
+        if not port_open(self.stack.host, self.port()):
+            return False
+        import psycopg
+
+        try:
+            with psycopg.connect(
+                host=self.stack.host,
+                port=self.port(),
+                user=OWNER.name,
+                password=OWNER.password,
+                dbname=CATALOG_DATABASE,
+                connect_timeout=2,
+            ) as connection:
+                return connection.execute("SELECT current_database()").fetchone() == (
+                    CATALOG_DATABASE,
+                )
+        except psycopg.Error:
+            return False
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        # SQLAlchemy's psycopg (3) dialect: the driver the stack already installs.
+        uri = (
+            f"postgresql+psycopg://{OWNER.name}:{OWNER.password}@{self.stack.host}:{self.port()}"
+            f"/{CATALOG_DATABASE}"
+        )
+        return {
+            "type": "sql",
+            "uri": uri,
+            "warehouse": self.warehouse(),
+            **self.storage.pyiceberg_properties(),
+        }
+
+    def iceberg_catalog_properties(self) -> dict[str, str]:
+        return {
+            "type": "jdbc",
+            "uri": f"jdbc:postgresql://{self.stack.host}:{self.port()}/{CATALOG_DATABASE}",
+            "jdbc.user": OWNER.name,
+            "jdbc.password": OWNER.password,
+            # The tables pyiceberg's SqlCatalog creates (Iceberg's V1 layout, views included).
+            "jdbc.schema-version": "V1",
+            "warehouse": self.warehouse(),
+        }
+
+    def extra_spark_packages(self) -> tuple[str, ...]:
+        return (POSTGRES_JDBC_DRIVER,)

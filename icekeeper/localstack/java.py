@@ -63,20 +63,30 @@ def candidate_javas(preferred_home: str | None = None) -> list[str]:
     return [c for c in candidates if Path(c).exists() and not (c in seen or seen.add(c))]
 
 
-def find_java(min_major: int, preferred_home: str | None = None, purpose: str = "") -> str:
-    """Path of a `java` of at least `min_major`: the
-    preferred home if it qualifies, else the newest found."""
+def find_java(
+    min_major: int,
+    preferred_home: str | None = None,
+    purpose: str = "",
+    max_major: int | None = None,
+) -> str:
+    """Path of a `java` of at least `min_major` (and at most `max_major`, for programs a newer
+    JDK breaks): the preferred home if it qualifies, else the newest found."""
+
+    def fits(major: int | None) -> bool:
+        return bool(major) and major >= min_major and (max_major is None or major <= max_major)
+
     versions = [(java, java_major_version(java)) for java in candidate_javas(preferred_home)]
     if preferred_home:
         preferred = str(Path(preferred_home) / "bin" / "java")
         for java, major in versions:
-            if java == preferred and major and major >= min_major:
+            if java == preferred and fits(major):
                 return java
-    usable = [(major, java) for java, major in versions if major and major >= min_major]
+    usable = [(major, java) for java, major in versions if fits(major)]
     if not usable:
         found = ", ".join(f"{java} ({major})" for java, major in versions) or "none"
+        wanted = f"{min_major}+" if max_major is None else f"{min_major} to {max_major}"
         raise JavaNotFound(
-            f"{purpose or 'this'} needs Java {min_major}+; found: {found}. Install a JDK "
-            f"{min_major}+ and set JAVA_HOME or stack.registry_java_home"
+            f"{purpose or 'this'} needs Java {wanted}; found: {found}. Install a JDK "
+            f"{wanted} and set JAVA_HOME or stack.registry_java_home"
         )
     return max(usable)[1]

@@ -8,13 +8,14 @@ MariaDB and PostgreSQL in `databases.py`, Kafka Connect with Debezium in `connec
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import urllib.error
 import urllib.request
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.artifacts import (
@@ -37,10 +38,21 @@ AZURITE_KEY = (
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """How to start a service process."""
+    """How to start a service process.
+
+    Attributes:
+        command: the program and its arguments.
+        cwd: its working folder.
+        environment: variables added to ours.
+        user: run it as this system user (we are root, the server refuses to be); it is then the
+            process `stack down` signals, with no `runuser` in between to turn a clean shutdown
+            into a kill.
+    """
 
     command: list[str]
     cwd: Path
+    environment: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
 
 
 class Service(ABC):
@@ -49,9 +61,12 @@ class Service(ABC):
     name: str
     needs: tuple[str, ...] = ()
     """Services that must answer before this one is launched (Kafka Connect exits without Kafka)."""
+    stop_signal: signal.Signals = signal.SIGTERM
+    """What `stack down` sends the service's process group to stop it cleanly."""
 
     def __init__(self, stack: StackConfig, state_dir: Path, cache_dir: Path) -> None:
         self.stack = stack
+        self.state_dir = state_dir
         self.home = state_dir / "stack" / self.name
         self.cache_dir = cache_dir
 

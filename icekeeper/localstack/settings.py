@@ -22,7 +22,9 @@ class StackConfig(BaseModel):
     """The local stack `icekeeper stack up` starts: Kafka, schema registry, Azurite, `--with` more.
 
     `--with mariadb|postgres` adds a database and Debezium in Kafka Connect, `--with kafka-sasl` a
-    SASL_SSL broker, `--with registry-auth` the registry behind basic auth.
+    SASL_SSL broker, `--with registry-auth` the registry behind basic auth; `--with s3` an S3 server
+    and `--with rest|nessie|hms|pg-catalog` an Iceberg catalog (each brings `s3`, where its
+    tables live).
     """
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
@@ -58,7 +60,8 @@ class StackConfig(BaseModel):
     )
     azurite_version: str = Field("3.37.0", description="Azurite version from npm.")
     registry_java_home: str | None = Field(
-        None, description="JDK (21+) for the registry; default: the newest JDK found."
+        None,
+        description="JDK (21+) for the registry and Nessie; default: the newest JDK found.",
     )
     mariadb_port: int = Field(
         3306,
@@ -86,6 +89,63 @@ class StackConfig(BaseModel):
         description="Apicurio's Kafka Connect converters "
         "(io.apicurio:apicurio-registry-utils-converter), which write Avro in Confluent framing "
         "through the stack's registry.",
+    )
+    s3_port: int = Field(
+        9000,
+        description="Port of the stack's S3 server (`stack up --with s3`: s3proxy, files under "
+        "the state folder).",
+    )
+    s3_bucket: str = Field(
+        "icekeeper", description="Bucket the S3 server has from its start; catalogs' warehouses."
+    )
+    s3_access_key_id: str = Field(
+        "icekeeper", description="Access key id of the S3 server (loopback only, not a secret)."
+    )
+    s3_secret_access_key: str = Field(
+        "icekeeper-local-secret",
+        description="Secret access key of the S3 server (loopback only, not a secret).",
+    )
+    s3_region: str = Field("us-east-1", description="Region clients of the S3 server sign for.")
+    s3proxy_version: str = Field(
+        "4.1.0",
+        description="s3proxy version (org.gaul:s3proxy, jar `jar-with-dependencies`, from Maven "
+        "Central).",
+    )
+    rest_catalog_port: int = Field(
+        8181,
+        description="Port of the Iceberg REST catalog (`stack up --with rest`: Iceberg's REST "
+        "fixture server, catalog in SQLite under the state folder, warehouse on `s3`).",
+    )
+    iceberg_version: str = Field(
+        "1.11.0",
+        description="Iceberg version of the REST catalog server and of the jars Spark clients of "
+        "the stack's catalogs add (iceberg-aws-bundle).",
+    )
+    nessie_port: int = Field(
+        19120,
+        description="Port of Nessie (`stack up --with nessie`; its Iceberg REST API under "
+        "`/iceberg`, warehouse on `s3`; needs Java 21+, see `registry_java_home`).",
+    )
+    nessie_management_port: int = Field(19121, description="Nessie's (Quarkus) management port.")
+    nessie_version: str = Field(
+        "0.99.0",
+        description="Nessie version (org.projectnessie.nessie:nessie-quarkus, jar `runner`; the "
+        "newest runner on Maven Central).",
+    )
+    hive_metastore_port: int = Field(
+        9083,
+        description="Thrift port of the Hive Metastore (`stack up --with hms`: standalone, Derby "
+        "under the state folder).",
+    )
+    hive_metastore_version: str = Field(
+        "3.1.3",
+        description="Hive Metastore version (org.apache.hive:hive-standalone-metastore, tar.gz "
+        "`bin`). 4.x answers `Invalid method name: 'get_table'` to every Iceberg client.",
+    )
+    pg_catalog_port: int = Field(
+        5433,
+        description="Port of the PostgreSQL that holds a SQL catalog (`stack up --with "
+        "pg-catalog`; Debian's `postgresql`, an instance of its own).",
     )
     start_timeout: Duration = Field(
         120.0, description="How long `stack up` waits for services to become healthy."

@@ -1,4 +1,4 @@
-"""`icekeeper stack up [--with mariadb postgres] | down | status`:
+"""`icekeeper stack up [--with mariadb postgres s3 rest ...] | down | status`:
 run the local services as detached processes.
 
 Each process started by `up` gets a pid file under `<state_dir>/stack/<service>/`.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -19,11 +20,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common.artifacts import Progress
+from common.artifacts import MavenBundle, Progress, maven_bundle
 from common.config.model import IcekeeperConfig
+from icekeeper.localstack.catalog_service import CatalogService
 from icekeeper.localstack.connect import KafkaConnectService
-from icekeeper.localstack.databases import MariaDbService, PostgresService
+from icekeeper.localstack.databases import (
+    MariaDbService,
+    PostgresCatalogService,
+    PostgresService,
+)
 from icekeeper.localstack.errors import StackError
+from icekeeper.localstack.hive_metastore import HiveMetastoreService
+from icekeeper.localstack.object_store import S3Service
+from icekeeper.localstack.rest_catalogs import NessieService, RestCatalogService
 from icekeeper.localstack.secured import RegistryAuthService, SaslKafkaService
 from icekeeper.localstack.services import LaunchSpec, Service, all_services
 from icekeeper.localstack.settings import stack_settings
@@ -58,20 +67,34 @@ OPTIONAL_SERVICES: dict[str, type[Service]] = {
     "connect": KafkaConnectService,
     "kafka-sasl": SaslKafkaService,
     "registry-auth": RegistryAuthService,
+    "s3": S3Service,
+    "rest": RestCatalogService,
+    "nessie": NessieService,
+    "hms": HiveMetastoreService,
+    "pg-catalog": PostgresCatalogService,
 }
-"""Services `stack up --with <name>` adds, in start
-order; a database brings Kafka Connect with it."""
+"""Services `stack up --with <name>` adds, in start order."""
+
+BROUGHT_ALONG: dict[str, tuple[str, ...]] = {
+    "mariadb": ("connect",),
+    "postgres": ("connect",),
+    "rest": ("s3",),
+    "nessie": ("s3",),
+    "hms": ("s3",),
+    "pg-catalog": ("s3",),
+}
+"""What an optional service is no use without: a CDC source without Debezium in Connect, a
+catalog without the S3 server its tables live on."""
 
 
 def with_dependencies(names: list[str]) -> list[str]:
-    """Optional services to run for `--with names`: a
-    CDC source is no use without Debezium in Connect."""
+    """Optional services to run for `--with names`, with what each brings along."""
     unknown = set(names) - set(OPTIONAL_SERVICES)
     if unknown:
         raise StackError(
             f"no optional service(s) {sorted(unknown)}; --with takes {sorted(OPTIONAL_SERVICES)}"
         )
-    wanted = set(names) | ({"connect"} if {"mariadb", "postgres"} & set(names) else set())
+    wanted = set(names) | {brought for name in names for brought in BROUGHT_ALONG.get(name, ())}
     return [name for name in OPTIONAL_SERVICES if name in wanted]
 
 
@@ -101,8 +124,8 @@ class LocalStack:
         Args:
             config: state and cache folders, and the file's `stack:` section (ports, versions).
             only: manage just these services (of the core ones and those in `with_services`).
-            with_services: optional services to add (`OPTIONAL_SERVICES`); `mariadb` and `postgres`
-                bring `connect`.
+            with_services: optional services to add (`OPTIONAL_SERVICES`) with what each brings
+                along (`BROUGHT_ALONG`: `connect` for a database, `s3` for a catalog).
         """
         self.config = config
         self.stack = stack_settings(config)
@@ -127,6 +150,27 @@ class LocalStack:
 
     def service(self, name: str) -> Service:
         return next(service for service in self.services if service.name == name)
+
+    def spark_client_jars(self, progress: Progress = log.info) -> list[Path]:
+        """Jars a SparkSession needs beyond icekeeper's own to reach the stack's S3 server and
+        every catalog service (each one's `spark_catalog(...).packages`), fetched once.
+
+        They must be on the session's classpath from its start (`spark.driver.extraClassPath`
+        for a local session); a catalog's settings may then be given at any time before its
+        first use.
+        """
+        packages = dict.fromkeys(
+            package
+            for service in self._known.values()
+            if isinstance(service, CatalogService)
+            for package in service.spark_catalog("probe").packages
+        )
+        bundle = MavenBundle(
+            name=f"stack-spark-clients-iceberg-{self.stack.iceberg_version}",
+            coordinates=tuple(packages),
+            transitive=False,
+        )
+        return maven_bundle(Path(self.config.cache_dir), bundle, progress)
 
     def up(self, progress: Progress = log.info) -> StackReport:
         """Start every service that is not already running here; wait until all are healthy.
@@ -191,10 +235,12 @@ class LocalStack:
             process = subprocess.Popen(
                 launch.command,
                 cwd=launch.cwd,
+                env={**os.environ, **launch.environment} if launch.environment else None,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                **_as_user(launch.user),
             )
         _pid_file(service).write_text(
             json.dumps({"pid": process.pid, "command": launch.command}), encoding="utf-8"
@@ -235,7 +281,7 @@ class LocalStack:
                 continue
             if _alive(pid):
                 progress(f"stopping {service.name} (pid {pid})")
-                _stop_group(pid)
+                _stop_group(pid, service.stop_signal)
                 stopped.append(service.name)
             _pid_file(service).unlink(missing_ok=True)
         return stopped
@@ -259,6 +305,14 @@ class LocalStack:
         return [asdict(status) for status in self.status()]
 
 
+def _as_user(user: str | None) -> dict[str, object]:
+    """`Popen` arguments that run the process as `user`, with that user's groups only."""
+    if user is None:
+        return {}
+    account = pwd.getpwnam(user)
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+
+
 def _pid_file(service: Service) -> Path:
     return service.home / f"{service.name}.pid"
 
@@ -280,21 +334,39 @@ def _alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     # A zombie (exited, not yet reaped by its parent) is not alive for our purposes.
+    return _threads_running(Path(f"/proc/{pid}"), missing=True)
+
+
+def _threads_running(process: Path, missing: bool) -> bool:
+    """Whether any thread of the process at `/proc/<pid>` is neither a zombie nor dead
+    (`missing`: the answer when /proc cannot tell).
+
+    The main thread alone is not enough: it turns zombie while other threads are still exiting,
+    and the process keeps its files, listening sockets included, until the last one has (a Hive
+    Metastore stopped and restarted at once found its port still taken).
+    """
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
+        tasks = list((process / "task").iterdir())
     except OSError:
-        return True
+        return missing
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text(encoding="utf-8").split(")")[-1].split()[0]
+        except OSError:
+            continue  # the thread is gone
+        if state not in ("Z", "X"):
+            return True
+    return False
 
 
-def _stop_group(pid: int, grace_s: float = 20.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`."""
+def _stop_group(pid: int, stop_signal: int = signal.SIGTERM, grace_s: float = 20.0) -> None:
+    """Send the process group `stop_signal`, then SIGKILL whatever is left after `grace_s`."""
     try:
         group = os.getpgid(pid)
     except ProcessLookupError:
         return
     try:
-        os.killpg(group, signal.SIGTERM)
+        os.killpg(group, stop_signal)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace_s
@@ -324,7 +396,7 @@ def _group_alive(group: int) -> bool:
                 fields = (entry / "stat").read_text().split(")")[-1].split()
             except OSError:
                 continue
-            if int(fields[2]) == group and fields[0] != "Z":
+            if int(fields[2]) == group and _threads_running(entry, missing=False):
                 return True
     return False
 

@@ -275,6 +275,13 @@ def test_validation_names_what_does_not_match(tmp_path: Path) -> None:
         )
     with pytest.raises(InvalidFile, match="not under the table location"):
         validate(entry, facts, f"file://{tmp_path}/elsewhere", SCHEMA)
+    outside = f"file://{tmp_path}/table/data/../../table-other/data/f.parquet"
+    with pytest.raises(InvalidFile, match="names a parent folder"):
+        validate(
+            entry.model_copy(update={"path": outside}), facts, f"file://{tmp_path}/table", SCHEMA
+        )
+    with pytest.raises(InvalidFile, match="not under the table location's data folder"):
+        validate(entry, facts, f"file://{tmp_path}", SCHEMA)  # under it, not under its data/
     with pytest.raises(InvalidFile, match="not in the moniker's schema"):
         validate(entry, facts, f"file://{tmp_path}/table", Schema(*SCHEMA.fields[:3]))
     with pytest.raises(FileUnavailable, match="not found") as missing:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from bookkeeper.key_index import ABSENT, KeyIndex, pack, unpack
+from bookkeeper.position_deletes import DataFileRef
 from bookkeeper.row_keys import key_words
 
 
@@ -120,3 +121,60 @@ def test_the_index_bench_reports_its_figures_and_stays_within_64_bytes_a_key() -
         and result["index_ops_per_s"] > 0
         and result["index_recovery_s"] >= 0
     )
+
+
+@pytest.mark.parametrize("recent_min", [65_536, 8])
+def test_files_without_live_keys_are_pruned_and_every_key_keeps_its_row(recent_min: int) -> None:
+    """Random cycles, each writing its keys to a file of its own: pruning forgets the files no
+    live key points into, and every key still finds its file and row (by path), before and after
+    later cycles; a cycle planned before the pruning is refused."""
+    rng = random.Random(26)
+    index = KeyIndex(exact=True, recent_min=recent_min)
+    reference: dict[int, tuple[str, int]] = {}
+    for cycle in range(300):
+        ref = DataFileRef(f"file:///t/data/{cycle}.parquet", 0, ())
+        keys = rng.sample(range(200), rng.randint(1, 40))
+        deleted = set(rng.sample(keys, len(keys) // 5))
+        ordinal = index.file_ordinal(ref)
+        events = [
+            (key, None if key in deleted else int(pack(ordinal, np.array([row]))[0]))
+            for row, key in enumerate(keys)
+        ]
+        _cycle(index, events, cycle)
+        for row, key in enumerate(keys):
+            if key in deleted:
+                reference.pop(key, None)
+            else:
+                reference[key] = (ref.path, row)
+        if cycle % 37 == 36:
+            stale = index.plan(
+                np.array([1], np.uint64), np.zeros(1, np.uint64), np.array([0], np.uint64)
+            )
+            before = len(index.files)
+            dropped = index.prune_files()
+            assert dropped > 0 and len(index.files) == before - dropped
+            assert {ref.path for ref in index.files} == {path for path, _ in reference.values()}
+            with pytest.raises(RuntimeError, match="plan it again"):
+                index.apply(stale, cycle)
+        keys_all = np.arange(200, dtype=np.uint64)
+        found = index.locations_of(keys_all, np.zeros(200, np.uint64))
+        ordinals, rows = unpack(found[found != ABSENT])
+        assert {
+            int(key): (index.files[int(o)].path, int(r))
+            for key, o, r in zip(keys_all[found != ABSENT], ordinals, rows)
+        } == reference
+    assert index.prune_files() >= 0 and len(index.files) <= len(reference)
+    assert index.live_rows_per_file().min() > 0
+
+
+def test_the_index_files_bench_saves_fewer_files_once_pruned() -> None:
+    from icekeeper.bench.key_index import run_key_index_files_bench
+
+    result = run_key_index_files_bench(
+        commits=600, keys=500, changes_per_commit=20, checkpoints=(300,), progress=lambda _: None
+    )
+    [first, last] = result["checkpoints"]
+    assert (first["commits"], last["commits"]) == (300, 600)
+    assert last["unpruned"]["files_listed"] == 600
+    assert last["pruned"]["files_listed"] < 300
+    assert last["pruned"]["index_file_bytes"] < last["unpruned"]["index_file_bytes"]

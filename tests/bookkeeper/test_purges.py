@@ -8,6 +8,7 @@ deleting its files), and updates of the same keys meanwhile lose and resurrect n
 from __future__ import annotations
 
 import json
+import logging
 import random
 import uuid
 from collections import Counter
@@ -20,6 +21,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StringType
 
 from bookkeeper import purges
+from bookkeeper import rewrites as rewrites_module
 from bookkeeper.service import Bookkeeper
 from bookkeeper.upserts import live_files
 from common.config import IcekeeperConfig
@@ -28,6 +30,7 @@ from common.moniker import Moniker
 from common.rewrites import (
     REWRITE_ID_PROPERTY,
     RewriteRequest,
+    is_pending,
     pending_rewrites,
     publish_rewrite,
     refusal,
@@ -38,7 +41,7 @@ from common.transports import open_transport
 from icekeeper.readers import duckdb_rows as read_with_duckdb
 from icekeeper.readers import spark_rows
 from tests.bookkeeper.test_one_delete_file_per_data_file import BucketedUpsertWriter
-from tests.bookkeeper.test_rewrites import compacted_request
+from tests.bookkeeper.test_rewrites import committed_by, compacted_request
 from tests.support.shop_items import (
     SCHEMA,
     UpsertWriter,
@@ -429,3 +432,125 @@ def test_a_file_with_no_live_row_just_leaves_with_its_delete_file(tmp_path: Path
     assert len(data_files) == 1 and not delete_files
     assert table.current_snapshot().summary.operation.value == "replace"
     assert pyiceberg_rows(bookkeeper) == {k: -k for k in range(50)} == duckdb_rows(bookkeeper)
+
+
+def committed_purge_then_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_snapshots: int
+) -> tuple[IcekeeperConfig, dict[int, int], RewriteRequest, UpsertWriter]:
+    """An upsert table whose bookkeeper dies right after a purge's commit, before it drops the
+    request (so it stays pending); its history is short (`keep_snapshots` kept, of any age), as
+    if the bookkeeper had been down for `keep_snapshots_for`. Returns the config, the reference,
+    the committed request and the writer."""
+    config = bookkeeper_config(
+        tmp_path,
+        mode="upsert",
+        bookkeeper__keep_snapshots=str(keep_snapshots),
+        bookkeeper__keep_snapshots_for="0",
+        bookkeeper__rewrite_poll_interval="0.001",
+    )
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(26), {}
+    finished = rewrites_module.finish_rewrite
+
+    def die_once(location: str, request_id: str) -> None:
+        monkeypatch.setattr(rewrites_module, "finish_rewrite", finished)
+        raise Crash(request_id)
+
+    for number, changes in enumerate([[(k, k) for k in range(KEYS)], churn(rng)]):
+        if number == 1:  # the churn leaves the first file 86% deleted: purged after the commit
+            monkeypatch.setattr(rewrites_module, "finish_rewrite", die_once)
+        transport.publish(writer.batch(changes))
+        try:
+            bookkeeper.run_cycle()
+        except Crash:
+            assert number == 1
+        applied(reference, changes)
+    location = bookkeeper.catalog.load_table("shop.items").location()
+    [request] = pending_rewrites(location)
+    assert request.origin == "bookkeeper" and request.files
+    assert len(committed_by(bookkeeper, request.id)) == 1, "committed, not yet dropped"
+    assert pyiceberg_rows(bookkeeper) == reference
+    return config, reference, request, writer
+
+
+def with_requests_unlisted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Storage fails to list the rewrites folder (throttling): every poll of the requests fails
+    while commits go on."""
+
+    def throttled(location: str) -> list:
+        raise OSError("listing throttled (test)")
+
+    monkeypatch.setattr(rewrites_module, "pending_rewrites", throttled)
+
+
+def files_exist(request: RewriteRequest) -> bool:
+    return all(Path(entry.path.removeprefix("file://")).is_file() for entry in request.files)
+
+
+def test_a_committed_purge_looked_at_again_after_its_snapshot_expired_keeps_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The successor cannot list the requests for two cycles while it commits new keys; those
+    commits expire the purge's snapshot. When it can list them again, the purge is found
+    committed by its files, which stay where they are: the table reads them (before, it was
+    refused, its replaced files being gone, and its files, the table's, deleted)."""
+    config, reference, request, writer = committed_purge_then_crash(tmp_path, monkeypatch, 2)
+    successor, transport = Bookkeeper(config), open_transport(config)
+    location = successor.catalog.load_table("shop.items").location()
+    with_requests_unlisted(monkeypatch)
+    for cycle in range(2):  # new keys only: the purge's files keep their rows
+        changes = [(KEYS + 10 * cycle + k, k) for k in range(10)]
+        transport.publish(writer.batch(changes))
+        assert successor.run_cycle().tables[0].committed
+        applied(reference, changes)
+    assert not committed_by(successor, request.id), "its snapshot expired"
+    assert is_pending(location, request.id)
+    monkeypatch.undo()
+    changes = [(KEYS + 100, 1)]
+    transport.publish(writer.batch(changes))
+    with caplog.at_level(logging.INFO, logger="bookkeeper.rewrites"):
+        successor.run_cycle()
+    applied(reference, changes)
+    assert not is_pending(location, request.id) and refusal(location, request.id) is None
+    # Known committed (a file of it is live, added by no snapshot left), not refused.
+    assert "rewrite request found committed by its files" in caplog.messages
+    assert "rewrite request refused" not in caplog.messages
+    assert files_exist(request)
+    assert pyiceberg_rows(successor) == reference == duckdb_rows(successor)
+
+
+def test_a_committed_purge_whose_files_were_purged_since_leaves_them_to_orphan_removal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the successor's own purge replaced the purge's files meanwhile: they are in
+    no current snapshot, but in a snapshot kept. Looked at again, the request is refused (its
+    replaced files are gone) and, since a commit of it was attempted, its files are kept: the
+    kept snapshot still reads (before, they were deleted with the refusal)."""
+    config, reference, request, writer = committed_purge_then_crash(tmp_path, monkeypatch, 3)
+    successor, transport = Bookkeeper(config), open_transport(config)
+    location = successor.catalog.load_table("shop.items").location()
+    with_requests_unlisted(monkeypatch)
+    changes = churn(random.Random(27))  # the purge's files get mostly deleted: purged at once
+    transport.publish(writer.batch(changes))
+    report = successor.run_cycle()
+    applied(reference, changes)
+    assert report.purges["shop.items"].snapshot_id is not None
+    kept_snapshot, kept_rows = report.tables[0].snapshot_id, dict(reference)
+    changes = [(KEYS + k, k) for k in range(10)]  # its commit expires the purge's snapshot
+    transport.publish(writer.batch(changes))
+    successor.run_cycle()
+    applied(reference, changes)
+    table = successor.catalog.load_table("shop.items")
+    live = {data.file_path for data in live_files(table, table.current_snapshot())[0]}
+    assert not live & {entry.path for entry in request.files}, "purged by the successor"
+    assert not committed_by(successor, request.id), "its snapshot expired"
+    assert table.snapshot_by_id(kept_snapshot) is not None
+    monkeypatch.undo()
+    report = successor.run_cycle()  # nothing to commit (nothing expires): the requests' poll
+    assert not report.tables
+    assert not is_pending(location, request.id) and refusal(location, request.id) is None
+    assert files_exist(request), "the files a kept snapshot names are not deleted"
+    table = successor.catalog.load_table("shop.items")
+    kept = table.scan(snapshot_id=kept_snapshot).to_arrow()
+    assert dict(zip(kept.column("id").to_pylist(), kept.column("amount").to_pylist())) == kept_rows
+    assert pyiceberg_rows(successor) == reference == duckdb_rows(successor)

@@ -7,17 +7,28 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import uuid
 from pathlib import Path
 
+import pyarrow.parquet as pq
+import pytest
+
 from bookkeeper.service import Bookkeeper
+from bookkeeper.upserts import live_files
+from common.delete_files import read_position_deletes
+from common.locations import normalize_location
 from common.rewrites import (
+    REWRITE_ID_PROPERTY,
     RewriteRequest,
     is_pending,
     output_folder,
+    pending_rewrite_folders,
     pending_rewrites,
     publish_rewrite,
     refusal,
+    rewrites_folder,
+    set_aside_reason,
 )
 from common.transports import open_transport
 from tests.support.shop_items import (
@@ -53,13 +64,36 @@ def commit_batches(
         applied(reference, changes)
 
 
-def compacted_request(bookkeeper: Bookkeeper, drop_one_row: bool = False) -> RewriteRequest:
-    """What the reaper hands over: every data file of the current snapshot, replaced by one file
-    of their live rows (optionally missing one, a broken compaction)."""
+def live_rows_of(bookkeeper: Bookkeeper, paths: list[str]) -> list[dict]:
+    """The live rows of data files `paths` of `shop.items`' current snapshot (their position
+    deletes applied), read back from the files."""
+    table = bookkeeper.catalog.load_table("shop.items")
+    _, delete_files = live_files(table, table.current_snapshot())
+    deleted: dict[str, set[int]] = {}
+    for delete_file in delete_files:
+        for path, position in zip(*read_position_deletes(delete_file.file_path)):
+            deleted.setdefault(path, set()).add(int(position))
+    return [
+        row
+        for path in paths
+        for number, row in enumerate(pq.read_table(path.removeprefix("file://")).to_pylist())
+        if number not in deleted.get(path, set())
+    ]
+
+
+def compacted_request(
+    bookkeeper: Bookkeeper, drop_one_row: bool = False, replaced: list[str] | None = None
+) -> RewriteRequest:
+    """What the reaper hands over: every data file of the current snapshot (or those
+    `replaced`), replaced by one file of their live rows (optionally missing one, a broken
+    compaction)."""
     table = bookkeeper.catalog.load_table("shop.items")
     snapshot = table.current_snapshot()
-    replaced = [task.file.file_path for task in table.scan().plan_files()]
-    rows = table.scan().to_arrow().to_pylist()
+    if replaced is None:
+        replaced = [task.file.file_path for task in table.scan().plan_files()]
+        rows = table.scan().to_arrow().to_pylist()
+    else:
+        rows = live_rows_of(bookkeeper, replaced)
     if drop_one_row:
         rows = rows[1:]
     request_id = uuid.uuid4().hex
@@ -143,3 +177,141 @@ def test_a_compaction_that_would_lose_a_row_or_whose_files_are_gone_is_refused(
     )
     assert not pending_rewrites(location)
     assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
+
+
+def errors(bookkeeper: Bookkeeper, kind: str) -> float:
+    return (
+        bookkeeper.metrics.registry.get_sample_value("icekeeper_errors_total", {"kind": kind}) or 0
+    )
+
+
+def committed_by(bookkeeper: Bookkeeper, request_id: str) -> list[int]:
+    table = bookkeeper.catalog.load_table("shop.items")
+    return [
+        s.snapshot_id
+        for s in table.snapshots()
+        if s.summary.additional_properties.get(REWRITE_ID_PROPERTY) == request_id
+    ]
+
+
+def dead_letters(config, capsys, *arguments: str) -> dict:
+    """`icekeeper dead-letters <arguments> --rewrites --json` on `config` (no Kafka needed)."""
+    from icekeeper.cli import build_parser
+    from icekeeper.dead_letters import run_dead_letters
+
+    args = build_parser().parse_args(["dead-letters", *arguments, "--rewrites", "--json"])
+    assert run_dead_letters(config, args) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_a_request_whose_files_are_missing_holds_up_no_other_and_is_set_aside_after_the_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The reaper's compaction of some files, whose output file is gone, before a compaction of
+    others: the second commits in the first poll all the same, the first waits, and once its file
+    has been missing for `missing_file_timeout` it is set aside with the reason, its folder kept
+    (and spared by orphan removal), listed by `dead-letters list --rewrites`; restored and
+    replayed, it commits."""
+    config = bookkeeper_config(
+        tmp_path,
+        mode="upsert",
+        bookkeeper__rewrite_poll_interval="0.001",
+        bookkeeper__missing_file_timeout="1",
+        bookkeeper__purge_deleted_share="0",  # the compacted files stay as the requests read them
+    )
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(26), {}
+    commit_batches(bookkeeper, transport, writer, rng, reference, 6)
+    table = bookkeeper.catalog.load_table("shop.items")
+    location = table.location()
+    files = sorted(task.file.file_path for task in table.scan().plan_files())
+    stuck = compacted_request(bookkeeper, replaced=files[:3])
+    good = compacted_request(bookkeeper, replaced=files[3:])
+    [entry] = stuck.files
+    stuck_file = Path(entry.path.removeprefix("file://"))
+    away = stuck_file.with_name("away")
+    stuck_file.rename(away)  # gone: storage says it does not exist
+    publish_rewrite(location, stuck)
+    time.sleep(0.01)  # listed oldest first: the stuck one before
+    publish_rewrite(location, good)
+    commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+    assert committed_by(bookkeeper, good.id) and not is_pending(location, good.id)
+    assert is_pending(location, stuck.id) and refusal(location, stuck.id) is None
+    assert errors(bookkeeper, "rewrite-failed") >= 1 and not errors(bookkeeper, "rewrite-set-aside")
+    time.sleep(1.1)
+    commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+    assert not is_pending(location, stuck.id) and refusal(location, stuck.id) is None
+    assert "missing for" in (set_aside_reason(location, stuck.id) or "")
+    assert errors(bookkeeper, "rewrite-set-aside") == 1
+    assert normalize_location(stuck.output_folder) in pending_rewrite_folders(location)
+    [listed] = dead_letters(config, capsys, "list")["rewrites"]
+    assert listed["name"] == stuck.id and "missing for" in listed["reason"]
+    assert pyiceberg_rows(bookkeeper) == reference
+    away.rename(stuck_file)  # restored by the operator, who then replays it
+    assert dead_letters(config, capsys, "replay")["rewrites"] == [stuck.id]
+    assert dead_letters(config, capsys, "list")["rewrites"] == []
+    commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+    assert committed_by(bookkeeper, stuck.id) and not is_pending(location, stuck.id)
+    assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
+
+
+def test_a_request_whose_files_storage_fails_to_serve_is_never_set_aside(tmp_path: Path) -> None:
+    """An outage (storage answers with an error, not "no such file") keeps the request pending
+    past the timeout, however long; it commits once storage serves the file."""
+    config = bookkeeper_config(
+        tmp_path,
+        mode="upsert",
+        bookkeeper__rewrite_poll_interval="0.001",
+        bookkeeper__missing_file_timeout="0.5",
+        bookkeeper__purge_deleted_share="0",
+    )
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(27), {}
+    commit_batches(bookkeeper, transport, writer, rng, reference, 4)
+    location = bookkeeper.catalog.load_table("shop.items").location()
+    request = compacted_request(bookkeeper)
+    publish_rewrite(location, request)
+    reader = bookkeeper.committer.footer_reader
+    describe = reader.describe
+
+    def storage_error(requests, properties):
+        """The request's file answers a storage error; the writers' files are read as ever."""
+        from bookkeeper.datafiles import FileUnavailable
+
+        failing = {entry.path for entry in request.files}
+        described = describe([r for r in requests if r[0] not in failing], properties)
+        for path, _, _ in requests:
+            if path in failing:
+                described[path] = FileUnavailable(f"{path}: storage error (503)")
+        return described
+
+    reader.describe = storage_error
+    for _ in range(3):
+        commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+        time.sleep(0.3)
+    assert is_pending(location, request.id) and set_aside_reason(location, request.id) is None
+    reader.describe = describe
+    commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+    assert committed_by(bookkeeper, request.id)
+    assert pyiceberg_rows(bookkeeper) == reference
+
+
+def test_a_request_file_that_is_not_a_request_is_set_aside_and_the_queue_goes_on(
+    tmp_path: Path,
+) -> None:
+    config = bookkeeper_config(tmp_path, mode="upsert", bookkeeper__rewrite_poll_interval="0.001")
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(28), {}
+    commit_batches(bookkeeper, transport, writer, rng, reference, 3)
+    location = bookkeeper.catalog.load_table("shop.items").location()
+    folder = Path(rewrites_folder(location).removeprefix("file://"))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "garbled.json").write_text('{"id": "garbled", "table": ')
+    time.sleep(0.01)
+    request = compacted_request(bookkeeper)
+    publish_rewrite(location, request)
+    commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+    assert committed_by(bookkeeper, request.id)
+    assert "unreadable rewrite request" in (set_aside_reason(location, "garbled") or "")
+    assert refusal(location, "garbled") is None and not is_pending(location, "garbled")
+    assert pyiceberg_rows(bookkeeper) == reference

@@ -31,13 +31,17 @@ def test_metrics_health_and_commit_reports(tmp_path: Path) -> None:
     bookkeeper = Bookkeeper(config)
     port = bookkeeper.serve_http(port=0)
     try:
-        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        assert bookkeeper.take_lease(timeout_s=2) == 1
+        status, body = get(f"http://127.0.0.1:{port}/healthz")  # alive
+        assert status == 200 and json.loads(body)["lease"] is True
+        status, body = get(f"http://127.0.0.1:{port}/readyz")  # not ready before a cycle
         assert status == 503 and json.loads(body)["reason"] == "no cycle finished yet"
         transport.publish(make_moniker(config, 1, None, (0, 10)))
         transport.publish(make_moniker(config, 3, 2, (20, 30)))  # waits for seq 2
         bookkeeper.run_cycle()
-        status, body = get(f"http://127.0.0.1:{port}/healthz")
-        assert status == 200 and json.loads(body)["ok"] is True
+        for endpoint in ("healthz", "readyz"):
+            status, body = get(f"http://127.0.0.1:{port}/{endpoint}")
+            assert status == 200 and json.loads(body)["ok"] is True, (endpoint, body)
         status, metrics = get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
         assert 'icekeeper_commits_total{table="shop.items"} 1.0' in metrics
@@ -124,6 +128,7 @@ def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> No
         None,
     )
     job.catalog = Bookkeeper(config).catalog
+    job.templated = {}
     report = job.run_batch()
     assert report.throttled and report.records_read == 0 and job.pending_bytes > 1
 

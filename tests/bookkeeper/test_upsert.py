@@ -3,7 +3,10 @@ pyiceberg and DuckDB, with the key index saved, caught up and rebuilt."""
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -11,8 +14,17 @@ import pytest
 from bookkeeper.key_index_store import index_location, load_index
 from bookkeeper.service import Bookkeeper
 from common.config import IcekeeperConfig
+from common.moniker import FileEntry
 from common.transports import MonikerTransport, open_transport
-from tests.support.shop_items import UpsertWriter, bookkeeper_config, duckdb_rows, pyiceberg_rows
+from tests.support.shop_items import (
+    SCHEMA,
+    UpsertWriter,
+    applied,
+    bookkeeper_config,
+    duckdb_rows,
+    pyiceberg_rows,
+    write_file,
+)
 
 
 def upsert_table_with(
@@ -171,3 +183,143 @@ def test_a_deleted_keys_file_storage_cannot_serve_for_a_cycle_waits_and_loses_no
     expected = {**{k: k for k in range(10) if k != 1}, 2: 21, 3: 30}
     assert pyiceberg_rows(bookkeeper) == expected == duckdb_rows(bookkeeper)
     assert transport.dead_letter_count() == 0
+
+
+def misnamed_deleted_keys(data_file: FileEntry, location: str) -> dict[str, list[FileEntry]]:
+    """Deleted-keys entries of malformed monikers, by what is wrong with them. Every one but the
+    size and row-count cases names a file whose size and row count it gives right: only where the
+    file is (or that it is a data file) can condemn it."""
+    outside = Path(location.removeprefix("file://")).parent / "other" / "keys.parquet"
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(data_file.path.removeprefix("file://"), outside)
+    state = Path(location.removeprefix("file://")) / "icekeeper" / "keys.parquet"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(data_file.path.removeprefix("file://"), state)
+    as_keys = data_file.model_copy(update={"content": "deleted-keys"})
+    good = write_file(
+        Path(location.removeprefix("file://")) / "data" / "keys" / "k.parquet",
+        SCHEMA,
+        [{"id": 0, "amount": None, "_kfk_partition": 0, "_kfk_offset": 0}],
+    ).model_copy(update={"content": "deleted-keys"})
+    return {
+        "a data file of the table": [as_keys],
+        "a parent folder": [
+            as_keys.model_copy(update={"path": f"{location}/data/../../other/keys.parquet"})
+        ],
+        "outside the data folder": [as_keys.model_copy(update={"path": f"file://{state}"})],
+        "a wrong size": [good.model_copy(update={"size_bytes": good.size_bytes + 1})],
+        "a wrong row count": [good.model_copy(update={"record_count": 2})],
+    }
+
+
+def test_a_deleted_keys_entry_that_is_not_what_a_writer_writes_quarantines_its_moniker(
+    tmp_path: Path,
+) -> None:
+    """A deleted-keys file deletes every key it holds: one named outside the table's data folder
+    (also through `..`), with a size or row count its footer denies, or that is a data file of the
+    table, quarantines its moniker with the reason and deletes no key."""
+    config, transport, writer, bookkeeper = upsert_table_with(tmp_path, 10)
+    table = bookkeeper.catalog.load_table("shop.items")
+    [data_file] = [
+        FileEntry(
+            path=task.file.file_path,
+            size_bytes=task.file.file_size_in_bytes,
+            record_count=task.file.record_count,
+        )
+        for task in table.scan().plan_files()
+    ]
+    cases = misnamed_deleted_keys(data_file, table.location())
+    reference = {k: k for k in range(10)}
+    expected_reasons = {
+        "a data file of the table": "is a data file of the table",
+        "a parent folder": "names a parent folder",
+        "outside the data folder": "not under the table location's data folder",
+        "a wrong size": "size",
+        "a wrong row count": "rows",
+    }
+    for case, deleted in cases.items():
+        changes = [(5, 50 + len(reference))]
+        moniker = writer.batch(changes).model_copy(update={"delete_files": deleted})
+        transport.publish(moniker)
+        [result] = bookkeeper.run_cycle().tables
+        assert not result.committed, case
+        assert len(result.quarantined) == 1, (case, result)
+        [(_, reason)] = result.quarantined
+        assert expected_reasons[case] in reason, (case, reason)
+        assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper), case
+    # The writer's next batch commits: quarantines moved its chain on.
+    transport.publish(writer.batch([(1, None), (2, 22)]))
+    bookkeeper.run_cycle()
+    assert pyiceberg_rows(bookkeeper) == {**{k: k for k in range(10) if k != 1}, 2: 22}
+    assert transport.dead_letter_count() == len(cases)
+
+
+def test_a_deleted_keys_file_missing_past_the_timeout_quarantines_its_moniker(
+    tmp_path: Path,
+) -> None:
+    """As a data file: storage says it does not exist for `missing_file_timeout`, then the moniker
+    is a dead letter (before, it waited for ever, holding back its writer's later batches)."""
+    config, transport, writer, bookkeeper = upsert_table_with(
+        tmp_path, 10, bookkeeper__missing_file_timeout="0.5"
+    )
+    deleting = writer.batch([(1, None), (2, 20)])
+    Path(deleting.delete_files[0].path.removeprefix("file://")).unlink()
+    transport.publish(deleting)
+    transport.publish(writer.batch([(3, 30)]))
+    [result] = bookkeeper.run_cycle().tables
+    assert not result.committed and not result.quarantined and result.unavailable
+    time.sleep(0.6)
+    [result] = bookkeeper.run_cycle().tables
+    [(_, reason)] = result.quarantined
+    assert "missing for" in reason
+    assert pyiceberg_rows(bookkeeper) == {**{k: k for k in range(10)}, 3: 30}
+
+
+def test_a_data_file_named_through_a_parent_folder_quarantines_its_moniker(tmp_path: Path) -> None:
+    config, transport, writer, bookkeeper = upsert_table_with(tmp_path, 3)
+    location = bookkeeper.catalog.load_table("shop.items").location()
+    for name in ("../../elsewhere", "w1/.."):
+        moniker = writer.batch([(7, 70)])
+        [entry] = moniker.files
+        real = Path(entry.path.removeprefix("file://"))
+        moved = Path(os.path.normpath(f"{location.removeprefix('file://')}/data/{name}/f.parquet"))
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        real.rename(moved)
+        path = f"{location}/data/{name}/f.parquet"
+        transport.publish(
+            moniker.model_copy(update={"files": [entry.model_copy(update={"path": path})]})
+        )
+        [result] = bookkeeper.run_cycle().tables
+        [(_, reason)] = result.quarantined
+        assert "names a parent folder" in reason, name
+    assert pyiceberg_rows(bookkeeper) == {k: k for k in range(3)}
+
+
+def test_the_saved_key_index_names_only_files_with_live_keys(tmp_path: Path) -> None:
+    """Every batch updates every key: each commit leaves the previous data file without a live
+    row. The index saved beside the table (at every commit here) lists only the files live keys
+    point into, not every file ever committed; the bookkeeper's purges still drop the dead files
+    from the table; and a bookkeeper restarted from the saved index carries on exactly."""
+    config, transport, writer, bookkeeper = upsert_table_with(
+        tmp_path, 20, bookkeeper__key_index_save_interval="0"
+    )
+    reference = {k: k for k in range(20)}
+    for cycle in range(1, 31):
+        changes = [(k, 1000 * cycle + k) for k in range(20)]
+        transport.publish(writer.batch(changes))
+        [result] = bookkeeper.run_cycle().tables
+        assert result.committed
+        reference.update(changes)
+    table = bookkeeper.catalog.load_table("shop.items")
+    saved = load_index(table)
+    assert saved is not None and saved.snapshot_id == table.current_snapshot().snapshot_id
+    assert len(saved.files) <= 2, [ref.path for ref in saved.files]
+    assert len(list(table.scan().plan_files())) <= 2, "dead data files left in the table"
+    assert pyiceberg_rows(bookkeeper) == reference
+    restarted = Bookkeeper(config)  # no clean stop: it starts from the index saved last
+    changes = [(k, -k) for k in range(0, 20, 3)] + [(5, None)]
+    transport.publish(writer.batch(changes))
+    [result] = restarted.run_cycle().tables
+    assert result.committed and not result.quarantined
+    applied(reference, changes)
+    assert pyiceberg_rows(restarted) == reference == duckdb_rows(restarted)

@@ -115,12 +115,18 @@ def test_a_quarantined_moniker_is_listed_with_its_reason_and_replayed_once(
 
 
 def test_a_refused_overlapping_moniker_replays_as_a_duplicate(tmp_path: Path, capsys) -> None:
+    """An earlier version's writer (its monikers lack `rereads_refused`) has its refused moniker
+    dead-lettered; replaying it adds nothing twice."""
     config = bookkeeper_config(tmp_path)
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
     transport.publish(make_moniker(config, 1, None, (0, 10), writer_id="w1"))
     bookkeeper.run_cycle()
-    transport.publish(make_moniker(config, 1, None, (5, 15), writer_id="w2"))
+    transport.publish(
+        make_moniker(config, 1, None, (5, 15), writer_id="w2").model_copy(
+            update={"rereads_refused": None}
+        )
+    )
     assert len(bookkeeper.run_cycle().dead_lettered) == 1
     [listed] = command(config, capsys, "list", "--monikers")["monikers"]
     assert "overlap" in listed["reason"]

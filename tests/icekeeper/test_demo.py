@@ -46,8 +46,15 @@ def test_demo_commits_the_seed_sample_and_other_engines_read_it(tmp_path: Path) 
     # article's five rows, one per key, in every engine.
     assert summary["spark_rows"] == summary["duckdb_rows"] == summary["rows_committed"] == 5
     assert summary["snapshots"] >= 1 and summary["seconds"] > 0
-    # (The reaper's pass runs too; with five rows there
-    # is little to compact: tests/reaper covers it.)
+    # The reaper's pass compacts the writer's two small files while the bookkeeper runs, which
+    # commits the compaction: in seconds, not after `reaper.rewrite_wait` (300 s) for a bookkeeper
+    # that is not running, as it once waited.
+    assert summary["reaper_files_compacted"] == 2, summary
+    assert summary["reaper_seconds"] < 120, summary
+    assert "bookkeeper: committed the reaper's compaction of db_gb18030_test.tbl_test_1" in (
+        result.stdout
+    )
+    assert " replace " in result.stdout  # the snapshots listed: the compaction's
     assert "|_src_name|_src_db" in result.stdout and "1646392418000" in result.stdout
 
 

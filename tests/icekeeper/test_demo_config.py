@@ -19,6 +19,8 @@ def test_the_demo_shows_seed_000s_table_with_a_config_of_ones_own(tmp_path: Path
 state_dir: {tmp_path / "state"}
 sources: [{{name: prod, bootstrap_servers: "broker:9092", topics: [orders]}}]
 tables: [{{identifier: shop.orders, source: prod, topics: [orders]}}]
+group: {{lease_uri: {tmp_path / "shared-leases"}}}
+bookkeeper: {{http_port: 9464}}
 stack: {{kafka_port: 19092}}
 """,
         encoding="utf-8",
@@ -40,6 +42,10 @@ stack: {{kafka_port: 19092}}
     )
     assert config.state_dir == str(tmp_path / "state" / "demo")
     assert stack_settings(config).kafka_port == 19092
+    # The demo's bookkeeper (a thread of the demo) never stands by for the group's real one, nor
+    # takes its metrics port.
+    assert config.group.lease_uri == str(tmp_path / "state" / "demo" / "bookkeeper-leases")
+    assert config.bookkeeper.http_port == 0
 
 
 def test_without_a_config_the_demo_has_the_same_table() -> None:

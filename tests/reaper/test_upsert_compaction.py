@@ -21,7 +21,9 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from bookkeeper.service import Bookkeeper
+from common.config import IcekeeperConfig
 from common.moniker import Moniker
+from common.rewrites import pending_rewrites
 from common.transports import open_transport
 from icekeeper.readers import duckdb_rows, spark_rows
 from reaper.service import Reaper
@@ -33,6 +35,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 KEYS = 300
 REWRITTEN_FOLDER = "/data/icekeeper-rewrites/"
 """Where the reaper writes a compaction's files (`common/rewrites.py` `output_folder`)."""
+
+
+def running(config: IcekeeperConfig) -> Bookkeeper:
+    """The group's bookkeeper, holding its lease as a running one does (it renews it every cycle):
+    a reaper pass waits for the commit of its compaction only on such a bookkeeper."""
+    bookkeeper = Bookkeeper(config)
+    assert bookkeeper.take_lease(timeout_s=5) is not None
+    return bookkeeper
 
 
 def random_changes(rng: random.Random, count: int) -> list[tuple[int, int | None]]:
@@ -142,7 +152,7 @@ def test_compaction_lands_while_updates_continue(spark, tmp_path: Path) -> None:
         bookkeeper__purge_deleted_share="0",
     )
     register_catalog(spark, config)
-    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), running(config)
     rng, reference = random.Random(11), {}
     for _ in range(25):
         commit(bookkeeper, transport, writer, random_changes(rng, 60), reference)
@@ -191,7 +201,7 @@ def test_compaction_lands_while_the_bookkeeper_purges_files_it_read(
         reaper__rewrite_wait="120",
     )
     register_catalog(spark, config)
-    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), running(config)
     rng, reference = random.Random(13), {}
     commit(bookkeeper, transport, writer, [(k, k) for k in range(KEYS)], reference)
     for _ in range(12):
@@ -230,6 +240,53 @@ def test_compaction_lands_while_the_bookkeeper_purges_files_it_read(
     assert live_rows(table.scan().to_arrow().to_pylist()) == reference
     assert live_rows(duckdb_rows(table, "id, amount")) == reference
     assert live_rows(spark_rows(spark, config, "shop.items", "id, amount")) == reference
+
+
+def test_a_pass_with_no_bookkeeper_running_leaves_its_compaction_for_the_next_start_at_once(
+    spark, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No bookkeeper runs (the last one stopped and released the group's lease): the pass hands its
+    compaction over and goes on at once, instead of waiting `rewrite_wait` for nobody (`make demo`
+    sat 5 minutes so); the bookkeeper commits it in its first cycle when it starts again."""
+    config = reaper_config(
+        tmp_path,
+        mode="upsert",
+        reaper__compact_delete_ratio="0.1",
+        bookkeeper__keep_snapshots="200",
+        reaper__rewrite_wait="120",
+        bookkeeper__purge_deleted_share="0",
+    )
+    register_catalog(spark, config)
+    transport, writer, earlier = open_transport(config), UpsertWriter(config), running(config)
+    rng, reference = random.Random(17), {}
+    for _ in range(12):
+        commit(earlier, transport, writer, random_changes(rng, 60), reference)
+    earlier.stop.set()
+    earlier.run()  # stops at once, as on SIGTERM: releases its lease
+    table = earlier.catalog.load_table("shop.items")
+    files_before = {row["file_path"] for row in current_files(table)}
+
+    with caplog.at_level(logging.INFO, logger="reaper"):
+        [table_report] = Reaper(config, spark=spark).run_pass().tables
+    assert not table_report.errors, table_report.errors
+    assert table_report.compaction_pending.startswith("no bookkeeper is running"), table_report
+    [left] = [
+        r
+        for r in caplog.records
+        if r.msg == "compaction handed to the bookkeeper, not committed yet"
+    ]
+    assert left.waited_s < 5, f"waited {left.waited_s} s for a bookkeeper that is not running"
+    assert table_report.files_compacted == 0 and len(pending_rewrites(table.location())) == 1
+
+    # The bookkeeper's next start: its first cycle commits the compaction.
+    Bookkeeper(config).run(once=True)
+    table = earlier.catalog.load_table("shop.items")
+    assert rewrite_snapshot(table).summary.additional_properties["icekeeper.rewrite-origin"] == (
+        "reaper"
+    )
+    assert pending_rewrites(table.location()) == []
+    assert_packed(table, files_before, partitions=1)
+    assert live_rows(table.scan().to_arrow().to_pylist()) == reference
 
 
 PARTITIONS = 3
@@ -280,7 +337,7 @@ def test_compaction_leaves_one_file_per_small_partition(spark, tmp_path: Path) -
         bookkeeper__purge_deleted_share="0",
     )
     register_catalog(spark, config)
-    transport, bookkeeper = open_transport(config), Bookkeeper(config)
+    transport, bookkeeper = open_transport(config), running(config)
     writer = PartitionedUpsertWriter(config)
     rng, reference = random.Random(5), {}
     for _ in range(20):

@@ -149,6 +149,7 @@ def make_moniker(
     ]
     return Moniker(
         id=moniker_id(writer_id, table, ranges),
+        rereads_refused=True,
         writer_id=writer_id,
         seq=seq,
         prev_seq=prev_seq,
@@ -234,6 +235,7 @@ class UpsertWriter:
         ]
         return Moniker(
             id=moniker_id(self.writer_id, "shop.items", ranges),
+            rereads_refused=True,
             writer_id=self.writer_id,
             seq=self.seq,
             prev_seq=self.seq - 1 if self.seq > 1 else None,

@@ -33,6 +33,14 @@ TEST_STACK_PORTS = {
         "kafka_sasl_port": 19094,
         "kafka_sasl_controller_port": 19095,
         "registry_auth_port": 18082,
+        # The storage and catalog services, in a range of their own (23000-25999 after any
+        # offset a checkout uses), clear of the ports above shifted by another's offset.
+        "s3_port": 23900,
+        "rest_catalog_port": 23181,
+        "nessie_port": 23120,
+        "nessie_management_port": 23121,
+        "hive_metastore_port": 23083,
+        "pg_catalog_port": 25433,
     }.items()
 }
 

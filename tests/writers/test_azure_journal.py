@@ -90,3 +90,39 @@ def test_a_second_message_of_a_large_moniker_already_committed_is_ignored(
     transport.acknowledge(both[0])  # committed: its journal copy goes
     [again] = wait_until(transport.receive, 30, "the other message visible again")
     assert again.ignorable and again.error is None
+
+
+def test_a_resent_copy_of_a_waiting_moniker_leaves_its_journal_copy(
+    local_stack, tmp_path: Path
+) -> None:
+    """Issue 26, item 1. A restarted writer sends its journal copies again while their first
+    messages still wait: one receive gets both messages of M2, which cannot commit yet (a backlog
+    over `max_files_per_commit`). Dropping the second message must not delete the journal copy
+    both share: M2 travels as a pointer to it, and must still commit."""
+    from bookkeeper.service import Bookkeeper
+    from tests.support.shop_items import azure_queue_settings, bookkeeper_config, make_moniker
+
+    config = bookkeeper_config(
+        tmp_path, **azure_queue_settings(local_stack), bookkeeper__max_files_per_commit="1"
+    )
+    transport = AzureQueueMonikerTransport(config.transport, visibility_timeout_s=1)
+    first = make_moniker(config, 1, None, (0, 10))
+    large = make_moniker(config, 2, 1, (10, 410), files=400)  # over 48 KiB: sent as a pointer
+    transport.publish(first)
+    transport.publish(large)
+    assert transport.resend_journal("w1") == 2  # a writer restarting: every copy again
+
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.transport = AzureQueueMonikerTransport(config.transport, visibility_timeout_s=1)
+    report = bookkeeper.run_cycle()
+    assert report.committed_monikers == 1 and report.pending == 1  # the large one waits
+    assert [m.seq for m in transport.pending()] == [2]  # and still has its journal copy
+
+    def committed() -> bool:
+        bookkeeper.run_cycle()
+        return not transport.pending()
+
+    wait_until(committed, 30, "the large moniker committed")
+    rows = bookkeeper.catalog.load_table("shop.items").scan().to_arrow()
+    assert sorted(rows.column("_kfk_offset").to_pylist()) == list(range(410))
+    assert bookkeeper.transport.dead_letter_count() == 0

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from bookkeeper.service import Bookkeeper
+from icekeeper.readers import duckdb_rows, spark_rows
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from tests.support.pipeline import pipeline_config
@@ -240,6 +241,76 @@ def test_a_column_the_source_dropped_is_dropped_or_kept_null_as_configured(
         }
         rows = table.scan(selected_fields=("id", "note")).to_arrow().sort_by("id").to_pylist()
         assert rows == [{"id": 1, "note": "before the drop"}, {"id": 2, "note": None}]
+
+
+LEGACY = (
+    Column("id", "int", optional=False),
+    Column("qty", "int"),
+    Column("legacy_code", "string"),
+    Column("note", "string"),
+)
+
+
+@pytest.mark.parametrize("engine", ["arrow", "spark-sql"])
+def test_a_column_added_after_a_drop_never_reads_the_dropped_columns_values(
+    local_stack, spark, tmp_path: Path, unique_topic: str, engine: str
+) -> None:
+    """Issue 26 item 3, seen on MariaDB -> Debezium with `allow_drop_columns`: after DROP COLUMN
+    legacy_code, DROP COLUMN note, ADD COLUMN promo, old rows read their `legacy_code` values
+    (`L-49316`) as `promo`: the writer numbered promo from the current schema's highest id, which
+    gave it legacy_code's. promo is a new column: null in every row from before it."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__BOOKKEEPER__ALLOW_DROP_COLUMNS": "true",
+            "ICEKEEPER__WRITER__ENGINE": engine,
+        },
+    )
+    ensure_topic(config.sources[0].bootstrap_servers, unique_topic, 1)
+    job = WriterJob(config, spark=spark)
+    produce_creates(
+        config,
+        unique_topic,
+        shape("s", "orders", LEGACY),
+        [{"id": i, "qty": i, "legacy_code": f"L-4931{i}", "note": f"n{i}"} for i in (1, 2, 3)],
+    )
+    run_pipeline(config, spark, job)
+    dropped = tuple(c for c in LEGACY if c.name not in ("legacy_code", "note"))
+    produce_creates(
+        config, unique_topic, shape("s", "orders", dropped), [{"id": i, "qty": i} for i in (4, 5)]
+    )
+    run_pipeline(config, spark, job)
+    added = (*dropped, Column("promo", "string"))
+    produce_creates(
+        config,
+        unique_topic,
+        shape("s", "orders", added),
+        [{"id": i, "qty": i, "promo": f"P-{i}"} for i in (6, 7)],
+    )
+
+    bookkeeper = run_pipeline(config, spark, job)
+
+    table = bookkeeper.catalog.load_table("shop.orders")
+    assert row_columns(bookkeeper, "shop.orders") == {"id": "int", "qty": "int", "promo": "string"}
+    expected = [{"id": i, "promo": None} for i in range(1, 6)] + [
+        {"id": i, "promo": f"P-{i}"} for i in (6, 7)
+    ]
+    read = {
+        "pyiceberg": table.scan(selected_fields=("id", "promo"))
+        .to_arrow()
+        .sort_by("id")
+        .to_pylist(),
+        "spark": spark_rows(spark, config, "shop.orders", "id, promo", order_by="id"),
+        "duckdb": duckdb_rows(table, "id, promo", order_by="id"),
+    }
+    assert read == {reader: expected for reader in read}
+    # An id no schema of the table ever had.
+    given_out = max(schema.highest_field_id for schema in table.metadata.schemas[:-1])
+    promo_id = table.schema().find_field("promo").field_id
+    assert promo_id == given_out + 1 == table.metadata.last_column_id
 
 
 def test_a_batch_that_gives_a_table_no_rows_is_not_read_again_for_it(

@@ -244,6 +244,7 @@ class ArrowEngine:
             batch.monikers.append(
                 Moniker(
                     id=moniker_id(self.writer_id, identifier, ranges),
+                    rereads_refused=True,
                     writer_id=self.writer_id,
                     seq=seq,
                     prev_seq=progress.last_seq,
@@ -276,7 +277,7 @@ class ArrowEngine:
         columns = table_columns(chosen, self.config.metadata_columns)
         key_names = resolve_keys([c.name for c in columns], spec.primary_key)
         columns = [Column(c.name, c.type, c.name in key_names) for c in columns]
-        schema = assign_ids(columns, table.schema() if table is not None else None, key_names)
+        schema = assign_ids(columns, table.metadata if table is not None else None, key_names)
         location = (
             table.location()
             if table is not None
