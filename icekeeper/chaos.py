@@ -72,6 +72,10 @@ room in the cycle) comes back after this. At the default 60 s, a backlog over
 STALL_S = 300.0
 """Settling gives up early when monikers stay pending and nothing commits for this long: one that
 waits for a predecessor that will never come would otherwise hold the run to its timeout."""
+IDLE_S = 600.0
+"""Settling gives up early, too, when the tables lack records while nothing is pending and nothing
+is committed or published for this long: the writers have moved past records that never reached
+a table (a slow writer's batch took up to 169 s in the longest run)."""
 CHANGELOG_TABLE = "chaos.orders"
 UPSERT_TABLE = "chaos.orders_mirror"
 PARTITIONS = 4
@@ -453,7 +457,8 @@ def _wait_until_settled(
     """Until every table covers every offset and nothing is pending (True), or the deadline
     (False): a changelog table's rows plus the dead letters, an upsert table's committed offsets
     (one row per key, so its rows count nothing). Also False, early, once monikers stay pending
-    and no table commits for `STALL_S`: they wait for something that will not come."""
+    and no table commits for `STALL_S` (they wait for something that will not come), or nothing
+    is pending, committed or published for `IDLE_S` (records were lost)."""
     catalog = open_catalog(config)
     last_change = time.monotonic()
     last_seen: tuple[Any, ...] | None = None
@@ -483,9 +488,10 @@ def _wait_until_settled(
         )
         if seen != last_seen:
             last_seen, last_change = seen, time.monotonic()
-        elif pending and time.monotonic() - last_change > STALL_S:
+        elif time.monotonic() - last_change > (STALL_S if pending else IDLE_S):
             progress(
-                f"{len(pending)} monikers pending and no commit for {STALL_S:.0f} s: giving up "
+                f"{len(pending)} monikers pending, no commit and no new moniker for "
+                f"{time.monotonic() - last_change:.0f} s while the tables lack records: giving up "
                 "settling"
             )
             return False
