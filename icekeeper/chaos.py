@@ -65,10 +65,12 @@ MAX_FILES_PER_COMMIT = 4
 """`bookkeeper.max_files_per_commit` of a chaos run: a writer's moniker has one data file per table
 here, so a bookkeeper that keeps up commits what two or three writers publish in a cycle, and one
 that lagged (killed, paused, down through a reassignment) has more waiting than one commit takes."""
-AZURE_VISIBILITY_TIMEOUT_S = 5
+AZURE_VISIBILITY_TIMEOUT_S = 2
 """`transport.visibility_timeout` of a chaos run on the Azure queue: a moniker left waiting (no
-room in the cycle) comes back after this. At the default 60 s, a backlog over
-`MAX_FILES_PER_COMMIT` would commit four files a minute while the writers publish more."""
+room in the cycle) comes back after this, so a backlog commits `MAX_FILES_PER_COMMIT` files a
+table every 2 s, about what two writers publish at a batch a second. At the default 60 s it would
+commit four files a minute while the writers publish more; it also receives messages again
+within one long receive, which the transport must settle."""
 STALL_S = 300.0
 """Settling gives up early when monikers stay pending and nothing commits for this long: one that
 waits for a predecessor that will never come would otherwise hold the run to its timeout."""
