@@ -36,6 +36,7 @@ from common.catalog import open_catalog
 from common.config import IcekeeperConfig
 from common.config.model import KafkaSource
 from common.kafka_clients import Cluster, librdkafka_config, registry_client
+from common.moniker import Moniker
 from icekeeper.mirror import Key, Row, differences, latest_live_rows
 from icekeeper.samples.readback import topic_messages
 
@@ -181,6 +182,8 @@ class ChangelogComparison:
     """Rows whose payload differs from the Kafka record
     at their position (values crossed or altered)."""
     examples: tuple[str, ...]
+    missing_ranges: tuple[str, ...] = ()
+    """The missing positions as offset ranges per partition (`missing_ranges`)."""
 
 
 def compare_changelog(
@@ -222,11 +225,61 @@ def compare_changelog(
         rows=len(rows),
         duplicates=sum(per_position[position] - 1 for position in duplicates),
         missing=len(missing),
+        missing_ranges=missing_ranges(missing, set(dead_letters)),
         poison_in_table=len(poison),
         unknown_positions=len(unknown),
         payload_mismatched=len(mismatched),
         examples=tuple(examples),
     )
+
+
+def missing_ranges(
+    missing: Iterable[Position], dead_lettered: set[Position], most: int = 8
+) -> tuple[str, ...]:
+    """Missing positions as `[partition] from..until (n missing)` ranges, the `most` largest: a
+    lost batch shows as one range, not as its first three offsets. A range runs on over the
+    dead-lettered positions inside it (poison is not in the table either way)."""
+    ranges: list[tuple[int, int, int, int]] = []  # partition, from, until, missing
+    for partition, offset in sorted(missing):
+        if ranges and ranges[-1][0] == partition:
+            _, start, until, count = ranges[-1]
+            if all((partition, gap) in dead_lettered for gap in range(until, offset)):
+                ranges[-1] = (partition, start, offset + 1, count + 1)
+                continue
+        ranges.append((partition, offset, offset + 1, 1))
+    largest = sorted(ranges, key=lambda r: (-r[3], r[0], r[1]))[:most]
+    return tuple(
+        f"[{partition}] {start}..{until} ({count} missing)"
+        for partition, start, until, count in sorted(largest)
+    )
+
+
+def waiting_for_gone(
+    pending: Iterable[Moniker], committed_seqs: dict[str, dict[str, int]]
+) -> list[str]:
+    """Writers' chains that can never commit: the oldest pending moniker of a writer for a table
+    names a `prev_seq` that the table has not committed and no pending moniker has, so its
+    moniker is gone (lost by the transport, or acknowledged without being committed).
+
+    Args:
+        pending: the monikers still pending.
+        committed_seqs: per table, each writer's last committed seq (`CommittedState.writer_seqs`).
+    """
+    chains: dict[tuple[str, str], list[Moniker]] = {}
+    for moniker in pending:
+        chains.setdefault((moniker.table, moniker.writer_id), []).append(moniker)
+    found = []
+    for (table, writer), monikers in sorted(chains.items()):
+        seqs = {m.seq for m in monikers}
+        committed = committed_seqs.get(table, {}).get(writer)
+        oldest = min(monikers, key=lambda m: m.seq)
+        gone = oldest.prev_seq
+        if gone is not None and gone not in seqs and (committed is None or committed < gone):
+            found.append(
+                f"{table}: {writer} seq {oldest.seq} waits for seq {gone}, which is neither "
+                f"committed ({writer}'s last committed seq: {committed}) nor pending"
+            )
+    return found
 
 
 @dataclass(frozen=True)
@@ -345,9 +398,11 @@ def verify(
         catalog_queries["changelog_rows"] = (
             f"SELECT {', '.join(read_columns)} FROM {{catalog}}.{changelog_table}"
         )
+    upsert = catalog.load_table(upsert_table) if upsert_table else None
+    upsert_read = upsert_columns(upsert) if upsert is not None else []
     if upsert_table:
         catalog_queries["upsert_rows"] = (
-            f"SELECT {', '.join(UPSERT_COLUMNS)} FROM {{catalog}}.{upsert_table}"
+            f"SELECT {', '.join(upsert_read)} FROM {{catalog}}.{upsert_table}"
         )
     spark = spark_reads(overrides, catalog_queries)
     topic_positions = topic_offsets(config.sources[0], topic)
@@ -371,16 +426,20 @@ def verify(
                 dead,
             )
         )
-    if upsert_table:
-        table = catalog.load_table(upsert_table)
+    if upsert is not None:
+        table = upsert
         reference = latest_live_rows(changes, KEY)
+        # A column the table lacks reads as null in every row (a run whose schema change never
+        # got committed): the comparison then shows each key whose reference has a value there.
+        absent = dict.fromkeys(UPSERT_COLUMNS)
         engines = {
-            "pyiceberg": table.scan(selected_fields=UPSERT_COLUMNS).to_arrow().to_pylist(),
-            "duckdb": duckdb_rows(table, ", ".join(UPSERT_COLUMNS)),
-            "spark": [dict(zip(UPSERT_COLUMNS, row)) for row in spark["upsert_rows"]],
+            "pyiceberg": table.scan(selected_fields=tuple(upsert_read)).to_arrow().to_pylist(),
+            "duckdb": duckdb_rows(table, ", ".join(upsert_read)),
+            "spark": [dict(zip(upsert_read, row)) for row in spark["upsert_rows"]],
         }
         compared = {
-            engine: compare_with_reference(rows, reference) for engine, rows in engines.items()
+            engine: compare_with_reference([{**absent, **row} for row in rows], reference)
+            for engine, rows in engines.items()
         }
         result.update(
             {
@@ -402,6 +461,13 @@ def verify(
             }
         )
     return result
+
+
+def upsert_columns(table: Table) -> list[str]:
+    """The columns of `UPSERT_COLUMNS` the upsert table has (a run may end before, or stall
+    before, the schema change adding `extra_1` is committed)."""
+    names = {field.name for field in table.schema().fields}
+    return [name for name in UPSERT_COLUMNS if name in names]
 
 
 def changelog_columns(table: Table) -> list[str]:
@@ -493,6 +559,7 @@ def changelog_report(
         "duckdb_rows": compared["duckdb"].rows,
         "spark_rows": compared["spark"].rows,
         **{name: max(getattr(c, name) for c in compared.values()) for name in CHANGELOG_FAULTS},
+        "missing_ranges": list(max(compared.values(), key=lambda c: c.missing).missing_ranges),
         "engines_disagreeing": engines_disagreeing(reads),
         "changelog_by_engine": {engine: asdict(c) for engine, c in compared.items()},
     }
@@ -501,8 +568,18 @@ def changelog_report(
 def failures(result: dict[str, Any]) -> list[str]:
     """What a user would call a failed run, in words; empty when every check of the run holds."""
     found = []
+    for chain in result.get("chains_waiting_for_gone") or []:
+        found.append(f"a moniker is gone: {chain}")
     if not result.get("settled", True):
-        found.append("the tables did not take in every record before the timeout")
+        stuck = result.get("pending_at_end_examples") or []
+        found.append(
+            "the tables did not take in every record before the timeout"
+            + (
+                f"; {result.get('pending_at_end')} monikers still pending ({'; '.join(stuck[:3])})"
+                if stuck
+                else ""
+            )
+        )
     if result.get("fenced_exit_code", 3) != 3:  # every run pauses a bookkeeper once
         found.append(
             f"the paused bookkeeper exited with {result.get('fenced_exit_code')}, not 3 (fenced)"
@@ -514,7 +591,8 @@ def failures(result: dict[str, Any]) -> list[str]:
     # Dead letters are sent at least once (writers/dead_letters.py): a writer killed after sending a
     # batch's dead letters and before publishing its moniker sends them again when it restarts.
     # A repeat is a failure only beyond what the run's writer kills can explain.
-    writer_kills = sum(
+    # The writers a reassignment kills (`chaos_reassign.py`) count too.
+    writer_kills = result.get("event_writer_kills", 0) + sum(
         count
         for component, count in dict(result.get("killed") or {}).items()
         if component.startswith("writer")
@@ -552,6 +630,11 @@ def failures(result: dict[str, Any]) -> list[str]:
             found.append(
                 f"changelog: {', '.join(f'{count} {name}' for name, count in wrong.items())} "
                 f"({'; '.join(examples)})"
+                + (
+                    f"; missing: {', '.join(result['missing_ranges'])}"
+                    if result.get("missing_ranges")
+                    else ""
+                )
             )
         if not result["spark_rows"] == result["duckdb_rows"] == result["rows"]:
             found.append(

@@ -371,6 +371,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             progress=_progress,
             timeout_s=args.timeout,
             mode=args.mode,
+            transport=args.transport,
+            reassignments=args.reassignments,
         )
     finally:
         if started:
@@ -666,8 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos = add(
         "chaos",
         cmd_chaos,
-        "kill -9 writers, bookkeeper and reaper at random; verify exactly-once by offset and the "
-        "upsert table's state",
+        "kill -9 writers, bookkeeper and reaper at random, reassign partitions to new writers; "
+        "verify exactly-once by offset and the upsert table's state",
     )
     chaos.add_argument("--records", type=int, default=5000)
     chaos.add_argument("--kills", type=int, default=5)
@@ -686,6 +688,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="tables fed by the topic: both (default): chaos.orders (changelog, checked by offset) "
         "and chaos.orders_mirror (upsert, checked against a reference built from the Kafka "
         "records); or only one of them",
+    )
+    chaos.add_argument(
+        "--transport",
+        choices=["txlog", "azure-queue"],
+        default="txlog",
+        help="how monikers travel: txlog (a folder, the default) or azure-queue (the local "
+        "stack's Azurite; one writer sends every moniker as a pointer to its journal copy)",
+    )
+    chaos.add_argument(
+        "--reassignments",
+        type=int,
+        default=1,
+        help="times the writers' partitions change writer (new instance_count, new writer ids) "
+        "while the bookkeeper lags and monikers are pending, one writer restarting over a "
+        "backlog larger than one commit (default 1)",
     )
     chaos.add_argument(
         "--json",

@@ -418,6 +418,11 @@ class TxLogTransport(_Model):
     )
 
 
+MAX_INLINE_MONIKER_BYTES = 48 * 1024
+"""Largest moniker an Azure queue message carries inline: below the 64 KiB message limit with room
+for the XML escaping the SDK applies."""
+
+
 class AzureQueueTransport(_Model):
     """Monikers as Azure Storage Queue messages (Azurite locally)."""
 
@@ -448,6 +453,24 @@ class AzureQueueTransport(_Model):
         "{state_dir}/moniker-journal",
         description="Folder that keeps a copy of every pending moniker: writers resume from it, "
         "the reaper spares its files, and a message too large for the queue points to it.",
+    )
+    max_inline_bytes: int = Field(
+        MAX_INLINE_MONIKER_BYTES,
+        ge=0,
+        le=MAX_INLINE_MONIKER_BYTES,
+        description="A writer sends a moniker whose encoded size passes this as a pointer to its "
+        "journal copy instead of inside the message. The default keeps below the queue's 64 KiB "
+        "message limit after the SDK's XML escaping; lower values send more monikers as pointers "
+        "(`icekeeper chaos` sends one writer's monikers all so, with 0).",
+    )
+    visibility_timeout: Duration = Field(
+        60.0,
+        ge=1,
+        description="How long a message the bookkeeper received stays hidden from its next "
+        "receives (whole seconds). A moniker that cannot commit yet (its predecessor is not "
+        "committed, or the cycle is full: `bookkeeper.max_files_per_commit`) comes back only "
+        "after this, so a backlog larger than one cycle's budget commits about one budget per "
+        "timeout.",
     )
 
 

@@ -19,21 +19,24 @@ import pyarrow.fs as pafs
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
-from common.config.model import AzureQueueTransport
+from common.config.model import MAX_INLINE_MONIKER_BYTES, AzureQueueTransport
 from common.file_events import parse_event_grid
 from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
 from common.transports.base import Delivery, MonikerTransport
 from common.transports.folder import DeadLetterFolder, MonikerFolder
 
-MAX_INLINE_BYTES = 48 * 1024
-"""Below the 64 KiB message limit with room for the XML escaping the SDK applies."""
+MAX_INLINE_BYTES = MAX_INLINE_MONIKER_BYTES
+"""Below the 64 KiB message limit with room for the XML escaping the SDK applies (the default of
+`transport.max_inline_bytes`)."""
 POINTER_KEY = "icekeeper_moniker_pointer"
 
 
 class AzureQueueMonikerTransport(MonikerTransport):
     """One queue message per moniker; the journal folder holds the durable copies."""
 
-    def __init__(self, settings: AzureQueueTransport, visibility_timeout_s: int = 60) -> None:
+    def __init__(
+        self, settings: AzureQueueTransport, visibility_timeout_s: int | None = None
+    ) -> None:
         connection_string = settings.connection_string.get_secret_value()
         self.queue = _queue(connection_string, settings.queue_name, settings.api_version)
         self.dead_letter_queue = _queue(
@@ -41,7 +44,8 @@ class AzureQueueMonikerTransport(MonikerTransport):
         )
         self.journal = MonikerFolder(settings.journal_uri)
         self.dead_letters = DeadLetterFolder(settings.dead_letter_uri)
-        self.visibility_timeout_s = visibility_timeout_s
+        self.visibility_timeout_s = visibility_timeout_s or max(1, int(settings.visibility_timeout))
+        self.max_inline_bytes = settings.max_inline_bytes
 
     def publish(self, moniker: Moniker) -> None:
         path = self.journal.write(moniker)
@@ -50,7 +54,7 @@ class AzureQueueMonikerTransport(MonikerTransport):
     def send(self, moniker: Moniker, journal_path: str | None = None) -> None:
         """(Re)send the message of a moniker whose journal copy exists."""
         body = encode_moniker(moniker)
-        if len(body) > MAX_INLINE_BYTES:
+        if len(body) > self.max_inline_bytes:
             body = json.dumps(
                 {POINTER_KEY: journal_path or self.journal.path_for(moniker), "id": moniker.id}
             ).encode()

@@ -350,12 +350,16 @@ def produce_at_rate(
     topic: str | None = None,
     partitions: int = 3,
     stop: threading.Event | None = None,
+    gate: Callable[[int], bool] | None = None,
 ) -> dict[str, Any]:
     """Produce `spec.events` synthetic events at a
     steady `rate_per_s`, Kafka timestamps = send time.
 
     For freshness measurements: records carry the time they were produced, so the delay to a
     committed snapshot is `commit time - Kafka timestamp`. Sends in 20 ms slices to stay steady.
+    `gate` is asked, with the count sent so far, before each event: while it answers False nothing
+    is sent, and the rest come later at the same rate (`icekeeper chaos` spreads its records over
+    the steps of its run, however long they take).
     """
     source = config.sources[0]
     topic = topic or spec.topic
@@ -375,6 +379,10 @@ def produce_at_rate(
             poison[event.poison] = poison.get(event.poison, 0) + 1
         if stop is not None and stop.is_set():
             break
+        while gate is not None and not gate(sent) and not (stop is not None and stop.is_set()):
+            held_from = time.monotonic()
+            producer.poll(0.05)
+            started += time.monotonic() - held_from
         due = started + sent / rate_per_s
         if due > time.monotonic() + 0.02:
             producer.poll(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,32 @@ def test_azure_queue_sends_a_pointer_for_a_moniker_too_large_for_a_message(
         transport.pending() == []
         and transport.queue.get_queue_properties().approximate_message_count == 0
     )
+
+
+@pytest.mark.integration
+def test_azure_queue_settings_send_small_monikers_as_pointers_and_bring_waiting_ones_back(
+    azure_settings: AzureQueueTransport,
+) -> None:
+    """`transport.max_inline_bytes: 0` sends even a small moniker as a pointer to its journal copy
+    (`icekeeper chaos` runs one writer so); `transport.visibility_timeout` is how soon a received
+    moniker that was not acknowledged (it waits) is received again."""
+    settings = azure_settings.model_copy(update={"max_inline_bytes": 0, "visibility_timeout": 2})
+    transport = AzureQueueMonikerTransport(settings)
+    moniker = sample_moniker(seq=1, prev_seq=None)
+    transport.publish(moniker)
+    message = transport.queue.peek_messages(max_messages=1)[0]
+    assert "icekeeper_moniker_pointer" in message.content
+    [delivery] = transport.receive()
+    assert delivery.moniker == moniker and transport.receive() == []
+    time.sleep(2.5)
+    [again] = transport.receive()
+    assert again.moniker == moniker
+    transport.acknowledge(again)
+    assert transport.pending() == []
+    # The default keeps it inline.
+    inline = AzureQueueMonikerTransport(azure_settings)
+    inline.publish(moniker)
+    assert "icekeeper_moniker_pointer" not in inline.queue.peek_messages(max_messages=1)[0].content
 
 
 @pytest.mark.integration

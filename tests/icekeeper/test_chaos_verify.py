@@ -15,8 +15,12 @@ from icekeeper.chaos_verify import (
     engines_disagreeing,
     expected_payloads,
     failures,
+    missing_ranges,
     positioned_digests,
+    upsert_columns,
+    waiting_for_gone,
 )
+from tests.support.moniker_values import sample_moniker
 
 # Partition 0 has offsets 0-3, partition 1 offsets 0-2; (0, 2) and (1, 1) do not decode.
 TOPIC_POSITIONS: set[Position] = {(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)}
@@ -172,6 +176,71 @@ def test_a_record_dead_lettered_twice_is_reported() -> None:
     assert failures({**report, "killed": {"writer-1": 1, "bookkeeper": 2}}) == []
     thrice = run_report(CLEAN_TABLE, CLEAN_DEAD_LETTERS + Counter([(0, 2), (0, 2)]))
     assert len(failures({**thrice, "killed": {"writer-1": 1}})) == 1
+    # The writers a reassignment kills (chaos_reassign.py) explain repeats as well.
+    assert failures({**thrice, "killed": {"writer-1": 1}, "event_writer_kills": 2}) == []
+
+
+def test_a_run_that_did_not_settle_names_the_monikers_still_pending() -> None:
+    """A chain waiting for a predecessor that is gone shows in the failure, not only the timeout."""
+    stuck = {
+        **run_report(CLEAN_TABLE, CLEAN_DEAD_LETTERS),
+        "settled": False,
+        "pending_at_end": 7,
+        "pending_at_end_examples": ["chaos.orders w1 seq 9 (prev_seq 8): [0] 120..160"],
+    }
+    assert failures(stuck) == [
+        "the tables did not take in every record before the timeout; 7 monikers still pending "
+        "(chaos.orders w1 seq 9 (prev_seq 8): [0] 120..160)"
+    ]
+
+
+def test_a_writers_chain_waiting_for_a_moniker_that_is_gone_is_reported() -> None:
+    """The pre-fix Azure queue run of issue 26 item 1: w1 committed seq 4, the journal copy of
+    seq 5 was deleted with a duplicate's acknowledgement, seqs 6 and 7 wait for it forever."""
+    pending = [
+        sample_moniker(seq=6, prev_seq=5, table="chaos.orders"),
+        sample_moniker(seq=7, prev_seq=6, table="chaos.orders", until=170),
+        sample_moniker(seq=3, prev_seq=2, writer="w2", table="chaos.orders"),
+    ]
+    chains = waiting_for_gone(pending, {"chaos.orders": {"w1": 4, "w2": 2}})
+    assert chains == [
+        "chaos.orders: w1 seq 6 waits for seq 5, which is neither committed (w1's last committed "
+        "seq: 4) nor pending"
+    ]
+    # A chain whose predecessor is committed, or pending, waits for nothing that is gone.
+    assert waiting_for_gone(pending, {"chaos.orders": {"w1": 5, "w2": 2}}) == []
+    report = {**run_report(CLEAN_TABLE, CLEAN_DEAD_LETTERS), "chains_waiting_for_gone": chains}
+    assert failures(report) == [f"a moniker is gone: {chains[0]}"]
+
+
+def test_the_upsert_table_is_read_with_the_columns_it_has() -> None:
+    """A run that stalls before the schema change adding `extra_1` is committed is compared with
+    the reference (a mismatch wherever the reference has a value there), not a crash of the read."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    class Table:
+        def schema(self) -> Schema:
+            return Schema(
+                NestedField(1, "id", LongType(), required=True),
+                NestedField(2, "_kfk_offset", LongType(), required=False),
+            )
+
+    assert upsert_columns(Table()) == ["id", "_kfk_offset"]
+
+
+def test_missing_records_are_summed_up_as_ranges_across_their_dead_letters() -> None:
+    """A lost moniker's records show as one range per partition, its poison inside it."""
+    missing = [(0, 5), (0, 6), (0, 8), (0, 9), (0, 20), (2, 0)]
+    assert missing_ranges(missing, dead_lettered={(0, 7)}) == (
+        "[0] 5..10 (4 missing)",
+        "[0] 20..21 (1 missing)",
+        "[2] 0..1 (1 missing)",
+    )
+    assert missing_ranges(missing, dead_lettered=set(), most=1) == ("[0] 5..7 (2 missing)",)
+    lost = run_report(CLEAN_TABLE[1:], CLEAN_DEAD_LETTERS)
+    assert lost["missing_ranges"] == ["[0] 0..1 (1 missing)"]
+    assert any("; missing: [0] 0..1 (1 missing)" in failure for failure in failures(lost))
 
 
 def test_lost_records_poison_in_the_table_and_good_records_dead_lettered_are_reported() -> None:
