@@ -437,6 +437,7 @@ class Bookkeeper:
                 "moniker left pending: storage cannot serve a file now; retried next cycle",
                 extra={"table": table, "source": delivery.source, "reason": reason},
             )
+        self.transport.release(self._next_in_line(result))
         report.pending += len(result.waiting)
         report.tables.append(result)
         self.metrics.pending_monikers.labels(table).set(len(result.waiting))
@@ -444,6 +445,18 @@ class Bookkeeper:
         if result.snapshot_id is not None:
             self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
             self._write_report(result)
+
+    def _next_in_line(self, result: TableCommit) -> list[Delivery]:
+        """The waiting monikers to receive again next cycle, in each writer's seq order, at most
+        `RELEASED_PER_CYCLE`: a queue would hide each for its visibility timeout, so a backlog
+        over the commit budget committed one budget per timeout and fell behind for good. Writers
+        held by a file storage could not serve are left out (the timeout is their backoff)."""
+        held = {d.moniker.writer_id for d, _ in result.unavailable if d.moniker is not None}
+        waiting = sorted(
+            (d for d in result.waiting if d.moniker and d.moniker.writer_id not in held),
+            key=lambda d: (d.moniker.writer_id, d.moniker.seq),
+        )
+        return waiting[:RELEASED_PER_CYCLE]
 
     def _table_of_file(self, file_key: str) -> str | None:
         """The configured (existing) table whose location holds the file. Locations are loaded
@@ -631,6 +644,10 @@ class Bookkeeper:
                 extra={"topic": topic, "undelivered": undelivered},
             )
 
+
+RELEASED_PER_CYCLE = 500
+"""Waiting monikers a cycle makes visible again at most (one call each on a queue); the rest come
+back with the transport's visibility timeout."""
 
 UNWRITTEN_REPORTS_KEPT = 100_000
 """Commit report lines kept while they cannot be written

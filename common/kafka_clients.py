@@ -99,7 +99,11 @@ def spark_kafka_options(cluster: Cluster) -> dict[str, str]:
 
 def registry_client_config(source: KafkaSource) -> dict[str, Any]:
     """The confluent-kafka `SchemaRegistryClient` config of a source's registry."""
-    config: dict[str, Any] = {"url": source.schema_registry_url}
+    config: dict[str, Any] = {
+        "url": source.schema_registry_url,
+        # httpx's timeout for each request; the client's default is none at all.
+        "timeout": source.schema_registry_timeout,
+    }
     if source.schema_registry_username and source.schema_registry_password:
         config["basic.auth.user.info"] = (
             f"{source.schema_registry_username}:"

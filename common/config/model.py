@@ -145,6 +145,13 @@ class KafkaSource(_Model):
         description="PEM file of the CA that signed an `https://` registry's certificate; "
         "default: the system's trusted CAs.",
     )
+    schema_registry_timeout: Duration = Field(
+        30.0,
+        gt=0,
+        description="How long one request to the schema registry may take before the client gives "
+        "up (and retries, then pauses the writer: an outage, never poison). The registry client "
+        "would otherwise wait for ever on a registry that accepts connections and never answers.",
+    )
     security: KafkaSecurity = Field(
         default_factory=KafkaSecurity,
         description="Authentication and TLS of every Kafka client of this source.",

@@ -151,6 +151,19 @@ class AzureQueueMonikerTransport(MonikerTransport):
             # Received again since (its visibility lapsed): that delivery settles it, or it is
             # received once more and dropped as a duplicate.
 
+    def release(self, deliveries: list[Delivery]) -> None:
+        """Visible again at once (visibility timeout 0): a backlog over the commit budget would
+        otherwise commit one budget per `visibility_timeout`, and fall behind for good."""
+        for delivery in deliveries:
+            try:
+                self.queue.update_message(delivery.handle, visibility_timeout=0)
+            except ResourceNotFoundError:
+                pass  # acknowledged by another receive meanwhile
+            except HttpResponseError as error:
+                if error.error_code != "PopReceiptMismatch":
+                    raise
+                # received again since: it is visible to that receive already
+
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         # The moniker itself, not the message: a big one's message only points to its journal copy,
         # which the acknowledgement deletes.

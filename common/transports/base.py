@@ -90,6 +90,12 @@ class MonikerTransport(ABC):
         deliveries are the stored moniker itself (one file per moniker) has nothing to drop."""
         return None
 
+    def release(self, deliveries: list[Delivery]) -> None:
+        """Deliveries that wait (not acknowledged) and could commit next cycle: make them visible
+        to the next `receive` at once. A queue hides a received message for its visibility
+        timeout; a folder lists every file each time, so it has nothing to do."""
+        return None
+
     @abstractmethod
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Move a delivery aside with the reason, so it is neither lost nor retried forever."""

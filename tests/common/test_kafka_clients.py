@@ -84,6 +84,7 @@ def test_the_registry_client_gets_basic_auth_and_the_ca() -> None:
     source = load_config(None, environ=secured_environ()).sources[0]
     assert registry_client_config(source) == {
         "url": "https://registry:8081",
+        "timeout": 30.0,
         "basic.auth.user.info": f"reader:{REGISTRY_PASSWORD}",
         "ssl.ca.location": "/etc/registry/ca.pem",
     }
@@ -147,3 +148,40 @@ def test_config_show_masks_the_sasl_and_registry_passwords() -> None:
     assert json.loads(shown)["sources"][0]["security"]["sasl_username"] == "writer"
     for password in (SASL_PASSWORD, REGISTRY_PASSWORD, json.dumps(SASL_PASSWORD)[1:-1]):
         assert password not in shown and password not in repr(config)
+
+
+def test_a_registry_that_never_answers_is_an_outage_not_a_hang() -> None:
+    """A registry that takes connections and never answers (a stuck proxy, a paused JVM): the
+    writer's registry client gives up after `schema_registry_timeout` and the writer pauses, as
+    for any outage. Without a timeout the client waited for ever (chaos saw a 14-minute hang)."""
+    import socket
+    import threading
+
+    from writers.registry import RegistryUnavailable, TopicSchemas
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held = []
+    threading.Thread(
+        target=lambda: [held.append(listener.accept()) for _ in range(16)], daemon=True
+    ).start()
+    source = KafkaSource(
+        schema_registry_url=f"http://127.0.0.1:{listener.getsockname()[1]}",
+        schema_registry_timeout="0.3s",
+    )
+    outcome: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            TopicSchemas(source).subjects()
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001 - the test inspects it
+            outcome.append(error)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    asker.join(30)
+    listener.close()
+    assert not asker.is_alive(), "the registry client still waits"
+    assert isinstance(outcome[0], RegistryUnavailable)

@@ -126,3 +126,25 @@ def test_a_resent_copy_of_a_waiting_moniker_leaves_its_journal_copy(
     rows = bookkeeper.catalog.load_table("shop.items").scan().to_arrow()
     assert sorted(rows.column("_kfk_offset").to_pylist()) == list(range(410))
     assert bookkeeper.transport.dead_letter_count() == 0
+
+
+def test_a_backlog_over_the_commit_budget_commits_a_budget_every_cycle(
+    local_stack, tmp_path: Path
+) -> None:
+    """Monikers left waiting for the budget (`max_files_per_commit`) are made visible again at
+    once: with the queue's default visibility timeout (60 s) each would otherwise come back a
+    minute later, one budget a minute, and a steady stream over the budget never catches up."""
+    from bookkeeper.service import Bookkeeper
+    from tests.support.shop_items import azure_queue_settings, bookkeeper_config, make_moniker
+
+    config = bookkeeper_config(
+        tmp_path, **azure_queue_settings(local_stack), bookkeeper__max_files_per_commit="1"
+    )
+    assert config.transport.visibility_timeout == 60
+    transport = AzureQueueMonikerTransport(config.transport)
+    for seq in range(1, 5):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, (seq * 10, seq * 10 + 10)))
+    bookkeeper = Bookkeeper(config)
+    committed = [bookkeeper.run_cycle().committed_monikers for _ in range(4)]
+    assert committed == [1, 1, 1, 1]
+    assert transport.pending() == []
