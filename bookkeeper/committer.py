@@ -49,7 +49,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from bookkeeper.datafiles import (
+from icekeeper.bookkeeper.datafiles import (
     Described,
     FileUnavailable,
     FooterFacts,
@@ -59,11 +59,11 @@ from bookkeeper.datafiles import (
     data_file,
     validate,
 )
-from bookkeeper.evolution import IncompatibleSchema, plan_evolution
-from bookkeeper.manifests import merge_append
-from bookkeeper.upserts import MonikerKeys, UpsertCycle, UpsertKeeper
-from common.catalog import load_table_or_none, table_properties
-from common.committed_state import (
+from icekeeper.bookkeeper.evolution import IncompatibleSchema, plan_evolution
+from icekeeper.bookkeeper.manifests import merge_append
+from icekeeper.bookkeeper.upserts import MonikerKeys, UpsertCycle, UpsertKeeper
+from icekeeper.common.catalog import load_table_or_none, table_properties
+from icekeeper.common.committed_state import (
     KEY_COMMIT_ID,
     QUARANTINED_MONIKERS_KEPT,
     CommittedState,
@@ -71,13 +71,13 @@ from common.committed_state import (
     committed_state,
     expirable_snapshots,
 )
-from common.config.model import IcekeeperConfig
-from common.file_events import location_key
-from common.internals import UncopiedTransaction, commit_once, stage_updates
-from common.moniker import FileEntry, Moniker, OffsetRange
-from common.partitioning import partition_spec
-from common.retries import retry
-from common.transports.base import Delivery
+from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.file_events import location_key
+from icekeeper.common.internals import UncopiedTransaction, commit_once, stage_updates
+from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange
+from icekeeper.common.partitioning import partition_spec
+from icekeeper.common.retries import retry
+from icekeeper.common.transports.base import Delivery
 
 log = logging.getLogger(__name__)
 

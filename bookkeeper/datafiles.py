@@ -63,15 +63,15 @@ from pyiceberg.utils.truncate import (
     truncate_upper_bound_text_string,
 )
 
-from common.internals import FOOTER_PARSER_ENABLED, parse_footer_bytes
-from common.locations import (
+from icekeeper.common.internals import FOOTER_PARSER_ENABLED, parse_footer_bytes
+from icekeeper.common.locations import (
     is_within,
     names_parent_folder,
     normalize_location,
     table_data_folder,
 )
-from common.moniker import FileEntry
-from common.storage import open_filesystem
+from icekeeper.common.moniker import FileEntry
+from icekeeper.common.storage import open_filesystem
 
 log = logging.getLogger(__name__)
 

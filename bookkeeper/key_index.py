@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bookkeeper.position_deletes import DataFileRef
+from icekeeper.bookkeeper.position_deletes import DataFileRef
 
 ABSENT = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 """Location of a key with no live row (deleted), and of a delete event in a cycle."""

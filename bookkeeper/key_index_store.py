@@ -23,10 +23,10 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 from pyiceberg.table import Table
 
-from bookkeeper.key_index import KeyIndex
-from bookkeeper.position_deletes import DataFileRef
-from common.locations import TABLE_STATE_FOLDER
-from common.storage import open_filesystem
+from icekeeper.bookkeeper.key_index import KeyIndex
+from icekeeper.bookkeeper.position_deletes import DataFileRef
+from icekeeper.common.locations import TABLE_STATE_FOLDER
+from icekeeper.common.storage import open_filesystem
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from bookkeeper.manifests import written_manifest_list
-from common.delete_files import read_positions_in, single_target
+from icekeeper.bookkeeper.manifests import written_manifest_list
+from icekeeper.common.delete_files import read_positions_in, single_target
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import StructType
 
-from common.internals import (
+from icekeeper.common.internals import (
     MergeAppendFiles,
     SnapshotProducer,
     record_fields,

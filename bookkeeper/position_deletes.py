@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 
-from common.delete_files import POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID
-from common.storage import open_filesystem
+from icekeeper.common.delete_files import POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID
+from icekeeper.common.storage import open_filesystem
 
 DELETES_FOLDER = "icekeeper-deletes"
 """Under the table's `data/` folder."""

@@ -32,15 +32,15 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from bookkeeper.purge_plan import FileLiveness, PurgeGroup, PurgePlan, plan_purge
-from bookkeeper.rewrites import RewriteCommitter
-from bookkeeper.upserts import live_files
-from common.arrow_parquet import write_files, writer_options
-from common.config.model import BookkeeperConfig
-from common.delete_files import single_target
-from common.moniker import FileEntry
-from common.rewrites import RewriteRequest, is_pending, output_folder, publish_rewrite
-from common.storage import delete_folder, open_filesystem
+from icekeeper.bookkeeper.purge_plan import FileLiveness, PurgeGroup, PurgePlan, plan_purge
+from icekeeper.bookkeeper.rewrites import RewriteCommitter
+from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.common.arrow_parquet import write_files, writer_options
+from icekeeper.common.config.model import BookkeeperConfig
+from icekeeper.common.delete_files import single_target
+from icekeeper.common.moniker import FileEntry
+from icekeeper.common.rewrites import RewriteRequest, is_pending, output_folder, publish_rewrite
+from icekeeper.common.storage import delete_folder, open_filesystem
 
 log = logging.getLogger(__name__)
 

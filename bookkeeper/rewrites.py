@@ -40,21 +40,21 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.update import AssertTableUUID
 
-from bookkeeper.committer import (
+from icekeeper.bookkeeper.committer import (
     CommitConflict,
     Committer,
     StaleEpoch,
     TableCommit,
     attempt_until_committed,
 )
-from bookkeeper.datafiles import FileUnavailable, InvalidFile, data_file, validate
-from bookkeeper.manifests import rewrite_files
-from bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
-from common.catalog import load_table_or_none
-from common.delete_files import referenced_data_files
-from common.internals import UncopiedTransaction, commit_once
-from common.locations import normalize_location
-from common.rewrites import (
+from icekeeper.bookkeeper.datafiles import FileUnavailable, InvalidFile, data_file, validate
+from icekeeper.bookkeeper.manifests import rewrite_files
+from icekeeper.bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
+from icekeeper.common.catalog import load_table_or_none
+from icekeeper.common.delete_files import referenced_data_files
+from icekeeper.common.internals import UncopiedTransaction, commit_once
+from icekeeper.common.locations import normalize_location
+from icekeeper.common.rewrites import (
     REWRITE_ID_PROPERTY,
     REWRITE_ORIGIN_PROPERTY,
     RewriteRequest,

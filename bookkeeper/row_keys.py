@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType
 
-from common.delete_files import read_columns_by_id
+from icekeeper.common.delete_files import read_columns_by_id
 
 
 def exact_keys(schema: Schema) -> bool:

@@ -23,17 +23,17 @@ from pathlib import Path
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from bookkeeper.committer import Committer, StaleEpoch, TableCommit
-from bookkeeper.observability import BookkeeperMetrics, HealthServer
-from bookkeeper.purges import PurgeOutcome, Purger
-from bookkeeper.rewrites import RewriteCommitter
-from bookkeeper.table_metadata import with_lean_commits
-from common.catalog import load_table_or_none, open_catalog
-from common.config.model import IcekeeperConfig
-from common.config.required import require_tables
-from common.fencing import Fenced, Lease, LeaseRecord
-from common.file_events import location_key
-from common.transports import Delivery, open_transport
+from icekeeper.bookkeeper.committer import Committer, StaleEpoch, TableCommit
+from icekeeper.bookkeeper.observability import BookkeeperMetrics, HealthServer
+from icekeeper.bookkeeper.purges import PurgeOutcome, Purger
+from icekeeper.bookkeeper.rewrites import RewriteCommitter
+from icekeeper.bookkeeper.table_metadata import with_lean_commits
+from icekeeper.common.catalog import load_table_or_none, open_catalog
+from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.config.required import require_tables
+from icekeeper.common.fencing import Fenced, Lease, LeaseRecord
+from icekeeper.common.file_events import location_key
+from icekeeper.common.transports import Delivery, open_transport
 
 log = logging.getLogger(__name__)
 
@@ -626,7 +626,7 @@ class Bookkeeper:
         if self._report_producer is None:
             from confluent_kafka import Producer
 
-            from common.kafka_clients import librdkafka_config
+            from icekeeper.common.kafka_clients import librdkafka_config
 
             self._report_producer = Producer(
                 librdkafka_config(self.config.sources[0], {"linger.ms": 0}),

@@ -43,7 +43,7 @@ from pyiceberg.table.update import TableUpdate, update_table_metadata
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
 
-from common.internals import (
+from icekeeper.common.internals import (
     append_metadata_log,
     apply_table_updates,
     replace_metadata_update,

@@ -25,15 +25,15 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from bookkeeper.datafiles import FileUnavailable, InvalidFile
-from bookkeeper.key_index import ABSENT, CycleChanges, KeyIndex, pack, unpack
-from bookkeeper.key_index_store import load_index, save_index
-from bookkeeper.live_deletes import LiveDelete, LiveDeletes, positions_in
-from bookkeeper.position_deletes import DataFileRef, write_position_deletes
-from bookkeeper.row_keys import exact_keys, file_key_words
-from common.delete_files import read_position_deletes
-from common.locations import resolved_location
-from common.moniker import FileEntry
+from icekeeper.bookkeeper.datafiles import FileUnavailable, InvalidFile
+from icekeeper.bookkeeper.key_index import ABSENT, CycleChanges, KeyIndex, pack, unpack
+from icekeeper.bookkeeper.key_index_store import load_index, save_index
+from icekeeper.bookkeeper.live_deletes import LiveDelete, LiveDeletes, positions_in
+from icekeeper.bookkeeper.position_deletes import DataFileRef, write_position_deletes
+from icekeeper.bookkeeper.row_keys import exact_keys, file_key_words
+from icekeeper.common.delete_files import read_position_deletes
+from icekeeper.common.locations import resolved_location
+from icekeeper.common.moniker import FileEntry
 
 log = logging.getLogger(__name__)
 

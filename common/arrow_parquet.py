@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from common.moniker import FileEntry
+from icekeeper.common.moniker import FileEntry
 
 _TAKEN = {
     "write.parquet.compression-codec",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.retries import retry
+from icekeeper.common.retries import retry
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
-from common.config.model import IcekeeperConfig, TableSpec
+from icekeeper.common.config.model import IcekeeperConfig, TableSpec
 
 DEFAULT_TABLE_PROPERTIES = {
     "format-version": "2",

@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 
-from common.locations import normalize_location
-from common.storage import open_filesystem
+from icekeeper.common.locations import normalize_location
+from icekeeper.common.storage import open_filesystem
 
 POSITION_DELETE_PATH_ID = 2147483546
 POSITION_DELETE_POS_ID = 2147483545

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.storage import path_segment
+from icekeeper.common.storage import path_segment
 
 log = logging.getLogger(__name__)
 _LEASE_NAME = re.compile(r"^lease-(\d{12})\.json$")

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from pyarrow import fs as pafs
 
-from common.locations import normalize_location
-from common.storage import open_filesystem, write_whole
+from icekeeper.common.locations import normalize_location
+from icekeeper.common.storage import open_filesystem, write_whole
 
 log = logging.getLogger(__name__)
 

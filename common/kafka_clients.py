@@ -22,8 +22,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from common.config.model import KafkaSecurity, KafkaSource
-from common.config.secrets import mask_text
+from icekeeper.common.config.model import KafkaSecurity, KafkaSource
+from icekeeper.common.config.secrets import mask_text
 
 Cluster = KafkaSource | str
 """A source, or the bare bootstrap servers of a plaintext cluster (the local stack, tests)."""

@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 
-from common.config.secrets import mask_strings
+from icekeeper.common.config.secrets import mask_strings
 
 _RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 

@@ -38,8 +38,8 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from common.moniker import FileEntry
-from common.spark import FUNCTIONS_CATALOG
+from icekeeper.common.moniker import FileEntry
+from icekeeper.common.spark import FUNCTIONS_CATALOG
 
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _STRING_PREFIX = "s"

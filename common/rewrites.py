@@ -43,9 +43,9 @@ from typing import Any, Literal
 from pyarrow import fs as pafs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from common.locations import normalize_location, table_state_folder
-from common.moniker import FileEntry
-from common.storage import delete_folder, open_filesystem, write_whole
+from icekeeper.common.locations import normalize_location, table_state_folder
+from icekeeper.common.moniker import FileEntry
+from icekeeper.common.storage import delete_folder, open_filesystem, write_whole
 
 REWRITE_ID_PROPERTY = "icekeeper.rewrite-id"
 """Snapshot summary property naming the rewrite request a snapshot committed."""

@@ -36,7 +36,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from common.config.model import MetadataColumns
+from icekeeper.common.config.model import MetadataColumns
 
 if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata

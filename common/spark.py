@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.artifacts import MavenBundle, maven_bundle
-from common.config.model import IcekeeperConfig
+from icekeeper.common.artifacts import MavenBundle, maven_bundle
+from icekeeper.common.config.model import IcekeeperConfig
 
 if TYPE_CHECKING:  # pyspark is imported where a session starts, not when this module loads
     from pyspark.sql import SparkSession
@@ -136,7 +136,9 @@ def spark_session(
     if own_workers:
         # Local Python workers run this interpreter (below), so their daemon can be ours, whose
         # tasks start ~150 ms sooner (common/spark_worker_daemon.py).
-        builder = builder.config("spark.python.daemon.module", "common.spark_worker_daemon")
+        builder = builder.config(
+            "spark.python.daemon.module", "icekeeper.common.spark_worker_daemon"
+        )
     builder = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -182,7 +184,9 @@ _ROUTINE_WARNINGS = ("org.apache.spark.sql.kafka010.consumer.InternalKafkaConsum
 
 def _quiet_routine_warnings(session: SparkSession) -> None:
     """Raise the routine loggers to ERROR in the driver JVM (executors of `local[*]` share it)."""
-    from common.internals import spark_jvm  # pyiceberg too: not for every user of this module
+    from icekeeper.common.internals import (
+        spark_jvm,  # pyiceberg too: not for every user of this module
+    )
 
     jvm = spark_jvm(session)  # log4j levels have no Python API
     error = jvm.org.apache.logging.log4j.Level.ERROR

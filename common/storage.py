@@ -7,7 +7,7 @@ import uuid
 
 from pyarrow import fs as pafs
 
-from common.locations import normalize_location
+from icekeeper.common.locations import normalize_location
 
 
 def open_filesystem(uri_or_path: str) -> tuple[pafs.FileSystem, str]:

@@ -44,15 +44,15 @@ from typing import Any, Literal
 
 from pyiceberg.table import Table
 
-from common.catalog import load_table_or_none, open_catalog
-from common.committed_state import committed_state
-from common.config import IcekeeperConfig, load_config
-from common.kafka_clients import connection_environ
-from common.transports import MonikerTransport, open_transport
 from icekeeper.chaos_pacing import RecordGate
 from icekeeper.chaos_processes import Component
 from icekeeper.chaos_reassign import Reassignment, first_layout, writer_components
 from icekeeper.chaos_verify import dead_letter_positions, failures, verify, waiting_for_gone
+from icekeeper.common.catalog import load_table_or_none, open_catalog
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.kafka_clients import connection_environ
+from icekeeper.common.transports import MonikerTransport, open_transport
 from icekeeper.samples.produce import ensure_topic, produce_at_rate
 from icekeeper.samples.synthetic import SyntheticSpec
 

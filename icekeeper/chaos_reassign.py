@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.moniker import Moniker
-from common.transports.base import MonikerTransport
 from icekeeper.chaos_pacing import RecordGate
 from icekeeper.chaos_processes import Component
+from icekeeper.common.moniker import Moniker
+from icekeeper.common.transports.base import MonikerTransport
 
 Progress = Callable[[str], None]
 WRITER_COUNTS = (2, 3, 1)

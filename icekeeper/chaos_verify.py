@@ -32,11 +32,11 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 from pyiceberg.table import Table
 
-from common.catalog import open_catalog
-from common.config import IcekeeperConfig
-from common.config.model import KafkaSource
-from common.kafka_clients import Cluster, librdkafka_config, registry_client
-from common.moniker import Moniker
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.kafka_clients import Cluster, librdkafka_config, registry_client
+from icekeeper.common.moniker import Moniker
 from icekeeper.mirror import Key, Row, differences, latest_live_rows
 from icekeeper.samples.readback import topic_messages
 

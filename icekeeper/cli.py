@@ -15,8 +15,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from common.config import ConfigError, IcekeeperConfig, load_config
-from common.logs import configure_logging
+from icekeeper.common.config import ConfigError, IcekeeperConfig, load_config
+from icekeeper.common.logs import configure_logging
 
 
 def _config(args: argparse.Namespace) -> IcekeeperConfig:
@@ -95,8 +95,8 @@ def _print_status(stack) -> None:  # noqa: ANN001 - LocalStack, imported lazily
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from common.config.docs import render_markdown
-    from common.config.secrets import masked_dump
+    from icekeeper.common.config.docs import render_markdown
+    from icekeeper.common.config.secrets import masked_dump
     from icekeeper.localstack.settings import SECTION, StackConfig
 
     if args.action == "docs":
@@ -147,13 +147,13 @@ def cmd_produce_synthetic(args: argparse.Namespace) -> int:
 
 
 def cmd_writer(args: argparse.Namespace) -> int:
-    from writers.entry import run_writer
+    from icekeeper.writers.entry import run_writer
 
     return run_writer(args)
 
 
 def cmd_bookkeeper(args: argparse.Namespace) -> int:
-    from bookkeeper.service import Bookkeeper
+    from icekeeper.bookkeeper.service import Bookkeeper
 
     service = Bookkeeper(_config(args))
     service.install_signal_handlers()
@@ -176,8 +176,8 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
                     flush=True,
                 )
 
-    from bookkeeper.committer import StaleEpoch
-    from common.fencing import Fenced
+    from icekeeper.bookkeeper.committer import StaleEpoch
+    from icekeeper.common.fencing import Fenced
 
     try:
         service.run(once=args.once, on_cycle=show)
@@ -196,8 +196,8 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:
-    from common.config.model import parse_duration_s
-    from reaper.service import Reaper
+    from icekeeper.common.config.model import parse_duration_s
+    from icekeeper.reaper.service import Reaper
 
     config = _config(args)
     if not config.reaper.enabled and not args.dry_run:
@@ -409,7 +409,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors whose message is the whole story for a user: printed without a traceback."""
-    from common.artifacts import ArtifactError
+    from icekeeper.common.artifacts import ArtifactError
     from icekeeper.localstack.java import JavaNotFound
     from icekeeper.localstack.stack import StackError
 
@@ -499,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     synthetic.add_argument("--poison-ratio", type=float, default=0.0)
     synthetic.add_argument("--format", choices=["avro", "json"], default="avro")
 
-    from writers.entry import add_writer_arguments
+    from icekeeper.writers.entry import add_writer_arguments
 
     add_writer_arguments(
         add(

@@ -42,14 +42,14 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from common.config.model import IcekeeperConfig, KafkaSource
-from common.transports.base import MonikerTransport, Quarantined
+from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
+from icekeeper.common.transports.base import MonikerTransport, Quarantined
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
     from pyiceberg.catalog import Catalog
 
-    from common.rewrites import SetAsideRewrite
+    from icekeeper.common.rewrites import SetAsideRewrite
 
 # The headers `writers/dead_letters.py` adds (that module imports PySpark, which `icekeeper --help`
 # should not wait for).
@@ -139,8 +139,8 @@ def add_dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
-    from common.catalog import open_catalog
-    from common.transports import open_transport
+    from icekeeper.common.catalog import open_catalog
+    from icekeeper.common.transports import open_transport
 
     everything = not (args.monikers or args.records or args.rewrites)
     monikers = args.monikers or everything
@@ -251,8 +251,8 @@ def set_aside_rewrites_of(
     config: IcekeeperConfig, catalog: Catalog
 ) -> list[tuple[str, str, SetAsideRewrite]]:
     """(table, its location, entry) of every rewrite request set aside for the upsert tables."""
-    from common.catalog import load_table_or_none
-    from common.rewrites import set_aside_rewrites
+    from icekeeper.common.catalog import load_table_or_none
+    from icekeeper.common.rewrites import set_aside_rewrites
 
     found = []
     for spec in config.tables:
@@ -270,7 +270,7 @@ def replay_rewrites(
 ) -> list[str]:
     """Publish set-aside rewrite requests again (all, or those `names`); returns the names
     replayed. Unreadable ones stay where they are: there is no request to publish."""
-    from common.rewrites import replay_set_aside
+    from icekeeper.common.rewrites import replay_set_aside
 
     wanted = set(names) if names else None
     replayed = []
@@ -367,7 +367,7 @@ def replay_records(
     """
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-    from common.kafka_clients import librdkafka_config
+    from icekeeper.common.kafka_clients import librdkafka_config
 
     outcome = RecordReplay(source.dead_letter_topic)
     records = dead_lettered_records(source, timeout_s)
@@ -487,7 +487,7 @@ def _already_in_tables(
     columns (tables without them cannot tell, and are not asked)."""
     from pyiceberg.expressions import And, EqualTo, In
 
-    from common.catalog import load_table_or_none
+    from icekeeper.common.catalog import load_table_or_none
 
     kafka = config.metadata_columns.kafka
     names = {

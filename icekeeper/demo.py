@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bookkeeper.service import Bookkeeper, CycleReport
-from common.committed_state import KEY_WATERMARK
-from common.config.model import IcekeeperConfig
+from icekeeper.bookkeeper.service import Bookkeeper, CycleReport
+from icekeeper.common.committed_state import KEY_WATERMARK
+from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.localstack.stack import LocalStack, started_optional_services
 from icekeeper.readers import duckdb_rows, render_grid, spark_rows
 from icekeeper.samples import seed000
@@ -120,8 +120,8 @@ def run_demo(
     spark = None
     try:
         produced = produce_seed_sample(config, progress=progress)
-        from common.spark import spark_session
-        from writers.job import WriterJob
+        from icekeeper.common.spark import spark_session
+        from icekeeper.writers.job import WriterJob
 
         progress("starting Spark (local) for the writer")
         spark = spark_session(config, "icekeeper-demo", master="local[2]")
@@ -148,7 +148,7 @@ def run_demo(
                 and not cycle.committed_monikers
             ):
                 break
-        from reaper.service import Reaper
+        from icekeeper.reaper.service import Reaper
 
         progress("reaper: one maintenance pass, the bookkeeper running as a service meanwhile")
         with _running_as_a_service(bookkeeper, progress):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from bookkeeper.service import Bookkeeper
-from common.config.model import IcekeeperConfig
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.demo import Progress, demo_config, fresh_stack
 from icekeeper.localstack.cdc import ConnectClient, MariaDbSource
 from icekeeper.localstack.databases import DATABASE, OWNER
@@ -40,7 +40,7 @@ from icekeeper.mirror import (
 from icekeeper.readers import duckdb_rows, render_grid, spark_rows
 
 if TYPE_CHECKING:
-    from writers.job import WriterJob
+    from icekeeper.writers.job import WriterJob
 
 TABLE = "orders"
 IDENTIFIER = "shop.orders"
@@ -183,8 +183,8 @@ def run_mariadb_demo(
             f"registered Debezium's MariaDB connector {CONNECTOR}: {DATABASE}.{TABLE} -> topic "
             f"{config.sources[0].topics[0]} (Avro via the registry)"
         )
-        from common.spark import spark_session
-        from writers.job import WriterJob
+        from icekeeper.common.spark import spark_session
+        from icekeeper.writers.job import WriterJob
 
         progress("starting Spark (local) for the writer")
         spark = spark_session(config, "icekeeper-demo", master="local[2]")

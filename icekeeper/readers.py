@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyiceberg.table import Table
 
-from common.config.model import IcekeeperConfig
+from icekeeper.common.config.model import IcekeeperConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -86,7 +86,7 @@ def spark_rows(
 ) -> list[dict[str, Any]]:
     """The table's rows as Spark SQL reads them through
     iceberg-spark-runtime on the same catalog."""
-    from common.spark import iceberg_catalog_conf
+    from icekeeper.common.spark import iceberg_catalog_conf
 
     for key, value in iceberg_catalog_conf(config).items():
         spark.conf.set(key, value)

@@ -9,7 +9,7 @@ gap with seed 000's topic and table, here and nowhere else.
 
 from __future__ import annotations
 
-from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
+from icekeeper.common.config.model import IcekeeperConfig, KafkaSource, TableSpec
 from icekeeper.samples import seed000
 
 SEED_SOURCE = KafkaSource(topics=[seed000.TOPIC])

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.catalog import load_table_or_none, open_catalog
-from common.committed_state import committed_state
-from common.config.model import IcekeeperConfig, KafkaSource
-from common.rewrites import set_aside_rewrites
-from common.transports import open_transport
+from icekeeper.common.catalog import load_table_or_none, open_catalog
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
+from icekeeper.common.rewrites import set_aside_rewrites
+from icekeeper.common.transports import open_transport
 
 TopicPartition = tuple[str, int]
 
@@ -209,7 +209,7 @@ def _topic_size(
 def _consumer(source: KafkaSource):  # noqa: ANN202 - confluent_kafka.Consumer
     from confluent_kafka import Consumer
 
-    from common.kafka_clients import librdkafka_config
+    from icekeeper.common.kafka_clients import librdkafka_config
 
     return Consumer(
         librdkafka_config(

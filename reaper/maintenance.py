@@ -26,16 +26,21 @@ import pyarrow.fs as pafs
 from pyiceberg.table import Table
 from pyiceberg.types import DateType, IntegerType, LongType, TimestampType, TimestamptzType
 
-from common.committed_state import expirable_snapshots
-from common.config.model import ReaperConfig
-from common.fencing import LeaseRecord
-from common.in_flight import under_any
-from common.internals import java_exception_of, java_spark_session, py4j_gateway, spark_jvm
-from common.locations import normalize_location
-from common.retries import retry
-from common.rewrites import REWRITE_ORIGIN_PROPERTY
-from common.storage import open_filesystem
-from reaper.upsert_compaction import UpsertCompaction
+from icekeeper.common.committed_state import expirable_snapshots
+from icekeeper.common.config.model import ReaperConfig
+from icekeeper.common.fencing import LeaseRecord
+from icekeeper.common.in_flight import under_any
+from icekeeper.common.internals import (
+    java_exception_of,
+    java_spark_session,
+    py4j_gateway,
+    spark_jvm,
+)
+from icekeeper.common.locations import normalize_location
+from icekeeper.common.retries import retry
+from icekeeper.common.rewrites import REWRITE_ORIGIN_PROPERTY
+from icekeeper.common.storage import open_filesystem
+from icekeeper.reaper.upsert_compaction import UpsertCompaction
 
 if TYPE_CHECKING:
     from py4j.java_gateway import JavaObject

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from common.catalog import open_catalog
-from common.config.model import IcekeeperConfig
-from common.config.required import require_tables
-from common.fencing import Fenced, Lease, LeaseRecord, live_lease
-from common.in_flight import live_claimed_folders
-from common.locations import normalize_location, table_state_folder
-from common.rewrites import pending_rewrite_folders
-from common.transports import open_transport
-from reaper.maintenance import SparkMaintenance, TableReport
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.config.required import require_tables
+from icekeeper.common.fencing import Fenced, Lease, LeaseRecord, live_lease
+from icekeeper.common.in_flight import live_claimed_folders
+from icekeeper.common.locations import normalize_location, table_state_folder
+from icekeeper.common.rewrites import pending_rewrite_folders
+from icekeeper.common.transports import open_transport
+from icekeeper.reaper.maintenance import SparkMaintenance, TableReport
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -112,7 +112,7 @@ class Reaper:
     def maintenance(self) -> SparkMaintenance:
         if self._maintenance is None:
             if self._spark is None:
-                from common.spark import spark_session
+                from icekeeper.common.spark import spark_session
 
                 self._spark = spark_session(self.config, "icekeeper-reaper")
             self._maintenance = SparkMaintenance(

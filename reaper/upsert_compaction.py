@@ -47,17 +47,17 @@ from pyiceberg.table import FileScanTask, Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from common.catalog import table_properties
-from common.delete_files import deleted_positions_per_file
-from common.fencing import LeaseRecord
-from common.locations import normalize_location
-from common.parquet_files import (
+from icekeeper.common.catalog import table_properties
+from icekeeper.common.delete_files import deleted_positions_per_file
+from icekeeper.common.fencing import LeaseRecord
+from icekeeper.common.locations import normalize_location
+from icekeeper.common.parquet_files import (
     list_written_files,
     parquet_write_options,
     partition_columns,
     write_parquet,
 )
-from common.rewrites import (
+from icekeeper.common.rewrites import (
     RewriteRequest,
     commit_attempted,
     forget_refusal,
@@ -67,7 +67,7 @@ from common.rewrites import (
     refusal,
     set_aside_reason,
 )
-from common.storage import open_filesystem
+from icekeeper.common.storage import open_filesystem
 
 log = logging.getLogger(__name__)
 

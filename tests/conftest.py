@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import IcekeeperConfig, load_config
-from common.config.model import AzureQueueTransport
+from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.config.model import AzureQueueTransport
 from icekeeper.localstack.services import Service
 from icekeeper.localstack.settings import stack_settings
 from tests.support.stack import TEST_STACK_PORTS, TEST_STACK_STATE_DIR, stack_environ
@@ -163,7 +163,7 @@ def spark(stack_config: IcekeeperConfig):
     Its jars include those of the stack's S3 server and catalogs (they cannot be added to a running
     session), so a test can register any of those catalogs in it (`spark_catalog(name).conf`).
     """
-    from common.spark import spark_jars, spark_session
+    from icekeeper.common.spark import spark_jars, spark_session
     from icekeeper.localstack.stack import LocalStack
 
     cache_dir = Path(stack_config.cache_dir)

@@ -7,9 +7,9 @@ JVMs, so executors need no icekeeper installation.
 import argparse
 import sys
 
-from common.config import ConfigError
-from common.logs import configure_logging
-from writers.entry import add_writer_arguments, run_writer
+from icekeeper.common.config import ConfigError
+from icekeeper.common.logs import configure_logging
+from icekeeper.writers.entry import add_writer_arguments, run_writer
 
 
 def main(argv: list[str]) -> int:

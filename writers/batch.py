@@ -16,14 +16,14 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from common.config.model import IcekeeperConfig, KafkaSource
-from common.in_flight import InFlightClaims
-from common.moniker import Moniker
-from writers import sql
-from writers.arrow_engine.engine import ArrowBatch, ArrowEngine
-from writers.columns import ERROR, ROUTE, VERSION
-from writers.dead_letters import send_dead_letters
-from writers.decode import (
+from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
+from icekeeper.common.in_flight import InFlightClaims
+from icekeeper.common.moniker import Moniker
+from icekeeper.writers import sql
+from icekeeper.writers.arrow_engine.engine import ArrowBatch, ArrowEngine
+from icekeeper.writers.columns import ERROR, ROUTE, VERSION
+from icekeeper.writers.dead_letters import send_dead_letters
+from icekeeper.writers.decode import (
     UNKNOWN_SCHEMA_ID,
     DecodedBatch,
     decode_avro_confluent,
@@ -32,21 +32,26 @@ from writers.decode import (
     frame_prefix,
     framed_schema_id_sql,
 )
-from writers.files import discard_output
-from writers.kafka_io import read_raw
-from writers.offsets import BatchPlan
-from writers.progress import TableProgress
-from writers.reconciliation import (
+from icekeeper.writers.files import discard_output
+from icekeeper.writers.kafka_io import read_raw
+from icekeeper.writers.offsets import BatchPlan
+from icekeeper.writers.progress import TableProgress
+from icekeeper.writers.reconciliation import (
     BatchIntake,
     BatchUnreconciled,
     TableIntake,
     discrepancies,
     ledger,
 )
-from writers.record_keys import RecordKeys, record_keys_for
-from writers.registry import RegisteredSchema, RegistryUnavailable, TopicSchemas, registry_outage
-from writers.routing import Routes, routed_rows
-from writers.table_versions import (
+from icekeeper.writers.record_keys import RecordKeys, record_keys_for
+from icekeeper.writers.registry import (
+    RegisteredSchema,
+    RegistryUnavailable,
+    TopicSchemas,
+    registry_outage,
+)
+from icekeeper.writers.routing import Routes, routed_rows
+from icekeeper.writers.table_versions import (
     only_pair,
     predicted_route_versions,
     prediction_checks,
@@ -54,7 +59,7 @@ from writers.table_versions import (
     schema_ids_of,
     versions_by_table,
 )
-from writers.table_writer import RoutedBatch, TableWriter, at_or_after_sql
+from icekeeper.writers.table_writer import RoutedBatch, TableWriter, at_or_after_sql
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 
-from common.committed_state import nest_by_topic
-from common.config.model import KafkaSource
-from common.transports.folder import MonikerFolder
-from writers.files import path_segment
-from writers.offsets import BatchPlan
-from writers.offsets import TopicPartition as TP
+from icekeeper.common.committed_state import nest_by_topic
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.transports.folder import MonikerFolder
+from icekeeper.writers.files import path_segment
+from icekeeper.writers.offsets import BatchPlan
+from icekeeper.writers.offsets import TopicPartition as TP
 
 
 class SourceCheckpoints:

@@ -20,9 +20,9 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from common.schema import SchemaConversionError
-from writers import sql
-from writers.conversions import connect_decimal_sql
+from icekeeper.common.schema import SchemaConversionError
+from icekeeper.writers import sql
+from icekeeper.writers.conversions import connect_decimal_sql
 
 CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
 ICEBERG_MAX_PRECISION = 38

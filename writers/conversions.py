@@ -10,7 +10,7 @@ cannot hold are in docs/types.md; every conversion here either is total or repor
 
 from __future__ import annotations
 
-from common.schema import COLLECTION, WIDE_DECIMAL
+from icekeeper.common.schema import COLLECTION, WIDE_DECIMAL
 
 _NTZ = "CAST(timestamp_micros({micros}) AS TIMESTAMP_NTZ)"
 """Wall-clock timestamps: Debezium encodes DATETIME as if it were UTC; the writer's Spark session

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from common.config.model import KafkaSource
-from common.kafka_clients import spark_kafka_options
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.kafka_clients import spark_kafka_options
 
 REASON_HEADER = "icekeeper.reason"
 SOURCE_TOPIC_HEADER = "icekeeper.source.topic"

@@ -32,8 +32,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from common.config.model import MetadataColumns
-from common.schema import (
+from icekeeper.common.config.model import MetadataColumns
+from icekeeper.common.schema import (
     COLLECTION,
     MAX_DECIMAL_PRECISION,
     Column,
@@ -44,8 +44,8 @@ from common.schema import (
     record_types,
     row_columns,
 )
-from writers import sql
-from writers.columns import (
+from icekeeper.writers import sql
+from icekeeper.writers.columns import (
     DECODE_BARRIER,
     ERROR,
     JSON_CORRUPT,
@@ -56,14 +56,14 @@ from writers.columns import (
     record_key_column,
     version_column,
 )
-from writers.connect_schema import (
+from icekeeper.writers.connect_schema import (
     avro_from_connect,
     avro_value_sql,
     conversion_failures_sql,
     is_connect_struct,
     json_carrier_type,
 )
-from writers.record_keys import (
+from icekeeper.writers.record_keys import (
     RecordKeys,
     avro_key_schemas,
     delete_without_before_sql,
@@ -72,7 +72,7 @@ from writers.record_keys import (
     row_column_name,
     row_record,
 )
-from writers.registry import RegisteredSchema
+from icekeeper.writers.registry import RegisteredSchema
 
 KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
 

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from common.config import load_config
+from icekeeper.common.config import load_config
 
 
 def add_writer_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,12 +31,12 @@ def run_writer(args: argparse.Namespace) -> int:
     """Run batches until stopped (or as `--once`, `--max-batches`, `--until-idle` say), one JSON
     line per batch."""
     if args.spark_packages:
-        from common.spark import spark_submit_packages
+        from icekeeper.common.spark import spark_submit_packages
 
         print(spark_submit_packages())
         return 0
-    from writers.job import WriterJob
-    from writers.offsets import TopicReset
+    from icekeeper.writers.job import WriterJob
+    from icekeeper.writers.offsets import TopicReset
 
     job = WriterJob(load_config(args.config), writer_id=args.writer_id)
     job.install_signal_handlers()

@@ -11,7 +11,7 @@ import uuid
 
 from pyarrow import fs as pafs
 
-from common.parquet_files import (
+from icekeeper.common.parquet_files import (
     PartitionColumn,
     list_written_files,
     parquet_write_options,

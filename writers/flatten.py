@@ -17,8 +17,8 @@ from pyiceberg.schema import Schema
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from common.config.model import MetadataColumns
-from common.schema import (
+from icekeeper.common.config.model import MetadataColumns
+from icekeeper.common.schema import (
     PARQUET_FIELD_ID,
     Column,
     assign_ids,
@@ -28,8 +28,8 @@ from common.schema import (
     op_column,
     spark_sql_type,
 )
-from writers import sql
-from writers.columns import (
+from icekeeper.writers import sql
+from icekeeper.writers.columns import (
     ERROR,
     EVENT_MS,
     HELPER_COLUMNS,
@@ -40,8 +40,8 @@ from writers.columns import (
     SOURCE_SERVER,
     SOURCE_TABLE,
 )
-from writers.conversions import converted_sql, failed_sql
-from writers.decode import VersionShape
+from icekeeper.writers.conversions import converted_sql, failed_sql
+from icekeeper.writers.decode import VersionShape
 
 if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata

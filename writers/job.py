@@ -22,30 +22,30 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from common.catalog import open_catalog
-from common.config.model import IcekeeperConfig, KafkaSource
-from common.config.required import check_writer_config
-from common.in_flight import InFlightClaims
-from common.kafka_clients import KafkaAccessDenied
-from common.spark import spark_session
-from common.transports import open_transport
-from writers.batch import BatchOutcome, BatchWriter
-from writers.checkpoints import SourceCheckpoints
-from writers.kafka_io import SourceAdmin
-from writers.offsets import (
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
+from icekeeper.common.config.required import check_writer_config
+from icekeeper.common.in_flight import InFlightClaims
+from icekeeper.common.kafka_clients import KafkaAccessDenied
+from icekeeper.common.spark import spark_session
+from icekeeper.common.transports import open_transport
+from icekeeper.writers.batch import BatchOutcome, BatchWriter
+from icekeeper.writers.checkpoints import SourceCheckpoints
+from icekeeper.writers.kafka_io import SourceAdmin
+from icekeeper.writers.offsets import (
     BatchPlan,
     PartitionBounds,
     TopicReset,
     plan_batch,
     topic_reset_message,
 )
-from writers.offsets import (
+from icekeeper.writers.offsets import (
     TopicPartition as TP,
 )
-from writers.progress import TableProgress, next_seq, refresh_progress, table_positions
-from writers.registry import RegistryUnavailable, TopicSchemas
-from writers.routing import Routes, routes_for
-from writers.table_writer import offset_only_monikers
+from icekeeper.writers.progress import TableProgress, next_seq, refresh_progress, table_positions
+from icekeeper.writers.registry import RegistryUnavailable, TopicSchemas
+from icekeeper.writers.routing import Routes, routes_for
+from icekeeper.writers.table_writer import offset_only_monikers
 
 log = logging.getLogger(__name__)
 _MAX_PAUSE_S = 60.0

@@ -17,16 +17,16 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from common.committed_state import nest_by_topic
-from common.config.model import KafkaSource
-from common.kafka_clients import (
+from icekeeper.common.committed_state import nest_by_topic
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.kafka_clients import (
     Refusals,
     cluster_metadata,
     librdkafka_config,
     spark_kafka_options,
 )
-from writers.offsets import BatchPlan, PartitionBounds, records_per_task
-from writers.offsets import TopicPartition as TP
+from icekeeper.writers.offsets import BatchPlan, PartitionBounds, records_per_task
+from icekeeper.writers.offsets import TopicPartition as TP
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from common.moniker import Moniker
+from icekeeper.common.moniker import Moniker
 
 TopicPartition = tuple[str, int]
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
 
-from common.catalog import load_table_or_none
-from common.committed_state import committed_state
-from common.moniker import Moniker
-from writers.offsets import TopicPartition as TP
-from writers.offsets import pending_restarts, pending_until
+from icekeeper.common.catalog import load_table_or_none
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.moniker import Moniker
+from icekeeper.writers.offsets import TopicPartition as TP
+from icekeeper.writers.offsets import pending_restarts, pending_until
 
 _INITIAL_BYTES_PER_ROW = 64
 

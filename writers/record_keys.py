@@ -33,9 +33,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from common.config.model import TableSpec
-from writers import sql
-from writers.registry import RegisteredSchema
+from icekeeper.common.config.model import TableSpec
+from icekeeper.writers import sql
+from icekeeper.writers.registry import RegisteredSchema
 
 _PROMOTIONS = {
     ("int", "long"),

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from common.config.model import KafkaSource
-from common.config.secrets import mask_text
-from common.kafka_clients import registry_client
-from common.schema import resolve_named_types
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.config.secrets import mask_text
+from icekeeper.common.kafka_clients import registry_client
+from icekeeper.common.schema import resolve_named_types
 
 log = logging.getLogger(__name__)
 

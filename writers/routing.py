@@ -14,9 +14,9 @@ from functools import cached_property
 
 from pyspark.sql import DataFrame
 
-from common.config.model import KafkaSource, TableSpec
-from writers import sql
-from writers.columns import (
+from icekeeper.common.config.model import KafkaSource, TableSpec
+from icekeeper.writers import sql
+from icekeeper.writers.columns import (
     ERROR,
     KAFKA_OFFSET,
     KAFKA_PARTITION,
@@ -26,9 +26,9 @@ from writers.columns import (
     SOURCE_SERVER,
     SOURCE_TABLE,
 )
-from writers.decode import DecodedBatch
-from writers.flatten import helper_sql, row_value_is_null_sql, unconvertible_sql
-from writers.record_keys import delete_without_before_sql
+from icekeeper.writers.decode import DecodedBatch
+from icekeeper.writers.flatten import helper_sql, row_value_is_null_sql, unconvertible_sql
+from icekeeper.writers.record_keys import delete_without_before_sql
 
 _TEMPLATE_FIELDS = {
     "topic": KAFKA_TOPIC,

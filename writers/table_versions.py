@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from writers import sql
-from writers.decode import VersionShape
-from writers.routing import Routes
+from icekeeper.writers import sql
+from icekeeper.writers.decode import VersionShape
+from icekeeper.writers.routing import Routes
 
 
 def versions_by_table(

@@ -20,14 +20,14 @@ from pyiceberg.schema import Schema
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-from common.catalog import default_table_location, load_table_or_none, table_properties
-from common.config.model import IcekeeperConfig, KafkaSource
-from common.in_flight import InFlightClaims
-from common.moniker import Moniker, OffsetRange, moniker_id
-from common.partitioning import partition_spec
-from common.schema import op_column
-from writers import sql
-from writers.columns import (
+from icekeeper.common.catalog import default_table_location, load_table_or_none, table_properties
+from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
+from icekeeper.common.in_flight import InFlightClaims
+from icekeeper.common.moniker import Moniker, OffsetRange, moniker_id
+from icekeeper.common.partitioning import partition_spec
+from icekeeper.common.schema import op_column
+from icekeeper.writers import sql
+from icekeeper.writers.columns import (
     ERROR,
     EVENT_MS,
     HELPER_COLUMNS,
@@ -38,8 +38,8 @@ from writers.columns import (
     ROUTE,
     VERSION,
 )
-from writers.decode import DecodedBatch, VersionShape
-from writers.files import (
+from icekeeper.writers.decode import DecodedBatch, VersionShape
+from icekeeper.writers.files import (
     batch_folder,
     discard_output,
     list_written_files,
@@ -47,11 +47,11 @@ from writers.files import (
     partition_columns,
     write_parquet,
 )
-from writers.flatten import flatten, resolve_keys
-from writers.offsets import BatchPlan
-from writers.progress import TableProgress
-from writers.routing import Routes
-from writers.upserts import deleted_partition, last_change_per_key, split_deleted
+from icekeeper.writers.flatten import flatten, resolve_keys
+from icekeeper.writers.offsets import BatchPlan
+from icekeeper.writers.progress import TableProgress
+from icekeeper.writers.routing import Routes
+from icekeeper.writers.upserts import deleted_partition, last_change_per_key, split_deleted
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from common.moniker import FileEntry
-from writers import sql
-from writers.columns import DELETED, KAFKA_OFFSET, KAFKA_PARTITION
-from writers.files import PartitionColumn
+from icekeeper.common.moniker import FileEntry
+from icekeeper.writers import sql
+from icekeeper.writers.columns import DELETED, KAFKA_OFFSET, KAFKA_PARTITION
+from icekeeper.writers.files import PartitionColumn
 
 _LATEST = "_ik_latest"
 

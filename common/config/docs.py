@@ -16,13 +16,13 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from common.config.model import (
+from icekeeper.common.config.model import (
     AzureQueueTransport,
     IcekeeperConfig,
     TxLogTransport,
     parse_duration_s,
 )
-from common.config.renames import RENAMED_KEYS
+from icekeeper.common.config.renames import RENAMED_KEYS
 
 _HEADER = """# Configuration reference
 
@@ -164,7 +164,7 @@ def _type_name(field: FieldInfo) -> str:
         text = (
             str(annotation)
             .replace("typing.", "")
-            .replace("common.config.model.", "")
+            .replace("icekeeper.common.config.model.", "")
             .replace("pydantic.types.", "")
         )
     if "parse_duration_s" in text:

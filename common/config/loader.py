@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from common.config.model import DEVELOPMENT_SECTIONS, DevelopmentSections, IcekeeperConfig
-from common.config.properties import translate_properties
-from common.config.renames import RENAMED_KEYS
-from common.config.secrets import mask_text, remember_secrets_in, resolve_references
+from icekeeper.common.config.model import DEVELOPMENT_SECTIONS, DevelopmentSections, IcekeeperConfig
+from icekeeper.common.config.properties import translate_properties
+from icekeeper.common.config.renames import RENAMED_KEYS
+from icekeeper.common.config.secrets import mask_text, remember_secrets_in, resolve_references
 
 ENV_PREFIX = "ICEKEEPER__"
 """Environment variables `ICEKEEPER__A__B__0__C`

@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from common.config.renames import move_renamed_keys
-from common.config.secrets import mask_field
+from icekeeper.common.config.renames import move_renamed_keys
+from icekeeper.common.config.secrets import mask_field
 
 _DURATION_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

@@ -135,7 +135,7 @@ def translate_properties(text: str, source_name: str) -> tuple[dict[str, Any], d
     Raises:
         ConfigError: naming the property key, for an unknown key or a value that cannot convert.
     """
-    from common.config.loader import ConfigError  # the loader imports this module
+    from icekeeper.common.config.loader import ConfigError  # the loader imports this module
 
     entries = parse_properties(text)
     raw: dict[str, Any] = {"sources": [{}], "tables": [{}]}

@@ -8,8 +8,8 @@ file and the key to add, instead of a writer that reads nothing or a bookkeeper 
 
 from __future__ import annotations
 
-from common.config.loader import ConfigError
-from common.config.model import IcekeeperConfig
+from icekeeper.common.config.loader import ConfigError
+from icekeeper.common.config.model import IcekeeperConfig
 
 SOURCE_EXAMPLE = (
     "`sources: [{bootstrap_servers: broker:9092, schema_registry_url: http://registry:8081, "

@@ -19,11 +19,11 @@ import pyarrow.fs as pafs
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
-from common.config.model import MAX_INLINE_MONIKER_BYTES, AzureQueueTransport
-from common.file_events import parse_event_grid
-from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
-from common.transports.base import Delivery, MonikerTransport
-from common.transports.folder import DeadLetterFolder, MonikerFolder
+from icekeeper.common.config.model import MAX_INLINE_MONIKER_BYTES, AzureQueueTransport
+from icekeeper.common.file_events import parse_event_grid
+from icekeeper.common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
+from icekeeper.common.transports.base import Delivery, MonikerTransport
+from icekeeper.common.transports.folder import DeadLetterFolder, MonikerFolder
 
 MAX_INLINE_BYTES = MAX_INLINE_MONIKER_BYTES
 """Below the 64 KiB message limit with room for the XML escaping the SDK applies (the default of

@@ -15,11 +15,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.file_events import FileEvent
-from common.moniker import Moniker
+from icekeeper.common.file_events import FileEvent
+from icekeeper.common.moniker import Moniker
 
 if TYPE_CHECKING:
-    from common.transports.folder import DeadLetterFolder
+    from icekeeper.common.transports.folder import DeadLetterFolder
 
 
 @dataclass

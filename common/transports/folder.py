@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from pyarrow import fs as pafs
 
-from common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
-from common.storage import open_filesystem, path_segment, write_whole
-from common.transports.base import Quarantined
+from icekeeper.common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
+from icekeeper.common.storage import open_filesystem, path_segment, write_whole
+from icekeeper.common.transports.base import Quarantined
 
 log = logging.getLogger(__name__)
 SUFFIX = ".json"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from common.config.model import TxLogTransport
-from common.moniker import Moniker
-from common.transports.base import Delivery, MonikerTransport
-from common.transports.folder import DeadLetterFolder, MonikerFolder
+from icekeeper.common.config.model import TxLogTransport
+from icekeeper.common.moniker import Moniker
+from icekeeper.common.transports.base import Delivery, MonikerTransport
+from icekeeper.common.transports.folder import DeadLetterFolder, MonikerFolder
 
 
 class TxLogMonikerTransport(MonikerTransport):

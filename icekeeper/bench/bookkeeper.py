@@ -39,13 +39,13 @@ import pyarrow.parquet as pq
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
-from bookkeeper.datafiles import FooterReader, data_file
-from bookkeeper.service import Bookkeeper
-from common.config import IcekeeperConfig, load_config
-from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
-from common.schema import assign_ids, metadata_columns, record_types, row_columns
-from common.transports import open_transport
 from icekeeper.bench.work import fresh_work_folder
+from icekeeper.bookkeeper.datafiles import FooterReader, data_file
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+from icekeeper.common.schema import assign_ids, metadata_columns, record_types, row_columns
+from icekeeper.common.transports import open_transport
 from icekeeper.samples import seed000
 
 Progress = Callable[[str], None]
@@ -54,7 +54,7 @@ ROWS_PER_FILE = 100
 
 
 def seed_schema(config: IcekeeperConfig) -> Schema:
-    from common.schema import envelope_shape, resolve_named_types
+    from icekeeper.common.schema import envelope_shape, resolve_named_types
 
     shape = envelope_shape(resolve_named_types(seed000.SCHEMA_VERSIONS[4].value_schema()))
     columns = metadata_columns(
@@ -206,7 +206,7 @@ def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
             )
             files = ["file://" + str(path) for path in sorted(data_dir.rglob("*.parquet"))]
             baseline_config = _config(work / "add-files")
-            from common.catalog import open_catalog
+            from icekeeper.common.catalog import open_catalog
 
             catalog = open_catalog(baseline_config)
             catalog.create_namespace("bench")

@@ -23,11 +23,11 @@ import shutil
 import time
 from typing import Any
 
-from bookkeeper.service import Bookkeeper
-from common.transports import open_transport
 from icekeeper.bench.bookkeeper import TABLE, _config, _monikers, seed_schema
 from icekeeper.bench.soak import resident_mb
 from icekeeper.bench.work import fresh_work_folder
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.transports import open_transport
 
 
 class _MallInfo2(ctypes.Structure):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import uuid
 from bisect import bisect_right
 
-from common.config import IcekeeperConfig
 from icekeeper.bench.snapshot_observer import SeenSnapshot
+from icekeeper.common.config import IcekeeperConfig
 
 
 def record_delays(

@@ -45,13 +45,13 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
-from common.catalog import load_table_or_none, open_catalog
-from common.committed_state import CommittedState
-from common.config import IcekeeperConfig, load_config
-from common.logs import configure_logging
 from icekeeper.bench.committed_offsets import record_delays
 from icekeeper.bench.snapshot_observer import observe_snapshots, read_seen_snapshots
 from icekeeper.bench.work import fresh_work_folder
+from icekeeper.common.catalog import load_table_or_none, open_catalog
+from icekeeper.common.committed_state import CommittedState
+from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.logs import configure_logging
 from icekeeper.samples.produce import produce_at_rate
 from icekeeper.samples.synthetic import SyntheticSpec
 
@@ -163,7 +163,7 @@ def wait_for_observed(seen_path: Path, records: int, timeout_s: float) -> None:
 
 def bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
     """The bookkeeper as its own process, stopped (after its current commit) when `stop` is set."""
-    from bookkeeper.service import Bookkeeper
+    from icekeeper.bookkeeper.service import Bookkeeper
 
     configure_logging()
     bookkeeper = Bookkeeper(config)
@@ -178,8 +178,8 @@ def bookkeeper_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
 
 def writer_process(config: IcekeeperConfig, stop: Any, ready: Any) -> None:
     """The writer as its own process with its own SparkSession, stopped after its current batch."""
-    from common.spark import spark_session
-    from writers.job import WriterJob
+    from icekeeper.common.spark import spark_session
+    from icekeeper.writers.job import WriterJob
 
     configure_logging()
     spark = spark_session(config, "icekeeper-bench-e2e-writer")

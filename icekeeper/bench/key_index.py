@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bookkeeper.key_index import ABSENT, KeyIndex, pack
+from icekeeper.bookkeeper.key_index import ABSENT, KeyIndex, pack
 
 Progress = Callable[[str], None]
 
@@ -115,8 +115,8 @@ def run_key_index_files_bench(
     committed in its list, as before pruning) and pruned (a copy), on the local disk, the best
     of `SAVE_REPEATS`.
     """
-    from bookkeeper.key_index_store import load_index_at, save_index_at
-    from bookkeeper.position_deletes import DataFileRef
+    from icekeeper.bookkeeper.key_index_store import load_index_at, save_index_at
+    from icekeeper.bookkeeper.position_deletes import DataFileRef
 
     rng = np.random.default_rng(26)
     index = KeyIndex(exact=True)

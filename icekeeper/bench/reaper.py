@@ -22,12 +22,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.catalog import open_catalog
-from common.config import IcekeeperConfig, load_config
-from common.internals import java_spark_session, spark_jvm
-from common.moniker import FileEntry
 from icekeeper.bench.bookkeeper import seed_schema, write_seed_file
 from icekeeper.bench.work import fresh_work_folder
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.internals import java_spark_session, spark_jvm
+from icekeeper.common.moniker import FileEntry
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -100,8 +100,8 @@ def bench_config(state_dir: Path) -> IcekeeperConfig:
 def run_reaper_bench(
     state_dir: str, files: int = 1000, cores: int | None = None, progress: Progress = print
 ) -> dict[str, Any]:
-    from common.spark import spark_session
-    from reaper.service import Reaper
+    from icekeeper.common.spark import spark_session
+    from icekeeper.reaper.service import Reaper
 
     work = fresh_work_folder(state_dir, "bench-reaper")
     config = bench_config(work)

@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bookkeeper.service import Bookkeeper
-from common.catalog import open_catalog
-from common.transports import open_transport
 from icekeeper.bench.bookkeeper import TABLE, _config, _monikers, seed_schema
 from icekeeper.bench.work import fresh_work_folder
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.transports import open_transport
 
 Progress = Callable[[str], None]
 WINDOW = 100

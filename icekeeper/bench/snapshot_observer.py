@@ -25,10 +25,10 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import text
 
-from common.catalog import load_table_or_none, open_catalog
-from common.committed_state import CommittedState
-from common.config import IcekeeperConfig
-from common.logs import configure_logging
+from icekeeper.common.catalog import load_table_or_none, open_catalog
+from icekeeper.common.committed_state import CommittedState
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.logs import configure_logging
 
 log = logging.getLogger(__name__)
 

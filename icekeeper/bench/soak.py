@@ -33,11 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.catalog import load_table_or_none, open_catalog
-from common.config import IcekeeperConfig
-from common.logs import configure_logging
 from icekeeper.bench.e2e import TABLE, bookkeeper_process, e2e_config, percentile, writer_process
 from icekeeper.bench.work import fresh_work_folder
+from icekeeper.common.catalog import load_table_or_none, open_catalog
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.logs import configure_logging
 from icekeeper.samples.produce import produce_at_rate
 from icekeeper.samples.synthetic import SyntheticSpec
 
@@ -69,7 +69,7 @@ def producer_process(config: IcekeeperConfig, topic: str, rate_per_s: float, sto
 
 def reaper_process(config: IcekeeperConfig, every_s: float, stop: Any) -> None:
     """The reaper as its own process, a pass every `every_s` (the first at once)."""
-    from reaper.service import Reaper
+    from icekeeper.reaper.service import Reaper
 
     configure_logging()
     reaper = Reaper(config)

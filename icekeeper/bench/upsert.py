@@ -48,11 +48,6 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from common.catalog import DEFAULT_TABLE_PROPERTIES, load_table_or_none, open_catalog
-from common.committed_state import committed_state
-from common.config import IcekeeperConfig, load_config
-from common.config.model import TableSpec
-from common.schema import op_column
 from icekeeper.bench.upsert_data import (
     ROW_COLUMNS,
     ChangePlan,
@@ -64,6 +59,11 @@ from icekeeper.bench.upsert_merge import create_merge_table, run_merge_baseline
 from icekeeper.bench.upsert_stages import measure_upsert_stages
 from icekeeper.bench.upsert_table_rows import start_with, write_template
 from icekeeper.bench.work import fresh_work_folder
+from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES, load_table_or_none, open_catalog
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.config.model import TableSpec
+from icekeeper.common.schema import op_column
 
 Progress = Callable[[str], None]
 KEY_COLUMNS = ["id"]
@@ -179,7 +179,7 @@ def run_pipeline(
         time), `writer_s` (the writer alone, until idle), `batches` and each one's `batch_s`,
         `snapshots` and `commit_s` (the bookkeeper's commit time summed over its snapshots).
     """
-    from writers.job import WriterJob
+    from icekeeper.writers.job import WriterJob
 
     identifier = config.tables[0].identifier
     with bookkeeper_running(config) as bookkeeper:
@@ -311,7 +311,7 @@ def measure_scans(
     The bookkeeper runs during the pass, as deployed (an upsert table's compaction may need it).
     Also the baseline's `MERGE INTO` table after the same changes (`baseline_identifier`): what a
     reader of the other merge-on-read table pays for the same deleted rows."""
-    from reaper.service import Reaper
+    from icekeeper.reaper.service import Reaper
 
     catalog = open_catalog(config)
     table = catalog.load_table(identifier)
@@ -540,9 +540,9 @@ def run_upsert_bench(
         table_rows: rows every timed run's table starts with, keys the changes never touch
             (`upsert_table_rows.py`): a source table larger than the keys it changes.
     """
-    from common.spark import iceberg_catalog_conf, spark_session
     from icekeeper.bench.e2e import run_e2e_bench
     from icekeeper.bench.key_index import run_key_index_bench
+    from icekeeper.common.spark import iceberg_catalog_conf, spark_session
 
     cores = cores or os.cpu_count() or 2
     work = fresh_work_folder(base.state_dir, "bench-upsert")

@@ -28,7 +28,7 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from common.config.model import IcekeeperConfig
+from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.samples.debezium import DEBEZIUM_VERSION, TableShape
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from icekeeper.samples.synthetic import ORDER_COLUMNS

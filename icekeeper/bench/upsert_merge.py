@@ -19,14 +19,14 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
-from common.config.model import IcekeeperConfig
-from common.schema import op_column, resolve_named_types
-from writers import sql
-from writers.columns import ERROR, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION
-from writers.decode import decode_avro_confluent
-from writers.flatten import flatten
-from writers.registry import RegisteredSchema
+from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
+from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.schema import op_column, resolve_named_types
+from icekeeper.writers import sql
+from icekeeper.writers.columns import ERROR, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION
+from icekeeper.writers.decode import decode_avro_confluent
+from icekeeper.writers.flatten import flatten
+from icekeeper.writers.registry import RegisteredSchema
 
 MERGE_ON_READ = {
     "write.merge.mode": "merge-on-read",

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from common.catalog import DEFAULT_TABLE_PROPERTIES
-from common.config.model import IcekeeperConfig
-from common.schema import op_column
 from icekeeper.bench.upsert_merge import flat_changes
-from writers.columns import HELPER_COLUMNS
-from writers.files import parquet_write_options, write_parquet
-from writers.upserts import deleted_partition, last_change_per_key
+from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES
+from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.schema import op_column
+from icekeeper.writers.columns import HELPER_COLUMNS
+from icekeeper.writers.files import parquet_write_options, write_parquet
+from icekeeper.writers.upserts import deleted_partition, last_change_per_key
 
 
 def measure_upsert_stages(

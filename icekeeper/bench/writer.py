@@ -38,9 +38,9 @@ from pyiceberg.schema import Schema
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from common.config.model import IcekeeperConfig
-from common.spark import spark_session
 from icekeeper.bench.work import fresh_work_folder
+from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.spark import spark_session
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import DEBEZIUM_VERSION
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
@@ -153,7 +153,7 @@ BATCH_RECORDS = 500_000
 
 def _kafka_options(spark: SparkSession, config: IcekeeperConfig) -> dict[str, str]:
     """The writer's Spark Kafka options for a batch of `BATCH_RECORDS` (task split, fetch sizes)."""
-    from writers.kafka_io import batch_read_options
+    from icekeeper.writers.kafka_io import batch_read_options
 
     parallelism = spark.sparkContext.defaultParallelism
     return batch_read_options(config.sources[0], parallelism, BATCH_RECORDS)
@@ -165,11 +165,11 @@ def _seed_rows(
     """The seed table's rows from a Kafka frame (batch or stream):
     our `from_avro` decoding (with the writer's reader schema) and
     flattening, poison dropped; also the flattened Iceberg schema."""
-    from common.schema import resolve_named_types
-    from writers.columns import HELPER_COLUMNS
-    from writers.decode import decode_avro_confluent, envelope_fields
-    from writers.flatten import flatten
-    from writers.registry import RegisteredSchema
+    from icekeeper.common.schema import resolve_named_types
+    from icekeeper.writers.columns import HELPER_COLUMNS
+    from icekeeper.writers.decode import decode_avro_confluent, envelope_fields
+    from icekeeper.writers.flatten import flatten
+    from icekeeper.writers.registry import RegisteredSchema
 
     registered = RegisteredSchema(
         schema_id, schema_text, resolve_named_types(json.loads(schema_text))
@@ -193,8 +193,8 @@ def run_baseline(
 ) -> float:
     """Spark's own path: readStream -> same decode and flatten -> writeStream into an Iceberg
     table; seconds until it ends (its rows are then visible)."""
-    from common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
-    from common.spark import iceberg_catalog_conf
+    from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
+    from icekeeper.common.spark import iceberg_catalog_conf
 
     for key, value in iceberg_catalog_conf(config).items():
         spark.conf.set(key, value)
@@ -251,8 +251,8 @@ def measure_stages(
             .load()
         )
 
-    from common.catalog import DEFAULT_TABLE_PROPERTIES
-    from writers.files import parquet_write_options
+    from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES
+    from icekeeper.writers.files import parquet_write_options
 
     parquet_options = parquet_write_options(DEFAULT_TABLE_PROPERTIES)
 
@@ -339,9 +339,9 @@ def _run_ours(
 ) -> tuple[float, float, int, int]:
     """Our writer over the whole topic in batches of `BATCH_RECORDS`, then the bookkeeper until
     every record is committed; (writer seconds, seconds until visible, rows, batches)."""
-    from bookkeeper.service import Bookkeeper
-    from common.catalog import load_table_or_none, open_catalog
-    from writers.job import WriterJob
+    from icekeeper.bookkeeper.service import Bookkeeper
+    from icekeeper.common.catalog import load_table_or_none, open_catalog
+    from icekeeper.writers.job import WriterJob
 
     bench_config = _ours_config(config, topic, work_dir, engine)
     job = WriterJob(bench_config, spark=spark, writer_id="bench-writer")

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.artifacts import MavenBundle, Progress, maven_bundle, maven_file_url, unpacked_archive
+from icekeeper.common.artifacts import (
+    MavenBundle,
+    Progress,
+    maven_bundle,
+    maven_file_url,
+    unpacked_archive,
+)
 from icekeeper.localstack.java import find_java
 from icekeeper.localstack.services import LaunchSpec, Service, http_status
 

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.artifacts import Progress
+from icekeeper.common.artifacts import Progress
 from icekeeper.localstack.catalog_service import CatalogService
 from icekeeper.localstack.debian import MARIADB_SERVER, POSTGRESQL, ensure_package
 from icekeeper.localstack.errors import StackError

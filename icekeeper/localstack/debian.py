@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from common.artifacts import Progress
+from icekeeper.common.artifacts import Progress
 from icekeeper.localstack.errors import StackError
 
 

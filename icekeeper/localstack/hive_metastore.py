@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common.artifacts import (
+from icekeeper.common.artifacts import (
     MavenBundle,
     Progress,
     maven_bundle,

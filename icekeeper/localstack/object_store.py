@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.artifacts import Progress, maven_file
+from icekeeper.common.artifacts import Progress, maven_file
 from icekeeper.localstack.java import find_java
 from icekeeper.localstack.services import LaunchSpec, Service, port_open
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from common.artifacts import MavenBundle, Progress, maven_bundle, maven_file
+from icekeeper.common.artifacts import MavenBundle, Progress, maven_bundle, maven_file
 from icekeeper.localstack.catalog_service import CatalogService
 from icekeeper.localstack.java import find_java
 from icekeeper.localstack.services import LaunchSpec, port_open

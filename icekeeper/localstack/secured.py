@@ -26,7 +26,7 @@ from base64 import b64encode
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.artifacts import Progress
+from icekeeper.common.artifacts import Progress
 from icekeeper.localstack.services import KafkaService, LaunchSpec, Service, http_status
 
 KAFKA_SASL_USER = "icekeeper"

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.artifacts import (
+from icekeeper.common.artifacts import (
     MavenBundle,
     Progress,
     maven_bundle,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.config.loader import validate_development_section
-from common.config.model import Duration, IcekeeperConfig
+from icekeeper.common.config.loader import validate_development_section
+from icekeeper.common.config.model import Duration, IcekeeperConfig
 
 SECTION = "stack"
 

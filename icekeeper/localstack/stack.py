@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common.artifacts import MavenBundle, Progress, maven_bundle
-from common.config.model import IcekeeperConfig
+from icekeeper.common.artifacts import MavenBundle, Progress, maven_bundle
+from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.localstack.catalog_service import CatalogService
 from icekeeper.localstack.connect import KafkaConnectService
 from icekeeper.localstack.databases import (

@@ -21,9 +21,9 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from common.config.model import IcekeeperConfig, KafkaSource
-from common.kafka_clients import Cluster, librdkafka_config, registry_client
-from common.schema import resolve_named_types
+from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
+from icekeeper.common.kafka_clients import Cluster, librdkafka_config, registry_client
+from icekeeper.common.schema import resolve_named_types
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import TableShape, connect_schema
 from icekeeper.samples.synthetic import (

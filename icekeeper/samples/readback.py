@@ -18,8 +18,8 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from common.config.model import KafkaSource
-from common.kafka_clients import Cluster, librdkafka_config, registry_client
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.kafka_clients import Cluster, librdkafka_config, registry_client
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from bookkeeper.service import Bookkeeper
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import SCHEMA, bookkeeper_config, make_moniker
 
 NOTE = NestedField(5, "note", StringType(), required=False)

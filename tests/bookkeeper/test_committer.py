@@ -9,10 +9,10 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from bookkeeper.committer import Committer, StaleEpoch
-from bookkeeper.service import Bookkeeper
-from common.committed_state import committed_state
-from common.transports import open_transport
+from icekeeper.bookkeeper.committer import Committer, StaleEpoch
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import SCHEMA, bookkeeper_config, make_moniker
 
 

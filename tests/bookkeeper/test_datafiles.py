@@ -36,7 +36,7 @@ from pyiceberg.types import (
 )
 from pyiceberg.utils.truncate import truncate_upper_bound_text_string
 
-from bookkeeper.datafiles import (
+from icekeeper.bookkeeper.datafiles import (
     FOOTER_READ_BYTES,
     FileUnavailable,
     FooterReader,
@@ -47,7 +47,7 @@ from bookkeeper.datafiles import (
     footer_statistics,
     validate,
 )
-from common.moniker import FileEntry
+from icekeeper.common.moniker import FileEntry
 
 SCHEMA = Schema(
     NestedField(3, "id", LongType(), required=True),
@@ -410,7 +410,7 @@ def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(
 _DESCRIBE_DAMAGED = """
 import sys
 from pyiceberg.schema import Schema
-from bookkeeper.datafiles import FooterReader, InvalidFile
+from icekeeper.bookkeeper.datafiles import FooterReader, InvalidFile
 SCHEMA = Schema.model_validate_json(sys.argv[1])
 paths = sys.argv[2:]
 reader = FooterReader(workers=2)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.committer import _local_or_url
-from bookkeeper.service import Bookkeeper
-from common.catalog import open_catalog
-from common.file_events import location_key, parse_event_grid
-from common.transports import open_transport
+from icekeeper.bookkeeper.committer import _local_or_url
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.file_events import location_key, parse_event_grid
+from icekeeper.common.transports import open_transport
 from tests.support.event_grid import cloud_event, event_grid
 from tests.support.shop_items import (
     SCHEMA,

@@ -15,7 +15,7 @@ from pyiceberg.types import (
     StructType,
 )
 
-from bookkeeper.evolution import IncompatibleSchema, plan_evolution
+from icekeeper.bookkeeper.evolution import IncompatibleSchema, plan_evolution
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from common.catalog import open_catalog
-from common.fencing import Fenced, Lease
-from common.transports import open_transport
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.fencing import Fenced, Lease
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 from tests.support.waiting import wait_until
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from bookkeeper.service import Bookkeeper
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 from tests.support.waiting import wait_until
 

@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
-from bookkeeper.service import Bookkeeper
-from common.catalog import open_catalog
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 from tests.support.waiting import wait_until
 

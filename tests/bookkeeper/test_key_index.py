@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bookkeeper.key_index import ABSENT, KeyIndex, pack, unpack
-from bookkeeper.position_deletes import DataFileRef
-from bookkeeper.row_keys import key_words
+from icekeeper.bookkeeper.key_index import ABSENT, KeyIndex, pack, unpack
+from icekeeper.bookkeeper.position_deletes import DataFileRef
+from icekeeper.bookkeeper.row_keys import key_words
 
 
 def _cycle(index: KeyIndex, events: list[tuple[int, int | None]], snapshot: int) -> set[int]:

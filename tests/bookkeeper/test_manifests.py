@@ -30,7 +30,7 @@ from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransfor
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, LongType, NestedField, StringType, TimestamptzType
 
-from bookkeeper.manifests import (
+from icekeeper.bookkeeper.manifests import (
     _ManifestWriter,
     _partition_encoder,
     _write_manifest_list,
@@ -38,8 +38,8 @@ from bookkeeper.manifests import (
     encode_manifest_file,
     written_manifest_list,
 )
-from bookkeeper.service import Bookkeeper
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.transports import open_transport
 from icekeeper.readers import duckdb_rows
 from tests.support.shop_items import bookkeeper_config, make_moniker
 

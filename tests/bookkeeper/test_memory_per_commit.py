@@ -13,8 +13,8 @@ import gc
 import tracemalloc
 from pathlib import Path
 
-from bookkeeper.service import Bookkeeper
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 
 WARM_UP_COMMITS = 40

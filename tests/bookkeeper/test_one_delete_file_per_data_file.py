@@ -16,12 +16,12 @@ import pytest
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import LongType
 
-from bookkeeper.service import Bookkeeper
-from bookkeeper.upserts import live_files
-from common.delete_files import read_position_deletes, read_positions_in, single_target
-from common.moniker import Moniker, moniker_id
-from common.rewrites import is_pending, publish_rewrite, refusal
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.common.delete_files import read_position_deletes, read_positions_in, single_target
+from icekeeper.common.moniker import Moniker, moniker_id
+from icekeeper.common.rewrites import is_pending, publish_rewrite, refusal
+from icekeeper.common.transports import open_transport
 from icekeeper.readers import spark_rows
 from tests.bookkeeper.test_rewrites import compacted_request, random_changes
 from tests.bookkeeper.test_upsert import upsert_table_with

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bookkeeper.committer import overlapping_offsets, select_ready
-from bookkeeper.service import Bookkeeper
-from common.committed_state import CommittedState, Refusal, committed_state
-from common.transports import Delivery, open_transport
+from icekeeper.bookkeeper.committer import overlapping_offsets, select_ready
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.committed_state import CommittedState, Refusal, committed_state
+from icekeeper.common.transports import Delivery, open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 
 

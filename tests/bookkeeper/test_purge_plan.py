@@ -7,9 +7,9 @@ from decimal import Decimal
 
 import numpy as np
 
-from bookkeeper.key_index import KeyIndex, pack
-from bookkeeper.position_deletes import DataFileRef
-from bookkeeper.purge_plan import FileLiveness, plan_purge
+from icekeeper.bookkeeper.key_index import KeyIndex, pack
+from icekeeper.bookkeeper.position_deletes import DataFileRef
+from icekeeper.bookkeeper.purge_plan import FileLiveness, plan_purge
 
 MIB = 1024 * 1024
 

@@ -20,14 +20,14 @@ from pyarrow import fs as pafs
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StringType
 
-from bookkeeper import purges
-from bookkeeper import rewrites as rewrites_module
-from bookkeeper.service import Bookkeeper
-from bookkeeper.upserts import live_files
-from common.config import IcekeeperConfig
-from common.delete_files import read_position_deletes
-from common.moniker import Moniker
-from common.rewrites import (
+from icekeeper.bookkeeper import purges
+from icekeeper.bookkeeper import rewrites as rewrites_module
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.delete_files import read_position_deletes
+from icekeeper.common.moniker import Moniker
+from icekeeper.common.rewrites import (
     REWRITE_ID_PROPERTY,
     RewriteRequest,
     is_pending,
@@ -36,8 +36,8 @@ from common.rewrites import (
     refusal,
     rewrites_folder,
 )
-from common.storage import open_filesystem
-from common.transports import open_transport
+from icekeeper.common.storage import open_filesystem
+from icekeeper.common.transports import open_transport
 from icekeeper.readers import duckdb_rows as read_with_duckdb
 from icekeeper.readers import spark_rows
 from tests.bookkeeper.test_one_delete_file_per_data_file import BucketedUpsertWriter
@@ -508,7 +508,7 @@ def test_a_committed_purge_looked_at_again_after_its_snapshot_expired_keeps_its_
     monkeypatch.undo()
     changes = [(KEYS + 100, 1)]
     transport.publish(writer.batch(changes))
-    with caplog.at_level(logging.INFO, logger="bookkeeper.rewrites"):
+    with caplog.at_level(logging.INFO, logger="icekeeper.bookkeeper.rewrites"):
         successor.run_cycle()
     applied(reference, changes)
     assert not is_pending(location, request.id) and refusal(location, request.id) is None

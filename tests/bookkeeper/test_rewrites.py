@@ -14,11 +14,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from bookkeeper.upserts import live_files
-from common.delete_files import read_position_deletes
-from common.locations import normalize_location
-from common.rewrites import (
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.common.delete_files import read_position_deletes
+from icekeeper.common.locations import normalize_location
+from icekeeper.common.rewrites import (
     REWRITE_ID_PROPERTY,
     RewriteRequest,
     is_pending,
@@ -30,7 +30,7 @@ from common.rewrites import (
     rewrites_folder,
     set_aside_reason,
 )
-from common.transports import open_transport
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import (
     SCHEMA,
     UpsertWriter,
@@ -276,7 +276,7 @@ def test_a_request_whose_files_storage_fails_to_serve_is_never_set_aside(tmp_pat
 
     def storage_error(requests, properties):
         """The request's file answers a storage error; the writers' files are read as ever."""
-        from bookkeeper.datafiles import FileUnavailable
+        from icekeeper.bookkeeper.datafiles import FileUnavailable
 
         failing = {entry.path for entry in request.files}
         described = describe([r for r in requests if r[0] not in failing], properties)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from bookkeeper.service import Bookkeeper
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
@@ -115,7 +115,7 @@ def test_commit_reports_also_go_to_a_kafka_topic(local_stack, stack_config, tmp_
 
 def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> None:
     """Backpressure: a writer reads nothing while monikers over `max_pending_bytes` wait."""
-    from writers.job import WriterJob
+    from icekeeper.writers.job import WriterJob
 
     config = bookkeeper_config(tmp_path, writer__max_pending_bytes="1")
     open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))

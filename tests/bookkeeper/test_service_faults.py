@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.catalog import load_table_or_none, open_catalog
-from common.config import IcekeeperConfig
-from common.transports import open_transport
-from reaper.service import Reaper
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import load_table_or_none, open_catalog
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.transports import open_transport
+from icekeeper.reaper.service import Reaper
 from tests.support.shop_items import (
     SCHEMA,
     azure_queue_settings,

@@ -11,10 +11,10 @@ from pathlib import Path
 from pyiceberg.serializers import ToOutputFile
 from pyiceberg.table.update import update_table_metadata
 
-from bookkeeper.service import Bookkeeper
-from bookkeeper.table_metadata import update_without_copy
-from common.catalog import open_catalog
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.table_metadata import update_without_copy
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 
 

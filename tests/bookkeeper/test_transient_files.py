@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.committed_state import committed_state
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 
 
@@ -123,8 +123,8 @@ def test_a_real_writers_batch_survives_one_file_unreachable_for_a_cycle(
     writer batch, one of its files away for one cycle."""
     from icekeeper.samples.produce import produce_synthetic
     from icekeeper.samples.synthetic import SyntheticSpec
+    from icekeeper.writers.job import WriterJob
     from tests.support.pipeline import pipeline_config
-    from writers.job import WriterJob
 
     config = pipeline_config(
         tmp_path,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.key_index_store import index_location, load_index
-from bookkeeper.service import Bookkeeper
-from common.config import IcekeeperConfig
-from common.moniker import FileEntry
-from common.transports import MonikerTransport, open_transport
+from icekeeper.bookkeeper.key_index_store import index_location, load_index
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.moniker import FileEntry
+from icekeeper.common.transports import MonikerTransport, open_transport
 from tests.support.shop_items import (
     SCHEMA,
     UpsertWriter,

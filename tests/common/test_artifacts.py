@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.artifacts import ArtifactError, npm_package
+from icekeeper.common.artifacts import ArtifactError, npm_package
 
 
 def fake_npm(tmp_path: Path, monkeypatch, incomplete_installs: int) -> None:

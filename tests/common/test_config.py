@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, load_config
-from common.config.docs import render_markdown
-from common.config.model import AzureQueueTransport, parse_duration_s
-from common.config.properties import parse_properties, split_top_level
+from icekeeper.common.config import ConfigError, load_config
+from icekeeper.common.config.docs import render_markdown
+from icekeeper.common.config.model import AzureQueueTransport, parse_duration_s
+from icekeeper.common.config.properties import parse_properties, split_top_level
 from icekeeper.localstack.settings import SECTION, StackConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -277,7 +277,7 @@ bookkeeper: {group: orders, lease_uri: /mnt/leases, max_pending_bytes: 1000}
 reaper: {orphan_grace: 2h}
 """,
     )
-    with caplog.at_level("WARNING", logger="common.config.renames"):
+    with caplog.at_level("WARNING", logger="icekeeper.common.config.renames"):
         config = load_config(path, environ={})
     assert config.spark.master == "spark://spark:7077"
     assert config.spark.conf == {"spark.executor.memory": "2g"}
@@ -324,7 +324,7 @@ def test_a_new_file_loads_without_deprecation_warnings(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write(tmp_path, "new.yaml", "spark: {master: 'local[2]'}\ngroup: {name: orders}\n")
-    with caplog.at_level("WARNING", logger="common.config.renames"):
+    with caplog.at_level("WARNING", logger="icekeeper.common.config.renames"):
         config = load_config(path, environ={})
     assert (config.spark.master, config.group.name) == ("local[2]", "orders")
     assert not caplog.records

@@ -6,7 +6,12 @@ import os
 import time
 from pathlib import Path
 
-from common.in_flight import InFlightClaims, claims_folder, live_claimed_folders, under_any
+from icekeeper.common.in_flight import (
+    InFlightClaims,
+    claims_folder,
+    live_claimed_folders,
+    under_any,
+)
 from tests.support.waiting import wait_until
 
 

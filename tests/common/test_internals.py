@@ -26,7 +26,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.types import LongType, NestedField, StringType
 
-from common.internals import (
+from icekeeper.common.internals import (
     MergeAppendFiles,
     UncopiedTransaction,
     append_metadata_log,

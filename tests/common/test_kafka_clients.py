@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config
-from common.config.loader import ConfigError
-from common.config.model import KafkaSource
-from common.config.secrets import MASK, masked_dump
-from common.kafka_clients import (
+from icekeeper.common.config import load_config
+from icekeeper.common.config.loader import ConfigError
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.config.secrets import MASK, masked_dump
+from icekeeper.common.kafka_clients import (
     connection_environ,
     java_client_properties,
     librdkafka_config,
@@ -157,7 +157,7 @@ def test_a_registry_that_never_answers_is_an_outage_not_a_hang() -> None:
     import socket
     import threading
 
-    from writers.registry import RegistryUnavailable, TopicSchemas
+    from icekeeper.writers.registry import RegistryUnavailable, TopicSchemas
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

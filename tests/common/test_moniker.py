@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from common.moniker import (
+from icekeeper.common.moniker import (
     MonikerError,
     decode_moniker,
     encode_moniker,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.config import load_config
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.cli import main
+from icekeeper.common.config import load_config
 
 
 @pytest.fixture

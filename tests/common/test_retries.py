@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from common.retries import retry
+from icekeeper.common.retries import retry
 
 
 class Flaky(Exception):
@@ -26,7 +26,7 @@ def failing(times: int, calls: list[int]):
 
 def test_errors_it_accepts_are_retried_with_waits_and_a_log_line_each(caplog) -> None:
     calls, slept = [], []
-    caplog.set_level(logging.INFO, logger="common.retries")
+    caplog.set_level(logging.INFO, logger="icekeeper.common.retries")
     outcome = retry(
         failing(2, calls),
         attempts=5,

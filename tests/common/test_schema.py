@@ -11,7 +11,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import AddSchemaUpdate, SetCurrentSchemaUpdate, update_table_metadata
 from pyiceberg.types import IntegerType, NestedField, StringType, StructType
 
-from common.schema import Column, assign_ids
+from icekeeper.common.schema import Column, assign_ids
 
 ORDERS = Schema(
     NestedField(1, "id", IntegerType(), required=True),

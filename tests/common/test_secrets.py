@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.config import ConfigError, load_config
-from common.logs import JsonLineFormatter
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config import ConfigError, load_config
+from icekeeper.common.logs import JsonLineFormatter
 from tests.support.shop_items import bookkeeper_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

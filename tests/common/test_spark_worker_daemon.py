@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.spark_worker_daemon import import_path
+from icekeeper.common.spark_worker_daemon import import_path
 
 
 def _package(root: Path, name: str) -> None:

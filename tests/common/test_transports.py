@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from common.config.model import AzureQueueTransport, TxLogTransport
-from common.moniker import Moniker
-from common.transports.azure_queue import MAX_INLINE_BYTES, AzureQueueMonikerTransport
-from common.transports.base import MonikerTransport
-from common.transports.txlog import TxLogMonikerTransport
+from icekeeper.common.config.model import AzureQueueTransport, TxLogTransport
+from icekeeper.common.moniker import Moniker
+from icekeeper.common.transports.azure_queue import MAX_INLINE_BYTES, AzureQueueMonikerTransport
+from icekeeper.common.transports.base import MonikerTransport
+from icekeeper.common.transports.txlog import TxLogMonikerTransport
 from tests.support.moniker_values import big_moniker, sample_moniker
 
 

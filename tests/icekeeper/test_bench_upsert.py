@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import IcekeeperConfig
 from icekeeper.bench.upsert import SIDES, run_upsert_bench
 from icekeeper.bench.upsert_data import OPS, ChangePlan, plan_changes
+from icekeeper.common.config import IcekeeperConfig
 
 
 def replay(plan: ChangePlan) -> dict[int, int]:

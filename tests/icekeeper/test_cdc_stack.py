@@ -22,7 +22,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from common.config import IcekeeperConfig, load_config
+from icekeeper.common.config import IcekeeperConfig, load_config
 from icekeeper.localstack import debian
 from icekeeper.localstack.cdc import (
     ConnectClient,

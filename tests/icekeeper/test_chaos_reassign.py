@@ -4,7 +4,6 @@ The event itself runs in the heavy chaos test (`tests/test_chaos.py`)."""
 
 from __future__ import annotations
 
-from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 from icekeeper.chaos_pacing import RecordGate
 from icekeeper.chaos_reassign import (
     first_layout,
@@ -16,6 +15,7 @@ from icekeeper.chaos_reassign import (
     pending_monikers,
     reaching_past,
 )
+from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 from tests.support.moniker_values import SAMPLE_SCHEMA
 
 

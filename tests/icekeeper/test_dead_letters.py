@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-import writers.dead_letters as writer_dead_letters
-from bookkeeper.service import Bookkeeper
-from common.catalog import open_catalog
-from common.committed_state import committed_state
-from common.transports import open_transport
+import icekeeper.writers.dead_letters as writer_dead_letters
 from icekeeper import dead_letters
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.cli import build_parser
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.transports import open_transport
 from icekeeper.dead_letters import REPLAY_OF_HEADER, run_dead_letters
 from icekeeper.samples.produce import ensure_topic
 from tests.support.pipeline import pipeline_config

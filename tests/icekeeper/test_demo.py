@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config
 from icekeeper import cli
+from icekeeper.common.config import load_config
 from icekeeper.demo_mariadb import expected_records
 from icekeeper.localstack.debian import MARIADB_SERVER, missing_packages_message
 from icekeeper.localstack.stack import StackError

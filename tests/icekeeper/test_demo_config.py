@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.config import load_config
+from icekeeper.common.config import load_config
 from icekeeper.demo import demo_config
 from icekeeper.localstack.settings import stack_settings
 from icekeeper.samples import seed000

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from common.config import IcekeeperConfig
+from icekeeper.common.config import IcekeeperConfig
 from icekeeper.samples import seed000
 from icekeeper.samples.produce import produce_seed_sample, produce_synthetic
 from icekeeper.samples.readback import read_topic

@@ -10,11 +10,11 @@ import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
-from common.catalog import open_catalog
-from common.committed_state import CommittedState
-from common.config import load_config
 from icekeeper.bench.e2e import holds, window_figures
 from icekeeper.bench.snapshot_observer import observe_snapshots, read_seen_snapshots
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.committed_state import CommittedState
+from icekeeper.common.config import load_config
 from tests.support.waiting import wait_until
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config
+from icekeeper.common.config import load_config
 from icekeeper.localstack.stack import LocalStack, StackError
 from tests.support.stack import TEST_STACK_PORTS, stack_environ
 

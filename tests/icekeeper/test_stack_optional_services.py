@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config
+from icekeeper.common.config import load_config
 from icekeeper.localstack import java
 from icekeeper.localstack.stack import OPTIONAL_SERVICES, LocalStack, with_dependencies
 from tests.support.stack import TEST_STACK_PORTS, stack_environ

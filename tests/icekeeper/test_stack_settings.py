@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, IcekeeperConfig, load_config
+from icekeeper.common.config import ConfigError, IcekeeperConfig, load_config
 from icekeeper.demo import demo_config
 from icekeeper.localstack.settings import StackConfig, stack_settings
 

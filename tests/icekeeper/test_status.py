@@ -9,8 +9,8 @@ import pytest
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from icekeeper.status import collect_status, render_status
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import commit_all, pipeline_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog, load_catalog
 
-from common.config import IcekeeperConfig, load_config
+from icekeeper.common.config import IcekeeperConfig, load_config
 from icekeeper.localstack.catalog_service import CatalogService
 from icekeeper.localstack.object_store import S3Service
 from icekeeper.localstack.rest_catalogs import NessieService, RestCatalogService

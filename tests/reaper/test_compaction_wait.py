@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from common.fencing import Lease, live_lease
-from common.rewrites import RewriteRequest, finish_rewrite, is_pending, publish_rewrite
-from reaper import upsert_compaction
-from reaper.upsert_compaction import CompactionOutcome, wait_for_commit
+from icekeeper.common.fencing import Lease, live_lease
+from icekeeper.common.rewrites import RewriteRequest, finish_rewrite, is_pending, publish_rewrite
+from icekeeper.reaper import upsert_compaction
+from icekeeper.reaper.upsert_compaction import CompactionOutcome, wait_for_commit
 
 GROUP = "shop"
 WAITING = "waiting for the bookkeeper to commit the compaction"
@@ -71,7 +71,7 @@ def test_a_running_bookkeeper_is_waited_for_with_progress_until_it_commits(
     bookkeeper.acquire(timeout_s=1)
     commits = threading.Timer(2.0, finish_rewrite, [str(tmp_path / "table"), request_id])
     commits.start()
-    with caplog.at_level(logging.INFO, logger="reaper.upsert_compaction"):
+    with caplog.at_level(logging.INFO, logger="icekeeper.reaper.upsert_compaction"):
         committed, outcome, seconds = wait(tmp_path, request_id, wait_s=60)
     assert committed and not outcome.no_bookkeeper and 1.5 < seconds < 10
     progress = [record for record in caplog.records if record.msg == WAITING]

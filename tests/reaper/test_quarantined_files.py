@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.catalog import open_catalog
-from common.committed_state import committed_state
-from common.transports import open_transport
 from icekeeper.bench.reaper import age_files
-from reaper.service import Reaper
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.transports import open_transport
+from icekeeper.reaper.service import Reaper
 from tests.support.pipeline import register_catalog
 from tests.support.shop_items import make_moniker, reaper_config
 

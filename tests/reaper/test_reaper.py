@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.catalog import DEFAULT_TABLE_PROPERTIES, default_table_location, open_catalog
-from common.config import IcekeeperConfig
-from common.in_flight import InFlightClaims, claims_folder
-from common.locations import normalize_location
-from common.transports import open_transport
 from icekeeper.bench.reaper import age_files, append_snapshot_per_file, files_under
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES, default_table_location, open_catalog
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.in_flight import InFlightClaims, claims_folder
+from icekeeper.common.locations import normalize_location
+from icekeeper.common.transports import open_transport
 from icekeeper.readers import duckdb_rows, spark_rows
-from reaper.service import Reaper
+from icekeeper.reaper.service import Reaper
 from tests.support.pipeline import register_catalog
 from tests.support.shop_items import (
     GRACE_S,
@@ -319,7 +319,7 @@ def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_pa
     table = open_catalog(config).load_table("shop.items")
     kept = {s.snapshot_id for s in table.snapshots()}
     assert table.current_snapshot().summary.operation.value == "replace" and len(kept) == 2
-    from common.committed_state import committed_state
+    from icekeeper.common.committed_state import committed_state
 
     state = committed_state(table)
     assert state.writer_seqs == {"w1": 3} and state.snapshot_id in kept
@@ -367,7 +367,7 @@ def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read
     """A bookkeeper committing back to back can win all of Iceberg's own commit retries (CI saw an
     expiry fail so); the reaper redoes such a step, and only such a step, up to
     `commit_attempts`."""
-    from reaper.maintenance import is_commit_conflict
+    from icekeeper.reaper.maintenance import is_commit_conflict
 
     config = reaper_config(tmp_path, reaper__commit_attempts="3")
     table = small_file_table(spark, config, 2)

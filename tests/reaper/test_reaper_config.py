@@ -12,9 +12,9 @@ from pathlib import Path
 from pyiceberg.schema import Schema
 from pyiceberg.types import DateType, LongType, NestedField, StringType, TimestamptzType
 
-from common.config import load_config
-from reaper.maintenance import time_filter
-from reaper.service import Reaper
+from icekeeper.common.config import load_config
+from icekeeper.reaper.maintenance import time_filter
+from icekeeper.reaper.service import Reaper
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED = REPO_ROOT / "examples" / "seed000.properties"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.catalog import open_catalog
-from common.config import IcekeeperConfig
-from common.transports import MonikerTransport, open_transport
-from reaper.service import Reaper
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.transports import MonikerTransport, open_transport
+from icekeeper.reaper.service import Reaper
 from tests.support.pipeline import register_catalog
 from tests.support.shop_items import bookkeeper_config, make_moniker, reaper_config
 from tests.support.waiting import wait_until

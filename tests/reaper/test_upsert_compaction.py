@@ -20,13 +20,13 @@ import pytest
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from bookkeeper.service import Bookkeeper
-from common.config import IcekeeperConfig
-from common.moniker import Moniker
-from common.rewrites import pending_rewrites
-from common.transports import open_transport
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.moniker import Moniker
+from icekeeper.common.rewrites import pending_rewrites
+from icekeeper.common.transports import open_transport
 from icekeeper.readers import duckdb_rows, spark_rows
-from reaper.service import Reaper
+from icekeeper.reaper.service import Reaper
 from tests.support.pipeline import register_catalog
 from tests.support.shop_items import SCHEMA, UpsertWriter, applied, reaper_config, write_file
 
@@ -208,7 +208,7 @@ def test_compaction_lands_while_the_bookkeeper_purges_files_it_read(
         commit(bookkeeper, transport, writer, random_changes(rng, 60), reference)
     before = {s.snapshot_id for s in bookkeeper.catalog.load_table("shop.items").snapshots()}
 
-    with caplog.at_level(logging.INFO, logger="reaper.upsert_compaction"):
+    with caplog.at_level(logging.INFO, logger="icekeeper.reaper.upsert_compaction"):
         with updates_continuing(bookkeeper, transport, writer, rng, reference) as batches:
             [table_report] = Reaper(config, spark=spark).run_pass().tables
     assert not table_report.errors, table_report.errors

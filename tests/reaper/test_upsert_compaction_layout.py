@@ -9,8 +9,8 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import FileScanTask
 from pyiceberg.typedef import Record
 
-from common.locations import normalize_location
-from reaper.upsert_compaction import MANY_DELETE_FILES, choose_files, plan_layout
+from icekeeper.common.locations import normalize_location
+from icekeeper.reaper.upsert_compaction import MANY_DELETE_FILES, choose_files, plan_layout
 
 MB = 1024 * 1024
 TARGET = 8 * MB

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 
 SAMPLE_SCHEMA = {
     "type": "struct",

@@ -16,8 +16,8 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 # The latest live row per key and the value forms live
 # where `icekeeper demo --source mariadb` uses them too.
-from common.committed_state import committed_state
-from common.config import IcekeeperConfig
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.config import IcekeeperConfig
 from icekeeper.mirror import UTC, engine_rows, latest_live_rows, normalized, rows_by_key, time_text  # noqa: F401 - re-exported for the oracle tests
 from tests.support.pipeline import pipeline_config
 from tests.support.waiting import wait_until
@@ -75,8 +75,8 @@ class Pipeline:
     """A writer and a bookkeeper driven in-process, with every batch's report kept."""
 
     def __init__(self, config: IcekeeperConfig, spark) -> None:
-        from bookkeeper.service import Bookkeeper
-        from writers.job import WriterJob
+        from icekeeper.bookkeeper.service import Bookkeeper
+        from icekeeper.writers.job import WriterJob
 
         self.config = config
         self.job = WriterJob(config, spark=spark)

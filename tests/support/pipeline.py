@@ -8,8 +8,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bookkeeper.service import Bookkeeper
-from common.config import IcekeeperConfig
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config import IcekeeperConfig
 from tests.support.seed_config import seed_config
 from tests.support.stack import TEST_STACK_PORTS, stack_environ
 
@@ -39,7 +39,7 @@ def pipeline_config(
 
 def register_catalog(spark, config: IcekeeperConfig) -> str:
     """Register the test's catalog in the shared SparkSession; returns its name."""
-    from common.spark import iceberg_catalog_conf
+    from icekeeper.common.spark import iceberg_catalog_conf
 
     for key, value in iceberg_catalog_conf(config).items():
         spark.conf.set(key, value)

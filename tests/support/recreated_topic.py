@@ -7,8 +7,8 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from common.config import IcekeeperConfig
-from common.kafka_clients import librdkafka_config
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.kafka_clients import librdkafka_config
 from icekeeper.samples.produce import ensure_topic, produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from tests.support.pipeline import pipeline_config

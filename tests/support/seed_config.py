@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from common.config import IcekeeperConfig, load_config
+from icekeeper.common.config import IcekeeperConfig, load_config
 from icekeeper.seed_defaults import SEED_SOURCE, SEED_TABLE
 
 SEED_ENVIRON = {

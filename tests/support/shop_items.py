@@ -18,13 +18,13 @@ import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType, NestedField
 
-from common.catalog import default_table_location
-from common.config import IcekeeperConfig, load_config
-from common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+from icekeeper.common.catalog import default_table_location
+from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 from icekeeper.readers import duckdb_rows as read_with_duckdb
 
 if TYPE_CHECKING:
-    from bookkeeper.service import Bookkeeper
+    from icekeeper.bookkeeper.service import Bookkeeper
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),

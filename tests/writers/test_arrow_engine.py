@@ -11,14 +11,14 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from bookkeeper.service import Bookkeeper
-from common.config.model import IcekeeperConfig
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from icekeeper.samples.readback import topic_messages
+from icekeeper.writers.job import WriterJob
 from tests.support.debezium_types import CASES, COLUMNS, UNCONVERTIBLE
 from tests.support.pipeline import pipeline_config
-from writers.job import WriterJob
 
 # Two writers, two bookkeepers and the dead-letter passes: minutes on the shared 2-core machine.
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.heavy]

@@ -11,17 +11,17 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from common.schema import WIDE_DECIMAL, resolve_named_types
+from icekeeper.common.schema import WIDE_DECIMAL, resolve_named_types
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import BinlogPosition, envelope
+from icekeeper.writers.arrow_engine.avro_block import SchemaDecoder
+from icekeeper.writers.arrow_engine.consumer_settings import librdkafka_settings
+from icekeeper.writers.arrow_engine.conversions import converted
+from icekeeper.writers.arrow_engine.support import layout_reason, unsupported_reason
+from icekeeper.writers.arrow_engine.tasks import task_ranges
+from icekeeper.writers.offsets import BatchPlan
+from icekeeper.writers.registry import RegisteredSchema
 from tests.support.seed_config import seed_config
-from writers.arrow_engine.avro_block import SchemaDecoder
-from writers.arrow_engine.consumer_settings import librdkafka_settings
-from writers.arrow_engine.conversions import converted
-from writers.arrow_engine.support import layout_reason, unsupported_reason
-from writers.arrow_engine.tasks import task_ranges
-from writers.offsets import BatchPlan
-from writers.registry import RegisteredSchema
 
 SHAPE = seed000.SCHEMA_VERSIONS[4]
 

@@ -9,12 +9,12 @@ import threading
 import pyarrow as pa
 import pytest
 
+from icekeeper.writers.arrow_engine import task as task_module
+from icekeeper.writers.arrow_engine.gc_pause import gc_paused
+from icekeeper.writers.arrow_engine.kafka_read import RawRecords
+from icekeeper.writers.arrow_engine.task import TaskPlan, run_task
+from icekeeper.writers.arrow_engine.tasks import TaskRange
 from tests.support.seed_config import seed_config
-from writers.arrow_engine import task as task_module
-from writers.arrow_engine.gc_pause import gc_paused
-from writers.arrow_engine.kafka_read import RawRecords
-from writers.arrow_engine.task import TaskPlan, run_task
-from writers.arrow_engine.tasks import TaskRange
 
 
 def test_a_task_reads_with_the_collector_paused_and_restores_it(

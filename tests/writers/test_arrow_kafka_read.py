@@ -10,11 +10,11 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from common.config import IcekeeperConfig
+from icekeeper.common.config import IcekeeperConfig
 from icekeeper.samples.produce import ensure_topic
-from writers.arrow_engine import kafka_read
-from writers.arrow_engine.task import TaskPlan, run_task
-from writers.arrow_engine.tasks import TaskGroup, TaskRange
+from icekeeper.writers.arrow_engine import kafka_read
+from icekeeper.writers.arrow_engine.task import TaskPlan, run_task
+from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange
 
 RECORDS = 120_000
 RANGE = 10_000

@@ -10,7 +10,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.arrow_parquet import untaken_properties, write_files, writer_options
+from icekeeper.common.arrow_parquet import untaken_properties, write_files, writer_options
 
 PROPERTIES = {
     "write.parquet.bloom-filter-enabled.column.id": "true",

@@ -37,9 +37,13 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from common.arrow_parquet import write_files
-from common.parquet_files import PartitionColumn, list_written_files
-from writers.arrow_engine.partitions import PartitionField, partition_fields, split_by_partition
+from icekeeper.common.arrow_parquet import write_files
+from icekeeper.common.parquet_files import PartitionColumn, list_written_files
+from icekeeper.writers.arrow_engine.partitions import (
+    PartitionField,
+    partition_fields,
+    split_by_partition,
+)
 
 MICROS = [-1, 0, 1, 3_599_999_999, -86_400_000_001, 1_767_225_600_123_456, None]
 DAYS = [-1, 0, 1, 59, -719_162, 2_932_896, None]

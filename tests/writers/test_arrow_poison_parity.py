@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from common.config.model import IcekeeperConfig
-from common.kafka_clients import registry_client
+from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.kafka_clients import registry_client
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from icekeeper.samples.readback import topic_messages
+from icekeeper.writers.dead_letters import REASON_HEADER, SOURCE_OFFSET_HEADER
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import commit_all, pipeline_config
-from writers.dead_letters import REASON_HEADER, SOURCE_OFFSET_HEADER
-from writers.job import WriterJob
 
 # Two engines, two batches each, and the dead-letter passes.
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.heavy]

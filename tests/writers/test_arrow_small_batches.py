@@ -13,9 +13,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic, produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import commit_all, table_rows
 from tests.support.recreated_topic import TABLE, topic_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

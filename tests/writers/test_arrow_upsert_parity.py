@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from common.config.model import IcekeeperConfig
-from common.kafka_clients import registry_client
+from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.kafka_clients import registry_client
 from icekeeper.samples.debezium import BinlogPosition, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from icekeeper.samples.readback import topic_messages

@@ -12,13 +12,12 @@ import struct
 import fastavro
 import pyarrow as pa
 
-from common.config.model import TableSpec
-from common.schema import resolve_named_types
-from tests.writers.test_upsert_record_keys import ORDERS
-from writers.arrow_engine.flatten import VersionPlan
-from writers.arrow_engine.record_keys import key_readers, with_record_keys
-from writers.arrow_engine.tasks import TaskGroup, TaskRange
-from writers.arrow_engine.upserts import (
+from icekeeper.common.config.model import TableSpec
+from icekeeper.common.schema import resolve_named_types
+from icekeeper.writers.arrow_engine.flatten import VersionPlan
+from icekeeper.writers.arrow_engine.record_keys import key_readers, with_record_keys
+from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange
+from icekeeper.writers.arrow_engine.upserts import (
     UpsertPlan,
     key_hashes,
     last_change_per_key,
@@ -27,8 +26,9 @@ from writers.arrow_engine.upserts import (
     shared_key_count,
     whole_partitions,
 )
-from writers.record_keys import record_keys_for
-from writers.registry import RegisteredSchema
+from icekeeper.writers.record_keys import record_keys_for
+from icekeeper.writers.registry import RegisteredSchema
+from tests.writers.test_upsert_record_keys import ORDERS
 
 KEYS = ("id", "region")
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from common.config.model import AzureQueueTransport
-from common.transports.azure_queue import AzureQueueMonikerTransport
+from icekeeper.common.config.model import AzureQueueTransport
+from icekeeper.common.transports.azure_queue import AzureQueueMonikerTransport
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers.job import WriterJob
 from tests.support.moniker_values import big_moniker
 from tests.support.pipeline import commit_all, pipeline_config
 from tests.support.waiting import wait_until
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration]
 
@@ -99,7 +99,7 @@ def test_a_resent_copy_of_a_waiting_moniker_leaves_its_journal_copy(
     messages still wait: one receive gets both messages of M2, which cannot commit yet (a backlog
     over `max_files_per_commit`). Dropping the second message must not delete the journal copy
     both share: M2 travels as a pointer to it, and must still commit."""
-    from bookkeeper.service import Bookkeeper
+    from icekeeper.bookkeeper.service import Bookkeeper
     from tests.support.shop_items import azure_queue_settings, bookkeeper_config, make_moniker
 
     config = bookkeeper_config(
@@ -134,7 +134,7 @@ def test_a_backlog_over_the_commit_budget_commits_a_budget_every_cycle(
     """Monikers left waiting for the budget (`max_files_per_commit`) are made visible again at
     once: with the queue's default visibility timeout (60 s) each would otherwise come back a
     minute later, one budget a minute, and a steady stream over the budget never catches up."""
-    from bookkeeper.service import Bookkeeper
+    from icekeeper.bookkeeper.service import Bookkeeper
     from tests.support.shop_items import azure_queue_settings, bookkeeper_config, make_moniker
 
     config = bookkeeper_config(

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from common.config import IcekeeperConfig
+from icekeeper.common.config import IcekeeperConfig
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers.arrow_engine import task as arrow_task
+from icekeeper.writers.batch import BatchWriter
+from icekeeper.writers.job import WriterJob
+from icekeeper.writers.reconciliation import BatchUnreconciled
 from tests.support.pipeline import commit_all, pipeline_config, table_rows
 from tests.writers.test_registry_outage import _dead_letters
-from writers.arrow_engine import task as arrow_task
-from writers.batch import BatchWriter
-from writers.job import WriterJob
-from writers.reconciliation import BatchUnreconciled
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -60,7 +60,7 @@ def _fails_loudly_then_lands(
 ) -> None:
     """`problem`: a pattern of the reason given."""
     job = WriterJob(config, spark=spark)
-    with caplog.at_level(logging.ERROR, logger="writers.batch"):
+    with caplog.at_level(logging.ERROR, logger="icekeeper.writers.batch"):
         with pytest.raises(BatchUnreconciled) as raised:
             job.run_batch()
     assert re.search(problem, str(raised.value))
@@ -153,7 +153,7 @@ def test_a_record_a_table_leaves_out_fails_the_batch(
         monkeypatch.setattr(arrow_task, "_write_table", one_short)
     else:
         # The table's write keeps the rows at or after its start, and here also drops offset 0.
-        import writers.table_writer as table_writer
+        import icekeeper.writers.table_writer as table_writer
 
         monkeypatch.setattr(
             table_writer, "at_or_after_sql", lambda plan, identifier: "_ik_offset != 0"

@@ -3,9 +3,9 @@ Parquet settings its files get (no Spark needed)."""
 
 from __future__ import annotations
 
-from common.catalog import DEFAULT_TABLE_PROPERTIES
-from writers.files import parquet_write_options
-from writers.offsets import BatchPlan
+from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES
+from icekeeper.writers.files import parquet_write_options
+from icekeeper.writers.offsets import BatchPlan
 
 
 def plan_of(*sizes: int) -> BatchPlan:

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from common.schema import SchemaConversionError, envelope_shape, resolve_named_types, row_columns
+from icekeeper.common.schema import (
+    SchemaConversionError,
+    envelope_shape,
+    resolve_named_types,
+    row_columns,
+)
 from icekeeper.samples.debezium import Column, TableShape
+from icekeeper.writers.connect_schema import avro_from_connect, avro_value_sql, is_connect_struct
 from tests.support.connect_json import TYPES_ROW, decimal_field, envelope_schema, field
-from writers.connect_schema import avro_from_connect, avro_value_sql, is_connect_struct
 
 DECIMAL_10_2 = {
     "type": "bytes",

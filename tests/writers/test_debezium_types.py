@@ -11,12 +11,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.samples.debezium import BinlogPosition, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
+from icekeeper.writers.job import WriterJob
 from tests.support.debezium_types import CASES, COLUMNS, UNCONVERTIBLE
 from tests.support.pipeline import pipeline_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -14,13 +14,13 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from common.config.model import MetadataColumns
-from common.schema import resolve_named_types
+from icekeeper.common.config.model import MetadataColumns
+from icekeeper.common.schema import resolve_named_types
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
-from writers.arrow_engine.avro_block import SchemaDecoder
-from writers.columns import ERROR
-from writers.decode import decode_avro_confluent, envelope_fields, skipped_envelope_fields
-from writers.registry import RegisteredSchema
+from icekeeper.writers.arrow_engine.avro_block import SchemaDecoder
+from icekeeper.writers.columns import ERROR
+from icekeeper.writers.decode import decode_avro_confluent, envelope_fields, skipped_envelope_fields
+from icekeeper.writers.registry import RegisteredSchema
 
 pytestmark = [pytest.mark.spark]
 

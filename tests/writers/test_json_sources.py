@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.samples.produce import ensure_topic
+from icekeeper.writers.job import WriterJob
 from tests.support.carriers import UTC, days, micros, time_micros
 from tests.support.connect_json import (
     TYPES_ROW,
@@ -32,7 +33,6 @@ from tests.support.connect_json import (
     field,
 )
 from tests.support.pipeline import pipeline_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -4,7 +4,7 @@ tables, skipped and dead-lettered tombstones."""
 
 from __future__ import annotations
 
-from writers.reconciliation import BatchIntake, TableIntake, discrepancies, ledger
+from icekeeper.writers.reconciliation import BatchIntake, TableIntake, discrepancies, ledger
 
 # 20 records: 12 of route shop.orders (fed to shop.orders and its audit table, which starts 4
 # records later), 3 of route shop.items, 5 failed (2 skipped tombstones, 3 dead letters).

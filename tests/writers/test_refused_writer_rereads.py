@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.committed_state import committed_state
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.committed_state import committed_state
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import commit_all, pipeline_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

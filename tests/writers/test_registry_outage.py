@@ -16,17 +16,17 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from common.config import IcekeeperConfig
+from icekeeper.common.config import IcekeeperConfig
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers.job import BatchReport, WriterJob
+from icekeeper.writers.registry import RegistryUnavailable, registry_outage
 from tests.support.pipeline import (
     commit_all,
     pipeline_config,
     table_rows,
     topic_values_with_headers,
 )
-from writers.job import BatchReport, WriterJob
-from writers.registry import RegistryUnavailable, registry_outage
 
 TABLE = "shop.orders"
 

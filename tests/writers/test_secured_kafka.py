@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Message
 
-from bookkeeper.service import Bookkeeper
-from common.config import IcekeeperConfig
-from common.config.model import KafkaSource
-from common.config.secrets import masked_dump
-from common.kafka_clients import KafkaAccessDenied
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.config.secrets import masked_dump
+from icekeeper.common.kafka_clients import KafkaAccessDenied
 from icekeeper.localstack.secured import (
     KAFKA_SASL_PASSWORD,
     KAFKA_SASL_USER,
@@ -33,9 +33,9 @@ from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.readback import topic_messages
 from icekeeper.samples.synthetic import SyntheticSpec
 from icekeeper.status import collect_status
+from icekeeper.writers.job import BatchReport, WriterJob
 from tests.support.pipeline import pipeline_config
 from tests.support.waiting import wait_until
-from writers.job import BatchReport, WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -11,12 +11,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from common.catalog import default_table_location
+from icekeeper.common.catalog import default_table_location
 from icekeeper.readers import duckdb_connection
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import commit_all, pipeline_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -19,7 +19,7 @@ import pyspark
 import pytest
 import yaml
 
-from bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.samples.produce import produce_seed_sample
 from tests.support.pipeline import pipeline_config
 from tests.support.waiting import wait_until

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from common.config.model import TableSpec
-from writers.decode import VersionShape
-from writers.routing import Routes
-from writers.table_versions import (
+from icekeeper.common.config.model import TableSpec
+from icekeeper.writers.decode import VersionShape
+from icekeeper.writers.routing import Routes
+from icekeeper.writers.table_versions import (
     only_pair,
     predicted_route_versions,
     prediction_held,

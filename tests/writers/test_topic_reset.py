@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from icekeeper.writers.job import WriterJob
+from icekeeper.writers.offsets import PartitionBounds, TopicReset, plan_batch
 from tests.support.pipeline import commit_all, table_rows
 from tests.support.recreated_topic import TABLE, produce, recreate, topic_config
-from writers.job import WriterJob
-from writers.offsets import PartitionBounds, TopicReset, plan_batch
 
 
 @pytest.mark.integration

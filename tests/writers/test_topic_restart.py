@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.committer import next_committed_offset, overlapping_offsets
-from common.committed_state import committed_state
-from common.moniker import Moniker, OffsetRange, moniker_id
+from icekeeper.bookkeeper.committer import next_committed_offset, overlapping_offsets
+from icekeeper.common.committed_state import committed_state
+from icekeeper.common.moniker import Moniker, OffsetRange, moniker_id
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers.job import WriterJob
+from icekeeper.writers.offsets import PartitionBounds, pending_restarts, plan_batch
 from tests.support.pipeline import commit_all, pipeline_config, table_rows
 from tests.support.recreated_topic import TABLE, produce, recreate, topic_config
-from writers.job import WriterJob
-from writers.offsets import PartitionBounds, pending_restarts, plan_batch
 
 
 @pytest.mark.integration

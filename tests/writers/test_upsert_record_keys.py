@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from bookkeeper.service import Bookkeeper
-from common.config import IcekeeperConfig
-from common.config.model import TableSpec
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.config.model import TableSpec
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.samples.produce import produce_debezium_records
+from icekeeper.writers.dead_letters import REASON_HEADER
+from icekeeper.writers.job import BatchReport, WriterJob
+from icekeeper.writers.record_keys import RecordKeys, avro_key_schemas, record_keys_for, row_record
 from tests.support.pipeline import pipeline_config
-from writers.dead_letters import REASON_HEADER
-from writers.job import BatchReport, WriterJob
-from writers.record_keys import RecordKeys, avro_key_schemas, record_keys_for, row_record
 
 ORDERS = TableShape(
     "rk",

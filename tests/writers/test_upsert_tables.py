@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.readers import duckdb_rows, spark_rows
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec, expected_state
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import pipeline_config, register_catalog
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -25,8 +25,8 @@ from icekeeper.chaos_verify import (
 from icekeeper.readers import spark_rows
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import commit_all, pipeline_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

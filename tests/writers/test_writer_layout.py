@@ -13,15 +13,15 @@ import pytest
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import IntegerType
 
-import writers.arrow_engine.task
-import writers.table_writer
-from bookkeeper.service import Bookkeeper
-from common.in_flight import live_claimed_folders
-from common.locations import normalize_location
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.in_flight import live_claimed_folders
+from icekeeper.common.locations import normalize_location
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers import table_writer
+from icekeeper.writers.arrow_engine import task as arrow_task
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import pipeline_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ORDERS = {
@@ -194,8 +194,8 @@ def test_monikers_travel_over_the_azure_queue(
 @pytest.mark.parametrize(
     ("engine", "module", "writes_files"),
     [
-        ("spark-sql", writers.table_writer, "write_parquet"),
-        ("arrow", writers.arrow_engine.task, "write_files"),
+        ("spark-sql", table_writer, "write_parquet"),
+        ("arrow", arrow_task, "write_files"),
     ],
 )
 def test_a_batch_folder_is_claimed_while_written_and_released_once_published(

@@ -15,10 +15,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.readers import duckdb_rows
 from icekeeper.samples.produce import produce_seed_sample, produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec, expected_state, synthetic_events
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import (
     commit_all,
     pipeline_config,
@@ -27,7 +28,6 @@ from tests.support.pipeline import (
     topic_values_with_headers,
 )
 from tests.support.seed000 import ARTICLE_RESULT
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SEED_TABLE = "db_gb18030_test.tbl_test_1"

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper.service import Bookkeeper
-from common.moniker import encode_moniker
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.moniker import encode_moniker
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import pipeline_config
 from tests.support.stack import TEST_STACK_PORTS
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 REGISTRY_PASSWORD = "registry-pw-c0ffee42"

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.samples.produce import ensure_topic, produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec, synthetic_events
+from icekeeper.writers.job import WriterJob
 from tests.support.pipeline import pipeline_config
-from writers.job import WriterJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

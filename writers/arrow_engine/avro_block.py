@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.schema import MAX_DECIMAL_PRECISION
+from icekeeper.common.schema import MAX_DECIMAL_PRECISION
 
 # Tasks run two per core: polars' own thread pool would only oversubscribe the cores.
 os.environ.setdefault("POLARS_MAX_THREADS", "1")

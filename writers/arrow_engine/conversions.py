@@ -15,7 +15,7 @@ import datetime as dt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.schema import WIDE_DECIMAL
+from icekeeper.common.schema import WIDE_DECIMAL
 
 _MICROS = pa.timestamp("us")
 

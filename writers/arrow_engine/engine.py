@@ -24,42 +24,46 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
 from pyspark.sql import SparkSession
 
-from common.arrow_parquet import untaken_properties, writer_options
-from common.catalog import default_table_location, load_table_or_none, table_properties
-from common.config.model import IcekeeperConfig, KafkaSource, TableSpec
-from common.in_flight import InFlightClaims
-from common.moniker import Moniker, moniker_id
-from common.partitioning import partition_spec
-from common.schema import Column, assign_ids, envelope_shape, op_column
-from writers.arrow_engine.flatten import VersionPlan, arrow_schema
-from writers.arrow_engine.partitions import partition_fields
-from writers.arrow_engine.record_keys import KeyReader, key_readers
-from writers.arrow_engine.support import layout_reason, log_fallback_once, unsupported_reason
-from writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan, run_task
-from writers.arrow_engine.tasks import TaskGroup, TaskRange, task_ranges
-from writers.arrow_engine.upserts import UpsertPlan, shared_key_count, whole_partitions
-from writers.columns import version_column
-from writers.decode import (
+from icekeeper.common.arrow_parquet import untaken_properties, writer_options
+from icekeeper.common.catalog import default_table_location, load_table_or_none, table_properties
+from icekeeper.common.config.model import IcekeeperConfig, KafkaSource, TableSpec
+from icekeeper.common.in_flight import InFlightClaims
+from icekeeper.common.moniker import Moniker, moniker_id
+from icekeeper.common.partitioning import partition_spec
+from icekeeper.common.schema import Column, assign_ids, envelope_shape, op_column
+from icekeeper.writers.arrow_engine.flatten import VersionPlan, arrow_schema
+from icekeeper.writers.arrow_engine.partitions import partition_fields
+from icekeeper.writers.arrow_engine.record_keys import KeyReader, key_readers
+from icekeeper.writers.arrow_engine.support import (
+    layout_reason,
+    log_fallback_once,
+    unsupported_reason,
+)
+from icekeeper.writers.arrow_engine.task import RouteClaim, TablePlan, TaskFacts, TaskPlan, run_task
+from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange, task_ranges
+from icekeeper.writers.arrow_engine.upserts import UpsertPlan, shared_key_count, whole_partitions
+from icekeeper.writers.columns import version_column
+from icekeeper.writers.decode import (
     VersionShape,
     _shape_from_avro,
     envelope_fields,
     skipped_envelope_fields,
 )
-from writers.files import batch_folder, discard_output
-from writers.flatten import resolve_keys, table_columns
-from writers.offsets import BatchPlan
-from writers.progress import TableProgress
-from writers.reconciliation import TOMBSTONE, BatchIntake, TableIntake
-from writers.record_keys import record_keys_for
-from writers.registry import RegisteredSchema
-from writers.routing import Routes
-from writers.table_versions import (
+from icekeeper.writers.files import batch_folder, discard_output
+from icekeeper.writers.flatten import resolve_keys, table_columns
+from icekeeper.writers.offsets import BatchPlan
+from icekeeper.writers.progress import TableProgress
+from icekeeper.writers.reconciliation import TOMBSTONE, BatchIntake, TableIntake
+from icekeeper.writers.record_keys import record_keys_for
+from icekeeper.writers.registry import RegisteredSchema
+from icekeeper.writers.routing import Routes
+from icekeeper.writers.table_versions import (
     only_pair,
     predicted_route_versions,
     schema_ids_of,
     versions_by_table,
 )
-from writers.table_writer import offset_ranges
+from icekeeper.writers.table_writer import offset_ranges
 
 log = logging.getLogger(__name__)
 

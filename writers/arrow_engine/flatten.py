@@ -32,9 +32,9 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from common.config.model import MetadataColumns
-from common.schema import envelope_ts_column, op_column
-from writers.arrow_engine.conversions import converted
+from icekeeper.common.config.model import MetadataColumns
+from icekeeper.common.schema import envelope_ts_column, op_column
+from icekeeper.writers.arrow_engine.conversions import converted
 
 FIELD_ID = b"PARQUET:field_id"
 

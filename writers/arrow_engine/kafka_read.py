@@ -14,10 +14,10 @@ from operator import itemgetter
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from common.config.model import KafkaSource
-from common.kafka_clients import librdkafka_config
-from writers.arrow_engine.consumer_settings import librdkafka_settings
-from writers.arrow_engine.tasks import TaskRange
+from icekeeper.common.config.model import KafkaSource
+from icekeeper.common.kafka_clients import librdkafka_config
+from icekeeper.writers.arrow_engine.consumer_settings import librdkafka_settings
+from icekeeper.writers.arrow_engine.tasks import TaskRange
 
 _STALL_S = 30.0
 """A task fails when Kafka gives it nothing for this long."""

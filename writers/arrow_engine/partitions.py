@@ -30,7 +30,7 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import IcebergType
 
-from common.parquet_files import identity_kind, partition_column
+from icekeeper.common.parquet_files import identity_kind, partition_column
 
 """Column types whose identity (and truncate) partitions writers take (`parquet_files`)."""
 _TEMPORAL = (YearTransform, MonthTransform, DayTransform, HourTransform)

@@ -24,10 +24,10 @@ import fastavro
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from writers.arrow_engine.flatten import VersionPlan, whole
-from writers.decode import frame_prefix
-from writers.record_keys import RecordKeys, avro_key_schemas, row_record
-from writers.registry import RegisteredSchema
+from icekeeper.writers.arrow_engine.flatten import VersionPlan, whole
+from icekeeper.writers.decode import frame_prefix
+from icekeeper.writers.record_keys import RecordKeys, avro_key_schemas, row_record
+from icekeeper.writers.registry import RegisteredSchema
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from common.config.model import KafkaSource, TableSpec
-from common.schema import COLLECTION, WIDE_DECIMAL, envelope_shape, row_columns
-from writers.arrow_engine.consumer_settings import refused_properties
-from writers.arrow_engine.conversions import CONVERTED
-from writers.registry import RegisteredSchema
+from icekeeper.common.config.model import KafkaSource, TableSpec
+from icekeeper.common.schema import COLLECTION, WIDE_DECIMAL, envelope_shape, row_columns
+from icekeeper.writers.arrow_engine.consumer_settings import refused_properties
+from icekeeper.writers.arrow_engine.conversions import CONVERTED
+from icekeeper.writers.registry import RegisteredSchema
 
 log = logging.getLogger(__name__)
 _logged: set[str] = set()

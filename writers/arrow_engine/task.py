@@ -18,24 +18,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.arrow_parquet import WrittenFile, write_files
-from common.config.model import KafkaSource, MetadataColumns
-from writers.arrow_engine.avro_block import SchemaDecoder
-from writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, table_rows
-from writers.arrow_engine.gc_pause import gc_paused
-from writers.arrow_engine.kafka_read import read_range
-from writers.arrow_engine.partitions import PartitionField, split_by_partition
-from writers.arrow_engine.record_keys import KeyReader, with_record_keys
-from writers.arrow_engine.tasks import TaskGroup, TaskRange
-from writers.arrow_engine.templates import template_routes, topic_template_route
-from writers.arrow_engine.upserts import (
+from icekeeper.common.arrow_parquet import WrittenFile, write_files
+from icekeeper.common.config.model import KafkaSource, MetadataColumns
+from icekeeper.writers.arrow_engine.avro_block import SchemaDecoder
+from icekeeper.writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, table_rows
+from icekeeper.writers.arrow_engine.gc_pause import gc_paused
+from icekeeper.writers.arrow_engine.kafka_read import read_range
+from icekeeper.writers.arrow_engine.partitions import PartitionField, split_by_partition
+from icekeeper.writers.arrow_engine.record_keys import KeyReader, with_record_keys
+from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange
+from icekeeper.writers.arrow_engine.templates import template_routes, topic_template_route
+from icekeeper.writers.arrow_engine.upserts import (
     DELETED_FOLDER,
     LIVE_FOLDER,
     UpsertPlan,
     key_hashes,
     last_changes,
 )
-from writers.decode import frame_prefix
+from icekeeper.writers.decode import frame_prefix
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from writers.offsets import BatchPlan
+from icekeeper.writers.offsets import BatchPlan
 
 SMALLEST_TASK_RECORDS = 50_000
 """As `writers/kafka_io.py`: a batch is not cut below this many records per task."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from writers.arrow_engine.flatten import VersionRows
-from writers.routing import template_parts
+from icekeeper.writers.arrow_engine.flatten import VersionRows
+from icekeeper.writers.routing import template_parts
 
 _SOURCE_FIELDS = {"server": "name", "db": "db", "table": "table"}
 """Template field -> the Debezium `source` field it names (`{topic}` is the Kafka topic)."""

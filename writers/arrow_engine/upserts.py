@@ -49,8 +49,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from writers.arrow_engine.tasks import TaskGroup, TaskRange
-from writers.columns import DELETED
+from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange
+from icekeeper.writers.columns import DELETED
 
 _ROW = "_ik_row"
 _RANGE = "_ik_range"
