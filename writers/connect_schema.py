@@ -21,8 +21,8 @@ from typing import Any
 from pyspark.sql import types as T
 
 from icekeeper.common.schema import SchemaConversionError
-from icekeeper.writers import sql
-from icekeeper.writers.conversions import connect_decimal_sql
+from icekeeper.writers.spark_sql_engine import sql
+from icekeeper.writers.spark_sql_engine.sql_conversions import connect_decimal_sql
 
 CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
 ICEBERG_MAX_PRECISION = 38

@@ -1,8 +1,12 @@
 """Where a batch's Parquet files go, and removing them when the batch is not published.
 
-Every batch writes into a folder of its own, so files are never overwritten and concurrent writers
-never share Spark's `_temporary` folder. The writing itself (partitioned by Iceberg's transforms)
-and listing the files back are shared with the reaper: `common/parquet_files.py`.
+Every batch writes each table's files into a folder of its own (`batch_folder`), so files are
+never overwritten and concurrent writers never share Spark's `_temporary` folder. An upsert
+table's batch folder has two subfolders, `_ik_deleted=false/` for the rows of keys whose last
+change keeps a row and `_ik_deleted=true/` for the deleted-keys files, laid out alike by both
+engines (Spark names them after its partition column `DELETED`). Writing and listing Parquet is
+shared with the reaper and the bookkeeper: `common/parquet_files.py` (Spark),
+`common/arrow_parquet.py` (pyarrow).
 """
 
 from __future__ import annotations
@@ -11,24 +15,11 @@ import uuid
 
 from pyarrow import fs as pafs
 
-from icekeeper.common.parquet_files import (
-    PartitionColumn,
-    list_written_files,
-    parquet_write_options,
-    partition_columns,
-    write_parquet,
-)
-
-__all__ = [  # what writers import from here, written in common/parquet_files.py
-    "PartitionColumn",
-    "batch_folder",
-    "discard_output",
-    "list_written_files",
-    "parquet_write_options",
-    "partition_columns",
-    "path_segment",
-    "write_parquet",
-]
+DELETED = "_ik_deleted"
+"""Upsert tables: true for a key whose last change in the batch deletes it; names the folders of
+a batch's data files (`LIVE_FOLDER`) and deleted-keys files (`DELETED_FOLDER`)."""
+LIVE_FOLDER = f"{DELETED}=false"
+DELETED_FOLDER = f"{DELETED}=true"
 
 
 def path_segment(name: str) -> str:

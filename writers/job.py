@@ -7,8 +7,9 @@ are durable. Then it sends dead letters, commits the consumer group's offsets (s
 Kafka tools, as in seed 000), and notes its progress.
 
 This module is the loop and the order of the steps; each step lives in a module of its own:
-progress (`progress.py`, `checkpoints.py`), planning (`kafka_io.py` bounds, `offsets.py`), the
-batch's tables and dead letters (`batch.py`, `table_writer.py`), publishing (the transport).
+progress (`progress.py`, `checkpoints.py`), planning (`kafka_admin.py` bounds, `offsets.py`),
+the batch's tables and dead letters (`source_batch.py`, through the configured engine), the
+monikers of tables that got no row (`table_batch.py`), publishing (the transport).
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from icekeeper.common.in_flight import InFlightClaims
 from icekeeper.common.kafka_clients import KafkaAccessDenied
 from icekeeper.common.spark import spark_session
 from icekeeper.common.transports import open_transport
-from icekeeper.writers.batch import BatchOutcome, BatchWriter
 from icekeeper.writers.checkpoints import SourceCheckpoints
-from icekeeper.writers.kafka_io import SourceAdmin
+from icekeeper.writers.kafka_admin import SourceAdmin
 from icekeeper.writers.offsets import (
     BatchPlan,
     PartitionBounds,
@@ -45,7 +45,8 @@ from icekeeper.writers.offsets import (
 from icekeeper.writers.progress import TableProgress, next_seq, refresh_progress, table_positions
 from icekeeper.writers.registry import RegistryUnavailable, TopicSchemas
 from icekeeper.writers.routing import Routes, routes_for
-from icekeeper.writers.table_writer import offset_only_monikers
+from icekeeper.writers.source_batch import BatchOutcome, SourceBatchWriter
+from icekeeper.writers.table_batch import offset_only_monikers
 
 log = logging.getLogger(__name__)
 _MAX_PAUSE_S = 60.0
@@ -110,7 +111,7 @@ class WriterJob:
         # A quarter of the reaper's grace: three missed rewrites still leave the claim live.
         heartbeat_s = max(0.5, min(30.0, config.group.orphan_grace / 4))
         self.claims = InFlightClaims(self.writer_id, heartbeat_s)
-        self.batches = BatchWriter(
+        self.batches = SourceBatchWriter(
             config, self.spark, self.catalog, self.writer_id, self.claims, self.tables, self.schemas
         )
 

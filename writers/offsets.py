@@ -24,6 +24,10 @@ from icekeeper.common.moniker import Moniker
 
 TopicPartition = tuple[str, int]
 
+SMALLEST_TASK_RECORDS = 50_000
+"""Both engines split a batch across more tasks than Kafka partitions only into pieces of at
+least this many records (`records_per_task`): every task writes files of its own."""
+
 
 @dataclass(frozen=True)
 class PartitionBounds:

@@ -1,9 +1,10 @@
 """Which table each record goes to: by topic, by Debezium `source.db`/`source.table`, or a template.
 
-A record claimed by no table, on a source without a template, goes to the dead-letter topic as
-`unroutable`, so it is counted rather than silently dropped. The routed frame also marks the other
-records that cannot become rows of their table (`missing-key`; `delete-without-key` for a delete
-with neither a `before` image nor a record key that gives its key columns; `unconvertible-value`).
+A table claims the records of its `topics` whose `source.db` and `source.table` are its
+`source_db` and `source_table` (each condition only where given); records no table claims go to
+the source's `table_template`, and without one they are `unroutable` dead letters, counted rather
+than silently dropped. Both engines route by these claims, in this order (`Routes.claims`), and
+fill templates alike (`template_parts`).
 """
 
 from __future__ import annotations
@@ -12,30 +13,28 @@ import string
 from dataclasses import dataclass
 from functools import cached_property
 
-from pyspark.sql import DataFrame
-
 from icekeeper.common.config.model import KafkaSource, TableSpec
-from icekeeper.writers import sql
-from icekeeper.writers.columns import (
-    ERROR,
-    KAFKA_OFFSET,
-    KAFKA_PARTITION,
-    KAFKA_TOPIC,
-    ROUTE,
-    SOURCE_DB,
-    SOURCE_SERVER,
-    SOURCE_TABLE,
-)
-from icekeeper.writers.decode import DecodedBatch
-from icekeeper.writers.flatten import helper_sql, row_value_is_null_sql, unconvertible_sql
-from icekeeper.writers.record_keys import delete_without_before_sql
 
-_TEMPLATE_FIELDS = {
-    "topic": KAFKA_TOPIC,
-    "server": SOURCE_SERVER,
-    "db": SOURCE_DB,
-    "table": SOURCE_TABLE,
-}
+TEMPLATE_FIELDS = ("topic", "server", "db", "table")
+"""What a `table_template` may name: the Kafka topic, Debezium's `source.name`, `source.db` and
+`source.table`."""
+
+
+@dataclass(frozen=True)
+class RouteClaim:
+    """The records a route claims: all conditions given must hold."""
+
+    route: str
+    topics: tuple[str, ...]
+    source_db: str | None
+    source_table: str | None
+
+
+def _claim_of(table: TableSpec) -> tuple[tuple[str, ...], str | None, str | None] | None:
+    """What `table` claims, comparable between tables; None when it claims nothing."""
+    if not (table.topics or table.source_db or table.source_table):
+        return None
+    return (tuple(table.topics), table.source_db or None, table.source_table or None)
 
 
 @dataclass(frozen=True)
@@ -51,22 +50,14 @@ class Routes:
     tables: list[TableSpec]
     template: str | None
 
-    def sql(self) -> str:
-        """SQL for the route (a table identifier) of each row, or null when nothing claims it."""
-        branches = [
-            f"WHEN {_claims(table)} THEN {sql.string(table.identifier)}"
-            for table in self.claiming()
-        ]
-        fallback = template_sql(self.template) if self.template else "CAST(NULL AS STRING)"
-        return f"CASE {' '.join(branches)} ELSE {fallback} END" if branches else fallback
-
     @cached_property
     def _routes(self) -> dict[str, str]:
-        """Table identifier -> its route, worked out once (`sql` and `fed_by` ask per table)."""
-        first_by_claim: dict[str, str] = {}
+        """Table identifier -> its route, worked out once (`fed_by` and `route_of` ask per
+        table)."""
+        first_by_claim: dict[tuple, str] = {}
         routes = {}
         for table in self.tables:
-            claim = _claims(table)
+            claim = _claim_of(table)
             routes[table.identifier] = (
                 table.identifier
                 if claim is None
@@ -86,7 +77,14 @@ class Routes:
         return [
             table
             for table in self.tables
-            if _claims(table) is not None and self.route_of(table.identifier) == table.identifier
+            if _claim_of(table) is not None and self.route_of(table.identifier) == table.identifier
+        ]
+
+    def claims(self) -> list[RouteClaim]:
+        """The routes' claims in claim order: the first that holds is a record's route."""
+        return [
+            RouteClaim(spec.identifier, tuple(spec.topics), spec.source_db, spec.source_table)
+            for spec in self.claiming()
         ]
 
     def route_of(self, identifier: str) -> str:
@@ -105,16 +103,15 @@ class Routes:
             ],
         ]
 
-
-def _claims(table: TableSpec) -> str | None:
-    conditions = []
-    if table.topics:
-        conditions.append(sql.in_list(KAFKA_TOPIC, [sql.string(topic) for topic in table.topics]))
-    if table.source_db:
-        conditions.append(f"{SOURCE_DB} = {sql.string(table.source_db)}")
-    if table.source_table:
-        conditions.append(f"{SOURCE_TABLE} = {sql.string(table.source_table)}")
-    return sql.all_of(conditions) if conditions else None
+    def keyed_routes(self) -> dict[str, tuple[str, ...]]:
+        """Route -> the primary-key columns of the tables it feeds, where any has one: a record of
+        the route without them is a `missing-key` dead letter for all of them."""
+        keyed: dict[str, tuple[str, ...]] = {}
+        for spec in self.tables:
+            if spec.primary_key:
+                route = self.route_of(spec.identifier)
+                keyed[route] = tuple(dict.fromkeys([*keyed.get(route, ()), *spec.primary_key]))
+        return keyed
 
 
 def template_parts(template: str) -> list[tuple[str, str | None]]:
@@ -122,86 +119,14 @@ def template_parts(template: str) -> list[tuple[str, str | None]]:
     it (None at the end); the one reading of a template for both engines."""
     parts: list[tuple[str, str | None]] = []
     for literal, field_name, _, _ in string.Formatter().parse(template):
-        if field_name is not None and field_name not in _TEMPLATE_FIELDS:
+        if field_name is not None and field_name not in TEMPLATE_FIELDS:
             raise ValueError(
                 f"table_template {template!r}: unknown field {{{field_name}}}; use "
-                f"{sorted(_TEMPLATE_FIELDS)}"
+                f"{sorted(TEMPLATE_FIELDS)}"
             )
         parts.append((literal, field_name))
     return parts
 
 
-def template_sql(template: str) -> str:
-    """`cdc.{db}_{table}` -> concat('cdc.', db, '_', table); null when a field is missing."""
-    parts: list[str] = []
-    for literal, field_name in template_parts(template):
-        if literal:
-            parts.append(sql.string(literal))
-        if field_name is not None:
-            parts.append(_TEMPLATE_FIELDS[field_name])
-    return f"concat({', '.join(parts)})"
-
-
 def routes_for(source: KafkaSource, tables: list[TableSpec]) -> Routes:
     return Routes([table for table in tables if table.source == source.name], source.table_template)
-
-
-def routed_rows(decoded: DecodedBatch, routes: Routes, tables: list[TableSpec]) -> DataFrame:
-    """Batch-level frame: decoded + routing + error kinds (before any table's flattening).
-
-    Args:
-        tables: the config's tables (their primary keys decide `missing-key`).
-    """
-    helpers = helper_sql(decoded.versions)
-    frame = decoded.frame.selectExpr(
-        "*",
-        *[
-            f"{helpers[name]} AS {name}"
-            for name in (
-                KAFKA_TOPIC,
-                KAFKA_PARTITION,
-                KAFKA_OFFSET,
-                SOURCE_DB,
-                SOURCE_TABLE,
-                SOURCE_SERVER,
-            )
-        ],
-    )
-    frame = frame.selectExpr("*", f"{routes.sql()} AS {ROUTE}")
-    error = (
-        f"CASE WHEN {ERROR} IS NOT NULL THEN {ERROR} WHEN {ROUTE} IS NULL THEN 'unroutable' WHEN "
-        f"{_missing_key_sql(decoded, tables, routes)} THEN CASE WHEN "
-        f"{_delete_without_before(decoded)} THEN 'delete-without-key' ELSE 'missing-key' END WHEN "
-        f"{unconvertible_sql(decoded.versions)} THEN 'unconvertible-value' END"
-    )
-    return frame.selectExpr(
-        *[sql.ident(c) for c in frame.columns if c != ERROR], f"{error} AS {ERROR}"
-    )
-
-
-def _delete_without_before(decoded: DecodedBatch) -> str:
-    """True for Debezium deletes without a `before`
-    image: a missing key is then a missing record key."""
-    return sql.any_of(
-        delete_without_before_sql(sql.ident(v.column)) for v in decoded.versions if v.is_debezium
-    )
-
-
-def _missing_key_sql(decoded: DecodedBatch, tables: list[TableSpec], routes: Routes) -> str:
-    """True for rows routed to a table with a primary key whose key columns are null (a record
-    that a keyed table of a fan-out cannot take goes to the dead letters for all of them).
-
-    Each version's value is tested on its own (no coalesce across versions), so versions that
-    give a key column different types never meet in one expression.
-    """
-    conditions = []
-    for spec in tables:
-        if spec.primary_key:
-            any_null = sql.any_of(
-                row_value_is_null_sql(key, decoded.versions, case_insensitive=True)
-                for key in spec.primary_key
-            )
-            conditions.append(
-                f"({ROUTE} = {sql.string(routes.route_of(spec.identifier))} AND {any_null})"
-            )
-    return sql.any_of(conditions)

@@ -5,16 +5,17 @@ the batch's versions leaked columns from one table into another, failed the whol
 column name two tables use with different types (`qty` INT beside `qty` VARCHAR), let an ALTER on
 one table evolve the other, and kept a dropped column alive for as long as its old version stayed
 registered. So the writer first learns which versions' records each table actually gets in this
-batch (one small aggregate over route and version), and flattens each table with those alone.
+batch, and flattens each table with those alone. Each engine counts the (route, version) pairs
+its own way (`spark-sql`: one small aggregate, or checks while writing; arrow: its tasks count
+them); the guesses that spare a first pass, and what the counts mean, are the same for both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from icekeeper.writers import sql
-from icekeeper.writers.decode import VersionShape
 from icekeeper.writers.routing import Routes
+from icekeeper.writers.version_shapes import VersionShape
 
 
 def versions_by_table(
@@ -41,7 +42,7 @@ def predicted_route_versions(
     """The previous batch's (table, schema id) pairs as this batch's (table, version index) pairs.
 
     A steady stream keeps its tables and schema versions from batch to batch, so the writer can
-    skip the aggregate pass and check the guess while writing instead (`prediction_checks`).
+    skip the counting pass and check the guess while writing instead.
     None when there is nothing to go on, or a version has no registry id (JSON), or a schema of
     the last batch is not among this batch's versions.
     """
@@ -59,7 +60,7 @@ def only_pair(routes: Routes, versions: list[VersionShape]) -> list[tuple[str, i
     A writer's first batch has no batch before it to predict from; without this guess it would
     count (route, version) pairs in a pass of its own, reading and decoding the batch twice
     (measured: a fresh writer's 1M records in two batches took 12.7 s against 6.7 s for the bare
-    pipeline). Like any prediction, it is checked while writing (`prediction_checks`).
+    pipeline). Like any prediction, it is checked while writing.
     """
     route = routes.only_route()
     return [(route, 0)] if route is not None and len(versions) == 1 else None
@@ -71,22 +72,3 @@ def schema_ids_of(
     """(table, schema id) pairs to predict the next batch with; None when a version has no id."""
     pairs = {(table, versions[index].schema_id) for table, index in route_versions}
     return None if any(schema_id is None for _, schema_id in pairs) else pairs  # type: ignore[return-value]
-
-
-def prediction_checks(predicted: list[tuple[str, int]], route: str, version: str) -> dict[str, str]:
-    """Counts to observe while writing: each predicted pair's records, and all routed records.
-
-    The guess held when every pair has records and together they are all the routed records:
-    then no table got a version it has no records of, and no records went unwritten.
-    """
-    checks = {
-        f"_ik_pair_{n}": f"count_if({route} = {sql.string(table)} AND {version} = {index})"
-        for n, (table, index) in enumerate(predicted)
-    }
-    checks["_ik_routed"] = f"count_if({route} IS NOT NULL AND {version} IS NOT NULL)"
-    return checks
-
-
-def prediction_held(predicted: list[tuple[str, int]], observed: dict) -> bool:
-    counts = [int(observed.get(f"_ik_pair_{n}") or 0) for n in range(len(predicted))]
-    return all(counts) and sum(counts) == int(observed.get("_ik_routed") or 0)

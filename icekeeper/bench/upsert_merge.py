@@ -22,11 +22,18 @@ from pyspark.sql import functions as F
 from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
 from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.schema import op_column, resolve_named_types
-from icekeeper.writers import sql
-from icekeeper.writers.columns import ERROR, HELPER_COLUMNS, KAFKA_OFFSET, KAFKA_PARTITION
-from icekeeper.writers.decode import decode_avro_confluent
-from icekeeper.writers.flatten import flatten
 from icekeeper.writers.registry import RegisteredSchema
+from icekeeper.writers.spark_sql_engine import sql
+from icekeeper.writers.spark_sql_engine.columns import (
+    ERROR,
+    HELPER_COLUMNS,
+    KAFKA_OFFSET,
+    KAFKA_PARTITION,
+)
+from icekeeper.writers.spark_sql_engine.decoding import decode_avro_confluent
+from icekeeper.writers.spark_sql_engine.sql_flatten import flatten
+from icekeeper.writers.table_batch import table_schema
+from icekeeper.writers.version_shapes import envelope_fields
 
 MERGE_ON_READ = {
     "write.merge.mode": "merge-on-read",
@@ -45,18 +52,15 @@ def flat_changes(
     """Table rows of a Kafka frame (batch or stream) with our writer's decoding and flattening, the
     Kafka position helpers kept; and the flattened Iceberg schema."""
     metadata = config.metadata_columns
-    # The envelope fields our writer decodes (writers/batch.py): the same work on both sides.
-    envelope_fields = {
-        "source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"},
-        "transaction": set(metadata.transaction.columns),
-    }
     registered = RegisteredSchema(
         schema_id, schema_text, resolve_named_types(json.loads(schema_text))
     )
+    # The envelope fields our writer decodes: the same work on both sides.
     decoded = decode_avro_confluent(
-        kafka_frame.withColumn("headers", F.lit(None)), [registered], envelope_fields
+        kafka_frame.withColumn("headers", F.lit(None)), [registered], envelope_fields(metadata)
     )
-    flat = flatten(decoded.frame, decoded.versions, metadata, None, primary_key)
+    schema = table_schema(decoded.versions, metadata, None, primary_key)
+    flat = flatten(decoded.frame, decoded.versions, metadata, schema)
     return flat.frame.where(F.col(ERROR).isNull()), flat.schema
 
 

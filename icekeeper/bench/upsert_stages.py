@@ -3,10 +3,10 @@ the topic through growing prefixes of the pipeline.
 
 The writer's own pieces, one Spark job per prefix, no icekeeper bookkeeping around them: the Kafka
 read alone; + decoding and flattening (Spark's `noop` sink); + Parquet (what a changelog batch
-writes); + the last change per key (`writers/upserts.py`, a shuffle by key); + Parquet laid out by
-the deleted flag (what an upsert batch writes). Each prefix runs `repeat` times over the first
-`batch_records` records of the topic, in turns; the medians' differences say what upsert adds to
-a batch over the changelog path, on the same cores as the timed runs.
+writes); + the last change per key (`spark_sql_engine/sql_upserts.py`, a shuffle by key); + Parquet
+laid out by the deleted flag (what an upsert batch writes). Each prefix runs `repeat` times over the
+first `batch_records` records of the topic, in turns; the medians' differences say what upsert adds
+to a batch over the changelog path, on the same cores as the timed runs.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pyspark.sql import DataFrame, SparkSession
 from icekeeper.bench.upsert_merge import flat_changes
 from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES
 from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.parquet_files import parquet_write_options, write_parquet
 from icekeeper.common.schema import op_column
-from icekeeper.writers.columns import HELPER_COLUMNS
-from icekeeper.writers.files import parquet_write_options, write_parquet
-from icekeeper.writers.upserts import deleted_partition, last_change_per_key
+from icekeeper.writers.spark_sql_engine.columns import HELPER_COLUMNS
+from icekeeper.writers.spark_sql_engine.sql_upserts import deleted_partition, last_change_per_key
 
 
 def measure_upsert_stages(
@@ -68,7 +68,7 @@ def measure_upsert_stages(
         )[0]
 
     options = parquet_write_options(DEFAULT_TABLE_PROPERTIES)
-    deleted = deleted_partition(op_column(config.metadata_columns), hard_deletes=True)
+    deleted = deleted_partition(op_column(config.metadata_columns))
 
     def parquet(rows: DataFrame, by_deleted: bool) -> None:
         write_parquet(

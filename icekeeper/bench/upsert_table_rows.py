@@ -29,7 +29,7 @@ from icekeeper.bench.upsert_data import ChangePlan, confluent_records, envelope_
 from icekeeper.bench.upsert_merge import flat_changes
 from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES, open_catalog
 from icekeeper.common.config.model import IcekeeperConfig
-from icekeeper.writers.columns import HELPER_COLUMNS
+from icekeeper.writers.spark_sql_engine.columns import HELPER_COLUMNS
 
 _SNAPSHOT_TS = "2025-12-31 23:00:00"  # the snapshot was read before the plan's changes (2026-01-01)
 

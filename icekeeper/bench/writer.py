@@ -153,7 +153,7 @@ BATCH_RECORDS = 500_000
 
 def _kafka_options(spark: SparkSession, config: IcekeeperConfig) -> dict[str, str]:
     """The writer's Spark Kafka options for a batch of `BATCH_RECORDS` (task split, fetch sizes)."""
-    from icekeeper.writers.kafka_io import batch_read_options
+    from icekeeper.writers.spark_sql_engine.kafka_source import batch_read_options
 
     parallelism = spark.sparkContext.defaultParallelism
     return batch_read_options(config.sources[0], parallelism, BATCH_RECORDS)
@@ -166,10 +166,12 @@ def _seed_rows(
     our `from_avro` decoding (with the writer's reader schema) and
     flattening, poison dropped; also the flattened Iceberg schema."""
     from icekeeper.common.schema import resolve_named_types
-    from icekeeper.writers.columns import HELPER_COLUMNS
-    from icekeeper.writers.decode import decode_avro_confluent, envelope_fields
-    from icekeeper.writers.flatten import flatten
     from icekeeper.writers.registry import RegisteredSchema
+    from icekeeper.writers.spark_sql_engine.columns import HELPER_COLUMNS
+    from icekeeper.writers.spark_sql_engine.decoding import decode_avro_confluent
+    from icekeeper.writers.spark_sql_engine.sql_flatten import flatten
+    from icekeeper.writers.table_batch import table_schema
+    from icekeeper.writers.version_shapes import envelope_fields
 
     registered = RegisteredSchema(
         schema_id, schema_text, resolve_named_types(json.loads(schema_text))
@@ -179,7 +181,8 @@ def _seed_rows(
         [registered],
         envelope_fields(config.metadata_columns),
     )
-    flat = flatten(decoded.frame, decoded.versions, config.metadata_columns, None, ["ID1", "ID2"])
+    schema = table_schema(decoded.versions, config.metadata_columns, None, ["ID1", "ID2"])
+    flat = flatten(decoded.frame, decoded.versions, config.metadata_columns, schema)
     return flat.frame.where(F.col("_ik_error").isNull()).drop(*HELPER_COLUMNS), flat.schema
 
 
@@ -252,7 +255,7 @@ def measure_stages(
         )
 
     from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES
-    from icekeeper.writers.files import parquet_write_options
+    from icekeeper.common.parquet_files import parquet_write_options
 
     parquet_options = parquet_write_options(DEFAULT_TABLE_PROPERTIES)
 

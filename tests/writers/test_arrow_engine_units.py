@@ -14,11 +14,11 @@ import pytest
 from icekeeper.common.schema import WIDE_DECIMAL, resolve_named_types
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import BinlogPosition, envelope
+from icekeeper.writers.arrow_engine.arrow_conversions import converted
 from icekeeper.writers.arrow_engine.avro_block import SchemaDecoder
 from icekeeper.writers.arrow_engine.consumer_settings import librdkafka_settings
-from icekeeper.writers.arrow_engine.conversions import converted
 from icekeeper.writers.arrow_engine.support import layout_reason, unsupported_reason
-from icekeeper.writers.arrow_engine.tasks import task_ranges
+from icekeeper.writers.arrow_engine.task_ranges import task_ranges
 from icekeeper.writers.offsets import BatchPlan
 from icekeeper.writers.registry import RegisteredSchema
 from tests.support.seed_config import seed_config
@@ -37,7 +37,7 @@ def test_batches_the_arrow_engine_does_not_take_are_named() -> None:
     seed = [_registered(SHAPE.value_schema())]
 
     assert unsupported_reason(source, [changelog], seed) is None
-    assert unsupported_reason(source, [upsert], seed) is None  # upsert tables: upserts.py
+    assert unsupported_reason(source, [upsert], seed) is None  # upsert tables: arrow_upserts.py
     partitioned = changelog.model_copy(update={"partition_by": ["ID2"]})
     assert unsupported_reason(source, [partitioned], seed) is None
     assert layout_reason([partitioned], "none") is None

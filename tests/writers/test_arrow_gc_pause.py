@@ -13,7 +13,7 @@ from icekeeper.writers.arrow_engine import task as task_module
 from icekeeper.writers.arrow_engine.gc_pause import gc_paused
 from icekeeper.writers.arrow_engine.kafka_read import RawRecords
 from icekeeper.writers.arrow_engine.task import TaskPlan, run_task
-from icekeeper.writers.arrow_engine.tasks import TaskRange
+from icekeeper.writers.arrow_engine.task_ranges import TaskRange
 from tests.support.seed_config import seed_config
 
 

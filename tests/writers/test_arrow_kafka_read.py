@@ -14,7 +14,7 @@ from icekeeper.common.config import IcekeeperConfig
 from icekeeper.samples.produce import ensure_topic
 from icekeeper.writers.arrow_engine import kafka_read
 from icekeeper.writers.arrow_engine.task import TaskPlan, run_task
-from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange
+from icekeeper.writers.arrow_engine.task_ranges import TaskGroup, TaskRange
 
 RECORDS = 120_000
 RANGE = 10_000

@@ -14,11 +14,9 @@ import pyarrow as pa
 
 from icekeeper.common.config.model import TableSpec
 from icekeeper.common.schema import resolve_named_types
-from icekeeper.writers.arrow_engine.flatten import VersionPlan
-from icekeeper.writers.arrow_engine.record_keys import key_readers, with_record_keys
-from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange
-from icekeeper.writers.arrow_engine.upserts import (
-    UpsertPlan,
+from icekeeper.writers.arrow_engine.arrow_flatten import VersionPlan
+from icekeeper.writers.arrow_engine.arrow_record_keys import key_readers, with_record_keys
+from icekeeper.writers.arrow_engine.arrow_upserts import (
     key_hashes,
     last_change_per_key,
     last_changes,
@@ -26,8 +24,10 @@ from icekeeper.writers.arrow_engine.upserts import (
     shared_key_count,
     whole_partitions,
 )
-from icekeeper.writers.record_keys import record_keys_for
+from icekeeper.writers.arrow_engine.task_ranges import TaskGroup, TaskRange
+from icekeeper.writers.key_columns import record_keys_for
 from icekeeper.writers.registry import RegisteredSchema
+from icekeeper.writers.table_batch import UpsertRule
 from tests.writers.test_upsert_record_keys import ORDERS
 
 KEYS = ("id", "region")
@@ -80,10 +80,10 @@ def test_hard_deletes_go_to_deleted_keys_and_soft_deletes_keep_their_row() -> No
         (5, "eu", "d", 50),
         (6, "eu", "c", 50),
     )
-    hard = last_changes(changes, UpsertPlan(KEYS, "_src_op"))
+    hard = last_changes(changes, UpsertRule(KEYS, "_src_op"))
     assert _rows(hard.live) == [(2, "eu", "c", 20), (3, "eu", "u", 30), (6, "eu", "c", 50)]
     assert _rows(hard.deleted) == [(1, "eu", "d", 10), (4, "eu", "d", 40), (5, "eu", "d", 50)]
-    soft = last_changes(changes, UpsertPlan(KEYS, None))
+    soft = last_changes(changes, UpsertRule(KEYS, None))
     assert [row[:3] for row in _rows(soft.live)] == [
         (2, "eu", "c"),
         (1, "eu", "d"),
@@ -129,7 +129,7 @@ def test_a_key_in_two_ranges_of_one_task_is_counted() -> None:
         (3, "eu", "d", 30),  # (3, eu) again: in ranges 1 and 2
     )
     ranges = pa.array([0, 0, 0, 1, 1, 1, 2, 2], pa.int32())
-    plan = UpsertPlan(KEYS, "_src_op")
+    plan = UpsertRule(KEYS, "_src_op")
     assert last_changes(changes, plan, ranges).keys_in_two_ranges == 2
     apart = last_changes(changes.slice(0, 5), plan, ranges.slice(0, 5))
     assert apart.keys_in_two_ranges == 0

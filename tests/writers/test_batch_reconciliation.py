@@ -22,9 +22,13 @@ from icekeeper.common.config import IcekeeperConfig
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from icekeeper.writers.arrow_engine import task as arrow_task
-from icekeeper.writers.batch import BatchWriter
 from icekeeper.writers.job import WriterJob
 from icekeeper.writers.reconciliation import BatchUnreconciled
+from icekeeper.writers.spark_sql_engine import table_writer
+from icekeeper.writers.spark_sql_engine.rejected_records import (
+    DeadLetterPass,
+    RejectedRecords,
+)
 from tests.support.pipeline import commit_all, pipeline_config, table_rows
 from tests.writers.test_registry_outage import _dead_letters
 
@@ -60,7 +64,7 @@ def _fails_loudly_then_lands(
 ) -> None:
     """`problem`: a pattern of the reason given."""
     job = WriterJob(config, spark=spark)
-    with caplog.at_level(logging.ERROR, logger="icekeeper.writers.batch"):
+    with caplog.at_level(logging.ERROR, logger="icekeeper.writers.source_batch"):
         with pytest.raises(BatchUnreconciled) as raised:
             job.run_batch()
     assert re.search(problem, str(raised.value))
@@ -97,15 +101,17 @@ def test_a_record_failed_while_writing_but_not_dead_lettered_fails_the_batch(
         config, SPEC, topic=unique_topic, partitions=1, progress=lambda m: None
     )
     assert sum(produced["poison"].values()) >= 2
-    original = BatchWriter._dead_letter_rows
+    original = DeadLetterPass.rejected
 
     def accepting_one(self, *args):
         # The dead-letter pass decodes one poison record the writing pass failed.
-        dead = original(self, *args)
+        rejected = original(self, *args)
+        dead = rejected.frame
         first = dead.agg(F.min("offset")).collect()[0][0]
-        return dead.where(F.col("offset") != first)
+        rejected.release()
+        return RejectedRecords(dead.where(F.col("offset") != first))
 
-    monkeypatch.setattr(BatchWriter, "_dead_letter_rows", accepting_one)
+    monkeypatch.setattr(DeadLetterPass, "rejected", accepting_one)
     _fails_loudly_then_lands(
         config,
         spark,
@@ -153,11 +159,7 @@ def test_a_record_a_table_leaves_out_fails_the_batch(
         monkeypatch.setattr(arrow_task, "_write_table", one_short)
     else:
         # The table's write keeps the rows at or after its start, and here also drops offset 0.
-        import icekeeper.writers.table_writer as table_writer
-
-        monkeypatch.setattr(
-            table_writer, "at_or_after_sql", lambda plan, identifier: "_ik_offset != 0"
-        )
+        monkeypatch.setattr(table_writer, "at_or_after_sql", lambda starts: "_ik_offset != 0")
     _fails_loudly_then_lands(
         config,
         spark,

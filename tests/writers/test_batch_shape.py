@@ -4,7 +4,7 @@ Parquet settings its files get (no Spark needed)."""
 from __future__ import annotations
 
 from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES
-from icekeeper.writers.files import parquet_write_options
+from icekeeper.common.parquet_files import parquet_write_options
 from icekeeper.writers.offsets import BatchPlan
 
 

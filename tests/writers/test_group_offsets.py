@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from icekeeper.common.config.model import KafkaSource
-from icekeeper.writers.kafka_io import SourceAdmin
+from icekeeper.writers.kafka_admin import SourceAdmin
 from icekeeper.writers.offsets import BatchPlan
 
 
@@ -32,7 +32,7 @@ def test_a_group_offset_commit_waits_commit_timeout_then_the_writer_goes_on(
     plan = BatchPlan(read_ranges={("orders", 0): (0, 10)}, table_starts={})
     admin = SourceAdmin(source)
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="icekeeper.writers.kafka_io"):
+    with caplog.at_level("WARNING", logger="icekeeper.writers.kafka_admin"):
         admin.commit_group_offsets(plan)
     waited = time.monotonic() - started
     assert commit_timeout - 0.2 <= waited < commit_timeout + 2.0

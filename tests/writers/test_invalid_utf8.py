@@ -18,9 +18,10 @@ from icekeeper.common.config.model import MetadataColumns
 from icekeeper.common.schema import resolve_named_types
 from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envelope
 from icekeeper.writers.arrow_engine.avro_block import SchemaDecoder
-from icekeeper.writers.columns import ERROR
-from icekeeper.writers.decode import decode_avro_confluent, envelope_fields, skipped_envelope_fields
 from icekeeper.writers.registry import RegisteredSchema
+from icekeeper.writers.spark_sql_engine.columns import ERROR
+from icekeeper.writers.spark_sql_engine.decoding import decode_avro_confluent
+from icekeeper.writers.version_shapes import envelope_fields, skipped_envelope_fields
 
 pytestmark = [pytest.mark.spark]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from icekeeper.common.moniker import Moniker, OffsetRange, moniker_id
 from icekeeper.writers.offsets import BatchPlan
 from icekeeper.writers.progress import TableProgress, live_monikers, next_seq
-from icekeeper.writers.table_writer import offset_only_monikers
+from icekeeper.writers.table_batch import offset_only_monikers
 
 
 def moniker(seq: int, prev_seq: int | None, start: int, until: int) -> Moniker:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from icekeeper.common.config.model import TableSpec
-from icekeeper.writers.decode import VersionShape
 from icekeeper.writers.routing import Routes
+from icekeeper.writers.spark_sql_engine.sql_table_versions import prediction_held
 from icekeeper.writers.table_versions import (
     only_pair,
     predicted_route_versions,
-    prediction_held,
     schema_ids_of,
     versions_by_table,
 )
+from icekeeper.writers.version_shapes import VersionShape
 
 V = [
     VersionShape(f"_ik_v{i}", True, [], schema_id=schema_id)

@@ -24,7 +24,7 @@ from icekeeper.samples.debezium import BinlogPosition, Column, TableShape, envel
 from icekeeper.samples.produce import produce_debezium_records
 from icekeeper.writers.dead_letters import REASON_HEADER
 from icekeeper.writers.job import BatchReport, WriterJob
-from icekeeper.writers.record_keys import RecordKeys, avro_key_schemas, record_keys_for, row_record
+from icekeeper.writers.key_columns import RecordKeys, avro_key_schemas, record_keys_for, row_record
 from tests.support.pipeline import pipeline_config
 
 ORDERS = TableShape(

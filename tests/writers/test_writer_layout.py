@@ -18,9 +18,9 @@ from icekeeper.common.in_flight import live_claimed_folders
 from icekeeper.common.locations import normalize_location
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
-from icekeeper.writers import table_writer
 from icekeeper.writers.arrow_engine import task as arrow_task
 from icekeeper.writers.job import WriterJob
+from icekeeper.writers.spark_sql_engine import table_writer
 from tests.support.pipeline import pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from icekeeper.common.config.model import KafkaSource
 from icekeeper.common.kafka_clients import librdkafka_config
 from icekeeper.writers.arrow_engine.consumer_settings import librdkafka_settings
-from icekeeper.writers.arrow_engine.tasks import TaskRange
+from icekeeper.writers.arrow_engine.task_ranges import TaskRange
 
 _STALL_S = 30.0
 """A task fails when Kafka gives it nothing for this long."""
@@ -26,7 +26,7 @@ _WAIT_S = 0.5
 got every message asked for, so at a partition's end (EOF) a long timeout is idle time."""
 _BATCH = 10_000
 _FETCH = {
-    # As `writers/kafka_io.py`'s fetch sizes for Spark's consumer.
+    # As `spark_sql_engine/kafka_source.py`'s fetch sizes for Spark's consumer.
     "max.partition.fetch.bytes": 10_485_760,
     "fetch.max.bytes": 52_428_800,
 }

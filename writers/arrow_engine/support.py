@@ -4,24 +4,21 @@ The arrow engine writes the same tables as `spark-sql` or none at all, so anythi
 been built and tested for yet (JSON sources, Spark's rebalancing of partitioned tables' files,
 Kafka client properties librdkafka does not take, semantic types without an Arrow conversion) is
 named here and the batch runs on the `spark-sql` engine. A batch can also find out while it runs
-that it needs `spark-sql` (`engine.py`): an upsert key in two Kafka partitions of one batch
-(`upserts.py`), a delete without `before` whose record key the writer cannot read yet
-(`record_keys.py`).
+that it needs `spark-sql` (`arrow_batch.py`): an upsert key in two Kafka partitions of one batch
+(`arrow_upserts.py`), a delete without `before` whose record key the writer cannot read yet
+(`arrow_record_keys.py`); the core then runs the batch on `spark-sql` (`writers/source_batch.py`)
+and says so once per reason.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from icekeeper.common.config.model import KafkaSource, TableSpec
 from icekeeper.common.schema import COLLECTION, WIDE_DECIMAL, envelope_shape, row_columns
 from icekeeper.writers.arrow_engine.consumer_settings import refused_properties
-from icekeeper.writers.arrow_engine.conversions import CONVERTED
 from icekeeper.writers.registry import RegisteredSchema
-
-log = logging.getLogger(__name__)
-_logged: set[str] = set()
+from icekeeper.writers.semantic_types import AS_THEY_COME, CONVERTED
 
 
 def unsupported_reason(
@@ -69,28 +66,11 @@ def _schema_reason(resolved: dict[str, Any]) -> str | None:
             return f"column {column.name}: {semantic} values"
         if semantic and semantic.startswith(WIDE_DECIMAL):
             continue
-        if semantic and semantic not in CONVERTED and semantic not in _TAKEN_AS_THEY_COME:
+        if semantic and semantic not in CONVERTED and semantic not in AS_THEY_COME:
             return f"column {column.name}: semantic type {semantic}"
     if _has_map(resolved):
         return "an Avro map (polars cannot decode maps)"
     return None
-
-
-_TAKEN_AS_THEY_COME = {
-    "io.debezium.time.Year",
-    "io.debezium.time.MicroDuration",
-    "io.debezium.time.NanoDuration",
-    "io.debezium.time.Interval",
-    "io.debezium.time.ZonedTime",
-    "io.debezium.data.Json",
-    "io.debezium.data.Enum",
-    "io.debezium.data.EnumSet",
-    "io.debezium.data.Uuid",
-    "io.debezium.data.Xml",
-    "io.debezium.data.Ltree",
-    "io.debezium.data.Bits",
-}
-"""Semantic types whose carrier is already the column's value (as in `writers/conversions.py`)."""
 
 
 def _has_map(node: Any) -> bool:
@@ -101,14 +81,3 @@ def _has_map(node: Any) -> bool:
             return True
         return any(_has_map(value) for value in node.values())
     return False
-
-
-def log_fallback_once(source: KafkaSource, reason: str) -> None:
-    """Say once per source and reason that a batch runs on `spark-sql` instead of `arrow`."""
-    key = f"{source.name}: {reason}"
-    if key not in _logged:
-        _logged.add(key)
-        log.warning(
-            "writer.engine arrow does not take this batch; it runs on spark-sql",
-            extra={"source": source.name, "reason": reason},
-        )

@@ -1,12 +1,12 @@
 """One arrow-engine task: read a range, decode, route, flatten, write; return file facts only.
 
 This runs in a Spark executor's Python worker. The records are classified as the `spark-sql`
-engine classifies them (`writers/decode.py`, `writers/routing.py`), in the same order of
-reasons: `tombstone`, `bad-magic-byte`, `unknown-schema-id`, `undecodable-avro`, `invalid-utf8`,
-`unroutable`, `missing-key` / `delete-without-key`, `unconvertible-value`. Only counts leave the
-task, never a record: the dead letters themselves are sent by the `spark-sql` engine's
-dead-letter pass, which the batch runs only when something failed; the batch reconciles the two
-before it publishes anything (`writers/reconciliation.py`).
+engine classifies them, in the same order of reasons: `tombstone`, `bad-magic-byte`,
+`unknown-schema-id`, `undecodable-avro`, `invalid-utf8`, `unroutable`, `missing-key` /
+`delete-without-key`, `unconvertible-value`. Only counts leave the task, never a record: the
+dead letters themselves are found by the dead-letter pass (`spark_sql_engine/rejected_records.py`),
+which the batch runs only when something failed; the batch reconciles the two before it
+publishes anything (`writers/reconciliation.py`).
 """
 
 from __future__ import annotations
@@ -20,32 +20,24 @@ import pyarrow.compute as pc
 
 from icekeeper.common.arrow_parquet import WrittenFile, write_files
 from icekeeper.common.config.model import KafkaSource, MetadataColumns
+from icekeeper.writers.arrow_engine.arrow_flatten import (
+    VersionPlan,
+    VersionRows,
+    row_image,
+    table_rows,
+)
+from icekeeper.writers.arrow_engine.arrow_record_keys import KeyReader, with_record_keys
+from icekeeper.writers.arrow_engine.arrow_upserts import key_hashes, last_changes
 from icekeeper.writers.arrow_engine.avro_block import SchemaDecoder
-from icekeeper.writers.arrow_engine.flatten import VersionPlan, VersionRows, row_image, table_rows
 from icekeeper.writers.arrow_engine.gc_pause import gc_paused
 from icekeeper.writers.arrow_engine.kafka_read import read_range
 from icekeeper.writers.arrow_engine.partitions import PartitionField, split_by_partition
-from icekeeper.writers.arrow_engine.record_keys import KeyReader, with_record_keys
-from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange
+from icekeeper.writers.arrow_engine.task_ranges import TaskGroup, TaskRange
 from icekeeper.writers.arrow_engine.templates import template_routes, topic_template_route
-from icekeeper.writers.arrow_engine.upserts import (
-    DELETED_FOLDER,
-    LIVE_FOLDER,
-    UpsertPlan,
-    key_hashes,
-    last_changes,
-)
-from icekeeper.writers.decode import frame_prefix
-
-
-@dataclass(frozen=True)
-class RouteClaim:
-    """Records a route claims (`writers.routing.Routes`): all conditions given must hold."""
-
-    route: str
-    topics: tuple[str, ...]
-    source_db: str | None
-    source_table: str | None
+from icekeeper.writers.confluent_frame import frame_prefix
+from icekeeper.writers.files import DELETED_FOLDER, LIVE_FOLDER
+from icekeeper.writers.routing import RouteClaim
+from icekeeper.writers.table_batch import UpsertRule
 
 
 @dataclass(frozen=True)
@@ -62,8 +54,8 @@ class TablePlan:
     parquet_options: dict[str, object]
     partition_fields: tuple[PartitionField, ...] = ()
     """The table's partition spec: each task writes one file set per partition value."""
-    upsert: UpsertPlan | None = None
-    """Upsert tables: how the task keeps each key's last change (`upserts.py`)."""
+    upsert: UpsertRule | None = None
+    """Upsert tables: how the task keeps each key's last change (`arrow_upserts.py`)."""
     versions: frozenset[int] | None = None
     """The schema versions `schema` was planned from (None: any). A record of another version
     (the driver's guess missed it) is counted, not written: its values may not fit `schema`,
@@ -78,14 +70,15 @@ class TaskPlan:
     versions: list[VersionPlan]
     claims: list[RouteClaim]
     keyed_routes: dict[str, tuple[str, ...]]
-    """Route -> primary-key columns of a table it feeds (`missing-key` is checked for them)."""
+    """Route -> primary-key columns of a table it feeds (`missing-key` is checked for them:
+    `Routes.keyed_routes`)."""
     tables: list[TablePlan]
     metadata: MetadataColumns
     template: str | None = None
     """The source's `table_template`: the route of records no claim holds."""
     record_keys: dict[int, tuple[KeyReader, ...]] = field(default_factory=dict)
     """Version index -> how its deletes without `before` read their record key
-    (`record_keys.py`)."""
+    (`arrow_record_keys.py`)."""
 
 
 @dataclass
@@ -97,9 +90,9 @@ class TableFacts:
     deleted_keys_files: list[WrittenFile] = field(default_factory=list)
     """Upsert tables: files of the keys whose last change deletes them."""
     key_hashes: list[np.ndarray] = field(default_factory=list)
-    """Upsert tables: each task's key hashes (`upserts.key_hashes`), checked for overlap."""
+    """Upsert tables: each task's key hashes (`arrow_upserts.key_hashes`), checked for overlap."""
     keys_in_two_ranges: int = 0
-    """Upsert tables: keys a task read in two of its Kafka ranges (`upserts.LastChanges`)."""
+    """Upsert tables: keys a task read in two of its Kafka ranges (`arrow_upserts.LastChanges`)."""
     before_start: int = 0
     """Accepted records of the table's route before its own start (`TablePlan.starts`), counted
     apart from `rows` so that the batch can reconcile (`writers/reconciliation.py`)."""
@@ -112,7 +105,8 @@ class TaskFacts:
     records: int = 0
     errors: Counter = field(default_factory=Counter)
     pairs: Counter = field(default_factory=Counter)
-    """(route, version index) -> records, as `writers.batch.route_versions` counts them."""
+    """(route, version index) -> records, as `spark-sql` counts them
+    (`sql_table_versions.route_versions`)."""
     accepted: Counter = field(default_factory=Counter)
     """Route -> records decoded and routed without error (`writers/reconciliation.py`)."""
     tables: dict[str, TableFacts] = field(default_factory=dict)
@@ -325,7 +319,7 @@ def _counts(values: pa.Array) -> dict[str, int]:
 
 def _any_key_null(rows: VersionRows, key_columns: tuple[str, ...]) -> pa.Array | None:
     """True where a key column is null in the record's row (or its version has no such column),
-    as `writers.routing._missing_key_sql` decides."""
+    as `spark-sql` decides (`sql_routing.routed_rows`)."""
     names = list(rows.version.row_semantics)
     result = None
     for key in key_columns:

@@ -1,7 +1,7 @@
 """Records no table claims, routed by the source's `table_template` with Arrow compute.
 
-The same route as `writers.routing.template_sql` gives on `spark-sql`: the template's literals
-and the record's topic, Debezium `source.name`, `source.db` and `source.table` joined, or null
+The same route as `sql_routing.template_sql` gives on `spark-sql`: the template's literals and
+the record's topic, Debezium `source.name`, `source.db` and `source.table` joined, or null
 (`unroutable`) when a field it names is missing, as Spark's `concat` gives null.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icekeeper.writers.arrow_engine.flatten import VersionRows
+from icekeeper.writers.arrow_engine.arrow_flatten import VersionRows
 from icekeeper.writers.routing import template_parts
 
 _SOURCE_FIELDS = {"server": "name", "db": "db", "table": "table"}

@@ -1,17 +1,16 @@
-"""Flatten decoded change events into table rows: metadata columns + the row, with field ids.
+"""Flatten decoded change events into a table's rows as Spark SQL: metadata columns + the row.
 
 The row is `after`, or `before` for deletes (for a delete without `before`, the columns its
-record key gives: `record_keys.py`); metadata columns follow seed 000 (`_src_*`, the operation,
-the envelope's ts_ms, `_tsc_*`, `_kfk_*`). Several schema versions become one set of
-columns (union by name, types widened) whose Iceberg field ids agree with the table, so the
-Parquet files read correctly after the bookkeeper evolves the table to this schema.
-Expressions are Spark SQL text (see `sql.py`); field ids are attached in one final projection.
+record key gives: `sql_record_keys.py`); metadata columns follow seed 000 (`_src_*`, the
+operation, the envelope's ts_ms, `_tsc_*`, `_kfk_*`). The table's schema comes planned
+(`writers/table_batch.py`: its versions' columns merged, with field ids agreeing with the table),
+so the Parquet files read correctly after the bookkeeper evolves the table to it. Expressions are
+Spark SQL text (see `sql.py`); field ids are attached in one final projection.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pyiceberg.schema import Schema
 from pyspark.sql import DataFrame
@@ -20,16 +19,12 @@ from pyspark.sql import functions as F
 from icekeeper.common.config.model import MetadataColumns
 from icekeeper.common.schema import (
     PARQUET_FIELD_ID,
-    Column,
-    assign_ids,
     envelope_ts_column,
-    merge_columns,
-    metadata_columns,
     op_column,
     spark_sql_type,
 )
-from icekeeper.writers import sql
-from icekeeper.writers.columns import (
+from icekeeper.writers.spark_sql_engine import sql
+from icekeeper.writers.spark_sql_engine.columns import (
     ERROR,
     EVENT_MS,
     HELPER_COLUMNS,
@@ -40,11 +35,8 @@ from icekeeper.writers.columns import (
     SOURCE_SERVER,
     SOURCE_TABLE,
 )
-from icekeeper.writers.conversions import converted_sql, failed_sql
-from icekeeper.writers.decode import VersionShape
-
-if TYPE_CHECKING:
-    from pyiceberg.table.metadata import TableMetadata
+from icekeeper.writers.spark_sql_engine.sql_conversions import converted_sql, failed_sql
+from icekeeper.writers.version_shapes import VersionShape
 
 
 @dataclass(frozen=True)
@@ -56,40 +48,18 @@ class FlatRows:
     schema: Schema
 
 
-def table_columns(versions: list[VersionShape], metadata: MetadataColumns) -> list[Column]:
-    """Metadata columns then row columns, merged over `versions`."""
-    debezium = [v for v in versions if v.is_debezium]
-    meta = metadata_columns(
-        metadata,
-        bool(debezium),
-        _merged_types([v.source for v in debezium]),
-        _merged_types([v.transaction for v in debezium]),
-    )
-    return meta + merge_columns([v.row for v in versions])
-
-
-def _merged_types(type_maps: list[dict]) -> dict:
-    merged = merge_columns([[Column(name, t) for name, t in types.items()] for types in type_maps])
-    return {column.name: column.type for column in merged}
-
-
 def flatten(
     frame: DataFrame,
     versions: list[VersionShape],
     metadata: MetadataColumns,
-    table: TableMetadata | None,
-    primary_key: list[str],
+    schema: Schema,
     carry: list[str] | None = None,
 ) -> FlatRows:
-    """Rows of `versions` flattened into the table's columns, with ids from `table`'s metadata
-    (`assign_ids`: its current schema's by name, new ones after its last-column-id).
+    """Rows of `versions` flattened into `schema`'s columns (`table_batch.table_schema`), each
+    with its field id.
 
     The frame keeps the helper columns, and the columns named in `carry`, next to the row's.
     """
-    columns = table_columns(versions, metadata)
-    key_names = resolve_keys([c.name for c in columns], primary_key)
-    columns = [Column(c.name, c.type, c.name in key_names) for c in columns]
-    schema = assign_ids(columns, table, key_names)
     projections = [
         f"CAST({value_sql(field.name, versions, metadata)} AS {spark_sql_type(field.field_type)}) "
         f"AS {sql.ident(field.name)}"
@@ -139,20 +109,6 @@ def helper_sql(versions: list[VersionShape]) -> dict[str, str]:
     }
 
 
-def resolve_keys(names: list[str], primary_key: list[str]) -> list[str]:
-    """Key columns as the schema spells them (seed 000 wrote `id1,id2` for `ID1`, `ID2`)."""
-    resolved = []
-    for key in primary_key:
-        if key in names:
-            resolved.append(key)
-            continue
-        matches = [name for name in names if name.lower() == key.lower()]
-        if len(matches) != 1:
-            raise ValueError(f"primary key column {key!r} is not among the columns {names}")
-        resolved.append(matches[0])
-    return resolved
-
-
 def across(versions: list[VersionShape], pick) -> str:  # noqa: ANN001
     """The value from whichever version decoded this record (exactly one does)."""
     return sql.coalesce([pick(v) for v in versions])
@@ -192,7 +148,7 @@ def _carrier_sql(version: VersionShape, name: str) -> str:
     if not version.is_debezium:
         return sql.path(version.column, name)
     # The row is `after`, or `before` for a delete; never mix fields of the two. A delete without
-    # `before` has the key columns its record key gives, if read (`record_keys.py`).
+    # `before` has the key columns its record key gives, if read (`sql_record_keys.py`).
     after, before = sql.path(version.column, "after"), sql.path(version.column, "before")
     image = f"CASE WHEN {after} IS NOT NULL THEN {sql.path(version.column, 'after', name)}"
     if name not in version.record_key_fields:

@@ -1,19 +1,20 @@
-"""Names of the helper columns the writer adds to a batch's frame, all `_ik_`-prefixed.
+"""Names of the helper columns `spark-sql` adds to a batch's frame, all `_ik_`-prefixed.
 
 They sit next to the Kafka columns and the row columns while a batch is decoded, routed,
 flattened and written, and none of them reaches a Parquet file: `HELPER_COLUMNS`, `ROUTE`,
 `VERSION` and `KEEP` are dropped before the write, the others never leave decoding. One place for
 them keeps a new helper from colliding with an existing one. (Aliases of observed counts and
-SQL lambda variables are not columns and stay with their code: `table_versions.py`,
-`connect_schema.py`.)
+SQL lambda variables are not columns and stay with their code: `sql_table_versions.py`,
+`formats/connect_schema.py`; each version's struct column is named by
+`writers.version_shapes.version_column`.)
 """
 
 from __future__ import annotations
 
-# -- set by decoding (`decode.py`) -----------------------------------------------------------------
+# -- set by decoding (`decoding.py`, the formats' `*_sql.py`) --------------------------------------
 
 ERROR = "_ik_error"
-"""Null when the record decoded and can become a row, else why not (see `decode.py`)."""
+"""Null when the record decoded and can become a row, else why not (see `decoding.py`)."""
 VERSION = "_ik_version"
 """Index into `DecodedBatch.versions` of the version whose schema the record names (null: none)."""
 DECODE_BARRIER = "_ik_decode_barrier"
@@ -27,11 +28,6 @@ JSON_CORRUPT = "_ik_corrupt_record"
 """Set by `from_json` to the text of a record that does not parse into its version's type."""
 
 
-def version_column(index: int) -> str:
-    """The decoded struct column of version `index` (`VersionShape.column`)."""
-    return f"_ik_v{index}"
-
-
 def json_parsed_column(index: int) -> str:
     """JSON version `index`'s record as `from_json` parsed
     it, before conversion to the version's struct."""
@@ -40,11 +36,11 @@ def json_parsed_column(index: int) -> str:
 
 def record_key_column(index: int) -> str:
     """Version `index`'s row as read from the Kafka record
-    key, for deletes without `before` (`record_keys.py`)."""
+    key, for deletes without `before` (`sql_record_keys.py`)."""
     return f"_ik_key{index}"
 
 
-# -- per record, from the decoded versions (`flatten.helper_sql`) ----------------------------------
+# -- per record, from the decoded versions (`sql_flatten.helper_sql`) ------------------------------
 
 EVENT_MS = "_ik_event_ms"
 SOURCE_DB = "_ik_source_db"
@@ -63,20 +59,9 @@ HELPER_COLUMNS = (
 )
 """Columns next to the row columns that the writer uses and drops before writing files."""
 
-# -- routing and writing a table (`routing.py`, `table_writer.py`) ---------------------------------
+# -- routing and writing a table (`sql_routing.py`, `table_writer.py`) -----------------------------
 
 ROUTE = "_ik_route"
 """The identifier of the table a record goes to; null when nothing claims it."""
 KEEP = "_ik_keep"
 """True for the records of the table being written: routed to it, decoded, not before its start."""
-DELETED = "_ik_deleted"
-"""Upsert tables: true for a key whose last change in the batch deletes it (`upserts.py`); the
-first partition column of the table's write, so it names the folders of deleted-keys files."""
-
-
-def partition_column(index: int) -> str:
-    """The derived column Spark partitions files by for the spec's partition field `index`.
-
-    Spark names the folders after it (`_ik_p0=3/`), so it is part of the files' paths.
-    """
-    return f"_ik_p{index}"

@@ -17,35 +17,45 @@ UTF-8, which `from_avro` does not check: `valid_utf8_sql`), `invalid-json`,
 `unconvertible-value`, `tombstone`).
 
 Given `RecordKeys` (a source feeding tables with primary keys), each Debezium version also reads
-the Kafka record key of its deletes without a `before` image, as a row (`record_keys.py`).
+the Kafka record key of its deletes without a `before` image, as a row (`sql_record_keys.py`).
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyiceberg.types import IcebergType
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from icekeeper.common.config.model import MetadataColumns
 from icekeeper.common.schema import (
     COLLECTION,
     MAX_DECIMAL_PRECISION,
     Column,
-    EnvelopeShape,
     SchemaConversionError,
     envelope_shape,
     iceberg_type_from_spark,
-    record_types,
-    row_columns,
 )
-from icekeeper.writers import sql
-from icekeeper.writers.columns import (
+from icekeeper.writers.confluent_frame import frame_prefix
+from icekeeper.writers.connect_schema import (
+    avro_from_connect,
+    avro_value_sql,
+    conversion_failures_sql,
+    is_connect_struct,
+    json_carrier_type,
+)
+from icekeeper.writers.key_columns import (
+    RecordKeys,
+    avro_key_schemas,
+    key_columns_of,
+    row_column_name,
+    row_record,
+)
+from icekeeper.writers.registry import RegisteredSchema
+from icekeeper.writers.spark_sql_engine import sql
+from icekeeper.writers.spark_sql_engine.columns import (
     DECODE_BARRIER,
     ERROR,
     JSON_CORRUPT,
@@ -54,48 +64,20 @@ from icekeeper.writers.columns import (
     VERSION,
     json_parsed_column,
     record_key_column,
-    version_column,
 )
-from icekeeper.writers.connect_schema import (
-    avro_from_connect,
-    avro_value_sql,
-    conversion_failures_sql,
-    is_connect_struct,
-    json_carrier_type,
-)
-from icekeeper.writers.record_keys import (
-    RecordKeys,
-    avro_key_schemas,
+from icekeeper.writers.spark_sql_engine.sql_record_keys import (
     delete_without_before_sql,
     json_key_row_sql,
-    key_columns_of,
-    row_column_name,
-    row_record,
 )
-from icekeeper.writers.registry import RegisteredSchema
+from icekeeper.writers.version_shapes import (
+    DEBEZIUM_SOURCE_FIELDS,
+    VersionShape,
+    reader_schema,
+    shape_from_avro,
+    version_column,
+)
 
 KAFKA_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
-
-
-@dataclass(frozen=True)
-class VersionShape:
-    """One decoded struct column and what it holds, in Iceberg types."""
-
-    column: str
-    is_debezium: bool
-    row: list[Column]
-    source: dict[str, IcebergType] = field(default_factory=dict)
-    transaction: dict[str, IcebergType] = field(default_factory=dict)
-    schema_id: int | None = None
-    namespace: str | None = None
-    """Debezium names row records `<server>.<db>.<table>`:
-    tells which table a version belongs to."""
-    record_key: str | None = None
-    """The column holding the Kafka record key read as this version's key columns, for deletes
-    without a `before` image (null for other records); None when keys are not read
-    (`record_keys.py`)."""
-    record_key_fields: tuple[str, ...] = ()
-    """The row columns `record_key` holds: the version's primary-key columns."""
 
 
 @dataclass(frozen=True)
@@ -105,20 +87,6 @@ class DecodedBatch:
     frame: DataFrame
     versions: list[VersionShape]
     planned_schema_ids: list[int] = field(default_factory=list)
-
-
-def envelope_fields(metadata: MetadataColumns) -> dict[str, set[str]]:
-    """Debezium envelope fields a batch uses: the configured metadata columns plus routing (the
-    decoder skips the others; the writer bench's baseline decodes with the same)."""
-    return {
-        "source": set(metadata.source.columns) | {"name", "db", "table", "ts_ms"},
-        "transaction": set(metadata.transaction.columns),
-    }
-
-
-def frame_prefix(schema_id: int) -> bytes:
-    """Confluent wire format: magic byte 0, then the schema id as a 4-byte big-endian int."""
-    return struct.pack(">bI", 0, schema_id)
 
 
 def decode_avro_confluent(
@@ -158,7 +126,7 @@ def decode_avro_confluent(
             f"CASE WHEN {prefix} = {sql.binary(frame_prefix(schema.schema_id))} THEN {decoded} END "
             f"AS {column}"
         )
-        shape = _shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id)
+        shape = shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id)
         record_key = (
             _avro_record_key_sql(column, json.loads(writer), key_schemas, keys)
             if keys and shape.is_debezium
@@ -246,7 +214,7 @@ def spark_decodable(schema_text: str) -> str:
 
     Spark refuses a schema with such a decimal (MariaDB's DECIMAL(65, 30)) outright, which
     would fail every record of the version; the bytes are the same on the wire, and the writer
-    turns them into exact text (`writers/conversions.py`). Other schemas are returned as they are.
+    turns them into exact text (`sql_conversions.py`). Other schemas are returned as they are.
     """
     if '"decimal"' not in schema_text:
         return schema_text
@@ -266,65 +234,6 @@ def spark_decodable(schema_text: str) -> str:
     parsed = json.loads(schema_text)
     result = narrowed(parsed)
     return schema_text if result == parsed else json.dumps(result)
-
-
-def reader_schema(writer_schema: str, keep: dict[str, set[str]]) -> str | None:
-    """The writer schema with unused fields of Debezium's `source`/`transaction` records removed.
-
-    Avro's schema resolution then skips those bytes instead of building values for them.
-    Returns None for schemas that are not Debezium envelopes.
-    """
-    parsed = json.loads(writer_schema)
-    if not isinstance(parsed, dict) or parsed.get("type") != "record":
-        return None
-    names = {envelope_field["name"] for envelope_field in parsed["fields"]}
-    if not {"after", "op", "source"} <= names:
-        return None
-    for envelope_field in parsed["fields"]:
-        wanted = keep.get(envelope_field["name"])
-        record = envelope_field["type"]
-        if wanted is None:
-            continue
-        branches = record if isinstance(record, list) else [record]
-        for branch in branches:
-            if isinstance(branch, dict) and branch.get("type") == "record":
-                # An Avro record needs a field; keep the first when none is wanted.
-                branch["fields"] = [f for f in branch["fields"] if f["name"] in wanted] or branch[
-                    "fields"
-                ][:1]
-    return json.dumps(parsed)
-
-
-def skipped_envelope_fields(
-    writer_schema: str, keep: dict[str, set[str]]
-) -> dict[str, frozenset[str]]:
-    """Envelope field (`source`, `transaction`) -> its fields `reader_schema` skips: the fields
-    `spark-sql` does not decode, whose strings neither engine checks (`valid_utf8_sql`)."""
-    reader = reader_schema(writer_schema, keep)
-    if reader is None:
-        return {}
-    kept = {
-        envelope_field["name"]: _record_field_names(envelope_field["type"])
-        for envelope_field in json.loads(reader)["fields"]
-    }
-    skipped = {}
-    for envelope_field in json.loads(writer_schema)["fields"]:
-        name = envelope_field["name"]
-        if name in keep:
-            dropped = _record_field_names(envelope_field["type"]) - kept[name]
-            if dropped:
-                skipped[name] = frozenset(dropped)
-    return skipped
-
-
-def _record_field_names(avro_type: Any) -> set[str]:
-    branches = avro_type if isinstance(avro_type, list) else [avro_type]
-    return {
-        record_field["name"]
-        for branch in branches
-        if isinstance(branch, dict) and branch.get("type") == "record"
-        for record_field in branch["fields"]
-    }
 
 
 def valid_utf8_sql(column: str, decoded: T.StructType) -> str:
@@ -384,18 +293,6 @@ def _any_decoded(versions: list[VersionShape]) -> str:
     )
 
 
-def _shape_from_avro(column: str, shape: EnvelopeShape, schema_id: int | None) -> VersionShape:
-    return VersionShape(
-        column,
-        shape.is_debezium,
-        row_columns(shape),
-        record_types(shape.source),
-        record_types(shape.transaction),
-        schema_id,
-        namespace=shape.row.get("namespace"),
-    )
-
-
 def framed_schema_id_sql(column: str) -> str:
     """SQL for the schema id the Confluent frame of
     binary `column` names, as a number; null unframed."""
@@ -407,10 +304,6 @@ def framed_schema_id_sql(column: str) -> str:
 
 UNKNOWN_SCHEMA_ID = framed_schema_id_sql("value")
 """The schema id a value's frame names (only evaluated for records no version matched)."""
-
-
-DEBEZIUM_SOURCE_FIELDS = ("name", "db", "table", "ts_ms")
-"""`source` fields every Debezium event has and the writer reads (routing, event time)."""
 
 
 @dataclass(frozen=True)
@@ -449,7 +342,7 @@ def decode_json(
     inference, per topic (one more pass), so tables fed by different topics never share columns.
     Every record gets `_ik_version`; a record whose schema no Iceberg table can take goes to the
     dead letters with `unsupported-connect-schema: <why>`. With `keys`, a delete without a `before`
-    image reads its record key as its version's row (`record_keys.py`).
+    image reads its record key as its version's row (`sql_record_keys.py`).
     """
     text = "CAST(value AS STRING)"
     schema_text = f"get_json_object({text}, '$.schema')" if debezium else "CAST(NULL AS STRING)"
@@ -576,7 +469,7 @@ def _connect_version(schema_text: str, index: int) -> _JsonVersion | str:
     try:
         avro = avro_from_connect(json.loads(schema_text))
         shape = envelope_shape(avro)
-        version_shape = _shape_from_avro(version_column(index), shape, None)
+        version_shape = shape_from_avro(version_column(index), shape, None)
         carrier = T.StructType(
             [
                 T.StructField("payload", json_carrier_type(avro)),

@@ -3,7 +3,7 @@
 The same cut as the `spark-sql` engine's Kafka source (`maxRecordsPerPartition`): a range is
 split into pieces of roughly equal size, none larger than `BatchPlan.records_per_task`, so a
 large batch runs as two tasks per core and both engines write the same files per piece.
-Upsert batches group whole partitions instead (`TaskGroup`, `upserts.whole_partitions`).
+Upsert batches group whole partitions instead (`TaskGroup`, `arrow_upserts.whole_partitions`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from icekeeper.writers.offsets import BatchPlan
-
-SMALLEST_TASK_RECORDS = 50_000
-"""As `writers/kafka_io.py`: a batch is not cut below this many records per task."""
+from icekeeper.writers.offsets import SMALLEST_TASK_RECORDS, BatchPlan
 
 
 @dataclass(frozen=True)
@@ -35,7 +32,7 @@ class TaskRange:
 @dataclass(frozen=True)
 class TaskGroup:
     """One task reading several ranges, one after the other, and writing them as one: its files
-    hold the rows of all its ranges (an upsert batch's whole partitions, `upserts.py`)."""
+    hold the rows of all its ranges (an upsert batch's whole partitions, `arrow_upserts.py`)."""
 
     index: int
     ranges: tuple[TaskRange, ...]

@@ -1,14 +1,14 @@
 """A delete without a `before` image on the arrow engine: its key columns from the Kafka record key.
 
-As on `spark-sql` (`writers/record_keys.py`, whose schema matching this reuses): Debezium keys
+As on `spark-sql` (`writers/key_columns.py` matches the schemas for both): Debezium keys
 every record by the primary key, a Confluent-framed Avro struct (or a bare value for a one-column
 key). For each such delete the task reads the record key with its registered (writer) schema and
 the version's key columns, made nullable, as the reader schema, and puts the result in the
 record's `before` image: from there the row's conversions, the missing-key check and flattening
 treat it as any delete, so the row gets the key columns and nothing else, as `spark-sql` gives it.
 
-Key schemas are the ones the writer has learnt (`writers.batch`, from the dead letters of a
-`spark-sql` batch, by id): a delete whose key names an unknown schema, does not decode or gives
+Key schemas are the ones the writer has learnt (`writers.source_batch`, from the dead letters
+of a `spark-sql` batch, by id): a delete whose key names an unknown schema, does not decode or gives
 values the `before` image cannot hold stays without a key (`delete-without-key`), and the engine
 hands the batch to `spark-sql`, which learns the schema for the batches after it.
 """
@@ -24,9 +24,9 @@ import fastavro
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icekeeper.writers.arrow_engine.flatten import VersionPlan, whole
-from icekeeper.writers.decode import frame_prefix
-from icekeeper.writers.record_keys import RecordKeys, avro_key_schemas, row_record
+from icekeeper.writers.arrow_engine.arrow_flatten import VersionPlan, whole
+from icekeeper.writers.confluent_frame import frame_prefix
+from icekeeper.writers.key_columns import RecordKeys, avro_key_schemas, row_record
 from icekeeper.writers.registry import RegisteredSchema
 
 

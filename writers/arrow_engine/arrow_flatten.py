@@ -1,9 +1,9 @@
 """Flatten decoded change events into a table's rows with Arrow: metadata columns + the row.
 
-The same rows as `writers/flatten.py` builds in Spark SQL: the row is `after`, or `before` for a
-delete; metadata columns come from the envelope (`source`, `op`, `ts_ms`, `transaction`) and the
-Kafka record; each column is cast to its Iceberg type, with the field ids of the table's schema
-(`arrow_schema`), which pyarrow writes into the Parquet file as Iceberg needs.
+The same rows as `spark_sql_engine/sql_flatten.py` builds in Spark SQL: the row is `after`, or
+`before` for a delete; metadata columns come from the envelope (`source`, `op`, `ts_ms`,
+`transaction`) and the Kafka record; each column is cast to its Iceberg type, with the field ids of
+the table's schema (`arrow_schema`), which pyarrow writes into the Parquet file as Iceberg needs.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pyiceberg.types import (
 
 from icekeeper.common.config.model import MetadataColumns
 from icekeeper.common.schema import envelope_ts_column, op_column
-from icekeeper.writers.arrow_engine.conversions import converted
+from icekeeper.writers.arrow_engine.arrow_conversions import converted
 
 FIELD_ID = b"PARQUET:field_id"
 
@@ -94,7 +94,7 @@ class VersionPlan:
     transaction_fields: tuple[str, ...]
     unchecked: dict[str, frozenset[str]] = dataclass_field(default_factory=dict)
     """Envelope field -> its fields the writer skips, whose strings are not checked for UTF-8
-    (`writers.decode.skipped_envelope_fields`)."""
+    (`writers.version_shapes.skipped_envelope_fields`)."""
 
 
 def field_of(struct: pa.Array, name: str) -> pa.Array:
@@ -188,7 +188,7 @@ def table_rows(
 def _value(
     rows: VersionRows, row_columns: dict[str, pa.Array], name: str, metadata: MetadataColumns
 ) -> pa.Array | None:
-    """As `writers.flatten.value_sql`: a Kafka field, an envelope field, or a row column."""
+    """As `sql_flatten.value_sql`: a Kafka field, an envelope field, or a row column."""
     kafka = metadata.kafka
     if name.startswith(kafka.prefix) and name[len(kafka.prefix) :] in kafka.columns:
         return kafka_value(rows, name[len(kafka.prefix) :])

@@ -1,11 +1,11 @@
 """Upsert tables on the arrow engine: each task keeps the last change of each key it read.
 
-The same rule as the `spark-sql` engine (`writers/upserts.py`): within a batch, a key's last
-change in Kafka offset order wins; its row goes to the table's data files unless that change is a
-delete (op `d`) in `delete_mode: hard`, when the row goes to a deleted-keys file instead (which
+The same rule as the `spark-sql` engine (`spark_sql_engine/sql_upserts.py`): within a batch, a key's
+last change in Kafka offset order wins; its row goes to the table's data files unless that change is
+a delete (op `d`) in `delete_mode: hard`, when the row goes to a deleted-keys file instead (which
 the bookkeeper turns into position deletes of the key's earlier row). Both kinds of file are laid
-out as `spark-sql` lays them out, under `_ik_deleted=false/` and `_ik_deleted=true/` folders of
-the batch, above the table's own partition folders.
+out as `spark-sql` lays them out, under `_ik_deleted=false/` and `_ik_deleted=true/` folders of the
+batch, above the table's own partition folders.
 
 Keys split across tasks. A task sees only its own records, so two tasks holding one key would
 both write a row for it. Choice (correctness first; a key in two partitions is rare, so its cost
@@ -49,25 +49,11 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icekeeper.writers.arrow_engine.tasks import TaskGroup, TaskRange
-from icekeeper.writers.columns import DELETED
+from icekeeper.writers.arrow_engine.task_ranges import TaskGroup, TaskRange
+from icekeeper.writers.table_batch import UpsertRule
 
 _ROW = "_ik_row"
 _RANGE = "_ik_range"
-LIVE_FOLDER = f"{DELETED}=false"
-DELETED_FOLDER = f"{DELETED}=true"
-"""The folders `spark-sql` writes a batch's rows into (`writers.upserts.deleted_partition`)."""
-
-
-@dataclass(frozen=True)
-class UpsertPlan:
-    """How a task keeps one row per key of an upsert table."""
-
-    key_columns: tuple[str, ...]
-    """The primary-key columns as the table's schema spells them (`flatten.resolve_keys`)."""
-    op_column: str | None
-    """The op column deciding which last changes delete their key; None when deletes keep their
-    row (`delete_mode: soft`) or the table has no op column."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +96,7 @@ def _last_rows(
     return np.sort(last.column(f"{_ROW}_max").to_numpy()), shared
 
 
-def last_changes(rows: pa.Table, plan: UpsertPlan, ranges: pa.Array | None = None) -> LastChanges:
+def last_changes(rows: pa.Table, plan: UpsertRule, ranges: pa.Array | None = None) -> LastChanges:
     """`rows` (one task's, in offset order within each of its Kafka ranges) reduced to each key's
     last change, split by whether it deletes the key. `ranges`: each row's range in the task,
     when it has several (`LastChanges.keys_in_two_ranges` counts the keys found in two)."""

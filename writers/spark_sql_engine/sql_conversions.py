@@ -2,15 +2,17 @@
 
 Debezium sends a DATETIME(6) as a long of microseconds, a DATE as an int of days, a TIME as a
 long of microseconds, a TIMESTAMP as ISO text. `common.schema.SEMANTIC_TYPES` says which Iceberg
-type each becomes; this module says how, as SQL over the carrier (`{}` in each template), so the
-conversion runs in Spark's JVM with the rest of the projection. The rules for values a type
-cannot hold are in docs/types.md; every conversion here either is total or reports a failure
-(`failed_sql`), so a value is never silently replaced by null.
+type each becomes and `writers/semantic_types.py` which carriers are converted; this module says
+how, as SQL over the carrier (`{}` in each template), so the conversion runs in Spark's JVM with
+the rest of the projection (the arrow engine's `arrow_conversions.py` gives the same values). The
+rules for values a type cannot hold are in docs/types.md; every conversion here either is total
+or reports a failure (`failed_sql`), so a value is never silently replaced by null.
 """
 
 from __future__ import annotations
 
 from icekeeper.common.schema import COLLECTION, WIDE_DECIMAL
+from icekeeper.writers.semantic_types import FALLIBLE
 
 _NTZ = "CAST(timestamp_micros({micros}) AS TIMESTAMP_NTZ)"
 """Wall-clock timestamps: Debezium encodes DATETIME as if it were UTC; the writer's Spark session
@@ -86,12 +88,8 @@ _CONVERSIONS: dict[str, str] = {
     "io.debezium.data.geometry.Point": "{}.wkb",
     COLLECTION: "to_json({})",
 }
-"""Semantic types whose carrier needs converting; the
-others (Json, Enum, Uuid, ...) are taken as they come."""
-
-_FALLIBLE = {"io.debezium.time.ZonedTimestamp", "io.debezium.data.VariableScaleDecimal"}
-"""Conversions that give null for some non-null input (text that is no timestamp, e.g. PostgreSQL's
-`infinity`; a NUMERIC of more than 38 digits)."""
+"""Semantic types whose carrier needs converting (`semantic_types.CONVERTED`, and collections
+as JSON text); the others (Json, Enum, Uuid, ...) are taken as they come."""
 
 
 def converted_sql(value: str, semantic: str | None) -> str:
@@ -108,7 +106,7 @@ def converted_sql(value: str, semantic: str | None) -> str:
 
 def failed_sql(value: str, semantic: str | None) -> str | None:
     """SQL true where the conversion of a non-null `value` gave null; None for total conversions."""
-    if semantic not in _FALLIBLE and not (semantic or "").startswith(WIDE_DECIMAL):
+    if semantic not in FALLIBLE and not (semantic or "").startswith(WIDE_DECIMAL):
         return None
     return f"(({value}) IS NOT NULL AND {converted_sql(value, semantic)} IS NULL)"
 

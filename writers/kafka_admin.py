@@ -1,42 +1,26 @@
-"""Kafka for one source: the partitions' offset bounds, the consumer group's offsets, raw reads.
+"""Kafka's admin requests for one source: the partitions' offset bounds, the group's offsets.
 
-A writer reads explicit offset ranges with Spark's batch Kafka source (planned in `offsets.py`),
-never through a subscription: where it starts comes from the tables and its pending monikers.
-The consumer group's offsets are only committed after a batch, so lag shows in Kafka's tools
-(as in seed 000); the writer never reads them back.
+A writer reads explicit offset ranges (planned in `offsets.py`), never through a subscription:
+where it starts comes from the tables and its pending monikers, within the bounds asked for
+here. The consumer group's offsets are only committed after a batch, so lag shows in Kafka's
+tools (as in seed 000); the writer never reads them back. Each engine reads the ranges its own
+way (`spark_sql_engine/kafka_source.py`, `arrow_engine/kafka_read.py`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
-from icekeeper.common.committed_state import nest_by_topic
 from icekeeper.common.config.model import KafkaSource
-from icekeeper.common.kafka_clients import (
-    Refusals,
-    cluster_metadata,
-    librdkafka_config,
-    spark_kafka_options,
-)
-from icekeeper.writers.offsets import BatchPlan, PartitionBounds, records_per_task
+from icekeeper.common.kafka_clients import Refusals, cluster_metadata, librdkafka_config
+from icekeeper.writers.offsets import BatchPlan, PartitionBounds
 from icekeeper.writers.offsets import TopicPartition as TP
 
 log = logging.getLogger(__name__)
-
-_SMALLEST_TASK_RECORDS = 50_000
-"""Batches are split across more tasks than Kafka partitions only into pieces of at least this."""
-_FETCH_DEFAULTS = {
-    "max.partition.fetch.bytes": "10485760",
-    "fetch.max.bytes": "52428800",
-    "max.poll.records": "10000",
-}
 
 
 class SourceAdmin:
@@ -114,52 +98,6 @@ class SourceAdmin:
                 "could not commit consumer group offsets",
                 extra={"group": source.consumer_group, "error": str(error)},
             )
-
-
-def read_raw(
-    spark: SparkSession, source: KafkaSource, plan: BatchPlan, include_headers: bool = False
-) -> DataFrame:
-    """The batch's records as Spark's Kafka source gives them (key, value, topic, ..., headers).
-
-    Args:
-        include_headers: read the records' headers (only the dead-letter pass needs them);
-            without, `headers` is a null column.
-    """
-    assign: dict[str, list[int]] = {}
-    for topic, partition in plan.read_ranges:
-        assign.setdefault(topic, []).append(partition)
-    starting = nest_by_topic({key: start for key, (start, _) in plan.read_ranges.items()})
-    ending = nest_by_topic({key: until for key, (_, until) in plan.read_ranges.items()})
-    parallelism = spark.sparkContext.defaultParallelism
-    reader = (
-        spark.read.format("kafka")
-        .options(**batch_read_options(source, parallelism, plan.records))
-        .option("assign", json.dumps(assign))
-        .option("startingOffsets", json.dumps(starting))
-        .option("endingOffsets", json.dumps(ending))
-        .option("failOnDataLoss", "true" if not source.offset_gaps else "false")
-        .option("includeHeaders", "true" if include_headers else "false")
-    )
-    frame = reader.load()
-    return frame if include_headers else frame.withColumn("headers", F.lit(None))
-
-
-def batch_read_options(source: KafkaSource, parallelism: int, records: int) -> dict[str, str]:
-    """Spark Kafka source options of a batch of `records`, beside its offsets: the connection
-    (and security), the task split (`BatchPlan.records_per_task`) and the fetch sizes. The writer
-    bench's baseline reads with the same, so the two compare on equal terms."""
-    options = {
-        **spark_kafka_options(source),
-        "minPartitions": str(parallelism),
-        "maxRecordsPerPartition": str(
-            records_per_task(records, parallelism, _SMALLEST_TASK_RECORDS)
-        ),
-    }
-    # Larger fetches than the consumer defaults (1 MB per partition, 500 records per poll):
-    # measured ~20% faster reads of 200k seed-like records; the user's settings win.
-    for key, value in {**_FETCH_DEFAULTS, **source.consumer_properties}.items():
-        options[f"kafka.{key}"] = value
-    return options
 
 
 def _matches(pattern: str, topic: str) -> bool:

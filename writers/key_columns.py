@@ -1,28 +1,34 @@
-"""A delete without a `before` image takes its key columns from the Kafka record key.
+"""Key columns: a table's primary key as its rows spell it, and a delete's key from its record key.
 
-Debezium keys every record by the table's primary key: a struct, as Confluent-framed Avro (subject
+A table's primary key is written in the config as its user spells it (seed 000 wrote `id1,id2`
+for `ID1`, `ID2`); `resolve_keys` finds each key column in the table's columns, ignoring case
+where the spelling differs. Both engines key upsert tables and check `missing-key` by it.
+
+A delete without a `before` image takes its key columns from the Kafka record key. Debezium keys
+every record by the table's primary key: a struct, as Confluent-framed Avro (subject
 `<topic>-key`) or as JSON with or without Kafka Connect's schema/payload envelope. Some connectors
 and JSON producers send a delete with only that key (`before: null`), which on its own would give a
-row without key columns, and so a delete of nothing. For such deletes each schema version gets one
-more decoded column: the record key read as the version's primary-key columns (the key's fields
-matched to them by name), typed as the row types them. Flattening takes a delete's key columns
-from it when `before` is null (`flatten._carrier_sql`), with the row's conversions.
+row without key columns, and so a delete of nothing. Each engine reads such a delete's record key
+as the version's primary-key columns (the key's fields matched to them by name), typed as the row
+types them (`spark_sql_engine/sql_record_keys.py`, `arrow_engine/arrow_record_keys.py`); this
+module holds what they share: which columns a key gives (`RecordKeys`) and, for Avro keys, the
+writer and reader schemas that read a key as those columns (`avro_key_schemas`).
 
 Invariants:
-- Only deletes without a `before` image read their key: the column is a `CASE` on the decoded
-  event, so other records cost one comparison and keys are never decoded for them.
-- Only primary-key columns are read from keys. Besides meaning, this keeps the generated code
-  small: the writer's main stage is one generated Java method, and past 8,000 bytes of bytecode
-  HotSpot stops compiling it (`DontCompileHugeMethods`): with the whole row read from keys, the
-  bench table's stage grew from 5.8 kB to 8.1 kB and the writer ran ~2.5x slower (measured).
+- Only deletes without a `before` image read their key; other records never decode theirs.
+- Only primary-key columns are read from keys. Besides meaning, this keeps `spark-sql`'s
+  generated code small: the writer's main stage is one generated Java method, and past 8,000
+  bytes of bytecode HotSpot stops compiling it (`DontCompileHugeMethods`): with the whole row
+  read from keys, the bench table's stage grew from 5.8 kB to 8.1 kB and the writer ran ~2.5x
+  slower (measured).
 - A key that cannot be read as the row gives null key columns, never a guess: such a delete is
-  dead-lettered as `delete-without-key` (`routing.py`), as is a delete without a record key.
+  dead-lettered as `delete-without-key`, as is a delete without a record key.
 
 Avro keys are decoded with their own (writer) schema and the version's key columns, made
 nullable, as the reader schema: Avro's schema resolution matches fields by name and promotes
 int to long. A key schema is used for a version only if each of its fields that the row has can
-be resolved to the row's type, so Spark never meets an unresolvable pair. A primitive key (a bare
-long or string rather than a record or object) is the value of a one-column primary key.
+be resolved to the row's type, so a decoder never meets an unresolvable pair. A primitive key (a
+bare long or string rather than a record or object) is the value of a one-column primary key.
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from icekeeper.common.config.model import TableSpec
-from icekeeper.writers import sql
 from icekeeper.writers.registry import RegisteredSchema
 
 _PROMOTIONS = {
@@ -56,7 +61,7 @@ class RecordKeys:
 
     columns: tuple[str, ...]
     """The primary-key columns of the source's keyed tables, as the config spells them (matched
-    to a row's columns ignoring case, as `flatten.resolve_keys` does): all that keys give."""
+    to a row's columns ignoring case, as `resolve_keys` does): all that keys give."""
     single_column: str | None = None
     """The primary-key column a primitive key stands for: set when every keyed table of the source
     has this one key column."""
@@ -77,10 +82,22 @@ def record_keys_for(
     return RecordKeys(tuple(columns), columns[0] if single else None, tuple(avro_schemas))
 
 
-def delete_without_before_sql(event: str) -> str:
-    """SQL true for a Debezium delete whose `before` image
-    is null (`event`: SQL for the decoded envelope)."""
-    return f"({event}.{sql.ident('op')} = 'd' AND {event}.{sql.ident('before')} IS NULL)"
+def resolve_keys(names: list[str], primary_key: list[str]) -> list[str]:
+    """Key columns as the schema spells them (seed 000 wrote `id1,id2` for `ID1`, `ID2`).
+
+    Raises:
+        ValueError: a key column matches none of `names`, or several ignoring case.
+    """
+    resolved = []
+    for key in primary_key:
+        if key in names:
+            resolved.append(key)
+            continue
+        matches = [name for name in names if name.lower() == key.lower()]
+        if len(matches) != 1:
+            raise ValueError(f"primary key column {key!r} is not among the columns {names}")
+        resolved.append(matches[0])
+    return resolved
 
 
 def row_column_name(row_names: Iterable[str], column: str | None) -> str | None:
@@ -220,26 +237,3 @@ def _non_null(avro_type: Any) -> Any:
         return avro_type
     branches = [branch for branch in avro_type if branch != "null"]
     return branches[0] if len(branches) == 1 else None
-
-
-# -- JSON keys -------------------------------------------------------------------------------------
-
-
-def json_key_row_sql(single_column: str | None) -> str:
-    """SQL for the record key as the JSON text of a row object, or null.
-
-    The key is a JSON object, or Kafka Connect's `{"schema": .., "payload": ..}` around one; a
-    primitive payload becomes `{"<single_column>": <payload>}`. Anything else is null (no key).
-    """
-    text = "CAST(key AS STRING)"
-    enveloped = f"(array_sort(json_object_keys({text})) = array('payload', 'schema'))"
-    payload = (
-        f"to_json(CASE WHEN {enveloped} THEN variant_get(try_parse_json({text}), '$.payload') "
-        f"ELSE try_parse_json({text}) END)"
-    )
-    primitive = (
-        f"concat({sql.string('{' + json.dumps(single_column) + ':')}, {payload}, '}}')"
-        if single_column
-        else "NULL"
-    )
-    return f"CASE WHEN startswith({payload}, '{{') THEN {payload} ELSE {primitive} END"

@@ -1,4 +1,4 @@
-"""Upsert tables in the writer: per batch, the last change of each key, and which keys it deletes.
+"""Upsert tables on `spark-sql`: per batch, the last change of each key, and which keys it deletes.
 
 Within a batch, a key's changes are ordered as Kafka orders them: by offset within the key's
 partition (Debezium keys records by primary key, so one key's changes share a partition; a key
@@ -20,9 +20,10 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from icekeeper.common.moniker import FileEntry
-from icekeeper.writers import sql
-from icekeeper.writers.columns import DELETED, KAFKA_OFFSET, KAFKA_PARTITION
-from icekeeper.writers.files import PartitionColumn
+from icekeeper.common.parquet_files import PartitionColumn
+from icekeeper.writers.files import DELETED
+from icekeeper.writers.spark_sql_engine import sql
+from icekeeper.writers.spark_sql_engine.columns import KAFKA_OFFSET, KAFKA_PARTITION
 
 _LATEST = "_ik_latest"
 
@@ -39,12 +40,13 @@ def last_change_per_key(rows: DataFrame, key_columns: list[str]) -> DataFrame:
     )
 
 
-def deleted_partition(op_column: str | None, hard_deletes: bool) -> PartitionColumn:
+def deleted_partition(op_column: str | None) -> PartitionColumn:
     """Lays a batch's files out by whether their rows' last change deletes the key (Debezium's op
-    `d`) and deletes remove rows (`hard_deletes`); see the module docstring."""
+    `d` in `op_column`; None: deletes keep their row, `UpsertRule.op_column`); see the module
+    docstring."""
     deleted = (
         F.coalesce(F.col(sql.ident(op_column)) == F.lit("d"), F.lit(False))
-        if op_column and hard_deletes
+        if op_column
         else F.lit(False)
     )
     return PartitionColumn(DELETED, DELETED, deleted, "bool")

@@ -1,10 +1,11 @@
 """Debezium / Connect carrier values to the Iceberg values users expect, over Arrow arrays.
 
-The same conversions as `writers/conversions.py` (Spark SQL) and docs/types.md, value for value:
-the parity tests (tests/writers/test_arrow_engine*.py) write the same records through both
-engines. Temporal carriers are converted with Arrow compute; the text forms (time of day,
-NUMERIC without a scale) are built per value in Python: they are rare columns, and exactness
-matters more there than speed. Fallible conversions (ZonedTimestamp, VariableScaleDecimal)
+The conversions `writers/semantic_types.py` lists, as `spark_sql_engine/sql_conversions.py`
+makes them in Spark SQL and docs/types.md describes them, value for value: the parity tests
+(tests/writers/test_arrow_engine*.py) write the same records through both engines. Temporal
+carriers are converted with Arrow compute; the text forms (time of day, NUMERIC without a scale)
+are built per value in Python: they are rare columns, and exactness matters more there than
+speed. Fallible conversions (ZonedTimestamp, VariableScaleDecimal)
 return a mask of the values that did not convert, which become `unconvertible-value` dead letters.
 """
 
@@ -16,30 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from icekeeper.common.schema import WIDE_DECIMAL
+from icekeeper.writers.semantic_types import MAX_TEXT_DIGITS
 
 _MICROS = pa.timestamp("us")
-
-CONVERTED = {
-    "io.debezium.time.Date",
-    "io.debezium.time.Timestamp",
-    "io.debezium.time.MicroTimestamp",
-    "io.debezium.time.NanoTimestamp",
-    "io.debezium.time.ZonedTimestamp",
-    "io.debezium.time.Time",
-    "io.debezium.time.MicroTime",
-    "io.debezium.time.NanoTime",
-    "org.apache.kafka.connect.data.Time",
-    "avro.time-millis",
-    "avro.time-micros",
-    "io.debezium.data.VariableScaleDecimal",
-    "io.debezium.data.geometry.Geometry",
-    "io.debezium.data.geometry.Geography",
-    "io.debezium.data.geometry.Point",
-}
-"""Semantic types this module converts (the others with a conversion run on `spark-sql`)."""
-
-_MAX_DIGITS = 38
-"""Spark's widest decimal: the `spark-sql` engine's text of a NUMERIC gives up beyond it."""
 
 
 def converted(values: pa.Array, semantic: str | None) -> tuple[pa.Array, pa.Array | None]:
@@ -149,7 +129,7 @@ def _variable_scale_text(values: pa.Array) -> tuple[pa.Array, pa.Array]:
 def _scaled_text(raw: bytes, scale: int) -> str | None:
     number = int.from_bytes(raw, "big", signed=True)
     digits = str(abs(number))
-    if len(digits) > _MAX_DIGITS:
+    if len(digits) > MAX_TEXT_DIGITS:
         return None
     sign = "-" if number < 0 else ""
     if scale <= 0:
