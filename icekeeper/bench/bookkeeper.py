@@ -128,7 +128,7 @@ def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
     )
 
 
-def _config(state_dir: Path) -> IcekeeperConfig:
+def bench_config(state_dir: Path) -> IcekeeperConfig:
     return load_config(
         None,
         environ={
@@ -142,7 +142,7 @@ def _config(state_dir: Path) -> IcekeeperConfig:
     )
 
 
-def _monikers(
+def bench_monikers(
     config: IcekeeperConfig, schema: Schema, count: int, start_seq: int = 1
 ) -> list[Moniker]:
     location = config.catalog.properties["warehouse"] + "/bench/tbl_test_1"
@@ -186,10 +186,10 @@ def _monikers(
 def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
     timings, baseline = [], float("nan")
     for run in range(3):
-        config = _config(work / f"commit-{run}")
+        config = bench_config(work / f"commit-{run}")
         schema = seed_schema(config)
         transport = open_transport(config)
-        for moniker in _monikers(config, schema, 1000):
+        for moniker in bench_monikers(config, schema, 1000):
             transport.publish(moniker)
         bookkeeper = Bookkeeper(config)
         started = time.monotonic()
@@ -205,7 +205,7 @@ def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
                 / "data"
             )
             files = ["file://" + str(path) for path in sorted(data_dir.rglob("*.parquet"))]
-            baseline_config = _config(work / "add-files")
+            baseline_config = bench_config(work / "add-files")
             from icekeeper.common.catalog import open_catalog
 
             catalog = open_catalog(baseline_config)
@@ -221,7 +221,7 @@ def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
 def bench_footers(work: Path, count: int, progress: Progress) -> tuple[float, float]:
     """Seconds to read `count` footers with a fresh
     reader, and to also turn them into data files."""
-    config = _config(work / "footers")
+    config = bench_config(work / "footers")
     schema = seed_schema(config)
     entries = [
         write_seed_file(
@@ -251,13 +251,13 @@ WINDOW = 100
 def bench_latency(work: Path, commits: int, progress: Progress) -> dict[str, float]:
     """Commit latency (median, p90) and cycle CPU time (median) over the 100 commits from the
     10th on and over the last 100 commits."""
-    config = _config(work / "latency")
+    config = bench_config(work / "latency")
     schema = seed_schema(config)
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
     latencies, cpu_times = [], []
     for seq in range(1, commits + 1):
-        transport.publish(_monikers(config, schema, 1, start_seq=seq)[0])
+        transport.publish(bench_monikers(config, schema, 1, start_seq=seq)[0])
         cpu_started = time.process_time()
         report = bookkeeper.run_cycle()
         cpu_times.append(time.process_time() - cpu_started)

@@ -23,7 +23,7 @@ import shutil
 import time
 from typing import Any
 
-from icekeeper.bench.bookkeeper import TABLE, _config, _monikers, seed_schema
+from icekeeper.bench.bookkeeper import TABLE, bench_config, bench_monikers, seed_schema
 from icekeeper.bench.soak import resident_mb
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
@@ -59,9 +59,9 @@ def run_memory_bench(
     state_dir: str, commits: int, every: int, keep_snapshots_for_s: float, emit: Any = print
 ) -> list[dict[str, Any]]:
     work = fresh_work_folder(state_dir, "bench-bookkeeper-memory")
-    config = _config(work)
+    config = bench_config(work)
     config.bookkeeper.keep_snapshots_for = keep_snapshots_for_s
-    monikers = _monikers(config, seed_schema(config), commits)
+    monikers = bench_monikers(config, seed_schema(config), commits)
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
     lines = []

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from icekeeper.bench.bookkeeper import TABLE, _config, _monikers, seed_schema
+from icekeeper.bench.bookkeeper import TABLE, bench_config, bench_monikers, seed_schema
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.catalog import open_catalog
@@ -53,7 +53,7 @@ def run_snapshot_history_bench(
     """Commit `commits` single-moniker snapshots, then 100
     more an hour later; figures as described above."""
     work = fresh_work_folder(state_dir, "bench-snapshot-history")
-    config = _config(work)
+    config = bench_config(work)
     schema = seed_schema(config)
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
@@ -63,7 +63,7 @@ def run_snapshot_history_bench(
     cpu: list[float] = []
 
     def commit(seq: int) -> None:
-        transport.publish(_monikers(config, schema, 1, start_seq=seq)[0])
+        transport.publish(bench_monikers(config, schema, 1, start_seq=seq)[0])
         cpu_started = time.process_time()
         report = bookkeeper.run_cycle()
         cpu.append(time.process_time() - cpu_started)
