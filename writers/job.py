@@ -28,6 +28,7 @@ from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
 from icekeeper.common.config.required import check_writer_config
 from icekeeper.common.in_flight import InFlightClaims
 from icekeeper.common.kafka_clients import KafkaAccessDenied
+from icekeeper.common.source_formats import source_format
 from icekeeper.common.spark import spark_session
 from icekeeper.common.transports import open_transport
 from icekeeper.writers.checkpoints import SourceCheckpoints
@@ -247,7 +248,7 @@ class WriterJob:
         report.records_read += plan.records
         schemas = (
             self.schemas[source.name].for_topics(topic for topic, _ in plan.read_ranges)
-            if source.format == "avro-confluent"
+            if source_format(source.format).registry
             else []
         )
         outcome = self.batches.write(source, plan, seq, schemas, routes)

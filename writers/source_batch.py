@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
 from icekeeper.common.in_flight import InFlightClaims
 from icekeeper.common.moniker import Moniker
+from icekeeper.common.source_formats import source_format
 from icekeeper.writers.arrow_engine.arrow_batch import ArrowEngine
 from icekeeper.writers.engines import EngineRefusal, EngineWrite, SourceBatch, WriterEngine
 from icekeeper.writers.files import discard_output
@@ -196,7 +197,7 @@ class SourceBatchWriter:
     ) -> list[RegisteredSchema]:
         """Schemas the registry knows by id that dead
         letters of this batch name but the batch's schemas lack."""
-        if batch.source.format != "avro-confluent":
+        if not source_format(batch.source.format).registry:
             return []
         known = {schema.schema_id for schema in batch.schemas}
         found = [
@@ -227,7 +228,7 @@ class SourceBatchWriter:
         written again)."""
         source = batch.source
         if (
-            source.format != "avro-confluent"
+            not source_format(source.format).record_keys
             or record_keys_for(batch.routes.tables, batch.key_schemas) is None
         ):
             return False

@@ -27,6 +27,7 @@ from pydantic import (
 
 from icekeeper.common.config.renames import move_renamed_keys
 from icekeeper.common.config.secrets import mask_field
+from icekeeper.common.source_formats import SOURCE_FORMATS, formats_description
 
 _DURATION_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -67,7 +68,8 @@ Duration = Annotated[float, BeforeValidator(parse_duration_s)]
 ``"10s"``, ``"5m"``, ``"2h"``, ``"7d"`` or a number."""
 
 
-SourceFormat = Literal["avro-confluent", "debezium-json", "json"]
+SourceFormat = Literal[tuple(SOURCE_FORMATS)]  # type: ignore[valid-type]
+"""A registered source format's name (`common/source_formats.py`)."""
 
 
 class KafkaSecurity(_Model):
@@ -170,8 +172,7 @@ class KafkaSource(_Model):
     )
     format: SourceFormat = Field(
         "avro-confluent",
-        description="Message format: `avro-confluent` (magic byte + schema id), `debezium-json` "
-        "(with or without schema envelope) or `json`.",
+        description=f"Message format: {formats_description()}.",
     )
     starting_offsets: Literal["earliest", "latest"] = Field(
         "earliest",

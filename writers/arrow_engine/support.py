@@ -16,9 +16,12 @@ from typing import Any
 
 from icekeeper.common.config.model import KafkaSource, TableSpec
 from icekeeper.common.schema import COLLECTION, WIDE_DECIMAL, envelope_shape, row_columns
+from icekeeper.common.source_formats import source_format
 from icekeeper.writers.arrow_engine.consumer_settings import refused_properties
 from icekeeper.writers.registry import RegisteredSchema
 from icekeeper.writers.semantic_types import AS_THEY_COME, CONVERTED
+
+ENGINE = "arrow"
 
 
 def unsupported_reason(
@@ -30,8 +33,8 @@ def unsupported_reason(
         tables: the source's tables (routed explicitly).
         schemas: the registered value schemas the batch may hold.
     """
-    if source.format != "avro-confluent":
-        return f"source format {source.format} (only avro-confluent so far)"
+    if ENGINE not in source_format(source.format).decoders:
+        return f"source format {source.format} (no arrow decoder registered)"
     refused = refused_properties(source.consumer_properties)
     if refused:
         return f"consumer_properties librdkafka does not take: {', '.join(refused)}"

@@ -18,17 +18,13 @@ from pyspark.sql import functions as F
 from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.writers.engines import EngineWrite, SourceBatch, WrittenTable
 from icekeeper.writers.files import discard_output
-from icekeeper.writers.key_columns import record_keys_for
 from icekeeper.writers.offsets import BatchPlan
 from icekeeper.writers.reconciliation import BatchIntake, TableIntake
 from icekeeper.writers.spark_sql_engine import sql
 from icekeeper.writers.spark_sql_engine.columns import ERROR, ROUTE
-from icekeeper.writers.spark_sql_engine.decoding import (
-    DecodedBatch,
-    decode_avro_confluent,
-    decode_json,
-)
+from icekeeper.writers.spark_sql_engine.decoding import DecodedBatch
 from icekeeper.writers.spark_sql_engine.kafka_source import read_raw
+from icekeeper.writers.spark_sql_engine.sql_decoders import sql_decoder
 from icekeeper.writers.spark_sql_engine.sql_routing import routed_rows
 from icekeeper.writers.spark_sql_engine.sql_table_versions import (
     prediction_checks,
@@ -47,7 +43,6 @@ from icekeeper.writers.table_versions import (
     schema_ids_of,
     versions_by_table,
 )
-from icekeeper.writers.version_shapes import envelope_fields
 
 
 @dataclass
@@ -74,14 +69,10 @@ class SparkSqlEngine:
         its last batch: the guess for the next one."""
 
     def decode(self, batch: SourceBatch, raw: DataFrame) -> DecodedBatch:
-        """The batch's raw records decoded by the source's format."""
-        source = batch.source
-        keys = record_keys_for(batch.routes.tables, batch.key_schemas)
-        if source.format == "avro-confluent":
-            return decode_avro_confluent(
-                raw, batch.schemas, envelope_fields(self.config.metadata_columns), keys
-            )
-        return decode_json(self.spark, raw, debezium=source.format == "debezium-json", keys=keys)
+        """The batch's raw records decoded by the source format's registered decoder
+        (`sql_decoders.py`)."""
+        decode = sql_decoder(batch.source.format)
+        return decode(self.spark, raw, batch, self.config.metadata_columns)
 
     def write(self, batch: SourceBatch) -> EngineWrite:
         """Write every table the batch feeds (see the module docstring)."""

@@ -1,0 +1,116 @@
+"""`format: debezium-unwrapped-avro` (issue 27, item 2): Debezium's `ExtractNewRecordState` output.
+
+Inserts, an update in a later batch, a delete written as its row with `__deleted: "true"` (and
+the tombstone after it), and a key deleted in the same batch it was created in, into an upsert
+table with hard deletes, through real writer batches and bookkeeper commits, with
+`writer.engine: spark-sql` and `arrow` (which registers no decoder for the format: the core runs
+those batches on `spark-sql`). The table ends holding the live keys' last rows; the op and
+event-time metadata columns come from `__op` and `__source_ts_ms`. A record without `__op` (an
+SMT configured without `add.fields`) still deletes by `__deleted`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from icekeeper.common.kafka_clients import registry_client
+from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
+from tests.support.pipeline import pipeline_config
+from tests.writers.test_upsert_record_keys import run_batches
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ROW_FIELDS = [
+    {"name": "id", "type": "int"},
+    {"name": "customer", "type": "string"},
+    {"name": "amount", "type": "long"},
+]
+WITH_ADDED_FIELDS = {
+    "type": "record",
+    "name": "Value",
+    "namespace": "shop.public.orders",
+    "fields": [
+        *ROW_FIELDS,
+        {"name": "__op", "type": ["null", "string"], "default": None},
+        {"name": "__source_ts_ms", "type": ["null", "long"], "default": None},
+        {"name": "__deleted", "type": ["null", "string"], "default": None},
+    ],
+}
+DELETED_ONLY = {**WITH_ADDED_FIELDS, "fields": [*ROW_FIELDS, WITH_ADDED_FIELDS["fields"][-1]]}
+"""`ExtractNewRecordState` with `delete.handling.mode: rewrite` and no `add.fields`."""
+
+
+def change(key: int, customer: str, amount: int, op: str, ts: int) -> dict:
+    return {
+        "id": key,
+        "customer": customer,
+        "amount": amount,
+        "__op": op,
+        "__source_ts_ms": ts,
+        "__deleted": "true" if op == "d" else "false",
+    }
+
+
+@pytest.mark.parametrize("engine", ["spark-sql", "arrow"])
+def test_unwrapped_debezium_changes_leave_the_live_rows_of_an_upsert_table(
+    local_stack, spark, tmp_path: Path, unique_topic: str, engine: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": "debezium-unwrapped-avro",
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "4",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__WRITER__ENGINE": engine,
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    full, deleted_only = (
+        framer.schema_id(WITH_ADDED_FIELDS, is_key=False),
+        framer.schema_id(DELETED_ONLY, is_key=False),
+    )
+    records: list[bytes | None] = [
+        # batch 1
+        framer.frame(full, change(1, "ada", 10, "c", 1_000)),
+        framer.frame(full, change(2, "bob", 20, "c", 2_000)),
+        framer.frame(full, change(3, "cyd", 30, "c", 3_000)),
+        framer.frame(full, change(4, "dan", 40, "c", 4_000)),
+        # batch 2: an update, a delete and its tombstone, a key created and deleted at once
+        framer.frame(full, change(2, "bob", 21, "u", 5_000)),
+        framer.frame(full, change(1, "ada", 10, "d", 6_000)),
+        None,
+        framer.frame(full, change(5, "eve", 50, "c", 7_000)),
+        # batch 3
+        framer.frame(full, change(5, "eve", 50, "d", 8_000)),
+        framer.frame(deleted_only, {"id": 3, "customer": "cyd", "amount": 30, "__deleted": "true"}),
+        framer.frame(
+            deleted_only, {"id": 4, "customer": "dan", "amount": 41, "__deleted": "false"}
+        ),
+    ]
+    producer = Producer({"bootstrap.servers": source.bootstrap_servers})
+    for value in records:
+        producer.produce(unique_topic, value=value, key=b"k", partition=0)
+    assert producer.flush(30) == 0
+
+    reports, bookkeeper = run_batches(config, spark)
+
+    assert sum(report.records_read for report in reports) == len(records)
+    rows = {
+        row["id"]: row
+        for row in bookkeeper.catalog.load_table("shop.orders").scan().to_arrow().to_pylist()
+    }
+    assert {key: (r["customer"], r["amount"]) for key, r in rows.items()} == {
+        2: ("bob", 21),
+        4: ("dan", 41),
+    }
+    assert rows[2]["_src_op"] == "u"
+    assert rows[2]["_src_ts_ms"] == 5_000
+    assert rows[4]["_src_op"] == "u"  # no `__op`: not a delete, kind unknown
+    assert not any(name.startswith("__") for name in rows[2]), "added fields are no row columns"

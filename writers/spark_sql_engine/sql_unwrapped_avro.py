@@ -1,0 +1,140 @@
+"""`debezium-unwrapped-avro` on `spark-sql`: Debezium's `ExtractNewRecordState` output, as Avro.
+
+The transform flattens each change event to its row. With `delete.handling.mode: rewrite` a
+delete keeps its row (the `before` image) and says `__deleted: "true"`; `add.fields` adds
+envelope fields as `__<name>` (`__op`, `__ts_ms`, `__source_ts_ms`, `__db`, `__table`, ...).
+Each record is decoded as plain Confluent-framed Avro (`decoding.decode_avro_confluent`), then
+given back the envelope it was unwrapped from: the row is `after`, or `before` when the record is
+a delete; `op` is `__op` (`d` when `__deleted` is true; `u` when the record does not say, since
+without `__op` an insert cannot be told from an update); `ts_ms` is `__ts_ms`; `source` holds
+`__source_ts_ms` as `ts_ms` and `__db`/`__table`/`__name` (or `__source_<field>`). From there on
+a batch is written as any Debezium batch: metadata columns, event time, and an upsert table's
+hard deletes, which take their key from the `before` image.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from icekeeper.common.config.model import MetadataColumns
+from icekeeper.common.schema import envelope_shape
+from icekeeper.writers.engines import SourceBatch
+from icekeeper.writers.registry import RegisteredSchema
+from icekeeper.writers.spark_sql_engine import sql
+from icekeeper.writers.spark_sql_engine.decoding import DecodedBatch, decode_avro_confluent
+from icekeeper.writers.version_shapes import DEBEZIUM_SOURCE_FIELDS, VersionShape, shape_from_avro
+
+ADDED = "__"
+"""The prefix `ExtractNewRecordState` gives the fields it adds (its `add.fields.prefix`)."""
+ENVELOPE_FIELDS = {"deleted", "op", "ts_ms"}
+"""Added fields that are the envelope's own; every other added field is a `source` field."""
+SOURCE_TYPES = {"name": "string", "db": "string", "table": "string", "ts_ms": "long"}
+
+
+def decode(
+    spark: SparkSession, raw: DataFrame, batch: SourceBatch, metadata: MetadataColumns
+) -> DecodedBatch:
+    decoded = decode_avro_confluent(raw, batch.schemas)
+    envelopes = {}
+    versions: list[VersionShape] = []
+    for schema, flat in zip(batch.schemas, decoded.versions, strict=True):
+        added = added_fields(schema.resolved)
+        envelopes[flat.column] = F.expr(envelope_sql(flat.column, schema.resolved, added))
+        versions.append(
+            shape_from_avro(flat.column, envelope_shape(envelope_schema(schema)), flat.schema_id)
+        )
+    frame = decoded.frame.withColumns(envelopes) if envelopes else decoded.frame
+    return DecodedBatch(frame, versions, decoded.planned_schema_ids)
+
+
+def added_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """The fields the transform added, by their envelope name (`__source_ts_ms` -> `source_ts_ms`),
+    with their Avro types."""
+    return {
+        f["name"][len(ADDED) :]: f["type"] for f in record["fields"] if f["name"].startswith(ADDED)
+    }
+
+
+def _source_field(added: str) -> str:
+    return added.removeprefix("source_")
+
+
+def envelope_schema(schema: RegisteredSchema) -> dict[str, Any]:
+    """The Debezium envelope the records were unwrapped from, as Avro: what `VersionShape` reads
+    the row, `source` and metadata column types from."""
+    record = schema.resolved
+    added = added_fields(record)
+    row = copy.deepcopy(record)
+    row["fields"] = [f for f in record["fields"] if not f["name"].startswith(ADDED)]
+    source_types: dict[str, Any] = {
+        name: ["null", avro_type] for name, avro_type in SOURCE_TYPES.items()
+    }
+    for name, avro_type in added.items():
+        if name not in ENVELOPE_FIELDS:
+            source_types[_source_field(name)] = avro_type
+    return {
+        "type": "record",
+        "name": "Envelope",
+        "fields": [
+            {"name": "before", "type": ["null", row]},
+            {"name": "after", "type": ["null", row]},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": ["null", "long"]},
+            {
+                "name": "source",
+                "type": {
+                    "type": "record",
+                    "name": "Source",
+                    "fields": [{"name": n, "type": t} for n, t in source_types.items()],
+                },
+            },
+        ],
+    }
+
+
+def envelope_sql(column: str, record: dict[str, Any], added: dict[str, Any]) -> str:
+    """SQL turning version `column`'s unwrapped struct back into its envelope."""
+    row = "named_struct({})".format(
+        ", ".join(
+            f"{sql.string(f['name'])}, {sql.path(column, f['name'])}"
+            for f in record["fields"]
+            if not f["name"].startswith(ADDED)
+        )
+    )
+    deleted = (
+        " OR ".join(
+            condition
+            for condition in (
+                f"lower(CAST({sql.path(column, ADDED + 'deleted')} AS STRING)) = 'true'"
+                if "deleted" in added
+                else None,
+                f"{sql.path(column, ADDED + 'op')} = 'd'" if "op" in added else None,
+            )
+            if condition is not None
+        )
+        or "false"
+    )
+    said = f"CAST({sql.path(column, ADDED + 'op')} AS STRING)" if "op" in added else "NULL"
+    ts = f"CAST({sql.path(column, ADDED + 'ts_ms')} AS BIGINT)" if "ts_ms" in added else "NULL"
+    sources = {
+        name: f"CAST(NULL AS {'BIGINT' if t == 'long' else 'STRING'})"
+        for name, t in SOURCE_TYPES.items()
+    }
+    for name in added:
+        if name not in ENVELOPE_FIELDS:
+            sources[_source_field(name)] = sql.path(column, ADDED + name)
+    source = "named_struct({})".format(
+        ", ".join(f"{sql.string(name)}, {value}" for name, value in sources.items())
+    )
+    assert set(DEBEZIUM_SOURCE_FIELDS) <= set(sources)
+    return (
+        f"CASE WHEN {column} IS NULL THEN NULL ELSE named_struct("
+        f"'before', CASE WHEN {deleted} THEN {row} END, "
+        f"'after', CASE WHEN {deleted} THEN NULL ELSE {row} END, "
+        f"'op', CASE WHEN {deleted} THEN 'd' ELSE coalesce({said}, 'u') END, "
+        f"'ts_ms', {ts}, 'source', {source}) END"
+    )
