@@ -102,7 +102,7 @@ def spark_submit_packages() -> str:
 
 FIXED_SQL_CONF = {
     # Debezium's DATETIME carriers are wall-clock values encoded as UTC: converted in a UTC session
-    # they keep their digits (writers/conversions.py).
+    # they keep their digits (the engines' conversions: sql_conversions.py, arrow_conversions.py).
     "spark.sql.session.timeZone": "UTC",
     # Iceberg stores proleptic Gregorian dates and times; Spark's default refuses to write dates
     # before 1582 (MariaDB DATE starts at year 1000) rather than write them as they are.

@@ -9,6 +9,7 @@ either can be read, changed or dropped alone. And no module reaches into another
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,3 +120,17 @@ def _is_module(dotted: str) -> bool:
         parts = ["icekeeper", *parts]
     path = REPO_ROOT.joinpath(*parts)
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_the_module_map_lists_every_module() -> None:
+    """`docs/modules.md` has one line per module (packages without a docstring aside)."""
+    listed = set(
+        re.findall(r"^\| `([^`]+\.py)` \|", (REPO_ROOT / "docs" / "modules.md").read_text(), re.M)
+    )
+    modules = {
+        str(path.relative_to(REPO_ROOT))
+        for path, _, tree in _sources()
+        if path.name != "__init__.py" or ast.get_docstring(tree)
+    }
+    assert sorted(modules - listed) == [], "a module without its line in docs/modules.md"
+    assert sorted(listed - modules) == [], "docs/modules.md lists a module that is gone"

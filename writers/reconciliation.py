@@ -24,7 +24,7 @@ which holds for every table exactly when three equalities hold, the ones `discre
 "Taken" counts records, not rows: an upsert table keeps one row per key of what it took in.
 Records routed to no table are not accepted: they fail as `unroutable`. The counts are plain
 values, so the rule is tested without services (`tests/writers/test_reconciliation.py`); a batch
-that does not reconcile is not published (`writers/batch.py`).
+that does not reconcile is not published (`writers/source_batch.py`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ whole block; then each datum is read alone with fastavro, the undecodable ones a
 Strings must be UTF-8 (the Avro spec; a Parquet string column and its readers, DuckDB among
 them, require it). Spark's `from_avro` does not check; polars does, for every string it decodes.
 Both engines check exactly the strings the writer reads, so that they agree on which records are
-poison (`invalid-utf8`; `writers.decode.valid_utf8_sql` on `spark-sql`): those of every field,
+poison (`invalid-utf8`; `decoding.valid_utf8_sql` on `spark-sql`): those of every field,
 except the `source`/`transaction` fields `spark-sql` skips (`unchecked`: declared `bytes` in the
 header, the same bytes on the wire), and `before`'s only where `after` is null (the only records
 whose `before` is read, `lazy_before`). fastavro tells undecodable datums with every string read
@@ -68,7 +68,7 @@ def _text(value: bytes) -> bytes:
 
 def polars_schema(resolved: Any) -> Any:
     """The writer schema as polars reads it: named types inlined (given), field defaults dropped,
-    decimals wider than 38 digits read as their bytes (as `writers.decode.spark_decodable`)."""
+    decimals wider than 38 digits read as their bytes (as `decoding.spark_decodable`)."""
     if isinstance(resolved, list):
         return [polars_schema(item) for item in resolved]
     if not isinstance(resolved, dict):
@@ -164,7 +164,7 @@ class SchemaDecoder:
     ) -> SchemaDecoder:
         """Args:
         unchecked: envelope field -> its fields the writer does not read, whose strings are
-            not checked (`writers.decode.skipped_envelope_fields`).
+            not checked (`spark_sql_engine.decoding.skipped_envelope_fields`).
         """
         schema = json.dumps(polars_schema(_unchecked_fields(resolved, unchecked or {}))).encode()
         header = (
