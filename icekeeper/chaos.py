@@ -51,6 +51,7 @@ from icekeeper.chaos_verify import dead_letter_positions, failures, verify, wait
 from icekeeper.common.catalog import load_table_or_none, open_catalog
 from icekeeper.common.committed_state import committed_state
 from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.fencing import current_lease
 from icekeeper.common.kafka_clients import connection_environ
 from icekeeper.common.transports import MonikerTransport, open_transport
 from icekeeper.samples.produce import ensure_topic, produce_at_rate
@@ -270,7 +271,7 @@ def run_chaos(
                     command,
                     logs,
                     run,
-                    Path(config.group.lease_uri) / config.group.name,
+                    (config.group.lease_uri, config.group.name),
                     progress,
                 )
             for _ in range(reassign_at[index]):
@@ -399,16 +400,12 @@ def _files_compacted(report_path: Path) -> dict[str, int]:
     return compacted
 
 
-def lease_holder_pid(folder: Path) -> int | None:
-    """The process id in the newest lease file of the bookkeeper group (owner `host:pid:nonce`)."""
-    leases = (
-        sorted(folder.glob("lease-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-        if folder.exists()
-        else []
-    )
+def lease_holder_pid(lease_uri: str, group: str) -> int | None:
+    """The process id in the newest lease of the bookkeeper group (owner `host:pid:nonce`)."""
     try:
-        return int(json.loads(leases[-1].read_text())["owner"].split(":")[1]) if leases else None
-    except (ValueError, KeyError, IndexError, OSError):
+        lease = current_lease(lease_uri, group)
+        return int(lease.owner.split(":")[1]) if lease is not None else None
+    except (ValueError, IndexError, OSError):
         return None
 
 
@@ -418,7 +415,7 @@ def _pause_and_fence(
     command: list[str],
     logs: Path,
     run: ChaosRun,
-    lease_folder: Path,
+    lease: tuple[str, str],
     progress: Progress,
 ) -> None:
     """SIGSTOP the bookkeeper; a second one takes the
@@ -428,7 +425,7 @@ def _pause_and_fence(
         first.start()
     # Pause the active bookkeeper (holding the lease), not a standby waiting for it.
     deadline = time.monotonic() + 60
-    while lease_holder_pid(lease_folder) != first.process.pid and time.monotonic() < deadline:
+    while lease_holder_pid(*lease) != first.process.pid and time.monotonic() < deadline:
         time.sleep(0.5)
     os.killpg(first.process.pid, signal.SIGSTOP)
     progress("bookkeeper paused (SIGSTOP); starting a second one")
