@@ -64,6 +64,7 @@ __all__ = [
     "path_segment",
     "prepare_conditional_writes",
     "read_file",
+    "read_lines",
     "read_versioned",
     "replace_if_unchanged",
     "spark_storage_conf",
@@ -329,6 +330,24 @@ def append_lines(uri: str, lines: Iterable[dict]) -> str:
     finally:
         os.close(descriptor)
     return path
+
+
+def read_lines(uri: str) -> list[str]:
+    """The lines `append_lines` wrote at `uri`, in the order written: the local file's, or
+    each part's of the folder on an object store; none when nothing was written yet."""
+    store, path = _locate(uri)
+    if store.kind == "local":
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read().splitlines()
+        except FileNotFoundError:
+            return []
+    lines: list[str] = []
+    for info in sorted(list_files(uri), key=lambda info: info.base_name):
+        if info.base_name.endswith(".jsonl"):
+            with store.filesystem.open_input_stream(info.path) as stream:
+                lines += stream.read().decode("utf-8").splitlines()
+    return lines
 
 
 def path_segment(name: str) -> str:

@@ -53,6 +53,7 @@ from icekeeper.common.committed_state import committed_state
 from icekeeper.common.config import IcekeeperConfig, load_config
 from icekeeper.common.fencing import current_lease
 from icekeeper.common.kafka_clients import connection_environ
+from icekeeper.common.storage import read_lines
 from icekeeper.common.transports import MonikerTransport, open_transport
 from icekeeper.samples.produce import ensure_topic, produce_at_rate
 from icekeeper.samples.synthetic import SyntheticSpec
@@ -338,7 +339,7 @@ def run_chaos(
             "logs": str(logs),
         }
     )
-    result.update(reaper_files_compacted=_files_compacted(Path(config.reaper.report_path)))
+    result.update(reaper_files_compacted=_files_compacted(config.reaper.report_path))
     result["failures"] = failures(result)
     return result
 
@@ -383,12 +384,11 @@ def transport_leftovers(
     }
 
 
-def _files_compacted(report_path: Path) -> dict[str, int]:
+def _files_compacted(report_uri: str) -> dict[str, int]:
     """Data files each table's compactions replaced, from the reaper's pass reports: whether the
     reaper's passes really rewrote the tables under the other components' feet."""
     compacted: dict[str, int] = {}
-    lines = report_path.read_text(encoding="utf-8").splitlines() if report_path.exists() else []
-    for line in lines:
+    for line in read_lines(report_uri):
         try:
             tables = json.loads(line).get("tables", [])
         except ValueError:  # the reaper was killed while writing this line
