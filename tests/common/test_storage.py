@@ -238,3 +238,41 @@ def test_azure_properties_map_to_adls_file_io() -> None:
         "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": "a2V5",
         "spark.hadoop.fs.azure.account.key.acct.blob.core.windows.net": "a2V5",
     }
+
+
+def test_storage_secrets_are_references_resolved_for_every_engine(tmp_path) -> None:
+    """`s3.*` secrets written as `${env:...}` / `${file:...}` reach the door, Spark and DuckDB
+    resolved, as every other icekeeper secret."""
+    import json
+
+    from icekeeper.common.config import load_config
+    from icekeeper.common.spark import iceberg_catalog_conf
+    from icekeeper.common.storage import duckdb_storage_statements
+
+    (tmp_path / "s3-secret").write_text("from-file", encoding="utf-8")
+    properties = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": "s3://bucket/warehouse",
+        "s3.endpoint": "http://127.0.0.1:9000",
+        "s3.access-key-id": "${env:TEST_S3_KEY_ID}",
+        "s3.secret-access-key": f"${{file:{tmp_path}/s3-secret}}",
+    }
+    config = load_config(
+        None,
+        environ={
+            "ICEKEEPER__STATE_DIR": str(tmp_path),
+            "ICEKEEPER__CATALOG__PROPERTIES": json.dumps(properties),
+            "TEST_S3_KEY_ID": "from-env",
+        },
+    )
+    settings = StorageSettings.from_properties(config.catalog.properties)
+    assert settings.mapping["s3.access-key-id"] == "from-env"
+    assert settings.mapping["s3.secret-access-key"] == "from-file"
+    spark = iceberg_catalog_conf(config)
+    prefix = f"spark.sql.catalog.{config.catalog.name}"
+    assert spark[f"{prefix}.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert spark[f"{prefix}.s3.secret-access-key"] == "from-file"
+    assert spark["spark.hadoop.fs.s3a.access.key"] == "from-env"
+    [secret] = duckdb_storage_statements(settings)
+    assert "KEY_ID 'from-env'" in secret and "SECRET 'from-file'" in secret
