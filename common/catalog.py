@@ -43,7 +43,16 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
     warehouse = properties.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    locations = [warehouse] + [table.location or "" for table in config.tables]
+    if "py-io-impl" not in properties and any(
+        location.startswith(AZURE_SCHEMES) for location in locations
+    ):
+        # pyiceberg's own IO cannot open abfss://<container>@<account>.dfs.../ (door_fileio.py).
+        properties["py-io-impl"] = "icekeeper.common.door_fileio.DoorFileIO"
     return load_catalog(config.catalog.name, **properties)
+
+
+AZURE_SCHEMES = ("abfs://", "abfss://", "wasb://", "wasbs://")
 
 
 def load_table_or_none(catalog: Catalog, identifier: str) -> Table | None:
