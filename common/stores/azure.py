@@ -61,12 +61,22 @@ def _blob_endpoint(properties: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
+def sas_token(properties: Mapping[str, str]) -> str | None:
+    """The SAS token without its leading `?` (the portal shows one, the SDKs take none)."""
+    token = properties.get("adls.sas-token") or connection_string_parts(properties).get(
+        "SharedAccessSignature"
+    )
+    return token.lstrip("?") if token else None
+
+
 def pyarrow_filesystem(properties: Mapping[str, str], account: str) -> pafs.AzureFileSystem:
     parts = connection_string_parts(properties)
+    token = sas_token(properties)
     arguments: dict[str, Any] = {
         "account_name": account,
         "account_key": properties.get("adls.account-key") or parts.get("AccountKey"),
-        "sas_token": properties.get("adls.sas-token") or parts.get("SharedAccessSignature"),
+        # pyarrow appends the token to each URL as it is: without its `?` Azure answers 400.
+        "sas_token": f"?{token}" if token else None,
         "client_id": properties.get("adls.client-id"),
         "client_secret": properties.get("adls.client-secret"),
         "tenant_id": properties.get("adls.tenant-id"),
@@ -96,8 +106,8 @@ def blob_service_client(properties: Mapping[str, str], account: str) -> Any:
     credential: Any = None
     if properties.get("adls.account-key"):
         credential = {"account_name": account, "account_key": properties["adls.account-key"]}
-    elif properties.get("adls.sas-token"):
-        credential = properties["adls.sas-token"]
+    elif sas_token(properties):
+        credential = sas_token(properties)
     return BlobServiceClient(url, credential=credential)
 
 
@@ -172,8 +182,9 @@ def iceberg_java_properties(properties: Mapping[str, str], account: str | None) 
     if key:
         mapped["adls.auth.shared-key.account.name"] = account
         mapped["adls.auth.shared-key.account.key"] = key
-    if properties.get("adls.sas-token"):
-        mapped[f"adls.sas-token.{host}"] = properties["adls.sas-token"]
+    token = sas_token(properties)
+    if token:
+        mapped[f"adls.sas-token.{host}"] = token
     endpoint = _blob_endpoint(properties)
     if endpoint is not None:
         mapped[f"adls.connection-string.{host}"] = f"{endpoint[0]}://{endpoint[1]}/{account}"
@@ -191,8 +202,9 @@ def hadoop_conf(properties: Mapping[str, str], account: str | None) -> dict[str,
     if key:
         conf[f"spark.hadoop.fs.azure.account.key.{account}.dfs.core.windows.net"] = key
         conf[f"spark.hadoop.fs.azure.account.key.{account}.blob.core.windows.net"] = key
-    if properties.get("adls.sas-token"):
-        conf[f"spark.hadoop.fs.azure.sas.fixed.token.{account}.dfs.core.windows.net"] = properties[
-            "adls.sas-token"
-        ]
+    token = sas_token(properties)
+    if token:
+        host = f"{account}.dfs.core.windows.net"
+        conf[f"spark.hadoop.fs.azure.account.auth.type.{host}"] = "SAS"
+        conf[f"spark.hadoop.fs.azure.sas.fixed.token.{host}"] = token
     return conf

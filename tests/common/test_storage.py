@@ -276,3 +276,45 @@ def test_storage_secrets_are_references_resolved_for_every_engine(tmp_path) -> N
     assert spark["spark.hadoop.fs.s3a.access.key"] == "from-env"
     [secret] = duckdb_storage_statements(settings)
     assert "KEY_ID 'from-env'" in secret and "SECRET 'from-file'" in secret
+
+
+@pytest.mark.integration
+def test_azure_with_a_sas_token_only(local_stack) -> None:
+    """A SAS token (`adls.sas-token`) instead of the account key opens the same blobs, for whole
+    writes and the lease's create-if-absent alike."""
+    from datetime import UTC, datetime, timedelta
+
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    from icekeeper.localstack.services import AZURITE_ACCOUNT, AZURITE_KEY
+
+    blob = local_stack.service("azurite-blob")
+    keyed = azurite_blob_properties(blob)
+    container = new_container(keyed)
+    token = generate_account_sas(
+        AZURITE_ACCOUNT,
+        AZURITE_KEY,
+        resource_types=ResourceTypes(service=True, container=True, object=True),
+        permission=AccountSasPermissions(
+            read=True, write=True, delete=True, list=True, create=True
+        ),
+        expiry=datetime.now(UTC) + timedelta(hours=1),
+    )
+    address = blob.address().split("://", 1)
+    with storage_door(
+        {
+            "adls.account-name": AZURITE_ACCOUNT,
+            "adls.sas-token": token,
+            "adls.blob-storage-scheme": address[0],
+            "adls.blob-storage-authority": address[1].split("/", 1)[0],
+        }
+    ):
+        uri = azure_uri(container, "sas/one.json")
+        write_file(uri, b"by sas")
+        assert read_file(uri) == b"by sas"
+        assert create_if_absent(azure_uri(container, "sas/lease.json"), b"1")
+        assert not create_if_absent(azure_uri(container, "sas/lease.json"), b"2")
+        assert [info.base_name for info in list_files(azure_uri(container, "sas"))] == [
+            "lease.json",
+            "one.json",
+        ]
