@@ -18,9 +18,14 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.catalog import open_catalog
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.storage import list_files, read_lines
+from icekeeper.common.transports import open_transport
 from icekeeper.readers import duckdb_connection
-from tests.support.shop_items import bookkeeper_config
+from tests.support.object_stores import azure_uri, azurite_blob_properties, new_container
+from tests.support.shop_items import bookkeeper_config, make_moniker
 
 SPARK_SCRIPT = """
 import sys
@@ -75,17 +80,10 @@ def test_pyiceberg_duckdb_and_spark_share_a_table_on_s3(tmp_path: Path, s3_stora
     assert len(paths) >= 2 and all(path.startswith(f"{prefix}/warehouse/") for path in paths)
 
 
-@pytest.mark.integration
-def test_the_bookkeeper_commits_a_table_on_azure_blob(tmp_path: Path, local_stack) -> None:
+def azure_config(tmp_path: Path, local_stack) -> tuple[IcekeeperConfig, str]:
     """Seed 003's storage: the warehouse, the monikers, the lease and the commit report all on
-    Azure Blob (Azurite) in the one URI form `abfss://<container>@<account>.dfs...`, which
-    pyiceberg's own IO cannot open (`common/door_fileio.py`)."""
-    from icekeeper.bookkeeper.service import Bookkeeper
-    from icekeeper.common.storage import list_files, read_lines
-    from icekeeper.common.transports import open_transport
-    from tests.support.object_stores import azure_uri, azurite_blob_properties, new_container
-    from tests.support.shop_items import make_moniker
-
+    Azure Blob (Azurite) in the one URI form `abfss://<container>@<account>.dfs...`; and the
+    prefix they are under."""
     storage = azurite_blob_properties(local_stack.service("azurite-blob"))
     prefix = azure_uri(new_container(storage), "icekeeper").rstrip("/")
     properties = {
@@ -102,6 +100,11 @@ def test_the_bookkeeper_commits_a_table_on_azure_blob(tmp_path: Path, local_stac
         transport__dead_letter_uri=f"{prefix}/dead-letter",
         bookkeeper__commit_report_path=f"{prefix}/reports/commits.jsonl",
     )
+    return config, prefix
+
+
+def commit_on_azure(config: IcekeeperConfig) -> None:
+    """Three monikers (30 rows) committed by one bookkeeper cycle, holding the lease."""
     open_catalog(config)  # configures this process's door, as the bookkeeper's
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
@@ -110,6 +113,14 @@ def test_the_bookkeeper_commits_a_table_on_azure_blob(tmp_path: Path, local_stac
         transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
     bookkeeper.run_cycle()
     assert transport.pending() == []
+
+
+@pytest.mark.integration
+def test_the_bookkeeper_commits_a_table_on_azure_blob(tmp_path: Path, local_stack) -> None:
+    """pyiceberg's own IO cannot open the `abfss://<container>@<account>...` form; it goes through
+    the door (`common/door_fileio.py`)."""
+    config, prefix = azure_config(tmp_path, local_stack)
+    commit_on_azure(config)
     table = open_catalog(config).load_table("shop.items")
     assert table.location().startswith(f"{prefix}/warehouse/")
     assert sorted(table.scan().to_arrow()["_kfk_offset"].to_pylist()) == list(range(30))
@@ -117,3 +128,36 @@ def test_the_bookkeeper_commits_a_table_on_azure_blob(tmp_path: Path, local_stac
         "lease-000000000001.json"
     ]
     assert len(read_lines(config.bookkeeper.commit_report_path)) >= 1
+
+
+@pytest.mark.integration
+def test_spark_reads_and_appends_what_the_bookkeeper_committed_on_azure(
+    tmp_path: Path, local_stack
+) -> None:
+    """Spark, as the writer and the reaper start it, opens the same table through Iceberg's
+    ADLSFileIO, mapped from the same `adls.*` properties (its bundle on the classpath)."""
+    config, prefix = azure_config(tmp_path, local_stack)
+    commit_on_azure(config)
+    config_path = tmp_path / "icekeeper.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")
+    spark = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SPARK_SCRIPT.replace("VALUES (4), (5)", SPARK_ROWS),
+            str(config_path),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert spark.returncode == 0, spark.stderr[-4000:]
+    assert "COUNT 32" in spark.stdout
+    table = open_catalog(config).load_table("shop.items")
+    assert len(table.scan().to_arrow()) == 32
+    paths = table.inspect.files()["file_path"].to_pylist()
+    assert all(path.startswith(f"{prefix}/warehouse/") for path in paths)
+
+
+SPARK_ROWS = "VALUES (1001, 1, 0, 1001), (1002, 2, 0, 1002)"
