@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -33,6 +32,7 @@ from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.config.required import require_tables
 from icekeeper.common.fencing import Fenced, Lease, LeaseRecord
 from icekeeper.common.file_events import location_key
+from icekeeper.common.storage import append_lines
 from icekeeper.common.transports import Delivery, open_transport
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class Bookkeeper:
         liveness."""
         self._table_locations: dict[str, str] = {}
         self.stop = threading.Event()
-        self._report_path = Path(config.bookkeeper.commit_report_path)
+        self._report_path = config.bookkeeper.commit_report_path
         self.metrics = BookkeeperMetrics()
         self.http: HealthServer | None = None
         self._last_cycle_at: float | None = None
@@ -193,6 +193,14 @@ class Bookkeeper:
         self.committer.epoch = epoch
         self.metrics.epoch.set(epoch)
         return epoch
+
+    def _follow_lease(self) -> None:
+        """Commit with the lease's epoch: a lease not renewed in time is taken again with the next
+        one (`Lease.check`), which the commits must carry from then on."""
+        assert self.lease is not None and self.lease.epoch is not None
+        if self.lease.epoch != self.committer.epoch:
+            self.committer.epoch = self.lease.epoch
+            self.metrics.epoch.set(self.lease.epoch)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: finish the current cycle (its commit and acknowledgements), then stop; a
@@ -302,6 +310,7 @@ class Bookkeeper:
         self._reports_failed_this_cycle = False
         if self.lease is not None:
             self.lease.renew()
+            self._follow_lease()
         deliveries = self.transport.receive(max_count=100_000)
         readable: dict[str, list[Delivery]] = {}
         file_events: dict[str, list[Delivery]] = {}
@@ -342,6 +351,7 @@ class Bookkeeper:
             self._alive()
             if self.lease is not None:
                 self.lease.check()
+                self._follow_lease()
             try:
                 result = self.committer.commit_table(table, group)
             except StaleEpoch:
@@ -546,6 +556,7 @@ class Bookkeeper:
             self._alive()
             if self.lease is not None:
                 self.lease.check()
+                self._follow_lease()
             self._purges_due.discard(identifier)
             try:
                 outcome = self.purger.purge(identifier)
@@ -634,7 +645,7 @@ class Bookkeeper:
                 self.metrics.errors.labels("commit-report-dropped").inc(dropped)
         try:
             if self._reports_for_file:
-                _append_lines(self._report_path, self._reports_for_file)
+                append_lines(self._report_path, self._reports_for_file)
                 self._reports_for_file.clear()
             if self._reports_for_topic:
                 self._send_reports(self._reports_for_topic)
@@ -684,24 +695,3 @@ LIVENESS_GRACE_S = 600.0
 UNWRITTEN_REPORTS_KEPT = 100_000
 """Commit report lines kept while they cannot be written
 (some 30 MB); older ones are dropped and counted."""
-
-
-def _append_lines(path: Path, lines: list[dict]) -> None:
-    """Append JSON lines, all or none: a write cut short (a full disk) is truncated away, so the
-    file never holds half a line. Unbuffered, so nothing is left to be flushed after a failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = memoryview("".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"))
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(descriptor).st_size
-        try:
-            while payload:
-                payload = payload[os.write(descriptor, payload) :]
-        except OSError:
-            try:
-                os.ftruncate(descriptor, size)
-            except OSError:
-                pass  # not a regular file (a device, a pipe): nothing to take back
-            raise
-    finally:
-        os.close(descriptor)

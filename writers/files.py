@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import uuid
 
-from pyarrow import fs as pafs
-
 from icekeeper.common.parquet_files import (
     PartitionColumn,
     list_written_files,
@@ -18,6 +16,7 @@ from icekeeper.common.parquet_files import (
     partition_columns,
     write_parquet,
 )
+from icekeeper.common.storage import delete_folder
 
 __all__ = [  # what writers import from here, written in common/parquet_files.py
     "PartitionColumn",
@@ -47,8 +46,7 @@ def batch_folder(table_location: str, writer_id: str, seq: int) -> str:
 def discard_output(output_dirs: list[str]) -> None:
     """Remove output of a batch that will not be published (nothing refers to it)."""
     for output in output_dirs:
-        filesystem, path = pafs.FileSystem.from_uri(output)
         try:
-            filesystem.delete_dir(path)
-        except (FileNotFoundError, OSError):
+            delete_folder(output)
+        except OSError:
             pass
