@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from icekeeper.bookkeeper.committer import overlapping_offsets, select_ready
+from icekeeper.bookkeeper.exactly_once import overlapping_offsets, select_ready
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import CommittedState, Refusal, committed_state
 from icekeeper.common.transports import Delivery, open_transport

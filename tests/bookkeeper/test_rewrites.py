@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from icekeeper.bookkeeper.service import Bookkeeper
-from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.bookkeeper.table_key_indexes import live_files
 from icekeeper.common.delete_files import read_position_deletes
 from icekeeper.common.locations import normalize_location
 from icekeeper.common.rewrites import (

@@ -107,9 +107,9 @@ def test_a_starting_bookkeeper_has_its_key_index_ready_before_its_first_cycle(
     transport.publish(writer.batch([(k, None) for k in range(10)]))
     first.run_cycle()  # not saved: the next one catches up from the saved index or rebuilds
     second = Bookkeeper(config)
-    assert second.committer.upserts.index_of("shop.items") is None
+    assert second.committer.key_indexes.index_of("shop.items") is None
     second.warm_key_indexes()
-    index = second.committer.upserts.index_of("shop.items")
+    index = second.committer.key_indexes.index_of("shop.items")
     assert index is not None and index.live_keys == 90
     assert (
         index.snapshot_id == second.catalog.load_table("shop.items").current_snapshot().snapshot_id
