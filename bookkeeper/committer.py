@@ -52,6 +52,7 @@ class Committer:
             self.footer_reader,
             self.key_indexes,
             settings.missing_file_timeout,
+            settings.rewrite_failed_polls,
         )
         """The rewrite requests' producers (the reaper's compactions, the bookkeeper's purges)."""
 

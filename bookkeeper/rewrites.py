@@ -22,9 +22,10 @@ are left to orphan removal, which knows whether any snapshot still names them.
 
 One request never holds up the others: each is tried on its own, and one that fails (storage or
 the catalog cannot serve it now, conflicts) stays pending for the next poll while the queue goes
-on. A request whose files storage says do not exist for `bookkeeper.missing_file_timeout`, or
-that is not a readable request, is set aside with the reason (`set_aside_rewrite`), files kept,
-for the operator; an outage never sets one aside.
+on. A request whose files storage says do not exist for `bookkeeper.missing_file_timeout`, that
+is not a readable request, or that failed `bookkeeper.rewrite_failed_polls` polls with an error
+that is not an outage (`outages.py`), is set aside with the reason (`set_aside_rewrite`), files
+kept, for the operator; an outage never sets one aside.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from icekeeper.bookkeeper.datafiles import (
     validate,
 )
 from icekeeper.bookkeeper.missing_files import MissingSince
+from icekeeper.bookkeeper.outages import is_outage
 from icekeeper.bookkeeper.table_key_indexes import (
     RewriteCycle,
     RewriteRefused,
@@ -103,15 +105,22 @@ class RewriteCommitter:
         footer_reader: FooterReader,
         key_indexes: TableKeyIndexes,
         missing_file_timeout: float,
+        failed_polls: int,
     ) -> None:
+        """`failed_polls`: polls a request may fail with an error that is not an outage before
+        it is set aside (`bookkeeper.rewrite_failed_polls`)."""
         self.catalog = catalog
         self.commit_path = commit_path
         self.footer_reader = footer_reader
         self.key_indexes = key_indexes
         self.missing_file_timeout = missing_file_timeout
+        self.failed_polls = failed_polls
         self._missing = MissingSince()
         """Per request id, since when storage has said one of its files does not exist;
         forgotten once the request is read whole, committed, refused or set aside."""
+        self._failures: dict[str, int] = {}
+        """Per request id, the polls it failed with an error that is not an outage; forgotten
+        once it is committed, refused or set aside."""
 
     def commit_pending(self, identifier: str) -> PendingRewrites:
         """Commit (or refuse, or set aside) every request waiting for table `identifier`, each on
@@ -143,13 +152,48 @@ class RewriteCommitter:
             except StaleEpoch:
                 raise
             except Exception as error:  # noqa: BLE001 - this request waits; the others go on
-                _left_pending(identifier, request.id, repr(error), outcome)
+                self._failed(identifier, location, request, error, outcome)
                 continue
+            self._failures.pop(request.id, None)
             if result.set_aside is not None:
                 outcome.set_aside.append((request.id, result.set_aside))
             elif request.origin == "reaper":  # a purge is no news to report (`purges.py`)
                 outcome.committed.append(result)
         return outcome
+
+    def _failed(
+        self,
+        identifier: str,
+        location: str,
+        request: RewriteRequest,
+        error: Exception,
+        outcome: PendingRewrites,
+    ) -> None:
+        """A poll of `request` failed: it stays pending, unless the error is no outage and it
+        has failed so `failed_polls` times; then it is set aside with the reason, for the
+        operator (tried again every poll, a request that no commit can take would fail for
+        ever). An outage is never counted: it says nothing about the request."""
+        if is_outage(error):
+            _left_pending(identifier, request.id, repr(error), outcome)
+            return
+        failures = self._failures.get(request.id, 0) + 1
+        if failures < self.failed_polls:
+            self._failures[request.id] = failures
+            _left_pending(identifier, request.id, repr(error), outcome)
+            return
+        reason = (
+            f"failed {failures} polls (bookkeeper.rewrite_failed_polls {self.failed_polls}) "
+            f"with an error that is not an outage; the last: {error!r}"
+        )
+        try:
+            set_aside_rewrite(location, request.id, reason, request=request)
+        except OSError as unreachable:  # storage: set aside at a later poll
+            _left_pending(identifier, request.id, repr(unreachable), outcome)
+            return
+        self._failures.pop(request.id, None)
+        self._missing.forget(request.id)
+        _log_set_aside(identifier, location, request.id, reason)
+        outcome.set_aside.append((request.id, reason))
 
     def commit(self, identifier: str, request: RewriteRequest) -> TableCommit:
         """Commit one request, or refuse it with the reason, or set it aside; never two of them,
