@@ -36,6 +36,7 @@ from icekeeper.bookkeeper.table_key_indexes import TableKeyIndexes
 from icekeeper.common.catalog import table_properties
 from icekeeper.common.committed_state import CommittedState
 from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.locations import batch_folder_of, is_in_batch_folder
 from icekeeper.common.moniker import Moniker
 from icekeeper.common.partitioning import partition_spec
 from icekeeper.common.transports.base import Delivery
@@ -243,7 +244,8 @@ class MonikerAppend(SnapshotProducer):
         self, table: Table, moniker: Moniker, file_schema: Schema, upsert: bool
     ) -> list[DataFile]:
         """The moniker's data files, each checked against what its footer says (and on an upsert
-        table its deleted-keys files too); `InvalidFile` when one is not what the moniker says."""
+        table its deleted-keys files too, which must also lie in the moniker's own batch folder,
+        `is_in_batch_folder`); `InvalidFile` when one is not what the moniker says."""
         location = table.location()
         files = []
         for entry in moniker.files:
@@ -258,6 +260,13 @@ class MonikerAppend(SnapshotProducer):
             if isinstance(facts, InvalidFile):
                 raise facts
             validate(entry, facts, location, file_schema)
+            if not is_in_batch_folder(entry.path, location, moniker.writer_id, moniker.seq):
+                raise InvalidFile(
+                    f"{entry.path}: a deleted-keys file outside its moniker's batch folder "
+                    f"{batch_folder_of(location, moniker.writer_id, moniker.seq)}[-*]/ (writer "
+                    f"{moniker.writer_id} seq {moniker.seq}); not committed: it would delete "
+                    "another batch's keys"
+                )
         return files
 
     def _plan_row_delta(self, prepared: _Prepared, outcome: TableCommit) -> None:
