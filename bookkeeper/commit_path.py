@@ -8,7 +8,8 @@ plans on the table as it is now and returns `SnapshotChanges`, or None when it h
 commit; it never commits. The path does the rest, the same for every kind:
 
 1. load the table and its committed state, refusing to go on (`StaleEpoch`) when a bookkeeper
-   with a newer epoch committed it;
+   with a newer epoch committed it (and, before a snapshot that records a refusal, `Fenced` when
+   another bookkeeper holds the lease: `fence`);
 2. let the producer plan on them (the producer's exactly-once check runs here, in every attempt:
    another bookkeeper, a paused one waking up, say, may have committed in between);
 3. stage one transaction: snapshot expiry (so the history kept stays bounded without a commit of
@@ -174,6 +175,11 @@ class SnapshotProducer:
         `outcome`."""
 
 
+def records_refusal(read: CommittedState, written: CommittedState) -> bool:
+    """Whether a snapshot that carries `written`, planned on `read`, records a new refusal."""
+    return any(read.refusals.get(writer) != refusal for writer, refusal in written.refusals.items())
+
+
 Outcome = TypeVar("Outcome")
 
 
@@ -206,6 +212,9 @@ class CommitPath:
         """This bookkeeper's epoch (set when it takes the lease): written into every snapshot."""
         self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         """The clock snapshot ages are measured against (tests move it forward)."""
+        self.fence: Callable[[], None] | None = None
+        """Raises (`Fenced`) once another bookkeeper holds the lease (`Lease.check`): called
+        before a snapshot that records a refusal is swapped in. None without a lease."""
 
     def commit(self, identifier: str, producer: SnapshotProducer) -> TableCommit:
         """Plan `producer`'s snapshot on table `identifier` as it is now, commit it in one
@@ -221,6 +230,11 @@ class CommitPath:
             changes = producer.plan(table, state, outcome)
             if changes is None:
                 return outcome
+            if self.fence is not None and records_refusal(state, changes.state):
+                # A refusal is a verdict on the committed offsets, and the writer acts on it
+                # (it reads those offsets again): only the lease holder records one, on state
+                # read under its epoch. A deposed bookkeeper stops here, nothing recorded.
+                self.fence()
             changes.state = dataclasses.replace(
                 changes.state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch)
             )

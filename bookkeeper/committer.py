@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 from pyiceberg.catalog import Catalog
 
@@ -64,6 +65,12 @@ class Committer:
     @epoch.setter
     def epoch(self, epoch: int) -> None:
         self.commit_path.epoch = epoch
+
+    def hold(self, epoch: int, fence: Callable[[], None]) -> None:
+        """Commit under `epoch` from now on, `fence` (the lease's check) deciding before a
+        snapshot records a refusal that this bookkeeper still holds the lease (`commit_path.py`)."""
+        self.commit_path.epoch = epoch
+        self.commit_path.fence = fence
 
     def close(self, save_key_indexes: bool = True) -> None:
         """Stop the footer readers; save the upsert tables'

@@ -199,7 +199,7 @@ class Bookkeeper:
         if epoch is None:
             return None
         self.lease, self.state = lease, "active"
-        self.committer.epoch = epoch
+        self.committer.hold(epoch, lease.check)
         self.metrics.epoch.set(epoch)
         return epoch
 
@@ -353,7 +353,7 @@ class Bookkeeper:
                 self.lease.check()
             try:
                 result = self.committer.commit_table(table, group)
-            except StaleEpoch:
+            except (StaleEpoch, Fenced):
                 raise
             except Exception as error:  # noqa: BLE001 - one table's failure must not stop the others
                 self.metrics.errors.labels("commit-failed").inc()
