@@ -62,10 +62,6 @@ class Committer:
         """This bookkeeper's epoch, written into every snapshot (set when it takes the lease)."""
         return self.commit_path.epoch
 
-    @epoch.setter
-    def epoch(self, epoch: int) -> None:
-        self.commit_path.epoch = epoch
-
     def hold(self, epoch: int, fence: Callable[[], None]) -> None:
         """Commit under `epoch` from now on, `fence` (the lease's check) deciding before a
         snapshot records a refusal that this bookkeeper still holds the lease (`commit_path.py`)."""
