@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 
-from icekeeper.bookkeeper.committer import Committer, StaleEpoch, TableCommit
+from icekeeper.bookkeeper.commit_path import StaleEpoch, TableCommit
+from icekeeper.bookkeeper.committer import Committer
 from icekeeper.bookkeeper.observability import BookkeeperMetrics, HealthServer
 from icekeeper.bookkeeper.purges import PurgeOutcome, Purger
-from icekeeper.bookkeeper.rewrites import RewriteCommitter
 from icekeeper.bookkeeper.table_metadata import with_lean_commits
 from icekeeper.common.catalog import load_table_or_none, open_catalog
 from icekeeper.common.config.model import IcekeeperConfig
@@ -59,18 +60,26 @@ class CycleReport:
 class Bookkeeper:
     """Commits monikers for the tables of one config; run one per group of tables."""
 
-    def __init__(self, config: IcekeeperConfig, epoch: int = 0) -> None:
+    def __init__(
+        self, config: IcekeeperConfig, epoch: int = 0, catalog: Catalog | None = None
+    ) -> None:
+        """`catalog`: the one to commit through; by default the config's, with lean commits
+        (`table_metadata.py`)."""
         # Tables name their source (and a table_template is a source's), so commit reports,
         # sent through the first source's cluster, always have one.
         require_tables(config, "the bookkeeper commits to them")
         self.config = config
-        self.catalog = with_lean_commits(open_catalog(config))
+        self.catalog = catalog or with_lean_commits(open_catalog(config))
         self.transport = open_transport(config)
         self.committer = Committer(config, self.catalog, epoch)
-        self.rewrites = RewriteCommitter(self.committer)
+        self.key_indexes = self.committer.key_indexes
+        """The upsert tables' key indexes: warmed before the first cycle, read by purges."""
+        self.rewrites = self.committer.rewrites
         self._rewrites_polled_at = float("-inf")
         workers = config.bookkeeper.footer_workers or os.cpu_count() or 2
-        self.purger = Purger(self.rewrites, config.bookkeeper, workers)
+        self.purger = Purger(
+            self.catalog, self.rewrites, self.key_indexes, config.bookkeeper, workers
+        )
         self._purges_due: set[str] = set()
         """Upsert tables a purge left work for (budget, failure): purged again next cycle even
         without a commit."""
@@ -190,7 +199,7 @@ class Bookkeeper:
         if epoch is None:
             return None
         self.lease, self.state = lease, "active"
-        self.committer.epoch = epoch
+        self.committer.hold(epoch, lease.check)
         self.metrics.epoch.set(epoch)
         return epoch
 
@@ -288,7 +297,7 @@ class Bookkeeper:
                 table = load_table_or_none(self.catalog, spec.identifier)
                 if table is None:
                     continue
-                index = self.committer.upserts.warm(table)
+                index = self.key_indexes.warm(table)
             except Exception as error:  # noqa: BLE001 - the first cycle loads it again and reports a failure there
                 log.warning(
                     "key index not loaded at start",
@@ -354,7 +363,7 @@ class Bookkeeper:
                 self._follow_lease()
             try:
                 result = self.committer.commit_table(table, group)
-            except StaleEpoch:
+            except (StaleEpoch, Fenced):
                 raise
             except Exception as error:  # noqa: BLE001 - one table's failure must not stop the others
                 self.metrics.errors.labels("commit-failed").inc()

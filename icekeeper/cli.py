@@ -181,7 +181,7 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
                     flush=True,
                 )
 
-    from icekeeper.bookkeeper.committer import StaleEpoch
+    from icekeeper.bookkeeper.commit_path import StaleEpoch
     from icekeeper.common.fencing import Fenced
 
     try:

@@ -683,6 +683,15 @@ class BookkeeperConfig(_Model):
         description="Upsert tables: how often the bookkeeper looks for compactions the reaper left "
         "for it to commit (the reaper cannot commit them itself while updates continue).",
     )
+    rewrite_failed_polls: int = Field(
+        5,
+        ge=1,
+        description="Upsert tables: polls a rewrite request may fail with an error that is not an "
+        "outage (a bug, a request no commit can take) before it is set aside with the reason, its "
+        "files kept, for `dead-letters --rewrites`; an outage (storage or the catalog "
+        "unreachable, conflicts) keeps it pending however long. Counted by each bookkeeper from "
+        "its start.",
+    )
     purge_deleted_share: float = Field(
         0.3,
         ge=0,
