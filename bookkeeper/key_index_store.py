@@ -4,18 +4,20 @@ One Parquet file per table at `<table location>/icekeeper/key-index.parquet`: th
 arrays as columns, and in its metadata the snapshot id it reflects, the key kind and the data files
 its locations point into: only those, files no live key points into are pruned before each save
 (`KeyIndex.prune_files`; the list, saved whole each time, otherwise grew by every data file ever
-committed). Pruning changes no format: an index saved before it loads as ever. It is written to a
-temporary name and moved into place, so a bookkeeper that dies while saving leaves the previous
-index. A file that is missing, unreadable or of another version is not an error: the caller
-rebuilds the index from the table. The reaper's orphan removal spares the folder
-(`common.locations.TABLE_STATE_FOLDER`).
+committed). Pruning changes no format: an index saved before it loads as ever. It is written whole
+through the storage door (`write_whole_with`: renamed into place on a local folder, one PUT on an
+object store), so a bookkeeper that dies while saving leaves the previous index. A stale
+bookkeeper's late save can replace a newer one's; that costs a catch-up, not a wrong answer: the
+index names the snapshot it reflects and is caught up from the table's later snapshots, or rebuilt
+when that snapshot is not an ancestor of the current one. A file that is missing, unreadable or of
+another version is not an error: the caller rebuilds the index from the table. The reaper's orphan
+removal spares the folder (`common.locations.TABLE_STATE_FOLDER`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +28,7 @@ from pyiceberg.table import Table
 from icekeeper.bookkeeper.key_index import KeyIndex
 from icekeeper.bookkeeper.position_deletes import DataFileRef
 from icekeeper.common.locations import TABLE_STATE_FOLDER
-from icekeeper.common.storage import open_filesystem
+from icekeeper.common.storage import make_folder, open_filesystem, write_whole_with
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +60,11 @@ def save_index_at(table_location: str, table_uuid: str, index: KeyIndex) -> None
     arrays = arrays.replace_schema_metadata({_METADATA_KEY: json.dumps(header).encode()})
     location = index_location(table_location)
     filesystem, path = open_filesystem(location)
-    folder = path.rsplit("/", 1)[0]
-    filesystem.create_dir(folder, recursive=True)
-    temporary = f"{folder}/.key-index-{uuid.uuid4().hex}.parquet"
-    with filesystem.open_output_stream(temporary) as stream:
-        # Uncompressed: hashes do not compress, and reading back is what recovery waits on.
-        pq.write_table(arrays, stream, compression="none")
-    filesystem.move(temporary, path)
+    make_folder(filesystem, path.rsplit("/", 1)[0])
+    # Uncompressed: hashes do not compress, and reading back is what recovery waits on.
+    write_whole_with(
+        filesystem, path, lambda stream: pq.write_table(arrays, stream, compression="none")
+    )
 
 
 def load_index(table: Table) -> KeyIndex | None:

@@ -27,7 +27,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 
 from icekeeper.common.delete_files import POSITION_DELETE_PATH_ID, POSITION_DELETE_POS_ID
-from icekeeper.common.storage import open_filesystem
+from icekeeper.common.storage import make_folder, open_filesystem
 
 DELETES_FOLDER = "icekeeper-deletes"
 """Under the table's `data/` folder."""
@@ -67,7 +67,7 @@ def write_position_deletes(
     data files, with their metrics."""
     folder = f"{table_location.rstrip('/')}/data/{DELETES_FOLDER}"
     filesystem, local_folder = open_filesystem(folder)
-    filesystem.create_dir(local_folder, recursive=True)
+    make_folder(filesystem, local_folder)
     work = [
         (target, np.sort(np.asarray(rows, np.int64), kind="stable"))  # mostly sorted already
         for target, rows in zip(targets, positions)

@@ -29,12 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from icekeeper.bookkeeper.purge_plan import FileLiveness, PurgeGroup, PurgePlan, plan_purge
 from icekeeper.bookkeeper.rewrites import RewriteCommitter
-from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.bookkeeper.table_key_indexes import TableKeyIndexes, live_files
 from icekeeper.common.arrow_parquet import write_files, writer_options
 from icekeeper.common.config.model import BookkeeperConfig
 from icekeeper.common.delete_files import single_target
@@ -78,9 +79,17 @@ class Purger:
     """Purges mostly-deleted data files of the upsert tables one bookkeeper commits to."""
 
     def __init__(
-        self, rewrites: RewriteCommitter, settings: BookkeeperConfig, workers: int
+        self,
+        catalog: Catalog,
+        rewrites: RewriteCommitter,
+        key_indexes: TableKeyIndexes,
+        settings: BookkeeperConfig,
+        workers: int,
     ) -> None:
+        """`rewrites` commits the purges' requests; `key_indexes` says which rows are live."""
+        self.catalog = catalog
         self.rewrites = rewrites
+        self.key_indexes = key_indexes
         self.settings = settings
         self._workers = max(1, workers)
         self._unfinished: dict[str, RewriteRequest] = {}
@@ -94,8 +103,7 @@ class Purger:
         `StaleEpoch` when a newer bookkeeper committed the table."""
         started = time.monotonic()
         outcome = PurgeOutcome()
-        catalog = self.rewrites.catalog
-        table = catalog.load_table(identifier)
+        table = self.catalog.load_table(identifier)
         unfinished = self._unfinished.pop(identifier, None)
         if unfinished is not None:
             # Committed or refused by the poll for pending rewrites meanwhile, if no longer pending.
@@ -133,7 +141,7 @@ class Purger:
         """The files to purge in `table`'s current snapshot, from its key index."""
         settings = self.settings
         snapshot = table.current_snapshot()
-        upserts = self.rewrites.committer.upserts
+        upserts = self.key_indexes
         if snapshot is None or settings.purge_deleted_share <= 0:
             return PurgePlan()
         if upserts.has_doubled_rows(identifier):
@@ -180,7 +188,7 @@ class Purger:
     ) -> RewriteRequest | None:
         """The live rows of `plan`'s files written as new files, and the request naming them,
         published; None when no file was left to purge."""
-        index = self.rewrites.committer.upserts.index_of(identifier)
+        index = self.key_indexes.index_of(identifier)
         assert index is not None  # `_plan` warmed it
         snapshot = table.current_snapshot()
         schema = table.schema()

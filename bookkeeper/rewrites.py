@@ -5,7 +5,8 @@ position deletes to the files it compacts. So the bookkeeper commits it, between
 as one `replace` snapshot: the compacted files in, the replaced data files and the delete files
 that only concern them out, and position deletes for the rows of the compacted files whose keys
 were updated or deleted after the compaction read them. The key index says which those are and
-learns where the live rows went (`UpsertKeeper.plan_rewrite`).
+learns where the live rows went (`TableKeyIndexes.plan_rewrite`). Each request is one
+`RewriteReplace` producer on the commit path (`commit_path.py`).
 
 Exactly once: the snapshot names the request (`icekeeper.rewrite-id`); a request found committed
 is only dropped. Found committed also once that snapshot has expired: when a file of the request
@@ -21,38 +22,48 @@ are left to orphan removal, which knows whether any snapshot still names them.
 
 One request never holds up the others: each is tried on its own, and one that fails (storage or
 the catalog cannot serve it now, conflicts) stays pending for the next poll while the queue goes
-on. A request whose files storage says do not exist for `bookkeeper.missing_file_timeout`, or
-that is not a readable request, is set aside with the reason (`set_aside_rewrite`), files kept,
-for the operator; an outage never sets one aside.
+on. A request whose files storage says do not exist for `bookkeeper.missing_file_timeout`, that
+is not a readable request, or that failed `bookkeeper.rewrite_failed_polls` polls with an error
+that is not an outage (`outages.py`), is set aside with the reason (`set_aside_rewrite`), files
+kept, for the operator; an outage never sets one aside.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
-import uuid
 from dataclasses import dataclass, field
 
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.update import AssertTableUUID
 
-from icekeeper.bookkeeper.committer import (
-    CommitConflict,
-    Committer,
+from icekeeper.bookkeeper.commit_path import (
+    CommitPath,
+    SnapshotChanges,
+    SnapshotProducer,
     StaleEpoch,
     TableCommit,
-    attempt_until_committed,
 )
-from icekeeper.bookkeeper.datafiles import FileUnavailable, InvalidFile, data_file, validate
-from icekeeper.bookkeeper.manifests import rewrite_files
-from icekeeper.bookkeeper.upserts import RewriteCycle, RewriteRefused, live_files
+from icekeeper.bookkeeper.datafiles import (
+    FileUnavailable,
+    FooterReader,
+    InvalidFile,
+    data_file,
+    validate,
+)
+from icekeeper.bookkeeper.missing_files import MissingSince
+from icekeeper.bookkeeper.outages import is_outage
+from icekeeper.bookkeeper.table_key_indexes import (
+    RewriteCycle,
+    RewriteRefused,
+    TableKeyIndexes,
+    live_files,
+)
 from icekeeper.common.catalog import load_table_or_none
+from icekeeper.common.committed_state import CommittedState
 from icekeeper.common.delete_files import referenced_data_files
-from icekeeper.common.internals import UncopiedTransaction, commit_once
 from icekeeper.common.locations import normalize_location
 from icekeeper.common.rewrites import (
     REWRITE_ID_PROPERTY,
@@ -73,18 +84,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class RewriteCommit(TableCommit):
-    """A rewrite request's outcome: a `TableCommit`, or why it was set aside."""
-
-    set_aside: str | None = None
-    """Why the request was set aside (`set_aside_rewrite`): nothing committed, nothing deleted."""
-
-
-@dataclass
 class PendingRewrites:
     """What one poll of a table's rewrite requests did, request by request."""
 
-    committed: list[RewriteCommit] = field(default_factory=list)
+    committed: list[TableCommit] = field(default_factory=list)
     """The reaper's requests committed (or found committed) and refused; purges are not news."""
     set_aside: list[tuple[str, str]] = field(default_factory=list)
     """(request id, reason) of the requests set aside."""
@@ -95,14 +98,29 @@ class PendingRewrites:
 class RewriteCommitter:
     """Commits pending rewrite requests of upsert tables, one snapshot per request."""
 
-    def __init__(self, committer: Committer) -> None:
-        # The committer's catalog, footer readers, key
-        # indexes and epoch (set when the lease is taken).
-        self.committer = committer
-        self.catalog = committer.catalog
-        self._missing_since: dict[str, float] = {}
-        """Request id -> when (monotonic) storage first said one of its files does not exist;
-        dropped once the request is read whole, committed, refused or set aside."""
+    def __init__(
+        self,
+        catalog: Catalog,
+        commit_path: CommitPath,
+        footer_reader: FooterReader,
+        key_indexes: TableKeyIndexes,
+        missing_file_timeout: float,
+        failed_polls: int,
+    ) -> None:
+        """`failed_polls`: polls a request may fail with an error that is not an outage before
+        it is set aside (`bookkeeper.rewrite_failed_polls`)."""
+        self.catalog = catalog
+        self.commit_path = commit_path
+        self.footer_reader = footer_reader
+        self.key_indexes = key_indexes
+        self.missing_file_timeout = missing_file_timeout
+        self.failed_polls = failed_polls
+        self._missing = MissingSince()
+        """Per request id, since when storage has said one of its files does not exist;
+        forgotten once the request is read whole, committed, refused or set aside."""
+        self._failures: dict[str, int] = {}
+        """Per request id, the polls it failed with an error that is not an outage; forgotten
+        once it is committed, refused or set aside."""
 
     def commit_pending(self, identifier: str) -> PendingRewrites:
         """Commit (or refuse, or set aside) every request waiting for table `identifier`, each on
@@ -116,16 +134,17 @@ class RewriteCommitter:
         for request in pending_rewrites(location):
             if isinstance(request, UnreadableRewrite):
                 if request.content is None:  # storage did not serve it: an outage, not a verdict
-                    self._left_pending(identifier, request.request_id, request.reason, outcome)
+                    _left_pending(identifier, request.request_id, request.reason, outcome)
                     continue
                 try:
                     set_aside_rewrite(
                         location, request.request_id, request.reason, content=request.content
                     )
                 except OSError as error:
-                    self._left_pending(identifier, request.request_id, repr(error), outcome)
+                    _left_pending(identifier, request.request_id, repr(error), outcome)
                     continue
-                self._set_aside(identifier, location, request.request_id, request.reason)
+                self._missing.forget(request.request_id)
+                _log_set_aside(identifier, location, request.request_id, request.reason)
                 outcome.set_aside.append((request.request_id, request.reason))
                 continue
             try:
@@ -133,34 +152,102 @@ class RewriteCommitter:
             except StaleEpoch:
                 raise
             except Exception as error:  # noqa: BLE001 - this request waits; the others go on
-                self._left_pending(identifier, request.id, repr(error), outcome)
+                self._failed(identifier, location, request, error, outcome)
                 continue
+            self._failures.pop(request.id, None)
             if result.set_aside is not None:
                 outcome.set_aside.append((request.id, result.set_aside))
             elif request.origin == "reaper":  # a purge is no news to report (`purges.py`)
                 outcome.committed.append(result)
         return outcome
 
-    def commit(self, identifier: str, request: RewriteRequest) -> RewriteCommit:
+    def _failed(
+        self,
+        identifier: str,
+        location: str,
+        request: RewriteRequest,
+        error: Exception,
+        outcome: PendingRewrites,
+    ) -> None:
+        """A poll of `request` failed: it stays pending, unless the error is no outage and it
+        has failed so `failed_polls` times; then it is set aside with the reason, for the
+        operator (tried again every poll, a request that no commit can take would fail for
+        ever). An outage is never counted: it says nothing about the request."""
+        if is_outage(error):
+            _left_pending(identifier, request.id, repr(error), outcome)
+            return
+        failures = self._failures.get(request.id, 0) + 1
+        if failures < self.failed_polls:
+            self._failures[request.id] = failures
+            _left_pending(identifier, request.id, repr(error), outcome)
+            return
+        reason = (
+            f"failed {failures} polls (bookkeeper.rewrite_failed_polls {self.failed_polls}) "
+            f"with an error that is not an outage; the last: {error!r}"
+        )
+        try:
+            set_aside_rewrite(location, request.id, reason, request=request)
+        except OSError as unreachable:  # storage: set aside at a later poll
+            _left_pending(identifier, request.id, repr(unreachable), outcome)
+            return
+        self._failures.pop(request.id, None)
+        self._missing.forget(request.id)
+        _log_set_aside(identifier, location, request.id, reason)
+        outcome.set_aside.append((request.id, reason))
+
+    def commit(self, identifier: str, request: RewriteRequest) -> TableCommit:
         """Commit one request, or refuse it with the reason, or set it aside; never two of them,
         never twice. Raises when it cannot tell now (storage, the catalog, conflicts): the request
         stays pending."""
-        return attempt_until_committed(
+        return self.commit_path.commit(
             identifier,
-            lambda attempt: self._attempt(identifier, request, attempt),
-            f"rewrite {request.id}",
+            RewriteReplace(
+                identifier,
+                request,
+                self.footer_reader,
+                self.key_indexes,
+                self._missing,
+                self.missing_file_timeout,
+            ),
         )
 
-    def _attempt(self, identifier: str, request: RewriteRequest, attempt: int) -> RewriteCommit:
-        """One attempt at `commit`, on the table as it is now; `CommitConflict` if it lost."""
-        table = self.catalog.load_table(identifier)
+
+class RewriteReplace(SnapshotProducer):
+    """One rewrite request as a `replace` snapshot: its files in, the files it replaces out, and
+    position deletes for its rows whose keys changed since it was written."""
+
+    def __init__(
+        self,
+        identifier: str,
+        request: RewriteRequest,
+        footer_reader: FooterReader,
+        key_indexes: TableKeyIndexes,
+        missing: MissingSince,
+        missing_file_timeout: float,
+    ) -> None:
+        """`missing`: since when the bookkeeper has found files of its requests missing."""
+        self.identifier = identifier
+        self.request = request
+        self.what = f"rewrite {request.id}"
+        self.footer_reader = footer_reader
+        self.key_indexes = key_indexes
+        self.missing = missing
+        self.missing_file_timeout = missing_file_timeout
+        self._cycle: RewriteCycle | None = None
+
+    def plan(
+        self, table: Table | None, state: CommittedState, outcome: TableCommit
+    ) -> SnapshotChanges | None:
+        """The request's snapshot on the table as it is now; None when it was committed before,
+        or is refused or set aside now (`outcome` says which)."""
+        identifier, request = self.identifier, self.request
+        if table is None:
+            raise NoSuchTableError(f"{identifier}: no such table for rewrite {request.id}")
         location = table.location()
-        state = self.committer.checked_state(identifier, table)
-        result = RewriteCommit(identifier, attempts=attempt)
         if _committed_before(table, request.id):
-            self._missing_since.pop(request.id, None)
+            self.missing.forget(request.id)
             finish_rewrite(location, request.id)
-            return result
+            return None
         live_data, delete_files = live_files(table, table.current_snapshot())
         if _committed_by_its_files(table, request, live_data):
             # Its snapshot expired; its files are the table's now.
@@ -168,26 +255,30 @@ class RewriteCommitter:
                 "rewrite request found committed by its files",
                 extra={"table": identifier, "request": request.id},
             )
-            self._missing_since.pop(request.id, None)
+            self.missing.forget(request.id)
             finish_rewrite(location, request.id)
-            return result
+            return None
         try:
-            removed, added, cycle = self._plan(table, request, live_data, delete_files)
+            removed, added, cycle = self._planned(table, live_data, delete_files)
         except FileUnavailable as error:
-            missing_for = self._missing_for(request.id, error)
-            timeout = self.committer.config.bookkeeper.missing_file_timeout
-            if missing_for is None or missing_for < timeout:
-                raise  # storage cannot serve it now, or not yet for long: it stays pending
+            if not error.missing:
+                self.missing.forget(request.id)  # retried for as long as it takes
+                raise
+            missing_for = self.missing.missing_for(request.id)
+            timeout = self.missing_file_timeout
+            if missing_for < timeout:
+                raise  # not yet for long: it stays pending
             reason = (
                 f"files missing for {missing_for:.0f} s (bookkeeper.missing_file_timeout "
                 f"{timeout:.0f} s): {error}"
             )
             set_aside_rewrite(location, request.id, reason, request=request)
-            self._set_aside(identifier, location, request.id, reason)
-            result.set_aside = reason
-            return result
+            self.missing.forget(request.id)
+            _log_set_aside(identifier, location, request.id, reason)
+            outcome.set_aside = reason
+            return None
         except (RewriteRefused, InvalidFile) as error:
-            self._missing_since.pop(request.id, None)
+            self.missing.forget(request.id)
             attempted = commit_attempted(location, request.id)
             if attempted and request.origin == "bookkeeper":
                 finish_rewrite(location, request.id)  # its files: orphan removal's to judge
@@ -205,96 +296,67 @@ class RewriteCommitter:
                     "files_kept": attempted,
                 },
             )
-            result.refusal = str(error)
-            return result
-        self._missing_since.pop(request.id, None)
-        new_state = dataclasses.replace(
-            state, commit_id=uuid.uuid4().hex, epoch=max(self.committer.epoch, state.epoch)
+            outcome.refusal = str(error)
+            return None
+        self.missing.forget(request.id)
+        self._cycle = cycle
+        return SnapshotChanges(
+            table=table,
+            state=state,
+            data_files=added,
+            delete_files=cycle.delete_files,
+            removed_files=removed,
+            replace=True,
+            expire_snapshots=False,
+            properties={
+                REWRITE_ID_PROPERTY: request.id,
+                REWRITE_ORIGIN_PROPERTY: request.origin,
+            },
         )
-        properties = {
-            **new_state.to_summary([]),
-            REWRITE_ID_PROPERTY: request.id,
-            REWRITE_ORIGIN_PROPERTY: request.origin,
-        }
-        transaction = UncopiedTransaction(table)
-        with rewrite_files(transaction, properties, removed, cycle.delete_files) as producer:
-            for data in added:
-                producer.append_data_file(data)
+
+    def before_swap(self, changes: SnapshotChanges) -> None:
         # Durable before the commit: once the snapshot has expired, this says it may have landed.
-        mark_commit_attempt(location, request.id)
-        try:  # one compare-and-swap, as the committer's
-            commit_once(transaction, (AssertTableUUID(uuid=table.metadata.table_uuid),))
-        except CommitFailedException as error:
-            clear_commit_attempt(location, request.id)  # it definitely did not land
-            raise CommitConflict(str(error)) from error  # planned again on the refreshed table
-        snapshot_id = table.current_snapshot().snapshot_id
-        self.committer.upserts.rewritten(cycle, snapshot_id, table)
-        finish_rewrite(location, request.id)
+        mark_commit_attempt(changes.table.location(), self.request.id)
+
+    def swap_lost(self, changes: SnapshotChanges) -> None:
+        clear_commit_attempt(changes.table.location(), self.request.id)  # it did not land
+
+    def committed(self, changes: SnapshotChanges, snapshot_id: int, outcome: TableCommit) -> None:
+        request, cycle = self.request, self._cycle
+        assert cycle is not None
+        self.key_indexes.rewritten(cycle, snapshot_id, changes.table)
+        finish_rewrite(changes.table.location(), request.id)
         # A purge says what it did in its own line (`purges.py`); the reaper's compactions here.
         log.log(
             logging.DEBUG if request.origin == "bookkeeper" else logging.INFO,
             "rewrite committed",
             extra={
-                "table": identifier,
+                "table": self.identifier,
                 "request": request.id,
                 "snapshot_id": snapshot_id,
                 "files_replaced": len(request.replaced),
-                "files_added": len(added),
+                "files_added": len(changes.data_files),
                 "rows_moved": cycle.rows_moved,
                 "rows_stale": cycle.rows_stale,
             },
         )
-        result.snapshot_id, result.files, result.rows_replaced = (
-            snapshot_id,
-            len(added),
-            cycle.rows_stale,
-        )
-        result.records = sum(data.record_count for data in added)
-        return result
+        outcome.files = len(changes.data_files)
+        outcome.rows_replaced = cycle.rows_stale
+        outcome.records = sum(data.record_count for data in changes.data_files)
 
-    def _missing_for(self, request_id: str, error: FileUnavailable) -> float | None:
-        """Seconds since storage first said a file of request `request_id` does not exist (this
-        bookkeeper's count, as for monikers' files); None when it only failed to serve them."""
-        if not error.missing:
-            self._missing_since.pop(request_id, None)  # retried for as long as it takes
-            return None
-        now = time.monotonic()
-        return now - self._missing_since.setdefault(request_id, now)
-
-    def _set_aside(self, identifier: str, location: str, request_id: str, reason: str) -> None:
-        self._missing_since.pop(request_id, None)
-        log.error(
-            "rewrite request set aside; its files are kept",
-            extra={
-                "table": identifier,
-                "request": request_id,
-                "reason": reason,
-                "location": location,
-            },
-        )
-
-    def _left_pending(
-        self, identifier: str, request_id: str, error: str, outcome: PendingRewrites
-    ) -> None:
-        outcome.failed.append((request_id, error))
-        log.warning(
-            "rewrite request left pending; tried again at the next poll",
-            extra={"table": identifier, "request": request_id, "error": error},
-        )
-
-    def _plan(
+    def _planned(
         self,
         table: Table,
-        request: RewriteRequest,
         live_data: list[DataFile],
         delete_files: list[DataFile],
     ) -> tuple[list[DataFile], list[DataFile], RewriteCycle]:
         """(files to remove, data files to add, the key index's plan) for `request` on `table` as
         it is now (`live_data`, `delete_files`: its current snapshot's). `FileUnavailable` (with
         `missing` when storage said a file does not exist) when its files cannot be read now."""
+        request = self.request
         data_files = {data.file_path: data for data in live_data}
         gone = [path for path in request.replaced if path not in data_files]
-        still_live = self.committer.upserts.live_rows_in(table, gone) if gone else 0
+        still_live = self.key_indexes.live_rows_in(table, gone) if gone else 0
         if gone and (len(gone) == len(request.replaced) or still_live):
             raise RewriteRefused(
                 f"{len(gone)} of {len(request.replaced)} replaced files are no longer in the table "
@@ -306,7 +368,7 @@ class RewriteCommitter:
         except ValueError as error:  # pydantic's ValidationError: a request no commit can take
             raise RewriteRefused(f"its schema is not an Iceberg schema: {error}") from None
         schema_json = schema.model_dump_json()
-        facts = self.committer.footer_reader.describe(
+        facts = self.footer_reader.describe(
             [(entry.path, schema, schema_json) for entry in request.files], table.properties
         )
         unavailable = [
@@ -331,10 +393,30 @@ class RewriteCommitter:
         # purge's files), deleted again like rows updated meanwhile; the rest of the compaction
         # lands, which under steady updates it otherwise never would.
         replaced = set(request.replaced) - set(gone)
-        cycle = self.committer.upserts.plan_rewrite(table, added, replaced)
+        cycle = self.key_indexes.plan_rewrite(table, added, replaced)
         removed = [data_files[path] for path in request.replaced if path in replaced]
         removed += _deletes_only_for(delete_files, replaced)
         return removed, added, cycle
+
+
+def _log_set_aside(identifier: str, location: str, request_id: str, reason: str) -> None:
+    log.error(
+        "rewrite request set aside; its files are kept",
+        extra={
+            "table": identifier,
+            "request": request_id,
+            "reason": reason,
+            "location": location,
+        },
+    )
+
+
+def _left_pending(identifier: str, request_id: str, error: str, outcome: PendingRewrites) -> None:
+    outcome.failed.append((request_id, error))
+    log.warning(
+        "rewrite request left pending; tried again at the next poll",
+        extra={"table": identifier, "request": request_id, "error": error},
+    )
 
 
 def _committed_before(table: Table, request_id: str) -> bool:

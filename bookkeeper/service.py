@@ -19,20 +19,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 
-from icekeeper.bookkeeper.committer import Committer, StaleEpoch, TableCommit
+from icekeeper.bookkeeper.commit_path import StaleEpoch, TableCommit
+from icekeeper.bookkeeper.committer import Committer
 from icekeeper.bookkeeper.observability import BookkeeperMetrics, HealthServer
 from icekeeper.bookkeeper.purges import PurgeOutcome, Purger
-from icekeeper.bookkeeper.rewrites import RewriteCommitter
 from icekeeper.bookkeeper.table_metadata import with_lean_commits
 from icekeeper.common.catalog import load_table_or_none, open_catalog
 from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.config.required import require_tables
 from icekeeper.common.fencing import Fenced, Lease, LeaseRecord
 from icekeeper.common.file_events import location_key
+from icekeeper.common.storage import append_lines
 from icekeeper.common.transports import Delivery, open_transport
 
 log = logging.getLogger(__name__)
@@ -59,18 +60,26 @@ class CycleReport:
 class Bookkeeper:
     """Commits monikers for the tables of one config; run one per group of tables."""
 
-    def __init__(self, config: IcekeeperConfig, epoch: int = 0) -> None:
+    def __init__(
+        self, config: IcekeeperConfig, epoch: int = 0, catalog: Catalog | None = None
+    ) -> None:
+        """`catalog`: the one to commit through; by default the config's, with lean commits
+        (`table_metadata.py`)."""
         # Tables name their source (and a table_template is a source's), so commit reports,
         # sent through the first source's cluster, always have one.
         require_tables(config, "the bookkeeper commits to them")
         self.config = config
-        self.catalog = with_lean_commits(open_catalog(config))
+        self.catalog = catalog or with_lean_commits(open_catalog(config))
         self.transport = open_transport(config)
         self.committer = Committer(config, self.catalog, epoch)
-        self.rewrites = RewriteCommitter(self.committer)
+        self.key_indexes = self.committer.key_indexes
+        """The upsert tables' key indexes: warmed before the first cycle, read by purges."""
+        self.rewrites = self.committer.rewrites
         self._rewrites_polled_at = float("-inf")
         workers = config.bookkeeper.footer_workers or os.cpu_count() or 2
-        self.purger = Purger(self.rewrites, config.bookkeeper, workers)
+        self.purger = Purger(
+            self.catalog, self.rewrites, self.key_indexes, config.bookkeeper, workers
+        )
         self._purges_due: set[str] = set()
         """Upsert tables a purge left work for (budget, failure): purged again next cycle even
         without a commit."""
@@ -86,7 +95,7 @@ class Bookkeeper:
         liveness."""
         self._table_locations: dict[str, str] = {}
         self.stop = threading.Event()
-        self._report_path = Path(config.bookkeeper.commit_report_path)
+        self._report_path = config.bookkeeper.commit_report_path
         self.metrics = BookkeeperMetrics()
         self.http: HealthServer | None = None
         self._last_cycle_at: float | None = None
@@ -190,9 +199,17 @@ class Bookkeeper:
         if epoch is None:
             return None
         self.lease, self.state = lease, "active"
-        self.committer.epoch = epoch
+        self.committer.hold(epoch, lease.check)
         self.metrics.epoch.set(epoch)
         return epoch
+
+    def _follow_lease(self) -> None:
+        """Commit with the lease's epoch: a lease not renewed in time is taken again with the next
+        one (`Lease.check`), which the commits must carry from then on."""
+        assert self.lease is not None and self.lease.epoch is not None
+        if self.lease.epoch != self.committer.epoch:
+            self.committer.epoch = self.lease.epoch
+            self.metrics.epoch.set(self.lease.epoch)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: finish the current cycle (its commit and acknowledgements), then stop; a
@@ -280,7 +297,7 @@ class Bookkeeper:
                 table = load_table_or_none(self.catalog, spec.identifier)
                 if table is None:
                     continue
-                index = self.committer.upserts.warm(table)
+                index = self.key_indexes.warm(table)
             except Exception as error:  # noqa: BLE001 - the first cycle loads it again and reports a failure there
                 log.warning(
                     "key index not loaded at start",
@@ -302,6 +319,7 @@ class Bookkeeper:
         self._reports_failed_this_cycle = False
         if self.lease is not None:
             self.lease.renew()
+            self._follow_lease()
         deliveries = self.transport.receive(max_count=100_000)
         readable: dict[str, list[Delivery]] = {}
         file_events: dict[str, list[Delivery]] = {}
@@ -342,9 +360,10 @@ class Bookkeeper:
             self._alive()
             if self.lease is not None:
                 self.lease.check()
+                self._follow_lease()
             try:
                 result = self.committer.commit_table(table, group)
-            except StaleEpoch:
+            except (StaleEpoch, Fenced):
                 raise
             except Exception as error:  # noqa: BLE001 - one table's failure must not stop the others
                 self.metrics.errors.labels("commit-failed").inc()
@@ -546,6 +565,7 @@ class Bookkeeper:
             self._alive()
             if self.lease is not None:
                 self.lease.check()
+                self._follow_lease()
             self._purges_due.discard(identifier)
             try:
                 outcome = self.purger.purge(identifier)
@@ -634,7 +654,7 @@ class Bookkeeper:
                 self.metrics.errors.labels("commit-report-dropped").inc(dropped)
         try:
             if self._reports_for_file:
-                _append_lines(self._report_path, self._reports_for_file)
+                append_lines(self._report_path, self._reports_for_file)
                 self._reports_for_file.clear()
             if self._reports_for_topic:
                 self._send_reports(self._reports_for_topic)
@@ -684,24 +704,3 @@ LIVENESS_GRACE_S = 600.0
 UNWRITTEN_REPORTS_KEPT = 100_000
 """Commit report lines kept while they cannot be written
 (some 30 MB); older ones are dropped and counted."""
-
-
-def _append_lines(path: Path, lines: list[dict]) -> None:
-    """Append JSON lines, all or none: a write cut short (a full disk) is truncated away, so the
-    file never holds half a line. Unbuffered, so nothing is left to be flushed after a failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = memoryview("".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"))
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(descriptor).st_size
-        try:
-            while payload:
-                payload = payload[os.write(descriptor, payload) :]
-        except OSError:
-            try:
-                os.ftruncate(descriptor, size)
-            except OSError:
-                pass  # not a regular file (a device, a pipe): nothing to take back
-            raise
-    finally:
-        os.close(descriptor)

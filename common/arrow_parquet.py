@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow import fs as pafs
 
 from icekeeper.common.moniker import FileEntry
+from icekeeper.common.storage import make_folder, open_filesystem
 
 _TAKEN = {
     "write.parquet.compression-codec",
@@ -140,12 +140,13 @@ def write_files(
     below it: a partition's), each with the `partition` values of its rows."""
     if rows.num_rows == 0:
         return []
-    filesystem, root = pafs.FileSystem.from_uri(output_uri)
+    filesystem, root = open_filesystem(output_uri)
+    base_uri = output_uri.rstrip("/")
     if folder:
-        # Joined after parsing the URI: a folder's `%XX` escapes are part of its name.
+        # A folder's `%XX` escapes are part of its name (the door decodes no URI).
         root = f"{root.rstrip('/')}/{folder}"
-    filesystem.create_dir(root, recursive=True)
-    scheme = output_uri.split("://", 1)[0] + "://" if "://" in output_uri else ""
+        base_uri = f"{base_uri}/{folder}"
+    make_folder(filesystem, root)
     written = []
     for number, start in enumerate(range(0, rows.num_rows, max_records_per_file)):
         piece = rows.slice(start, max_records_per_file)
@@ -160,6 +161,7 @@ def write_files(
         with pq.ParquetWriter(path, rows.schema, filesystem=filesystem, **file_options) as writer:
             writer.write_table(piece, row_group_size=piece.num_rows)
         size = filesystem.get_file_info(path).size
-        uri = ("file://" + path) if scheme == "file://" else (scheme + path if scheme else path)
+        # Named as the output URI names its folder: the store's one URI form, as configured.
+        uri = f"{base_uri}/{name}"
         written.append(WrittenFile(uri, int(size), piece.num_rows, dict(partition or {})))
     return written

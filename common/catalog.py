@@ -9,6 +9,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from icekeeper.common.config.model import IcekeeperConfig, TableSpec
+from icekeeper.common.storage import StorageSettings, configure_storage
 
 DEFAULT_TABLE_PROPERTIES = {
     "format-version": "2",
@@ -29,7 +30,12 @@ DEFAULT_TABLE_PROPERTIES = {
 
 
 def open_catalog(config: IcekeeperConfig) -> Catalog:
-    """The pyiceberg catalog of the config; local SQLite and warehouse folders are created."""
+    """The pyiceberg catalog of the config; local SQLite and warehouse folders are created.
+
+    The storage door (`common/storage.py`) is configured here with the same properties, so every
+    role that opens its catalog reads and writes its own files with the credentials pyiceberg
+    uses for the tables'."""
+    configure_storage(StorageSettings.from_properties(config.catalog.properties))
     properties = dict(config.catalog.properties)
     uri = properties.get("uri", "")
     if properties.get("type") == "sql" and uri.startswith("sqlite:///"):
@@ -37,7 +43,16 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
     warehouse = properties.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    locations = [warehouse] + [table.location or "" for table in config.tables]
+    if "py-io-impl" not in properties and any(
+        location.startswith(AZURE_SCHEMES) for location in locations
+    ):
+        # pyiceberg's own IO cannot open abfss://<container>@<account>.dfs.../ (door_fileio.py).
+        properties["py-io-impl"] = "icekeeper.common.door_fileio.DoorFileIO"
     return load_catalog(config.catalog.name, **properties)
+
+
+AZURE_SCHEMES = ("abfs://", "abfss://", "wasb://", "wasbs://")
 
 
 def load_table_or_none(catalog: Catalog, identifier: str) -> Table | None:

@@ -1,13 +1,28 @@
 """Leases and epochs: at most one active bookkeeper per group, and a stale one can never commit.
 
-A lease is a file `lease-<epoch>.json` in a folder. Acquiring one creates the file for the next
-epoch, exclusively, once the current holder's lease has expired; the holder renews it by
-rewriting its own file. The epoch is also written into every snapshot the bookkeeper commits,
-and each commit is a compare-and-swap on the snapshot its state was read from, so a bookkeeper
-paused past its lease (SIGSTOP, a long GC) that wakes up and commits either finds a newer epoch
-in the table and stops, or commits on top of the newest state (exactly-once still holds); its
-next lease check then sees the newer lease and stops it with a clear log line. Iceberg's Kafka
-Connect sink lacks this and loses data to zombie coordinators (apache/iceberg#17551).
+A lease is a file `lease-<epoch>.json` in the group's folder of `group.lease_uri`, on any store
+the storage door opens: a local or mounted folder, `s3://`, `abfss://`. It relies on one guarantee
+only, the store's atomic create-if-absent (`common/storage.py`: `link` on a local folder,
+`If-None-Match: *` on S3 and Azure Blob): of two bookkeepers creating the file of one epoch, exactly
+one succeeds. So no shared POSIX volume is needed, and nothing relies on renames, `O_EXCL` or a
+compare-and-swap of one object (which s3proxy, for one, does not make atomic).
+
+- Acquire: once the newest lease has expired (or was released), create the next epoch's file. The
+  creator holds the lease with that epoch; a loser reads the new lease and stands by.
+- Renew: rewrite the holder's own file (no one else writes it), after checking that the next
+  epoch's file does not exist. A holder that did not renew within half its TTL (paused, a long
+  GC, a slow store) may have been taken over: it creates the next epoch's file itself, and holds
+  the lease with that epoch if it succeeds; if a standby created it first, the holder is fenced.
+- Check (before every commit): the next epoch's file exists -> fenced; one read, no listing.
+
+The epoch is also written into every snapshot the bookkeeper commits, and each commit is a
+compare-and-swap on the snapshot its state was read from, so a bookkeeper paused between its last
+check and its commit (SIGSTOP, a long GC) that wakes up and commits either finds a newer epoch in
+the table and stops, or commits on top of the newest state (exactly-once still holds); its next
+check then sees the newer lease and stops it with a clear log line. Iceberg's Kafka Connect sink
+lacks this and loses data to zombie coordinators (apache/iceberg#17551). Whether a lease expired
+is judged by the reader's wall clock against the holder's: nodes need clocks within a fraction of
+the TTL of each other (NTP), and a skew beyond it costs a takeover, never a double commit.
 """
 
 from __future__ import annotations
@@ -15,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import re
 import socket
 import threading
@@ -22,9 +38,16 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from icekeeper.common.storage import path_segment
+from icekeeper.common.storage import (
+    create_if_absent,
+    file_exists,
+    list_files,
+    path_segment,
+    prepare_conditional_writes,
+    read_file,
+    write_file,
+)
 
 log = logging.getLogger(__name__)
 _LEASE_NAME = re.compile(r"^lease-(\d{12})\.json$")
@@ -46,7 +69,7 @@ class LeaseRecord:
 
 
 class Lease:
-    """The lease of one bookkeeper group (or its reaper), in a local (or mounted) folder."""
+    """The lease of one bookkeeper group (or its reaper), in a folder of any store."""
 
     def __init__(
         self,
@@ -57,10 +80,13 @@ class Lease:
         role: str = "bookkeeper",
     ) -> None:
         self.role = role
-        self.folder = Path(folder) / path_segment(group)
+        self.group = group
+        self.folder = group_folder(folder, group)
         self.ttl_ms = int(ttl_s * 1000)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.epoch: int | None = None
+        self._written_at = 0.0
+        """When (monotonic) this holder's last write of its lease began."""
 
     def acquire(
         self,
@@ -73,9 +99,9 @@ class Lease:
         epoch, or None once `stop` is set (a standby told to stop must not wait for the lease:
         SIGTERM ends it at once). `on_wait` hears of the current holder at every poll while this
         one stands by."""
-        self.folder.mkdir(parents=True, exist_ok=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False
+        prepare_conditional_writes(self.folder)
         while stop is None or not stop.is_set():
             current = _newest_lease(self.folder, self.ttl_ms)
             now = _now_ms()
@@ -87,22 +113,20 @@ class Lease:
                     log.log(
                         logging.WARNING if self.role == "bookkeeper" else logging.INFO,
                         f"{self.role} lease acquired",
-                        extra={"epoch": epoch, "owner": self.owner, "group": self.folder.name},
+                        extra={"epoch": epoch, "owner": self.owner, "group": self.group},
                     )
                     return epoch
-            else:
-                if not announced:
-                    log.warning(
-                        f"another {self.role} holds the lease; standing by",
-                        extra={"holder": current.owner, "epoch": current.epoch},
-                    )
-                    announced = True
-                if on_wait is not None:
-                    on_wait(current)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"lease of {self.folder.name} still held by {current.owner if current else '?'}"
+                continue  # another took this epoch first: read its lease now
+            if not announced:
+                log.warning(
+                    f"another {self.role} holds the lease; standing by",
+                    extra={"holder": current.owner, "epoch": current.epoch},
                 )
+                announced = True
+            if on_wait is not None:
+                on_wait(current)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"lease of {self.group} still held by {current.owner}")
             if stop is None:
                 time.sleep(poll_s)
             else:
@@ -110,93 +134,114 @@ class Lease:
         return None
 
     def renew(self) -> None:
-        """Extend the lease; raises `Fenced` if a newer epoch exists."""
+        """Extend the lease; raises `Fenced` if a newer epoch exists. May move to the next epoch
+        (see `check`): read `epoch` after it."""
         self.check()
         assert self.epoch is not None
-        self._write(
-            self.folder / _name(self.epoch),
-            LeaseRecord(self.epoch, self.owner, _now_ms(), self.ttl_ms),
-            exclusive=False,
+        self._written_at = time.monotonic()
+        write_file(
+            self._uri(self.epoch),
+            _encode(LeaseRecord(self.epoch, self.owner, _now_ms(), self.ttl_ms)),
         )
 
     def check(self) -> None:
-        """Raise `Fenced` when a newer lease exists (or ours expired and was taken)."""
+        """Raise `Fenced` when a newer lease exists (or ours lapsed and was taken). A lease not
+        renewed within half its TTL is taken again with the next epoch before going on, so a
+        standby that judged it expired can no longer take that epoch."""
         if self.epoch is None:
             raise Fenced("no lease held")
-        newest = _newest_lease(self.folder, self.ttl_ms)
-        if newest is not None and newest.epoch > self.epoch:
+        following = self.epoch + 1
+        if file_exists(self._uri(following)):
+            newest = _newest_lease(self.folder, self.ttl_ms)
+            holder = newest.owner if newest is not None else "another"
             raise Fenced(
-                f"{self.role} epoch {self.epoch} is stale: {newest.owner} holds epoch "
-                f"{newest.epoch}; stopping without committing"
+                f"{self.role} epoch {self.epoch} is stale: {holder} holds epoch "
+                f"{newest.epoch if newest is not None else following}; stopping without committing"
             )
+        if time.monotonic() - self._written_at > self.ttl_ms / 2000:
+            started = time.monotonic()
+            if not self._create(following):
+                raise Fenced(
+                    f"{self.role} epoch {self.epoch} lapsed and another took epoch {following}; "
+                    "stopping without committing"
+                )
+            log.warning(
+                f"{self.role} lease not renewed within half its TTL; taken again",
+                extra={"epoch": following, "previous_epoch": self.epoch, "group": self.group},
+            )
+            self.epoch = following
+            self._written_at = started
 
     def release(self) -> None:
         """Expire our lease now so a successor does not wait for the TTL."""
         if self.epoch is None:
             return
-        path = self.folder / _name(self.epoch)
         try:
-            record = _read(path)
+            record = _read(self._uri(self.epoch))
             if record is not None and record.owner == self.owner:
-                self._write(
-                    path, LeaseRecord(self.epoch, self.owner, 0, self.ttl_ms), exclusive=False
+                write_file(
+                    self._uri(self.epoch),
+                    _encode(LeaseRecord(self.epoch, self.owner, 0, self.ttl_ms)),
                 )
         except OSError:
             pass
 
-    def _create(self, epoch: int) -> bool:
-        return self._write(
-            self.folder / _name(epoch),
-            LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms),
-            exclusive=True,
-        )
+    def _uri(self, epoch: int) -> str:
+        return f"{self.folder}/{_name(epoch)}"
 
-    @staticmethod
-    def _write(path: Path, record: LeaseRecord, exclusive: bool) -> bool:
-        payload = json.dumps(record.__dict__).encode()
-        if exclusive:
-            try:
-                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(descriptor, "wb") as out:
-                out.write(payload)
-                out.flush()
-                os.fsync(out.fileno())
-            return True
-        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
-        temporary.write_bytes(payload)
-        os.replace(temporary, path)
+    def _create(self, epoch: int) -> bool:
+        started = time.monotonic()
+        record = LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms)
+        if not create_if_absent(self._uri(epoch), _encode(record)):
+            return False
+        self._written_at = started
         return True
+
+
+def group_folder(folder: str, group: str) -> str:
+    """The folder (URI or path) of `group`'s lease files in `folder` (`group.lease_uri`)."""
+    return f"{folder.rstrip('/')}/{path_segment(group)}"
+
+
+def current_lease(folder: str, group: str) -> LeaseRecord | None:
+    """The newest lease of `group` in `folder`, held, expired or released; None if there is none."""
+    return _newest_lease(group_folder(folder, group), ttl_ms=1000)
 
 
 def live_lease(folder: str, group: str) -> LeaseRecord | None:
     """The lease of `group` in `folder` while someone holds it, None when it is free, expired or
     released. A bookkeeper renews its lease every cycle, so a live lease is how another process
     (the reaper) tells that the group's bookkeeper is running, and who it is."""
-    newest = _newest_lease(Path(folder) / path_segment(group), ttl_ms=1000)
+    newest = current_lease(folder, group)
     return newest if newest is not None and not newest.expired(_now_ms()) else None
 
 
-def _newest_lease(folder: Path, ttl_ms: int) -> LeaseRecord | None:
-    """The lease of the highest epoch in `folder`, None if there is none; one being created (not
-    readable yet) as held for `ttl_ms` from now."""
+def _newest_lease(folder: str, ttl_ms: int) -> LeaseRecord | None:
+    """The lease of the highest epoch in `folder`, None if there is none; one that cannot be read
+    (an older icekeeper's `O_EXCL` file being written) as held for `ttl_ms` from now."""
     epochs = sorted(
-        (int(m.group(1)) for p in folder.glob("lease-*.json") if (m := _LEASE_NAME.match(p.name))),
+        (
+            int(match.group(1))
+            for info in list_files(folder)
+            if (match := _LEASE_NAME.match(posixpath.basename(info.path)))
+        ),
         reverse=True,
     )
     for epoch in epochs:
-        record = _read(folder / _name(epoch))
+        record = _read(f"{folder}/{_name(epoch)}")
         if record is not None:
             return record
-        # A lease file being created right now: treat it as held, fresh.
         return LeaseRecord(epoch, "(being created)", _now_ms(), ttl_ms)
     return None
 
 
-def _read(path: Path) -> LeaseRecord | None:
+def _encode(record: LeaseRecord) -> bytes:
+    return json.dumps(record.__dict__).encode()
+
+
+def _read(uri: str) -> LeaseRecord | None:
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_file(uri))
         return LeaseRecord(
             int(raw["epoch"]), str(raw["owner"]), int(raw["renewed_ms"]), int(raw["ttl_ms"])
         )

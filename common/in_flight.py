@@ -6,7 +6,8 @@ its moniker does: a batch that outlives the grace (a slow partition, memory pres
 tables in one batch) had files that were old, unreferenced and not yet pending. The long chaos
 run found it: a 138 s batch against a 120 s grace lost a file the bookkeeper then committed.
 
-The protocol, on any filesystem pyarrow opens:
+The protocol, on any store the storage door opens (each claim is written whole under a name of
+its own, and listed with its modification time: no store guarantee beyond that is needed):
 - a writer claims `<table location>/data/_in_flight/<name>.json` (naming the batch folder)
   before it writes there, rewrites the claim every heartbeat while the batch runs, and releases
   it once the batch's moniker is published (or the batch is given up);
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from icekeeper.common.locations import normalize_location
-from icekeeper.common.storage import open_filesystem, write_whole
+from icekeeper.common.storage import delete_file, open_filesystem, write_file
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,7 @@ class InFlightClaims:
         name = f"{posixpath.basename(batch_folder.rstrip('/'))}-{uuid.uuid4().hex[:8]}.json"
         path_uri = f"{claims_folder(table_location)}/{name}"
         body = json.dumps({"folder": batch_folder, "writer": self.writer_id}).encode()
-        filesystem, path = open_filesystem(path_uri)
-        filesystem.create_dir(posixpath.dirname(path), recursive=True)
-        write_whole(filesystem, path, body)
+        write_file(path_uri, body)
         with self._lock:
             self._claims[batch_folder] = _Claim(path_uri, body)
         self._start()
@@ -80,10 +79,9 @@ class InFlightClaims:
                 self._claims.pop(folder) for folder in batch_folders if folder in self._claims
             ]
         for claim in released:
-            filesystem, path = open_filesystem(claim.path)
             try:
-                filesystem.delete_file(path)
-            except (FileNotFoundError, OSError) as error:
+                delete_file(claim.path)
+            except OSError as error:
                 # Harmless: a claim no one rewrites goes stale and the reaper removes it.
                 log.warning(
                     "could not release an in-flight claim",
@@ -110,9 +108,8 @@ class InFlightClaims:
             with self._lock:
                 claims = list(self._claims.values())
             for claim in claims:
-                filesystem, path = open_filesystem(claim.path)
                 try:
-                    write_whole(filesystem, path, claim.body)
+                    write_file(claim.path, claim.body)
                 except OSError as error:
                     log.warning(
                         "could not refresh an in-flight claim",
@@ -123,10 +120,9 @@ class InFlightClaims:
                 current = {claim.path for claim in self._claims.values()}
             for claim in claims:
                 if claim.path not in current:
-                    filesystem, path = open_filesystem(claim.path)
                     try:
-                        filesystem.delete_file(path)
-                    except (FileNotFoundError, OSError):
+                        delete_file(claim.path)
+                    except OSError:
                         pass
 
 

@@ -1,7 +1,7 @@
 """Every private API of pyiceberg, pyarrow and pyspark that icekeeper uses, behind named functions.
 
 Each shortcut here saves time the module using it measured (the reasons are in
-`bookkeeper/table_metadata.py`, `bookkeeper/manifests.py`, `bookkeeper/committer.py`,
+`bookkeeper/table_metadata.py`, `bookkeeper/manifests.py`, `bookkeeper/commit_path.py`,
 `bookkeeper/datafiles.py`), or reaches a Java API that has no Python binding (`reaper/`,
 `common/spark.py`). No other module names a private attribute of these libraries; each function
 here is checked against the public behaviour it shortcuts in tests/common/test_internals.py.

@@ -48,6 +48,31 @@ def table_data_folder(table_location: str) -> str:
     return f"{table_location.rstrip('/')}/data"
 
 
+def batch_folder_of(table_location: str, writer_id: str, seq: int) -> str:
+    """Where the folders of writer `writer_id`'s batch `seq` are named: `<location>/data/<writer>/
+    <seq:012d>`, which the writer follows with a random suffix (`writers/files.py`
+    `batch_folder`, whose spelling of the writer id this repeats; tests/common/test_locations.py
+    keeps the two one)."""
+    writer = "".join(char if char.isalnum() or char in "._-" else "_" for char in writer_id)
+    return f"{table_data_folder(table_location)}/{writer}/{seq:012d}"
+
+
+def is_in_batch_folder(path: str, table_location: str, writer_id: str, seq: int) -> bool:
+    """Whether `path` lies in a folder of writer `writer_id`'s batch `seq` (`batch_folder_of`,
+    with or without the writer's suffix), both resolved (`resolved_location`). The bookkeeper
+    holds a moniker's deleted-keys files to it: they belong to the batch, and one named in
+    another batch's folder would delete that batch's keys, and be removed with this batch's files
+    while the other batch still needs it."""
+    batch = batch_folder_of(table_location, writer_id, seq)
+    writer_folder = resolved_location(batch.rsplit("/", 1)[0]).rstrip("/") + "/"
+    resolved = resolved_location(path)
+    if not resolved.startswith(writer_folder):
+        return False
+    folder, separator, rest = resolved[len(writer_folder) :].partition("/")
+    name = batch.rsplit("/", 1)[1]
+    return bool(separator and rest) and (folder == name or folder.startswith(name + "-"))
+
+
 TABLE_STATE_FOLDER = "icekeeper"
 """Under a table's location: icekeeper's own state of the table (the upsert key index). The
 reaper's orphan removal never deletes in it."""

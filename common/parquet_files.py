@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 
 from icekeeper.common.moniker import FileEntry
 from icekeeper.common.spark import FUNCTIONS_CATALOG
+from icekeeper.common.storage import open_filesystem
 
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _STRING_PREFIX = "s"
@@ -196,10 +197,9 @@ def list_written_files(
     rows the batch's other tables surround. Nothing may refer to it, and `output_uri` is the
     caller's own new folder.
     """
-    filesystem, root = pafs.FileSystem.from_uri(output_uri)
+    filesystem, root = open_filesystem(output_uri)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     entries = []
-    scheme = output_uri.split("://", 1)[0] + "://" if "://" in output_uri else ""
     for info in filesystem.get_file_info(selector):
         name = posixpath.basename(info.path)
         if (
@@ -216,7 +216,8 @@ def list_written_files(
         relative = posixpath.relpath(posixpath.dirname(info.path), root)
         entries.append(
             FileEntry(
-                path=_uri(scheme, info.path),
+                # Named as the output URI names its folder: the store's one URI form.
+                path=f"{output_uri.rstrip('/')}/{posixpath.relpath(info.path, root)}",
                 size_bytes=info.size,
                 record_count=record_count,
                 partition=_partition_values(relative, partitions),
@@ -224,12 +225,6 @@ def list_written_files(
             )
         )
     return sorted(entries, key=lambda entry: entry.path)
-
-
-def _uri(scheme: str, path: str) -> str:
-    if scheme == "file://":
-        return "file://" + path
-    return scheme + path if scheme else path
 
 
 def _partition_values(relative_dir: str, partitions: list[PartitionColumn]) -> dict[str, object]:

@@ -30,6 +30,10 @@ A request that cannot proceed (its files missing past `bookkeeper.missing_file_t
 readable request) is set aside, whole, with the reason at `<rewrites>/set-aside/<id>.json`: the
 operator's dead letter (`icekeeper dead-letters list --rewrites`, `replay` publishes it again).
 Orphan removal spares its folder as a pending request's.
+
+Every file here is written whole under a name only one role writes (the request by its writer,
+the marks and the refusal by the bookkeeper), through the storage door on any store; a stale
+bookkeeper that writes a mark after its successor did writes the same facts again.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from icekeeper.common.locations import normalize_location, table_state_folder
 from icekeeper.common.moniker import FileEntry
-from icekeeper.common.storage import delete_folder, open_filesystem, write_whole
+from icekeeper.common.storage import delete_folder, make_folder, open_filesystem, write_whole
 
 REWRITE_ID_PROPERTY = "icekeeper.rewrite-id"
 """Snapshot summary property naming the rewrite request a snapshot committed."""
@@ -94,7 +98,7 @@ def output_folder(table_location: str, request_id: str) -> str:
 
 def publish_rewrite(table_location: str, request: RewriteRequest) -> None:
     filesystem, folder = open_filesystem(rewrites_folder(table_location))
-    filesystem.create_dir(folder, recursive=True)
+    make_folder(filesystem, folder)
     write_whole(
         filesystem, f"{folder}/{request.id}.json", request.model_dump_json(by_alias=True).encode()
     )
@@ -238,7 +242,7 @@ def set_aside_rewrite(
         content=content.decode("utf-8", "replace") if content is not None else None,
     )
     filesystem, folder = open_filesystem(f"{rewrites_folder(table_location)}/{SET_ASIDE_FOLDER}")
-    filesystem.create_dir(folder, recursive=True)
+    make_folder(filesystem, folder)
     write_whole(
         filesystem, f"{folder}/{request_id}.json", entry.model_dump_json(by_alias=True).encode()
     )

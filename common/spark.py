@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from icekeeper.common.artifacts import MavenBundle, maven_bundle
 from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.storage import StorageSettings, spark_storage_conf, spark_storage_packages
 
 if TYPE_CHECKING:  # pyspark is imported where a session starts, not when this module loads
     from pyspark.sql import SparkSession
@@ -44,14 +45,43 @@ FUNCTIONS_CATALOG = "ik_functions"
 functions (bucket, days, hours, truncate)."""
 
 
-def spark_jars(cache_dir: Path) -> list[Path]:
-    """The jars above, without their dependencies: PySpark already ships the rest."""
+def spark_jars(cache_dir: Path, storage_packages: tuple[str, ...] = ()) -> list[Path]:
+    """The jars above, without their dependencies: PySpark already ships the rest; then those of
+    the object stores the config uses (`storage_packages`), in a bundle of their own."""
     bundle = MavenBundle(
         name=f"spark-{SPARK_VERSION}-iceberg-{ICEBERG_VERSION}",
         coordinates=SPARK_PACKAGES,
         transitive=False,
     )
-    return maven_bundle(cache_dir, bundle)
+    jars = maven_bundle(cache_dir, bundle)
+    if storage_packages:
+        names = "-".join(sorted(p.split(":")[1] for p in storage_packages))
+        jars += maven_bundle(
+            cache_dir,
+            MavenBundle(
+                name=f"spark-storage-{names}-iceberg-{ICEBERG_VERSION}",
+                coordinates=storage_packages,
+                transitive=False,
+            ),
+        )
+    return jars
+
+
+def storage_packages(config: IcekeeperConfig) -> tuple[str, ...]:
+    """Maven coordinates of the jars Spark needs for the config's object stores: Iceberg's
+    S3FileIO with its AWS SDK and Hadoop's s3a for S3, Iceberg's ADLSFileIO for Azure."""
+    return spark_storage_packages(
+        StorageSettings.from_properties(config.catalog.properties),
+        table_locations(config),
+        ICEBERG_VERSION,
+    )
+
+
+def table_locations(config: IcekeeperConfig) -> list[str]:
+    """Where the config's tables live: the warehouse and every table's own location."""
+    locations = [config.catalog.properties.get("warehouse", "")]
+    locations += [table.location for table in config.tables if table.location]
+    return [location for location in locations if location]
 
 
 def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
@@ -87,6 +117,13 @@ def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
             conf[f"{prefix}.uri"] = properties["uri"]
     if "warehouse" in properties:
         conf[f"{prefix}.warehouse"] = properties["warehouse"]
+    # The tables' FileIO (S3FileIO, ADLSFileIO) from the same `s3.*` / `adls.*` properties
+    # pyiceberg takes, and Hadoop's s3a / abfs for the files Spark lists and writes itself.
+    file_io, hadoop = spark_storage_conf(
+        StorageSettings.from_properties(properties), table_locations(config)
+    )
+    conf.update({f"{prefix}.{key}": value for key, value in file_io.items()})
+    conf.update(hadoop)
     return conf
 
 
@@ -95,9 +132,9 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def spark_submit_packages() -> str:
-    """The `--packages` value for `spark-submit` of a writer."""
-    return ",".join(SPARK_PACKAGES)
+def spark_submit_packages(config: IcekeeperConfig | None = None) -> str:
+    """The `--packages` value for `spark-submit` of a writer (with those of its object stores)."""
+    return ",".join(SPARK_PACKAGES + (storage_packages(config) if config is not None else ()))
 
 
 FIXED_SQL_CONF = {
@@ -126,7 +163,7 @@ def spark_session(
     own_workers = False
     if not launched_by_spark_submit():
         # Under spark-submit, master and jars come from its command line (`--packages`).
-        jars = spark_jars(Path(config.cache_dir))
+        jars = spark_jars(Path(config.cache_dir), storage_packages(config))
         builder = builder.master(master or config.spark.master).config(
             "spark.jars", ",".join(str(jar) for jar in jars)
         )

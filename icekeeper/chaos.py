@@ -51,7 +51,9 @@ from icekeeper.chaos_verify import dead_letter_positions, failures, verify, wait
 from icekeeper.common.catalog import load_table_or_none, open_catalog
 from icekeeper.common.committed_state import committed_state
 from icekeeper.common.config import IcekeeperConfig, load_config
+from icekeeper.common.fencing import current_lease
 from icekeeper.common.kafka_clients import connection_environ
+from icekeeper.common.storage import read_lines
 from icekeeper.common.transports import MonikerTransport, open_transport
 from icekeeper.samples.produce import ensure_topic, produce_at_rate
 from icekeeper.samples.synthetic import SyntheticSpec
@@ -270,7 +272,7 @@ def run_chaos(
                     command,
                     logs,
                     run,
-                    Path(config.group.lease_uri) / config.group.name,
+                    (config.group.lease_uri, config.group.name),
                     progress,
                 )
             for _ in range(reassign_at[index]):
@@ -338,7 +340,7 @@ def run_chaos(
             "refusals_logged": _lines_saying(logs, "moniker refused"),
         }
     )
-    result.update(reaper_files_compacted=_files_compacted(Path(config.reaper.report_path)))
+    result.update(reaper_files_compacted=_files_compacted(config.reaper.report_path))
     result["failures"] = failures(result)
     return result
 
@@ -391,12 +393,11 @@ def transport_leftovers(
     }
 
 
-def _files_compacted(report_path: Path) -> dict[str, int]:
+def _files_compacted(report_uri: str) -> dict[str, int]:
     """Data files each table's compactions replaced, from the reaper's pass reports: whether the
     reaper's passes really rewrote the tables under the other components' feet."""
     compacted: dict[str, int] = {}
-    lines = report_path.read_text(encoding="utf-8").splitlines() if report_path.exists() else []
-    for line in lines:
+    for line in read_lines(report_uri):
         try:
             tables = json.loads(line).get("tables", [])
         except ValueError:  # the reaper was killed while writing this line
@@ -408,16 +409,12 @@ def _files_compacted(report_path: Path) -> dict[str, int]:
     return compacted
 
 
-def lease_holder_pid(folder: Path) -> int | None:
-    """The process id in the newest lease file of the bookkeeper group (owner `host:pid:nonce`)."""
-    leases = (
-        sorted(folder.glob("lease-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-        if folder.exists()
-        else []
-    )
+def lease_holder_pid(lease_uri: str, group: str) -> int | None:
+    """The process id in the newest lease of the bookkeeper group (owner `host:pid:nonce`)."""
     try:
-        return int(json.loads(leases[-1].read_text())["owner"].split(":")[1]) if leases else None
-    except (ValueError, KeyError, IndexError, OSError):
+        lease = current_lease(lease_uri, group)
+        return int(lease.owner.split(":")[1]) if lease is not None else None
+    except (ValueError, IndexError, OSError):
         return None
 
 
@@ -427,7 +424,7 @@ def _pause_and_fence(
     command: list[str],
     logs: Path,
     run: ChaosRun,
-    lease_folder: Path,
+    lease: tuple[str, str],
     progress: Progress,
 ) -> None:
     """SIGSTOP the bookkeeper; a second one takes the
@@ -437,7 +434,7 @@ def _pause_and_fence(
         first.start()
     # Pause the active bookkeeper (holding the lease), not a standby waiting for it.
     deadline = time.monotonic() + 60
-    while lease_holder_pid(lease_folder) != first.process.pid and time.monotonic() < deadline:
+    while lease_holder_pid(*lease) != first.process.pid and time.monotonic() < deadline:
         time.sleep(0.5)
     os.killpg(first.process.pid, signal.SIGSTOP)
     progress("bookkeeper paused (SIGSTOP); starting a second one")

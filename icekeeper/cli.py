@@ -20,7 +20,12 @@ from icekeeper.common.logs import configure_logging
 
 
 def _config(args: argparse.Namespace) -> IcekeeperConfig:
-    return load_config(args.config)
+    from icekeeper.common.storage import StorageSettings, configure_storage
+
+    config = load_config(args.config)
+    # Commands that open no catalog (status, dead-letters) still read the roles' files.
+    configure_storage(StorageSettings.from_properties(config.catalog.properties))
+    return config
 
 
 def _development_config(args: argparse.Namespace) -> IcekeeperConfig:
@@ -176,7 +181,7 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
                     flush=True,
                 )
 
-    from icekeeper.bookkeeper.committer import StaleEpoch
+    from icekeeper.bookkeeper.commit_path import StaleEpoch
     from icekeeper.common.fencing import Fenced
 
     try:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pyiceberg.table import Table
 
 from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.storage import duckdb_storage_statements
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,7 +32,8 @@ def _extension_file(package: str, name: str) -> str:
 
 def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
     """A DuckDB connection with the avro, iceberg and httpfs (S3, and Iceberg REST catalogs)
-    extensions loaded from their wheels."""
+    extensions loaded from their wheels, and a secret for the object store the storage door is
+    configured for (`s3.*` catalog properties), so `iceberg_scan` reads tables on S3."""
     import duckdb
 
     connection = duckdb.connect(
@@ -41,6 +43,8 @@ def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_avro', 'avro')}'")
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_iceberg', 'iceberg')}'")
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_httpfs', 'httpfs')}'")
+    for statement in duckdb_storage_statements():
+        connection.execute(statement)
     return connection
 
 

@@ -10,14 +10,12 @@ dies half way is simply run again.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyiceberg.exceptions import NoSuchTableError
@@ -29,6 +27,7 @@ from icekeeper.common.fencing import Fenced, Lease, LeaseRecord, live_lease
 from icekeeper.common.in_flight import live_claimed_folders
 from icekeeper.common.locations import normalize_location, table_state_folder
 from icekeeper.common.rewrites import pending_rewrite_folders
+from icekeeper.common.storage import append_lines
 from icekeeper.common.transports import open_transport
 from icekeeper.reaper.maintenance import SparkMaintenance, TableReport
 
@@ -250,9 +249,8 @@ class Reaper:
         path = self.config.reaper.report_path
         if not path or report.dry_run:
             return
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(report.to_json()) + "\n")
+        # A file of JSON lines on a local folder, a folder of line files on an object store.
+        append_lines(path, [report.to_json()])
 
     def run(
         self,

@@ -67,7 +67,7 @@ from icekeeper.common.rewrites import (
     refusal,
     set_aside_reason,
 )
-from icekeeper.common.storage import open_filesystem
+from icekeeper.common.storage import delete_folder
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ class UpsertCompaction:
         # snapshot since expired, and orphan removal knows what any
         # snapshot still names.
         if not commit_attempted(table.location(), request_id):
-            _delete_folder(output)
+            delete_folder(output)
         forget_refusal(table.location(), request_id)
         return outcome
 
@@ -363,11 +363,3 @@ def wait_for_commit(
         time.sleep(WAIT_POLL_S)
     outcome.waited_s = round(time.monotonic() - started, 1)
     return True
-
-
-def _delete_folder(uri: str) -> None:
-    filesystem, path = open_filesystem(uri)
-    try:
-        filesystem.delete_dir(path)
-    except FileNotFoundError:
-        pass

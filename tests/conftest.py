@@ -150,6 +150,37 @@ def pg_catalog(s3_storage, stack_config: IcekeeperConfig):
         yield service
 
 
+STORES = ("local", "s3", "azure")
+
+
+@pytest.fixture(params=STORES)
+def store_root(request, tmp_path: Path) -> Iterator[str]:
+    """A fresh folder on each store in turn (a local folder, the stack's S3 server, Azurite
+    blob), with the storage door configured for it as `catalog.properties` would configure it: a
+    test that takes it runs on every store (the object stores' runs are integration tests)."""
+    from tests.support.object_stores import (
+        azure_uri,
+        azurite_blob_properties,
+        new_container,
+        storage_door,
+    )
+
+    if request.param == "local":
+        with storage_door({}):
+            yield str(tmp_path / "root")
+        return
+    request.applymarker(pytest.mark.integration)
+    if request.param == "s3":
+        service = request.getfixturevalue("s3_storage")
+        with storage_door(service.pyiceberg_properties()):
+            yield service.uri(f"door/{uuid.uuid4().hex[:10]}")
+        return
+    blob = request.getfixturevalue("local_stack").service("azurite-blob")
+    properties = azurite_blob_properties(blob)
+    with storage_door(properties):
+        yield azure_uri(new_container(properties), "door")
+
+
 @pytest.fixture
 def unique_topic() -> str:
     """A topic name no other test uses."""

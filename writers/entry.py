@@ -33,7 +33,7 @@ def run_writer(args: argparse.Namespace) -> int:
     if args.spark_packages:
         from icekeeper.common.spark import spark_submit_packages
 
-        print(spark_submit_packages())
+        print(spark_submit_packages(load_config(args.config)))
         return 0
     from icekeeper.writers.job import WriterJob
     from icekeeper.writers.offsets import TopicReset

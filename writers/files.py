@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 
-from pyarrow import fs as pafs
+from icekeeper.common.storage import delete_folder
 
 DELETED = "_ik_deleted"
 """Upsert tables: true for a key whose last change in the batch deletes it; names the folders of
@@ -38,8 +38,7 @@ def batch_folder(table_location: str, writer_id: str, seq: int) -> str:
 def discard_output(output_dirs: list[str]) -> None:
     """Remove output of a batch that will not be published (nothing refers to it)."""
     for output in output_dirs:
-        filesystem, path = pafs.FileSystem.from_uri(output)
         try:
-            filesystem.delete_dir(path)
-        except (FileNotFoundError, OSError):
+            delete_folder(output)
+        except OSError:
             pass

@@ -418,7 +418,11 @@ class TxLogTransport(_Model):
     abfs://, s3://: anything pyarrow/fsspec opens)."""
 
     kind: Literal["txlog"] = "txlog"
-    uri: str = Field("{state_dir}/txlog", description="Folder that holds pending monikers.")
+    uri: str = Field(
+        "{state_dir}/txlog",
+        description="Folder that holds pending monikers: a local or mounted folder, `s3://` or "
+        "`abfss://`.",
+    )
     dead_letter_uri: str = Field(
         "{state_dir}/dead-letter/monikers",
         description="Folder for monikers set aside (unreadable, quarantined), with their "
@@ -501,7 +505,12 @@ class CatalogConfig(_Model):
         },
         description="pyiceberg catalog properties; default: a SQLite catalog and a local warehouse "
         "under the state folder. Credentials (`credential`, `token`, `s3.secret-access-key`, a "
-        "password in `uri`) as `${env:NAME}` or `${file:/path}`.",
+        "password in `uri`) as `${env:NAME}` or `${file:/path}`. Their storage properties "
+        "(`s3.endpoint`, `s3.access-key-id`, `s3.secret-access-key`, `s3.region`, "
+        "`s3.path-style-access`; `adls.account-name`, `adls.account-key`, `adls.sas-token`, "
+        "`adls.connection-string`) also open every other `s3://` or "
+        "`abfss://<container>@<account>.dfs.core.windows.net/` URI of this config (monikers, "
+        "leases, reports, dead letters), and reach Spark (S3FileIO / ADLSFileIO) and DuckDB.",
     )
 
 
@@ -637,7 +646,8 @@ class BookkeeperConfig(_Model):
         "{state_dir}/reports/commits.jsonl",
         description="File that receives one JSON line per snapshot (not for the bookkeeper's "
         "purges of mostly-deleted files, `purge_deleted_share`: they add no rows and no "
-        "watermark).",
+        "watermark). On `s3://` or `abfss://`, which cannot append, a folder of that name "
+        "receives one `<ms>-<id>.jsonl` object per cycle.",
     )
     commit_report_topic: str | None = Field(
         None, description="Kafka topic that also receives the commit reports."
@@ -673,6 +683,15 @@ class BookkeeperConfig(_Model):
         gt=0,
         description="Upsert tables: how often the bookkeeper looks for compactions the reaper left "
         "for it to commit (the reaper cannot commit them itself while updates continue).",
+    )
+    rewrite_failed_polls: int = Field(
+        5,
+        ge=1,
+        description="Upsert tables: polls a rewrite request may fail with an error that is not an "
+        "outage (a bug, a request no commit can take) before it is set aside with the reason, its "
+        "files kept, for `dead-letters --rewrites`; an outage (storage or the catalog "
+        "unreachable, conflicts) keeps it pending however long. Counted by each bookkeeper from "
+        "its start.",
     )
     purge_deleted_share: float = Field(
         0.3,
@@ -776,7 +795,9 @@ class ReaperConfig(_Model):
         "bookkeeper commits is tried again, up to this many times per pass.",
     )
     report_path: str = Field(
-        "{state_dir}/reports/reaper.jsonl", description="File that receives one JSON line per pass."
+        "{state_dir}/reports/reaper.jsonl",
+        description="File that receives one JSON line per pass (on `s3://` or `abfss://`, a "
+        "folder of one-line objects, as `bookkeeper.commit_report_path`).",
     )
     lease_ttl: Duration = Field(
         600.0,
@@ -823,7 +844,8 @@ class GroupConfig(_Model):
     )
     lease_uri: str = Field(
         "{state_dir}/bookkeeper-leases",
-        description="Local or mounted folder holding the group's lease files; every bookkeeper "
+        description="Folder holding the group's lease files: a local or mounted folder, `s3://` "
+        "or `abfss://` (the store's create-if-absent keeps two holders apart); every bookkeeper "
         "and reaper of the group must see the same folder. Was `bookkeeper.lease_uri`.",
     )
     orphan_grace: Duration = Field(

@@ -1,9 +1,10 @@
-"""A folder of moniker files on any filesystem pyarrow opens (local, s3://, abfs://, gs://, hdfs://).
+"""A folder of moniker files on any store the storage door opens (local, s3://, abfss://).
 
-Layout: `<root>/<table>/<writer_id>/<seq:012d>-<moniker id>.json`. A file appears only whole:
-it is written under a hidden temporary name and then renamed, which is atomic on local disks,
-HDFS and ADLS Gen2; on object stores (S3, GCS) a single PUT is already atomic, so the file is
-written under its final name directly. Sorting names orders a writer's monikers by `seq`.
+Layout: `<root>/<table>/<writer_id>/<seq:012d>-<moniker id>.json`. A file appears only whole
+(`common/storage.py` `write_whole`: a hidden temporary file renamed into place on a local or
+mounted folder, one PUT on an object store), and each name is written by one writer only, so
+nothing here needs more from the store than whole writes and a consistent listing (S3 and Azure
+Blob list what was written, at once). Sorting names orders a writer's monikers by `seq`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from icekeeper.common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
-from icekeeper.common.storage import open_filesystem, path_segment, write_whole
+from icekeeper.common.storage import make_folder, open_filesystem, path_segment, write_whole
 from icekeeper.common.transports.base import Quarantined
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class MonikerFolder:
     def write(self, moniker: Moniker) -> str:
         """Make `moniker` durable and visible as one whole file; returns its path."""
         final = self.path_for(moniker)
-        self.filesystem.create_dir(posixpath.dirname(final), recursive=True)
+        make_folder(self.filesystem, posixpath.dirname(final))
         write_whole(self.filesystem, final, encode_moniker(moniker))
         return final
 
@@ -96,9 +97,8 @@ class MonikerFolder:
     def write_bytes(self, relative: str, payload: bytes) -> str:
         """Write any file under the root (dead-letter copies and their reasons)."""
         path = posixpath.join(self.root, relative)
-        self.filesystem.create_dir(posixpath.dirname(path), recursive=True)
-        with self.filesystem.open_output_stream(path) as out:
-            out.write(payload)
+        make_folder(self.filesystem, posixpath.dirname(path))
+        write_whole(self.filesystem, path, payload)
         return path
 
     def read_bytes(self, path: str) -> bytes:

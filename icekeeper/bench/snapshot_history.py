@@ -56,9 +56,7 @@ def run_snapshot_history_bench(
     config = bench_config(work)
     schema = seed_schema(config)
     transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    if plain:
-        bookkeeper.catalog = bookkeeper.committer.catalog = open_catalog(config)
+    bookkeeper = Bookkeeper(config, catalog=open_catalog(config) if plain else None)
     latencies: list[float] = []
     cpu: list[float] = []
 
@@ -81,7 +79,7 @@ def run_snapshot_history_bench(
     # An hour and a minute after the first snapshot: the next commit expires the first minute's.
     first_ms = min(snapshot.timestamp_ms for snapshot in table.snapshots())
     shift_ms = first_ms + 3_660_000 - int(time.time() * 1000)
-    bookkeeper.committer.now_ms = lambda: int(time.time() * 1000) + shift_ms
+    bookkeeper.committer.commit_path.now_ms = lambda: int(time.time() * 1000) + shift_ms
     for seq in range(commits + 1, commits + WINDOW + 1):
         commit(seq)
     bookkeeper.committer.close()

@@ -431,7 +431,7 @@ class Sides:
         schema = self.starting.schemas[side]
         if side == "baseline":
             table = create_merge_table(self.config, identifier, schema)
-        else:  # as the bookkeeper makes a table (committer.py `_create_table`)
+        else:  # as the bookkeeper makes a table (moniker_append.py `create_table`)
             table = open_catalog(self.config).create_table(
                 identifier, schema=schema, properties=dict(DEFAULT_TABLE_PROPERTIES)
             )

@@ -70,10 +70,10 @@ def test_an_id_another_engine_gave_out_meanwhile_is_not_taken_for_a_new_column(
     Bookkeeper(config).run_cycle()
     transport.publish(make_moniker(config, 2, 1, (10, 20), schema=schema(NOTE)))
     ours, engine = Bookkeeper(config), Bookkeeper(config)
-    original = ours.committer._commit_once
+    original = ours.committer.commit_path.compare_and_swap
     raced: list[int] = []
 
-    def after_another_engines_change(table, plan, new_state):
+    def after_another_engines_change(changes):
         if not raced:
             other = engine.catalog.load_table("shop.items")
             with other.update_schema() as update:
@@ -81,9 +81,9 @@ def test_an_id_another_engine_gave_out_meanwhile_is_not_taken_for_a_new_column(
             with other.refresh().update_schema() as update:
                 update.delete_column("scratch")
             raced.append(other.refresh().metadata.current_schema_id)
-        return original(table, plan, new_state)
+        return original(changes)
 
-    ours.committer._commit_once = after_another_engines_change
+    ours.committer.commit_path.compare_and_swap = after_another_engines_change
     report = ours.run_cycle()
 
     assert raced == [0], "the other engine's change left the schema id as it was"

@@ -9,7 +9,8 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from icekeeper.bookkeeper.committer import Committer, StaleEpoch
+from icekeeper.bookkeeper.commit_path import StaleEpoch
+from icekeeper.bookkeeper.committer import Committer
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import committed_state
 from icekeeper.common.transports import open_transport
@@ -86,15 +87,15 @@ def test_the_exactly_once_check_runs_again_inside_the_retry(tmp_path: Path) -> N
     transport.publish(make_moniker(config, 2, 1, (10, 20)))
     ours, theirs = Bookkeeper(config), Bookkeeper(config)
     deliveries = ours.transport.receive()
-    original = ours.committer._commit_once
+    original = ours.committer.commit_path.compare_and_swap
     raced = []
 
-    def commit_after_the_other(table, plan, new_state):
+    def commit_after_the_other(changes):
         if not raced:
             raced.append(theirs.committer.commit_table("shop.items", theirs.transport.receive()))
-        return original(table, plan, new_state)
+        return original(changes)
 
-    ours.committer._commit_once = commit_after_the_other
+    ours.committer.commit_path.compare_and_swap = commit_after_the_other
     result = ours.committer.commit_table("shop.items", deliveries)
     assert raced[0].snapshot_id is not None and len(raced[0].committed) == 1
     assert result.attempts == 2 and result.committed == [] and len(result.duplicates) == 1
@@ -121,13 +122,13 @@ def test_a_commit_with_unknown_outcome_is_settled_by_reading_the_table_back(tmp_
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
     transport.publish(make_moniker(config, 2, 1, (10, 20)))
-    original = bookkeeper.committer._commit_once
+    original = bookkeeper.committer.commit_path.compare_and_swap
 
-    def lost_response(table, plan, new_state):
-        original(table, plan, new_state)
+    def lost_response(changes):
+        original(changes)
         raise TimeoutError("catalog connection lost after the commit was sent")
 
-    bookkeeper.committer._commit_once = lost_response
+    bookkeeper.committer.commit_path.compare_and_swap = lost_response
     report = bookkeeper.run_cycle()
     assert report.committed_monikers == 1 and report.tables[0].attempts == 1
     assert len(rows_of(bookkeeper)) == 20 and transport.pending() == []

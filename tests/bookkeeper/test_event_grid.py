@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from icekeeper.bookkeeper.committer import _local_or_url
+from icekeeper.bookkeeper.event_grid_files import event_file_path
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.file_events import location_key, parse_event_grid
@@ -41,7 +41,7 @@ def test_event_urls_of_blob_and_adls_name_the_same_location() -> None:
         location_key("file:///x/t/f.parquet") == location_key("/x/t/f.parquet") == "/x/t/f.parquet"
     )
     # pyarrow opens the file through the table location's own scheme.
-    assert _local_or_url(forms[0], "abfss://lake@acct.dfs.core.windows.net/db/t") == forms[2]
+    assert event_file_path(forms[0], "abfss://lake@acct.dfs.core.windows.net/db/t") == forms[2]
 
 
 def test_only_complete_parquet_blobs_count() -> None:

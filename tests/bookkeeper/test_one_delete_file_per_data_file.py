@@ -17,7 +17,7 @@ from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import LongType
 
 from icekeeper.bookkeeper.service import Bookkeeper
-from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.bookkeeper.table_key_indexes import live_files
 from icekeeper.common.delete_files import read_position_deletes, read_positions_in, single_target
 from icekeeper.common.moniker import Moniker, moniker_id
 from icekeeper.common.rewrites import is_pending, publish_rewrite, refusal
@@ -119,10 +119,10 @@ def test_a_cycle_that_loses_its_commit_to_a_merge_takes_over_the_new_delete_file
             }
         )
     )
-    original = ours.committer._commit_once
+    original = ours.committer.commit_path.compare_and_swap
     raced = []
 
-    def commit_after_the_other(table, plan, new_state):
+    def commit_after_the_other(changes):
         if not raced:
             theirs_deliveries = [
                 d
@@ -130,9 +130,9 @@ def test_a_cycle_that_loses_its_commit_to_a_merge_takes_over_the_new_delete_file
                 if d.moniker is not None and d.moniker.writer_id == "w2"
             ]
             raced.append(theirs.committer.commit_table("shop.items", theirs_deliveries))
-        return original(table, plan, new_state)
+        return original(changes)
 
-    ours.committer._commit_once = commit_after_the_other
+    ours.committer.commit_path.compare_and_swap = commit_after_the_other
     result = ours.committer.commit_table("shop.items", deliveries)
     assert raced[0].snapshot_id is not None and len(raced[0].committed) == 1
     assert result.attempts == 2 and len(result.committed) == 1

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from icekeeper.bookkeeper.committer import overlapping_offsets, select_ready
+import pytest
+
+from icekeeper.bookkeeper.exactly_once import overlapping_offsets, select_ready
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import CommittedState, Refusal, committed_state
+from icekeeper.common.fencing import Fenced
 from icekeeper.common.transports import Delivery, open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
 
@@ -158,3 +161,36 @@ def test_a_refused_moniker_of_an_earlier_version_s_writer_is_set_aside_as_before
     )
     transport.publish(nxt)
     assert bookkeeper.run_cycle().committed_monikers == 1
+
+
+def test_a_bookkeeper_deposed_while_it_plans_records_no_refusal(tmp_path: Path) -> None:
+    """A refusal is a verdict the writer acts on (it reads the refused offsets again): it is
+    recorded only by the lease holder. A bookkeeper whose lease lapses while it plans a refusal
+    (a long pause) and is taken over stops without recording it; the successor refuses the
+    moniker under its own epoch."""
+    config = bookkeeper_config(tmp_path, bookkeeper__lease_ttl="1")
+    transport = open_transport(config)
+    deposed = Bookkeeper(config)
+    assert deposed.take_lease(timeout_s=5) == 1
+    transport.publish(make_moniker(config, 1, None, (0, 100), writer_id="w1"))
+    deposed.run_cycle()
+    transport.publish(make_moniker(config, 1, None, (50, 150), writer_id="w1-restarted"))
+    successor = Bookkeeper(config)
+    describe = deposed.committer.footer_reader.describe
+
+    def taken_over_while_planning(requests, properties):
+        if successor.lease is None:  # the lease lapses, and the successor takes it
+            assert successor.take_lease(timeout_s=10) == 2
+        return describe(requests, properties)
+
+    deposed.committer.footer_reader.describe = taken_over_while_planning
+    with pytest.raises(Fenced):
+        deposed.run_cycle()
+    state = committed_state(deposed.catalog.load_table("shop.items"))
+    assert state.refusals == {} and state.epoch == 1
+    assert len(transport.pending()) == 1
+    report = successor.run_cycle()
+    assert len(report.refused) == 1 and report.committed_monikers == 0
+    state = committed_state(successor.catalog.load_table("shop.items"))
+    assert state.refusals["w1-restarted"].seq == 1 and state.epoch == 2
+    assert table_offsets(successor) == list(range(100))

@@ -23,7 +23,7 @@ from pyiceberg.types import NestedField, StringType
 from icekeeper.bookkeeper import purges
 from icekeeper.bookkeeper import rewrites as rewrites_module
 from icekeeper.bookkeeper.service import Bookkeeper
-from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.bookkeeper.table_key_indexes import live_files
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.delete_files import read_position_deletes
 from icekeeper.common.moniker import Moniker

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from icekeeper.bookkeeper.service import Bookkeeper
-from icekeeper.bookkeeper.upserts import live_files
+from icekeeper.bookkeeper.table_key_indexes import live_files
 from icekeeper.common.delete_files import read_position_deletes
 from icekeeper.common.locations import normalize_location
 from icekeeper.common.rewrites import (
@@ -315,3 +315,58 @@ def test_a_request_file_that_is_not_a_request_is_set_aside_and_the_queue_goes_on
     assert "unreadable rewrite request" in (set_aside_reason(location, "garbled") or "")
     assert refusal(location, "garbled") is None and not is_pending(location, "garbled")
     assert pyiceberg_rows(bookkeeper) == reference
+
+
+def test_a_request_that_keeps_failing_is_set_aside_and_an_outage_keeps_one_pending(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A request that fails every poll with an error that is no outage (here its file's footer
+    breaks the reader) would be tried every poll for ever: after
+    `bookkeeper.rewrite_failed_polls` polls it is set aside with the reason and counted. One
+    whose storage is unreachable (a connection error) stays pending however many polls, and
+    commits once storage answers."""
+    config = bookkeeper_config(
+        tmp_path,
+        mode="upsert",
+        bookkeeper__rewrite_poll_interval="0.001",
+        bookkeeper__rewrite_failed_polls="3",
+        bookkeeper__purge_deleted_share="0",
+    )
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(29), {}
+    commit_batches(bookkeeper, transport, writer, rng, reference, 4)
+    table = bookkeeper.catalog.load_table("shop.items")
+    location = table.location()
+    files = sorted(task.file.file_path for task in table.scan().plan_files())
+    broken = compacted_request(bookkeeper, replaced=files[:2])
+    unreachable = compacted_request(bookkeeper, replaced=files[2:])
+    publish_rewrite(location, broken)
+    publish_rewrite(location, unreachable)
+    reader = bookkeeper.committer.footer_reader
+    describe = reader.describe
+    broken_paths = {entry.path for entry in broken.files}
+    unreachable_paths = {entry.path for entry in unreachable.files}
+
+    def failing(requests, properties):
+        paths = {path for path, _, _ in requests}
+        if paths & broken_paths:
+            raise ValueError("a footer this reader cannot parse")
+        if paths & unreachable_paths:
+            raise ConnectionError("storage unreachable")
+        return describe(requests, properties)
+
+    reader.describe = failing
+    for poll in range(1, 6):
+        commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+        assert is_pending(location, broken.id) == (poll < 3), poll
+        assert is_pending(location, unreachable.id), poll
+    reason = set_aside_reason(location, broken.id) or ""
+    assert "failed 3 polls" in reason and "a footer this reader cannot parse" in reason
+    assert set_aside_reason(location, unreachable.id) is None
+    assert errors(bookkeeper, "rewrite-set-aside") == 1
+    [listed] = dead_letters(config, capsys, "list")["rewrites"]
+    assert listed["name"] == broken.id
+    reader.describe = describe
+    commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+    assert committed_by(bookkeeper, unreachable.id) and not committed_by(bookkeeper, broken.id)
+    assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)

@@ -29,12 +29,13 @@ def test_snapshots_younger_than_an_hour_stay_and_older_ones_go_down_to_the_minim
     table = bookkeeper.catalog.load_table("shop.items")
     assert len(table.snapshots()) == 40  # all younger than an hour, though beyond 20
     first = table.snapshots()[0]
-    bookkeeper.committer.now_ms = lambda: (
+    bookkeeper.committer.commit_path.now_ms = lambda: (
         int(time.time() * 1000) + 3_600_000 - 30_000
     )  # 59.5 minutes on
     commit(41)
     assert len(bookkeeper.catalog.load_table("shop.items").snapshots()) == 41
-    bookkeeper.committer.now_ms = lambda: int(time.time() * 1000) + 2 * 3_600_000  # two hours on
+    # Two hours on.
+    bookkeeper.committer.commit_path.now_ms = lambda: int(time.time() * 1000) + 2 * 3_600_000
     commit(42)
     table = bookkeeper.catalog.load_table("shop.items")
     assert len(table.snapshots()) == 20 and table.snapshot_by_id(first.snapshot_id) is None

@@ -107,9 +107,9 @@ def test_a_starting_bookkeeper_has_its_key_index_ready_before_its_first_cycle(
     transport.publish(writer.batch([(k, None) for k in range(10)]))
     first.run_cycle()  # not saved: the next one catches up from the saved index or rebuilds
     second = Bookkeeper(config)
-    assert second.committer.upserts.index_of("shop.items") is None
+    assert second.committer.key_indexes.index_of("shop.items") is None
     second.warm_key_indexes()
-    index = second.committer.upserts.index_of("shop.items")
+    index = second.committer.key_indexes.index_of("shop.items")
     assert index is not None and index.live_keys == 90
     assert (
         index.snapshot_id == second.catalog.load_table("shop.items").current_snapshot().snapshot_id
@@ -231,7 +231,9 @@ def test_a_deleted_keys_entry_that_is_not_what_a_writer_writes_quarantines_its_m
     cases = misnamed_deleted_keys(data_file, table.location())
     reference = {k: k for k in range(10)}
     expected_reasons = {
-        "a data file of the table": "is a data file of the table",
+        # An earlier batch's data file: outside this moniker's batch folder, so it is condemned
+        # for where it is before its keys are read.
+        "a data file of the table": "outside its moniker's batch folder",
         "a parent folder": "names a parent folder",
         "outside the data folder": "not under the table location's data folder",
         "a wrong size": "size",
@@ -252,6 +254,30 @@ def test_a_deleted_keys_entry_that_is_not_what_a_writer_writes_quarantines_its_m
     bookkeeper.run_cycle()
     assert pyiceberg_rows(bookkeeper) == {**{k: k for k in range(10) if k != 1}, 2: 22}
     assert transport.dead_letter_count() == len(cases)
+
+
+def test_a_deleted_keys_file_of_another_batch_quarantines_its_moniker(tmp_path: Path) -> None:
+    """A moniker's deleted-keys files belong to its own batch (`<location>/data/<writer>/<seq>`):
+    one naming another batch's deleted-keys file, right in size and rows, would delete that
+    batch's keys again (here a key inserted since) and leave with this batch's files. It is a
+    dead letter with the reason, never committed; the writer's next batch commits."""
+    config, transport, writer, bookkeeper = upsert_table_with(tmp_path, 10)
+    deleting = writer.batch([(1, None)])
+    transport.publish(deleting)
+    bookkeeper.run_cycle()
+    transport.publish(writer.batch([(1, 11)]))  # key 1 is back
+    bookkeeper.run_cycle()
+    borrowing = writer.batch([(2, 22)]).model_copy(update={"delete_files": deleting.delete_files})
+    transport.publish(borrowing)
+    [result] = bookkeeper.run_cycle().tables
+    assert not result.committed
+    [(_, reason)] = result.quarantined
+    assert "outside its moniker's batch folder" in reason and f"seq {borrowing.seq}" in reason
+    assert pyiceberg_rows(bookkeeper) == {**{k: k for k in range(10)}, 1: 11}
+    assert transport.dead_letter_count() == 1
+    transport.publish(writer.batch([(3, None)]))
+    bookkeeper.run_cycle()
+    assert pyiceberg_rows(bookkeeper) == {**{k: k for k in range(10) if k != 3}, 1: 11}
 
 
 def test_a_deleted_keys_file_missing_past_the_timeout_quarantines_its_moniker(

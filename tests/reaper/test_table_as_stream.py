@@ -140,13 +140,14 @@ def test_a_streaming_reader_ten_minutes_behind_reads_every_later_row_once(
     assert spark.read.parquet(str(output)).count() == 5
     commits, step_ms = 120, 5000
     for seq in range(2, commits + 2):
-        bookkeeper.committer.now_ms = lambda seq=seq: int(time.time() * 1000) + (seq - 1) * step_ms
+        commit_path = bookkeeper.committer.commit_path
+        commit_path.now_ms = lambda seq=seq: int(time.time() * 1000) + (seq - 1) * step_ms
         transport.publish(make_moniker(config, seq, seq - 1, ((seq - 1) * 5, seq * 5)))
         assert bookkeeper.run_cycle().committed_monikers == 1
     table = open_catalog(config).load_table("shop.items")
     reader_at = table.snapshots()[0]
     assert (
-        bookkeeper.committer.now_ms() - reader_at.timestamp_ms >= 600_000
+        bookkeeper.committer.commit_path.now_ms() - reader_at.timestamp_ms >= 600_000
     )  # the reader's snapshot is ten minutes old
     # Count-only expiry (the newest 20) failed here: "Cannot load current offset at snapshot
     # <id>, the snapshot was expired or removed".

@@ -266,7 +266,7 @@ def test_a_pass_with_no_bookkeeper_running_leaves_its_compaction_for_the_next_st
     table = earlier.catalog.load_table("shop.items")
     files_before = {row["file_path"] for row in current_files(table)}
 
-    with caplog.at_level(logging.INFO, logger="reaper"):
+    with caplog.at_level(logging.INFO, logger="icekeeper.reaper"):
         [table_report] = Reaper(config, spark=spark).run_pass().tables
     assert not table_report.errors, table_report.errors
     assert table_report.compaction_pending.startswith("no bookkeeper is running"), table_report

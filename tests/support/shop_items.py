@@ -8,6 +8,8 @@ produce for a simple table (`id`, `amount`, `_kfk_partition`, `_kfk_offset`), la
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +112,21 @@ def write_file(path: Path, schema: Schema, rows: list[dict]) -> FileEntry:
     )
 
 
+def write_file_at(uri: str, schema: Schema, rows: list[dict]) -> FileEntry:
+    """`write_file` on any store, through the storage door (`s3://...`, `abfss://...`)."""
+    from icekeeper.common.storage import open_filesystem
+
+    scratch = Path(tempfile.mkdtemp()) / "file.parquet"
+    try:
+        entry = write_file(scratch, schema, rows)
+        filesystem, path = open_filesystem(uri)
+        with filesystem.open_output_stream(path) as out:
+            out.write(scratch.read_bytes())
+    finally:
+        shutil.rmtree(scratch.parent, ignore_errors=True)
+    return entry.model_copy(update={"path": uri})
+
+
 def make_moniker(
     config: IcekeeperConfig,
     seq: int,
@@ -136,6 +153,10 @@ def make_moniker(
         if "note" in schema.column_names:
             for row in rows:
                 row["note"] = f"n{row['_kfk_offset']}"
+        if "://" in location and not location.startswith("file:"):
+            uri = f"{location}/data/{writer_id}/{seq:012d}/{uuid.uuid4().hex}.parquet"
+            entries.append(write_file_at(uri, schema, rows))
+            continue
         path = (
             Path(location.removeprefix("file://"))
             / "data"

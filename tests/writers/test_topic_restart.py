@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from icekeeper.bookkeeper.committer import next_committed_offset, overlapping_offsets
+from icekeeper.bookkeeper.exactly_once import next_committed_offset, overlapping_offsets
 from icekeeper.common.committed_state import committed_state
 from icekeeper.common.moniker import Moniker, OffsetRange, moniker_id
 from icekeeper.samples.produce import produce_synthetic

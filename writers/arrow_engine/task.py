@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from icekeeper.common.arrow_parquet import WrittenFile, write_files
 from icekeeper.common.config.model import KafkaSource, MetadataColumns
+from icekeeper.common.storage import StorageSettings, configure_storage, storage_settings
 from icekeeper.writers.arrow_engine.arrow_flatten import (
     VersionPlan,
     VersionRows,
@@ -79,6 +80,9 @@ class TaskPlan:
     record_keys: dict[int, tuple[KeyReader, ...]] = field(default_factory=dict)
     """Version index -> how its deletes without `before` read their record key
     (`arrow_record_keys.py`)."""
+    storage: StorageSettings = field(default_factory=storage_settings)
+    """The driver's storage door settings: an executor's Python worker configures its own with
+    them before it writes (it never loaded the config)."""
 
 
 @dataclass
@@ -115,6 +119,7 @@ class TaskFacts:
 def run_task(plan: TaskPlan, task: TaskRange | TaskGroup) -> TaskFacts:
     """The task's body (see the module docstring); a group's ranges are read one after the
     other and written together."""
+    configure_storage(plan.storage)
     group = task if isinstance(task, TaskGroup) else TaskGroup(task.index, (task,))
     facts = TaskFacts()
     pieces: dict[str, list[_Piece]] = {t.identifier: [] for t in plan.tables}

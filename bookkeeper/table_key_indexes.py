@@ -1,10 +1,12 @@
-"""Upsert tables in the bookkeeper: per cycle, the position deletes that keep one live row per key.
+"""The upsert tables' key indexes: per commit, the position deletes that keep one live row per key.
 
-For each cycle the committer hands over the monikers it is about to commit, in commit order. This
-module reads the key columns of their new data files and deleted-keys files (only those columns),
-asks the table's key index which rows those keys replace, writes the position deletes, and, once
-the commit is durable, records the keys' new rows in the index. A conflict or a crash before the
-commit leaves the index as it was: it is changed only by `committed`.
+For each commit the moniker append and Event Grid producers (through `row_delta.py`) hand over
+the monikers or files they are about to commit, in commit order, and a rewrite its new files
+(`rewrites.py`). This module reads the key columns of their new data files and deleted-keys
+files (only those columns), asks the table's key index which rows those keys replace, writes
+the position deletes, and, once the commit is durable, records the keys' new rows in the index.
+A conflict or a crash before the commit leaves the index as it was: it is changed only by
+`committed`.
 
 The index follows the table, not the other way round: before planning, it is caught up with every
 snapshot committed since the one it reflects (the reaper's rewrites, another bookkeeper's commits
@@ -77,7 +79,7 @@ def file_ref(data: DataFile) -> DataFileRef:
     return DataFileRef(data.file_path, data.spec_id, tuple(data.partition))
 
 
-class UpsertKeeper:
+class TableKeyIndexes:
     """The key indexes of the upsert tables one bookkeeper commits to."""
 
     def __init__(self, workers: int, save_interval_s: float) -> None:

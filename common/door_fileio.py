@@ -1,0 +1,56 @@
+"""pyiceberg's FileIO through the storage door, so pyiceberg reads and writes the tables' files
+(metadata, manifests, data and delete files) at the same URIs, with the same stores, as every
+other icekeeper file.
+
+pyiceberg's own PyArrowFileIO cannot open the one Azure URI form icekeeper uses,
+`abfss://<container>@<account>.dfs.core.windows.net/<path>`: it gives pyarrow `container@host` as
+the container name (HTTP 400), and its other IO (adlfs) is another package with other URIs. This
+FileIO keeps pyarrow's file handling and only asks the door (`common/storage.py`) which filesystem
+and path a location is. `open_catalog` sets it as `py-io-impl` when a table lives on Azure and the
+config names no FileIO of its own.
+"""
+
+from __future__ import annotations
+
+from pyiceberg.io import InputFile, OutputFile
+from pyiceberg.io.pyarrow import ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
+from pyiceberg.typedef import EMPTY_DICT, Properties
+
+from icekeeper.common.storage import (
+    StorageSettings,
+    configure_storage,
+    open_filesystem,
+    storage_settings,
+)
+
+BUFFER_SIZE = "buffer-size"
+
+
+class DoorFileIO(PyArrowFileIO):
+    """PyArrowFileIO whose locations are opened by the storage door."""
+
+    def __init__(self, properties: Properties = EMPTY_DICT) -> None:
+        super().__init__(properties)
+        if not storage_settings().properties:
+            # A process that did not open the catalog itself (an unpickled FileIO).
+            configure_storage(StorageSettings.from_properties(dict(properties)))
+
+    def _file(self, location: str) -> PyArrowFile:
+        filesystem, path = open_filesystem(location)
+        return PyArrowFile(
+            fs=filesystem,
+            location=location,
+            path=path,
+            buffer_size=int(self.properties.get(BUFFER_SIZE, ONE_MEGABYTE)),
+        )
+
+    def new_input(self, location: str) -> PyArrowFile:
+        return self._file(location)
+
+    def new_output(self, location: str) -> PyArrowFile:
+        return self._file(location)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        uri = location.location if isinstance(location, (InputFile, OutputFile)) else location
+        filesystem, path = open_filesystem(uri)
+        filesystem.delete_file(path)
