@@ -34,6 +34,7 @@ from icekeeper.common.config.required import require_tables
 from icekeeper.common.fencing import Fenced, Lease, LeaseRecord
 from icekeeper.common.file_events import location_key
 from icekeeper.common.transports import Delivery, open_transport
+from icekeeper.status_page import StatusPage
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class Bookkeeper:
             liveness=self.liveness,
             readiness=self.readiness,
             host=self.config.bookkeeper.http_host,
+            pages=StatusPage(self.config, self.metrics, self.status).pages(),
         ).start()
         return self.http.port
 
