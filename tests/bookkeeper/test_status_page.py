@@ -22,9 +22,9 @@ from icekeeper.reaper.service import Reaper
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from icekeeper.writers.job import WriterJob
-from tests.bookkeeper.test_health_and_stop import free_port, get
 from tests.support.browser import chromium as run_chromium
 from tests.support.browser import find_chromium, screenshot
+from tests.support.http_get import free_port, get
 from tests.support.pipeline import register_catalog
 from tests.support.seed_config import SEED_ENVIRON, seed_config
 from tests.support.stack import TEST_STACK_PORTS, stack_environ

@@ -5,39 +5,21 @@ answer while it runs and stop answering once it stops."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from icekeeper.bench.reaper import age_files
 from icekeeper.reaper.service import Reaper
-from tests.reaper.test_reaper import small_file_table
+from tests.support.http_get import free_port, get
 from tests.support.shop_items import SCHEMA, reaper_config, write_file
+from tests.support.small_files import small_file_table
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 TABLE = "shop.items"
-
-
-def free_port() -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        return probe_socket.getsockname()[1]
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except OSError:  # not listening
-        return 0, ""
 
 
 def scrape(port: int) -> dict[str, float]:
