@@ -631,7 +631,8 @@ class BookkeeperConfig(_Model):
         9464,
         ge=0,
         le=65535,
-        description="Port of `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); 0: off.",
+        description="Port of `/metrics`, `/healthz` (liveness), `/readyz` (readiness) and the "
+        "group's status page (`/`); 0: off.",
     )
     http_host: str = Field(
         "127.0.0.1",
@@ -797,6 +798,19 @@ class ReaperConfig(_Model):
         "{state_dir}/reports/reaper.jsonl",
         description="File that receives one JSON line per pass (on `s3://` or `abfss://`, a "
         "folder of one-line objects, as `bookkeeper.commit_report_path`).",
+    )
+    http_port: int = Field(
+        9465,
+        ge=0,
+        le=65535,
+        description="Port of the reaper's `/metrics`, `/healthz` (liveness) and `/readyz` "
+        "(readiness) while it runs on a schedule (`--every`, `execute_interval`; a one-off pass "
+        "reports to `report_path` only); 0: off.",
+    )
+    http_host: str = Field(
+        "127.0.0.1",
+        description="Address the reaper's metrics and health endpoints bind to; `0.0.0.0` for "
+        "every interface (a Prometheus scraping from another host).",
     )
     lease_ttl: Duration = Field(
         600.0,
