@@ -490,11 +490,21 @@ def _version() -> str:
     return f"icekeeper {own} (Python {sys.version.split()[0]}, {spark})"
 
 
+class _PrintVersion(argparse.Action):
+    """`--version` on one line as written (argparse's own action rewraps it to the terminal)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:  # noqa: ANN001
+        print(_version())
+        parser.exit(exit_codes.OK)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="icekeeper", description="Stream change data from Kafka into Apache Iceberg tables."
     )
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument(
+        "--version", action=_PrintVersion, nargs=0, help="show the version and exit"
+    )
     _add_logging_options(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
 

@@ -73,8 +73,9 @@ def unreachable_kafka_config(folder: Path) -> Path:
 
 
 def test_version_names_icekeeper_and_its_spark() -> None:
-    shown = icekeeper("--version")
+    shown = icekeeper("--version", env={"COLUMNS": "40"})  # a narrow terminal: still one line
     assert shown.returncode == 0, shown.stderr
+    assert len(shown.stdout.splitlines()) == 1, shown.stdout
     assert re.match(r"icekeeper \d+\.\d+", shown.stdout), shown.stdout
     assert "pyspark 4.1" in shown.stdout
 
