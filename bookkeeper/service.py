@@ -114,9 +114,16 @@ class Bookkeeper:
         return self.http.port
 
     def _stale_after_s(self) -> float:
-        """How long the loop may show no life (liveness) or finish no cycle (readiness): 10 commit
-        intervals + 30 s, which covers the longest wait between cycles (30 s after failures)."""
+        """How long the loop may finish no cycle and stay ready (readiness): 10 commit intervals +
+        30 s, which covers the longest wait between cycles (30 s after failures)."""
         return 10 * self.config.bookkeeper.commit_interval + 30
+
+    def _stuck_after_s(self) -> float:
+        """How long the loop may show no life before it counts as stuck (liveness): at least
+        `LIVENESS_GRACE_S`. A cycle shows life at each table's step, but one step can be long (a
+        key index rebuilt, a backlog's footers read): a liveness probe that restarts a bookkeeper
+        in the middle of such a step makes its successor start the same step over, for ever."""
+        return max(LIVENESS_GRACE_S, self._stale_after_s())
 
     def status(self) -> dict:
         """What `/healthz` and `/readyz` both say: the loop's state and the lease as they are."""
@@ -138,12 +145,12 @@ class Bookkeeper:
         """Alive while the service loop runs and shows life: a standby polling for the lease is
         alive, and so is an active bookkeeper whose cycles fail (a catalog outage: a restart would
         not help). Not alive once the loop stopped, or when it showed no life for
-        `_stale_after_s` (stuck)."""
+        `_stuck_after_s`."""
         details = self.status()
         if self.state == "stopped":
             return False, {**details, "reason": "the service loop stopped"}
         silent_s = time.monotonic() - self._alive_at
-        if silent_s > self._stale_after_s():
+        if silent_s > self._stuck_after_s():
             reason = f"the service loop showed no life for {silent_s:.0f}s"
             return False, {**details, "reason": reason}
         return True, details
@@ -332,6 +339,7 @@ class Bookkeeper:
                 continue
             readable.setdefault(delivery.moniker.table, []).append(delivery)
         for table, group in sorted(readable.items()):
+            self._alive()
             if self.lease is not None:
                 self.lease.check()
             try:
@@ -347,6 +355,7 @@ class Bookkeeper:
                 continue
             self._settle(report, table, result)
         for table, group in sorted(file_events.items()):
+            self._alive()
             try:
                 result = self.committer.commit_files(table, group)
             except StaleEpoch:
@@ -437,7 +446,15 @@ class Bookkeeper:
                 "moniker left pending: storage cannot serve a file now; retried next cycle",
                 extra={"table": table, "source": delivery.source, "reason": reason},
             )
-        self.transport.release(self._next_in_line(result))
+        try:
+            self.transport.release(self._next_in_line(result))
+        except Exception as error:  # noqa: BLE001 - releasing only hurries them: they come back with the visibility timeout
+            self.metrics.errors.labels("release-failed").inc()
+            log.warning(
+                "waiting monikers not made visible again; they come back with the queue's "
+                "visibility timeout",
+                extra={"table": table, "error": repr(error)},
+            )
         report.pending += len(result.waiting)
         report.tables.append(result)
         self.metrics.pending_monikers.labels(table).set(len(result.waiting))
@@ -452,11 +469,21 @@ class Bookkeeper:
         over the commit budget committed one budget per timeout and fell behind for good. Writers
         held by a file storage could not serve are left out (the timeout is their backoff)."""
         held = {d.moniker.writer_id for d, _ in result.unavailable if d.moniker is not None}
-        waiting = sorted(
-            (d for d in result.waiting if d.moniker and d.moniker.writer_id not in held),
-            key=lambda d: (d.moniker.writer_id, d.moniker.seq),
-        )
-        return waiting[:RELEASED_PER_CYCLE]
+        chains: dict[str, list[Delivery]] = {}
+        for delivery in result.waiting:
+            if delivery.moniker and delivery.moniker.writer_id not in held:
+                chains.setdefault(delivery.moniker.writer_id, []).append(delivery)
+        for chain in chains.values():
+            chain.sort(key=lambda d: d.moniker.seq)
+        # Each writer's next moniker first, then each one's second, ...: no writer's backlog takes
+        # every release of a cycle.
+        in_turn = [
+            chain[position]
+            for position in range(max(map(len, chains.values()), default=0))
+            for _, chain in sorted(chains.items())
+            if position < len(chain)
+        ]
+        return in_turn[:RELEASED_PER_CYCLE]
 
     def _table_of_file(self, file_key: str) -> str | None:
         """The configured (existing) table whose location holds the file. Locations are loaded
@@ -485,6 +512,7 @@ class Bookkeeper:
         for spec in self.config.tables:
             if not spec.upsert:
                 continue
+            self._alive()
             try:
                 polled = self.rewrites.commit_pending(spec.identifier)
             except StaleEpoch:
@@ -515,6 +543,7 @@ class Bookkeeper:
             if result.snapshot_id is not None and self.config.table(result.table).upsert
         }
         for identifier in sorted(committed | self._purges_due):
+            self._alive()
             if self.lease is not None:
                 self.lease.check()
             self._purges_due.discard(identifier)
@@ -648,6 +677,9 @@ class Bookkeeper:
 RELEASED_PER_CYCLE = 500
 """Waiting monikers a cycle makes visible again at most (one call each on a queue); the rest come
 back with the transport's visibility timeout."""
+
+LIVENESS_GRACE_S = 600.0
+"""The shortest time a bookkeeper may show no life before `/healthz` calls it stuck."""
 
 UNWRITTEN_REPORTS_KEPT = 100_000
 """Commit report lines kept while they cannot be written

@@ -335,11 +335,20 @@ def run_chaos(
             "seed": seed,
             "seconds": round(time.monotonic() - started, 1),
             "logs": str(logs),
+            "refusals_logged": _lines_saying(logs, "moniker refused"),
         }
     )
     result.update(reaper_files_compacted=_files_compacted(Path(config.reaper.report_path)))
     result["failures"] = failures(result)
     return result
+
+
+def _lines_saying(logs: Path, words: str) -> int:
+    """How many lines of the components' logs contain `words` (the bookkeepers' refusals: a
+    reassignment that never made one did not test what it is for)."""
+    return sum(
+        line.count(words.encode()) for path in logs.glob("*.log") for line in path.open("rb")
+    )
 
 
 def committed_seqs(config: IcekeeperConfig, tables: dict[str, bool]) -> dict[str, dict[str, int]]:

@@ -568,6 +568,24 @@ def changelog_report(
 def failures(result: dict[str, Any]) -> list[str]:
     """What a user would call a failed run, in words; empty when every check of the run holds."""
     found = []
+    for number, event in enumerate(result.get("reassignments") or [], 1):
+        # A reassignment whose steps did not all happen did not test what it is for: the run
+        # could pass without a partition ever changing writer over pending monikers.
+        missed = [
+            step
+            for step in ("backlog_reached", "new_writers_published", "reaching_past")
+            if not event.get(step)
+        ]
+        if missed:
+            found.append(f"reassignment {number} did not happen as planned: {', '.join(missed)}")
+    if (
+        any(event.get("reaching_past") for event in result.get("reassignments") or [])
+        and result.get("refusals_logged", 1) == 0
+    ):
+        found.append(
+            "a new writer's moniker reached past a pending one on a moved partition, yet no "
+            "bookkeeper refused a moniker: the overlap was never checked"
+        )
     for chain in result.get("chains_waiting_for_gone") or []:
         found.append(f"a moniker is gone: {chain}")
     if not result.get("settled", True):

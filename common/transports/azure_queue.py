@@ -156,7 +156,12 @@ class AzureQueueMonikerTransport(MonikerTransport):
         otherwise commit one budget per `visibility_timeout`, and fall behind for good."""
         for delivery in deliveries:
             try:
-                self.queue.update_message(delivery.handle, visibility_timeout=0)
+                # By id and receipt, not the message object: the SDK would upload its content again.
+                self.queue.update_message(
+                    delivery.handle.id,
+                    pop_receipt=delivery.handle.pop_receipt,
+                    visibility_timeout=0,
+                )
             except ResourceNotFoundError:
                 pass  # acknowledged by another receive meanwhile
             except HttpResponseError as error:

@@ -149,3 +149,63 @@ def test_empty_cycles_make_no_snapshot_unless_heartbeats_are_asked_for(tmp_path:
     summaries = [s.summary.additional_properties for s in table.snapshots()]
     assert len({s["icekeeper.commit-id"] for s in summaries}) == 3
     assert {s["icekeeper.offsets"] for s in summaries} == {'{"items": {"0": 10}}'}
+
+
+def test_a_release_that_fails_does_not_stop_the_cycle(tmp_path: Path) -> None:
+    """Releasing waiting monikers only hurries them (a queue's visibility timeout brings them
+    back): a release the transport refuses (throttling, a SAS without the update permission) is
+    counted, and the cycle goes on with its other work."""
+    config = bookkeeper_config(tmp_path, bookkeeper__max_files_per_commit="1")
+    transport = open_transport(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    transport.publish(make_moniker(config, 2, 1, (10, 20)))
+    bookkeeper = Bookkeeper(config)
+
+    def refuse(deliveries):
+        raise PermissionError("this SAS cannot update messages")
+
+    bookkeeper.transport.release = refuse
+    report = bookkeeper.run_cycle()
+    assert report.committed_monikers == 1 and report.pending == 1
+    assert (
+        bookkeeper.metrics.registry.get_sample_value(
+            "icekeeper_errors_total", {"kind": "release-failed"}
+        )
+        == 1
+    )
+    assert bookkeeper.run_cycle().committed_monikers == 1
+
+
+def test_a_long_step_is_not_a_stuck_loop(tmp_path: Path) -> None:
+    """`/healthz` must not call a bookkeeper stuck in the middle of one long step (a key index
+    rebuilt): the probe's restart would make its successor start the step over, for ever."""
+    import time
+
+    from icekeeper.bookkeeper.service import LIVENESS_GRACE_S
+
+    bookkeeper = Bookkeeper(bookkeeper_config(tmp_path))
+    bookkeeper.state = "active"
+    bookkeeper._alive_at = time.monotonic() - 120  # a 2-minute step, 10 x 0.2 s + 30 s allowed
+    assert bookkeeper.liveness()[0]
+    bookkeeper._alive_at = time.monotonic() - LIVENESS_GRACE_S - 1
+    assert not bookkeeper.liveness()[0]
+
+
+def test_waiting_monikers_are_released_a_writer_at_a_time(tmp_path: Path) -> None:
+    from icekeeper.bookkeeper.committer import TableCommit
+    from icekeeper.bookkeeper.service import RELEASED_PER_CYCLE
+    from icekeeper.common.transports.base import Delivery
+
+    config = bookkeeper_config(tmp_path)
+    monikers = [make_moniker(config, seq, seq - 1 or None, (seq, seq + 1)) for seq in range(1, 4)]
+    waiting = [
+        Delivery(m.model_copy(update={"writer_id": writer}), f"{writer}{m.seq}")
+        for writer in ("a", "b")
+        for m in monikers
+    ] + [
+        Delivery(m.model_copy(update={"writer_id": "c", "seq": 10 + i}), f"c{i}")
+        for i, m in enumerate(monikers * 200)
+    ]
+    released = Bookkeeper(config)._next_in_line(TableCommit("shop.items", waiting=waiting))
+    assert [d.source for d in released[:6]] == ["a1", "b1", "c0", "a2", "b2", "c1"]
+    assert len(released) == RELEASED_PER_CYCLE

@@ -276,3 +276,17 @@ def test_engines_that_read_different_rows_are_reported_even_with_equal_counts() 
         )
         == 0
     )
+
+
+def test_a_reassignment_that_did_not_happen_or_refused_nothing_fails_the_run() -> None:
+    """The reassignment event is what makes a run check items 1 and 2 of issue 26: a run whose
+    event timed out at a step, or never led to a refusal, must not pass as if it had."""
+    happened = {"backlog_reached": True, "new_writers_published": True, "reaching_past": True}
+    report = run_report(CLEAN_TABLE, CLEAN_DEAD_LETTERS)
+    assert failures({**report, "reassignments": [happened], "refusals_logged": 2}) == []
+    skipped = {**happened, "reaching_past": False}
+    assert failures({**report, "reassignments": [happened, skipped], "refusals_logged": 1}) == [
+        "reassignment 2 did not happen as planned: reaching_past"
+    ]
+    [unchecked] = failures({**report, "reassignments": [happened], "refusals_logged": 0})
+    assert "no bookkeeper refused a moniker" in unchecked
