@@ -8,7 +8,9 @@ the first, so one run shows every line to fix; a misspelt key names the key mean
 
 `--connect` then opens, read-only, what the roles will open: the catalog (and each listed
 table), the storage of the warehouse and of the monikers, each source's Kafka cluster and schema
-registry. Nothing is created or changed (a table not created yet is reported, not created).
+registry. No table, topic or message is created or changed (a table not created yet is
+reported, not created); a local SQLite catalog and its warehouse folder are made empty, as the
+roles' first start would make them.
 """
 
 from __future__ import annotations
