@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,20 @@ from tests.support.stack import REPO_ROOT
 
 CLOSED_PORT = "127.0.0.1:9"
 """The discard port: nothing listens there, so a client is refused at once."""
+
+
+@pytest.fixture(autouse=True)
+def logging_restored() -> Iterator[None]:
+    """`main` and `configure_logging` set the root logger's level and handler, and the library
+    loggers' levels: put them back, so that the tests after these see logging as they expect."""
+    names = ["", PROGRESS_LOGGER, "librdkafka", "py4j", "azure", "urllib3", "pyiceberg", "botocore"]
+    names += ["s3fs", "fsspec"]
+    levels = {name: logging.getLogger(name).level for name in names}
+    handlers = list(logging.getLogger().handlers)
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    logging.getLogger().handlers[:] = handlers
 
 
 @pytest.fixture
@@ -228,6 +243,14 @@ def test_an_unknown_dead_letter_name_is_one_line_and_exit_2(clean_environ: Path)
     assert replay.returncode == exit_codes.USAGE
     [line] = replay.stderr.strip().splitlines()
     assert "named m-nope: nothing replayed" in line
+
+
+def test_an_unknown_stack_service_is_one_line_and_exit_2(clean_environ: Path) -> None:
+    """Fails without the fix: exit 1, the code of a failure, for a typo that changed nothing."""
+    unknown = icekeeper("stack", "status", "--only", "kafak")
+    assert unknown.returncode == exit_codes.USAGE
+    [line] = unknown.stderr.strip().splitlines()
+    assert line.startswith("icekeeper stack: no such service(s) ['kafak']")
 
 
 def test_status_with_kafka_down_says_so_in_one_line_and_exits_4(clean_environ: Path) -> None:
