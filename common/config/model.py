@@ -70,6 +70,16 @@ Duration = Annotated[float, BeforeValidator(parse_duration_s)]
 SourceFormat = Literal["avro-confluent", "debezium-json", "json"]
 
 
+def _lower_case(value: object) -> object:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+LogLevel = Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower_case)]
+"""icekeeper's log levels (common/logs.py `LOG_LEVELS`), in any case."""
+SparkLogLevel = Annotated[Literal["debug", "info", "warn", "error"], BeforeValidator(_lower_case)]
+"""log4j's level names for Spark's own logs, in any case."""
+
+
 class KafkaSecurity(_Model):
     """How every Kafka client of a source authenticates and checks the brokers it talks to.
 
@@ -843,6 +853,12 @@ class SparkConfig(_Model):
         "000: any other `spark.*` key), for the writer's and the reaper's sessions (was "
         "`writer.spark_conf`).",
     )
+    log_level: SparkLogLevel = Field(
+        "error",
+        description="Level of Spark's own (log4j) logs in the writer's and the reaper's driver, "
+        "from its start: error hides Spark's routine warnings (a loopback hostname, no "
+        "native-hadoop library, plans truncated for display); warn or info shows them.",
+    )
 
 
 class GroupConfig(_Model):
@@ -901,6 +917,13 @@ class IcekeeperConfig(_Model):
     cache_dir: str = Field(
         ".cache",
         description="Folder that caches downloads (jars, registry, Azurite); safe to delete.",
+    )
+    log_level: LogLevel = Field(
+        "warning",
+        description="icekeeper's own log level (JSON lines on stderr): debug, info, warning or "
+        "error. The command line wins (`-v` info, `-vv` debug, `--log-level`); "
+        "`ICEKEEPER__LOG_LEVEL` overrides the file, like any key. Progress of long first-run "
+        "work (fetching jars) shows at warning too.",
     )
     sources: list[KafkaSource] = Field(
         default_factory=list,
