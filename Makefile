@@ -54,7 +54,7 @@ prerequisites:
 $(INSTALLED): pyproject.toml | prerequisites
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 clean:

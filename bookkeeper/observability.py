@@ -1,23 +1,36 @@
 """Prometheus metrics and health endpoints for the bookkeeper.
 
-`prometheus_client` provides the metric types and the text exposition format; a small
-`ThreadingHTTPServer` serves `/metrics`, `/healthz` and `/readyz` (the library's own server has no
-health route). Liveness and readiness are apart, as Kubernetes probes them: `/healthz` answers 200
-while the service loop runs, a standby waiting for the lease included (a liveness probe restarts
-what fails it, which helps a stuck loop and nothing else); `/readyz` answers 200 only while the
-bookkeeper holds its group's lease and finished a cycle recently.
+The server is the one every role uses (`common/http_endpoints.py`). `/healthz` answers 200 while
+the service loop runs, a standby waiting for the lease included; `/readyz` answers 200 only while
+the bookkeeper holds its group's lease and finished a cycle recently. The metrics also keep the
+last hour of commits per table, which the status page draws.
 """
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import deque
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from icekeeper.common.http_endpoints import HttpEndpoints, Page, Probe
+
+HISTORY_S = 3600.0
+"""How far back the status page's charts go: the commits of the last hour are kept."""
+HISTORY_MAX_POINTS = 4000
+"""At most this many commits kept per table (an hour at a commit a second, and some)."""
+
+
+@dataclass(frozen=True)
+class CommitPoint:
+    """One committed snapshot, as the status page charts it."""
+
+    at: float
+    """Wall-clock time of the commit (seconds)."""
+    latency_s: float
+    freshness_s: float | None
+    """The commit's time minus the table's watermark (None: the table has no watermark yet)."""
 
 
 class BookkeeperMetrics:
@@ -101,6 +114,9 @@ class BookkeeperMetrics:
         )
         self._watermarks: dict[str, float] = {}
         self._committed_at: dict[str, float] = {}
+        self.history: dict[str, deque[CommitPoint]] = {}
+        """The last hour of commits per table (in memory only: a restarted bookkeeper starts an
+        empty chart)."""
 
     def observe_commit(
         self, table: str, seconds: float, records: int, watermark_ms: int | None
@@ -113,6 +129,17 @@ class BookkeeperMetrics:
         self._committed_at[table] = now
         if watermark_ms is not None:
             self._watermarks[table] = watermark_ms / 1000
+        watermark = self._watermarks.get(table)
+        points = self.history.setdefault(table, deque(maxlen=HISTORY_MAX_POINTS))
+        points.append(CommitPoint(now, seconds, None if watermark is None else now - watermark))
+        while points and points[0].at < now - HISTORY_S:
+            points.popleft()
+
+    def recent_commits(self, table: str, now: float | None = None) -> list[CommitPoint]:
+        """The table's commits of the last hour, oldest first."""
+        since = (time.time() if now is None else now) - HISTORY_S
+        points = list(self.history.get(table, ()))  # one step under the GIL: the loop appends
+        return [point for point in points if point.at >= since]
 
     def refresh_ages(self) -> None:
         now = time.time()
@@ -122,13 +149,8 @@ class BookkeeperMetrics:
             self.freshness_lag.labels(table).set(max(0.0, now - watermark))
 
 
-Probe = Callable[[], tuple[bool, dict]]
-"""A health check: whether it passes, and the details to show (JSON)."""
-
-
-class HealthServer:
-    """`/metrics` (Prometheus text), `/healthz` (liveness) and `/readyz` (readiness), both JSON
-    answered 200 or 503, on one port."""
+class HealthServer(HttpEndpoints):
+    """The bookkeeper's `/metrics`, `/healthz`, `/readyz` and its status page (`/`, `/status`)."""
 
     def __init__(
         self,
@@ -137,57 +159,15 @@ class HealthServer:
         liveness: Probe,
         readiness: Probe,
         host: str = "127.0.0.1",
+        pages: dict[str, Page] | None = None,
     ) -> None:
-        # Loopback unless asked (`bookkeeper.http_host`): metrics name tables and topics, and
-        # nothing authenticates a scraper.
         self.metrics = metrics
-        self.probes = {"/healthz": liveness, "/readyz": readiness}
-        handler = self._handler()
-        self.server = ThreadingHTTPServer((host, port), handler)
-        self.port = self.server.server_address[1]
-        # A short poll: `stop` waits for it, and a bookkeeper stops within a second of SIGTERM.
-        self.thread = threading.Thread(
-            target=lambda: self.server.serve_forever(poll_interval=0.1),
-            name="icekeeper-http",
-            daemon=True,
+        super().__init__(
+            metrics.registry,
+            port,
+            liveness,
+            readiness,
+            host=host,
+            before_scrape=metrics.refresh_ages,
+            pages=pages,
         )
-
-    def start(self) -> HealthServer:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.startswith("/metrics"):
-                    outer.metrics.refresh_ages()
-                    body, status, content_type = (
-                        generate_latest(outer.metrics.registry),
-                        200,
-                        CONTENT_TYPE_LATEST,
-                    )
-                elif (probe := outer.probes.get(self.path.split("?", 1)[0])) is not None:
-                    ok, details = probe()
-                    body, status, content_type = (
-                        json.dumps({"ok": ok, **details}).encode(),
-                        200 if ok else 503,
-                        "application/json",
-                    )
-                else:
-                    body, status, content_type = b"not found\n", 404, "text/plain"
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:  # quiet: no access log on stderr
-                return
-
-        return Handler

@@ -35,6 +35,7 @@ from icekeeper.common.fencing import Fenced, Lease, LeaseRecord
 from icekeeper.common.file_events import location_key
 from icekeeper.common.storage import append_lines
 from icekeeper.common.transports import Delivery, open_transport
+from icekeeper.status_page import StatusPage
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Bookkeeper:
             liveness=self.liveness,
             readiness=self.readiness,
             host=self.config.bookkeeper.http_host,
+            pages=StatusPage(self.config, self.metrics, self.status).pages(),
         ).start()
         return self.http.port
 

@@ -13,15 +13,20 @@ import re
 import shutil
 import subprocess
 import tarfile
+import time
 import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from icekeeper.common.logs import PROGRESS_LOGGER
 from icekeeper.common.retries import retry
 
 log = logging.getLogger(__name__)
+announce = logging.getLogger(PROGRESS_LOGGER).info
+"""Where fetches report by default: shown at the default log level, since a first run's jars
+take minutes (a caller with a screen of its own, `icekeeper stack up`, passes its printer)."""
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 _COMPLETE = ".complete"
@@ -51,7 +56,7 @@ class MavenBundle:
     exclusions: tuple[str, ...] = field(default_factory=tuple)
 
 
-def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.info) -> list[Path]:
+def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = announce) -> list[Path]:
     """Jars of `bundle`, fetched with `mvn dependency:copy-dependencies` on first use."""
     home = cache_dir / bundle.name
     lib = home / "lib"
@@ -61,7 +66,11 @@ def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.
                 "Maven (`mvn`) is needed once to fetch jars from Maven Central; install it "
                 "(Debian: apt-get install maven)"
             )
-        progress(f"fetching {bundle.name} from Maven Central (once; cached in {home})")
+        progress(
+            f"fetching {bundle.name} from Maven Central with Maven (once, may take minutes; "
+            f"cached in {home})"
+        )
+        started = time.monotonic()
         if lib.exists():
             shutil.rmtree(lib)
         home.mkdir(parents=True, exist_ok=True)
@@ -81,6 +90,12 @@ def maven_bundle(cache_dir: Path, bundle: MavenBundle, progress: Progress = log.
         if returncode != 0:
             raise ArtifactError(f"mvn could not fetch {bundle.name}:\n{output_tail[-3000:]}")
         (home / _COMPLETE).touch()
+        jars = list(lib.glob("*.jar"))
+        progress(
+            f"fetched {bundle.name}: {len(jars)} jars, "
+            f"{sum(jar.stat().st_size for jar in jars) / 1e6:.0f} MB in "
+            f"{time.monotonic() - started:.0f} s"
+        )
     return sorted(lib.glob("*.jar"))
 
 
@@ -132,7 +147,7 @@ def _dependency(coordinate: str, exclusions: str) -> str:
     )
 
 
-def download(url: str, destination: Path, progress: Progress = log.info) -> Path:
+def download(url: str, destination: Path, progress: Progress = announce) -> Path:
     """Download `url` to `destination` (via a temporary name), reporting every ~10%."""
     if destination.exists():
         return destination
@@ -169,7 +184,7 @@ def maven_file(
     coordinate: str,
     classifier: str | None = None,
     extension: str = "jar",
-    progress: Progress = log.info,
+    progress: Progress = announce,
 ) -> Path:
     """One file from Maven Central (a self-contained jar, an archive), downloaded once into
     `<cache_dir>/downloads`."""
@@ -177,7 +192,7 @@ def maven_file(
     return download(url, cache_dir / "downloads" / url.rsplit("/", 1)[-1], progress)
 
 
-def unpacked_archive(cache_dir: Path, name: str, url: str, progress: Progress = log.info) -> Path:
+def unpacked_archive(cache_dir: Path, name: str, url: str, progress: Progress = announce) -> Path:
     """Folder holding the unpacked tar.gz at `url`, fetched and unpacked once."""
     home = cache_dir / name
     if (home / _COMPLETE).exists():
@@ -194,7 +209,7 @@ def unpacked_archive(cache_dir: Path, name: str, url: str, progress: Progress = 
     return target
 
 
-def npm_package(cache_dir: Path, package: str, version: str, progress: Progress = log.info) -> Path:
+def npm_package(cache_dir: Path, package: str, version: str, progress: Progress = announce) -> Path:
     """`node_modules/.bin` of `package@version` installed into the cache (pinned, once)."""
     home = cache_dir / f"npm-{package}-{version}"
     bin_dir = home / "node_modules" / ".bin"

@@ -6,10 +6,13 @@ Each shortcut here saves time the module using it measured (the reasons are in
 `common/spark.py`). No other module names a private attribute of these libraries; each function
 here is checked against the public behaviour it shortcuts in tests/common/test_internals.py.
 
-A library upgrade breaks here, at import, naming this module: the versions below are the ones the
-shortcuts were verified with. pyiceberg's and pyspark's shortcuts have no public fallback, so
-another version is an `ImportError`; pyarrow's footer parser has one (`pq.read_metadata`, about
-twice as slow), so another pyarrow only warns and switches the parser off.
+A library upgrade breaks here, naming this module: the versions below are the ones the shortcuts
+were verified with. pyiceberg's shortcuts have no public fallback, so another pyiceberg is an
+`ImportError` at import (every role uses them); pyarrow's footer parser has one
+(`pq.read_metadata`, about twice as slow), so another pyarrow only warns and switches the parser
+off. pyspark is checked where its shortcuts are used, at their first call, not at import: the
+bookkeeper's install has no pyspark at all (`pip install icekeeper` without the `spark` extra) and
+uses none of them.
 
 Subclasses of pyiceberg's classes (`UncopiedTransaction` here; the snapshot producer and manifest
 writers of `bookkeeper/manifests.py`, whose bytes tests/bookkeeper/test_manifests.py compares with
@@ -19,6 +22,7 @@ here, so the same check covers them.
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 from collections.abc import Callable
@@ -59,12 +63,30 @@ if not pyiceberg.__version__.startswith(VERIFIED_PYICEBERG):
         f"icekeeper relies on private APIs of pyiceberg {VERIFIED_PYICEBERG}x, found "
         f"{pyiceberg.__version__}: {_UPDATE_HINT}"
     )
-_pyspark_version = package_metadata.version("pyspark")  # without importing pyspark (~1 s)
-if not _pyspark_version.startswith(VERIFIED_PYSPARK):
-    raise ImportError(
-        f"icekeeper relies on private APIs of pyspark {VERIFIED_PYSPARK}x, found "
-        f"{_pyspark_version}: {_UPDATE_HINT}"
-    )
+
+
+@functools.cache
+def require_verified_pyspark() -> None:
+    """Stop unless the installed pyspark is the one the shortcuts below were verified with; called
+    by each of them (once a process), so that modules importing this one load without pyspark.
+
+    Raises:
+        ImportError: another pyspark, naming this module (`ModuleNotFoundError` for none, naming
+            the extra to install).
+    """
+    try:
+        found = package_metadata.version("pyspark")  # without importing pyspark (~1 s)
+    except package_metadata.PackageNotFoundError:
+        raise ModuleNotFoundError(
+            "pyspark is not installed: the writer and the reaper need the spark extra "
+            "(pip install 'icekeeper[spark]')",
+            name="pyspark",
+        ) from None
+    if not found.startswith(VERIFIED_PYSPARK):
+        raise ImportError(
+            f"icekeeper relies on private APIs of pyspark {VERIFIED_PYSPARK}x, found "
+            f"{found}: {_UPDATE_HINT}"
+        )
 
 
 # -- pyiceberg: table metadata ---------------------------------------------------------------------
@@ -282,20 +304,24 @@ def parse_footer_bytes(footer: pa.Buffer) -> pq.FileMetaData:
 
 def spark_jvm(session: SparkSession) -> Any:
     """The py4j view of the driver JVM's classes (Iceberg's Java actions, log4j levels)."""
+    require_verified_pyspark()
     return session.sparkContext._jvm  # noqa: SLF001 - Java APIs without a Python binding
 
 
 def java_spark_session(session: SparkSession) -> Any:
     """The Java `SparkSession` behind a Python one, for Java APIs that take it."""
+    require_verified_pyspark()
     return session._jsparkSession  # noqa: SLF001 - Java APIs without a Python binding
 
 
 def py4j_gateway(session: SparkSession) -> Any:
     """The session's py4j gateway, for Java calling back into Python (a `Consumer` of files)."""
+    require_verified_pyspark()
     return session.sparkContext._gateway  # noqa: SLF001 - callbacks need the gateway
 
 
 def java_exception_of(error: BaseException) -> Any | None:
     """The Java exception behind a Python error from Spark, or None: py4j's `Py4JJavaError` holds
     it as `java_exception`; the errors PySpark converts (`AnalysisException`...) keep it private."""
+    require_verified_pyspark()
     return getattr(error, "java_exception", None) or getattr(error, "_origin", None)

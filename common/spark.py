@@ -127,6 +127,33 @@ def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
     return conf
 
 
+_LOG4J2_PROPERTIES = """\
+# Written by icekeeper (common/spark.py) for `spark.log_level: {level}`: Spark's own logs on stderr.
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+"""
+
+
+def spark_log_config(config: IcekeeperConfig) -> Path:
+    """A log4j2 configuration at `spark.log_level`, for the driver JVM from its start: Spark's
+    warnings at startup (a loopback hostname, no native-hadoop library) come before any
+    `setLogLevel`, and its default configuration shows them."""
+    level = config.spark.log_level
+    path = Path(config.state_dir) / "spark" / f"log4j2-{level}.properties"
+    text = _LOG4J2_PROPERTIES.format(level=level)
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.part")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)  # whole, for a JVM starting meanwhile in another process
+    return path
+
+
 def launched_by_spark_submit() -> bool:
     """True when this Python process was started by `spark-submit` (its JVM is already running)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
@@ -191,7 +218,11 @@ def spark_session(
         # relation (Spark's default for batch reads) converts every record to an external Row and
         # back: measured ~10% of a writer's CPU time on 1M seed-like records.
         .config("spark.sql.sources.useV1SourceList", ",".join(V1_SOURCES_BUT_KAFKA))
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+        # From the JVM's start: Spark's startup warnings come before `setLogLevel` below can act.
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dlog4j2.configurationFile={spark_log_config(config).resolve().as_uri()}",
+        )
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}", "org.apache.iceberg.spark.SparkCatalog")
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.type", "hadoop")
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.warehouse", functions_warehouse.as_uri())
@@ -208,7 +239,7 @@ def spark_session(
         # PySpark starts Python workers with `python3` from PATH unless told otherwise, and that
         # one may lack our packages (the arrow engine's tasks): local workers run this one.
         session.sparkContext.pythonExec = sys.executable
-    session.sparkContext.setLogLevel("WARN")
+    session.sparkContext.setLogLevel(config.spark.log_level.upper())
     _quiet_routine_warnings(session)
     return session
 

@@ -141,6 +141,7 @@ def chaos_environ(
         "ICEKEEPER__BOOKKEEPER__MAX_FILES_PER_COMMIT": str(MAX_FILES_PER_COMMIT),
         "ICEKEEPER__REAPER__LEASE_TTL": "30",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+        "ICEKEEPER__REAPER__HTTP_PORT": "0",
         "ICEKEEPER__REAPER__SNAPSHOT_EXPIRE_TIME": "0",
         "ICEKEEPER__REAPER__RETAIN_LAST": "5",
         # Shorter than a slow batch here: writers' claims on their folders, not the grace, must

@@ -14,15 +14,20 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from importlib import metadata as package_metadata
+from typing import NoReturn
 
+from icekeeper.common import exit_codes
 from icekeeper.common.config import ConfigError, IcekeeperConfig, load_config
-from icekeeper.common.logs import configure_logging
+from icekeeper.common.config.model import parse_duration_s
+from icekeeper.common.logs import LOG_LEVELS, configure_logging, use_configured_level
 
 
 def _config(args: argparse.Namespace) -> IcekeeperConfig:
     from icekeeper.common.storage import StorageSettings, configure_storage
 
     config = load_config(args.config)
+    use_configured_level(config.log_level)
     # Commands that open no catalog (status, dead-letters) still read the roles' files.
     configure_storage(StorageSettings.from_properties(config.catalog.properties))
     return config
@@ -90,7 +95,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
         print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
     else:
         _print_status(stack)
-    return 0
+    return exit_codes.OK
 
 
 def _print_status(stack) -> None:  # noqa: ANN001 - LocalStack, imported lazily
@@ -106,16 +111,18 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     if args.action == "docs":
         print(render_markdown({SECTION: StackConfig}), end="")
-        return 0
-    config = _config(args)
+        return exit_codes.OK
     if args.action == "show":
-        print(json.dumps(masked_dump(config), indent=2))
-    else:
-        print(
-            f"ok: {args.config or '<embedded defaults>'} ({len(config.tables)} table(s), "
-            f"{len(config.sources)} source(s))"
-        )
-    return 0
+        print(json.dumps(masked_dump(_config(args)), indent=2))
+        return exit_codes.OK
+    from icekeeper.config_check import check_config
+
+    check = check_config(args.config, connect=args.connect)
+    if check.config is not None:
+        use_configured_level(check.config.log_level)
+    for line in check.lines():
+        print(line, file=sys.stderr if check.errors else sys.stdout)
+    return check.exit_code
 
 
 def cmd_produce_sample(args: argparse.Namespace) -> int:
@@ -123,7 +130,7 @@ def cmd_produce_sample(args: argparse.Namespace) -> int:
 
     report = produce_seed_sample(_development_config(args), topic=args.topic, progress=_progress)
     print(json.dumps(report))
-    return 0
+    return exit_codes.OK
 
 
 def cmd_produce_synthetic(args: argparse.Namespace) -> int:
@@ -148,7 +155,7 @@ def cmd_produce_synthetic(args: argparse.Namespace) -> int:
         progress=_progress,
     )
     print(json.dumps(report))
-    return 0
+    return exit_codes.OK
 
 
 def cmd_writer(args: argparse.Namespace) -> int:
@@ -190,18 +197,17 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
         print(
             f"icekeeper bookkeeper: stopped, fenced by a newer bookkeeper: {error}", file=sys.stderr
         )
-        return 3
+        return exit_codes.FENCED
     finally:
         # The service is over (lease released, endpoints closed); what is left is the
         # interpreter's teardown, whose collections over every object the imports made
         # (pyiceberg, pyarrow, SQLAlchemy) took 0.5-1 s on a loaded machine. Frozen, they are
         # skipped, and the process exits within a second of SIGTERM, as supervisors expect.
         gc.freeze()
-    return 0
+    return exit_codes.OK
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:
-    from icekeeper.common.config.model import parse_duration_s
     from icekeeper.reaper.service import Reaper
 
     config = _config(args)
@@ -211,10 +217,10 @@ def cmd_reaper(args: argparse.Namespace) -> int:
             "nothing to do",
             file=sys.stderr,
         )
-        return 0
+        return exit_codes.OK
     every = (
-        parse_duration_s(args.every)
-        if args.every
+        args.every
+        if args.every is not None
         else (None if args.once else config.reaper.execute_interval)
     )
     service = Reaper(config)
@@ -239,9 +245,8 @@ def cmd_reaper(args: argparse.Namespace) -> int:
         )
     finally:
         service.close()
-    return (
-        1 if failed and every is None else 0
-    )  # a one-off pass (cron) reports failed steps in its exit code
+    # A one-off pass (cron) reports failed steps in its exit code.
+    return exit_codes.FAILED if failed and every is None else exit_codes.OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -254,8 +259,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(json.dumps(status.to_json()), flush=True)
         else:
             print(("\033[2J\033[H" if args.watch else "") + render_status(status), flush=True)
+        for unreachable in status.unreachable:
+            # One line, not the client's retries: the screen above shows what was read.
+            print(f"icekeeper status: {unreachable}", file=sys.stderr, flush=True)
         if not args.watch:
-            return 0
+            return exit_codes.UNAVAILABLE if status.unreachable else exit_codes.OK
         time.sleep(args.watch)
 
 
@@ -357,7 +365,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if stack is not None and started_here:
             stack.down(lambda message: None)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    return 0
+    return exit_codes.OK
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -385,7 +393,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     for failure in result["failures"]:
         print(f"icekeeper chaos: {failure}", file=sys.stderr)
-    return 1 if result["failures"] else 0
+    return exit_codes.FAILED if result["failures"] else exit_codes.OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -400,7 +408,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # e.g. MariaDB's Debian package missing and not root: the message says what to install
         except StackError as error:
             print(f"icekeeper demo --source mariadb: {error}", file=sys.stderr)
-            return 2
+            return exit_codes.USAGE
     else:
         from icekeeper.demo import run_demo
 
@@ -409,7 +417,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     if args.json:
         print(json.dumps(summary))
-    return 0
+    return exit_codes.OK
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -421,23 +429,94 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return (ArtifactError, JavaNotFound, StackError)
 
 
+EXTRAS = {
+    "pyspark": "spark",
+    "polars": "spark",
+    "pyiceberg_core": "spark",
+    "duckdb": "dev",
+    "pymysql": "dev",
+    "psycopg": "dev",
+    "pytz": "dev",
+}
+"""Top-level module -> the extra that installs it (pyproject.toml): the base install runs the
+bookkeeper, `status`, `dead-letters` and `config`; the writer and the reaper need `spark`; the
+demo, benchmarks, chaos and the CDC sources need `dev`."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with each error on one line and exit 2 (`exit_codes.USAGE`): the usage block it
+    prints first pushes the error itself out of sight."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(exit_codes.USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _duration(text: str) -> float:
+    """A duration argument (`10m`, `1h`, `90s`, seconds), as config files write them."""
+    try:
+        return parse_duration_s(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _add_logging_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    """`-v` and `--log-level`, before the command (`top`) or after it: both count, so neither
+    position surprises. After it, they default to nothing, so as not to undo the ones before."""
+    group = parser.add_argument_group("logging")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbose" if top else "verbose_after_command",
+        action="count",
+        default=0 if top else argparse.SUPPRESS,
+        help="more logging (-v info, -vv debug); JSON lines on stderr",
+    )
+    group.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=None if top else argparse.SUPPRESS,
+        help="log level (wins over -v; default: the config's log_level, which "
+        "ICEKEEPER__LOG_LEVEL overrides, else warning)",
+    )
+
+
+def _version() -> str:
+    """icekeeper's version, and pyspark's (or that this install runs without Spark)."""
+    try:
+        own = package_metadata.version("icekeeper")
+    except package_metadata.PackageNotFoundError:
+        own = "(not installed)"
+    try:
+        spark = f"pyspark {package_metadata.version('pyspark')}"
+    except package_metadata.PackageNotFoundError:
+        spark = "no pyspark: the bookkeeper's install; pip install 'icekeeper[spark]' for writers"
+    return f"icekeeper {own} (Python {sys.version.split()[0]}, {spark})"
+
+
+class _PrintVersion(argparse.Action):
+    """`--version` on one line as written (argparse's own action rewraps it to the terminal)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:  # noqa: ANN001
+        print(_version())
+        parser.exit(exit_codes.OK)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="icekeeper", description="Stream change data from Kafka into Apache Iceberg tables."
     )
     parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="more logging (-v info, -vv debug); JSON lines on stderr",
+        "--version", action=_PrintVersion, nargs=0, help="show the version and exit"
     )
+    _add_logging_options(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     def add(
         name: str, handler: Callable[[argparse.Namespace], int], help_text: str
     ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
+        _add_logging_options(sub, top=False)
         sub.add_argument(
             "--config",
             "-c",
@@ -480,6 +559,12 @@ def build_parser() -> argparse.ArgumentParser:
         "check a config file, print it resolved, or print the documentation of every key",
     )
     config.add_argument("action", choices=["check", "show", "docs"], nargs="?", default="check")
+    config.add_argument(
+        "--connect",
+        action="store_true",
+        help="check: also open the catalog (and each table), the storage, each Kafka cluster and "
+        "schema registry, read-only (exit 4 if one does not answer)",
+    )
 
     sample = add(
         "produce-sample",
@@ -530,7 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     when.add_argument(
         "--every",
+        type=_duration,
         default=None,
+        metavar="DURATION",
         help="a pass every DURATION (10m, 1h, seconds); default: reaper.execute_interval",
     )
     reaper.add_argument(
@@ -544,7 +631,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="one JSON object instead of the screen")
     status.add_argument(
-        "--watch", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS"
+        "--watch",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="refresh every DURATION (2s, 1m, seconds)",
     )
 
     from icekeeper.dead_letters import add_dead_letter_arguments
@@ -734,21 +825,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code (common/exit_codes.py, the same for every
+    command)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(args.verbose)
+    configure_logging(args.verbose + getattr(args, "verbose_after_command", 0), args.log_level)
     started = time.monotonic()
     try:
         return args.handler(args)
     except ConfigError as error:
         print(error, file=sys.stderr)
-        return 2
-    except _user_errors() as error:
+        return exit_codes.USAGE
+    except ModuleNotFoundError as error:
+        extra = EXTRAS.get((error.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"icekeeper {args.command}: needs {error.name}, which this install leaves out: "
+            f"pip install 'icekeeper[{extra}]'",
+            file=sys.stderr,
+        )
+        return exit_codes.USAGE
+    except (exit_codes.UsageError, *_user_errors()) as error:
         print(f"icekeeper {args.command}: {error}", file=sys.stderr)
-        return 1
+        return exit_codes.USAGE if isinstance(error, exit_codes.UsageError) else exit_codes.FAILED
     except KeyboardInterrupt:
         print(f"interrupted after {time.monotonic() - started:.1f}s", file=sys.stderr)
-        return 130
+        return exit_codes.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
+from icekeeper.common.exit_codes import UsageError
 from icekeeper.common.transports.base import MonikerTransport, Quarantined
 
 if TYPE_CHECKING:
@@ -130,7 +131,8 @@ def add_dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="replay: only the quarantined moniker(s) or set-aside rewrite request(s) of this "
-        "name (as `list` shows them); repeatable",
+        "name (as `list` shows them; no record unless --records); repeatable; an unknown name "
+        "replays nothing and exits 2",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     parser.add_argument(
@@ -171,6 +173,29 @@ def run_dead_letters(config: IcekeeperConfig, args: argparse.Namespace) -> int:
         else:
             _print_listing(listing)
         return 0
+    if args.name:
+        # Names select monikers and rewrite requests; records have none, so `--name` alone
+        # replays no record. A name that matches nothing is a typo, said before anything moves.
+        records = args.records
+        known = {item.name for item in transport.quarantined()} if monikers else set()
+        if rewrites:
+            set_aside = set_aside_rewrites_of(config, open_catalog(config))
+            known |= {entry.request_id for _, _, entry in set_aside}
+        unknown = sorted(set(args.name) - known)
+        if unknown:
+            kinds = " or ".join(
+                kind
+                for kind, chosen in (
+                    ("quarantined moniker", monikers),
+                    ("set-aside rewrite request", rewrites),
+                )
+                if chosen
+            )
+            raise UsageError(
+                f"no {kinds or 'moniker or rewrite request (--name selects those)'} named "
+                f"{', '.join(unknown)}: nothing replayed (`icekeeper dead-letters list` shows the "
+                "names)"
+            )
     outcome: dict = {"monikers": [], "records": [], "rewrites": []}
     if monikers:
         outcome["monikers"] = replay_monikers(transport, args.name)

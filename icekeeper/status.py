@@ -13,6 +13,7 @@ writer checkpoints, Kafka watermarks): status needs no running service and chang
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ class Status:
     writers: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: dict[str, int | None] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+    """Services that did not answer (a Kafka cluster), one line each: `icekeeper status` prints
+    them and exits 4 (common/exit_codes.py)."""
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__
@@ -88,7 +92,7 @@ def collect_status(config: IcekeeperConfig, kafka_timeout_s: float = 5.0) -> Sta
                 except Exception as error:  # noqa: BLE001 - a status screen shows what it can
                     status.problems.append(f"{spec.identifier}: set-aside rewrites: {error}")
         status.tables.append(row)
-    ends = _kafka_end_offsets(config, kafka_timeout_s, status.problems)
+    ends, silent = _kafka_end_offsets(config, kafka_timeout_s, status)
     for writer_id, positions, last_batch_ms in _writer_checkpoints(config):
         mine = [m for m in pending if m.writer_id == writer_id]
         newest = max(mine, key=lambda m: m.created_ms, default=None)
@@ -130,6 +134,9 @@ def collect_status(config: IcekeeperConfig, kafka_timeout_s: float = 5.0) -> Sta
         status.problems.append(f"moniker dead letters: {error}")
     status.dead_letters["rewrite requests"] = set_aside_requests
     for source in config.sources:
+        if source.name in silent:
+            status.dead_letters[f"topic {source.dead_letter_topic}"] = None
+            continue  # asked once: another wait would tell nothing new
         status.dead_letters[f"topic {source.dead_letter_topic}"] = _topic_size(
             source, source.dead_letter_topic, kafka_timeout_s, status.problems
         )
@@ -155,14 +162,26 @@ def _writer_checkpoints(
 
 
 def _kafka_end_offsets(
-    config: IcekeeperConfig, timeout_s: float, problems: list[str]
-) -> dict[TopicPartition, int]:
+    config: IcekeeperConfig, timeout_s: float, status: Status
+) -> tuple[dict[TopicPartition, int], set[str]]:
+    """The end offset of each partition the sources read, and the sources whose Kafka did not
+    answer (in `status.unreachable`)."""
     ends: dict[TopicPartition, int] = {}
+    silent: set[str] = set()
     for source in config.sources:
         try:
             consumer = _consumer(source)
             try:
-                metadata = consumer.list_topics(timeout=timeout_s)
+                try:
+                    metadata = consumer.list_topics(timeout=timeout_s)
+                except Exception as error:  # noqa: BLE001 - no broker answered: one line for it
+                    status.unreachable.append(
+                        f"Kafka at {source.bootstrap_servers} (source {source.name}) did not "
+                        f"answer within {timeout_s:g} s ({error}); lag and dead-letter counts "
+                        "unknown"
+                    )
+                    silent.add(source.name)
+                    continue
                 topics = [
                     t
                     for t in metadata.topics
@@ -180,8 +199,8 @@ def _kafka_end_offsets(
             finally:
                 consumer.close()
         except Exception as error:  # noqa: BLE001 - Kafka down: show the rest
-            problems.append(f"kafka {source.bootstrap_servers}: {error}")
-    return ends
+            status.problems.append(f"kafka {source.bootstrap_servers}: {error}")
+    return ends, silent
 
 
 def _topic_size(
@@ -211,6 +230,7 @@ def _consumer(source: KafkaSource):  # noqa: ANN202 - confluent_kafka.Consumer
 
     from icekeeper.common.kafka_clients import librdkafka_config
 
+    librdkafka_log = logging.getLogger("librdkafka")
     return Consumer(
         librdkafka_config(
             source,
@@ -218,8 +238,12 @@ def _consumer(source: KafkaSource):  # noqa: ANN202 - confluent_kafka.Consumer
                 "group.id": "icekeeper-status",
                 "enable.auto.commit": False,
                 "allow.auto.create.topics": False,
+                # librdkafka's own lines (every refused connection, every retry) would bury the
+                # screen; what failed is in its problems. `-vv` shows them.
+                "log_level": 7 if librdkafka_log.isEnabledFor(logging.DEBUG) else 0,
             },
-        )
+        ),
+        logger=librdkafka_log,
     )
 
 

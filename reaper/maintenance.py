@@ -84,6 +84,9 @@ class TableReport:
     snapshots_expired: int = 0
     files_deleted: int = 0
     bytes_deleted: int = 0
+    orphans_removed: int = 0
+    """Of `files_deleted`: the files orphan removal deleted (the rest went with expired
+    snapshots)."""
     orphans_spared: int = 0
     compaction_pending: str | None = None
     """Upsert tables: why the pass's compaction is not committed yet (no bookkeeper running, or
@@ -451,6 +454,7 @@ class SparkMaintenance:
         ).deleteWith(deleter).execute()
         if report.dry_run:
             report.planned.extend(f"orphan: {path}" for path in deleter.deleted)
+        report.orphans_removed += len(deleter.deleted)
         self._count(report, deleter)
 
     @staticmethod

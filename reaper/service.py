@@ -24,12 +24,14 @@ from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.config.required import require_tables
 from icekeeper.common.fencing import Fenced, Lease, LeaseRecord, live_lease
+from icekeeper.common.http_endpoints import HttpEndpoints
 from icekeeper.common.in_flight import live_claimed_folders
 from icekeeper.common.locations import normalize_location, table_state_folder
 from icekeeper.common.rewrites import pending_rewrite_folders
 from icekeeper.common.storage import append_lines
 from icekeeper.common.transports import open_transport
 from icekeeper.reaper.maintenance import SparkMaintenance, TableReport
+from icekeeper.reaper.observability import ReaperMetrics
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+
+ANOTHER_REAPER = "another reaper is running"
+"""How a pass skipped for another reaper's lease says so in its report."""
 
 
 @dataclass
@@ -55,6 +60,7 @@ class PassReport:
             "snapshots_expired",
             "files_deleted",
             "bytes_deleted",
+            "orphans_removed",
             "files_compacted",
             "files_added",
             "retention_rows_deleted",
@@ -62,6 +68,15 @@ class PassReport:
             "orphans_spared",
         ]
         return {key: sum(getattr(table, key) for table in self.tables) for key in keys}
+
+    def outcome(self) -> str:
+        """ok, errors (a step failed; the next pass retries it), skipped (another reaper held
+        the group's lease), or dry_run."""
+        if self.dry_run:
+            return "dry_run"
+        if any(reason.startswith(ANOTHER_REAPER) for reason in self.skipped):
+            return "skipped"
+        return "errors" if any(table.errors for table in self.tables) else "ok"
 
     def to_json(self) -> dict:
         return {
@@ -106,6 +121,51 @@ class Reaper:
         self._maintenance: SparkMaintenance | None = None
         self.clock = clock or (lambda: datetime.now(UTC))
         self.stop = threading.Event()
+        self.metrics = ReaperMetrics()
+        self.metrics.show_tables([spec.identifier for spec in config.tables])
+        self.http: HttpEndpoints | None = None
+        self.state = "starting"
+        """What the scheduled loop does: starting, waiting (for its next pass), passing, stopped.
+        `/healthz` and `/readyz` report it."""
+        self._last_outcome: str | None = None
+        """How the last pass ended: ok, errors, skipped (another reaper), failed; None: none
+        yet."""
+        self._next_pass_at: float | None = None
+
+    def serve_http(self, port: int | None = None) -> int:
+        """Start `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); returns the port (0
+        in config: off, unless a port is given)."""
+        port = self.config.reaper.http_port if port is None else port
+        self.http = HttpEndpoints(
+            self.metrics.registry,
+            port,
+            liveness=self.liveness,
+            readiness=self.readiness,
+            host=self.config.reaper.http_host,
+            name="icekeeper-reaper-http",
+        ).start()
+        return self.http.port
+
+    def _health(self) -> dict:
+        return {
+            "state": self.state,
+            "last_pass": self._last_outcome,
+            "next_pass_in_s": None
+            if self._next_pass_at is None
+            else round(max(0.0, self._next_pass_at - time.time()), 1),
+        }
+
+    def liveness(self) -> tuple[bool, dict]:
+        """Alive while the scheduled loop runs: waiting for a pass or in one (a pass of a big
+        table takes as long as Spark needs; a liveness probe must not kill it for that)."""
+        return self.state in ("starting", "waiting", "passing"), self._health()
+
+    def readiness(self) -> tuple[bool, dict]:
+        """Ready while the loop runs and its last pass did not fail outright (the lease folder or
+        the report file unusable) nor find another reaper holding the group's lease; failed steps
+        are the next pass's to retry and show in `icekeeper_reaper_step_failures_total`."""
+        alive, details = self.liveness()
+        return alive and self._last_outcome not in ("failed", "skipped"), details
 
     @property
     def maintenance(self) -> SparkMaintenance:
@@ -143,7 +203,7 @@ class Reaper:
         try:
             lease.acquire(timeout_s=0)
         except TimeoutError as error:
-            report.skipped.append(f"another reaper is running: {error}")
+            report.skipped.append(f"{ANOTHER_REAPER}: {error}")
             return report
         try:
             for spec in self.config.tables:
@@ -260,29 +320,48 @@ class Reaper:
     ) -> None:
         """Passes every `every_s` seconds (the first at `reaper.triggering_time` when set), until
         stopped; with `every_s` None, one pass now (cron and CronJobs choose the time)."""
-        first = self._first_run_at() if every_s is not None else None
-        if first is not None:
-            self.stop.wait(max(0.0, (first - self.clock()).total_seconds()))
-        while not self.stop.is_set():
-            began = time.monotonic()
-            try:
-                result = self.run_pass(dry_run=dry_run)
-            except Exception as error:
-                # Outside every table's pass (the lease folder, the report file): with --every
-                # the reaper lives on and tries again at the next pass.
+        if every_s is not None and self.http is None and self.config.reaper.http_port:
+            self.serve_http()  # a one-off pass (cron) reports to its file only
+        try:
+            first = self._first_run_at() if every_s is not None else None
+            if first is not None:
+                self._wait((first - self.clock()).total_seconds())
+            while not self.stop.is_set():
+                began = time.monotonic()
+                self.state = "passing"
+                try:
+                    result = self.run_pass(dry_run=dry_run)
+                except Exception as error:
+                    self.metrics.observe_failed_pass()
+                    self._last_outcome = "failed"
+                    # Outside every table's pass (the lease folder, the report file): with --every
+                    # the reaper lives on and tries again at the next pass.
+                    if every_s is None:
+                        raise
+                    log.error(
+                        "reaper pass failed; the next pass retries",
+                        extra={"error": repr(error), "next_in_s": every_s},
+                    )
+                    self._wait(every_s)
+                    continue
+                self.metrics.observe_pass(result)
+                self._last_outcome = result.outcome()
+                if on_pass:
+                    on_pass(result)
                 if every_s is None:
-                    raise
-                log.error(
-                    "reaper pass failed; the next pass retries",
-                    extra={"error": repr(error), "next_in_s": every_s},
-                )
-                self.stop.wait(every_s)
-                continue
-            if on_pass:
-                on_pass(result)
-            if every_s is None:
-                return
-            self.stop.wait(max(0.0, every_s - (time.monotonic() - began)))
+                    return
+                self._wait(every_s - (time.monotonic() - began))
+        finally:
+            self.state = "stopped"
+            if self.http is not None:
+                self.http.stop()
+                self.http = None
+
+    def _wait(self, seconds: float) -> None:
+        self.state = "waiting"
+        self._next_pass_at = time.time() + max(0.0, seconds)
+        self.stop.wait(max(0.0, seconds))
+        self._next_pass_at = None
 
     def _first_run_at(self) -> datetime | None:
         """The next occurrence of `reaper.triggering_time`

@@ -8,7 +8,8 @@ import argparse
 import sys
 
 from icekeeper.common.config import ConfigError
-from icekeeper.common.logs import configure_logging
+from icekeeper.common.exit_codes import USAGE
+from icekeeper.common.logs import LOG_LEVELS, configure_logging
 from icekeeper.writers.entry import add_writer_arguments, run_writer
 
 
@@ -29,14 +30,21 @@ def main(argv: list[str]) -> int:
         default=0,
         help="more logging (-v info, -vv debug); JSON lines on stderr",
     )
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=None,
+        help="log level (wins over -v; default: the config's log_level)",
+    )
     add_writer_arguments(parser)
     args = parser.parse_args(argv)
-    configure_logging(args.verbose)
+    configure_logging(args.verbose, args.log_level)
     try:
         return run_writer(args)
     except ConfigError as error:
         print(error, file=sys.stderr)
-        return 2
+        return USAGE
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import json
 import sys
 
 from icekeeper.common.config import load_config
+from icekeeper.common.exit_codes import OK, USAGE
+from icekeeper.common.logs import use_configured_level
 
 
 def add_writer_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,11 +36,13 @@ def run_writer(args: argparse.Namespace) -> int:
         from icekeeper.common.spark import spark_submit_packages
 
         print(spark_submit_packages(load_config(args.config)))
-        return 0
+        return OK
     from icekeeper.writers.job import WriterJob
     from icekeeper.writers.offsets import TopicReset
 
-    job = WriterJob(load_config(args.config), writer_id=args.writer_id)
+    config = load_config(args.config)
+    use_configured_level(config.log_level)
+    job = WriterJob(config, writer_id=args.writer_id)
     job.install_signal_handlers()
 
     def show(report) -> None:  # noqa: ANN001 - BatchReport
@@ -69,5 +73,5 @@ def run_writer(args: argparse.Namespace) -> int:
         )
     except TopicReset as reset:
         print(f"error: {reset}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+        return USAGE  # the config must say what to do: sources[].on_topic_reset
+    return OK

@@ -8,7 +8,10 @@ deployment needs to know which line to fix, not which pydantic class complained.
 from __future__ import annotations
 
 import copy
+import difflib
 import os
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,6 +42,26 @@ class ConfigError(ValueError):
         self.key = key
         location = f"{source}: {key}" if key else source
         super().__init__(f"config error in {location}: {message}")
+
+
+class ConfigErrors(ConfigError):
+    """Every error of one config, so that one run shows every line to fix: one `ConfigError` per
+    line of the message; `source` and `key` are the first one's."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = errors
+        self.source, self.key = errors[0].source, errors[0].key
+        ValueError.__init__(self, "\n".join(str(error) for error in errors))
+
+
+def each_error(error: ConfigError) -> list[ConfigError]:
+    """The errors `error` stands for: its list for `ConfigErrors`, else itself."""
+    return list(error.errors) if isinstance(error, ConfigErrors) else [error]
+
+
+def one_or_all(errors: list[ConfigError]) -> ConfigError:
+    """The error to raise for `errors` (at least one): the error itself when there is one."""
+    return errors[0] if len(errors) == 1 else ConfigErrors(errors)
 
 
 def load_config(
@@ -78,9 +101,7 @@ def load_config(
     try:
         config = IcekeeperConfig.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        key = _dotted_key(first["loc"])
-        raise ConfigError(source_name, _user_key(key, key_names), _describe(first)) from None
+        raise one_or_all(_validation_errors(error, source_name, key_names)) from None
     config = _expand_paths(config).with_development(development)
     remember_secrets_in(config)
     return config
@@ -100,10 +121,10 @@ def validate_development_section(
     try:
         return model.model_validate(development.sections.get(name) or {})
     except ValidationError as error:
-        first = error.errors()[0]
-        key = _dotted_key((name, *first["loc"]))
-        raise ConfigError(
-            development.source, _user_key(key, dict(development.key_names)), _describe(first)
+        raise one_or_all(
+            _validation_errors(
+                error, development.source, dict(development.key_names), prefix=(name,), root=model
+            )
         ) from None
 
 
@@ -259,11 +280,89 @@ def _user_key(model_key: str, key_names: dict[str, str]) -> str:
     return model_key
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def _validation_errors(
+    error: ValidationError,
+    source_name: str,
+    key_names: dict[str, str],
+    prefix: tuple[str, ...] = (),
+    root: type[BaseModel] = IcekeeperConfig,
+) -> list[ConfigError]:
+    """One `ConfigError` per key pydantic found wrong (the first error of each key: a value that
+    fits no member of a union fails once per member)."""
+    errors: dict[str, ConfigError] = {}
+    for found in error.errors():
+        key = _dotted_key((*prefix, *found["loc"]))
+        if key not in errors:
+            message = _describe(found, root, found["loc"])
+            errors[key] = ConfigError(source_name, _user_key(key, key_names), message)
+    return list(errors.values())
+
+
+def _describe(
+    error: Mapping[str, Any], root: type[BaseModel] = IcekeeperConfig, loc: tuple = ()
+) -> str:
     if error["type"] == "extra_forbidden":
+        known = known_keys(root, loc[:-1]) + (
+            list(DEVELOPMENT_SECTIONS) if root is IcekeeperConfig and len(loc) == 1 else []
+        )
+        meant = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6) if loc else []
+        if meant:
+            return (
+                f"unknown key: did you mean `{meant[0]}`? (`icekeeper config docs` lists every key)"
+            )
         return "unknown key (check its spelling; `icekeeper config docs` lists every key)"
     message = str(error["msg"]).removeprefix("Value error, ")
     value = error.get("input")
     if error["type"] != "missing" and not isinstance(value, (dict, list)):
         message += f" (got {mask_text(repr(value))})"
     return message
+
+
+def known_keys(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys a config may hold at `loc` (a pydantic error's location, e.g. `('sources', 0)`,
+    or `('transport', 'azure-queue')` with a union's tag), for suggesting the key meant by a
+    misspelt one; empty where the model does not say (a free-form mapping)."""
+    annotation: Any = root
+    for part in loc:
+        annotation = _member_at(annotation, part)
+        if annotation is None:
+            return []
+    annotation = _single(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return list(annotation.model_fields)
+    return []
+
+
+def _member_at(annotation: Any, part: Any) -> Any:
+    """The type one step down `annotation`: a model's field, a list's item, a mapping's value,
+    or the member of a tagged union (`kind`) that `part` names."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _member_at(typing.get_args(annotation)[0], part)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for member in typing.get_args(annotation):
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                kind = member.model_fields.get("kind")
+                if kind is not None and kind.default == part:
+                    return member
+        single = _single(annotation)
+        return None if single is annotation else _member_at(single, part)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field is not None else None
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is list and isinstance(part, int) and args:
+        return args[0]
+    if typing.get_origin(annotation) is dict and len(args) == 2:
+        return args[1]
+    return None
+
+
+def _single(annotation: Any) -> Any:
+    """`X` for `X | None` (and `Annotated[X, ...]`); any other type as it is."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _single(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        if len(members) == 1:
+            return _single(members[0])
+    return annotation

@@ -72,6 +72,16 @@ SourceFormat = Literal[tuple(SOURCE_FORMATS)]  # type: ignore[valid-type]
 """A registered source format's name (`common/source_formats.py`)."""
 
 
+def _lower_case(value: object) -> object:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+LogLevel = Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower_case)]
+"""icekeeper's log levels (common/logs.py `LOG_LEVELS`), in any case."""
+SparkLogLevel = Annotated[Literal["debug", "info", "warn", "error"], BeforeValidator(_lower_case)]
+"""log4j's level names for Spark's own logs, in any case."""
+
+
 class KafkaSecurity(_Model):
     """How every Kafka client of a source authenticates and checks the brokers it talks to.
 
@@ -632,7 +642,8 @@ class BookkeeperConfig(_Model):
         9464,
         ge=0,
         le=65535,
-        description="Port of `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); 0: off.",
+        description="Port of `/metrics`, `/healthz` (liveness), `/readyz` (readiness) and the "
+        "group's status page (`/`); 0: off.",
     )
     http_host: str = Field(
         "127.0.0.1",
@@ -799,6 +810,19 @@ class ReaperConfig(_Model):
         description="File that receives one JSON line per pass (on `s3://` or `abfss://`, a "
         "folder of one-line objects, as `bookkeeper.commit_report_path`).",
     )
+    http_port: int = Field(
+        9465,
+        ge=0,
+        le=65535,
+        description="Port of the reaper's `/metrics`, `/healthz` (liveness) and `/readyz` "
+        "(readiness) while it runs on a schedule (`--every`, `execute_interval`; a one-off pass "
+        "reports to `report_path` only); 0: off.",
+    )
+    http_host: str = Field(
+        "127.0.0.1",
+        description="Address the reaper's metrics and health endpoints bind to; `0.0.0.0` for "
+        "every interface (a Prometheus scraping from another host).",
+    )
     lease_ttl: Duration = Field(
         600.0,
         description="Lease that keeps two reapers of a group apart, renewed between steps; a "
@@ -829,6 +853,12 @@ class SparkConfig(_Model):
         description="Extra Spark settings, as `spark-submit --conf key=value` takes them (seed "
         "000: any other `spark.*` key), for the writer's and the reaper's sessions (was "
         "`writer.spark_conf`).",
+    )
+    log_level: SparkLogLevel = Field(
+        "error",
+        description="Level of Spark's own (log4j) logs in the writer's and the reaper's driver, "
+        "from its start: error hides Spark's routine warnings (a loopback hostname, no "
+        "native-hadoop library, plans truncated for display); warn or info shows them.",
     )
 
 
@@ -888,6 +918,13 @@ class IcekeeperConfig(_Model):
     cache_dir: str = Field(
         ".cache",
         description="Folder that caches downloads (jars, registry, Azurite); safe to delete.",
+    )
+    log_level: LogLevel = Field(
+        "warning",
+        description="icekeeper's own log level (JSON lines on stderr): debug, info, warning or "
+        "error. The command line wins (`-v` info, `-vv` debug, `--log-level`); "
+        "`ICEKEEPER__LOG_LEVEL` overrides the file, like any key. Progress of long first-run "
+        "work (fetching jars) shows at warning too.",
     )
     sources: list[KafkaSource] = Field(
         default_factory=list,

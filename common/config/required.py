@@ -8,7 +8,7 @@ file and the key to add, instead of a writer that reads nothing or a bookkeeper 
 
 from __future__ import annotations
 
-from icekeeper.common.config.loader import ConfigError
+from icekeeper.common.config.loader import ConfigError, one_or_all
 from icekeeper.common.config.model import IcekeeperConfig
 
 SOURCE_EXAMPLE = (
@@ -27,13 +27,8 @@ def require_sources(config: IcekeeperConfig, reason: str) -> None:
     Raises:
         ConfigError: naming `sources` and showing a source to add.
     """
-    if not config.sources:
-        raise ConfigError(
-            config.development.source,
-            "sources",
-            f"no source is listed, and {reason}: add one, e.g. {SOURCE_EXAMPLE} "
-            "(docs/configuration.md)",
-        )
+    for error in _missing_sources(config, reason):
+        raise error
 
 
 def require_tables(config: IcekeeperConfig, reason: str, table_template: bool = True) -> None:
@@ -43,15 +38,8 @@ def require_tables(config: IcekeeperConfig, reason: str, table_template: bool = 
     Raises:
         ConfigError: naming `tables` and showing a table to add.
     """
-    if config.tables or (table_template and any(s.table_template for s in config.sources)):
-        return
-    template = " and no source has a `table_template`" if table_template else ""
-    raise ConfigError(
-        config.development.source,
-        "tables",
-        f"no table is listed{template}, and {reason}: add one, e.g. {TABLE_EXAMPLE} "
-        "(docs/configuration.md)",
-    )
+    for error in _missing_tables(config, reason, table_template):
+        raise error
 
 
 def check_writer_config(config: IcekeeperConfig) -> None:
@@ -59,14 +47,62 @@ def check_writer_config(config: IcekeeperConfig) -> None:
     their records to.
 
     Raises:
-        ConfigError: naming the key to add.
+        ConfigError: naming the key to add (`ConfigErrors` naming each, when several are missing).
     """
-    require_sources(config, "the writer reads change data from them")
+    errors = writer_config_errors(config)
+    if errors:
+        raise one_or_all(errors)
+
+
+def writer_config_errors(config: IcekeeperConfig) -> list[ConfigError]:
+    """Every reason `check_writer_config` stops a writer for (none: the writer may start)."""
+    errors = _missing_sources(config, "the writer reads change data from them")
     for index, source in enumerate(config.sources):
         if not source.topics and not source.topic_pattern:
-            raise ConfigError(
-                config.development.source,
-                f"sources[{index}].topics",
-                f"source {source.name!r} reads no topic: set `topics` or `topic_pattern`",
+            errors.append(
+                ConfigError(
+                    config.development.source,
+                    f"sources[{index}].topics",
+                    f"source {source.name!r} reads no topic: set `topics` or `topic_pattern`",
+                )
             )
-    require_tables(config, "the writer routes records to them")
+    return errors + _missing_tables(config, "the writer routes records to them")
+
+
+def role_config_errors(config: IcekeeperConfig) -> dict[str, list[ConfigError]]:
+    """Role -> the errors it stops at start for, by the checks above (`icekeeper config check`
+    runs them all, for each role, so that a config it passes starts every role)."""
+    return {
+        "writer": writer_config_errors(config),
+        "bookkeeper": _missing_tables(config, "the bookkeeper commits to them"),
+        "reaper": _missing_tables(config, "the reaper maintains them", table_template=False),
+    }
+
+
+def _missing_sources(config: IcekeeperConfig, reason: str) -> list[ConfigError]:
+    if config.sources:
+        return []
+    return [
+        ConfigError(
+            config.development.source,
+            "sources",
+            f"no source is listed, and {reason}: add one, e.g. {SOURCE_EXAMPLE} "
+            "(docs/configuration.md)",
+        )
+    ]
+
+
+def _missing_tables(
+    config: IcekeeperConfig, reason: str, table_template: bool = True
+) -> list[ConfigError]:
+    if config.tables or (table_template and any(s.table_template for s in config.sources)):
+        return []
+    template = " and no source has a `table_template`" if table_template else ""
+    return [
+        ConfigError(
+            config.development.source,
+            "tables",
+            f"no table is listed{template}, and {reason}: add one, e.g. {TABLE_EXAMPLE} "
+            "(docs/configuration.md)",
+        )
+    ]

@@ -29,7 +29,7 @@ from icekeeper.localstack.databases import (
     PostgresCatalogService,
     PostgresService,
 )
-from icekeeper.localstack.errors import StackError
+from icekeeper.localstack.errors import StackError, UnknownService
 from icekeeper.localstack.hive_metastore import HiveMetastoreService
 from icekeeper.localstack.object_store import S3Service
 from icekeeper.localstack.rest_catalogs import NessieService, RestCatalogService
@@ -136,7 +136,7 @@ class LocalStack:
         ]
         unknown = set(only or []) - {service.name for service in services}
         if unknown:
-            raise StackError(
+            raise UnknownService(
                 f"no such service(s) {sorted(unknown)}; services: "
                 f"{[service.name for service in services]}"
             )

@@ -86,8 +86,11 @@ def comparable(metadata) -> dict:
 # -- the version check -----------------------------------------------------------------------------
 
 
-def import_internals_with(assignment: str) -> subprocess.CompletedProcess:
-    code = f"{assignment}\nimport common.internals as i\nprint('parser', i.FOOTER_PARSER_ENABLED)"
+def import_internals_with(assignment: str, then: str = "") -> subprocess.CompletedProcess:
+    code = (
+        f"{assignment}\nimport icekeeper.common.internals as i\n"
+        f"print('parser', i.FOOTER_PARSER_ENABLED)\n{then}"
+    )
     return subprocess.run(
         [sys.executable, "-W", "always", "-c", code],
         capture_output=True,
@@ -102,6 +105,44 @@ def test_another_pyiceberg_fails_at_import_naming_the_module() -> None:
     assert found.returncode != 0
     assert "ImportError" in found.stderr and "common/internals.py" in found.stderr
     assert "0.13.0" in found.stderr
+
+
+# pyspark's version, as `importlib.metadata` reports it to the check (pyspark itself not imported).
+_PYSPARK_VERSION_IS = """
+import importlib.metadata as m
+real = m.version
+def version(name):
+    if name != "pyspark":
+        return real(name)
+    if {found!r} is None:
+        raise m.PackageNotFoundError(name)
+    return {found!r}
+m.version = version
+"""
+
+
+def test_another_pyspark_fails_at_the_first_spark_shortcut_not_at_import() -> None:
+    """The bookkeeper imports this module and uses no pyspark shortcut: its install, without
+    pyspark, loads it; a writer on another pyspark stops at its first shortcut, naming this
+    module. Fails without the check's move: the import itself raised."""
+    found = import_internals_with(
+        _PYSPARK_VERSION_IS.format(found="4.2.0"),
+        then="print('loaded')\ni.spark_jvm(None)",
+    )
+    assert "loaded" in found.stdout, found.stderr
+    assert found.returncode != 0
+    assert "ImportError" in found.stderr and "common/internals.py" in found.stderr
+    assert "pyspark 4.1.x, found 4.2.0" in found.stderr
+
+
+def test_no_pyspark_loads_and_names_the_extra_at_the_first_spark_shortcut() -> None:
+    found = import_internals_with(
+        _PYSPARK_VERSION_IS.format(found=None),
+        then="print('loaded')\ni.java_spark_session(None)",
+    )
+    assert "loaded" in found.stdout, found.stderr
+    assert "ModuleNotFoundError" in found.stderr
+    assert "pip install 'icekeeper[spark]'" in found.stderr
 
 
 def test_another_pyarrow_warns_and_switches_the_footer_parser_off() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,11 @@ def test_demo_commits_the_seed_sample_and_other_engines_read_it(tmp_path: Path) 
     )
     assert " replace " in result.stdout  # the snapshots listed: the compaction's
     assert "|_src_name|_src_db" in result.stdout and "1646392418000" in result.stdout
+    # Spark's own routine warnings (a loopback hostname, no native-hadoop library, a truncated
+    # plan) stay out of a newcomer's first screen: `spark.log_level` is error by default. Fails
+    # without it: four such lines.
+    spark_warnings = re.findall(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d WARN .*$", result.stderr, re.M)
+    assert not spark_warnings, spark_warnings
 
 
 @pytest.mark.integration

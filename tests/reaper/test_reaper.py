@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from icekeeper.bench.reaper import age_files, append_snapshot_per_file, files_under
+from icekeeper.bench.reaper import age_files, files_under
 from icekeeper.bookkeeper.service import Bookkeeper
-from icekeeper.common.catalog import DEFAULT_TABLE_PROPERTIES, default_table_location, open_catalog
-from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.catalog import default_table_location, open_catalog
 from icekeeper.common.in_flight import InFlightClaims, claims_folder
 from icekeeper.common.locations import normalize_location
 from icekeeper.common.transports import open_transport
@@ -27,28 +26,9 @@ from tests.support.shop_items import (
     reaper_config,
     write_file,
 )
+from tests.support.small_files import small_file_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-
-def small_file_table(spark, config: IcekeeperConfig, files: int, offsets: list[int] | None = None):
-    """`shop.items` with `files` one-row files, each its own snapshot (writer partition 9)."""
-    offsets = offsets or list(range(files))
-    catalog = open_catalog(config)
-    catalog.create_namespace("shop")
-    table = catalog.create_table("shop.items", schema=SCHEMA, properties=DEFAULT_TABLE_PROPERTIES)
-    data = Path(table.location().removeprefix("file://")) / "data" / "history"
-    entries = [
-        write_file(
-            data / f"{index:05d}.parquet",
-            SCHEMA,
-            [{"id": index, "amount": index, "_kfk_partition": 9, "_kfk_offset": offsets[index]}],
-        )
-        for index in range(files)
-    ]
-    register_catalog(spark, config)
-    append_snapshot_per_file(spark, config.catalog.name, "shop.items", entries)
-    return table.refresh()
 
 
 def rows(table) -> Counter:

@@ -49,6 +49,7 @@ def bookkeeper_config(
         "ICEKEEPER__SOURCES__0__TOPICS": "[items]",
         "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0.2",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+        "ICEKEEPER__REAPER__HTTP_PORT": "0",
         **{f"ICEKEEPER__{key.upper()}": value for key, value in overrides.items()},
     }
     return load_config(None, environ=environ)
