@@ -143,6 +143,9 @@ class SnapshotChanges:
     expire_snapshots: bool = True
     """Whether the same transaction expires old snapshots (`CommitPath._expirable`). A rewrite
     does not: it is found committed by its snapshot, so its own commit leaves the history be."""
+    sent: bool = False
+    """Set by `CommitPath.compare_and_swap` once the snapshot is built and the swap goes to the
+    catalog: an error before that is no commit of unknown outcome (nothing reached the catalog)."""
 
 
 class SnapshotProducer:
@@ -271,7 +274,14 @@ class CommitPath:
             raise CommitConflict(str(error)) from error
         except (StaleEpoch, InvalidFile):
             raise
-        except Exception as error:  # outcome unknown: read the table back, never assume
+        except Exception as error:
+            if not changes.sent:
+                # Building the snapshot failed: nothing reached the catalog, nothing to settle or
+                # plan again. Raised as it is, for the caller to judge (a rewrite request counts
+                # it towards being set aside); as a lost swap it would become a "conflict" after
+                # MAX_ATTEMPTS identical failures, and an outage.
+                raise
+            # The outcome is unknown: read the table back, never assume.
             snapshot_id = self._settle_unknown(identifier, changes.state.commit_id, error)
             if snapshot_id is None:
                 raise CommitConflict(
@@ -317,6 +327,7 @@ class CommitPath:
                 producer.append_data_file(data)
         # A single attempt; the snapshot producer's AssertRefSnapshotId makes it a CAS on the
         # snapshot our state was read from.
+        changes.sent = True
         commit_once(transaction, (AssertTableUUID(uuid=table.metadata.table_uuid),))
         return table.current_snapshot().snapshot_id
 

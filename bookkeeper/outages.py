@@ -15,6 +15,9 @@ from pyiceberg.exceptions import (
     ServiceUnavailableError,
     TooManyRequestsError,
 )
+from sqlalchemy.exc import DisconnectionError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from thrift.transport.TTransport import TTransportException
 
 from icekeeper.bookkeeper.datafiles import FileUnavailable
 
@@ -28,6 +31,13 @@ OUTAGES: tuple[type[BaseException], ...] = (
     TooManyRequestsError,
     ServiceRequestError,  # Azure: the request was not sent, or no answer came
     ServiceResponseError,
+    # The SQL catalog's database (SQLAlchemy wraps the driver's error): SQLite's "database is
+    # locked" while another process writes, a server that cannot be reached or dropped the
+    # connection, no connection free in the pool. None of them is about what is committed.
+    OperationalError,
+    DisconnectionError,
+    PoolTimeoutError,
+    TTransportException,  # the Hive catalog's metastore: unreachable, the connection lost
 )
 
 

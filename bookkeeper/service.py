@@ -210,7 +210,7 @@ class Bookkeeper:
         one (`Lease.check`), which the commits must carry from then on."""
         assert self.lease is not None and self.lease.epoch is not None
         if self.lease.epoch != self.committer.epoch:
-            self.committer.epoch = self.lease.epoch
+            self.committer.hold(self.lease.epoch, self.lease.check)
             self.metrics.epoch.set(self.lease.epoch)
 
     def install_signal_handlers(self) -> None:

@@ -277,3 +277,29 @@ def test_paused_bookkeeper_on_s3_resumes_fenced_without_duplicates_or_loss(
     assert len(leases) >= epochs[-1]
     # The commit report is on S3 too: one object per cycle that committed.
     assert list_files(config.bookkeeper.commit_report_path)
+
+
+def test_a_bookkeeper_that_takes_its_lease_again_commits_with_the_next_epoch(
+    tmp_path: Path,
+) -> None:
+    """A cycle that starts after more than half the lease's TTL (a slow cycle, a pause) takes the
+    lease again with the next epoch (`Lease.check`); the bookkeeper goes on committing, under the
+    new epoch, rather than failing every cycle while it keeps renewing the lease (no standby could
+    take over)."""
+    from icekeeper.bookkeeper.service import Bookkeeper
+
+    config = bookkeeper_config(tmp_path, bookkeeper__lease_ttl="1s")
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    assert bookkeeper.take_lease(timeout_s=2) == 1
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    time.sleep(0.7)  # not renewed within half the TTL: the next cycle takes epoch 2
+    transport.publish(make_moniker(config, 2, 1, (10, 20)))
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    assert bookkeeper.lease.epoch == 2 and bookkeeper.committer.epoch == 2
+    table = open_catalog(config).load_table("shop.items")
+    summary = table.current_snapshot().summary.additional_properties
+    assert summary["icekeeper.epoch"] == "2"
+    assert sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist()) == list(range(20))
+    bookkeeper.lease.release()

@@ -370,3 +370,105 @@ def test_a_request_that_keeps_failing_is_set_aside_and_an_outage_keeps_one_pendi
     commit_batches(bookkeeper, transport, writer, rng, reference, 1)
     assert committed_by(bookkeeper, unreachable.id) and not committed_by(bookkeeper, broken.id)
     assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
+
+
+def test_a_request_whose_snapshot_cannot_be_built_is_set_aside_not_retried_as_a_conflict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error while the snapshot is built, before anything is sent to the catalog, is no commit
+    of unknown outcome and no lost compare-and-swap: nothing reached the catalog, so there is
+    nothing to settle and nothing to plan again. Raised as it is, it counts towards
+    `bookkeeper.rewrite_failed_polls` (one attempt per poll) and the request is set aside; taken
+    for an unknown outcome it was planned again eight times a poll and, as a "conflict", an
+    outage: pending for ever."""
+    from icekeeper.bookkeeper import commit_path
+
+    config = bookkeeper_config(
+        tmp_path,
+        mode="upsert",
+        bookkeeper__rewrite_poll_interval="0.001",
+        bookkeeper__rewrite_failed_polls="3",
+        bookkeeper__purge_deleted_share="0",
+    )
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(31), {}
+    commit_batches(bookkeeper, transport, writer, rng, reference, 4)
+    location = bookkeeper.catalog.load_table("shop.items").location()
+    broken = compacted_request(bookkeeper)
+    publish_rewrite(location, broken)
+    rewrite_files = commit_path.rewrite_files
+    built: list[str] = []
+
+    def failing(transaction, properties, removed, added_deletes):
+        built.append(properties[REWRITE_ID_PROPERTY])
+        if properties[REWRITE_ID_PROPERTY] == broken.id:
+            raise ValueError("a snapshot this table cannot take")
+        return rewrite_files(transaction, properties, removed, added_deletes)
+
+    monkeypatch.setattr(commit_path, "rewrite_files", failing)
+    for poll in range(1, 5):
+        commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+        assert built.count(broken.id) == min(poll, 3), poll  # one attempt a poll
+        assert is_pending(location, broken.id) == (poll < 3), poll
+    reason = set_aside_reason(location, broken.id) or ""
+    assert "failed 3 polls" in reason and "a snapshot this table cannot take" in reason
+    assert errors(bookkeeper, "rewrite-set-aside") == 1
+    assert not committed_by(bookkeeper, broken.id)
+    assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
+
+
+def test_a_locked_catalog_database_keeps_a_request_pending_and_never_sets_it_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQL catalog's database not answering (SQLite's `database is locked` while another
+    process holds the lock, a PostgreSQL server unreachable: SQLAlchemy's `OperationalError`) is an
+    outage like storage not answering: it says nothing about the request, which stays pending
+    however many polls it lasts, never set aside, and commits once the database answers."""
+    import sqlite3
+
+    from icekeeper.bookkeeper import rewrites
+
+    database = tmp_path / "catalog.db"
+    properties = {
+        "type": "sql",
+        # A short busy timeout: the lock is found at once, not after SQLite's five seconds.
+        "uri": f"sqlite:///{database}?timeout=0.1",
+        "warehouse": f"file://{tmp_path}/warehouse",
+    }
+    config = bookkeeper_config(
+        tmp_path,
+        mode="upsert",
+        catalog__properties=json.dumps(properties),
+        bookkeeper__rewrite_poll_interval="0.001",
+        bookkeeper__rewrite_failed_polls="2",
+        bookkeeper__purge_deleted_share="0",
+    )
+    transport, writer, bookkeeper = open_transport(config), UpsertWriter(config), Bookkeeper(config)
+    rng, reference = random.Random(37), {}
+    commit_batches(bookkeeper, transport, writer, rng, reference, 4)
+    location = bookkeeper.catalog.load_table("shop.items").location()
+    request = compacted_request(bookkeeper)
+    publish_rewrite(location, request)
+    listed = rewrites.pending_rewrites
+    holder: list[sqlite3.Connection] = []
+
+    def listed_then_locked(table_location: str):
+        # Another process takes the database's lock once the poll has listed the requests.
+        found = listed(table_location)
+        connection = sqlite3.connect(database, isolation_level=None)
+        connection.execute("BEGIN EXCLUSIVE")
+        holder.append(connection)
+        return found
+
+    monkeypatch.setattr(rewrites, "pending_rewrites", listed_then_locked)
+    for poll in range(1, 5):
+        commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+        assert holder, "the poll ran"
+        holder.pop().rollback()
+        assert is_pending(location, request.id), poll
+        assert set_aside_reason(location, request.id) is None, poll
+    assert errors(bookkeeper, "rewrite-set-aside") == 0
+    monkeypatch.setattr(rewrites, "pending_rewrites", listed)
+    commit_batches(bookkeeper, transport, writer, rng, reference, 1)
+    assert committed_by(bookkeeper, request.id) and not is_pending(location, request.id)
+    assert pyiceberg_rows(bookkeeper) == reference == duckdb_rows(bookkeeper)
