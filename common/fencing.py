@@ -193,7 +193,12 @@ class Lease:
         started = time.monotonic()
         record = LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms)
         if not create_if_absent(self._uri(epoch), _encode(record)):
-            return False
+            # An SDK that sent the create again after its answer was lost (a dropped connection,
+            # a timeout: botocore retries) hears "already there" of its own file: the owner,
+            # unique to this Lease, tells whether this holder or another created it.
+            theirs = _read(self._uri(epoch))
+            if theirs is None or theirs.owner != self.owner:
+                return False
         self._written_at = started
         return True
 

@@ -277,3 +277,33 @@ def test_paused_bookkeeper_on_s3_resumes_fenced_without_duplicates_or_loss(
     assert len(leases) >= epochs[-1]
     # The commit report is on S3 too: one object per cycle that committed.
     assert list_files(config.bookkeeper.commit_report_path)
+
+
+@pytest.mark.integration
+def test_a_lease_created_on_s3_whose_answer_was_lost_is_still_held(s3_storage) -> None:
+    """S3 did the conditional PUT of the next epoch's lease but its answer was lost; botocore
+    sent it again and got 412 (the file is there: this holder's own). The holder must go on with
+    that epoch, not take itself for fenced (nor, acquiring, stand by against itself for a TTL)."""
+    from tests.support.lost_responses import LosingRelay
+    from tests.support.object_stores import storage_door
+
+    properties = s3_storage.pyiceberg_properties()
+    relay = LosingRelay(properties["s3.endpoint"], marker=b"If-None-Match")
+    root = s3_storage.uri(f"lost-{uuid.uuid4().hex[:8]}")
+    try:
+        with storage_door({**properties, "s3.endpoint": relay.address}):
+            holder = Lease(root, "g", ttl_s=3.0)
+            relay.lose = 1
+            assert holder.acquire(timeout_s=0) == 1
+            assert relay.lost == 1
+            time.sleep(1.6)  # not renewed within half its TTL: the next check takes epoch 2
+            relay.lose = 1
+            holder.check()
+            assert relay.lost == 2
+            assert holder.epoch == 2
+            holder.renew()
+            assert live_lease(root, "g").owner == holder.owner
+            with pytest.raises(TimeoutError):
+                Lease(root, "g", ttl_s=3.0).acquire(timeout_s=0)
+    finally:
+        relay.close()
