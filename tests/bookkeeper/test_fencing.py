@@ -307,3 +307,44 @@ def test_a_lease_created_on_s3_whose_answer_was_lost_is_still_held(s3_storage) -
                 Lease(root, "g", ttl_s=3.0).acquire(timeout_s=0)
     finally:
         relay.close()
+
+
+def test_the_lease_works_on_a_folder_without_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vfat, SMB/Azure Files and many FUSE mounts refuse `link` (EPERM, EOPNOTSUPP); icekeeper's
+    leases worked there before the storage door (`O_EXCL`) and must still: taken, renewed, taken
+    over after a pause, one winner of a race. (This sandbox cannot mount such a filesystem, so
+    `link` answers as theirs does.)"""
+    import errno as errnos
+
+    def refused(source: str, target: str) -> None:
+        raise PermissionError(errnos.EPERM, "Operation not permitted", source, target)
+
+    monkeypatch.setattr(os, "link", refused)
+    root = str(tmp_path / "leases")
+    holder = Lease(root, "g", ttl_s=1.0)
+    assert holder.acquire(timeout_s=0) == 1
+    holder.renew()
+    with pytest.raises(TimeoutError):
+        Lease(root, "g", ttl_s=1.0).acquire(timeout_s=0)
+    time.sleep(1.1)  # paused past its TTL
+    standbys = [Lease(root, "g", ttl_s=1.0) for _ in range(6)]
+    start = threading.Barrier(len(standbys))
+    epochs: list[int | None] = []
+
+    def take(lease: Lease) -> None:
+        start.wait()
+        try:
+            epochs.append(lease.acquire(timeout_s=0))
+        except TimeoutError:
+            epochs.append(None)
+
+    threads = [threading.Thread(target=take, args=(lease,)) for lease in standbys]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(epochs, key=lambda e: e or 0) == [None] * 5 + [2]
+    with pytest.raises(Fenced):
+        holder.check()
