@@ -22,7 +22,10 @@ the table and stops, or commits on top of the newest state (exactly-once still h
 check then sees the newer lease and stops it with a clear log line. Iceberg's Kafka Connect sink
 lacks this and loses data to zombie coordinators (apache/iceberg#17551). Whether a lease expired
 is judged by the reader's wall clock against the holder's: nodes need clocks within a fraction of
-the TTL of each other (NTP), and a skew beyond it costs a takeover, never a double commit.
+the TTL of each other (NTP), and a skew beyond it costs a takeover, never a double commit. A
+standby that has seen the same lease unrenewed for its TTL by its own monotonic clock takes it as
+well, so a dead holder whose clock ran ahead (or a lease file left unreadable) does not keep the
+group without a bookkeeper for the skew (or for ever).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from icekeeper.common.storage import (
 
 log = logging.getLogger(__name__)
 _LEASE_NAME = re.compile(r"^lease-(\d{12})\.json$")
+_BEING_CREATED = "(being created)"
 
 
 class Fenced(RuntimeError):
@@ -102,10 +106,11 @@ class Lease:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False
         prepare_conditional_writes(self.folder)
+        unchanged = _Unchanged()
         while stop is None or not stop.is_set():
             current = _newest_lease(self.folder, self.ttl_ms)
             now = _now_ms()
-            if current is None or current.expired(now):
+            if current is None or current.expired(now) or unchanged.for_its_ttl(current):
                 epoch = (current.epoch if current else 0) + 1
                 if self._create(epoch):
                     self.epoch = epoch
@@ -203,6 +208,29 @@ class Lease:
         return True
 
 
+class _Unchanged:
+    """How long (by this node's monotonic clock) a standby has seen the same lease unrenewed.
+
+    A lease is expired once its holder's `renewed_ms` is older than its TTL by the standby's wall
+    clock; but a holder whose clock runs ahead writes times in the standby's future, which alone
+    would keep its lease held for the skew after it died (an hour ahead: an hour with no
+    bookkeeper), and a lease file that cannot be read (a crash between its `O_EXCL` create and its
+    write) is read as held from now, for ever. Either is expired too once this standby has seen
+    it unchanged for its TTL: the holder has not written it for at least that long."""
+
+    def __init__(self) -> None:
+        self._seen: tuple[int, str, int] | None = None
+        self._since = 0.0
+
+    def for_its_ttl(self, lease: LeaseRecord) -> bool:
+        unreadable = lease.owner == _BEING_CREATED
+        seen = (lease.epoch, lease.owner, 0 if unreadable else lease.renewed_ms)
+        if seen != self._seen:
+            self._seen, self._since = seen, time.monotonic()
+            return False
+        return (time.monotonic() - self._since) * 1000 > lease.ttl_ms
+
+
 def group_folder(folder: str, group: str) -> str:
     """The folder (URI or path) of `group`'s lease files in `folder` (`group.lease_uri`)."""
     return f"{folder.rstrip('/')}/{path_segment(group)}"
@@ -236,7 +264,7 @@ def _newest_lease(folder: str, ttl_ms: int) -> LeaseRecord | None:
         record = _read(f"{folder}/{_name(epoch)}")
         if record is not None:
             return record
-        return LeaseRecord(epoch, "(being created)", _now_ms(), ttl_ms)
+        return LeaseRecord(epoch, _BEING_CREATED, _now_ms(), ttl_ms)
     return None
 
 

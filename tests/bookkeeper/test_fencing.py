@@ -348,3 +348,40 @@ def test_the_lease_works_on_a_folder_without_hard_links(
     assert sorted(epochs, key=lambda e: e or 0) == [None] * 5 + [2]
     with pytest.raises(Fenced):
         holder.check()
+
+
+def test_a_dead_holder_whose_clock_ran_ahead_is_taken_over_after_its_ttl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Expiry was judged only by the standby's wall clock against the time the holder wrote: a
+    holder on a node an hour ahead that dies left a lease "renewed" an hour into the future, and
+    no bookkeeper committed for that hour. A standby that has seen it unrenewed for its TTL takes
+    it."""
+    from icekeeper.common import fencing
+
+    root = str(tmp_path / "leases")
+    ahead = fencing._now_ms
+    monkeypatch.setattr(fencing, "_now_ms", lambda: ahead() + 3_600_000)
+    holder = Lease(root, "g", ttl_s=1.0)
+    assert holder.acquire(timeout_s=0) == 1
+    holder.renew()
+    monkeypatch.setattr(fencing, "_now_ms", ahead)  # the holder's node dies; this one is on time
+    standby = Lease(root, "g", ttl_s=1.0)
+    started = time.monotonic()
+    assert standby.acquire(timeout_s=5, poll_s=0.1) == 2
+    assert 1.0 <= time.monotonic() - started < 5
+    with pytest.raises(Fenced):
+        holder.check()
+
+
+def test_a_lease_file_left_empty_is_taken_over_after_its_ttl(tmp_path: Path) -> None:
+    """A lease created with `O_EXCL` (a mount without hard links, an older icekeeper) whose node
+    died before writing it stays empty: read as "being created", held from now, it kept every
+    standby waiting for ever."""
+    folder = tmp_path / "leases" / "g"
+    folder.mkdir(parents=True)
+    (folder / "lease-000000000001.json").write_bytes(b"")
+    standby = Lease(str(tmp_path / "leases"), "g", ttl_s=1.0)
+    with pytest.raises(TimeoutError):
+        Lease(str(tmp_path / "leases"), "g", ttl_s=1.0).acquire(timeout_s=0)
+    assert standby.acquire(timeout_s=5, poll_s=0.1) == 2
