@@ -107,10 +107,17 @@ class Lease:
         announced = False
         prepare_conditional_writes(self.folder)
         unchanged = _Unchanged()
+        known: int | None = None
         while stop is None or not stop.is_set():
-            current = _newest_lease(self.folder, self.ttl_ms)
-            now = _now_ms()
-            if current is None or current.expired(now) or unchanged.for_its_ttl(current):
+            # Standing by, each poll reads the known newest lease and probes for the next one (a
+            # read and a HEAD); listing every lease file (never deleted: 3,000 of them take 0.85 s
+            # to list and read on s3proxy) is left to the first poll and to a lease that looks
+            # free, so that the decision to take one rests on a full listing.
+            current = _newest_lease(self.folder, self.ttl_ms, after=known)
+            if known is not None and _free(current, unchanged):
+                current = _newest_lease(self.folder, self.ttl_ms)
+            known = current.epoch if current is not None else None
+            if _free(current, unchanged):
                 epoch = (current.epoch if current else 0) + 1
                 if self._create(epoch):
                     self.epoch = epoch
@@ -231,6 +238,11 @@ class _Unchanged:
         return (time.monotonic() - self._since) * 1000 > lease.ttl_ms
 
 
+def _free(lease: LeaseRecord | None, unchanged: _Unchanged) -> bool:
+    """Whether a standby may take the next epoch after `lease` (the newest)."""
+    return lease is None or lease.expired(_now_ms()) or unchanged.for_its_ttl(lease)
+
+
 def group_folder(folder: str, group: str) -> str:
     """The folder (URI or path) of `group`'s lease files in `folder` (`group.lease_uri`)."""
     return f"{folder.rstrip('/')}/{path_segment(group)}"
@@ -249,17 +261,24 @@ def live_lease(folder: str, group: str) -> LeaseRecord | None:
     return newest if newest is not None and not newest.expired(_now_ms()) else None
 
 
-def _newest_lease(folder: str, ttl_ms: int) -> LeaseRecord | None:
+def _newest_lease(folder: str, ttl_ms: int, after: int | None = None) -> LeaseRecord | None:
     """The lease of the highest epoch in `folder`, None if there is none; one that cannot be read
-    (an older icekeeper's `O_EXCL` file being written) as held for `ttl_ms` from now."""
-    epochs = sorted(
-        (
-            int(match.group(1))
-            for info in list_files(folder)
-            if (match := _LEASE_NAME.match(posixpath.basename(info.path)))
-        ),
-        reverse=True,
-    )
+    (an `O_EXCL` file being written) as held for `ttl_ms` from now. Given `after`, an epoch known
+    to exist, the epochs after it are probed one by one instead of listing the folder."""
+    if after is not None:
+        epoch = after
+        while file_exists(f"{folder}/{_name(epoch + 1)}"):
+            epoch += 1
+        epochs = [epoch]
+    else:
+        epochs = sorted(
+            (
+                int(match.group(1))
+                for info in list_files(folder)
+                if (match := _LEASE_NAME.match(posixpath.basename(info.path)))
+            ),
+            reverse=True,
+        )
     for epoch in epochs:
         record = _read(f"{folder}/{_name(epoch)}")
         if record is not None:

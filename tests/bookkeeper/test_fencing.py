@@ -385,3 +385,35 @@ def test_a_lease_file_left_empty_is_taken_over_after_its_ttl(tmp_path: Path) -> 
     with pytest.raises(TimeoutError):
         Lease(str(tmp_path / "leases"), "g", ttl_s=1.0).acquire(timeout_s=0)
     assert standby.acquire(timeout_s=5, poll_s=0.1) == 2
+
+
+def test_a_standby_does_not_list_every_lease_file_at_every_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lease files are never deleted, so after thousands of takeovers or retaken epochs a listing
+    of the folder grows without end (3,000 files: 0.85 s a listing on s3proxy), and a standby
+    listed it every poll (twice a second). It reads the newest and probes for the next instead,
+    and still takes the lease on the full listing once it is free."""
+    from icekeeper.common import fencing
+
+    root = str(tmp_path / "leases")
+    folder = fencing.group_folder(root, "g")
+    os.makedirs(folder)
+    for epoch in range(1, 301):  # a long history of takeovers
+        Path(folder, fencing._name(epoch)).write_bytes(
+            fencing._encode(fencing.LeaseRecord(epoch, "gone", 0, 1000))
+        )
+    holder = Lease(root, "g", ttl_s=2.0)
+    assert holder.acquire(timeout_s=0) == 301
+    listings: list[str] = []
+    real_list_files = fencing.list_files
+    monkeypatch.setattr(
+        fencing, "list_files", lambda uri, **kw: listings.append(uri) or real_list_files(uri, **kw)
+    )
+    standby = Lease(root, "g", ttl_s=2.0)
+    with pytest.raises(TimeoutError):
+        standby.acquire(timeout_s=1.5, poll_s=0.1)
+    assert len(listings) <= 2, f"{len(listings)} listings of the lease folder in 1.5 s"
+    holder.check()  # past half its TTL: it takes epoch 302 itself
+    holder.release()
+    assert standby.acquire(timeout_s=2, poll_s=0.1) == holder.epoch + 1 == 303
