@@ -283,8 +283,13 @@ class Bookkeeper:
             self.committer.close(save_key_indexes=not fenced)
 
     def _cycle_backoff_s(self) -> float:
-        """After failed cycles: the commit interval, doubling per failure, at most 30 s."""
-        return min(30.0, self.config.bookkeeper.commit_interval * 2 ** min(self._failed_cycles, 10))
+        """After failed cycles: the commit interval, doubling per failure, at most 30 s and at
+        most a third of the lease's TTL (never below the interval): each cycle renews the lease
+        first, so an outage elsewhere (the transport, the catalog) neither lets a standby take
+        over, only to meet the same outage, nor makes this holder take a new epoch per failure."""
+        settings = self.config.bookkeeper
+        ceiling = min(30.0, max(settings.commit_interval, settings.lease_ttl / 3))
+        return min(ceiling, settings.commit_interval * 2 ** min(self._failed_cycles, 10))
 
     def warm_key_indexes(self) -> None:
         """Load (catch up, or rebuild) the key index of every upsert table that exists, so that the

@@ -22,7 +22,10 @@ the table and stops, or commits on top of the newest state (exactly-once still h
 check then sees the newer lease and stops it with a clear log line. Iceberg's Kafka Connect sink
 lacks this and loses data to zombie coordinators (apache/iceberg#17551). Whether a lease expired
 is judged by the reader's wall clock against the holder's: nodes need clocks within a fraction of
-the TTL of each other (NTP), and a skew beyond it costs a takeover, never a double commit.
+the TTL of each other (NTP), and a skew beyond it costs a takeover, never a double commit. A
+standby that has seen the same lease unrenewed for its TTL by its own monotonic clock takes it as
+well, so a dead holder whose clock ran ahead (or a lease file left unreadable) does not keep the
+group without a bookkeeper for the skew (or for ever).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from icekeeper.common.storage import (
 
 log = logging.getLogger(__name__)
 _LEASE_NAME = re.compile(r"^lease-(\d{12})\.json$")
+_BEING_CREATED = "(being created)"
 
 
 class Fenced(RuntimeError):
@@ -102,10 +106,18 @@ class Lease:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False
         prepare_conditional_writes(self.folder)
+        unchanged = _Unchanged()
+        known: int | None = None
         while stop is None or not stop.is_set():
-            current = _newest_lease(self.folder, self.ttl_ms)
-            now = _now_ms()
-            if current is None or current.expired(now):
+            # Standing by, each poll reads the known newest lease and probes for the next one (a
+            # read and a HEAD); listing every lease file (never deleted: 3,000 of them take 0.85 s
+            # to list and read on s3proxy) is left to the first poll and to a lease that looks
+            # free, so that the decision to take one rests on a full listing.
+            current = _newest_lease(self.folder, self.ttl_ms, after=known)
+            if known is not None and _free(current, unchanged):
+                current = _newest_lease(self.folder, self.ttl_ms)
+            known = current.epoch if current is not None else None
+            if _free(current, unchanged):
                 epoch = (current.epoch if current else 0) + 1
                 if self._create(epoch):
                     self.epoch = epoch
@@ -193,9 +205,42 @@ class Lease:
         started = time.monotonic()
         record = LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms)
         if not create_if_absent(self._uri(epoch), _encode(record)):
-            return False
+            # An SDK that sent the create again after its answer was lost (a dropped connection,
+            # a timeout: botocore retries) hears "already there" of its own file: the owner,
+            # unique to this Lease, tells whether this holder or another created it.
+            theirs = _read(self._uri(epoch))
+            if theirs is None or theirs.owner != self.owner:
+                return False
         self._written_at = started
         return True
+
+
+class _Unchanged:
+    """How long (by this node's monotonic clock) a standby has seen the same lease unrenewed.
+
+    A lease is expired once its holder's `renewed_ms` is older than its TTL by the standby's wall
+    clock; but a holder whose clock runs ahead writes times in the standby's future, which alone
+    would keep its lease held for the skew after it died (an hour ahead: an hour with no
+    bookkeeper), and a lease file that cannot be read (a crash between its `O_EXCL` create and its
+    write) is read as held from now, for ever. Either is expired too once this standby has seen
+    it unchanged for its TTL: the holder has not written it for at least that long."""
+
+    def __init__(self) -> None:
+        self._seen: tuple[int, str, int] | None = None
+        self._since = 0.0
+
+    def for_its_ttl(self, lease: LeaseRecord) -> bool:
+        unreadable = lease.owner == _BEING_CREATED
+        seen = (lease.epoch, lease.owner, 0 if unreadable else lease.renewed_ms)
+        if seen != self._seen:
+            self._seen, self._since = seen, time.monotonic()
+            return False
+        return (time.monotonic() - self._since) * 1000 > lease.ttl_ms
+
+
+def _free(lease: LeaseRecord | None, unchanged: _Unchanged) -> bool:
+    """Whether a standby may take the next epoch after `lease` (the newest)."""
+    return lease is None or lease.expired(_now_ms()) or unchanged.for_its_ttl(lease)
 
 
 def group_folder(folder: str, group: str) -> str:
@@ -216,22 +261,29 @@ def live_lease(folder: str, group: str) -> LeaseRecord | None:
     return newest if newest is not None and not newest.expired(_now_ms()) else None
 
 
-def _newest_lease(folder: str, ttl_ms: int) -> LeaseRecord | None:
+def _newest_lease(folder: str, ttl_ms: int, after: int | None = None) -> LeaseRecord | None:
     """The lease of the highest epoch in `folder`, None if there is none; one that cannot be read
-    (an older icekeeper's `O_EXCL` file being written) as held for `ttl_ms` from now."""
-    epochs = sorted(
-        (
-            int(match.group(1))
-            for info in list_files(folder)
-            if (match := _LEASE_NAME.match(posixpath.basename(info.path)))
-        ),
-        reverse=True,
-    )
+    (an `O_EXCL` file being written) as held for `ttl_ms` from now. Given `after`, an epoch known
+    to exist, the epochs after it are probed one by one instead of listing the folder."""
+    if after is not None:
+        epoch = after
+        while file_exists(f"{folder}/{_name(epoch + 1)}"):
+            epoch += 1
+        epochs = [epoch]
+    else:
+        epochs = sorted(
+            (
+                int(match.group(1))
+                for info in list_files(folder)
+                if (match := _LEASE_NAME.match(posixpath.basename(info.path)))
+            ),
+            reverse=True,
+        )
     for epoch in epochs:
         record = _read(f"{folder}/{_name(epoch)}")
         if record is not None:
             return record
-        return LeaseRecord(epoch, "(being created)", _now_ms(), ttl_ms)
+        return LeaseRecord(epoch, _BEING_CREATED, _now_ms(), ttl_ms)
     return None
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from icekeeper.common.locations import normalize_location
-from icekeeper.common.storage import delete_file, open_filesystem, write_file
+from icekeeper.common.storage import delete_file, open_filesystem, write_file, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +133,15 @@ def live_claimed_folders(
     local paths, no trailing slash). Stale claims are deleted unless `remove_stale` is False."""
     filesystem, folder = open_filesystem(claims_folder(table_location))
     listed_at = time.time()
+    listed = [
+        info
+        for info in filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        if info.type == pafs.FileType.File and info.path.endswith(".json")
+    ]
+    if listed and remove_stale:
+        listed_at = _store_clock(filesystem, folder)
     folders: set[str] = set()
-    for info in filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
-        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
-            continue
+    for info in listed:
         age_s = listed_at - info.mtime.timestamp() if info.mtime is not None else 0.0
         if age_s > grace_s:
             if remove_stale:
@@ -158,6 +163,28 @@ def live_claimed_folders(
             ) from error
         folders.add(normalize_location(claimed))
     return folders
+
+
+def _store_clock(filesystem: pafs.FileSystem, folder: str) -> float:
+    """The store's time now, as the modification time of a file written there now.
+
+    A claim's age is its modification time, which the store stamps with its own clock (S3's,
+    Azure's); measured against this node's clock, a reaper running ahead of the store by more
+    than the grace less a heartbeat took live claims for stale and deleted them, and orphan
+    removal then deleted the files of batches still being written. Against the store's clock the
+    reaper's own is out of it. A dry run writes nothing, and reads the reaper's clock instead."""
+    probe = f"{folder}/.clock-{uuid.uuid4().hex[:12]}"
+    write_whole(filesystem, probe, b"")
+    try:
+        stamped = filesystem.get_file_info(probe).mtime
+    finally:
+        try:
+            filesystem.delete_file(probe)
+        except OSError:
+            pass  # a leftover probe is not a claim (not `.json`); the next pass's may go
+    if stamped is None:
+        return time.time()
+    return stamped.timestamp()
 
 
 def under_any(location: str, folders: set[str]) -> bool:

@@ -151,10 +151,24 @@ def pending_rewrites(table_location: str) -> list[RewriteRequest | UnreadableRew
 
 def pending_rewrite_folders(table_location: str) -> set[str]:
     """The output folders (normalized) of pending requests and of those set aside, which orphan
-    removal must spare: the first are still to be committed, the second wait for the operator."""
+    removal must spare: the first are still to be committed, the second wait for the operator.
+    A pending request storage could not serve (an outage: no bytes) names a folder that cannot
+    be known, so this raises `OSError` and orphan removal is skipped, rather than deleting the
+    files the bookkeeper will commit once storage answers."""
+    pending = pending_rewrites(table_location)
+    unserved = [
+        request
+        for request in pending
+        if isinstance(request, UnreadableRewrite) and request.content is None
+    ]
+    if unserved:
+        raise OSError(
+            f"rewrite request {unserved[0].request_id} could not be read "
+            f"({unserved[0].reason}); its output folder is unknown"
+        )
     return {
         normalize_location(request.output_folder)
-        for request in pending_rewrites(table_location)
+        for request in pending
         if isinstance(request, RewriteRequest)
     } | {
         normalize_location(entry.request.output_folder)

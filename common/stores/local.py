@@ -3,7 +3,8 @@
 A file is written under a hidden temporary name in its folder and then renamed over its name
 (`rename` is atomic on POSIX), or linked to it (`link` fails if the name exists: the atomic
 create-if-absent, with the content complete before the name appears, which `O_EXCL` alone does
-not give: a reader could see the empty file). Replace-if-unchanged holds an exclusive `flock` on
+not give: a reader could see the empty file; where `link` is refused, as on vfat, SMB and many
+FUSE mounts, `O_EXCL` it is). Replace-if-unchanged holds an exclusive `flock` on
 a hidden lock file beside the file while it compares and renames, so it is atomic among the
 processes of the machines that share the folder's locks (one machine, or NFSv4). A version is the
 file's inode and modification time: every write renames a new inode into place.
@@ -11,6 +12,7 @@ file's inode and modification time: every write renames a new inode into place.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import posixpath
@@ -39,6 +41,10 @@ class LocalStore(Store):
             os.link(temporary, path)
         except FileExistsError:
             return False
+        except OSError as error:
+            if error.errno not in _NO_HARD_LINKS:
+                raise
+            return _create_exclusive(path, body)
         finally:
             os.unlink(temporary)
         _sync_folder(posixpath.dirname(path))
@@ -70,6 +76,31 @@ class LocalStore(Store):
             return True
         finally:
             os.close(descriptor)  # releases the lock
+
+
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
+"""What `link` answers on a filesystem without hard links (vfat/exFAT, SMB and Azure Files
+mounts, many FUSE filesystems)."""
+
+
+def _create_exclusive(path: str, body: bytes) -> bool:
+    """Create-if-absent where `link` is refused: `O_EXCL` is atomic too, but the name appears
+    before its content, so a reader can see the file empty or partly written for a moment (the
+    lease reads such a file as being created, held). A write that fails takes its name back."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(body)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        os.unlink(path)
+        raise
+    _sync_folder(posixpath.dirname(path))
+    return True
 
 
 def _temporary_beside(path: str) -> str:

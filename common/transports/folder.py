@@ -59,10 +59,13 @@ class MonikerFolder:
         return final
 
     def read(self, path: str) -> StoredMoniker:
+        """The moniker at `path`, or why its bytes are not one. A file gone since it was listed
+        is `unreadable`; any other I/O error (a disk error, a store throttling or down) is an
+        outage and raised: the bytes may be a good moniker, which must not be dead-lettered."""
         try:
             with self.filesystem.open_input_stream(path) as stream:
                 data = stream.read()
-        except (FileNotFoundError, OSError) as error:
+        except FileNotFoundError as error:
             return StoredMoniker(path, None, f"unreadable: {error}")
         try:
             return StoredMoniker(path, decode_moniker(data))

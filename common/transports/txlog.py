@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from icekeeper.common.config.model import TxLogTransport
 from icekeeper.common.moniker import Moniker
 from icekeeper.common.transports.base import Delivery, MonikerTransport
 from icekeeper.common.transports.folder import DeadLetterFolder, MonikerFolder
+
+log = logging.getLogger(__name__)
 
 
 class TxLogMonikerTransport(MonikerTransport):
@@ -23,7 +27,16 @@ class TxLogMonikerTransport(MonikerTransport):
     def receive(self, max_count: int = 1000) -> list[Delivery]:
         deliveries = []
         for path in self.folder.list_paths()[:max_count]:
-            stored = self.folder.read(path)
+            try:
+                stored = self.folder.read(path)
+            except OSError as error:
+                # An outage, not bad input: left pending (its attempts not counted), the others
+                # go on; the next cycle reads it again.
+                log.warning(
+                    "moniker file not readable now; left pending",
+                    extra={"source": path, "error": str(error)},
+                )
+                continue
             self._attempts[path] = self._attempts.get(path, 0) + 1
             raw = b"" if stored.moniker is not None else _read_quietly(self.folder, path)
             deliveries.append(
@@ -52,7 +65,9 @@ class TxLogMonikerTransport(MonikerTransport):
 
 
 def _read_quietly(folder: MonikerFolder, path: str) -> bytes:
+    """The file's bytes, none when it is gone; an outage is raised, so that nothing is
+    dead-lettered without its bytes and then deleted."""
     try:
         return folder.read_bytes(path)
-    except OSError:
+    except FileNotFoundError:
         return b""

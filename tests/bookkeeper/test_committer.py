@@ -221,3 +221,32 @@ def test_the_committer_reports_watermark_and_counts(tmp_path: Path) -> None:
     assert (
         result.watermark_ms == 1_700_000_000_000 + 10
     )  # the slower partition holds the watermark back
+
+
+def test_a_moniker_the_store_cannot_read_for_a_while_waits_and_is_never_dead_lettered_empty(
+    tmp_path: Path,
+) -> None:
+    """An I/O error reading a moniker (a disk error, S3 throttling a GET) is an outage, not bad
+    input: it must not be dead-lettered (with no bytes, since they could not be read) and deleted
+    after `max_attempts` cycles; once the store answers again the moniker commits."""
+    config = bookkeeper_config(tmp_path, bookkeeper__max_attempts="2")
+    transport = open_transport(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    [published] = (tmp_path / "txlog").rglob("*.json")
+    kept = tmp_path / "kept.json"
+    published.rename(kept)
+    # A file whose every read fails with EIO, where the moniker was.
+    published.symlink_to("/proc/self/mem")
+    bookkeeper = Bookkeeper(config)
+    for _ in range(3):
+        try:
+            report = bookkeeper.run_cycle()
+        except OSError:
+            continue  # the cycle failed on the outage: the service retries it
+        assert report.dead_lettered == []
+    assert published.is_symlink(), "the moniker was deleted while the store could not read it"
+    assert not list((tmp_path / "dead-letter" / "monikers").glob("*.reason"))
+    published.unlink()
+    kept.rename(published)
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    assert rows_of(bookkeeper) == [(0, o) for o in range(10)]

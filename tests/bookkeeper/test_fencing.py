@@ -303,3 +303,143 @@ def test_a_bookkeeper_that_takes_its_lease_again_commits_with_the_next_epoch(
     assert summary["icekeeper.epoch"] == "2"
     assert sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist()) == list(range(20))
     bookkeeper.lease.release()
+
+
+@pytest.mark.integration
+def test_a_lease_created_on_s3_whose_answer_was_lost_is_still_held(s3_storage) -> None:
+    """S3 did the conditional PUT of the next epoch's lease but its answer was lost; botocore
+    sent it again and got 412 (the file is there: this holder's own). The holder must go on with
+    that epoch, not take itself for fenced (nor, acquiring, stand by against itself for a TTL)."""
+    from tests.support.lost_responses import LosingRelay
+    from tests.support.object_stores import storage_door
+
+    properties = s3_storage.pyiceberg_properties()
+    relay = LosingRelay(properties["s3.endpoint"], marker=b"If-None-Match")
+    root = s3_storage.uri(f"lost-{uuid.uuid4().hex[:8]}")
+    try:
+        with storage_door({**properties, "s3.endpoint": relay.address}):
+            holder = Lease(root, "g", ttl_s=3.0)
+            relay.lose = 1
+            assert holder.acquire(timeout_s=0) == 1
+            assert relay.lost == 1
+            time.sleep(1.6)  # not renewed within half its TTL: the next check takes epoch 2
+            relay.lose = 1
+            holder.check()
+            assert relay.lost == 2
+            assert holder.epoch == 2
+            holder.renew()
+            assert live_lease(root, "g").owner == holder.owner
+            with pytest.raises(TimeoutError):
+                Lease(root, "g", ttl_s=3.0).acquire(timeout_s=0)
+    finally:
+        relay.close()
+
+
+def test_the_lease_works_on_a_folder_without_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vfat, SMB/Azure Files and many FUSE mounts refuse `link` (EPERM, EOPNOTSUPP); icekeeper's
+    leases worked there before the storage door (`O_EXCL`) and must still: taken, renewed, taken
+    over after a pause, one winner of a race. (This sandbox cannot mount such a filesystem, so
+    `link` answers as theirs does.)"""
+    import errno as errnos
+
+    def refused(source: str, target: str) -> None:
+        raise PermissionError(errnos.EPERM, "Operation not permitted", source, target)
+
+    monkeypatch.setattr(os, "link", refused)
+    root = str(tmp_path / "leases")
+    holder = Lease(root, "g", ttl_s=1.0)
+    assert holder.acquire(timeout_s=0) == 1
+    holder.renew()
+    with pytest.raises(TimeoutError):
+        Lease(root, "g", ttl_s=1.0).acquire(timeout_s=0)
+    time.sleep(1.1)  # paused past its TTL
+    standbys = [Lease(root, "g", ttl_s=1.0) for _ in range(6)]
+    start = threading.Barrier(len(standbys))
+    epochs: list[int | None] = []
+
+    def take(lease: Lease) -> None:
+        start.wait()
+        try:
+            epochs.append(lease.acquire(timeout_s=0))
+        except TimeoutError:
+            epochs.append(None)
+
+    threads = [threading.Thread(target=take, args=(lease,)) for lease in standbys]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(epochs, key=lambda e: e or 0) == [None] * 5 + [2]
+    with pytest.raises(Fenced):
+        holder.check()
+
+
+def test_a_dead_holder_whose_clock_ran_ahead_is_taken_over_after_its_ttl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Expiry was judged only by the standby's wall clock against the time the holder wrote: a
+    holder on a node an hour ahead that dies left a lease "renewed" an hour into the future, and
+    no bookkeeper committed for that hour. A standby that has seen it unrenewed for its TTL takes
+    it."""
+    from icekeeper.common import fencing
+
+    root = str(tmp_path / "leases")
+    ahead = fencing._now_ms
+    monkeypatch.setattr(fencing, "_now_ms", lambda: ahead() + 3_600_000)
+    holder = Lease(root, "g", ttl_s=1.0)
+    assert holder.acquire(timeout_s=0) == 1
+    holder.renew()
+    monkeypatch.setattr(fencing, "_now_ms", ahead)  # the holder's node dies; this one is on time
+    standby = Lease(root, "g", ttl_s=1.0)
+    started = time.monotonic()
+    assert standby.acquire(timeout_s=5, poll_s=0.1) == 2
+    assert 1.0 <= time.monotonic() - started < 5
+    with pytest.raises(Fenced):
+        holder.check()
+
+
+def test_a_lease_file_left_empty_is_taken_over_after_its_ttl(tmp_path: Path) -> None:
+    """A lease created with `O_EXCL` (a mount without hard links, an older icekeeper) whose node
+    died before writing it stays empty: read as "being created", held from now, it kept every
+    standby waiting for ever."""
+    folder = tmp_path / "leases" / "g"
+    folder.mkdir(parents=True)
+    (folder / "lease-000000000001.json").write_bytes(b"")
+    standby = Lease(str(tmp_path / "leases"), "g", ttl_s=1.0)
+    with pytest.raises(TimeoutError):
+        Lease(str(tmp_path / "leases"), "g", ttl_s=1.0).acquire(timeout_s=0)
+    assert standby.acquire(timeout_s=5, poll_s=0.1) == 2
+
+
+def test_a_standby_does_not_list_every_lease_file_at_every_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lease files are never deleted, so after thousands of takeovers or retaken epochs a listing
+    of the folder grows without end (3,000 files: 0.85 s a listing on s3proxy), and a standby
+    listed it every poll (twice a second). It reads the newest and probes for the next instead,
+    and still takes the lease on the full listing once it is free."""
+    from icekeeper.common import fencing
+
+    root = str(tmp_path / "leases")
+    folder = fencing.group_folder(root, "g")
+    os.makedirs(folder)
+    for epoch in range(1, 301):  # a long history of takeovers
+        Path(folder, fencing._name(epoch)).write_bytes(
+            fencing._encode(fencing.LeaseRecord(epoch, "gone", 0, 1000))
+        )
+    holder = Lease(root, "g", ttl_s=2.0)
+    assert holder.acquire(timeout_s=0) == 301
+    listings: list[str] = []
+    real_list_files = fencing.list_files
+    monkeypatch.setattr(
+        fencing, "list_files", lambda uri, **kw: listings.append(uri) or real_list_files(uri, **kw)
+    )
+    standby = Lease(root, "g", ttl_s=2.0)
+    with pytest.raises(TimeoutError):
+        standby.acquire(timeout_s=1.5, poll_s=0.1)
+    assert len(listings) <= 2, f"{len(listings)} listings of the lease folder in 1.5 s"
+    holder.check()  # past half its TTL: it takes epoch 302 itself
+    holder.release()
+    assert standby.acquire(timeout_s=2, poll_s=0.1) == holder.epoch + 1 == 303

@@ -174,3 +174,36 @@ def test_file_events_wait_out_an_unreachable_catalog(local_stack, tmp_path: Path
     )
     assert ids == sorted(list(range(10)) + [1000, 1001, 1002])
     assert list(transport.dead_letter_queue.receive_messages()) == []
+
+
+def test_a_holder_whose_cycles_fail_keeps_its_lease_through_the_outage(tmp_path: Path) -> None:
+    """Failed cycles back off (the commit interval, doubling); the backoff grew past the lease's
+    TTL (up to 30 s against the default 30 s TTL), so an outage of the transport or catalog let a
+    standby take over (to meet the same outage) and, without one, made the holder take a new
+    epoch after every failure. The holder renews first thing each cycle: it must keep its one
+    epoch, and a standby stand by, until the outage ends and it commits."""
+    from icekeeper.common.fencing import Lease, current_lease
+
+    config = bookkeeper_config(
+        tmp_path, bookkeeper__lease_ttl="3", bookkeeper__commit_interval="0.5"
+    )
+    transport_folder = tmp_path / "txlog"
+    transport_folder.parent.mkdir(parents=True, exist_ok=True)
+    transport_folder.write_text("not a folder: every listing of the transport fails")
+    bookkeeper = Bookkeeper(config)
+    thread = threading.Thread(target=bookkeeper.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: errors(bookkeeper, "cycle-failed") >= 1, 30, "a failed cycle")
+        standby = Lease(config.group.lease_uri, config.group.name, ttl_s=3)
+        with pytest.raises(TimeoutError):
+            standby.acquire(timeout_s=8, poll_s=0.2)
+        assert errors(bookkeeper, "cycle-failed") >= 4
+        assert current_lease(config.group.lease_uri, config.group.name).epoch == 1
+        transport_folder.unlink()
+        open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
+        wait_until(lambda: snapshot_count(config) >= 1, 30, "the commit after the outage")
+        assert current_lease(config.group.lease_uri, config.group.name).epoch == 1
+    finally:
+        bookkeeper.stop.set()
+        thread.join(timeout=60)

@@ -9,9 +9,12 @@ on nodes that share no folder. Their URIs keep the form they were given (Spark r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from icekeeper.bookkeeper.key_index import KeyIndex, pack
 from icekeeper.bookkeeper.key_index_store import load_index_at, save_index_at
@@ -30,6 +33,7 @@ from icekeeper.common.rewrites import (
     publish_rewrite,
     refusal,
     refuse_rewrite,
+    rewrites_folder,
     set_aside_rewrite,
     set_aside_rewrites,
 )
@@ -149,3 +153,29 @@ def test_rewrite_requests_and_their_marks(store_root: str) -> None:
         normalize_location(output_folder(table, "r1")),
         normalize_location(output_folder(table, "r3")),
     }
+
+
+def test_a_rewrite_request_storage_cannot_serve_keeps_orphan_removal_off(tmp_path: Path) -> None:
+    """The reaper spares the output folders of pending rewrite requests. One the store could not
+    serve (an I/O error, S3 throttling a GET) was left out of them, unread: its compacted files,
+    not in any snapshot yet, were then orphans to remove. The folders cannot be known, so the
+    reaper must skip orphan removal this pass (as for an unreadable claim)."""
+    table = str(tmp_path / "warehouse" / "shop" / "items")
+    for request_id in ("r1", "r2"):
+        publish_rewrite(
+            table,
+            RewriteRequest(
+                table="shop.items",
+                base_snapshot_id=1,
+                replaced=[f"{table}/data/w1/1/a.parquet"],
+                files=[],
+                schema=SCHEMA.model_dump(),
+                output_folder=output_folder(table, request_id),
+                id=request_id,
+            ),
+        )
+    request_file = Path(rewrites_folder(table)) / "r2.json"
+    request_file.unlink()
+    request_file.symlink_to("/proc/self/mem")  # every read: EIO
+    with pytest.raises(OSError, match="r2"):
+        pending_rewrite_folders(table)

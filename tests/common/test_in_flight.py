@@ -1,10 +1,13 @@
-"""Writers' claims on batch folders they are still filling (local disk, no services)."""
+"""Writers' claims on batch folders they are still filling (local disk; one test on every store)."""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from icekeeper.common.in_flight import (
     InFlightClaims,
@@ -78,3 +81,24 @@ def test_a_claimed_folder_covers_its_files_and_nothing_beside_it() -> None:
     assert under_any("/wh/t/data/w1/000000000002-aa/_ik_p0=3/part-0.parquet", folders)
     assert not under_any("/wh/t/data/w1/000000000002-aa2/part-0.parquet", folders)
     assert not under_any("/wh/t/data/w1/000000000002-aa", folders)
+
+
+def test_a_reaper_whose_clock_runs_ahead_of_the_store_keeps_live_claims(
+    store_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim's age is the store's modification time (its clock) against ... the reaper's clock:
+    a reaper node ten minutes ahead of S3 took a claim rewritten a second ago for stale past a
+    120 s grace, deleted it, and orphan removal would then delete the batch being written."""
+    from icekeeper.common import in_flight
+
+    location = f"{store_root}/items"
+    claims = InFlightClaims("w1", heartbeat_s=60)
+    claims.claim(location, f"{location}/data/w1/1")
+    real_time = time.time
+    monkeypatch.setattr(in_flight, "time", SimpleNamespace(time=lambda: real_time() + 600))
+    try:
+        live = live_claimed_folders(location, grace_s=120)
+        assert [folder.rsplit("/", 3)[-3:] for folder in live] == [["data", "w1", "1"]]
+        assert live_claimed_folders(location, grace_s=120) == live, "the claim was deleted"
+    finally:
+        claims.close()
