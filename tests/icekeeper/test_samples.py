@@ -73,6 +73,27 @@ def test_produce_sample_writes_the_seed_stream_through_the_registry(
         assert record.value["after"]["C2"] == values[0]
 
 
+@pytest.mark.integration
+def test_a_topic_read_back_slowly_is_read_to_its_end(
+    local_stack, stack_config: IcekeeperConfig, unique_topic: str
+) -> None:
+    """Chaos verifies a million records by reading the topic back and decoding each record as it
+    comes: on a busy machine that takes longer than the read's timeout in total. The timeout
+    means "nothing arrives", not "the reader is slow"."""
+    import time
+
+    from icekeeper.samples.readback import topic_messages
+
+    produce_seed_sample(stack_config, topic=unique_topic, progress=lambda message: None)
+    read = 0
+    started = time.monotonic()
+    for _ in topic_messages(stack_config.sources[0], unique_topic, timeout_s=2.0):
+        read += 1
+        time.sleep(0.3)  # the caller's work per record
+    assert time.monotonic() - started > 2.0
+    assert read == len(seed000.sample_events())
+
+
 def _offsets_by_partition(records) -> dict[int, list[int]]:
     offsets = collections.defaultdict(list)
     for record in records:
