@@ -55,10 +55,14 @@ def test_memory_held_does_not_grow_with_the_number_of_commits(tmp_path: Path) ->
             before = tracemalloc.take_snapshot()
             second = commit(WINDOW)
             grown = tracemalloc.take_snapshot().compare_to(before, "lineno")[:5]
+            third = commit(WINDOW)
         finally:
             tracemalloc.stop()
         assert len(bookkeeper.catalog.load_table("shop.items").snapshots()) == 20
-        per_commit = (second - first) / WINDOW
+        # The smaller of two windows: a leak grows in both, while a table the interpreter grows
+        # once (the interned strings' dict, which pathlib fills, reached 3.7 MB in one window of
+        # a full test run) lands in one only.
+        per_commit = min(second - first, third - second) / WINDOW
         assert per_commit <= HELD_PER_COMMIT_BYTES, (
             f"{per_commit:.0f} bytes more held per commit; grown most: "
             + "; ".join(str(stat) for stat in grown)
