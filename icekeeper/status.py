@@ -274,7 +274,7 @@ def render_status(status: Status) -> str:
             continue
         lines.append(
             f"  {row['table']:<36} {row['rows']:>10} {row['snapshots']:>6} "
-            f"{_age(row['last_commit_age_s']):>12} {_age(row['freshness_s']):>10} "
+            f"{format_age(row['last_commit_age_s']):>12} {format_age(row['freshness_s']):>10} "
             f"{row['pending_monikers']:>8} {row['pending_bytes'] / 1e6:>10.1f} "
             f"{row['quarantined_records']:>11}"
         )
@@ -284,7 +284,7 @@ def render_status(status: Status) -> str:
     for writer in status.writers:
         last = writer["last_moniker"]
         lines.append(
-            f"  {writer['writer']}: last batch {_age(writer['last_batch_age_s'])} ago, last "
+            f"  {writer['writer']}: last batch {format_age(writer['last_batch_age_s'])} ago, last "
             f"moniker seq {last['seq']} ({last['state']}), {writer['pending_monikers']} pending, "
             f"lag {writer['lag']}"
         )
@@ -302,7 +302,8 @@ def render_status(status: Status) -> str:
     return "\n".join(lines)
 
 
-def _age(seconds: float | None) -> str:
+def format_age(seconds: float | None) -> str:
+    """An age as people read it: seconds, then minutes, then hours."""
     if seconds is None:
         return "-"
     if seconds < 120:

@@ -27,7 +27,7 @@ from typing import Any
 from icekeeper.bookkeeper.observability import HISTORY_S, BookkeeperMetrics, CommitPoint
 from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.http_endpoints import Page
-from icekeeper.status import collect_status
+from icekeeper.status import collect_status, format_age
 
 REFRESH_S = 30
 """The page reloads itself this often (a meta refresh: no script)."""
@@ -99,16 +99,6 @@ def last_line(path: Path, chunk: int = 65536) -> dict[str, Any] | None:
         except ValueError:  # a line cut short by a killed reaper: the one before
             continue
     return None
-
-
-def format_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def _cell(value: Any, path: str, kind: str = "count") -> str:
