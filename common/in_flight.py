@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from icekeeper.common.locations import normalize_location
-from icekeeper.common.storage import delete_file, open_filesystem, write_file, write_whole
+from icekeeper.common.storage import (
+    delete_file,
+    open_filesystem,
+    read_whole,
+    write_file,
+    write_whole,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +157,7 @@ def live_claimed_folders(
                     pass
             continue
         try:
-            with filesystem.open_input_stream(info.path) as stream:
-                claimed = json.loads(stream.read())["folder"]
+            claimed = json.loads(read_whole(filesystem, info.path))["folder"]
         except FileNotFoundError:
             continue  # released since the listing
         except (OSError, ValueError, KeyError) as error:

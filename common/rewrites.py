@@ -49,7 +49,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from icekeeper.common.locations import normalize_location, table_state_folder
 from icekeeper.common.moniker import FileEntry
-from icekeeper.common.storage import delete_folder, make_folder, open_filesystem, write_whole
+from icekeeper.common.storage import (
+    delete_folder,
+    make_folder,
+    open_filesystem,
+    read_whole,
+    write_whole,
+)
 
 REWRITE_ID_PROPERTY = "icekeeper.rewrite-id"
 """Snapshot summary property naming the rewrite request a snapshot committed."""
@@ -133,8 +139,7 @@ def pending_rewrites(table_location: str) -> list[RewriteRequest | UnreadableRew
             continue
         request_id = name.removesuffix(".json")
         try:
-            with filesystem.open_input_stream(info.path) as stream:
-                content = stream.read()
+            content = read_whole(filesystem, info.path)
         except FileNotFoundError:
             continue  # committed or refused meanwhile
         except OSError as error:
@@ -277,8 +282,7 @@ def set_aside_rewrites(table_location: str) -> list[SetAsideRewrite]:
         if info.base_name.startswith("."):
             continue
         try:
-            with filesystem.open_input_stream(info.path) as stream:
-                found.append(SetAsideRewrite.model_validate_json(stream.read()))
+            found.append(SetAsideRewrite.model_validate_json(read_whole(filesystem, info.path)))
         except FileNotFoundError:
             continue  # replayed meanwhile
     return found
@@ -288,8 +292,8 @@ def set_aside_reason(table_location: str, request_id: str) -> str | None:
     """Why request `request_id` was set aside, None if it was not."""
     filesystem, folder = open_filesystem(f"{rewrites_folder(table_location)}/{SET_ASIDE_FOLDER}")
     try:
-        with filesystem.open_input_stream(f"{folder}/{request_id}.json") as stream:
-            return SetAsideRewrite.model_validate_json(stream.read()).reason
+        stored = read_whole(filesystem, f"{folder}/{request_id}.json")
+        return SetAsideRewrite.model_validate_json(stored).reason
     except FileNotFoundError:
         return None
 
@@ -313,8 +317,7 @@ def refusal(table_location: str, request_id: str) -> str | None:
     """Why the bookkeeper refused request `request_id`, None if it did not (yet)."""
     filesystem, folder = open_filesystem(rewrites_folder(table_location))
     try:
-        with filesystem.open_input_stream(f"{folder}/{request_id}{_REFUSED}") as stream:
-            return stream.read().decode()
+        return read_whole(filesystem, f"{folder}/{request_id}{_REFUSED}").decode()
     except FileNotFoundError:
         return None
 

@@ -217,6 +217,27 @@ def write_whole_with(
         out.write(body)
 
 
+def read_whole(filesystem: pafs.FileSystem, path: str) -> bytes:
+    """The whole file at `path` of `filesystem`; FileNotFoundError when it is not there, also when
+    it was deleted while being read. An object store then fails the read, not the open (a HEAD
+    found the key, the GET does not), with an OSError a caller would take for an outage; its
+    code is no guide (S3 says NO_SUCH_KEY, or INTERNAL_FAILURE when the error body does not fit
+    the read's buffer), so a failed read asks the store whether the file is still there."""
+    try:
+        with filesystem.open_input_stream(path) as stream:
+            return stream.read()
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        try:
+            gone = filesystem.get_file_info(path).type == pafs.FileType.NotFound
+        except OSError:
+            gone = False  # the store does not answer: an outage after all
+        if gone:
+            raise FileNotFoundError(f"{path}: deleted while being read ({error})") from error
+        raise
+
+
 def make_folder(filesystem: pafs.FileSystem, path: str) -> None:
     """Make folder `path` where folders exist (local, mounted); object stores have none (a
     "folder" is a key prefix: making one would only add a marker object per write)."""
@@ -235,8 +256,7 @@ def write_file(uri: str, body: bytes) -> None:
 def read_file(uri: str) -> bytes:
     """The whole file; FileNotFoundError when there is none."""
     filesystem, path = open_filesystem(uri)
-    with filesystem.open_input_stream(path) as stream:
-        return stream.read()
+    return read_whole(filesystem, path)
 
 
 def create_if_absent(uri: str, body: bytes) -> bool:
@@ -345,8 +365,7 @@ def read_lines(uri: str) -> list[str]:
     lines: list[str] = []
     for info in sorted(list_files(uri), key=lambda info: info.base_name):
         if info.base_name.endswith(".jsonl"):
-            with store.filesystem.open_input_stream(info.path) as stream:
-                lines += stream.read().decode("utf-8").splitlines()
+            lines += read_whole(store.filesystem, info.path).decode("utf-8").splitlines()
     return lines
 
 

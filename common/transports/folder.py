@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from pyarrow import fs as pafs
 
 from icekeeper.common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
-from icekeeper.common.storage import make_folder, open_filesystem, path_segment, write_whole
+from icekeeper.common.storage import (
+    make_folder,
+    open_filesystem,
+    path_segment,
+    read_whole,
+    write_whole,
+)
 from icekeeper.common.transports.base import Quarantined
 
 log = logging.getLogger(__name__)
@@ -63,8 +69,7 @@ class MonikerFolder:
         is `unreadable`; any other I/O error (a disk error, a store throttling or down) is an
         outage and raised: the bytes may be a good moniker, which must not be dead-lettered."""
         try:
-            with self.filesystem.open_input_stream(path) as stream:
-                data = stream.read()
+            data = read_whole(self.filesystem, path)
         except FileNotFoundError as error:
             return StoredMoniker(path, None, f"unreadable: {error}")
         try:
@@ -105,8 +110,7 @@ class MonikerFolder:
         return path
 
     def read_bytes(self, path: str) -> bytes:
-        with self.filesystem.open_input_stream(path) as stream:
-            return stream.read()
+        return read_whole(self.filesystem, path)
 
 
 REASON_SUFFIX = ".reason"

@@ -318,3 +318,45 @@ def test_azure_with_a_sas_token_only(local_stack) -> None:
             "lease.json",
             "one.json",
         ]
+
+
+class _DeletesAfterOpening:
+    """A filesystem that deletes each file it has just opened for reading, before the read: the
+    window in which a bookkeeper acknowledges (deletes) a moniker a status or test is reading."""
+
+    def __init__(self, filesystem) -> None:
+        self.filesystem = filesystem
+
+    def get_file_info(self, path):
+        return self.filesystem.get_file_info(path)
+
+    def open_input_stream(self, path: str):
+        stream = self.filesystem.open_input_stream(path)
+        self.filesystem.delete_file(path)
+        return stream
+
+
+def test_a_file_deleted_while_being_read_is_gone_not_an_outage(store_root: str) -> None:
+    """Object stores find the key on open and fail the read (S3: NO_SUCH_KEY, or INTERNAL_FAILURE
+    for a small file): read as an outage, it failed a listing of pending monikers in CI. It must
+    read as FileNotFoundError, which callers take for "acknowledged meanwhile"."""
+    from icekeeper.common.transports.folder import MonikerFolder
+
+    write_file(f"{store_root}/monikers/t/w/000000000001-a.json", b"{}")
+    folder = MonikerFolder(f"{store_root}/monikers")
+    [path] = folder.list_paths()
+    real = folder.filesystem
+    folder.filesystem = _DeletesAfterOpening(real)
+    # A local file opened before its deletion still reads (POSIX); an object's read finds none.
+    stored = folder.read(path)
+    assert stored.moniker is None
+    assert stored.error.startswith("unreadable") or "format_version" in stored.error
+    folder.filesystem = real
+    assert folder.list_paths() == []
+    write_file(f"{store_root}/gone.txt", b"x")
+    _, gone = open_filesystem(f"{store_root}/gone.txt")
+    try:
+        body = storage.read_whole(_DeletesAfterOpening(real), gone)
+    except FileNotFoundError:
+        body = None
+    assert body in (b"x", None)
