@@ -191,21 +191,52 @@ def test_a_long_step_is_not_a_stuck_loop(tmp_path: Path) -> None:
     assert not bookkeeper.liveness()[0]
 
 
-def test_waiting_monikers_are_released_a_writer_at_a_time(tmp_path: Path) -> None:
-    from icekeeper.bookkeeper.committer import TableCommit
-    from icekeeper.bookkeeper.service import RELEASED_PER_CYCLE
-    from icekeeper.common.transports.base import Delivery
+@pytest.mark.integration
+def test_waiting_monikers_are_released_a_writer_at_a_time(
+    local_stack, tmp_path: Path, monkeypatch
+) -> None:
+    """On a queue, a moniker that waits is invisible for the visibility timeout unless the cycle
+    releases it, and a cycle releases at most `RELEASED_PER_CYCLE`. Writer `a`'s chain waits for a
+    predecessor still on its way (`RELEASED_PER_CYCLE` + 20 monikers, sorted first); writers `b`
+    and `c` have three each, under a budget of two files a commit. Released in turn, `b`'s and
+    `c`'s come back the next cycle and commit in seconds; released in `a`'s order first, they
+    would be hidden for the visibility timeout (10 minutes here)."""
+    import time
 
-    config = bookkeeper_config(tmp_path)
-    monikers = [make_moniker(config, seq, seq - 1 or None, (seq, seq + 1)) for seq in range(1, 4)]
-    waiting = [
-        Delivery(m.model_copy(update={"writer_id": writer}), f"{writer}{m.seq}")
-        for writer in ("a", "b")
-        for m in monikers
-    ] + [
-        Delivery(m.model_copy(update={"writer_id": "c", "seq": 10 + i}), f"c{i}")
-        for i, m in enumerate(monikers * 200)
-    ]
-    released = Bookkeeper(config)._next_in_line(TableCommit("shop.items", waiting=waiting))
-    assert [d.source for d in released[:6]] == ["a1", "b1", "c0", "a2", "b2", "c1"]
-    assert len(released) == RELEASED_PER_CYCLE
+    from icekeeper.bookkeeper import service
+    from tests.support.shop_items import azure_queue_settings
+
+    # The cap made small, so that the backlog over it is quick to publish.
+    monkeypatch.setattr(service, "RELEASED_PER_CYCLE", 40)
+
+    config = bookkeeper_config(
+        tmp_path,
+        bookkeeper__max_files_per_commit="2",
+        transport__visibility_timeout="600s",
+        transport__journal_uri=str(tmp_path / "journal"),
+        **azure_queue_settings(local_stack),
+    )
+    transport = open_transport(config)
+    backlog = service.RELEASED_PER_CYCLE + 20
+    # `a`'s seq 1 never arrives in this test: every later one waits on it.
+    for seq in range(2, backlog + 2):
+        transport.publish(make_moniker(config, seq, seq - 1, (seq * 10, seq * 10 + 1), "a", 0))
+    for partition, writer in ((1, "b"), (2, "c")):
+        for seq in range(1, 4):
+            transport.publish(
+                make_moniker(config, seq, seq - 1 or None, (seq, seq + 1), writer, partition)
+            )
+    bookkeeper = Bookkeeper(config)
+    started = time.monotonic()
+    committed = 0
+    for _ in range(6):
+        report = bookkeeper.run_cycle()
+        committed += report.committed_monikers
+        if committed == 6:
+            break
+    assert committed == 6, f"b's and c's monikers committed: {committed} of 6"
+    assert time.monotonic() - started < 300
+    from icekeeper.common.committed_state import committed_state
+
+    seqs = committed_state(bookkeeper.catalog.load_table("shop.items")).writer_seqs
+    assert (seqs.get("b"), seqs.get("c"), seqs.get("a")) == (3, 3, None)
