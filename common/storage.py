@@ -45,7 +45,7 @@ from icekeeper.common.stores.base import (
     Store,
     Versioned,
 )
-from icekeeper.common.stores.local import LocalStore
+from icekeeper.common.stores.local import LocalStore, sync_file, sync_folder
 
 __all__ = [
     "ConditionalWritesUnsupported",
@@ -190,10 +190,11 @@ def write_whole_with(
 ) -> None:
     """`write_whole` of what `write` writes into the stream it is given (a Parquet writer, say).
 
-    On a local folder it streams into a hidden temporary file that is renamed over `path` once
-    `write` returned. An object store's output stream cannot be abandoned (pyarrow has no abort:
-    closing it publishes what was written), so there the bytes are collected in memory first and
-    written in one PUT only once `write` succeeded.
+    On a local folder it streams into a hidden temporary file that is synced and renamed over
+    `path` once `write` returned (the folder synced too: durable before visible). An object
+    store's output stream cannot be abandoned (pyarrow has no abort: closing it publishes what
+    was written), so there the bytes are collected in memory first and written in one PUT only
+    once `write` succeeded.
     """
     if isinstance(filesystem, pafs.LocalFileSystem):
         temporary = posixpath.join(
@@ -202,7 +203,9 @@ def write_whole_with(
         try:
             with filesystem.open_output_stream(temporary) as out:
                 write(out)
+            sync_file(temporary)  # durable before visible: see `sync_file`
             filesystem.move(temporary, path)
+            sync_folder(posixpath.dirname(path))
         except BaseException:
             try:
                 filesystem.delete_file(temporary)

@@ -31,8 +31,9 @@ class LocalStore(Store):
 
     def write_whole(self, path: str, body: bytes) -> None:
         temporary = _temporary_beside(path)
-        _write_new(temporary, body, sync=False)
+        _write_new(temporary, body, sync=True)
         os.replace(temporary, path)
+        sync_folder(posixpath.dirname(path))
 
     def create_if_absent(self, path: str, body: bytes) -> bool:
         temporary = _temporary_beside(path)
@@ -47,7 +48,7 @@ class LocalStore(Store):
             return _create_exclusive(path, body)
         finally:
             os.unlink(temporary)
-        _sync_folder(posixpath.dirname(path))
+        sync_folder(posixpath.dirname(path))
         return True
 
     def read_versioned(self, path: str) -> Versioned | None:
@@ -99,7 +100,7 @@ def _create_exclusive(path: str, body: bytes) -> bool:
     except BaseException:
         os.unlink(path)
         raise
-    _sync_folder(posixpath.dirname(path))
+    sync_folder(posixpath.dirname(path))
     return True
 
 
@@ -117,7 +118,18 @@ def _write_new(path: str, body: bytes, sync: bool) -> None:
             os.fsync(out.fileno())
 
 
-def _sync_folder(folder: str) -> None:
+def sync_file(path: str) -> None:
+    """Make a written file's bytes durable before its name is published: a rename is atomic but
+    not durable, and after a power cut a file renamed into place unsynced can come back empty
+    (a moniker read as unreadable, then dead-lettered, its records never committed)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def sync_folder(folder: str) -> None:
     """Make a new name durable (the folder's entry), as a lease must be before it is used."""
     try:
         descriptor = os.open(folder or ".", os.O_RDONLY)

@@ -183,3 +183,35 @@ def test_pending_filters_by_writer_alone(tmp_path: Path) -> None:
     transport.publish(sample_moniker(seq=1, prev_seq=None, writer="w1"))
     transport.publish(sample_moniker(seq=1, prev_seq=None, writer="w2", table="db.u"))
     assert [m.writer_id for m in transport.pending(writer_id="w2")] == ["w2"]
+
+
+def test_a_local_moniker_is_durable_before_it_is_published(tmp_path: Path, monkeypatch) -> None:
+    """A rename is atomic but not durable: after a power cut a moniker renamed into place
+    unsynced can come back empty, be dead-lettered as unreadable, and its records never be
+    committed (its writer moved on). The file's bytes are synced before the rename, the folder
+    (the new name) after it, both before `publish` returns; the same for a lease's whole write."""
+    import os
+
+    from icekeeper.common.storage import write_file
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    transport = TxLogMonikerTransport(
+        TxLogTransport(uri=str(tmp_path / "log"), dead_letter_uri=str(tmp_path / "dlq"))
+    )
+    moniker = sample_moniker()
+    transport.publish(moniker)
+    [path] = transport.folder.list_paths()
+    name, folder = os.path.basename(path), os.path.dirname(path)
+    # The temporary file (a hidden name beside the moniker's), then the folder, in that order.
+    assert [os.path.basename(p).startswith(f".{name}.") for p in synced] == [True, False]
+    assert synced[1] == folder
+    synced.clear()
+    write_file(str(tmp_path / "lease" / "holder.json"), b"{}")
+    assert synced[-1] == str(tmp_path / "lease") and len(synced) == 2
