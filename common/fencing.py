@@ -108,27 +108,33 @@ class Lease:
         prepare_conditional_writes(self.folder)
         unchanged = _Unchanged()
         known: int | None = None
+        failures = 0
         while stop is None or not stop.is_set():
-            # Standing by, each poll reads the known newest lease and probes for the next one (a
-            # read and a HEAD); listing every lease file (never deleted: 3,000 of them take 0.85 s
-            # to list and read on s3proxy) is left to the first poll and to a lease that looks
-            # free, so that the decision to take one rests on a full listing.
-            current = _newest_lease(self.folder, self.ttl_ms, after=known)
-            if known is not None and _free(current, unchanged):
-                current = _newest_lease(self.folder, self.ttl_ms)
-            known = current.epoch if current is not None else None
-            if _free(current, unchanged):
-                epoch = (current.epoch if current else 0) + 1
-                if self._create(epoch):
-                    self.epoch = epoch
-                    # A bookkeeper taking over matters to operators; a reaper's pass does not.
-                    log.log(
-                        logging.WARNING if self.role == "bookkeeper" else logging.INFO,
-                        f"{self.role} lease acquired",
-                        extra={"epoch": epoch, "owner": self.owner, "group": self.group},
-                    )
-                    return epoch
+            try:
+                epoch, current = self._poll(known, unchanged)
+            except Exception as error:  # the lease's store not answering now
+                # A standby (or a bookkeeper starting) outlives an outage of the lease's store:
+                # it cannot take the lease meanwhile, and nothing else depends on it; ended, it
+                # would leave the group without a standby until someone restarted it.
+                failures += 1
+                wait_s = min(30.0, poll_s * 2 ** min(failures, 6))
+                log.warning(
+                    f"{self.role} lease store not answering; trying again",
+                    extra={"group": self.group, "error": repr(error), "retry_in_s": wait_s},
+                )
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+                if stop is None:
+                    time.sleep(wait_s)
+                else:
+                    stop.wait(wait_s)
+                continue
+            failures = 0
+            if epoch is not None:
+                return epoch
+            if current is None:
                 continue  # another took this epoch first: read its lease now
+            known = current.epoch
             if not announced:
                 log.warning(
                     f"another {self.role} holds the lease; standing by",
@@ -144,6 +150,33 @@ class Lease:
             else:
                 stop.wait(poll_s)
         return None
+
+    def _poll(
+        self, known: int | None, unchanged: _Unchanged
+    ) -> tuple[int | None, LeaseRecord | None]:
+        """One look at the lease: (the epoch taken, None) when this one took it; (None, the
+        holder's lease) while another holds it; (None, None) when another took the epoch this
+        one tried first (look again at once)."""
+        # Standing by, each poll reads the known newest lease and probes for the next one (a
+        # read and a HEAD); listing every lease file (never deleted: 3,000 of them take 0.85 s
+        # to list and read on s3proxy) is left to the first poll and to a lease that looks
+        # free, so that the decision to take one rests on a full listing.
+        current = _newest_lease(self.folder, self.ttl_ms, after=known)
+        if known is not None and _free(current, unchanged):
+            current = _newest_lease(self.folder, self.ttl_ms)
+        if not _free(current, unchanged):
+            return None, current
+        epoch = (current.epoch if current else 0) + 1
+        if not self._create(epoch):
+            return None, None
+        self.epoch = epoch
+        # A bookkeeper taking over matters to operators; a reaper's pass does not.
+        log.log(
+            logging.WARNING if self.role == "bookkeeper" else logging.INFO,
+            f"{self.role} lease acquired",
+            extra={"epoch": epoch, "owner": self.owner, "group": self.group},
+        )
+        return epoch, None
 
     def renew(self) -> None:
         """Extend the lease; raises `Fenced` if a newer epoch exists. May move to the next epoch

@@ -443,3 +443,43 @@ def test_a_standby_does_not_list_every_lease_file_at_every_poll(
     holder.check()  # past half its TTL: it takes epoch 302 itself
     holder.release()
     assert standby.acquire(timeout_s=2, poll_s=0.1) == holder.epoch + 1 == 303
+
+
+def test_a_bookkeeper_outlives_an_outage_of_the_lease_store_before_it_holds_the_lease(
+    tmp_path: Path,
+) -> None:
+    """Taking the lease runs before the cycle loop that rides out outages: a store error there
+    (S3 answering 503, a mount gone) ended the process, leaving the group without a standby until
+    someone restarted it. Here the lease folder cannot be made (a file stands where its parent
+    folder goes) until the outage ends; the bookkeeper, started meanwhile, then takes the lease
+    and commits what waited."""
+    from icekeeper.bookkeeper.service import Bookkeeper
+
+    blocked = tmp_path / "store"
+    blocked.write_text("a file where the lease folder's parent should be")
+    config = bookkeeper_config(tmp_path, group__lease_uri=str(blocked / "leases"))
+    transport = open_transport(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    bookkeeper = Bookkeeper(config)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            bookkeeper.run()
+        except BaseException as error:  # noqa: BLE001 - reported by the assertion below
+            failures.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(3)
+    assert thread.is_alive() and not failures, failures
+    assert transport.pending() != []  # nothing committed without the lease
+    blocked.unlink()  # the store answers again
+    try:
+        wait_until(lambda: transport.pending() == [], 60, "the moniker committed")
+    finally:
+        bookkeeper.stop.set()
+        thread.join(30)
+    assert not failures, failures
+    table = open_catalog(config).load_table("shop.items")
+    assert table.scan().to_arrow().num_rows == 10
