@@ -50,9 +50,11 @@ WRITER_COUNTS = (2, 3, 1)
 """The `writer.instance_count` of each layout in turn, from the run's first; 2 -> 3 and 1 -> 2 give
 a partition of `w1` to a writer with a higher id (the overlap refused after the old one commits),
 3 -> 1 takes every writer but `w1` away with its monikers pending."""
-WAIT_S = 240.0
-"""Longest wait for one step of the event (a writer's Spark start takes a minute on a busy host);
-a step that times out is noted in the event's record, and the run goes on."""
+WAIT_S = 600.0
+"""Longest wait for one step of the event; a step that times out is noted in the event's record,
+and the run goes on (and fails at its end). A writer's Spark start takes a minute on a busy host,
+and its batches of a few trickled records tens of seconds each at a load of 30 on 2 cores, where
+240 s saw a writer publish 4 of the 5 monikers the backlog step waits for."""
 TRICKLE_PER_S = 2.0
 """Records a second while the event waits for writers to publish: a few in each batch, so that a
 writer publishes a moniker per batch, whatever the rate planned for the run."""
