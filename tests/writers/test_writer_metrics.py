@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 from prometheus_client.parser import text_string_to_metric_families
 
 from icekeeper.samples.produce import produce_synthetic
@@ -49,7 +50,7 @@ def test_a_running_writer_serves_lag_batches_dead_letters_and_health(
         {
             "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": unique_topic + ".dlq",
             # Several batches to catch up with: lag shows before it reaches 0.
-            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "200",
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "160",
             "ICEKEEPER__TABLES__0__IDENTIFIER": TABLE,
             "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
             "ICEKEEPER__TABLES__0__MODE": "changelog",
@@ -57,7 +58,7 @@ def test_a_running_writer_serves_lag_batches_dead_letters_and_health(
         },
     )
     source = config.sources[0].name
-    spec = SyntheticSpec(seed=29, keys=100, events=700, schema_changes=1, poison_ratio=0.03)
+    spec = SyntheticSpec(seed=29, keys=100, events=300, schema_changes=0, poison_ratio=0.03)
     produced = produce_synthetic(
         config, spec, topic=unique_topic, partitions=3, progress=lambda m: None
     )
@@ -88,7 +89,7 @@ def test_a_running_writer_serves_lag_batches_dead_letters_and_health(
             )
             return samples if done else None
 
-        samples = wait_until(caught_up, 600, "the writer to catch up", interval_s=0.05)
+        samples = wait_until(caught_up, 300, "the writer to catch up", interval_s=0.05)
         live_status, live = get(f"http://127.0.0.1:{port}/healthz")
         ready_status, ready = get(f"http://127.0.0.1:{port}/readyz")
     finally:
@@ -136,3 +137,26 @@ def test_a_running_writer_serves_lag_batches_dead_letters_and_health(
     assert live_status == 200 and json.loads(live)["state"] in ("writing", "waiting")
     assert ready_status == 200 and json.loads(ready)["last_batch"] in ("written", "idle")
     assert get(f"http://127.0.0.1:{port}/healthz")[0] == 0
+
+
+def test_a_broker_that_does_not_answer_counts_as_a_failed_read_from_kafka(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    """The batch fails (the loop retries it) and `offsets` counts it: what an alert on
+    `icekeeper_writer_kafka_read_errors_total` sees of a broker down."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {"ICEKEEPER__SOURCES__0__BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"},
+    )
+    job = WriterJob(config, spark=spark)
+    with pytest.raises(KafkaException):
+        job.run_batch()
+
+    def errors(stage: str) -> float | None:
+        return job.metrics.registry.get_sample_value(
+            "icekeeper_writer_kafka_read_errors_total",
+            {"source": config.sources[0].name, "stage": stage},
+        )
+
+    assert (errors("offsets"), errors("records")) == (1, 0)
