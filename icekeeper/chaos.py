@@ -142,6 +142,7 @@ def chaos_environ(
         "ICEKEEPER__REAPER__LEASE_TTL": "30",
         "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
         "ICEKEEPER__REAPER__HTTP_PORT": "0",
+        "ICEKEEPER__WRITER__HTTP_PORT": "0",  # several writers on one host: no port each
         "ICEKEEPER__REAPER__SNAPSHOT_EXPIRE_TIME": "0",
         "ICEKEEPER__REAPER__RETAIN_LAST": "5",
         # Shorter than a slow batch here: writers' claims on their folders, not the grace, must

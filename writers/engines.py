@@ -65,6 +65,9 @@ class EngineRefusal:
     """Why an engine does not take a batch (it kept nothing of it)."""
 
     reason: str
+    kind: str
+    """The reason's kind, one of a few fixed words (the label of
+    `icekeeper_writer_engine_fallbacks_total`; `reason` names columns, keys and ids)."""
 
 
 class WriterEngine(Protocol):

@@ -9,7 +9,9 @@ Kafka tools, as in seed 000), and notes its progress.
 This module is the loop and the order of the steps; each step lives in a module of its own:
 progress (`progress.py`, `checkpoints.py`), planning (`kafka_admin.py` bounds, `offsets.py`),
 the batch's tables and dead letters (`source_batch.py`, through the configured engine), the
-monikers of tables that got no row (`table_batch.py`), publishing (the transport).
+monikers of tables that got no row (`table_batch.py`), publishing (the transport). What the
+loop did is counted for Prometheus (`observability.py`) and served, with its health, on
+`writer.http_port` while the writer runs continuously.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pyspark.sql import SparkSession
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
 from icekeeper.common.config.required import check_writer_config
+from icekeeper.common.http_endpoints import HttpEndpoints
 from icekeeper.common.in_flight import InFlightClaims
 from icekeeper.common.kafka_clients import KafkaAccessDenied
 from icekeeper.common.source_formats import source_format
@@ -33,6 +36,7 @@ from icekeeper.common.spark import spark_session
 from icekeeper.common.transports import open_transport
 from icekeeper.writers.checkpoints import SourceCheckpoints
 from icekeeper.writers.kafka_admin import SourceAdmin
+from icekeeper.writers.observability import WriterMetrics, kafka_read_error
 from icekeeper.writers.offsets import (
     BatchPlan,
     PartitionBounds,
@@ -46,12 +50,16 @@ from icekeeper.writers.offsets import (
 from icekeeper.writers.progress import TableProgress, next_seq, refresh_progress, table_positions
 from icekeeper.writers.registry import RegistryUnavailable, TopicSchemas
 from icekeeper.writers.routing import Routes, routes_for
-from icekeeper.writers.source_batch import BatchOutcome, SourceBatchWriter
+from icekeeper.writers.source_batch import BatchIncomplete, BatchOutcome, SourceBatchWriter
 from icekeeper.writers.table_batch import offset_only_monikers
 
 log = logging.getLogger(__name__)
 _MAX_PAUSE_S = 60.0
 """Longest wait between two tries of a paused writer (the schema registry does not answer)."""
+LIVENESS_GRACE_S = 600.0
+"""The shortest time a writer's loop may show no life before `/healthz` calls it stuck: one batch
+of a large backlog can take minutes, and a probe that restarted the writer in it would make it
+read the same batch again, for ever (as the bookkeeper's `LIVENESS_GRACE_S`)."""
 
 
 @dataclass
@@ -115,6 +123,83 @@ class WriterJob:
         self.batches = SourceBatchWriter(
             config, self.spark, self.catalog, self.writer_id, self.claims, self.tables, self.schemas
         )
+        self.metrics = WriterMetrics()
+        self.metrics.show_sources([source.name for source in config.sources])
+        self.http: HttpEndpoints | None = None
+        self.state = "starting"
+        """What the loop does: starting, writing (a batch), waiting (for the next), paused (the
+        schema registry does not answer), stopped. `/healthz` and `/readyz` report it."""
+        self._alive_at = time.monotonic()
+        """When the loop last showed life (a batch's start or end, each source's batch)."""
+        self._last_outcome: str | None = None
+        """How the loop's last batch ended (`observability.BATCH_OUTCOMES`); None: none yet."""
+        self._last_outcome_at: float | None = None
+
+    # -- metrics and health ------------------------------------------------------------------------
+
+    def serve_http(self, port: int | None = None) -> int:
+        """Start `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); returns the port (0
+        in config: off, unless a port is given)."""
+        port = self.config.writer.http_port if port is None else port
+        self.http = HttpEndpoints(
+            self.metrics.registry,
+            port,
+            liveness=self.liveness,
+            readiness=self.readiness,
+            host=self.config.writer.http_host,
+            name="icekeeper-writer-http",
+        ).start()
+        return self.http.port
+
+    def _stuck_after_s(self) -> float:
+        """How long the loop may show no life and stay alive: at least `LIVENESS_GRACE_S`, and ten
+        trigger intervals plus the longest wait after failures (30 s) if longer."""
+        return max(LIVENESS_GRACE_S, 10 * self.config.writer.trigger_interval + 30)
+
+    def _health(self) -> dict:
+        return {
+            "state": self.state,
+            "writer": self.writer_id,
+            "last_batch": self._last_outcome,
+            "last_batch_age_s": None
+            if self._last_outcome_at is None
+            else round(time.monotonic() - self._last_outcome_at, 3),
+            "seq": self.seq,
+        }
+
+    def liveness(self) -> tuple[bool, dict]:
+        """Alive while the loop runs and shows life: a writer paused by a registry outage, or
+        whose batches fail and are retried, is alive (a restart would not help). Not alive once
+        the loop stopped, or when it showed no life for `_stuck_after_s`."""
+        details = self._health()
+        if self.state == "stopped":
+            return False, {**details, "reason": "the writer's loop stopped"}
+        silent_s = time.monotonic() - self._alive_at
+        if silent_s > self._stuck_after_s():
+            return False, {**details, "reason": f"the loop showed no life for {silent_s:.0f}s"}
+        return True, details
+
+    def readiness(self) -> tuple[bool, dict]:
+        """Ready while alive and its last batch ended well: written, idle, or throttled by the
+        bookkeeper's backlog (not paused by the registry, not failed)."""
+        alive, details = self.liveness()
+        if not alive:
+            return False, details
+        if self._last_outcome is None:
+            return False, {**details, "reason": "no batch finished yet"}
+        if self._last_outcome in ("paused", "failed"):
+            return False, {**details, "reason": f"the last batch {self._last_outcome}"}
+        return True, details
+
+    def _alive(self) -> None:
+        self._alive_at = time.monotonic()
+
+    def _batch_ended(self, outcome: str) -> None:
+        self._last_outcome = outcome
+        self._last_outcome_at = time.monotonic()
+        self._alive()
+        if outcome != "written":  # counted with its figures (`observe_batch`)
+            self.metrics.batches.labels(outcome).inc()
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -125,17 +210,41 @@ class WriterJob:
         on_batch: Callable[[BatchReport], None] | None = None,
     ) -> list[BatchReport]:
         """Run batches every trigger interval until stopped
-        (SIGTERM/SIGINT), `max_batches`, or idle."""
+        (SIGTERM/SIGINT), `max_batches`, or idle.
+
+        Running continuously (neither `max_batches` nor `until_idle`), the writer serves its
+        metrics and health on `writer.http_port`; a one-off run serves none."""
+        continuous = max_batches is None and not until_idle
+        if continuous and self.http is None and self.config.writer.http_port:
+            self.serve_http()
+        try:
+            return self._loop(max_batches, until_idle, on_batch)
+        finally:
+            self.state = "stopped"
+            if self.http is not None:
+                self.http.stop()
+                self.http = None
+
+    def _loop(
+        self,
+        max_batches: int | None,
+        until_idle: bool,
+        on_batch: Callable[[BatchReport], None] | None,
+    ) -> list[BatchReport]:
         self._resend_journal()
         reports = []
         failures = 0
         pauses = 0
         while not self.stop.is_set():
             started = time.monotonic()
+            self.state = "writing"
+            self._alive()
             try:
                 report = self.run_batch()
                 failures = pauses = 0
             except RegistryUnavailable as outage:
+                self._batch_ended("paused")
+                self.state = "paused"
                 # Not poison and not a crash: wait for the registry
                 # as long as it takes, alerting each time.
                 pauses += 1
@@ -155,8 +264,10 @@ class WriterJob:
                 self.stop.wait(wait_s)
                 continue
             except (TopicReset, KafkaAccessDenied):
+                self._batch_ended("failed")
                 raise  # retrying cannot help: the operator decides (docs/operations.md)
             except Exception as error:
+                self._batch_ended("failed")
                 failures += 1
                 if failures >= 5:
                     raise
@@ -164,8 +275,14 @@ class WriterJob:
                     "batch failed; nothing was published, retrying",
                     extra={"writer": self.writer_id, "error": repr(error), "failures": failures},
                 )
+                self.state = "waiting"
                 self.stop.wait(min(30.0, 2.0**failures))
                 continue
+            if report.records_read:
+                self.metrics.observe_batch(report.records_read, report.seconds)
+            self._batch_ended(
+                "throttled" if report.throttled else "written" if report.records_read else "idle"
+            )
             if report.records_read:
                 reports.append(report)
                 if on_batch:
@@ -174,6 +291,7 @@ class WriterJob:
                 break
             if until_idle and not report.records_read and not report.throttled:
                 break
+            self.state = "waiting"
             self.stop.wait(
                 max(0.0, self.config.writer.trigger_interval - (time.monotonic() - started))
             )
@@ -206,6 +324,7 @@ class WriterJob:
             [spec.identifier for spec in self.config.tables] + sorted(self.templated),
             self.writer_id,
         )
+        self.metrics.pending_bytes.set(self.pending_bytes)
         seq = next_seq(self.tables, self.seq)
         report = BatchReport(seq=seq)
         if self.pending_bytes > self.config.writer.max_pending_bytes:
@@ -233,13 +352,22 @@ class WriterJob:
     def _run_source_batch(self, source: KafkaSource, seq: int, report: BatchReport) -> None:
         """Plan, read, decode, route, flatten and write one source's batch; publish its monikers."""
         admin = self.admins[source.name]
-        bounds = admin.bounds(self.config.writer.instance_index, self.config.writer.instance_count)
+        self._alive()
+        try:
+            bounds = admin.bounds(
+                self.config.writer.instance_index, self.config.writer.instance_count
+            )
+        except Exception:
+            self.metrics.kafka_read_errors.labels(source.name, "offsets").inc()
+            raise
         if not bounds:
             return
         routes = routes_for(source, self.config.tables)
         table_ids = self._source_tables(source, routes)
         self._rewind_for_refusals(source, table_ids)
         plan = self._plan(source, table_ids, bounds)
+        end_offsets = {key: bound.latest for key, bound in bounds.items()}
+        self.metrics.show_lag(source.name, end_offsets, _real_tables(plan.table_starts))
         if plan.restarted:
             # Before anything is published: a writer killed later starts the partitions over again.
             self.checkpoints.forget(source, set().union(*plan.restarted.values()))
@@ -251,7 +379,12 @@ class WriterJob:
             if source_format(source.format).registry
             else []
         )
-        outcome = self.batches.write(source, plan, seq, schemas, routes)
+        try:
+            outcome = self.batches.write(source, plan, seq, schemas, routes)
+        except Exception as error:
+            if isinstance(error, BatchIncomplete) or kafka_read_error(error):
+                self.metrics.kafka_read_errors.labels(source.name, "records").inc()
+            raise
         outcome.monikers += offset_only_monikers(
             self.catalog, self.writer_id, plan, seq, outcome.monikers, self.tables
         )
@@ -272,6 +405,38 @@ class WriterJob:
         report.lost_to_retention += sum(plan.lost_to_retention.values())
         admin.commit_group_offsets(plan)
         self.checkpoints.advance(source, plan)
+        self._count(source, plan, outcome, end_offsets)
+
+    def _count(
+        self,
+        source: KafkaSource,
+        plan: BatchPlan,
+        outcome: BatchOutcome,
+        end_offsets: dict[TP, int],
+    ) -> None:
+        """Count what a source's published batch did, and the lag it leaves its tables."""
+        metrics = self.metrics
+        metrics.records_read.labels(source.name).inc(plan.records)
+        for moniker in outcome.monikers:
+            metrics.records_written.labels(moniker.table).inc(moniker.records)
+            metrics.written_bytes.labels(moniker.table).inc(moniker.bytes)
+            metrics.monikers.labels(moniker.table).inc()
+        for reason, count in outcome.errors.items():
+            metrics.dead_letters.labels(source.name, reason).inc(count)
+        if skipped := outcome.skipped_tombstones(source):
+            metrics.tombstones_skipped.labels(source.name).inc(skipped)
+        if lost := sum(plan.lost_to_retention.values()):
+            metrics.lost_to_retention.labels(source.name).inc(lost)
+        if outcome.fallback is not None:
+            metrics.engine_fallbacks.labels(source.name, outcome.fallback).inc()
+        after = {
+            table: {
+                key: max(start, plan.read_ranges[key][1]) if key in plan.read_ranges else start
+                for key, start in starts.items()
+            }
+            for table, starts in _real_tables(plan.table_starts).items()
+        }
+        metrics.show_lag(source.name, end_offsets, after)
 
     def _source_tables(self, source: KafkaSource, routes: Routes) -> list[str]:
         """The tables `source` feeds that this writer knows: its configured ones, and those its
@@ -357,3 +522,8 @@ class WriterJob:
                 },
             )
         return plan
+
+
+def _real_tables(positions: dict[str, dict[TP, int]]) -> dict[str, dict[TP, int]]:
+    """Per table, without the entry a templated source plans tables not seen yet by (`*`)."""
+    return {table: starts for table, starts in positions.items() if table != "*"}

@@ -54,7 +54,8 @@ _fallbacks_logged: set[str] = set()
 
 
 class BatchIncomplete(RuntimeError):
-    """Kafka returned fewer records than the planned offsets span; nothing was published."""
+    """Kafka returned fewer records than the planned offsets span; nothing was published (a
+    failed read from Kafka, `icekeeper_writer_kafka_read_errors_total`)."""
 
 
 @dataclass
@@ -71,6 +72,9 @@ class BatchOutcome:
     intake: BatchIntake | None = None
     """What the writing pass counted, reconciled with the dead letters before the monikers are
     returned (`writers/reconciliation.py`)."""
+    fallback: str | None = None
+    """The kind of reason the configured engine gave for not taking the batch, which `spark-sql`
+    then wrote (`EngineRefusal.kind`); None when it took it."""
 
     def skipped_tombstones(self, source: KafkaSource) -> int:
         return self.tombstones if source.tombstones == "skip" else 0
@@ -167,8 +171,10 @@ class SourceBatchWriter:
         """The configured engine's write of the batch, or `spark-sql`'s where it refuses, with a
         moniker for each table it wrote files for."""
         written = self.engine.write(batch)
+        fallback = None
         if isinstance(written, EngineRefusal):
             _log_fallback_once(batch.source, written.reason)
+            fallback = written.kind
             written = self.spark_sql.write(batch)
         assert isinstance(written, EngineWrite)
         if not batch.source.offset_gaps and written.records != batch.plan.records:
@@ -182,6 +188,7 @@ class SourceBatchWriter:
             failed=written.intake.failed,
             tombstones=written.intake.tombstones,
             intake=written.intake,
+            fallback=fallback,
         )
         for table in written.tables:
             moniker = self.tables.moniker(table.table, batch.plan, batch.seq, table.files)

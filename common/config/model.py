@@ -587,6 +587,19 @@ class WriterConfig(_Model):
         "writer's own process (a thread each) instead of as a Spark job, whose fixed cost "
         "(0.2-0.5 s) is ten times the work of a few thousand records; 0: always a Spark job.",
     )
+    http_port: int = Field(
+        9466,
+        ge=0,
+        le=65535,
+        description="Port of the writer's `/metrics`, `/healthz` (liveness) and `/readyz` "
+        "(readiness) while it runs continuously (a one-off run, `--once`, `--max-batches` or "
+        "`--until-idle`, serves none); 0: off. Writers sharing a host need a port each.",
+    )
+    http_host: str = Field(
+        "127.0.0.1",
+        description="Address the writer's metrics and health endpoints bind to; `0.0.0.0` for "
+        "every interface (a Prometheus scraping from another host).",
+    )
 
     @model_validator(mode="after")
     def _index_in_range(self) -> WriterConfig:

@@ -96,6 +96,7 @@ def e2e_config(
             "ICEKEEPER__WRITER__TRIGGER_INTERVAL": str(FRESHNESS_TRIGGER_S),
             "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
             "ICEKEEPER__REAPER__HTTP_PORT": "0",  # soak's reaper: no port to collide on
+            "ICEKEEPER__WRITER__HTTP_PORT": "0",
             **(extra or {}),
         },
     )

@@ -31,6 +31,9 @@ def pipeline_config(
             "ICEKEEPER__SPARK__MASTER": "local[2]",
             "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0",
             "ICEKEEPER__BOOKKEEPER__COMMIT_INTERVAL": "0",
+            # Tests share a host (and other checkouts' tests): a writer running continuously
+            # serves no port unless its test asks for one.
+            "ICEKEEPER__WRITER__HTTP_PORT": "0",
         }
     )
     environ.update(extra or {})

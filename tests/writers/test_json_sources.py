@@ -319,8 +319,15 @@ def test_two_topics_of_one_json_source_keep_their_own_columns_and_types(
                 ]
         produce(source.bootstrap_servers, topic, values)
 
-    reports = WriterJob(config, spark=spark).run(until_idle=True)
+    job = WriterJob(config, spark=spark)
+    reports = job.run(until_idle=True)
     assert all(not r.errors for r in reports), [r.errors for r in reports]
+    # JSON runs on `spark-sql`: each batch counts as the arrow engine's fallback, by kind.
+    fallbacks = job.metrics.registry.get_sample_value(
+        "icekeeper_writer_engine_fallbacks_total",
+        {"source": source.name, "reason": "unsupported-source"},
+    )
+    assert reports and fallbacks == len(reports)
     bookkeeper = Bookkeeper(config)
     bookkeeper.run_cycle()
 

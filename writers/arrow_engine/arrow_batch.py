@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -84,13 +85,13 @@ class ArrowEngine:
     def write(self, batch: SourceBatch) -> EngineWrite | EngineRefusal:
         """Write the batch's tables, or say why the batch must run on `spark-sql` (nothing kept)."""
         source, routes, schemas = batch.source, batch.routes, batch.schemas
-        reason = (
-            unsupported_reason(source, routes.tables, schemas)
-            or layout_reason(routes.tables, self.config.writer.distribution)
-            or self._properties_reason(routes.tables)
+        refusal = _refusal(
+            ("unsupported-source", lambda: unsupported_reason(source, routes.tables, schemas)),
+            ("layout", lambda: layout_reason(routes.tables, self.config.writer.distribution)),
+            ("table-properties", lambda: self._properties_reason(routes.tables)),
         )
-        if reason is not None:
-            return EngineRefusal(reason)
+        if refusal is not None:
+            return refusal
         shapes = [
             shape_from_avro(version_column(index), envelope_shape(s.resolved), s.schema_id)
             for index, s in enumerate(schemas)
@@ -160,7 +161,7 @@ class ArrowEngine:
             or self._properties_reason(templated)
         )
         if reason is not None:
-            return EngineRefusal(f"table_template: {reason}")
+            return EngineRefusal(f"table_template: {reason}", "table-template")
         table_batches: list[TableBatch] = []
         table_plans: list[TablePlan] = []
         for route, chosen in versions_by_table(pairs, shapes).items():
@@ -179,7 +180,9 @@ class ArrowEngine:
             # A record key of a schema the writer has not learnt yet, or none at all:
             # `spark-sql` learns the one and dead-letters the other (`arrow_record_keys.py`).
             discard_output(output_dirs)
-            return EngineRefusal("deletes without a before image whose key is not read")
+            return EngineRefusal(
+                "deletes without a before image whose key is not read", "delete-key-unread"
+            )
         shared = {
             identifier: count
             for identifier, table_facts in facts.tables.items()
@@ -188,7 +191,10 @@ class ArrowEngine:
         if shared:
             # A key in two Kafka partitions of the batch: `spark-sql` orders it by offset alone.
             discard_output(output_dirs)
-            return EngineRefusal(f"upsert keys in two Kafka partitions of a batch: {shared}")
+            return EngineRefusal(
+                f"upsert keys in two Kafka partitions of a batch: {shared}",
+                "upsert-key-in-two-partitions",
+            )
         written = EngineWrite(
             facts.records,
             _intake(facts, table_plans, routes),
@@ -323,3 +329,12 @@ def _version_plan(
         tuple(shape.transaction),
         unchecked,
     )
+
+
+def _refusal(*checks: tuple[str, Callable[[], str | None]]) -> EngineRefusal | None:
+    """The first check that finds a reason, as a refusal of its kind; the later ones are not run
+    (the table properties' check loads the tables)."""
+    for kind, check in checks:
+        if (reason := check()) is not None:
+            return EngineRefusal(reason, kind)
+    return None

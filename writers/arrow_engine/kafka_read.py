@@ -35,6 +35,11 @@ _SECOND = itemgetter(1)
 """A message's `timestamp()` is (type, milliseconds)."""
 
 
+class KafkaReadError(RuntimeError):
+    """Kafka did not give a task its range: an error from the broker, or nothing for `_STALL_S`.
+    Its name reaches the writer in the task's traceback (`writers/observability.py` counts it)."""
+
+
 def fetch_settings(records: int) -> dict[str, int]:
     """librdkafka's fetch settings for reading a range of `records` records.
 
@@ -104,13 +109,15 @@ def _read(consumer: Consumer, task: TaskRange, with_keys: bool) -> RawRecords:
         messages = consumer.consume(num_messages=max(1, min(_BATCH, remaining)), timeout=_WAIT_S)
         if not messages:
             if time.monotonic() - stalled_since > _STALL_S:
-                raise TimeoutError(f"no records from {task.topic}:{task.partition} in {_STALL_S} s")
+                raise KafkaReadError(
+                    f"no records from {task.topic}:{task.partition} in {_STALL_S} s"
+                )
             continue
         stalled_since = time.monotonic()
         if any(map(Message.error, messages)):  # an error is never None, and never false
             for error in filter(None, map(Message.error, messages)):
                 if error.code() != KafkaError._PARTITION_EOF:  # noqa: SLF001 - librdkafka's name
-                    raise RuntimeError(f"reading {task.topic}:{task.partition}: {error}")
+                    raise KafkaReadError(f"reading {task.topic}:{task.partition}: {error}")
             done = True
             messages = [m for m in messages if m.error() is None]
         # One `map` of the unbound method per field: no Python frame per record (a comprehension

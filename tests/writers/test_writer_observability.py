@@ -1,0 +1,62 @@
+"""The writer's metrics without services: lag per table and partition from Kafka's end offsets
+and the tables' positions, and which failed batches count as failed reads from Kafka."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+
+from icekeeper.writers.arrow_engine.kafka_read import KafkaReadError
+from icekeeper.writers.observability import WriterMetrics, kafka_read_error
+
+
+def lag_of(metrics: WriterMetrics) -> dict[tuple[str, str, str], float]:
+    return {
+        (s.labels["table"], s.labels["topic"], s.labels["partition"]): s.value
+        for family in metrics.registry.collect()
+        if family.name == "icekeeper_writer_lag_records"
+        for s in family.samples
+    }
+
+
+def test_lag_is_the_end_offset_minus_each_tables_position_and_drops_partitions_not_read() -> None:
+    metrics = WriterMetrics()
+    metrics.show_lag(
+        "src",
+        {("t", 0): 100, ("t", 1): 40},
+        {"a.x": {("t", 0): 60, ("t", 1): 40}, "a.y": {("t", 0): 100}},
+    )
+    # A table that never saw a partition (absent) has nothing to read there yet.
+    assert lag_of(metrics) == {
+        ("a.x", "t", "0"): 40,
+        ("a.x", "t", "1"): 0,
+        ("a.y", "t", "0"): 0,
+        ("a.y", "t", "1"): 0,
+    }
+    # This writer reads partition 1 no more (instance_count changed): its series go; a position
+    # beyond the end (a recreated topic, until the writer stops on it) is no negative lag.
+    metrics.show_lag("src", {("t", 0): 100}, {"a.x": {("t", 0): 120}, "a.y": {("t", 0): 90}})
+    assert lag_of(metrics) == {("a.x", "t", "0"): 0, ("a.y", "t", "0"): 10}
+    end = metrics.registry.get_sample_value(
+        "icekeeper_writer_partition_end_offset", {"topic": "t", "partition": "0"}
+    )
+    assert end == 100
+
+
+def test_failed_reads_from_kafka_are_told_from_other_failures() -> None:
+    assert kafka_read_error(KafkaReadError("no records from t:0 in 30.0 s"))
+    assert kafka_read_error(KafkaException(KafkaError(KafkaError._TRANSPORT)))
+    # Through Spark: a task's Java error arrives as text, wrapped.
+    java = RuntimeError(
+        "An error occurred while calling o123.collectToPython.\n: org.apache.spark.SparkException:"
+        " Job aborted ... org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms"
+    )
+    assert kafka_read_error(java)
+    try:
+        try:
+            raise KafkaReadError("reading t:0: Broker: Unknown topic or partition")
+        except KafkaReadError as error:
+            raise RuntimeError("task failed") from error
+    except RuntimeError as wrapped:
+        assert kafka_read_error(wrapped)
+    assert not kafka_read_error(ValueError("column qty: cannot cast"))
+    assert not kafka_read_error(RuntimeError("catalog unavailable"))
