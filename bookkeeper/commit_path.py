@@ -29,6 +29,7 @@ commit; it never commits. The path does the rest, the same for every kind:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
@@ -55,6 +56,7 @@ from icekeeper.bookkeeper.manifests import merge_append, rewrite_files
 from icekeeper.common.catalog import load_table_or_none
 from icekeeper.common.committed_state import (
     KEY_COMMIT_ID,
+    KEY_STATE,
     CommittedState,
     committed_state,
     expirable_snapshots,
@@ -215,6 +217,9 @@ class CommitPath:
         """This bookkeeper's epoch (set when it takes the lease): written into every snapshot."""
         self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         """The clock snapshot ages are measured against (tests move it forward)."""
+        self.state_in_properties = not isinstance(catalog, MetastoreCatalog)
+        """Whether commits also keep the committed state in a table property: a REST catalog may
+        serve no snapshot history (Nessie: see `common/committed_state.py`)."""
         self.fence: Callable[[], None] | None = None
         """Raises (`Fenced`) once another bookkeeper holds the lease (`Lease.check`): called
         before a snapshot that records a refusal is swapped in. None without a lease."""
@@ -310,6 +315,10 @@ class CommitPath:
                 ),
             )
         properties = {**changes.state.to_summary(changes.moniker_ids), **changes.properties}
+        if self.state_in_properties:
+            transaction.set_properties(
+                {KEY_STATE: json.dumps(changes.state.to_summary([]), sort_keys=True)}
+            )
         if changes.replace:
             snapshot = rewrite_files(
                 transaction, properties, changes.removed_files, changes.delete_files
@@ -375,4 +384,8 @@ class CommitPath:
             properties = snapshot.summary.additional_properties if snapshot.summary else {}
             if properties.get(KEY_COMMIT_ID) == commit_id:
                 return snapshot.snapshot_id
+        # Not listed: it did not land, or (a catalog that serves only the current snapshot,
+        # Nessie) another commit came after it. Either way it is planned again on the committed
+        # state, which the table's `KEY_STATE` property carries there: what landed is found
+        # committed, as duplicates.
         return None
