@@ -217,9 +217,15 @@ class CommitPath:
         """This bookkeeper's epoch (set when it takes the lease): written into every snapshot."""
         self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         """The clock snapshot ages are measured against (tests move it forward)."""
-        self.state_in_properties = not isinstance(catalog, MetastoreCatalog)
+        rest = not isinstance(catalog, MetastoreCatalog)
+        self.state_in_properties = rest
         """Whether commits also keep the committed state in a table property: a REST catalog may
         serve no snapshot history (Nessie: see `common/committed_state.py`)."""
+        self.reuse_committed_tables = rest
+        """Whether a table's next commit is planned on the table as the last one left it (see
+        `current_table`): a REST catalog answers a commit with the new metadata, and loading the
+        table again costs a request whose answer grows with the history kept."""
+        self._committed: dict[str, Table] = {}
         self.fence: Callable[[], None] | None = None
         """Raises (`Fenced`) once another bookkeeper holds the lease (`Lease.check`): called
         before a snapshot that records a refusal is swapped in. None without a lease."""
@@ -233,7 +239,11 @@ class CommitPath:
 
         def attempt(number: int) -> TableCommit:
             outcome = TableCommit(identifier, attempts=number)
-            table = load_table_or_none(self.catalog, identifier)
+            # A first attempt may plan on the table as the last commit left it; every later one
+            # (after a lost swap, or an unknown outcome) on the table loaded afresh.
+            table = self._committed.pop(identifier, None) if number == 1 else None
+            if table is None:
+                table = load_table_or_none(self.catalog, identifier)
             state = self.checked_state(identifier, table)
             changes = producer.plan(table, state, outcome)
             if changes is None:
@@ -247,6 +257,15 @@ class CommitPath:
                 changes.state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch)
             )
             outcome.snapshot_id = self._settled(identifier, producer, changes)
+            current = changes.table.current_snapshot()
+            if (
+                self.reuse_committed_tables
+                and current
+                and current.snapshot_id == outcome.snapshot_id
+            ):
+                # The catalog's answer carried the new metadata (an outcome settled by reading
+                # the table back left `changes.table` as it was: not kept).
+                self._committed[identifier] = changes.table
             outcome.watermark_ms = changes.state.watermark_ms
             producer.committed(changes, outcome.snapshot_id, outcome)
             return outcome
@@ -254,6 +273,14 @@ class CommitPath:
         outcome = attempt_until_committed(identifier, attempt, producer.what)
         outcome.seconds = time.monotonic() - started
         return outcome
+
+    def current_table(self, identifier: str) -> Table | None:
+        """Table `identifier` as this bookkeeper's last commit left it (REST catalogs), else as
+        loaded now. It may be stale (another engine committed since): a commit planned on it is
+        a compare-and-swap on its snapshot, which then fails and is planned again on the table
+        loaded afresh."""
+        table = self._committed.get(identifier)
+        return table if table is not None else load_table_or_none(self.catalog, identifier)
 
     def checked_state(self, identifier: str, table: Table | None) -> CommittedState:
         """`table`'s committed state (empty before the table exists), once it is clear that no

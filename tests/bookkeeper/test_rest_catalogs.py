@@ -205,3 +205,35 @@ def test_a_commit_that_loses_its_compare_and_swap_is_planned_again_not_dead_lett
         assert committed_offsets(bookkeeper, identifier) == [*range(20), 1000]
     finally:
         relay.close()
+
+
+@pytest.mark.parametrize("mode", ["changelog", "upsert"])
+def test_a_cycle_commits_in_one_request_per_snapshot_without_loading_the_table(
+    tmp_path: Path, rest_service, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A REST catalog answers a commit with the new metadata: the bookkeeper plans its next
+    commit on it instead of loading the table again (a request whose answer grows with the
+    history kept), and leaves the removal of old metadata files to the server (pyiceberg's own
+    attempt failed, and was logged, on every commit)."""
+    relay = CommitRelay(rest_service.pyiceberg_properties()["uri"])
+    try:
+        config = layout_config(tmp_path, rest_service, mode=mode, uri=relay.address)
+        identifier = table_of(config)
+        transport, writer = open_transport(config), S3Writer(config)
+        bookkeeper = Bookkeeper(config)
+        table_path = commit_request_line(rest_service, identifier).decode().split(" ")[1]
+        per_cycle = []
+        for batch in range(6):
+            transport.publish(writer.batch([(key, batch * 100 + key) for key in range(20)]))
+            relay.requests.clear()
+            assert bookkeeper.run_cycle().committed_monikers == 1
+            per_cycle.append([line for line in relay.requests if table_path in line])
+        # The first cycle creates and loads the table; later ones only commit (an upsert
+        # table's purge is a second snapshot: a second request).
+        for requests in per_cycle[2:]:
+            assert requests and all(line.startswith("POST ") for line in requests), per_cycle
+        assert not [r for r in caplog.records if "Failed to delete" in r.getMessage()]
+        kept = range(120) if mode == "changelog" else range(100, 120)  # upsert: the last batch
+        assert sorted(row[2] for row in rows_of(bookkeeper, identifier)) == list(kept)
+    finally:
+        relay.close()

@@ -146,6 +146,8 @@ class CommitRelay:
         self.fault: str | None = None
         self.faulted = 0
         self.before_forward: Callable[[], None] | None = None
+        self.requests: list[str] = []
+        """The request line of every request relayed (or faulted), in order."""
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._stalled: list[socket.socket] = []
@@ -165,6 +167,7 @@ class CommitRelay:
     def _take(self, data: bytes) -> str | None:
         request_line = data.split(b"\r\n", 1)[0]
         with self._lock:
+            self.requests.append(request_line.decode())
             if self.fault and self.marker and request_line.startswith(self.marker):
                 fault, self.fault = self.fault, None
                 self.faulted += 1
