@@ -241,11 +241,18 @@ class CommitPath:
             outcome = TableCommit(identifier, attempts=number)
             # A first attempt may plan on the table as the last commit left it; every later one
             # (after a lost swap, or an unknown outcome) on the table loaded afresh.
-            table = self._committed.pop(identifier, None) if number == 1 else None
-            if table is None:
-                table = load_table_or_none(self.catalog, identifier)
+            kept = self._committed.pop(identifier, None) if number == 1 else None
+            table = kept if kept is not None else load_table_or_none(self.catalog, identifier)
             state = self.checked_state(identifier, table)
             changes = producer.plan(table, state, outcome)
+            if changes is None and kept is not None:
+                # Nothing to commit: no compare-and-swap would find the kept table stale, so what
+                # the plan decided (monikers waiting, duplicates acknowledged, a newer epoch not
+                # seen) is decided again on the table as it is now.
+                outcome = TableCommit(identifier, attempts=number)
+                table = load_table_or_none(self.catalog, identifier)
+                state = self.checked_state(identifier, table)
+                changes = producer.plan(table, state, outcome)
             if changes is None:
                 return outcome
             if self.fence is not None and records_refusal(state, changes.state):

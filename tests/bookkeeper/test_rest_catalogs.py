@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import load_catalog
 
+from icekeeper.bookkeeper.commit_path import StaleEpoch
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import committed_state
 from icekeeper.common.transports import open_transport
@@ -238,3 +239,27 @@ def test_a_cycle_commits_in_one_request_per_snapshot_without_loading_the_table(
         assert sorted(row[2] for row in rows_of(bookkeeper, identifier)) == list(kept)
     finally:
         relay.close()
+
+
+def test_a_deposed_bookkeeper_planning_on_its_last_commit_stops_and_commits_nothing(
+    tmp_path: Path, rest_service
+) -> None:
+    """A bookkeeper plans its next commit on the table its last commit left: when a newer one
+    committed since, that table is stale, its swap fails, and the fresh read shows the newer
+    epoch: it stops (`StaleEpoch`) without committing, and the newer one commits what is left."""
+    config = layout_config(tmp_path, rest_service)
+    identifier = table_of(config)
+    transport, writer = open_transport(config), S3Writer(config)
+    first = Bookkeeper(config, epoch=1)
+    transport.publish(writer.batch([(key, key) for key in range(10)]))
+    assert first.run_cycle().committed_monikers == 1
+    second = Bookkeeper(config, epoch=2)
+    transport.publish(writer.batch([(key, 100 + key) for key in range(10)]))
+    assert second.run_cycle().committed_monikers == 1
+    transport.publish(writer.batch([(key, 200 + key) for key in range(10)]))
+    with pytest.raises(StaleEpoch):
+        first.run_cycle()
+    assert committed_offsets(second, identifier) == list(range(20))
+    assert second.run_cycle().committed_monikers == 1
+    assert committed_offsets(second, identifier) == list(range(30))
+    assert committed_state(second.catalog.load_table(identifier)).epoch == 2
