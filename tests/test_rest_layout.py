@@ -93,3 +93,50 @@ def test_seed_000_through_kafka_s3_and_the_rest_catalog(
     finally:
         connection.close()
     bookkeeper.committer.close()
+
+
+@pytest.mark.heavy
+def test_quick_chaos_on_s3_and_the_rest_catalog(
+    local_stack, rest_catalog, stack_config, tmp_path: Path
+) -> None:
+    """`icekeeper chaos` (kills, a paused bookkeeper fenced by a second one) with its tables in the
+    REST catalog and their files on S3; the same checks as the quick run on the default layout."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from icekeeper.chaos import CHANGELOG_TABLE, UPSERT_TABLE, run_chaos
+
+    properties = {
+        **rest_catalog.pyiceberg_properties(),
+        "warehouse": f"{rest_catalog.warehouse()}/chaos_{uuid.uuid4().hex[:8]}",
+    }
+    catalog = load_catalog("chaos", **rest_catalog.pyiceberg_properties())
+    for identifier in (CHANGELOG_TABLE, UPSERT_TABLE):  # a run's tables must be new
+        try:
+            catalog.drop_table(identifier)
+        except NoSuchTableError:
+            pass
+    base = stack_config.model_copy(update={"state_dir": str(tmp_path)})
+    result = run_chaos(
+        base,
+        records=2000,
+        kills=3,
+        seed=2,
+        progress=print,
+        timeout_s=900,
+        reassignments=0,
+        catalog_properties=properties,
+    )
+    summary = {
+        key: value
+        for key, value in result.items()
+        if key not in ("upsert_by_engine", "changelog_by_engine")
+    }
+    print("chaos result:", summary)
+    assert result["kills"] == 3 and result["fenced_exit_code"] == 3, summary
+    assert result["duplicates"] == 0 and result["missing"] == 0, summary
+    assert result["upsert_duplicate_keys"] == 0 and result["upsert_mismatched"] == 0, summary
+    assert result["spark_rows"] == result["duckdb_rows"] == result["rows"], summary
+    assert result["failures"] == [], result["failures"]
+    table = catalog.load_table(CHANGELOG_TABLE)
+    assert table.location().startswith(properties["warehouse"] + "/")
