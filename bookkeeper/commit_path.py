@@ -29,6 +29,7 @@ commit; it never commits. The path does the rest, the same for every kind:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
@@ -55,6 +56,7 @@ from icekeeper.bookkeeper.manifests import merge_append, rewrite_files
 from icekeeper.common.catalog import load_table_or_none
 from icekeeper.common.committed_state import (
     KEY_COMMIT_ID,
+    KEY_STATE,
     CommittedState,
     committed_state,
     expirable_snapshots,
@@ -215,6 +217,15 @@ class CommitPath:
         """This bookkeeper's epoch (set when it takes the lease): written into every snapshot."""
         self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         """The clock snapshot ages are measured against (tests move it forward)."""
+        rest = not isinstance(catalog, MetastoreCatalog)
+        self.state_in_properties = rest
+        """Whether commits also keep the committed state in a table property: a REST catalog may
+        serve no snapshot history (Nessie: see `common/committed_state.py`)."""
+        self.reuse_committed_tables = rest
+        """Whether a table's next commit is planned on the table as the last one left it (see
+        `current_table`): a REST catalog answers a commit with the new metadata, and loading the
+        table again costs a request whose answer grows with the history kept."""
+        self._committed: dict[str, Table] = {}
         self.fence: Callable[[], None] | None = None
         """Raises (`Fenced`) once another bookkeeper holds the lease (`Lease.check`): called
         before a snapshot that records a refusal is swapped in. None without a lease."""
@@ -228,9 +239,20 @@ class CommitPath:
 
         def attempt(number: int) -> TableCommit:
             outcome = TableCommit(identifier, attempts=number)
-            table = load_table_or_none(self.catalog, identifier)
+            # A first attempt may plan on the table as the last commit left it; every later one
+            # (after a lost swap, or an unknown outcome) on the table loaded afresh.
+            kept = self._committed.pop(identifier, None) if number == 1 else None
+            table = kept if kept is not None else load_table_or_none(self.catalog, identifier)
             state = self.checked_state(identifier, table)
             changes = producer.plan(table, state, outcome)
+            if changes is None and kept is not None:
+                # Nothing to commit: no compare-and-swap would find the kept table stale, so what
+                # the plan decided (monikers waiting, duplicates acknowledged, a newer epoch not
+                # seen) is decided again on the table as it is now.
+                outcome = TableCommit(identifier, attempts=number)
+                table = load_table_or_none(self.catalog, identifier)
+                state = self.checked_state(identifier, table)
+                changes = producer.plan(table, state, outcome)
             if changes is None:
                 return outcome
             if self.fence is not None and records_refusal(state, changes.state):
@@ -242,6 +264,15 @@ class CommitPath:
                 changes.state, commit_id=uuid.uuid4().hex, epoch=max(self.epoch, state.epoch)
             )
             outcome.snapshot_id = self._settled(identifier, producer, changes)
+            current = changes.table.current_snapshot()
+            if (
+                self.reuse_committed_tables
+                and current
+                and current.snapshot_id == outcome.snapshot_id
+            ):
+                # The catalog's answer carried the new metadata (an outcome settled by reading
+                # the table back left `changes.table` as it was: not kept).
+                self._committed[identifier] = changes.table
             outcome.watermark_ms = changes.state.watermark_ms
             producer.committed(changes, outcome.snapshot_id, outcome)
             return outcome
@@ -249,6 +280,14 @@ class CommitPath:
         outcome = attempt_until_committed(identifier, attempt, producer.what)
         outcome.seconds = time.monotonic() - started
         return outcome
+
+    def current_table(self, identifier: str) -> Table | None:
+        """Table `identifier` as this bookkeeper's last commit left it (REST catalogs), else as
+        loaded now. It may be stale (another engine committed since): a commit planned on it is
+        a compare-and-swap on its snapshot, which then fails and is planned again on the table
+        loaded afresh."""
+        table = self._committed.get(identifier)
+        return table if table is not None else load_table_or_none(self.catalog, identifier)
 
     def checked_state(self, identifier: str, table: Table | None) -> CommittedState:
         """`table`'s committed state (empty before the table exists), once it is clear that no
@@ -310,6 +349,10 @@ class CommitPath:
                 ),
             )
         properties = {**changes.state.to_summary(changes.moniker_ids), **changes.properties}
+        if self.state_in_properties:
+            transaction.set_properties(
+                {KEY_STATE: json.dumps(changes.state.to_summary([]), sort_keys=True)}
+            )
         if changes.replace:
             snapshot = rewrite_files(
                 transaction, properties, changes.removed_files, changes.delete_files
@@ -375,4 +418,8 @@ class CommitPath:
             properties = snapshot.summary.additional_properties if snapshot.summary else {}
             if properties.get(KEY_COMMIT_ID) == commit_id:
                 return snapshot.snapshot_id
+        # Not listed: it did not land, or (a catalog that serves only the current snapshot,
+        # Nessie) another commit came after it. Either way it is planned again on the committed
+        # state, which the table's `KEY_STATE` property carries there: what landed is found
+        # committed, as duplicates.
         return None

@@ -33,10 +33,10 @@ from icekeeper.bookkeeper.exactly_once import advanced_state, select_ready
 from icekeeper.bookkeeper.pending_files import PendingFiles, checked_files
 from icekeeper.bookkeeper.row_delta import Addition, RowDelta
 from icekeeper.bookkeeper.table_key_indexes import TableKeyIndexes
-from icekeeper.common.catalog import table_properties
+from icekeeper.common.catalog import REQUESTED_LOCATION, monikers_location, table_properties
 from icekeeper.common.committed_state import CommittedState
 from icekeeper.common.config.model import IcekeeperConfig
-from icekeeper.common.locations import batch_folder_of, is_in_batch_folder
+from icekeeper.common.locations import batch_folder_of, is_in_batch_folder, normalize_location
 from icekeeper.common.moniker import Moniker
 from icekeeper.common.partitioning import partition_spec
 from icekeeper.common.transports.base import Delivery
@@ -246,7 +246,7 @@ class MonikerAppend(SnapshotProducer):
         """The moniker's data files, each checked against what its footer says (and on an upsert
         table its deleted-keys files too, which must also lie in the moniker's own batch folder,
         `is_in_batch_folder`); `InvalidFile` when one is not what the moniker says."""
-        location = table.location()
+        location = monikers_location(table, moniker.table_location)
         files = []
         for entry in moniker.files:
             facts = self.files.facts(entry.path)
@@ -318,6 +318,14 @@ def create_table(
             properties=properties,
         )
     except TableAlreadyExistsError:
+        table = catalog.load_table(identifier)
+    if normalize_location(table.location()).rstrip("/") != normalize_location(location).rstrip(
+        "/"
+    ) and not table.properties.get(REQUESTED_LOCATION):
+        # The catalog placed the table elsewhere (Nessie appends `_<uuid>`; REST servers may):
+        # writers put the files of batches written before the table existed under `location`.
+        with table.transaction() as transaction:
+            transaction.set_properties({REQUESTED_LOCATION: location})
         table = catalog.load_table(identifier)
     created_ids = {f.name: f.field_id for f in table.schema().fields}
     if created_ids != {f.name: f.field_id for f in schema.fields}:

@@ -103,7 +103,11 @@ class Purger:
         `StaleEpoch` when a newer bookkeeper committed the table."""
         started = time.monotonic()
         outcome = PurgeOutcome()
-        table = self.catalog.load_table(identifier)
+        # As the commit just made left it, where the catalog answers a commit with the new
+        # metadata (REST): a purge planned on a stale table is refused at its commit.
+        table = self.rewrites.commit_path.current_table(identifier) or self.catalog.load_table(
+            identifier
+        )
         unfinished = self._unfinished.pop(identifier, None)
         if unfinished is not None:
             # Committed or refused by the poll for pending rewrites meanwhile, if no longer pending.

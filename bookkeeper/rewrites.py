@@ -61,7 +61,6 @@ from icekeeper.bookkeeper.table_key_indexes import (
     TableKeyIndexes,
     live_files,
 )
-from icekeeper.common.catalog import load_table_or_none
 from icekeeper.common.committed_state import CommittedState
 from icekeeper.common.delete_files import referenced_data_files
 from icekeeper.common.locations import normalize_location
@@ -127,7 +126,7 @@ class RewriteCommitter:
         its own: one that fails stays pending and the next is tried. Raises only what concerns
         the table (it cannot be loaded, its requests cannot be listed) and `StaleEpoch`."""
         outcome = PendingRewrites()
-        table = load_table_or_none(self.catalog, identifier)
+        table = self.commit_path.current_table(identifier)  # for its location
         if table is None:
             return outcome
         location = table.location()

@@ -46,6 +46,7 @@ from pyiceberg.utils.datetime import datetime_to_millis
 from icekeeper.common.internals import (
     append_metadata_log,
     apply_table_updates,
+    leave_metadata_cleanup_to_server,
     replace_metadata_update,
     replace_metadata_writer,
     replace_sql_metadata_reader,
@@ -207,9 +208,15 @@ def update_without_copy(
 
 
 def with_lean_commits(catalog: Catalog) -> Catalog:
-    """Give this catalog object the cheap metadata path described above; returns it. Catalogs that
-    keep metadata elsewhere (REST: the server applies the updates) are returned unchanged."""
+    """Give this catalog object the cheap metadata path described above; returns it.
+
+    A REST catalog applies the updates and writes the metadata file itself, and answers with the
+    new metadata: a commit is one request whose answer pyiceberg parses (the commit path then
+    plans the next commit on that table instead of loading it again,
+    `CommitPath.current_table`). Only the client's redundant removal of old metadata files is
+    left out here (`leave_metadata_cleanup_to_server`)."""
     if not isinstance(catalog, MetastoreCatalog):
+        leave_metadata_cleanup_to_server(catalog)
         return catalog
     cache = MetadataCache()
     catalog.metadata_cache = cache  # type: ignore[attr-defined]

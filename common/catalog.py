@@ -9,6 +9,8 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from icekeeper.common.config.model import IcekeeperConfig, TableSpec
+from icekeeper.common.internals import set_rest_request_timeout
+from icekeeper.common.locations import normalize_location
 from icekeeper.common.storage import StorageSettings, configure_storage
 
 DEFAULT_TABLE_PROPERTIES = {
@@ -49,7 +51,9 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
     ):
         # pyiceberg's own IO cannot open abfss://<container>@<account>.dfs.../ (door_fileio.py).
         properties["py-io-impl"] = "icekeeper.common.door_fileio.DoorFileIO"
-    return load_catalog(config.catalog.name, **properties)
+    catalog = load_catalog(config.catalog.name, **properties)
+    set_rest_request_timeout(catalog, config.catalog.request_timeout)
+    return catalog
 
 
 AZURE_SCHEMES = ("abfs://", "abfss://", "wasb://", "wasbs://")
@@ -60,6 +64,25 @@ def load_table_or_none(catalog: Catalog, identifier: str) -> Table | None:
         return catalog.load_table(identifier)
     except NoSuchTableError:
         return None
+
+
+REQUESTED_LOCATION = "icekeeper.requested-location"
+"""Table property: the location the bookkeeper asked the catalog to create the table at, kept
+only when the catalog chose another (a REST catalog may: Nessie appends `_<uuid>`). Writers place
+the files of batches they write before the table exists under the location they compute
+(`default_table_location`); this says those files are the table's too."""
+
+
+def monikers_location(table: Table, moniker_location: str) -> str:
+    """The location a moniker's files are checked against (its data folder, its batch folders):
+    the table's, or the location the table was asked for (`REQUESTED_LOCATION`) when the moniker
+    was written for that one, before the table existed."""
+    requested = table.properties.get(REQUESTED_LOCATION)
+    if requested and normalize_location(moniker_location).rstrip("/") == normalize_location(
+        requested
+    ).rstrip("/"):
+        return requested
+    return table.location()
 
 
 def default_table_location(config: IcekeeperConfig, identifier: str) -> str:

@@ -4,6 +4,12 @@ Every bookkeeper commit carries the whole state forward (not a delta), so the ne
 that has it is enough. Snapshots made by other engines (Spark's `rewrite_data_files`, for
 example) do not copy custom keys, so readers walk back through parents to the newest snapshot
 that carries them; the reaper never expires that one.
+
+Some catalogs keep no snapshot history in the table's metadata: Nessie's Iceberg REST API serves
+only the current snapshot (its history is Nessie's own commit log), so one snapshot made by
+another engine hides every summary icekeeper wrote. Commits through such a catalog (REST) also
+carry the state in a table property, `KEY_STATE`, set in the same commit: it is read when no
+snapshot of the table carries the state.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ KEY_QUARANTINED = PREFIX + "quarantined-records"
 KEY_EVENT_FILES = PREFIX + "event-files"
 KEY_QUARANTINED_MONIKERS = PREFIX + "quarantined-monikers"
 KEY_REFUSALS = PREFIX + "refusals"
+KEY_STATE = PREFIX + "committed-state"
+"""Table property: the summary keys of the bookkeeper's newest commit, as one JSON object (REST
+catalogs, see the module docstring)."""
 
 QUARANTINED_MONIKERS_KEPT = 500
 """Ids of quarantined monikers the state remembers for
@@ -163,11 +172,18 @@ def committed_state(table: Table) -> CommittedState:
             else None
         )
     carrier = newest_state_carrier(table)
-    return (
-        CommittedState.from_summary(carrier.summary.additional_properties, carrier.snapshot_id)
-        if carrier
-        else CommittedState()
-    )
+    if carrier is not None:
+        return CommittedState.from_summary(
+            carrier.summary.additional_properties, carrier.snapshot_id
+        )
+    kept = state_property(table)
+    return CommittedState.from_summary(kept) if kept is not None else CommittedState()
+
+
+def state_property(table: Table) -> dict[str, str] | None:
+    """The summary keys kept in the table's `KEY_STATE` property, if any."""
+    kept = table.properties.get(KEY_STATE)
+    return json.loads(kept) if kept else None
 
 
 def newest_state_carrier(table: Table) -> Snapshot | None:

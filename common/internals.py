@@ -253,6 +253,51 @@ def replace_sql_metadata_reader(
     return True
 
 
+def set_rest_request_timeout(catalog: Catalog, timeout_s: float) -> bool:
+    """Give every HTTP request of this REST catalog object a timeout of `timeout_s` (to connect,
+    and between bytes of the answer); False, and nothing changed, for other kinds of catalog.
+
+    pyiceberg 0.12's REST client sends its requests with no timeout at all: a server, or a proxy
+    in front of it, that takes a commit and never answers holds the caller forever. With one, the
+    request fails with a `requests` timeout (an `OSError`), which a caller can settle."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    if not isinstance(catalog, RestCatalog):
+        return False
+    session = catalog._session  # noqa: SLF001 - the requests session has no public accessor
+    send = session.request
+
+    def request_with_timeout(method: str, url: str, **kwargs: Any) -> Any:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = timeout_s
+        return send(method, url, **kwargs)
+
+    session.request = request_with_timeout  # type: ignore[method-assign]
+    return True
+
+
+def leave_metadata_cleanup_to_server(catalog: Catalog) -> bool:
+    """Make this REST catalog object leave the removal of old metadata files to the server; False,
+    and nothing changed, for other kinds of catalog.
+
+    After every commit pyiceberg 0.12 deletes, from the client, the metadata files that fell out
+    of the table's metadata log (`write.metadata.delete-after-commit.enabled`). Behind a REST
+    catalog the server wrote those files and already removed them as it committed (Iceberg's
+    table operations do): the client's deletes are requests for files that are gone, each
+    logged as a failure, on every commit."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    if not isinstance(catalog, RestCatalog):
+        return False
+
+    def keep(io: FileIO, base: TableMetadata, metadata: TableMetadata) -> None:
+        return None
+
+    # This catalog object only (`Table._do_commit` calls it through the table's catalog).
+    catalog._delete_old_metadata = keep  # type: ignore[method-assign]  # noqa: SLF001
+    return True
+
+
 def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
     """A copy of `function` (same code) that sees `replacements` in place of its module's globals:
     pyiceberg's code, run with one of the functions it calls replaced, for one caller only."""

@@ -116,9 +116,11 @@ def chaos_environ(
     max_offsets: int = 500,
     mode: Mode = "both",
     transport: TransportKind = "txlog",
+    catalog_properties: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Settings every component gets (environment overrides on the embedded defaults); a writer's
-    share of the topic comes on top (`chaos_reassign.WriterLayout.environ`)."""
+    share of the topic comes on top (`chaos_reassign.WriterLayout.environ`). `catalog_properties`:
+    another catalog than the run's own SQLite one (a REST catalog, the warehouse on S3)."""
     source = base.sources[0]
     # Both tables claim the topic alike, so the writers fan each batch out to both
     # (writers/routing.py).
@@ -149,6 +151,11 @@ def chaos_environ(
         # keep unpublished files (a 138 s batch against a 120 s grace once lost a committed file).
         "ICEKEEPER__GROUP__ORPHAN_GRACE": "30",
         **(azure_queue_environ(base, topic) if transport == "azure-queue" else {}),
+        **(
+            {"ICEKEEPER__CATALOG__PROPERTIES": json.dumps(catalog_properties)}
+            if catalog_properties
+            else {}
+        ),
     }
 
 
@@ -179,6 +186,7 @@ def run_chaos(
     mode: Mode = "both",
     transport: TransportKind = "txlog",
     reassignments: int = 1,
+    catalog_properties: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One chaos run; the report's `failures` lists, in words, every check that did not hold (see
     `chaos_verify.failures`), and the logs of every component stay under `logs`.
@@ -188,6 +196,8 @@ def run_chaos(
             one writer's monikers all as pointers to their journal copy).
         reassignments: how many times the writers' partitions change writer while monikers are
             pending (`chaos_reassign.py`), at seeded moments between kills.
+        catalog_properties: the catalog of the run's tables, if not a SQLite file of its own
+            (a REST catalog with the warehouse on S3: its tables must not exist yet).
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"chaos transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
@@ -202,7 +212,13 @@ def run_chaos(
     topic = f"chaos.{seed}.{uuid.uuid4().hex[:6]}"
     # Several batches per writer between kills, whatever the size of the run.
     overrides = chaos_environ(
-        base, work, topic, max_offsets=max(500, records // 40), mode=mode, transport=transport
+        base,
+        work,
+        topic,
+        max_offsets=max(500, records // 40),
+        mode=mode,
+        transport=transport,
+        catalog_properties=catalog_properties,
     )
     config = load_config(None, environ=overrides)
     # A bounded key set, each key changed about ten times: deletes nearly as frequent as creates

@@ -96,6 +96,8 @@ class TableReport:
     errors: list[str] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)
     """Dry run: what would change, one line each."""
+    skipped: list[str] = field(default_factory=list)
+    """Steps left out of the pass, each with why (`gc_disabled`)."""
 
     def to_json(self) -> dict:
         return {
@@ -511,3 +513,12 @@ def time_filter(
 
 def _sql_map(options: dict[str, str]) -> str:
     return ", ".join(f"'{key}', '{value}'" for key, value in options.items())
+
+
+def gc_disabled(table: Table) -> bool:
+    """Whether the table says its files must not be deleted by table maintenance (`gc.enabled`
+    false): Nessie sets it on every table, since a file may belong to the table on another branch
+    too, and leaves garbage collection to its own tool. Iceberg's expiry and orphan removal
+    refuse such a table (`ValidationException`); the reaper leaves both out rather than failing
+    them on every pass."""
+    return table.properties.get("gc.enabled", "true").strip().lower() == "false"

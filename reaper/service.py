@@ -30,7 +30,7 @@ from icekeeper.common.locations import normalize_location, table_state_folder
 from icekeeper.common.rewrites import pending_rewrite_folders
 from icekeeper.common.storage import append_lines
 from icekeeper.common.transports import open_transport
-from icekeeper.reaper.maintenance import SparkMaintenance, TableReport
+from icekeeper.reaper.maintenance import SparkMaintenance, TableReport, gc_disabled
 from icekeeper.reaper.observability import ReaperMetrics
 
 if TYPE_CHECKING:
@@ -299,8 +299,15 @@ class Reaper:
                 raise claims_error
             maintenance.remove_orphans(identifier, report, spared, claimed, now)
 
-        step("expiry", lambda: maintenance.expire(table, identifier, report, spared, now))
-        step("orphans", remove_orphans)
+        if gc_disabled(table):
+            report.skipped += [
+                f"{name}: the table has gc.enabled=false (Nessie's tables do: their files may be "
+                "another branch's too; its own GC removes them)"
+                for name in ("expiry", "orphans")
+            ]
+        else:
+            step("expiry", lambda: maintenance.expire(table, identifier, report, spared, now))
+            step("orphans", remove_orphans)
         report.seconds = time.monotonic() - started
         log.info("reaper pass", extra={"table": identifier, **report.to_json()})
         return report

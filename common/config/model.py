@@ -522,6 +522,14 @@ class CatalogConfig(_Model):
         "`abfss://<container>@<account>.dfs.core.windows.net/` URI of this config (monikers, "
         "leases, reports, dead letters), and reach Spark (S3FileIO / ADLSFileIO) and DuckDB.",
     )
+    request_timeout: Duration = Field(
+        60.0,
+        gt=0,
+        description="REST catalogs: how long a request waits to connect and for each part of the "
+        "server's answer before it fails (pyiceberg itself waits forever). A commit that times out "
+        "is of unknown outcome: the bookkeeper reads the table back to settle it "
+        "(docs/operations.md).",
+    )
 
 
 class WriterConfig(_Model):
