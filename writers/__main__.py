@@ -1,7 +1,9 @@
 """Entry point for `spark-submit`: `spark-submit --packages ... writers/__main__.py --config C`.
 
-Only the driver runs Python: decoding, flattening and writing are Spark SQL in the executors'
-JVMs, so executors need no icekeeper installation.
+The default `arrow` engine runs Python tasks in every executor, which need `icekeeper[executor]`:
+ship it with `--archives "$(icekeeper writer --executor-env)#environment"` and
+`PYSPARK_PYTHON=./environment/bin/python`, or `spark.executor_env: packed`
+(docs/operations.md, "Writers on a Spark cluster"); `spark-sql` runs no Python there.
 """
 
 import argparse

@@ -100,7 +100,9 @@ class WriterJob:
         self.catalog = open_catalog(config)
         self.transport = open_transport(config)
         self.checkpoints = SourceCheckpoints(config.writer.checkpoint_uri, self.writer_id)
-        self.spark = spark or spark_session(config, f"{config.writer.app_name}-{self.writer_id}")
+        self.spark = spark or spark_session(
+            config, f"{config.writer.app_name}-{self.writer_id}", python_tasks=True
+        )
         self.schemas = {source.name: TopicSchemas(source) for source in config.sources}
         self.tables: dict[str, TableProgress] = {}
         self.templated: dict[str, str] = self.checkpoints.templated_tables()
