@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -81,17 +82,16 @@ def spark_archive_conf(archive: str, existing: str | None = None) -> dict[str, s
 
 
 def install_source() -> InstallSource:
-    """icekeeper as it runs here: its source folder when installed from one (editable or not),
-    else its released version."""
-    distribution = metadata.distribution("icekeeper")
-    direct_url = distribution.read_text("direct_url.json")
-    if direct_url:
-        url = json.loads(direct_url).get("url", "")
-        if url.startswith("file://"):
-            folder = Path(url.removeprefix("file://"))
-            if (folder / "pyproject.toml").is_file():
-                return InstallSource(f"{folder}[{EXECUTOR_EXTRA}]", _sources_fingerprint(folder))
-    version = distribution.version
+    """icekeeper as it runs here: the checkout it is imported from (an editable install, or the
+    source folder on the path), else its installed version."""
+    import icekeeper
+
+    folder = Path(icekeeper.__file__).resolve().parents[1]
+    pyproject = folder / "pyproject.toml"
+    if pyproject.is_file() and 'name = "icekeeper"' in pyproject.read_text(encoding="utf-8"):
+        return InstallSource(f"{folder}[{EXECUTOR_EXTRA}]", _sources_fingerprint(folder))
+    # Not `metadata.distribution`: a checkout's `icekeeper.egg-info` on the path would answer.
+    version = metadata.version("icekeeper")
     return InstallSource(f"icekeeper[{EXECUTOR_EXTRA}]=={version}", f"icekeeper=={version}")
 
 
@@ -190,9 +190,32 @@ def _build(archive: Path, source: InstallSource, constraints: str, progress: Pro
         progress(f"executor environment: packing {venv_folder} with venv-pack")
         partial = archive.with_name(f"{archive.name}.{os.getpid()}.part")
         _pack(venv_folder, partial)
+        partial.chmod(0o644)  # venv-pack writes it private; other users' writers ship it too
         partial.replace(archive)  # whole, never half: a build that died leaves only a .part
         size_mb = archive.stat().st_size / 1024**2
         progress(f"executor environment: {archive} ({size_mb:.0f} MB)")
+    prune_cache(archive.parent, keep=KEEP_ARCHIVES)
+
+
+KEEP_ARCHIVES = 3
+"""Archives kept in the cache: each change of icekeeper's files makes a new one (~240 MB), and a
+running writer may still serve an older one to executors that start late."""
+
+
+def prune_cache(folder: Path, keep: int) -> None:
+    """Delete all but the `keep` newest archives (and build leftovers of dead builds a day old)."""
+    archives = sorted(
+        folder.glob("icekeeper-executor-*.tar.gz"), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    for stale in archives[keep:]:
+        stale.unlink(missing_ok=True)
+    day_ago = time.time() - 86_400
+    for leftover in folder.glob("icekeeper-executor-*.part"):
+        if leftover.stat().st_mtime < day_ago:
+            leftover.unlink(missing_ok=True)
+    for scratch in folder.glob("build-*"):  # a build killed before it could clean up
+        if scratch.stat().st_mtime < day_ago:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _pack(venv_folder: Path, output: Path) -> None:
@@ -202,7 +225,7 @@ def _pack(venv_folder: Path, output: Path) -> None:
     # pip installs nothing in an executor; its ~17 MB would be unpacked by every one of them.
     env = env.exclude("lib/python*/site-packages/pip/*").exclude("bin/pip*")
     with _stdout_to_stderr():  # venv-pack draws its progress bar on stdout
-        env.pack(output=str(output), verbose=True, force=True, compress_level=1)
+        env.pack(output=str(output), format="tar.gz", verbose=True, force=True, compress_level=1)
     print(file=sys.stderr, flush=True)  # the bar ends without a newline
 
 

@@ -54,7 +54,7 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = folder / "bin" / "python"
     for module in ("icekeeper", "pyarrow", "polars", "confluent_kafka"):
         probe = subprocess.run(
-            [str(python), "-c", f"import {module}"], capture_output=True, check=False
+            [str(python), "-c", f"import {module}"], capture_output=True, check=False, cwd=folder
         )
         assert probe.returncode != 0, f"{module} is importable in the workers' Python"
     return python
