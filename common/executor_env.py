@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+from icekeeper.common.exit_codes import UsageError
 
 ARCHIVE_ALIAS = "environment"
 """The folder Spark unpacks the archive into, in each executor's work folder (`#environment`)."""
@@ -54,6 +57,31 @@ Progress = Callable[[str], None]
 
 class ExecutorEnvError(RuntimeError):
     """The environment could not be built; the message says which step failed and why."""
+
+
+class ExecutorsLackPython(UsageError):
+    """A Spark job's Python tasks could not import what they run: the executors' Python is not
+    icekeeper's. Nothing was published; the message says how to ship them the environment."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        super().__init__(
+            f"the Spark executors' Python cannot import {module!r}: the writer's arrow engine runs "
+            "Python tasks there. Ship them icekeeper's environment (`spark.executor_env: packed`, "
+            "or spark-submit --archives with `icekeeper writer --executor-env`), install "
+            "'icekeeper[executor]' in their Python, or use `writer.engine: spark-sql` "
+            '(docs/operations.md, "Writers on a Spark cluster")'
+        )
+
+
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def missing_executor_module(job_failure: str) -> str | None:
+    """The module a failed Spark job's Python tasks could not import, from its message (the
+    executors' traceback), or None when it failed otherwise."""
+    found = _MISSING_MODULE.search(job_failure)
+    return found.group(1) if found else None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from icekeeper.common.config import ConfigError
-from icekeeper.common.exit_codes import USAGE
+from icekeeper.common.exit_codes import USAGE, UsageError
 from icekeeper.common.logs import LOG_LEVELS, configure_logging
 from icekeeper.writers.entry import add_writer_arguments, run_writer
 
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     configure_logging(args.verbose, args.log_level)
     try:
         return run_writer(args)
-    except ConfigError as error:
+    except (ConfigError, UsageError) as error:
         print(error, file=sys.stderr)
         return USAGE
 

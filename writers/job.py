@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
 from icekeeper.common.config.required import check_writer_config
+from icekeeper.common.executor_env import ExecutorsLackPython
 from icekeeper.common.in_flight import InFlightClaims
 from icekeeper.common.kafka_clients import KafkaAccessDenied
 from icekeeper.common.source_formats import source_format
@@ -101,7 +102,11 @@ class WriterJob:
         self.transport = open_transport(config)
         self.checkpoints = SourceCheckpoints(config.writer.checkpoint_uri, self.writer_id)
         self.spark = spark or spark_session(
-            config, f"{config.writer.app_name}-{self.writer_id}", python_tasks=True
+            config,
+            f"{config.writer.app_name}-{self.writer_id}",
+            # Only the arrow engine imports icekeeper in executors (`spark-sql` runs no Python
+            # there but a JSON source's schema inference, which needs a bare Python).
+            python_tasks=config.writer.engine == "arrow",
         )
         self.schemas = {source.name: TopicSchemas(source) for source in config.sources}
         self.tables: dict[str, TableProgress] = {}
@@ -156,7 +161,7 @@ class WriterJob:
                     on_batch(BatchReport(seq=self.seq or 0, paused=str(outage)))
                 self.stop.wait(wait_s)
                 continue
-            except (TopicReset, KafkaAccessDenied):
+            except (TopicReset, KafkaAccessDenied, ExecutorsLackPython):
                 raise  # retrying cannot help: the operator decides (docs/operations.md)
             except Exception as error:
                 failures += 1

@@ -857,7 +857,8 @@ class SparkConfig(_Model):
     executor_env: str = Field(
         "",
         description="The Python environment the writer's executors run its `arrow` tasks in "
-        "(masters other than `local`). Empty: the Python Spark finds there (`PYSPARK_PYTHON`, "
+        "(masters other than `local`; `spark-sql` runs none and ships nothing). Empty: the "
+        "Python Spark finds there (`PYSPARK_PYTHON`, "
         "else `python3`), which must have `icekeeper[executor]` installed. `packed`: the "
         "writer packs one with venv-pack (as `icekeeper writer --executor-env` does; built once, "
         "cached under `cache_dir/executor-env/`) and ships it with `spark.archives`, so "

@@ -11,11 +11,13 @@ from pathlib import Path
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.executor_env import (
     EXECUTOR_PYTHON,
+    ExecutorsLackPython,
     InstallSource,
     archive_path,
     env_key,
     install_source,
     installed_constraints,
+    missing_executor_module,
     prune_cache,
     spark_archive_conf,
 )
@@ -74,3 +76,15 @@ def test_the_cache_keeps_the_newest_archives(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f"icekeeper-executor-{age}.tar.gz" for age in range(3)
     ]
+
+
+def test_a_job_failure_names_the_module_the_executors_lack() -> None:
+    failure = (
+        "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "pyspark/cloudpickle/cloudpickle.py", line 649, in subimport\n'
+        "ModuleNotFoundError: No module named 'icekeeper.writers'\n"
+    )
+    assert missing_executor_module(failure) == "icekeeper.writers"
+    assert missing_executor_module("java.io.IOException: disk full") is None
+    assert "spark.executor_env: packed" in str(ExecutorsLackPython("icekeeper"))

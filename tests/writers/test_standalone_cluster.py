@@ -76,7 +76,7 @@ def executor_archive() -> Path:
     print(result.stderr[-2000:])
     archive = Path(result.stdout.strip())
     assert archive.is_file() and archive.name.endswith(".tar.gz"), result.stdout
-    assert archive.is_relative_to(REPO_ROOT / ".cache" / "executor-env")
+    assert archive.is_relative_to((REPO_ROOT / ".cache" / "executor-env").resolve())
     return archive
 
 
@@ -185,7 +185,7 @@ def cluster_config(
     tmp_path: Path,
     topic: str,
     cluster: StandaloneCluster,
-    archive: Path,
+    archive: Path | None,
     engine: str,
     extra: dict[str, str] | None = None,
 ) -> tuple[IcekeeperConfig, Path]:
@@ -196,13 +196,21 @@ def cluster_config(
         topic,
         {
             "ICEKEEPER__SPARK__MASTER": cluster.master,
-            "ICEKEEPER__SPARK__EXECUTOR_ENV": str(archive),
+            "ICEKEEPER__SPARK__EXECUTOR_ENV": str(archive or ""),
             "ICEKEEPER__WRITER__ENGINE": engine,
             "ICEKEEPER__WRITER__DRIVER_BATCH_RECORDS": "0",
             **(extra or {}),
         },
     )
-    config.spark.conf.update({"spark.executor.memory": "768m", "spark.cores.max": "2"})
+    config.spark.conf.update(
+        {
+            "spark.executor.memory": "768m",
+            "spark.cores.max": "2",
+            # The driver on loopback too, as the cluster is (not the host's own address).
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+        }
+    )
     config_path = tmp_path / "writer.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")
     return config, config_path
@@ -287,11 +295,36 @@ def test_writer_on_a_cluster_whose_executors_have_nothing_installed(
     assert sum(batch["rows"] for batch in batches) == 3000
     apps = standalone_cluster.state()["completedapps"]
     assert [app["cores"] for app in apps] == [2]  # both workers ran executors for the writer
-    # Each executor unpacked the archive and ran its Python (the arrow engine's tasks).
-    assert len(unpacked_pythons(standalone_cluster)) == 2
+    # The arrow engine ships the archive, which each executor unpacked to run its tasks' Python;
+    # `spark-sql` runs no Python there and ships nothing.
+    assert len(unpacked_pythons(standalone_cluster)) == (2 if engine == "arrow" else 0)
     expected = topic_offsets(config, unique_topic)
     assert sum(expected.values()) == 3000
     assert committed_offsets(config) == expected
+
+
+def test_executors_without_icekeeper_stop_the_writer_with_what_to_ship(
+    local_stack, standalone_cluster: StandaloneCluster, tmp_path: Path, unique_topic: str
+) -> None:
+    """Without `spark.executor_env`, the arrow engine's tasks fail to import icekeeper in the bare
+    Python: the writer stops at once (exit 2, nothing published) and says what executors need,
+    rather than retrying a batch no retry can write."""
+    config, config_path = cluster_config(tmp_path, unique_topic, standalone_cluster, None, "arrow")
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=27, keys=20, events=300, schema_changes=0),
+        topic=unique_topic,
+        partitions=3,
+        progress=lambda m: None,
+    )
+    writer = start_writer(config_path, "--until-idle")
+    stdout, stderr = writer.communicate(timeout=600)
+    assert writer.returncode == 2, stderr[-3000:]
+    last_line = stderr.strip().splitlines()[-1]
+    assert "executors' Python cannot import 'icekeeper'" in last_line, stderr[-3000:]
+    assert "spark.executor_env: packed" in last_line
+    assert not [line for line in stdout.splitlines() if line.startswith("{")]  # no batch
+    assert not list((tmp_path / "txlog").rglob("*.json")), "a moniker was published"
 
 
 def _python_workers_in(work_dir: Path) -> list[int]:
