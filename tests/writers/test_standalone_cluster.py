@@ -18,12 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pyspark
 import pytest
 import yaml
@@ -373,13 +373,18 @@ def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(
     )
     writer = start_writer(config_path, "--until-idle")
     doomed = standalone_cluster.workers[0]
+    data = tmp_path / "warehouse" / "shop" / "orders" / "data"
     try:
-        # Its Python workers exist only while (and after) it runs the batch's Python tasks.
-        wait_until(lambda: _python_workers_in(doomed.work_dir), 600, "a Python task on worker 1")
-        time.sleep(0.5)  # into the task's work: reading, decoding, writing
-        assert writer.poll() is None, "the writer ended before the kill"
+        # Batch 2 (its schema versions known from batch 1: one Spark job, the writing one) has
+        # begun writing its files, with worker 1's Python workers running its tasks.
+        wait_until(
+            lambda: list(data.glob("*/000000000002-*/*.parquet")), 900, "batch 2's first file"
+        )
+        assert _python_workers_in(doomed.work_dir), "worker 1 runs no Python task"
         os.killpg(doomed.process.pid, signal.SIGKILL)  # the worker, its executor, its Pythons
         doomed.process.wait(timeout=30)
+        assert writer.poll() is None, "the writer ended before the kill"
+        assert not list(data.glob("*/000000000003-*")), "the kill came after batch 2"
         stdout, stderr = writer.communicate(timeout=1200)
     finally:
         if writer.poll() is None:
@@ -395,3 +400,72 @@ def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(
     assert sum(expected.values()) == events
     assert not [key for key, count in committed.items() if count > 1], "rows written twice"
     assert committed == expected
+    # Every committed file whole, as its manifest entry says; what the killed tasks left behind
+    # (a partial file) is in no moniker, for the reaper's orphan removal.
+    table = commit_all(config).catalog.load_table(TABLE)
+    committed_files = table.inspect.files().to_pylist()
+    for entry in committed_files:
+        path = entry["file_path"].removeprefix("file://")
+        assert pq.read_metadata(path).num_rows == entry["record_count"], path
+    left_over = {str(p) for p in data.rglob("*.parquet")} - {
+        entry["file_path"].removeprefix("file://") for entry in committed_files
+    }
+    print(f"files the killed tasks left, not committed: {sorted(left_over)}")
+
+
+@pytest.mark.heavy
+def test_spark_submit_with_the_documented_flags(
+    local_stack,
+    standalone_cluster: StandaloneCluster,
+    executor_archive: Path,
+    tmp_path: Path,
+    unique_topic: str,
+) -> None:
+    """docs/operations.md's spark-submit command ("Writers on a Spark cluster"): the archive with
+    `--archives ...#environment`, `PYSPARK_PYTHON=./environment/bin/python`, no
+    `spark.executor_env`; jars from the cache with `--jars` instead of `--packages` (the same
+    jars, without a resolver run)."""
+    from icekeeper.common.spark import spark_jars
+
+    config, config_path = cluster_config(tmp_path, unique_topic, standalone_cluster, None, "arrow")
+    produce_synthetic(
+        config,
+        SyntheticSpec(seed=30, keys=200, events=3000, schema_changes=1),
+        topic=unique_topic,
+        partitions=3,
+        progress=lambda m: None,
+    )
+    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    env = {
+        **os.environ,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYSPARK_PYTHON": "./environment/bin/python",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    result = subprocess.run(
+        [
+            str(spark_submit),
+            "--master",
+            standalone_cluster.master,
+            "--jars",
+            ",".join(str(jar) for jar in spark_jars(REPO_ROOT / ".cache")),
+            "--archives",
+            f"{executor_archive}#environment",
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            str(REPO_ROOT / "writers" / "__main__.py"),
+            "--config",
+            str(config_path),
+            "--until-idle",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    batches = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sum(batch["rows"] for batch in batches) == 3000
+    assert len(unpacked_pythons(standalone_cluster)) == 2
+    assert committed_offsets(config) == topic_offsets(config, unique_topic)
