@@ -390,6 +390,7 @@ def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(
         if writer.poll() is None:
             writer.kill()
     assert writer.returncode == 0, stderr[-3000:]
+    assert "Lost executor" in stderr  # Spark's scheduler saw it go (its own ERROR line)
     batches = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     assert len(batches) >= 3
     assert sum(batch["rows"] for batch in batches) == events
