@@ -268,7 +268,8 @@ def unpacked_pythons(cluster: StandaloneCluster) -> list[Path]:
     ]
 
 
-@pytest.mark.parametrize("engine", ["arrow", "spark-sql"])
+# `spark-sql` (no Python in executors, three times the arrow run's time on the cluster) is heavy.
+@pytest.mark.parametrize("engine", ["arrow", pytest.param("spark-sql", marks=pytest.mark.heavy)])
 def test_writer_on_a_cluster_whose_executors_have_nothing_installed(
     local_stack,
     standalone_cluster: StandaloneCluster,
