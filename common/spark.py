@@ -154,6 +154,15 @@ def spark_log_config(config: IcekeeperConfig) -> Path:
     return path
 
 
+def _effective_master(configured: str) -> str:
+    """The master the session will run on: spark-submit's (`--master`) when it launched us."""
+    if not launched_by_spark_submit():
+        return configured
+    from pyspark import SparkConf
+
+    return SparkConf().get("spark.master", "local[*]") or "local[*]"
+
+
 def launched_by_spark_submit() -> bool:
     """True when this Python process was started by `spark-submit` (its JVM is already running)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
@@ -176,13 +185,37 @@ FIXED_SQL_CONF = {
 """Settings the writer's output depends on: applied after, and over, `spark.conf`."""
 
 
+def executor_env_conf(config: IcekeeperConfig, master: str) -> dict[str, str]:
+    """`spark.archives` shipping the executors' Python environment (`spark.executor_env`), for a
+    session whose executors run Python tasks; nothing on a local master (its workers run this
+    Python) or when the key is empty. `packed` builds the archive on first use (minutes)."""
+    from icekeeper.common.executor_env import PACKED, packed_env, spark_archive_conf
+    from icekeeper.common.logs import PROGRESS_LOGGER
+
+    setting = config.spark.executor_env.strip()
+    if not setting or master.startswith("local"):
+        return {}
+    if setting == PACKED:
+        announce = logging.getLogger(PROGRESS_LOGGER).info
+        archive = str(packed_env(Path(config.cache_dir), announce).archive.resolve())
+    else:
+        archive = setting
+    return spark_archive_conf(archive, config.spark.conf.get("spark.archives"))
+
+
 def spark_session(
     config: IcekeeperConfig,
     app_name: str,
     master: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
+    python_tasks: bool = False,
 ) -> SparkSession:
-    """A SparkSession with Kafka, Avro and Iceberg on the classpath and the catalog registered."""
+    """A SparkSession with Kafka, Avro and Iceberg on the classpath and the catalog registered.
+
+    Args:
+        python_tasks: the session runs Python in its executors (the writer's arrow engine): ship
+            them the environment `spark.executor_env` names and run its Python.
+    """
     from pyspark.sql import SparkSession
 
     functions_warehouse = Path(config.state_dir) / "spark" / "functions-warehouse"
@@ -227,14 +260,24 @@ def spark_session(
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.type", "hadoop")
         .config(f"spark.sql.catalog.{FUNCTIONS_CATALOG}.warehouse", functions_warehouse.as_uri())
     )
+    shipped_env = {}
+    if python_tasks and config.spark.executor_env.strip():
+        shipped_env = executor_env_conf(config, _effective_master(master or config.spark.master))
     for key, value in {
         **iceberg_catalog_conf(config),
         **config.spark.conf,
         **(extra_conf or {}),
+        **shipped_env,
         **FIXED_SQL_CONF,
     }.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    if shipped_env:
+        # PySpark names the executors' Python from the driver (`PYSPARK_PYTHON`, else `python3`),
+        # as each job's tasks are created: the unpacked archive's, in every executor's work folder.
+        from icekeeper.common.executor_env import EXECUTOR_PYTHON
+
+        session.sparkContext.pythonExec = EXECUTOR_PYTHON
     if session.sparkContext.master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
         # PySpark starts Python workers with `python3` from PATH unless told otherwise, and that
         # one may lack our packages (the arrow engine's tasks): local workers run this one.

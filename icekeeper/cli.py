@@ -423,10 +423,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors whose message is the whole story for a user: printed without a traceback."""
     from icekeeper.common.artifacts import ArtifactError
+    from icekeeper.common.executor_env import ExecutorEnvError
     from icekeeper.localstack.java import JavaNotFound
     from icekeeper.localstack.stack import StackError
 
-    return (ArtifactError, JavaNotFound, StackError)
+    return (ArtifactError, ExecutorEnvError, JavaNotFound, StackError)
 
 
 EXTRAS = {

@@ -1,14 +1,16 @@
 """Entry point for `spark-submit`: `spark-submit --packages ... writers/__main__.py --config C`.
 
-Only the driver runs Python: decoding, flattening and writing are Spark SQL in the executors'
-JVMs, so executors need no icekeeper installation.
+The default `arrow` engine runs Python tasks in every executor, which need `icekeeper[executor]`:
+ship it with `--archives "$(icekeeper writer --executor-env)#environment"` and
+`PYSPARK_PYTHON=./environment/bin/python`, or `spark.executor_env: packed`
+(docs/operations.md, "Writers on a Spark cluster"); `spark-sql` runs no Python there.
 """
 
 import argparse
 import sys
 
 from icekeeper.common.config import ConfigError
-from icekeeper.common.exit_codes import USAGE
+from icekeeper.common.exit_codes import USAGE, UsageError
 from icekeeper.common.logs import LOG_LEVELS, configure_logging
 from icekeeper.writers.entry import add_writer_arguments, run_writer
 
@@ -42,7 +44,7 @@ def main(argv: list[str]) -> int:
     configure_logging(args.verbose, args.log_level)
     try:
         return run_writer(args)
-    except ConfigError as error:
+    except (ConfigError, UsageError) as error:
         print(error, file=sys.stderr)
         return USAGE
 

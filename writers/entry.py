@@ -27,6 +27,13 @@ def add_writer_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the --packages value for spark-submit and exit",
     )
+    parser.add_argument(
+        "--executor-env",
+        action="store_true",
+        help="build (or reuse from the cache) the packed Python environment Spark executors run "
+        "the writer's tasks in, print its path (for spark-submit --archives PATH#environment) "
+        "and exit",
+    )
 
 
 def run_writer(args: argparse.Namespace) -> int:
@@ -36,6 +43,16 @@ def run_writer(args: argparse.Namespace) -> int:
         from icekeeper.common.spark import spark_submit_packages
 
         print(spark_submit_packages(load_config(args.config)))
+        return OK
+    if args.executor_env:
+        from pathlib import Path
+
+        from icekeeper.common.executor_env import packed_env
+
+        def progress(message: str) -> None:
+            print(message, file=sys.stderr, flush=True)  # stdout holds the path alone
+
+        print(packed_env(Path(load_config(args.config).cache_dir), progress).archive.resolve())
         return OK
     from icekeeper.writers.job import WriterJob
     from icekeeper.writers.offsets import TopicReset

@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
 from icekeeper.common.config.required import check_writer_config
+from icekeeper.common.executor_env import ExecutorsLackPython
 from icekeeper.common.http_endpoints import HttpEndpoints
 from icekeeper.common.in_flight import InFlightClaims
 from icekeeper.common.kafka_clients import KafkaAccessDenied
@@ -108,7 +109,13 @@ class WriterJob:
         self.catalog = open_catalog(config)
         self.transport = open_transport(config)
         self.checkpoints = SourceCheckpoints(config.writer.checkpoint_uri, self.writer_id)
-        self.spark = spark or spark_session(config, f"{config.writer.app_name}-{self.writer_id}")
+        self.spark = spark or spark_session(
+            config,
+            f"{config.writer.app_name}-{self.writer_id}",
+            # Only the arrow engine imports icekeeper in executors (`spark-sql` runs no Python
+            # there but a JSON source's schema inference, which needs a bare Python).
+            python_tasks=config.writer.engine == "arrow",
+        )
         self.schemas = {source.name: TopicSchemas(source) for source in config.sources}
         self.tables: dict[str, TableProgress] = {}
         self.templated: dict[str, str] = self.checkpoints.templated_tables()
@@ -263,7 +270,7 @@ class WriterJob:
                     on_batch(BatchReport(seq=self.seq or 0, paused=str(outage)))
                 self.stop.wait(wait_s)
                 continue
-            except (TopicReset, KafkaAccessDenied):
+            except (TopicReset, KafkaAccessDenied, ExecutorsLackPython):
                 self._batch_ended("failed")
                 raise  # retrying cannot help: the operator decides (docs/operations.md)
             except Exception as error:

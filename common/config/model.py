@@ -875,6 +875,18 @@ class SparkConfig(_Model):
         "000: any other `spark.*` key), for the writer's and the reaper's sessions (was "
         "`writer.spark_conf`).",
     )
+    executor_env: str = Field(
+        "",
+        description="The Python environment the writer's executors run its `arrow` tasks in "
+        "(masters other than `local`; `spark-sql` runs none and ships nothing). Empty: the "
+        "Python Spark finds there (`PYSPARK_PYTHON`, "
+        "else `python3`), which must have `icekeeper[executor]` installed. `packed`: the "
+        "writer packs one with venv-pack (as `icekeeper writer --executor-env` does; built once, "
+        "cached under `cache_dir/executor-env/`) and ships it with `spark.archives`, so "
+        "executors need only Java, Spark and this Python interpreter at the same path. Or the "
+        "path or URI of such an archive, shipped as it is. Under spark-submit its flags may do "
+        'the same (docs/operations.md, "Writers on a Spark cluster").',
+    )
     log_level: SparkLogLevel = Field(
         "error",
         description="Level of Spark's own (log4j) logs in the writer's and the reaper's driver, "

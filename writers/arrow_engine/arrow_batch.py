@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 from icekeeper.common.arrow_parquet import untaken_properties, writer_options
 from icekeeper.common.catalog import load_table_or_none, table_properties
 from icekeeper.common.config.model import IcekeeperConfig, KafkaSource, TableSpec
+from icekeeper.common.executor_env import ExecutorsLackPython, missing_executor_module
 from icekeeper.common.moniker import FileEntry
 from icekeeper.common.schema import envelope_shape
 from icekeeper.writers.arrow_engine.arrow_flatten import VersionPlan, arrow_schema
@@ -231,13 +232,20 @@ class ArrowEngine:
             with ThreadPoolExecutor(max(1, min(len(tasks), os.cpu_count() or 1))) as pool:
                 results = list(pool.map(lambda task: run_task(task_plan, task), tasks))
         else:
-            results = (
-                self.spark.sparkContext.parallelize(
-                    [(task_plan, t) for t in tasks], max(1, len(tasks))
+            try:
+                results = (
+                    self.spark.sparkContext.parallelize(
+                        [(task_plan, t) for t in tasks], max(1, len(tasks))
+                    )
+                    .map(lambda pair: run_task(*pair))
+                    .collect()
                 )
-                .map(lambda pair: run_task(*pair))
-                .collect()
-            )
+            except Exception as failure:  # Py4JJavaError: the executors' tracebacks as text
+                module = missing_executor_module(str(failure))
+                if module is None:
+                    raise
+                # Not a batch's fault, and no retry will help: the cluster's Python is not ours.
+                raise ExecutorsLackPython(module) from None
         total = TaskFacts()
         for facts in results:
             total.records += facts.records
