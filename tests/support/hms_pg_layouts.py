@@ -17,11 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hive_metastore.ttypes import ShowLocksRequest, UnlockRequest
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.hive import HiveCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 from icekeeper.common.catalog import default_table_location, open_catalog
 from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.internals import hive_metastore_client
 from icekeeper.common.moniker import FileEntry, Moniker
 from icekeeper.localstack.catalog_service import CatalogService
 from tests.support.shop_items import SCHEMA, UpsertWriter, bookkeeper_config, write_file_at
@@ -76,11 +79,25 @@ class CatalogLayout:
 
 
 def forget_table(catalog: Catalog, identifier: str) -> None:
-    """Drop `identifier` from the catalog if an earlier test left it (its files stay)."""
+    """Drop `identifier` from the catalog if an earlier test left it (its files stay), and in a
+    metastore the locks an earlier test's cut connection left on it (see bookkeeper/hive_locks.py:
+    Hive Metastore 3.1.3 keeps them)."""
     try:
         catalog.drop_table(identifier)
     except (NoSuchTableError, NoSuchNamespaceError):
         pass
+    if isinstance(catalog, HiveCatalog):
+        for lock_id in table_locks(catalog, identifier):
+            with hive_metastore_client(catalog) as client:
+                client.unlock(UnlockRequest(lockid=lock_id))
+
+
+def table_locks(catalog: Catalog, identifier: str) -> list[int]:
+    """The metastore's locks on a Hive catalog's table, held or waiting."""
+    database, _, name = identifier.rpartition(".")
+    with hive_metastore_client(catalog) as client:
+        locks = client.show_locks(ShowLocksRequest()).locks or []
+    return [lock.lockid for lock in locks if (lock.dbname, lock.tablename) == (database, name)]
 
 
 def catalog_layout_for(service: CatalogService) -> CatalogLayout:
