@@ -278,6 +278,27 @@ def replace_sql_metadata_reader(
     return True
 
 
+def replace_hive_metadata_reader(
+    catalog: Catalog, read: Callable[[InputFile], TableMetadata]
+) -> bool:
+    """Make this Hive catalog object read tables' metadata files with `read(input_file)`
+    (pyiceberg: `FromInputFile.table_metadata`), in `load_table` and in its commit's read of the
+    current table alike; False, and nothing changed, for other kinds of catalog."""
+    from pyiceberg.catalog.hive import HiveCatalog  # Thrift: only where a Hive catalog is used
+
+    if not isinstance(catalog, HiveCatalog):
+        return False
+    reader = type("ReplacedFromInputFile", (), {"table_metadata": staticmethod(read)})
+    convert = _with_globals(
+        HiveCatalog._convert_hive_into_iceberg,  # noqa: SLF001 - no public hook for the read
+        FromInputFile=reader,
+    )
+    # This catalog object only: the class and other catalogs keep pyiceberg's.
+    reading = types.MethodType(convert, catalog)
+    catalog._convert_hive_into_iceberg = reading  # type: ignore[method-assign]  # noqa: SLF001
+    return True
+
+
 def _with_globals(function: Callable[..., Any], **replacements: Any) -> Callable[..., Any]:
     """A copy of `function` (same code) that sees `replacements` in place of its module's globals:
     pyiceberg's code, run with one of the functions it calls replaced, for one caller only."""
