@@ -25,6 +25,7 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from icekeeper.bookkeeper.commit_path import StaleEpoch, TableCommit
 from icekeeper.bookkeeper.committer import Committer
+from icekeeper.bookkeeper.hive_locks import with_released_locks
 from icekeeper.bookkeeper.observability import BookkeeperMetrics, HealthServer
 from icekeeper.bookkeeper.purges import PurgeOutcome, Purger
 from icekeeper.bookkeeper.table_metadata import with_lean_commits
@@ -70,7 +71,7 @@ class Bookkeeper:
         # sent through the first source's cluster, always have one.
         require_tables(config, "the bookkeeper commits to them")
         self.config = config
-        self.catalog = catalog or with_lean_commits(open_catalog(config))
+        self.catalog = catalog or with_released_locks(with_lean_commits(open_catalog(config)))
         self.transport = open_transport(config)
         self.committer = Committer(config, self.catalog, epoch)
         self.key_indexes = self.committer.key_indexes

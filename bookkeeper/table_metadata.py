@@ -6,14 +6,15 @@ several times per commit, measured at 1,000 snapshots
 (`python -m icekeeper.bench.snapshot_history`):
 
 - every `load_table` parses the metadata file, ~75 ms, and a cycle loads twice (the committer,
-  then the SQL catalog's `commit_table` once more, to compare-and-swap against);
+  then the SQL or Hive catalog's `commit_table` once more, to compare-and-swap against);
 - `update_table_metadata` deep-copies the whole metadata after applying the updates, ~195 ms.
 
 For the bookkeeper's catalog object only (nothing global is changed):
 
 - metadata files are immutable (every version is a new file), so the newest metadata of each
   table that this catalog parsed or wrote is kept by file location and returned instead of
-  parsing that file again (SQL catalogs; other catalogs parse as before);
+  parsing that file again (SQL and Hive catalogs, whose commit reads the current table once more
+  under its compare-and-swap or lock; other catalogs parse as before);
 - updates are applied without the final deep copy: metadata models are frozen and pyiceberg's
   update functions build new lists and dicts instead of changing the base's (the reasoning of
   `common.internals.UncopiedTransaction`), so the new metadata may share untouched snapshots;
@@ -47,6 +48,7 @@ from icekeeper.common.internals import (
     append_metadata_log,
     apply_table_updates,
     leave_metadata_cleanup_to_server,
+    replace_hive_metadata_reader,
     replace_metadata_update,
     replace_metadata_writer,
     replace_sql_metadata_reader,
@@ -226,5 +228,7 @@ def with_lean_commits(catalog: Catalog) -> Catalog:
         cache.write(metadata, io.new_output(metadata_path))
 
     replace_metadata_writer(catalog, write_metadata)
-    replace_sql_metadata_reader(catalog, cache.read)
+    replace_sql_metadata_reader(catalog, cache.read) or replace_hive_metadata_reader(
+        catalog, cache.read
+    )
     return catalog

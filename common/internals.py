@@ -141,6 +141,31 @@ class UncopiedTransaction(Transaction):
         return cached[2]
 
 
+# -- pyiceberg: the Hive catalog's metastore client ------------------------------------------------
+
+
+def wrap_hive_clients(catalog: Catalog, wrap: Callable[[Any], Any]) -> bool:
+    """Make this Hive catalog object pass each metastore client it opens (a Thrift
+    `ThriftHiveMetastore.Client`, one per `with catalog._client`) through `wrap`; False, and
+    nothing changed, for other kinds of catalog. pyiceberg 0.12 opens a client per call and has
+    no hook for it."""
+    from pyiceberg.catalog.hive import HiveCatalog  # Thrift: only where a Hive catalog is used
+
+    if not isinstance(catalog, HiveCatalog):
+        return False
+    connection = catalog._client  # noqa: SLF001 - the catalog's one `_HiveClient`
+    build = connection._client  # noqa: SLF001 - builds the Thrift client on its transport
+    # This catalog object only: other catalogs keep pyiceberg's.
+    connection._client = lambda: wrap(build())  # noqa: SLF001
+    return True
+
+
+def hive_metastore_client(catalog: Catalog) -> Any:
+    """A context manager that opens a new connection of this Hive catalog to its metastore and
+    yields its Thrift client (what pyiceberg's own calls use)."""
+    return catalog._client  # noqa: SLF001 - pyiceberg 0.12 keeps its connection private
+
+
 # -- pyiceberg: transactions -----------------------------------------------------------------------
 
 
@@ -295,6 +320,27 @@ def leave_metadata_cleanup_to_server(catalog: Catalog) -> bool:
 
     # This catalog object only (`Table._do_commit` calls it through the table's catalog).
     catalog._delete_old_metadata = keep  # type: ignore[method-assign]  # noqa: SLF001
+    return True
+
+
+def replace_hive_metadata_reader(
+    catalog: Catalog, read: Callable[[InputFile], TableMetadata]
+) -> bool:
+    """Make this Hive catalog object read tables' metadata files with `read(input_file)`
+    (pyiceberg: `FromInputFile.table_metadata`), in `load_table` and in its commit's read of the
+    current table alike; False, and nothing changed, for other kinds of catalog."""
+    from pyiceberg.catalog.hive import HiveCatalog  # Thrift: only where a Hive catalog is used
+
+    if not isinstance(catalog, HiveCatalog):
+        return False
+    reader = type("ReplacedFromInputFile", (), {"table_metadata": staticmethod(read)})
+    convert = _with_globals(
+        HiveCatalog._convert_hive_into_iceberg,  # noqa: SLF001 - no public hook for the read
+        FromInputFile=reader,
+    )
+    # This catalog object only: the class and other catalogs keep pyiceberg's.
+    reading = types.MethodType(convert, catalog)
+    catalog._convert_hive_into_iceberg = reading  # type: ignore[method-assign]  # noqa: SLF001
     return True
 
 

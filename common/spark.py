@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from icekeeper.common.artifacts import MavenBundle, maven_bundle
 from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.jdbc_catalog import SQLITE_JDBC_DRIVER, jdbc_catalog_properties, jdbc_driver
 from icekeeper.common.storage import StorageSettings, spark_storage_conf, spark_storage_packages
 
 if TYPE_CHECKING:  # pyspark is imported where a session starts, not when this module loads
@@ -36,7 +37,7 @@ SPARK_PACKAGES = (
     f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
     f"org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:{ICEBERG_VERSION}",
     # Spark's JdbcCatalog opens the SQLite catalog file pyiceberg's SqlCatalog writes.
-    "org.xerial:sqlite-jdbc:3.50.3.0",
+    SQLITE_JDBC_DRIVER,
 )
 V1_SOURCES_BUT_KAFKA = ("avro", "csv", "json", "orc", "parquet", "text")
 """Spark's default `spark.sql.sources.useV1SourceList` without `kafka`."""
@@ -69,12 +70,15 @@ def spark_jars(cache_dir: Path, storage_packages: tuple[str, ...] = ()) -> list[
 
 def storage_packages(config: IcekeeperConfig) -> tuple[str, ...]:
     """Maven coordinates of the jars Spark needs for the config's object stores: Iceberg's
-    S3FileIO with its AWS SDK and Hadoop's s3a for S3, Iceberg's ADLSFileIO for Azure."""
-    return spark_storage_packages(
-        StorageSettings.from_properties(config.catalog.properties),
-        table_locations(config),
-        ICEBERG_VERSION,
+    S3FileIO with its AWS SDK and Hadoop's s3a for S3, Iceberg's ADLSFileIO for Azure; and the
+    JDBC driver of a SQL catalog that is not on SQLite (PostgreSQL's)."""
+    properties = config.catalog.properties
+    driver = (
+        jdbc_driver(properties.get("uri", "")) if properties.get("type", "sql") == "sql" else None
     )
+    return spark_storage_packages(
+        StorageSettings.from_properties(properties), table_locations(config), ICEBERG_VERSION
+    ) + ((driver,) if driver else ())
 
 
 def table_locations(config: IcekeeperConfig) -> list[str]:
@@ -96,19 +100,9 @@ def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
     conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false"}
     kind = properties.get("type", "sql")
     if kind == "sql":
-        uri = properties["uri"]
-        if not uri.startswith("sqlite:///"):
-            raise ValueError(
-                f"catalog.properties.uri {uri!r}: Spark can open SQL catalogs on SQLite only here; "
-                "use a REST catalog otherwise"
-            )
-        conf.update(
-            {
-                f"{prefix}.type": "jdbc",
-                f"{prefix}.uri": "jdbc:sqlite:" + uri.removeprefix("sqlite://"),
-                f"{prefix}.jdbc.schema-version": "V1",
-            }
-        )
+        conf[f"{prefix}.type"] = "jdbc"
+        jdbc = jdbc_catalog_properties(properties["uri"])
+        conf.update({f"{prefix}.{key}": value for key, value in jdbc.items()})
     elif kind == "rest":
         conf.update({f"{prefix}.type": "rest", f"{prefix}.uri": properties["uri"]})
     else:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from icekeeper.common.artifacts import Progress
+from icekeeper.common.jdbc_catalog import POSTGRES_JDBC_DRIVER
 from icekeeper.localstack.catalog_service import CatalogService
 from icekeeper.localstack.debian import MARIADB_SERVER, POSTGRESQL, ensure_package
 from icekeeper.localstack.errors import StackError
@@ -354,8 +355,6 @@ class PostgresService(Service):
 
 CATALOG_DATABASE = "iceberg_catalog"
 """The database of the stack's SQL catalog (`pg-catalog`), owned by `OWNER`."""
-POSTGRES_JDBC_DRIVER = "org.postgresql:postgresql:42.7.8"
-"""The JDBC driver Spark's JdbcCatalog opens `pg-catalog` with."""
 
 
 class PostgresCatalogService(PostgresService, CatalogService):

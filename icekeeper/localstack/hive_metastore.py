@@ -45,6 +45,11 @@ _JAVA_17_OPENS = (
 """Hive 3 and Hadoop 3.1 reach into these on Java 17."""
 
 
+LOCK_TIMEOUT_S = 60
+"""Seconds after which the stack's metastore releases a lock nobody heartbeats
+(`metastore.txn.timeout`)."""
+
+
 class HiveMetastoreService(CatalogService):
     """Hive Metastore 3.1.3 on Thrift (`stack.hive_metastore_port`), Derby, warehouse on S3."""
 
@@ -168,8 +173,15 @@ class HiveMetastoreService(CatalogService):
                     "events.EventCleanerTask",
                     "RuntimeStatsCleanerTask",
                     "MaterializationsRebuildLockCleanerTask",
+                    "txn.AcidHouseKeeperService",
                 )
             ),
+            # A lock whose client died (a commit killed half way: pyiceberg does not heartbeat
+            # its locks) is released once older than the timeout by the housekeeper above; the
+            # standalone metastore never starts it otherwise (it is one of the compactor's
+            # tasks, and the compactor's classes are not in it). Commits take well under this.
+            "metastore.txn.timeout": f"{LOCK_TIMEOUT_S}s",
+            "metastore.acid.housekeeper.interval": "10s",
             # s3:// locations through s3a, on the stack's S3 server.
             "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
             "fs.s3a.endpoint": storage.address(),

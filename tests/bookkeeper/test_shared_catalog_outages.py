@@ -1,0 +1,149 @@
+"""Commits of unknown outcome on the shared catalogs, through a real fault: the connection to
+PostgreSQL or to the Hive Metastore is cut by a relay in front of the real server right after it
+forwarded the commit (`CommitPath._settled` reads the table back), or before (the commit never
+landed). Through the bookkeeper's own cycles, every moniker is committed exactly once and
+acknowledged only once its commit is in the table; and a Hive commit cut mid-way leaves no lock
+that stops the next one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hive_metastore.ttypes import LockComponent, LockLevel, LockRequest, LockType
+from pyiceberg.catalog.hive import HiveCatalog
+
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.internals import hive_metastore_client
+from icekeeper.common.transports import open_transport
+from icekeeper.localstack.hive_metastore import LOCK_TIMEOUT_S
+from tests.support.cut_connections import CuttingRelay
+from tests.support.hms_pg_layouts import catalog_layout_for, table_locks
+from tests.support.shop_items import make_moniker
+
+pytestmark = pytest.mark.integration
+
+
+def relayed_config(service, tmp_path, relay: CuttingRelay) -> IcekeeperConfig:
+    """A bookkeeper config whose catalog is reached through `relay`."""
+    layout = catalog_layout_for(service)
+    config = layout.bookkeeper_config(tmp_path)  # drops an earlier test's table, directly
+    direct = service.pyiceberg_properties()["uri"]
+    relayed = direct.replace(f":{relay.target[1]}", f":{relay.port}")
+    assert relayed != direct
+    return layout.bookkeeper_config(
+        tmp_path,
+        catalog__name=config.catalog.name,
+        catalog__properties=_json(layout.properties(uri=relayed)),
+    )
+
+
+def _json(properties: dict[str, str]) -> str:
+    import json
+
+    return json.dumps(properties)
+
+
+def offsets_in_table(config: IcekeeperConfig) -> list[int]:
+    table = open_catalog(config).load_table("shop.items")
+    return sorted(table.scan().to_arrow()["_kfk_offset"].to_pylist())
+
+
+def acknowledged_only_when_committed(bookkeeper: Bookkeeper, config: IcekeeperConfig) -> list:
+    """Checks, as each delivery is acknowledged, that its records are in the table (read through
+    a catalog of its own, not the bookkeeper's); returns the acknowledged monikers' ids."""
+    acknowledged = []
+    acknowledge = bookkeeper.transport.acknowledge
+
+    def checked(delivery) -> None:
+        offsets = set(offsets_in_table(config))
+        for span in delivery.moniker.offsets:
+            assert set(range(span.from_offset, span.until_offset)) <= offsets, span
+        acknowledged.append(delivery.moniker.id)
+        acknowledge(delivery)
+
+    bookkeeper.transport.acknowledge = checked
+    return acknowledged
+
+
+def run_through_a_cut(config: IcekeeperConfig, relay: CuttingRelay, at, forward: bool) -> None:
+    transport, bookkeeper = open_transport(config), Bookkeeper(config)
+    acknowledged = acknowledged_only_when_committed(bookkeeper, config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    assert bookkeeper.run_cycle().committed_monikers == 1  # the table exists
+    transport.publish(make_moniker(config, 2, 1, (10, 20)))
+    transport.publish(make_moniker(config, 3, 2, (20, 30)))
+    relay.cut_after(at, forward=forward)
+    committed = 0
+    for _ in range(3):  # the bookkeeper's next cycles, as its loop runs them
+        committed += bookkeeper.run_cycle().committed_monikers  # a failed table waits
+        if not transport.pending():
+            break
+    assert relay.cuts == 1
+    assert committed == 2 and transport.pending() == []
+    # A commit after the cut goes through at once (no lock left behind, no connection broken).
+    transport.publish(make_moniker(config, 4, 3, (30, 40)))
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    assert offsets_in_table(config) == list(range(40))  # each record once
+    assert len(acknowledged) == 4 and len(set(acknowledged)) == 4
+    catalog = open_catalog(config)
+    if isinstance(catalog, HiveCatalog):
+        assert table_locks(catalog, "shop.items") == []
+
+
+def postgres_commit(sent: bytes) -> bool:
+    """The `COMMIT` of a transaction that updated a table's metadata location."""
+    update = sent.find(b"UPDATE iceberg_tables")
+    return update >= 0 and b"COMMIT" in sent[update:]
+
+
+def metastore_alter_table(sent: bytes) -> bool:
+    return b"alter_table_with_environment_context" in sent
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
+def test_a_postgres_connection_cut_at_commit(pg_catalog, tmp_path, landed: bool) -> None:
+    relay = CuttingRelay("127.0.0.1", pg_catalog.port())
+    try:
+        config = relayed_config(pg_catalog, tmp_path, relay)
+        run_through_a_cut(config, relay, postgres_commit, forward=landed)
+    finally:
+        relay.close()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
+def test_a_metastore_connection_cut_at_alter_table(hive_metastore, tmp_path, landed: bool) -> None:
+    relay = CuttingRelay("127.0.0.1", hive_metastore.stack.hive_metastore_port)
+    try:
+        config = relayed_config(hive_metastore, tmp_path, relay)
+        run_through_a_cut(config, relay, metastore_alter_table, forward=landed)
+    finally:
+        relay.close()
+
+
+@pytest.mark.heavy  # waits for the metastore's lock timeout (a minute) and a failed cycle
+def test_a_lock_left_by_a_killed_commit_is_released_by_the_metastore(
+    hive_metastore, tmp_path
+) -> None:
+    """A bookkeeper killed while committing leaves its lock, which no process can release: the
+    metastore's housekeeper does, past `metastore.txn.timeout` (the stack runs it; see
+    docs/operations.md), and the next bookkeeper's cycles then commit."""
+    config = catalog_layout_for(hive_metastore).bookkeeper_config(tmp_path)
+    transport, bookkeeper = open_transport(config), Bookkeeper(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    catalog = open_catalog(config)
+    with hive_metastore_client(catalog) as client:  # what a commit takes first, then is killed
+        component = LockComponent(
+            type=LockType.EXCLUSIVE, level=LockLevel.TABLE, dbname="shop", tablename="items"
+        )
+        client.lock(LockRequest(component=[component], user="killed", hostname="gone"))
+    assert table_locks(catalog, "shop.items")
+    transport.publish(make_moniker(config, 2, 1, (10, 20)))
+    started = time.monotonic()
+    while transport.pending() and time.monotonic() - started < 6 * LOCK_TIMEOUT_S:
+        bookkeeper.run_cycle()
+    assert transport.pending() == [], f"still locked after {time.monotonic() - started:.0f} s"
+    assert offsets_in_table(config) == list(range(20))
