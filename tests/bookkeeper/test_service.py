@@ -116,6 +116,7 @@ def test_commit_reports_also_go_to_a_kafka_topic(local_stack, stack_config, tmp_
 def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> None:
     """Backpressure: a writer reads nothing while monikers over `max_pending_bytes` wait."""
     from icekeeper.writers.job import WriterJob
+    from icekeeper.writers.observability import WriterMetrics
 
     config = bookkeeper_config(tmp_path, writer__max_pending_bytes="1")
     open_transport(config).publish(make_moniker(config, 1, None, (0, 10)))
@@ -129,6 +130,7 @@ def test_writers_wait_while_pending_work_is_over_the_bound(tmp_path: Path) -> No
     )
     job.catalog = Bookkeeper(config).catalog
     job.templated = {}
+    job.metrics = WriterMetrics()
     report = job.run_batch()
     assert report.throttled and report.records_read == 0 and job.pending_bytes > 1
 
