@@ -32,6 +32,7 @@ from icekeeper.common.internals import (
     append_metadata_log,
     apply_table_updates,
     commit_once,
+    java_dataset,
     java_exception_of,
     java_spark_session,
     parse_footer_bytes,
@@ -344,6 +345,7 @@ def test_the_jvm_behind_a_spark_session(spark) -> None:
     assert java_spark_session(spark).version() == spark.version
     assert spark_jvm(spark).java.lang.Integer.parseInt("42") == 42
     assert py4j_gateway(spark).jvm.java.lang.Integer.parseInt("7") == 7
+    assert java_dataset(spark.range(3)).count() == 3
 
 
 @pytest.mark.spark
