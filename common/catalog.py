@@ -43,16 +43,14 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
     warehouse = properties.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    locations = [warehouse] + [table.location or "" for table in config.tables]
-    if "py-io-impl" not in properties and any(
-        location.startswith(AZURE_SCHEMES) for location in locations
-    ):
-        # pyiceberg's own IO cannot open abfss://<container>@<account>.dfs.../ (door_fileio.py).
-        properties["py-io-impl"] = "icekeeper.common.door_fileio.DoorFileIO"
+    # pyiceberg opens the tables' files through the door on every store, as every other
+    # icekeeper file is opened (its own IO cannot even open abfss://<container>@<account>...,
+    # door_fileio.py); a FileIO the config names stays the user's choice.
+    properties.setdefault("py-io-impl", DOOR_FILE_IO)
     return load_catalog(config.catalog.name, **properties)
 
 
-AZURE_SCHEMES = ("abfs://", "abfss://", "wasb://", "wasbs://")
+DOOR_FILE_IO = "icekeeper.common.door_fileio.DoorFileIO"
 
 
 def load_table_or_none(catalog: Catalog, identifier: str) -> Table | None:
