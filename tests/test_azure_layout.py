@@ -26,6 +26,7 @@ import pytest
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.storage import file_exists, list_files, open_filesystem, read_lines
 from icekeeper.localstack.services import AZURITE_ACCOUNT
+from icekeeper.readers import duckdb_rows
 from icekeeper.reaper.service import Reaper
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec, expected_state
@@ -179,7 +180,13 @@ def run_azure_layout(spark, tmp_path: Path, topic: str, local_stack, engine: str
     assert "SecureAzureBlobFileSystem not found" in by_table[MIRROR].errors[0]
     assert list_files(config.reaper.report_path)
 
-    # Spark through ADLSFileIO, pyiceberg through the door: the same counts.
+    # DuckDB through the Blob endpoint (readers.duckdb_source), Spark through ADLSFileIO,
+    # pyiceberg through the door: the same counts.
+    duck_mirror = duckdb_rows(catalog.load_table(MIRROR), "id, amount")
+    assert {row["id"]: row["amount"] for row in duck_mirror} == expected
+    assert duckdb_rows(catalog.load_table(CHANGES), "count(*) AS n")[0]["n"] == (
+        spec.events + dropped
+    )
     assert spark.sql(f"SELECT count(*) FROM {name}.{CHANGES}").collect()[0][0] == (
         spec.events + dropped
     )

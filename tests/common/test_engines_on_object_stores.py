@@ -23,7 +23,7 @@ from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.storage import list_files, read_lines
 from icekeeper.common.transports import open_transport
-from icekeeper.readers import duckdb_connection
+from icekeeper.readers import duckdb_connection, duckdb_rows
 from tests.support.object_stores import azure_uri, azurite_blob_properties, new_container
 from tests.support.shop_items import bookkeeper_config, make_moniker
 
@@ -128,6 +128,18 @@ def test_the_bookkeeper_commits_a_table_on_azure_blob(tmp_path: Path, local_stac
         "lease-000000000001.json"
     ]
     assert len(read_lines(config.bookkeeper.commit_report_path)) >= 1
+
+
+@pytest.mark.integration
+def test_duckdb_reads_what_the_bookkeeper_committed_on_azure(tmp_path: Path, local_stack) -> None:
+    """DuckDB, with the door's Azure secret (`duckdb_connection`), reads the table through the
+    Blob endpoint (`az://`): its `iceberg_scan` follows the metadata's `abfss://` paths to the
+    DFS endpoint, which Azurite does not serve (`readers.duckdb_source`)."""
+    config, _ = azure_config(tmp_path, local_stack)
+    commit_on_azure(config)
+    table = open_catalog(config).load_table("shop.items")
+    rows = duckdb_rows(table, "_kfk_offset", order_by="_kfk_offset")
+    assert [row["_kfk_offset"] for row in rows] == list(range(30))
 
 
 @pytest.mark.integration
