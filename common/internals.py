@@ -314,6 +314,12 @@ def java_spark_session(session: SparkSession) -> Any:
     return session._jsparkSession  # noqa: SLF001 - Java APIs without a Python binding
 
 
+def hadoop_configuration(session: SparkSession) -> Any:
+    """The session's Hadoop `Configuration`, as Spark's own file writes resolve filesystems."""
+    require_verified_pyspark()
+    return session.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001 - no Python binding
+
+
 def java_dataset(frame: DataFrame) -> Any:
     """The Java `Dataset<Row>` behind a Python DataFrame, for Java APIs that take one."""
     require_verified_pyspark()

@@ -184,7 +184,7 @@ def run_azure_layout(spark, tmp_path: Path, topic: str, local_stack, engine: str
     # endpoint): its only failed step (docs/operations.md, "Azure Blob, Event Grid and the
     # storage queue"). Its expiry and orphan removal ran.
     assert [error.split(":")[0] for error in by_table[MIRROR].errors] == ["compaction"]
-    assert "SecureAzureBlobFileSystem not found" in by_table[MIRROR].errors[0]
+    assert "org.apache.hadoop:hadoop-azure:3.4.2" in by_table[MIRROR].errors[0]
     assert list_files(config.reaper.report_path)
 
     # DuckDB through the Blob endpoint (readers.duckdb_source), Spark through ADLSFileIO,

@@ -26,6 +26,9 @@ from icekeeper.common.stores.base import Store, Versioned
 
 SCHEMES = ("abfs", "abfss", "wasb", "wasbs")
 ADLS_FILE_IO = "org.apache.iceberg.azure.adlsv2.ADLSFileIO"
+HADOOP_AZURE = "org.apache.hadoop:hadoop-azure:3.4.2"
+"""Hadoop's abfs driver, of the Hadoop PySpark 4.1.1 ships: what Spark's own Parquet writes to
+`abfss://` need (the `spark-sql` engine, upsert compaction); PySpark has none."""
 ICEBERG_AZURE_BUNDLE = "org.apache.iceberg:iceberg-azure-bundle:1.10.0"
 """No 1.11.0 azure bundle is on Maven Central; 1.10.0's ADLSFileIO works with the 1.11 runtime."""
 

@@ -21,6 +21,7 @@ import yaml
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.parquet_files import NoHadoopFileSystem, write_parquet
 from icekeeper.common.storage import list_files, read_lines
 from icekeeper.common.transports import open_transport
 from icekeeper.readers import duckdb_connection, duckdb_rows
@@ -173,3 +174,11 @@ def test_spark_reads_and_appends_what_the_bookkeeper_committed_on_azure(
 
 
 SPARK_ROWS = "VALUES (1001, 1, 0, 1001), (1002, 2, 0, 1002)"
+
+
+@pytest.mark.spark
+def test_spark_s_own_parquet_writes_to_azure_name_the_driver_they_lack(spark) -> None:
+    """The `spark-sql` engine and upsert compaction write with Spark's Parquet writer, through
+    Hadoop's FileSystem, which has no `abfss` driver in PySpark: the error says what to add."""
+    with pytest.raises(NoHadoopFileSystem, match="org.apache.hadoop:hadoop-azure:3.4.2"):
+        write_parquet(spark.range(3), azure_uri("lake", "t/data/batch"), [], 1000)
