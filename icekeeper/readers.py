@@ -12,7 +12,7 @@ from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
 from icekeeper.common.config.model import IcekeeperConfig
-from icekeeper.common.storage import duckdb_storage_statements
+from icekeeper.common.storage import duckdb_storage_statements, storage_settings
 from icekeeper.common.stores.azure import SCHEMES as AZURE_SCHEMES
 from icekeeper.common.stores.azure import blob_url as azure_blob_url
 
@@ -34,10 +34,10 @@ def _extension_file(package: str, name: str) -> str:
 
 
 def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
-    """A DuckDB connection with the avro, iceberg, httpfs (S3, and Iceberg REST catalogs) and
-    azure extensions loaded from their wheels, and a secret for each object store the storage
-    door is configured for (`s3.*`, `adls.*` catalog properties), so `duckdb_source` reads
-    tables on S3 and Azure Blob."""
+    """A DuckDB connection with the avro, iceberg and httpfs (S3, and Iceberg REST catalogs)
+    extensions loaded from their wheels, azure too when the storage door has `adls.*`
+    properties, and a secret for each object store the door is configured for, so
+    `duckdb_source` reads tables on S3 and Azure Blob."""
     import duckdb
 
     connection = duckdb.connect(
@@ -47,7 +47,8 @@ def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_avro', 'avro')}'")
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_iceberg', 'iceberg')}'")
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_httpfs', 'httpfs')}'")
-    connection.execute(f"LOAD '{_extension_file('duckdb_extension_azure', 'azure')}'")
+    if any(key.startswith("adls.") for key in storage_settings().mapping):
+        connection.execute(f"LOAD '{_extension_file('duckdb_extension_azure', 'azure')}'")
     for statement in duckdb_storage_statements():
         connection.execute(statement)
     return connection
