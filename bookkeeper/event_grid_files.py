@@ -9,7 +9,10 @@ an upsert table the files replace the rows of their keys too (`row_delta.py`).
 
 Exactly once by file: the keys of files committed this way travel in the snapshot summary (the
 newest `EVENT_FILES_KEPT`), and a redelivered event for one of them is acknowledged without
-committing it again.
+committing it again. Events for files icekeeper's roles write themselves (a writer's batch folder,
+the bookkeeper's deletes, the reaper's compactions: `locations.is_written_by_icekeeper`), which
+Event Grid announces like any other blob, are acknowledged without a commit: those files reach the
+table with their moniker or rewrite request.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from icekeeper.bookkeeper.row_delta import Addition, RowDelta
 from icekeeper.bookkeeper.table_key_indexes import TableKeyIndexes
 from icekeeper.common.committed_state import CommittedState
 from icekeeper.common.file_events import location_key
+from icekeeper.common.locations import is_written_by_icekeeper
 from icekeeper.common.moniker import FileEntry
 from icekeeper.common.transports.base import Delivery
 
@@ -65,7 +69,12 @@ class EventGridFiles(SnapshotProducer):
         fresh, seen = [], set()
         for delivery in self.deliveries:
             key = delivery.file_event.container_path
-            if key in done or key in seen:
+            own = is_written_by_icekeeper(
+                event_file_path(delivery.file_event.url, table.location()), table.location()
+            )
+            if own or key in done or key in seen:
+                # A file of icekeeper's own (a writer's, with its moniker) reaches the table
+                # through its own path: committed from the event too, its rows would be twice.
                 outcome.duplicates.append(delivery)
             else:
                 seen.add(key)

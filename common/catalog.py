@@ -45,18 +45,23 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
     warehouse = properties.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    # pyiceberg opens the tables' files through the door, as every other icekeeper file is
+    # opened (its own IO cannot even open abfss://<container>@<account>..., door_fileio.py); a
+    # FileIO the config names stays the user's choice. A REST catalog may hand out credentials
+    # per table (vended with `load_table`), which pyiceberg's own IO applies and the door's one
+    # set of settings would override: there the door opens only what pyiceberg's IO cannot.
     locations = [warehouse] + [table.location or "" for table in config.tables]
-    if "py-io-impl" not in properties and any(
+    if properties.get("type") != "rest" or any(
         location.startswith(AZURE_SCHEMES) for location in locations
     ):
-        # pyiceberg's own IO cannot open abfss://<container>@<account>.dfs.../ (door_fileio.py).
-        properties["py-io-impl"] = "icekeeper.common.door_fileio.DoorFileIO"
+        properties.setdefault("py-io-impl", DOOR_FILE_IO)
     catalog = load_catalog(config.catalog.name, **properties)
     set_rest_request_timeout(catalog, config.catalog.request_timeout)
     return catalog
 
 
 AZURE_SCHEMES = ("abfs://", "abfss://", "wasb://", "wasbs://")
+DOOR_FILE_IO = "icekeeper.common.door_fileio.DoorFileIO"
 
 
 def load_table_or_none(catalog: Catalog, identifier: str) -> Table | None:

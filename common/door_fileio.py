@@ -6,11 +6,14 @@ pyiceberg's own PyArrowFileIO cannot open the one Azure URI form icekeeper uses,
 `abfss://<container>@<account>.dfs.core.windows.net/<path>`: it gives pyarrow `container@host` as
 the container name (HTTP 400), and its other IO (adlfs) is another package with other URIs. This
 FileIO keeps pyarrow's file handling and only asks the door (`common/storage.py`) which filesystem
-and path a location is. `open_catalog` sets it as `py-io-impl` when a table lives on Azure and the
-config names no FileIO of its own.
+and path a location is. `open_catalog` sets it as `py-io-impl` on every store (local folders and S3
+too) unless the config names a FileIO of its own, so the tables' bytes take the same door, with
+the same settings and retries, as the roles' own files.
 """
 
 from __future__ import annotations
+
+import posixpath
 
 from pyiceberg.io import InputFile, OutputFile
 from pyiceberg.io.pyarrow import ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
@@ -19,6 +22,7 @@ from pyiceberg.typedef import EMPTY_DICT, Properties
 from icekeeper.common.storage import (
     StorageSettings,
     configure_storage,
+    make_folder,
     open_filesystem,
     storage_settings,
 )
@@ -48,6 +52,9 @@ class DoorFileIO(PyArrowFileIO):
         return self._file(location)
 
     def new_output(self, location: str) -> PyArrowFile:
+        filesystem, path = open_filesystem(location)
+        # A local folder must exist before a file in it (pyiceberg's own IO makes it too).
+        make_folder(filesystem, posixpath.dirname(path))
         return self._file(location)
 
     def delete(self, location: str | InputFile | OutputFile) -> None:

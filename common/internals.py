@@ -48,7 +48,7 @@ from pyiceberg.table.update.snapshot import _MergeAppendFiles, _SnapshotProducer
 from pyiceberg.typedef import Record
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 VERIFIED_PYICEBERG = "0.12."
 VERIFIED_PYSPARK = "4.1."
@@ -403,6 +403,18 @@ def java_spark_session(session: SparkSession) -> Any:
     """The Java `SparkSession` behind a Python one, for Java APIs that take it."""
     require_verified_pyspark()
     return session._jsparkSession  # noqa: SLF001 - Java APIs without a Python binding
+
+
+def hadoop_configuration(session: SparkSession) -> Any:
+    """The session's Hadoop `Configuration`, as Spark's own file writes resolve filesystems."""
+    require_verified_pyspark()
+    return session.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001 - no Python binding
+
+
+def java_dataset(frame: DataFrame) -> Any:
+    """The Java `Dataset<Row>` behind a Python DataFrame, for Java APIs that take one."""
+    require_verified_pyspark()
+    return frame._jdf  # noqa: SLF001 - Java APIs without a Python binding
 
 
 def py4j_gateway(session: SparkSession) -> Any:

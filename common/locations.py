@@ -73,6 +73,31 @@ def is_in_batch_folder(path: str, table_location: str, writer_id: str, seq: int)
     return bool(separator and rest) and (folder == name or folder.startswith(name + "-"))
 
 
+ICEKEEPER_DATA_FOLDERS = ("icekeeper-deletes", "icekeeper-rewrites")
+"""Folders under a table's `data/` that only icekeeper writes: the bookkeeper's position deletes
+(`bookkeeper/position_deletes.py` `DELETES_FOLDER`) and the reaper's compacted files
+(`common/rewrites.py` `output_folder`); tests/common/test_locations.py keeps them one."""
+
+_BATCH_FOLDER = re.compile(r"^[0-9]{12}(-[0-9a-f]+)?$")
+
+
+def is_written_by_icekeeper(path: str, table_location: str) -> bool:
+    """Whether `path` is a data or delete file icekeeper's roles write into the table at
+    `table_location` (a writer's batch folder `data/<writer>/<seq:012d>-<suffix>/`, the
+    bookkeeper's deletes, the reaper's compactions), which reach the table with a moniker or a
+    rewrite request, never as a file of its own (an Event Grid `BlobCreated` announces them
+    too)."""
+    data = resolved_location(table_data_folder(table_location)).rstrip("/") + "/"
+    resolved = resolved_location(path)
+    if not resolved.startswith(data):
+        return False
+    segments = resolved[len(data) :].split("/")
+    if segments[0] in ICEKEEPER_DATA_FOLDERS:
+        return True
+    # A writer's folder name never holds `=` (`path_segment`); a partition folder's does.
+    return len(segments) >= 3 and "=" not in segments[0] and bool(_BATCH_FOLDER.match(segments[1]))
+
+
 TABLE_STATE_FOLDER = "icekeeper"
 """Under a table's location: icekeeper's own state of the table (the upsert key index). The
 reaper's orphan removal never deletes in it."""

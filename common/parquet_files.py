@@ -35,12 +35,14 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from icekeeper.common.internals import hadoop_configuration, spark_jvm
 from icekeeper.common.moniker import FileEntry
 from icekeeper.common.spark import FUNCTIONS_CATALOG
 from icekeeper.common.storage import open_filesystem
+from icekeeper.common.stores.azure import HADOOP_AZURE
 
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _STRING_PREFIX = "s"
@@ -183,7 +185,34 @@ def write_parquet(
     )
     if partitions:
         writer = writer.partitionBy(*[p.name for p in partitions])
+    require_hadoop_filesystem(rows.sparkSession, output_uri)
     writer.parquet(output_uri)
+
+
+class NoHadoopFileSystem(RuntimeError):
+    """Spark has no Hadoop filesystem for a URI it is to write: a deployment's classpath, not
+    the data, is at fault."""
+
+
+def require_hadoop_filesystem(spark: SparkSession, uri: str) -> None:
+    """Raise `NoHadoopFileSystem`, naming what to add, when Spark cannot write `uri` itself.
+
+    Spark's Parquet writer goes through Hadoop's FileSystem, and PySpark ships no driver for
+    Azure's `abfss://` (icekeeper's own files there go through the storage door instead); the
+    error would otherwise be a `ClassNotFoundException` from the first task."""
+    scheme = uri.partition("://")[0].lower() if "://" in uri else "file"
+    if scheme not in ("abfs", "abfss"):
+        return
+    jvm = spark_jvm(spark)
+    try:
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, hadoop_configuration(spark))
+    except Exception as error:  # noqa: BLE001 - py4j's error: the class is not there
+        raise NoHadoopFileSystem(
+            f"{uri}: Spark writes these files itself, through Hadoop's abfs driver, which is not "
+            f"on its classpath: add {HADOOP_AZURE} to spark-submit's --packages (or "
+            "`spark.jars.packages`), or use `writer.engine: arrow` (docs/operations.md, "
+            f'"Azure Blob, Event Grid and the storage queue"). ({str(error).splitlines()[0]})'
+        ) from None
 
 
 def list_written_files(

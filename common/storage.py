@@ -436,9 +436,13 @@ def spark_storage_packages(
 
 
 def duckdb_storage_statements(settings: StorageSettings | None = None) -> list[str]:
-    """Statements that let a DuckDB connection (httpfs loaded) read the configured object store:
-    a secret for S3 when `s3.*` properties are set."""
+    """Statements that let a DuckDB connection (httpfs and azure loaded) read the configured
+    object stores: a secret for S3 when `s3.*` properties are set, one for Azure Blob when
+    `adls.*` are."""
     properties = (settings or _settings).mapping
+    statements = []
     if any(key.startswith("s3.") for key in properties):
-        return s3.duckdb_statements(properties)
-    return []
+        statements += s3.duckdb_statements(properties)
+    if any(key.startswith("adls.") for key in properties):
+        statements += azure.duckdb_statements(properties)
+    return statements

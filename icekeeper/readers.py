@@ -4,14 +4,17 @@ Spark SQL), to show they see what we wrote."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
 from icekeeper.common.config.model import IcekeeperConfig
-from icekeeper.common.storage import duckdb_storage_statements
+from icekeeper.common.storage import duckdb_storage_statements, storage_settings
+from icekeeper.common.stores.azure import SCHEMES as AZURE_SCHEMES
+from icekeeper.common.stores.azure import blob_url as azure_blob_url
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,8 +35,9 @@ def _extension_file(package: str, name: str) -> str:
 
 def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
     """A DuckDB connection with the avro, iceberg and httpfs (S3, and Iceberg REST catalogs)
-    extensions loaded from their wheels, and a secret for the object store the storage door is
-    configured for (`s3.*` catalog properties), so `iceberg_scan` reads tables on S3."""
+    extensions loaded from their wheels, azure too when the storage door has `adls.*`
+    properties, and a secret for each object store the door is configured for, so
+    `duckdb_source` reads tables on S3 and Azure Blob."""
     import duckdb
 
     connection = duckdb.connect(
@@ -43,9 +47,58 @@ def duckdb_connection():  # noqa: ANN201 - duckdb.DuckDBPyConnection
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_avro', 'avro')}'")
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_iceberg', 'iceberg')}'")
     connection.execute(f"LOAD '{_extension_file('duckdb_extension_httpfs', 'httpfs')}'")
+    if any(key.startswith("adls.") for key in storage_settings().mapping):
+        connection.execute(f"LOAD '{_extension_file('duckdb_extension_azure', 'azure')}'")
     for statement in duckdb_storage_statements():
         connection.execute(statement)
     return connection
+
+
+def duckdb_source(table: Table) -> str:
+    """What a DuckDB query reads the table's current rows from: `iceberg_scan` of its metadata
+    file; for a table on Azure Blob, its current Parquet files as pyiceberg plans them.
+
+    DuckDB opens `abfss://<container>@<account>.dfs.core.windows.net/...`, the URI form the
+    table's metadata and manifests name, through the account's DFS endpoint at
+    `<account>.dfs.core.windows.net`, whatever endpoint its secret gives: Azurite has none, and
+    a real account is reached only through it (DuckDB 1.5.5). Its `az://<container>/<path>` form
+    goes through the Blob endpoint of the secret's connection string, which every account and
+    Azurite serve; so the data files are read that way, each data file's position deletes
+    (`file_path`, `pos`) left out. Columns are matched by name, not by field id (a column
+    renamed since a file was written reads as null there)."""
+    location = table.location()
+    if not location.startswith(tuple(f"{scheme}://" for scheme in AZURE_SCHEMES)):
+        return f"iceberg_scan('{table.metadata_location}')"
+    data_files, delete_files = [], set()
+    for task in table.scan().plan_files():
+        data_files.append(task.file.file_path)
+        for delete in task.delete_files:
+            if delete.content != DataFileContent.POSITION_DELETES:
+                raise ValueError(
+                    f"{table.name()}: equality deletes on Azure are not read by DuckDB here"
+                )
+            delete_files.add(delete.file_path)
+
+    def files(paths: Iterable[str]) -> str:
+        return (
+            "[" + ", ".join("'" + azure_blob_url(p).replace("'", "''") + "'" for p in paths) + "]"
+        )
+
+    if not data_files:
+        names = ", ".join(
+            f'CAST(NULL AS VARCHAR) AS "{field.name}"' for field in table.schema().fields
+        )
+        return f"(SELECT {names} LIMIT 0)"
+    rows = f"read_parquet({files(data_files)}, filename=true, file_row_number=true)"
+    if not delete_files:
+        return f"(SELECT * EXCLUDE (filename, file_row_number) FROM {rows})"
+    deletes = f"read_parquet({files(sorted(delete_files))})"
+    return (
+        f"(SELECT * EXCLUDE (filename, file_row_number) FROM {rows} AS live WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {deletes} AS gone WHERE gone.pos = live.file_row_number AND "
+        f"regexp_replace(gone.file_path, '^[a-z]+://([^@/]+)@[^/]+/', 'az://\\1/') "
+        "= live.filename))"
+    )
 
 
 def duckdb_rows(
@@ -54,7 +107,7 @@ def duckdb_rows(
     """The table's current rows as DuckDB reads them (via the current metadata file)."""
     connection = duckdb_connection()
     try:
-        query = f"SELECT {columns} FROM iceberg_scan('{table.metadata_location}')"
+        query = f"SELECT {columns} FROM {duckdb_source(table)}"
         if order_by:
             query += f" ORDER BY {order_by}"
         cursor = connection.execute(query)
@@ -72,9 +125,7 @@ def duckdb_tuples(
     connection = duckdb_connection()
     try:
         names = ", ".join('"' + name.replace('"', '""') + '"' for name in columns)
-        cursor = connection.execute(
-            f"SELECT {names} FROM iceberg_scan('{table.metadata_location}')"
-        )
+        cursor = connection.execute(f"SELECT {names} FROM {duckdb_source(table)}")
         while batch := cursor.fetchmany(batch_rows):
             yield from batch
     finally:

@@ -31,6 +31,7 @@ from icekeeper.common.config.model import ReaperConfig
 from icekeeper.common.fencing import LeaseRecord
 from icekeeper.common.in_flight import under_any
 from icekeeper.common.internals import (
+    java_dataset,
     java_exception_of,
     java_spark_session,
     py4j_gateway,
@@ -451,19 +452,54 @@ class SparkMaintenance:
         by name, the grace covers a claim's or a file's first moments)."""
         older_than_ms = int((now - timedelta(seconds=self.orphan_grace_s)).timestamp() * 1000)
         deleter = FileDeleter(spared, dry_run=report.dry_run, spared_folders=claimed)
-        self._actions().deleteOrphanFiles(self._java_table(identifier)).olderThan(
-            older_than_ms
-        ).deleteWith(deleter).execute()
+        java_table = self._java_table(identifier)
+        action = (
+            self._actions()
+            .deleteOrphanFiles(java_table)
+            .olderThan(older_than_ms)
+            .deleteWith(deleter)
+        )
+        location = java_table.location()
+        if "://" in location and not location.startswith("file:"):
+            # Iceberg lists the table's folder with Hadoop's FileSystem by default: on Azure that
+            # needs hadoop-azure's abfs driver and a DFS endpoint (Azurite has neither; nor has
+            # PySpark the driver). The door lists every store icekeeper writes to.
+            action = action.compareToFileList(self._listing(location))
+        action.execute()
         if report.dry_run:
             report.planned.extend(f"orphan: {path}" for path in deleter.deleted)
         report.orphans_removed += len(deleter.deleted)
         self._count(report, deleter)
+
+    def _listing(self, location: str) -> JavaObject:
+        """Every file under `location` as Iceberg's `compareToFileList` takes them (`file_path`
+        in the location's URI form, `last_modified`), listed through the storage door; files in
+        hidden folders (`_x`, `.x`, not a `_column=value` partition) are left out, as Iceberg's
+        own listing leaves them."""
+        filesystem, root = open_filesystem(location)
+        selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+        rows = []
+        for info in filesystem.get_file_info(selector):
+            if info.type != pafs.FileType.File:
+                continue
+            relative = posixpath.relpath(info.path, root)
+            if any(is_hidden(part) for part in relative.split("/")):
+                continue
+            rows.append((f"{location.rstrip('/')}/{relative}", info.mtime))
+        frame = self.spark.createDataFrame(rows, "file_path string, last_modified timestamp")
+        return java_dataset(frame)
 
     @staticmethod
     def _count(report: TableReport, deleter: FileDeleter) -> None:
         report.files_deleted += len(deleter.deleted)
         report.bytes_deleted += deleter.bytes
         report.orphans_spared += len(deleter.kept)
+
+
+def is_hidden(name: str) -> bool:
+    """Whether a folder or file name is hidden from orphan removal, as Iceberg's Hadoop listing
+    hides it: a leading `_` or `.`, unless it names a partition (`_kfk_partition=3`)."""
+    return name.startswith((".", "_")) and "=" not in name
 
 
 def _count_replaced(table: Table, before: set[int], report: TableReport) -> None:

@@ -191,10 +191,12 @@ def unique_topic() -> str:
 def spark(stack_config: IcekeeperConfig):
     """One local SparkSession (2 cores) for the whole test session; starting one takes 10-20 s.
 
-    Its jars include those of the stack's S3 server and catalogs (they cannot be added to a running
-    session), so a test can register any of those catalogs in it (`spark_catalog(name).conf`).
+    Its jars include those of the stack's S3 server and catalogs and Iceberg's ADLSFileIO for
+    Azurite (they cannot be added to a running session), so a test can register any of those
+    catalogs in it (`spark_catalog(name).conf`), or a catalog with its tables on Azure Blob.
     """
     from icekeeper.common.spark import spark_jars, spark_session
+    from icekeeper.common.stores.azure import ICEBERG_AZURE_BUNDLE
     from icekeeper.localstack.stack import LocalStack
 
     cache_dir = Path(stack_config.cache_dir)
@@ -209,7 +211,9 @@ def spark(stack_config: IcekeeperConfig):
             "spark.sql.shuffle.partitions": "4",
             # After icekeeper's own, in Spark's class loader (not `extraClassPath`, which would
             # put iceberg-aws-bundle's unshaded commons-codec and caffeine before Spark's).
-            "spark.jars": ",".join(str(jar) for jar in [*spark_jars(cache_dir), *client_jars]),
+            "spark.jars": ",".join(
+                str(jar) for jar in [*spark_jars(cache_dir, (ICEBERG_AZURE_BUNDLE,)), *client_jars]
+            ),
         },
     )
     yield session

@@ -26,6 +26,9 @@ from icekeeper.common.stores.base import Store, Versioned
 
 SCHEMES = ("abfs", "abfss", "wasb", "wasbs")
 ADLS_FILE_IO = "org.apache.iceberg.azure.adlsv2.ADLSFileIO"
+HADOOP_AZURE = "org.apache.hadoop:hadoop-azure:3.4.2"
+"""Hadoop's abfs driver, of the Hadoop PySpark 4.1.1 ships: what Spark's own Parquet writes to
+`abfss://` need (the `spark-sql` engine, upsert compaction); PySpark has none."""
 ICEBERG_AZURE_BUNDLE = "org.apache.iceberg:iceberg-azure-bundle:1.10.0"
 """No 1.11.0 azure bundle is on Maven Central; 1.10.0's ADLSFileIO works with the 1.11 runtime."""
 
@@ -208,3 +211,40 @@ def hadoop_conf(properties: Mapping[str, str], account: str | None) -> dict[str,
         conf[f"spark.hadoop.fs.azure.account.auth.type.{host}"] = "SAS"
         conf[f"spark.hadoop.fs.azure.sas.fixed.token.{host}"] = token
     return conf
+
+
+def duckdb_statements(properties: Mapping[str, str]) -> list[str]:
+    """A DuckDB secret (its azure extension loaded) that reads `az://<container>/<path>` of the
+    configured account through the Blob endpoint: the connection string as configured (an
+    emulator's `BlobEndpoint` with it), or one made from the account and its key or SAS token."""
+    connection = properties.get("adls.connection-string")
+    account = account_name(properties)
+    if not connection and account:
+        parts = [f"AccountName={account}", "DefaultEndpointsProtocol=https"]
+        key = properties.get("adls.account-key")
+        token = sas_token(properties)
+        if key:
+            parts.append(f"AccountKey={key}")
+        elif token:
+            parts.append(f"SharedAccessSignature={token}")
+        endpoint = _blob_endpoint(properties)
+        if endpoint is not None:
+            parts.append(f"BlobEndpoint={endpoint[0]}://{endpoint[1]}/{account}")
+        else:
+            parts.append("EndpointSuffix=core.windows.net")
+        connection = ";".join(parts)
+    if not connection:
+        return []
+    quoted = "'" + connection.replace("'", "''") + "'"
+    return [f"CREATE OR REPLACE SECRET icekeeper_azure (TYPE AZURE, CONNECTION_STRING {quoted})"]
+
+
+def blob_url(uri: str) -> str:
+    """DuckDB's `az://<container>/<path>` (read through the Blob endpoint) for a URI of the one
+    form `abfss://<container>@<account>.dfs.core.windows.net/<path>` (or `wasbs://`)."""
+    scheme, _, rest = uri.partition("://")
+    if scheme.lower() not in SCHEMES:
+        return uri
+    authority, _, path = rest.partition("/")
+    container = authority.partition("@")[0]
+    return f"az://{container}/{path}"

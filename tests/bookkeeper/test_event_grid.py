@@ -137,3 +137,34 @@ def test_event_grid_files_of_an_upsert_table_replace_the_rows_of_their_keys(
     report = bookkeeper.run_cycle()
     assert report.tables[0].rows_replaced == 3
     assert pyiceberg_rows(bookkeeper) == {1: 1, 2: 2, 3: 103, 4: 104, 5: 105, 6: 106, 7: 107}
+
+
+@pytest.mark.integration
+def test_event_grid_events_for_icekeeper_s_own_files_commit_nothing(
+    local_stack, tmp_path: Path
+) -> None:
+    """Event Grid announces every blob created under its subscription's filter, a writer's files
+    too (seed 003 filters on `/data/`): the moniker brings them, and the event is acknowledged
+    without a commit, whether it comes before or after the moniker's."""
+    config = bookkeeper_config(tmp_path, **azure_queue_settings(local_stack))
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    first, second = make_moniker(config, 1, None, (0, 10)), make_moniker(config, 2, 1, (10, 20))
+    transport.publish(first)
+    bookkeeper.run_cycle()
+    for moniker in (first, second):  # after its moniker's commit; before it
+        entry = moniker.files[0]
+        path = entry.path.removeprefix("file://")
+        transport.queue.send_message(event_grid(path, "FlushWithClose", entry.size_bytes))
+    report = bookkeeper.run_cycle()
+    transport.publish(second)
+    bookkeeper.run_cycle()
+    assert not report.dead_lettered
+    offsets = pyiceberg_rows_offsets(config)
+    assert offsets == list(range(20))
+    assert transport.queue.get_queue_properties().approximate_message_count == 0
+
+
+def pyiceberg_rows_offsets(config) -> list[int]:
+    table = open_catalog(config).load_table("shop.items")
+    return sorted(table.scan().to_arrow()["_kfk_offset"].to_pylist())

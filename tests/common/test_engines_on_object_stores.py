@@ -21,9 +21,10 @@ import yaml
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.parquet_files import NoHadoopFileSystem, write_parquet
 from icekeeper.common.storage import list_files, read_lines
 from icekeeper.common.transports import open_transport
-from icekeeper.readers import duckdb_connection
+from icekeeper.readers import duckdb_connection, duckdb_rows
 from tests.support.object_stores import azure_uri, azurite_blob_properties, new_container
 from tests.support.shop_items import bookkeeper_config, make_moniker
 
@@ -131,6 +132,18 @@ def test_the_bookkeeper_commits_a_table_on_azure_blob(tmp_path: Path, local_stac
 
 
 @pytest.mark.integration
+def test_duckdb_reads_what_the_bookkeeper_committed_on_azure(tmp_path: Path, local_stack) -> None:
+    """DuckDB, with the door's Azure secret (`duckdb_connection`), reads the table through the
+    Blob endpoint (`az://`): its `iceberg_scan` follows the metadata's `abfss://` paths to the
+    DFS endpoint, which Azurite does not serve (`readers.duckdb_source`)."""
+    config, _ = azure_config(tmp_path, local_stack)
+    commit_on_azure(config)
+    table = open_catalog(config).load_table("shop.items")
+    rows = duckdb_rows(table, "_kfk_offset", order_by="_kfk_offset")
+    assert [row["_kfk_offset"] for row in rows] == list(range(30))
+
+
+@pytest.mark.integration
 def test_spark_reads_and_appends_what_the_bookkeeper_committed_on_azure(
     tmp_path: Path, local_stack
 ) -> None:
@@ -161,3 +174,11 @@ def test_spark_reads_and_appends_what_the_bookkeeper_committed_on_azure(
 
 
 SPARK_ROWS = "VALUES (1001, 1, 0, 1001), (1002, 2, 0, 1002)"
+
+
+@pytest.mark.spark
+def test_spark_s_own_parquet_writes_to_azure_name_the_driver_they_lack(spark) -> None:
+    """The `spark-sql` engine and upsert compaction write with Spark's Parquet writer, through
+    Hadoop's FileSystem, which has no `abfss` driver in PySpark: the error says what to add."""
+    with pytest.raises(NoHadoopFileSystem, match="org.apache.hadoop:hadoop-azure:3.4.2"):
+        write_parquet(spark.range(3), azure_uri("lake", "t/data/batch"), [], 1000)

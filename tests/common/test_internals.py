@@ -32,6 +32,8 @@ from icekeeper.common.internals import (
     append_metadata_log,
     apply_table_updates,
     commit_once,
+    hadoop_configuration,
+    java_dataset,
     java_exception_of,
     java_spark_session,
     parse_footer_bytes,
@@ -344,6 +346,8 @@ def test_the_jvm_behind_a_spark_session(spark) -> None:
     assert java_spark_session(spark).version() == spark.version
     assert spark_jvm(spark).java.lang.Integer.parseInt("42") == 42
     assert py4j_gateway(spark).jvm.java.lang.Integer.parseInt("7") == 7
+    assert java_dataset(spark.range(3)).count() == 3
+    assert hadoop_configuration(spark).get("fs.file.impl.disable.cache") is None
 
 
 @pytest.mark.spark

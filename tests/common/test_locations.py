@@ -3,7 +3,13 @@ put them."""
 
 from __future__ import annotations
 
-from icekeeper.common.locations import batch_folder_of, is_in_batch_folder
+from icekeeper.bookkeeper.position_deletes import DELETES_FOLDER
+from icekeeper.common.locations import (
+    batch_folder_of,
+    is_in_batch_folder,
+    is_written_by_icekeeper,
+)
+from icekeeper.common.rewrites import output_folder
 from icekeeper.writers.files import batch_folder
 
 LOCATION = "abfss://lake@acct.dfs.core.windows.net/db/items"
@@ -28,3 +34,29 @@ def test_a_file_of_another_batch_or_writer_or_outside_is_not_in_the_batch_folder
         f"{LOCATION}/icekeeper/k.parquet",
     ):
         assert not is_in_batch_folder(path, LOCATION, "w1", 7), path
+
+
+def test_the_files_icekeeper_writes_into_a_table_are_known_as_its_own() -> None:
+    """What an Event Grid event for a file of icekeeper's own is checked against
+    (`bookkeeper/event_grid_files.py`): the writers', the bookkeeper's and the reaper's folders."""
+    own = [
+        f"{batch_folder(LOCATION, 'host:1234/x y', 7)}/part-0.parquet",
+        f"{batch_folder(LOCATION, 'w1', 7)}/_kfk_partition=3/part-0.parquet",
+        f"{LOCATION}/data/w1/000000000007/f.parquet",
+        f"{position_deletes_folder(LOCATION)}/d.parquet",
+        f"{output_folder(LOCATION, 'r1')}/f.parquet",
+    ]
+    for path in own:
+        assert is_written_by_icekeeper(path, LOCATION), path
+    for path in (
+        f"{LOCATION}/data/other-tool/f.parquet",
+        f"{LOCATION}/data/00000-0-3b1e-00001.parquet",  # Iceberg's own writers' names
+        f"{LOCATION}/data/day=2026-11-27/000000000007/f.parquet",  # ... in a partition folder
+        f"{LOCATION}/data/w1/000000000007",
+        "abfss://lake@acct.dfs.core.windows.net/db/other/data/w1/000000000007/f.parquet",
+    ):
+        assert not is_written_by_icekeeper(path, LOCATION), path
+
+
+def position_deletes_folder(location: str) -> str:
+    return f"{location}/data/{DELETES_FOLDER}"
