@@ -309,6 +309,11 @@ def create_table(
     if spec.comment:
         properties["comment"] = spec.comment
     location = spec.location or moniker.table_location
+    # Recorded with the creation itself (one request): a catalog may place the table elsewhere
+    # (Nessie appends `_<uuid>`), and the files of batches written before the table existed lie
+    # under `location`; set in a second request, a crash or a lost answer between the two left
+    # those monikers quarantined for good.
+    properties[REQUESTED_LOCATION] = location
     try:
         table = catalog.create_table(
             identifier,
