@@ -45,6 +45,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import (
     AddSchemaUpdate,
     AssertCurrentSchemaId,
+    AssertDefaultSpecId,
     AssertLastAssignedFieldId,
     AssertTableUUID,
     SetCurrentSchemaUpdate,
@@ -242,6 +243,10 @@ class CommitPath:
             # A first attempt may plan on the table as the last commit left it; every later one
             # (after a lost swap, or an unknown outcome) on the table loaded afresh.
             kept = self._committed.pop(identifier, None) if number == 1 else None
+            if kept is not None and self._expirable(kept):
+                # Expiry is decided on the table as it is now: refs another engine added since
+                # (a tag on an old snapshot) are not in the kept table, and would be expired.
+                kept = None
             table = kept if kept is not None else load_table_or_none(self.catalog, identifier)
             state = self.checked_state(identifier, table)
             changes = producer.plan(table, state, outcome)
@@ -371,7 +376,17 @@ class CommitPath:
         # A single attempt; the snapshot producer's AssertRefSnapshotId makes it a CAS on the
         # snapshot our state was read from.
         changes.sent = True
-        commit_once(transaction, (AssertTableUUID(uuid=table.metadata.table_uuid),))
+        # What the plan relied on besides the snapshot: the schema and the partition spec it
+        # judged the files by. Another engine's schema or spec change adds no snapshot, so the
+        # snapshot's CAS alone would not see it on a table kept from the last commit (REST).
+        commit_once(
+            transaction,
+            (
+                AssertTableUUID(uuid=table.metadata.table_uuid),
+                AssertCurrentSchemaId(current_schema_id=table.schema().schema_id),
+                AssertDefaultSpecId(default_spec_id=table.spec().spec_id),
+            ),
+        )
         return table.current_snapshot().snapshot_id
 
     def _expirable(self, table: Table) -> list[int]:
