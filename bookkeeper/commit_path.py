@@ -53,6 +53,7 @@ from pyiceberg.table.update import (
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from icekeeper.bookkeeper.datafiles import InvalidFile
+from icekeeper.bookkeeper.hive_locks import settle_locks
 from icekeeper.bookkeeper.manifests import merge_append, rewrite_files
 from icekeeper.common.catalog import load_table_or_none
 from icekeeper.common.committed_state import (
@@ -327,6 +328,7 @@ class CommitPath:
                 raise
             # The outcome is unknown: read the table back, never assume.
             snapshot_id = self._settle_unknown(identifier, changes.state.commit_id, error)
+            settle_locks(self.catalog, landed=snapshot_id is not None)
             if snapshot_id is None:
                 raise CommitConflict(
                     f"the commit of unknown outcome did not land ({error!r})"

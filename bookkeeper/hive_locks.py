@@ -10,9 +10,15 @@ is not heartbeated, and Hive Metastore 3.1.3 keeps it until its housekeeping tim
 Every commit meanwhile waits for the lock and fails, however many cycles the bookkeeper runs.
 
 Here the bookkeeper's catalog object notes the lock each commit takes and, when the commit
-fails with its lock not released, releases it over a new connection. Iceberg's Java client does
-the same (`HiveTableOperations` checks the commit's status, then unlocks on its pool's next
-connection). A process that dies mid-commit still leaves its lock to the metastore's timeout.
+fails with its lock not released, keeps it until the commit path has settled the outcome
+(`settle_locks`): a commit found in the table is released over a new connection at once; one not
+found is left to the metastore's timeout. Releasing before the outcome is known lost
+acknowledged commits in a review: Hive Metastore 3.1.3's `alter_table` is an unconditional write
+of the metadata pointer, the lock is all that orders commits, and an `alter_table` still in flight
+when the client gave up (a stalled metastore thread, a proxy that cut the client first) landed
+after the next, acknowledged commits and set the pointer back over them. Nothing of a commit
+found in the table is still in flight. A process that dies mid-commit still leaves its lock to
+the metastore's timeout.
 """
 
 from __future__ import annotations
@@ -63,16 +69,45 @@ def with_released_locks(catalog: Catalog) -> Catalog:
     commit_table = catalog.commit_table
 
     def committing(*args: Any, **kwargs: Any) -> Any:
+        _forget(catalog)  # an earlier commit's, unsettled: left to the metastore's timeout
         held.ids = []
         try:
             return commit_table(*args, **kwargs)
         finally:
             left, held.ids = held.ids, None
             if left:
-                _release(catalog, left)
+                setattr(catalog, _UNSETTLED, left)
 
     catalog.commit_table = committing  # type: ignore[method-assign]  # this object only
     return catalog
+
+
+_UNSETTLED = "_icekeeper_unsettled_locks"
+"""The catalog object's attribute holding the locks of its last failed commit until settled."""
+
+
+def settle_locks(catalog: Catalog, landed: bool) -> None:
+    """The failed commit's outcome is known: release its locks if it `landed` (nothing of it is
+    in flight any more), else leave them to the metastore's timeout (its `alter_table` may still
+    be on its way, and the lock is what keeps the next commit from being overwritten by it)."""
+    if landed:
+        left = getattr(catalog, _UNSETTLED, None)
+        if left:
+            delattr(catalog, _UNSETTLED)
+            _release(catalog, left)
+        return
+    _forget(catalog)
+
+
+def _forget(catalog: Catalog) -> None:
+    left = getattr(catalog, _UNSETTLED, None)
+    if left:
+        delattr(catalog, _UNSETTLED)
+        log.warning(
+            "the metastore lock of a commit not found in the table is left to the metastore's "
+            "timeout (metastore.txn.timeout); commits to the table wait until then",
+            extra={"lock_ids": left},
+        )
 
 
 def _release(catalog: Catalog, lock_ids: list[int]) -> None:
