@@ -131,6 +131,10 @@ class WriterJob:
             config, self.spark, self.catalog, self.writer_id, self.claims, self.tables, self.schemas
         )
         self.metrics = WriterMetrics()
+        self._table_topics = {
+            spec.identifier: set(spec.topics) for spec in config.tables if spec.topics
+        }
+        """The topics each table is routed from, where its config names them (lag series)."""
         self.metrics.show_sources([source.name for source in config.sources])
         self.http: HttpEndpoints | None = None
         self.state = "starting"
@@ -374,7 +378,9 @@ class WriterJob:
         self._rewind_for_refusals(source, table_ids)
         plan = self._plan(source, table_ids, bounds)
         end_offsets = {key: bound.latest for key, bound in bounds.items()}
-        self.metrics.show_lag(source.name, end_offsets, _real_tables(plan.table_starts))
+        self.metrics.show_lag(
+            source.name, end_offsets, _real_tables(plan.table_starts), self._table_topics
+        )
         if plan.restarted:
             # Before anything is published: a writer killed later starts the partitions over again.
             self.checkpoints.forget(source, set().union(*plan.restarted.values()))
@@ -443,7 +449,7 @@ class WriterJob:
             }
             for table, starts in _real_tables(plan.table_starts).items()
         }
-        metrics.show_lag(source.name, end_offsets, after)
+        metrics.show_lag(source.name, end_offsets, after, self._table_topics)
 
     def _source_tables(self, source: KafkaSource, routes: Routes) -> list[str]:
         """The tables `source` feeds that this writer knows: its configured ones, and those its

@@ -150,18 +150,25 @@ class WriterMetrics:
         source: str,
         end_offsets: Mapping[TopicPartition, int],
         positions: Mapping[str, Mapping[TopicPartition, int]],
+        table_topics: Mapping[str, set[str]] | None = None,
     ) -> None:
         """Set the lag of every table of `source` on every partition it reads.
 
         Args:
             end_offsets: Kafka's end offset of each partition this writer reads.
             positions: per table, the next offset it needs per partition.
+            table_topics: the topics a table is routed from, where its config names them (a
+                source of 200 topics, one table each, would otherwise show each table's lag on
+                every topic: 120,000 series, and a table lagging wherever any topic lags).
         """
         shown = set()
         for (topic, partition), end in end_offsets.items():
             self.end_offset.labels(topic, str(partition)).set(end)
         for table, table_positions in positions.items():
+            topics = (table_topics or {}).get(table)
             for (topic, partition), end in end_offsets.items():
+                if topics is not None and topic not in topics:
+                    continue
                 position = table_positions.get((topic, partition), end)
                 labels = (table, topic, str(partition))
                 self.lag.labels(*labels).set(max(0, end - position))
