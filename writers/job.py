@@ -29,6 +29,7 @@ from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
 from icekeeper.common.config.required import check_writer_config
 from icekeeper.common.executor_env import ExecutorsLackPython
+from icekeeper.common.exit_codes import UsageError
 from icekeeper.common.http_endpoints import HttpEndpoints
 from icekeeper.common.in_flight import InFlightClaims
 from icekeeper.common.kafka_clients import KafkaAccessDenied
@@ -152,14 +153,23 @@ class WriterJob:
         """Start `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); returns the port (0
         in config: off, unless a port is given)."""
         port = self.config.writer.http_port if port is None else port
-        self.http = HttpEndpoints(
-            self.metrics.registry,
-            port,
-            liveness=self.liveness,
-            readiness=self.readiness,
-            host=self.config.writer.http_host,
-            name="icekeeper-writer-http",
-        ).start()
+        host = self.config.writer.http_host
+        try:
+            self.http = HttpEndpoints(
+                self.metrics.registry,
+                port,
+                liveness=self.liveness,
+                readiness=self.readiness,
+                host=host,
+                name="icekeeper-writer-http",
+            ).start()
+        except OSError as error:
+            # Before anything is read or written: a second writer on the host, or one restarted
+            # while the last is still stopping (its supervisor's retry gets the port once free).
+            raise UsageError(
+                f"writer.http_port {port} on {host} is taken ({error}): writers sharing a host "
+                "need a port each (ICEKEEPER__WRITER__HTTP_PORT; 0 serves none)"
+            ) from error
         return self.http.port
 
     def _stuck_after_s(self) -> float:

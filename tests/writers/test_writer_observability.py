@@ -71,3 +71,25 @@ def test_failed_reads_from_kafka_are_told_from_other_failures() -> None:
         assert kafka_read_error(wrapped)
     assert not kafka_read_error(ValueError("column qty: cannot cast"))
     assert not kafka_read_error(RuntimeError("catalog unavailable"))
+
+
+def test_a_taken_port_is_one_line_naming_the_key(tmp_path) -> None:
+    """A second writer on a host with the first's port: a one-line usage error naming
+    `writer.http_port` (it was a traceback of `Address already in use`, exit 1)."""
+    import socket
+
+    import pytest
+
+    from icekeeper.common.exit_codes import UsageError
+    from icekeeper.writers.job import WriterJob
+    from tests.support.shop_items import bookkeeper_config
+
+    taken = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = taken.getsockname()[1]
+        job = WriterJob.__new__(WriterJob)  # no Spark: the port is bound before any batch
+        job.config, job.metrics = bookkeeper_config(tmp_path), WriterMetrics()
+        with pytest.raises(UsageError, match=f"writer.http_port {port} on 127.0.0.1 is taken"):
+            job.serve_http(port)
+    finally:
+        taken.close()
