@@ -136,42 +136,8 @@ def test_a_metastore_connection_cut_at_alter_table(hive_metastore, tmp_path, lan
         relay.close()
 
 
-class DelayingRelay(CuttingRelay):
-    """At the armed request: the client's connection is closed at once, and the request reaches
-    the server `DELAY_S` later, its answer swallowed (a stalled metastore thread, a proxy that
-    gave up on the client first)."""
-
-    DELAY_S = 4.0
-
-    def _up(self, client, server, state) -> None:
-        import threading
-
-        sent, armed = b"", 0
-        try:
-            while data := client.recv(65536):
-                with self._lock:
-                    if armed != self._armed:
-                        sent, armed = b"", self._armed
-                    sent = (sent + data)[-65536:]
-                    cut = self._at is not None and self._at(sent)
-                    if cut:
-                        self._at = None
-                        self.cuts += 1
-                if cut:
-                    state["swallow"] = True
-                    client.close()
-
-                    def later(data: bytes = data) -> None:
-                        time.sleep(self.DELAY_S)
-                        server.sendall(data)
-
-                    threading.Thread(target=later, daemon=True).start()
-                    return
-                server.sendall(data)
-        except OSError:
-            pass
-        client.close()
-        server.close()
+DELAY_S = 4.0
+"""How long after the client gave up a delayed `alter_table` reaches the metastore."""
 
 
 @pytest.mark.heavy  # waits for the metastore's lock timeout
@@ -184,7 +150,7 @@ def test_an_alter_table_landing_after_the_read_back_loses_no_acknowledged_commit
     `alter_table` set the metadata pointer back over them (found by a review: seq 3 acknowledged
     and gone, the writer's next moniker waiting for ever). With the lock left to the metastore's
     timeout, the next commit waits, and then finds the late one in the table."""
-    relay = DelayingRelay("127.0.0.1", hive_metastore.stack.hive_metastore_port)
+    relay = CuttingRelay("127.0.0.1", hive_metastore.stack.hive_metastore_port)
     try:
         config = relayed_config(hive_metastore, tmp_path, relay)
         transport, bookkeeper = open_transport(config), Bookkeeper(config)
@@ -192,7 +158,7 @@ def test_an_alter_table_landing_after_the_read_back_loses_no_acknowledged_commit
         transport.publish(make_moniker(config, 1, None, (0, 10)))
         assert bookkeeper.run_cycle().committed_monikers == 1  # the table exists
         transport.publish(make_moniker(config, 2, 1, (10, 20)))
-        relay.cut_after(metastore_alter_table)
+        relay.cut_after(metastore_alter_table, delay_s=DELAY_S)
         started = time.monotonic()
         while transport.pending() and time.monotonic() - started < 6 * LOCK_TIMEOUT_S:
             bookkeeper.run_cycle()
@@ -200,7 +166,7 @@ def test_an_alter_table_landing_after_the_read_back_loses_no_acknowledged_commit
         transport.publish(make_moniker(config, 3, 2, (20, 30)))
         while transport.pending() and time.monotonic() - started < 6 * LOCK_TIMEOUT_S:
             bookkeeper.run_cycle()
-        time.sleep(DelayingRelay.DELAY_S + 3)  # whatever was in flight has landed by now
+        time.sleep(DELAY_S + 3)  # whatever was in flight has landed by now
         assert offsets_in_table(config) == list(range(30))
         transport.publish(make_moniker(config, 4, 3, (30, 40)))
         assert bookkeeper.run_cycle().committed_monikers == 1  # the chain goes on

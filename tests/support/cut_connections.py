@@ -15,12 +15,14 @@ class CuttingRelay:
     connection whose client sends bytes that `at(sent_so_far)` matches has those bytes forwarded,
     the server's answer swallowed, and both sides closed; with `forward=False` the bytes are not
     forwarded at all (the request never reached the server). Other connections are relayed
-    unchanged."""
+    unchanged. With `delay_s`, the client's side is closed at once and the bytes reach the server
+    that much later (a stalled metastore thread, a proxy that gave up on the client first)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self._at: Callable[[bytes], bool] | None = None
         self._forward = True
+        self._delay_s = 0.0
         self._armed = 0
         """Incremented by each `cut_after`: what a connection sent before does not count."""
         self.cuts = 0
@@ -29,10 +31,12 @@ class CuttingRelay:
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def cut_after(self, at: Callable[[bytes], bool], forward: bool = True) -> None:
+    def cut_after(
+        self, at: Callable[[bytes], bool], forward: bool = True, delay_s: float = 0.0
+    ) -> None:
         """Cut the next connection whose client's bytes so far match `at`."""
         with self._lock:
-            self._at, self._forward = at, forward
+            self._at, self._forward, self._delay_s = at, forward, delay_s
             self._armed += 1
 
     def close(self) -> None:
@@ -58,7 +62,7 @@ class CuttingRelay:
                         sent, armed = b"", self._armed
                     sent = (sent + data)[-65536:]
                     cut = self._at is not None and self._at(sent)
-                    forward = self._forward
+                    forward, delay_s = self._forward, self._delay_s
                     if cut:
                         self._at = None
                         self.cuts += 1
@@ -66,6 +70,10 @@ class CuttingRelay:
                     break  # never reaches the server
                 if cut:
                     state["swallow"] = True
+                if cut and delay_s:
+                    _close(client)
+                    threading.Timer(delay_s, _send_quietly, (server, data)).start()
+                    return
                 server.sendall(data)
                 if cut:
                     return  # the answer is swallowed by `_down`, which closes both
@@ -85,6 +93,13 @@ class CuttingRelay:
         finally:
             _close(client)
             _close(server)
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass
 
 
 def _close(sock: socket.socket) -> None:
