@@ -58,10 +58,18 @@ from icekeeper.writers.table_batch import offset_only_monikers
 log = logging.getLogger(__name__)
 _MAX_PAUSE_S = 60.0
 """Longest wait between two tries of a paused writer (the schema registry does not answer)."""
+_MAX_RETRY_WAIT_S = 30.0
+"""Longest wait before a failed batch is tried again."""
 LIVENESS_GRACE_S = 600.0
 """The shortest time a writer's loop may show no life before `/healthz` calls it stuck: one batch
 of a large backlog can take minutes, and a probe that restarted the writer in it would make it
 read the same batch again, for ever (as the bookkeeper's `LIVENESS_GRACE_S`)."""
+SLOWEST_RECORDS_PER_S = 2_000.0
+"""The slowest a healthy writer is taken to write, in records a second (`bench/results.md`
+measures 50,000-138,000 per core; rows far wider than the bench's, or a starved cluster, are
+slower): while a batch runs, `/healthz` waits as long as its planned records take at this rate,
+so a first batch over a large backlog (`max_offsets_per_trigger: null`) is not restarted half
+way, and read again, for ever."""
 
 
 @dataclass
@@ -146,6 +154,14 @@ class WriterJob:
         self._last_outcome: str | None = None
         """How the loop's last batch ended (`observability.BATCH_OUTCOMES`); None: none yet."""
         self._last_outcome_at: float | None = None
+        self._planned_records = 0
+        """Records the batch in progress planned to read (so far: sources are planned in turn)."""
+        self._seen_topics: dict[str, set[str]] = {}
+        """Per source, the topics Kafka described to this writer at some look since it started."""
+        self._lost_topics: dict[str, dict[str, str]] = {}
+        """Per source, topics seen earlier that Kafka no longer lists or describes: topic -> why."""
+        self._absent_warned: set[tuple[str, str]] = set()
+        """(source, topic) named in the config, never seen, and already warned about."""
 
     # -- metrics and health ------------------------------------------------------------------------
 
@@ -173,9 +189,14 @@ class WriterJob:
         return self.http.port
 
     def _stuck_after_s(self) -> float:
-        """How long the loop may show no life and stay alive: at least `LIVENESS_GRACE_S`, and ten
-        trigger intervals plus the longest wait after failures (30 s) if longer."""
-        return max(LIVENESS_GRACE_S, 10 * self.config.writer.trigger_interval + 30)
+        """How long the loop may show no life and stay alive: at least `LIVENESS_GRACE_S`, ten
+        trigger intervals plus the longest wait after a failure if longer, and, while a
+        batch runs, the time its planned records take at `SLOWEST_RECORDS_PER_S` if longer."""
+        return max(
+            LIVENESS_GRACE_S,
+            10 * self.config.writer.trigger_interval + _MAX_RETRY_WAIT_S,
+            self._planned_records / SLOWEST_RECORDS_PER_S,
+        )
 
     def _health(self) -> dict:
         return {
@@ -186,6 +207,7 @@ class WriterJob:
             if self._last_outcome_at is None
             else round(time.monotonic() - self._last_outcome_at, 3),
             "seq": self.seq,
+            "planned_records": self._planned_records,
         }
 
     def liveness(self) -> tuple[bool, dict]:
@@ -210,6 +232,13 @@ class WriterJob:
             return False, {**details, "reason": "no batch finished yet"}
         if self._last_outcome in ("paused", "failed"):
             return False, {**details, "reason": f"the last batch {self._last_outcome}"}
+        if lost := {source: topics for source, topics in self._lost_topics.items() if topics}:
+            named = "; ".join(
+                f"{source}: {topic} ({why})"
+                for source, topics in sorted(lost.items())
+                for topic, why in sorted(topics.items())
+            )
+            return False, {**details, "reason": f"topics no longer readable: {named}"}
         return True, details
 
     def _alive(self) -> None:
@@ -297,7 +326,7 @@ class WriterJob:
                     extra={"writer": self.writer_id, "error": repr(error), "failures": failures},
                 )
                 self.state = "waiting"
-                self.stop.wait(min(30.0, 2.0**failures))
+                self.stop.wait(min(_MAX_RETRY_WAIT_S, 2.0**failures))
                 continue
             if report.records_read:
                 self.metrics.observe_batch(report.records_read, report.seconds)
@@ -355,6 +384,8 @@ class WriterJob:
                 extra={"pending_bytes": self.pending_bytes},
             )
             report.throttled = True
+            for source in self.config.sources:
+                self._show_lag_while_throttled(source)
             return report
         try:
             for source in self.config.sources:
@@ -362,6 +393,7 @@ class WriterJob:
         finally:
             # Published, discarded or failed: either way these folders are no longer being filled.
             self.claims.release(self.claims.held())
+            self._planned_records = 0
         report.seconds = time.monotonic() - started
         if report.records_read:
             self.seq = seq
@@ -374,19 +406,15 @@ class WriterJob:
         """Plan, read, decode, route, flatten and write one source's batch; publish its monikers."""
         admin = self.admins[source.name]
         self._alive()
-        try:
-            bounds = admin.bounds(
-                self.config.writer.instance_index, self.config.writer.instance_count
-            )
-        except Exception:
-            self.metrics.kafka_read_errors.labels(source.name, "offsets").inc()
-            raise
+        bounds = self._bounds(source)
         if not bounds:
+            self.metrics.show_lag(source.name, {}, {})  # its topics' last figures go
             return
         routes = routes_for(source, self.config.tables)
         table_ids = self._source_tables(source, routes)
         self._rewind_for_refusals(source, table_ids)
         plan = self._plan(source, table_ids, bounds)
+        self._planned_records += plan.records
         end_offsets = {key: bound.latest for key, bound in bounds.items()}
         self.metrics.show_lag(
             source.name, end_offsets, _real_tables(plan.table_starts), self._table_topics
@@ -424,11 +452,88 @@ class WriterJob:
         for moniker in outcome.monikers:
             self.transport.publish(moniker)
             self.tables.setdefault(moniker.table, TableProgress()).published(moniker)
+        # Counted as soon as published: a batch failing after this point (its checkpoint write)
+        # is planned again from its published monikers and never reads these records again.
+        self._count(source, plan, outcome, end_offsets)
         report.add(source, outcome)
         report.lost_to_retention += sum(plan.lost_to_retention.values())
         admin.commit_group_offsets(plan)
         self.checkpoints.advance(source, plan)
-        self._count(source, plan, outcome, end_offsets)
+
+    def _bounds(self, source: KafkaSource) -> dict[TP, PartitionBounds]:
+        """Kafka's bounds of the partitions this writer reads of `source`, counting a failed look
+        as a failed read, and a topic seen before that Kafka no longer lists or describes."""
+        admin = self.admins[source.name]
+        try:
+            bounds = admin.bounds(
+                self.config.writer.instance_index, self.config.writer.instance_count
+            )
+        except Exception:
+            self.metrics.kafka_read_errors.labels(source.name, "offsets").inc()
+            raise
+        self._note_topics(source, admin.readable_topics, admin.unreadable_topics)
+        return bounds
+
+    def _note_topics(
+        self, source: KafkaSource, readable: set[str], unreadable: dict[str, str]
+    ) -> None:
+        """Tell a topic that vanished (deleted, or its ACL lost: Kafka lists neither) from one not
+        created yet (Debezium creates a table's topic with its first change). A topic seen since
+        the writer started and gone now counts as a failed read from Kafka each batch and makes
+        the writer unready until it is back; a named topic never seen is a warning, once."""
+        seen = self._seen_topics.setdefault(source.name, set())
+        lost = {topic: why for topic, why in unreadable.items() if topic in seen}
+        for topic in seen - readable - lost.keys():
+            lost[topic] = "no longer listed by Kafka (deleted, or no longer visible to this writer)"
+        for topic in sorted(unreadable.keys() - seen):
+            if (source.name, topic) not in self._absent_warned:
+                self._absent_warned.add((source.name, topic))
+                log.warning(
+                    "a configured topic cannot be read yet; nothing is read from it until Kafka "
+                    "lists it",
+                    extra={"source": source.name, "topic": topic, "why": unreadable[topic]},
+                )
+        seen |= readable
+        if lost:
+            self.metrics.kafka_read_errors.labels(source.name, "offsets").inc()
+            if lost != self._lost_topics.get(source.name):
+                log.error(
+                    "topics this writer read are no longer readable: their partitions are not "
+                    "read and their lag is not shown until they are back",
+                    extra={"writer": self.writer_id, "source": source.name, "topics": lost},
+                )
+        elif self._lost_topics.get(source.name):
+            log.info(
+                "topics readable again",
+                extra={"source": source.name, "topics": sorted(self._lost_topics[source.name])},
+            )
+        self._lost_topics[source.name] = lost
+
+    def _show_lag_while_throttled(self, source: KafkaSource) -> None:
+        """Lag as the next batch would plan it, without reading: a bookkeeper behind (or down)
+        throttles the writer, and its lag must then grow with Kafka's backlog, not stay frozen."""
+        try:
+            bounds = self._bounds(source)
+            checkpoint = self.checkpoints.read(source)
+        except Exception as error:  # noqa: BLE001 - a throttled batch reads nothing: lag waits
+            log.warning(
+                "cannot look at Kafka's end offsets while throttled",
+                extra={"source": source.name, "error": repr(error)},
+            )
+            return
+        table_ids = self._source_tables(source, routes_for(source, self.config.tables))
+        positions = table_positions(
+            self.tables, table_ids, checkpoint, templated=bool(source.table_template)
+        )
+        plan = plan_batch(
+            bounds, positions, source.starting_offsets, on_topic_reset=source.on_topic_reset
+        )
+        self.metrics.show_lag(
+            source.name,
+            {key: bound.latest for key, bound in bounds.items()},
+            _real_tables(plan.table_starts),
+            self._table_topics,
+        )
 
     def _count(
         self,

@@ -30,6 +30,12 @@ class SourceAdmin:
         self.source = source
         self._client: AdminClient | None = None
         self._refusals = Refusals()
+        self.readable_topics: set[str] = set()
+        """The source's topics Kafka described without error at the last `bounds`."""
+        self.unreadable_topics: dict[str, str] = {}
+        """The source's topics Kafka listed with an error, or named in `topics` and not listed
+        (deleted, not created yet, or not visible to this principal), at the last `bounds`:
+        topic -> why. A topic a pattern matched that is no longer listed is simply not here."""
 
     @property
     def client(self) -> AdminClient:
@@ -56,10 +62,18 @@ class SourceAdmin:
             t for t in metadata.topics if source.topic_pattern and _matches(source.topic_pattern, t)
         )
         partitions = []
+        self.readable_topics, self.unreadable_topics = set(), {}
         for topic in topics:
             described = metadata.topics.get(topic)
             if described is None or described.error is not None:
+                self.unreadable_topics[topic] = (
+                    str(described.error)
+                    if described is not None
+                    else "not listed by Kafka (deleted, not created yet, or not visible to "
+                    "this writer's principal)"
+                )
                 continue
+            self.readable_topics.add(topic)
             partitions.extend(
                 TopicPartition(topic, partition)
                 for partition in sorted(described.partitions)

@@ -134,6 +134,8 @@ class WriterMetrics:
         )
         self._lag_series: dict[str, set[tuple[str, str, str]]] = {}
         """Per source, the lag series shown last: a partition no longer read is dropped."""
+        self._end_series: dict[str, set[tuple[str, str]]] = {}
+        """Per source, the end-offset series shown last (dropped like the lag series)."""
 
     def show_sources(self, sources: list[str]) -> None:
         """Every source's error series at 0 before the first error: a rate or an alert on a
@@ -162,8 +164,15 @@ class WriterMetrics:
                 every topic: 120,000 series, and a table lagging wherever any topic lags).
         """
         shown = set()
+        ends_shown = {(topic, str(partition)) for topic, partition in end_offsets}
         for (topic, partition), end in end_offsets.items():
             self.end_offset.labels(topic, str(partition)).set(end)
+        # A partition this writer reads no more (its topic deleted or no longer visible, or
+        # another instance's now) must not show its last end offset for ever.
+        others = set().union(*(s for name, s in self._end_series.items() if name != source))
+        for labels in self._end_series.get(source, set()) - ends_shown - others:
+            self.end_offset.remove(*labels)
+        self._end_series[source] = ends_shown
         for table, table_positions in positions.items():
             topics = (table_topics or {}).get(table)
             for (topic, partition), end in end_offsets.items():

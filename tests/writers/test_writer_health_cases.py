@@ -1,0 +1,242 @@
+"""What an operator's dashboard and probes see of a writer's loop in the cases that used to lie
+(an adversarial review of the writer metrics, issue 29): lag while the writer is throttled by the
+bookkeeper's backlog, a topic that vanishes mid-run, a batch longer than the liveness grace, and
+a batch that fails after publishing. Each runs the writer's own loop against the stack's Kafka."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from icekeeper.samples.produce import produce_synthetic
+from icekeeper.samples.synthetic import SyntheticSpec
+from icekeeper.writers import job as job_module
+from icekeeper.writers.job import BatchReport, WriterJob
+from tests.support.http_get import free_port, get
+from tests.support.pipeline import pipeline_config
+from tests.support.waiting import wait_until
+from tests.writers.test_writer_metrics import scrape, series
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def produce(config, topic: str, events: int, seed: int, poison: float = 0.0) -> dict:
+    spec = SyntheticSpec(seed=seed, keys=50, events=events, schema_changes=0, poison_ratio=poison)
+    return produce_synthetic(config, spec, topic=topic, partitions=3, progress=quiet)
+
+
+def value(port: int, name: str, **labels: str) -> float:
+    return scrape(port).get((name, frozenset(labels.items())), 0.0)
+
+
+class Running:
+    """The writer's continuous loop in a thread, stopped at the end of the `with`."""
+
+    def __init__(self, job: WriterJob) -> None:
+        self.job = job
+        self.reports: list[BatchReport] = []
+        self.thread = threading.Thread(target=job.run, kwargs={"on_batch": self.reports.append})
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.job.stop.set()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive()
+
+
+def test_lag_grows_with_kafka_while_the_writer_is_throttled(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    """The bookkeeper is down, so the writer's monikers stay pending and it stops reading
+    (`writer.max_pending_bytes`): its lag must show the records produced meanwhile (it stayed at
+    the last batch's 0, so an alert on lag never fired during a bookkeeper outage)."""
+    port = free_port()
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__WRITER__HTTP_PORT": str(port),
+            "ICEKEEPER__WRITER__MAX_PENDING_BYTES": "1",  # one pending moniker throttles
+            "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0.2",
+        },
+    )
+    first = produce(config, unique_topic, 120, seed=1)["records"]
+    with Running(WriterJob(config, spark=spark)):
+        wait_until(
+            lambda: value(port, "icekeeper_writer_batches_total", outcome="throttled") >= 1,
+            120,
+            "a throttled batch",
+        )
+        assert sum(series(scrape(port), "icekeeper_writer_lag_records").values()) == 0
+        later = produce(config, unique_topic, 80, seed=2)["records"]
+        lag = wait_until(
+            lambda: (
+                total
+                if (total := sum(series(scrape(port), "icekeeper_writer_lag_records").values()))
+                == later
+                else None
+            ),
+            60,
+            f"lag to show the {later} records produced while throttled",
+        )
+        samples = scrape(port)
+    assert lag == later
+    source = config.sources[0].name
+    read = samples[("icekeeper_writer_records_read_total", frozenset({("source", source)}))]
+    assert read == first  # throttled: nothing more was read
+    ends = series(samples, "icekeeper_writer_partition_end_offset")
+    assert sum(ends.values()) == first + later
+
+
+def test_a_topic_that_vanishes_is_an_error_and_its_figures_go(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    """One source of three topics: one is not created yet (Debezium creates a table's topic with
+    its first change: a warning, the writer is ready), one is deleted mid-run (as if deleted, or
+    its ACL lost: Kafka lists neither). The deleted one counts as a failed read from Kafka each
+    batch, its lag and end offsets go, /readyz names it, and the other topic is still written."""
+    kept, doomed, later = unique_topic, unique_topic + ".b", unique_topic + ".not-yet"
+    port = free_port()
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__TOPICS": f"[{kept}, {doomed}, {later}]",
+            "ICEKEEPER__TABLES__0__TOPICS": f"[{kept}, {doomed}, {later}]",
+            "ICEKEEPER__WRITER__HTTP_PORT": str(port),
+            "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0.2",
+        },
+    )
+    source = config.sources[0].name
+    produced = produce(config, kept, 60, seed=3)["records"]
+    produced += produce(config, doomed, 60, seed=4)["records"]
+
+    def topics_of(name: str) -> set[str]:
+        return {dict(labels)["topic"] for labels in series(scrape(port), name)}
+
+    def read() -> float:
+        return value(port, "icekeeper_writer_records_read_total", source=source)
+
+    def offsets_errors() -> float:
+        return value(
+            port, "icekeeper_writer_kafka_read_errors_total", source=source, stage="offsets"
+        )
+
+    with Running(WriterJob(config, spark=spark)):
+        wait_until(lambda: read() == produced, 120, "the writer to read both topics")
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 30, "/readyz")
+        assert topics_of("icekeeper_writer_lag_records") == {kept, doomed}
+        assert offsets_errors() == 0  # a topic not created yet is no failed read
+
+        admin = AdminClient({"bootstrap.servers": config.sources[0].bootstrap_servers})
+        admin.delete_topics([doomed])[doomed].result()
+        wait_until(lambda: offsets_errors() >= 1, 60, "the vanished topic to count as an error")
+        status, body = get(f"http://127.0.0.1:{port}/readyz")
+        assert status == 503
+        assert doomed in json.loads(body)["reason"]
+        assert topics_of("icekeeper_writer_lag_records") == {kept}
+        assert topics_of("icekeeper_writer_partition_end_offset") == {kept}
+
+        more = produce(config, kept, 30, seed=5)["records"]
+        wait_until(lambda: read() == produced + more, 120, "the kept topic to be read on")
+        errors_before = offsets_errors()
+        wait_until(lambda: offsets_errors() > errors_before, 30, "an error each batch")
+
+
+def test_a_batch_longer_than_the_grace_is_alive_while_its_planned_records_take(
+    local_stack, spark, tmp_path: Path, unique_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/healthz gave a writer a fixed grace: the first batch over a large backlog
+    (`max_offsets_per_trigger: null`) that takes longer was restarted by its probe half way, and
+    read again, for ever. The grace now grows with the batch's planned records, and a loop that
+    is stuck on a small batch is still seen. (Scaled down: a 1 s base grace, 20 records/s.)"""
+    monkeypatch.setattr(job_module, "LIVENESS_GRACE_S", 1.0)
+    monkeypatch.setattr(job_module, "_MAX_RETRY_WAIT_S", 0.0)
+    monkeypatch.setattr(job_module, "SLOWEST_RECORDS_PER_S", 20.0)
+    port = free_port()
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {"ICEKEEPER__WRITER__HTTP_PORT": str(port), "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0"},
+    )
+    big = produce(config, unique_topic, 200, seed=6)["records"]  # 10 s at 20 records/s
+    job = WriterJob(config, spark=spark)
+    seen: list[tuple[int, float]] = []
+    write: Callable = job.batches.write
+
+    def slow_write(*args, **kwargs):
+        """A batch that shows no life for 2.5 s, asked for its health half way."""
+        time.sleep(2.5)
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        seen.append((status, json.loads(body)["planned_records"]))
+        return write(*args, **kwargs)
+
+    job.batches.write = slow_write
+    with Running(job) as running:
+        wait_until(lambda: len(running.reports) == 1, 120, "the big batch")
+        small = produce(config, unique_topic, 5, seed=7)["records"]  # 0.25 s at 20 records/s
+        wait_until(lambda: len(running.reports) == 2, 120, "the small batch")
+    assert seen == [(200, big), (503, small)]
+
+
+def test_records_of_a_batch_whose_checkpoint_failed_after_publishing_are_counted_once(
+    local_stack, spark, tmp_path: Path, unique_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint write fails after the batch's monikers are out: the loop retries, plans
+    from the published monikers and reads nothing again. Its records were never counted (the
+    count came after the checkpoint); now once, as published."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": unique_topic + ".dlq",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
+    monkeypatch.setattr(job_module, "_MAX_RETRY_WAIT_S", 0.0)
+    spec = SyntheticSpec(seed=8, keys=50, events=150, schema_changes=0, poison_ratio=0.05)
+    produced = produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=quiet)
+    job = WriterJob(config, spark=spark)
+    advance = job.checkpoints.advance
+    failed: list[int] = []
+
+    def advance_failing_once(source, plan) -> None:
+        if not failed:
+            failed.append(plan.records)
+            raise OSError("checkpoint store unavailable")
+        advance(source, plan)
+
+    job.checkpoints.advance = advance_failing_once
+    job.run(until_idle=True)
+    source = config.sources[0].name
+    registry = job.metrics.registry
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert failed == [produced["records"]]
+    assert sample("icekeeper_writer_batches_total", outcome="failed") == 1
+    assert sample("icekeeper_writer_records_read_total", source=source) == produced["records"]
+    table = config.tables[0].identifier
+    assert sample("icekeeper_writer_records_written_total", table=table) == spec.events
+    dead = sum(
+        s.value
+        for family in registry.collect()
+        if family.name == "icekeeper_writer_dead_letters"
+        for s in family.samples
+        if s.name == "icekeeper_writer_dead_letters_total"
+    )
+    assert dead == sum(produced["poison"].values())
