@@ -30,6 +30,20 @@ def quiet(_: str) -> None:
     pass
 
 
+def writer_config(tmp_path: Path, topic: str, extra: dict[str, str]):
+    """The test stack's pipeline config for the synthetic stream's table (keyed by `id`)."""
+    return pipeline_config(
+        tmp_path,
+        topic,
+        {
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            **extra,
+        },
+    )
+
+
 def produce(config, topic: str, events: int, seed: int, poison: float = 0.0) -> dict:
     spec = SyntheticSpec(seed=seed, keys=50, events=events, schema_changes=0, poison_ratio=poison)
     return produce_synthetic(config, spec, topic=topic, partitions=3, progress=quiet)
@@ -49,6 +63,9 @@ class Running:
 
     def __enter__(self) -> Running:
         self.thread.start()
+        port = self.job.config.writer.http_port
+        if port:  # its endpoints are served from the loop's start
+            wait_until(lambda: get(f"http://127.0.0.1:{port}/healthz")[0] != 0, 60, "/healthz")
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -64,7 +81,7 @@ def test_lag_grows_with_kafka_while_the_writer_is_throttled(
     (`writer.max_pending_bytes`): its lag must show the records produced meanwhile (it stayed at
     the last batch's 0, so an alert on lag never fired during a bookkeeper outage)."""
     port = free_port()
-    config = pipeline_config(
+    config = writer_config(
         tmp_path,
         unique_topic,
         {
@@ -110,7 +127,7 @@ def test_a_topic_that_vanishes_is_an_error_and_its_figures_go(
     batch, its lag and end offsets go, /readyz names it, and the other topic is still written."""
     kept, doomed, later = unique_topic, unique_topic + ".b", unique_topic + ".not-yet"
     port = free_port()
-    config = pipeline_config(
+    config = writer_config(
         tmp_path,
         unique_topic,
         {
@@ -167,7 +184,7 @@ def test_a_batch_longer_than_the_grace_is_alive_while_its_planned_records_take(
     monkeypatch.setattr(job_module, "_MAX_RETRY_WAIT_S", 0.0)
     monkeypatch.setattr(job_module, "SLOWEST_RECORDS_PER_S", 20.0)
     port = free_port()
-    config = pipeline_config(
+    config = writer_config(
         tmp_path,
         unique_topic,
         {"ICEKEEPER__WRITER__HTTP_PORT": str(port), "ICEKEEPER__WRITER__TRIGGER_INTERVAL": "0"},
@@ -198,12 +215,11 @@ def test_records_of_a_batch_whose_checkpoint_failed_after_publishing_are_counted
     """The checkpoint write fails after the batch's monikers are out: the loop retries, plans
     from the published monikers and reads nothing again. Its records were never counted (the
     count came after the checkpoint); now once, as published."""
-    config = pipeline_config(
+    config = writer_config(
         tmp_path,
         unique_topic,
         {
             "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": unique_topic + ".dlq",
-            "ICEKEEPER__TABLES__0__MODE": "changelog",
         },
     )
     monkeypatch.setattr(job_module, "_MAX_RETRY_WAIT_S", 0.0)
