@@ -34,6 +34,7 @@ def test_a_batch_whose_checkpoint_failed_is_not_read_again_for_a_table_it_gave_n
         {
             "ICEKEEPER__SOURCES__0__TOPICS": f"[{unique_topic}, {other}]",
             "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": dead_letter_topic,
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
             "ICEKEEPER__TABLES__0__MODE": "changelog",
             "ICEKEEPER__TABLES__1__IDENTIFIER": "db_gb18030_test.tbl_quiet",
             "ICEKEEPER__TABLES__1__TOPICS": f"[{other}]",
