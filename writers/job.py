@@ -162,6 +162,9 @@ class WriterJob:
         """Per source, topics seen earlier that Kafka no longer lists or describes: topic -> why."""
         self._absent_warned: set[tuple[str, str]] = set()
         """(source, topic) named in the config, never seen, and already warned about."""
+        self._unsaved_checkpoints: dict[str, BatchPlan] = {}
+        """Per source, the published batch whose checkpoint could not be written yet: the next
+        batch writes it before planning (`_write_unsaved_checkpoint`)."""
 
     # -- metrics and health ------------------------------------------------------------------------
 
@@ -406,6 +409,7 @@ class WriterJob:
         """Plan, read, decode, route, flatten and write one source's batch; publish its monikers."""
         admin = self.admins[source.name]
         self._alive()
+        self._write_unsaved_checkpoint(source)
         bounds = self._bounds(source)
         if not bounds:
             self.metrics.show_lag(source.name, {}, {})  # its topics' last figures go
@@ -453,12 +457,25 @@ class WriterJob:
             self.transport.publish(moniker)
             self.tables.setdefault(moniker.table, TableProgress()).published(moniker)
         # Counted as soon as published: a batch failing after this point (its checkpoint write)
-        # is planned again from its published monikers and never reads these records again.
+        # is not read again: its retry plans from the published monikers, and from this
+        # checkpoint, written first (`_write_unsaved_checkpoint`), for tables it gave no rows.
         self._count(source, plan, outcome, end_offsets)
         report.add(source, outcome)
         report.lost_to_retention += sum(plan.lost_to_retention.values())
         admin.commit_group_offsets(plan)
+        self._unsaved_checkpoints[source.name] = plan
         self.checkpoints.advance(source, plan)
+        del self._unsaved_checkpoints[source.name]
+
+    def _write_unsaved_checkpoint(self, source: KafkaSource) -> None:
+        """Finish the step a failed batch did not: the checkpoint of its published batch. Planned
+        without it, the retry read that batch again for every table it gave no rows (their
+        position is the checkpoint's): its dead letters sent twice, its records counted twice. A
+        writer killed meanwhile reads it again (dead letters are sent at least once)."""
+        plan = self._unsaved_checkpoints.get(source.name)
+        if plan is not None:
+            self.checkpoints.advance(source, plan)
+            del self._unsaved_checkpoints[source.name]
 
     def _bounds(self, source: KafkaSource) -> dict[TP, PartitionBounds]:
         """Kafka's bounds of the partitions this writer reads of `source`, counting a failed look
