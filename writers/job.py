@@ -155,13 +155,15 @@ class WriterJob:
         """How the loop's last batch ended (`observability.BATCH_OUTCOMES`); None: none yet."""
         self._last_outcome_at: float | None = None
         self._planned_records = 0
-        """Records the batch in progress planned to read (so far: sources are planned in turn)."""
+        """Records the running source batch planned to read (the `/healthz` grace grows with it)."""
         self._seen_topics: dict[str, set[str]] = {}
         """Per source, the topics Kafka described to this writer at some look since it started."""
         self._lost_topics: dict[str, dict[str, str]] = {}
         """Per source, topics seen earlier that Kafka no longer lists or describes: topic -> why."""
         self._absent_warned: set[tuple[str, str]] = set()
         """(source, topic) named in the config, never seen, and already warned about."""
+        self._throttled_look_failed_at: dict[str, float] = {}
+        """Per source, when a throttled writer last logged that it could not look at Kafka."""
         self._unsaved_checkpoints: dict[str, BatchPlan] = {}
         """Per source, the published batch whose checkpoint could not be written yet: the next
         batch writes it before planning (`_write_unsaved_checkpoint`)."""
@@ -394,9 +396,9 @@ class WriterJob:
             for source in self.config.sources:
                 self._run_source_batch(source, seq, report)
         finally:
+            self._planned_records = 0
             # Published, discarded or failed: either way these folders are no longer being filled.
             self.claims.release(self.claims.held())
-            self._planned_records = 0
         report.seconds = time.monotonic() - started
         if report.records_read:
             self.seq = seq
@@ -418,7 +420,7 @@ class WriterJob:
         table_ids = self._source_tables(source, routes)
         self._rewind_for_refusals(source, table_ids)
         plan = self._plan(source, table_ids, bounds)
-        self._planned_records += plan.records
+        self._planned_records = plan.records  # this source's batch: `_alive` was just shown
         end_offsets = {key: bound.latest for key, bound in bounds.items()}
         self.metrics.show_lag(
             source.name, end_offsets, _real_tables(plan.table_starts), self._table_topics
@@ -500,7 +502,15 @@ class WriterJob:
         the writer unready until it is back; a named topic never seen is a warning, once."""
         seen = self._seen_topics.setdefault(source.name, set())
         lost = {topic: why for topic, why in unreadable.items() if topic in seen}
-        for topic in seen - readable - lost.keys():
+        for topic in sorted(seen - readable - lost.keys()):
+            if source.topic_pattern:
+                # Topics come and go under a pattern: one no longer listed leaves the source.
+                log.info(
+                    "a topic the pattern matched is no longer listed by Kafka; no longer read",
+                    extra={"source": source.name, "topic": topic},
+                )
+                seen.discard(topic)
+                continue
             lost[topic] = "no longer listed by Kafka (deleted, or no longer visible to this writer)"
         for topic in sorted(unreadable.keys() - seen):
             if (source.name, topic) not in self._absent_warned:
@@ -529,14 +539,20 @@ class WriterJob:
     def _show_lag_while_throttled(self, source: KafkaSource) -> None:
         """Lag as the next batch would plan it, without reading: a bookkeeper behind (or down)
         throttles the writer, and its lag must then grow with Kafka's backlog, not stay frozen."""
+        self._alive()
         try:
             bounds = self._bounds(source)
             checkpoint = self.checkpoints.read(source)
+        except KafkaAccessDenied:
+            raise  # refused credentials stop the writer in every state (docs/operations.md)
         except Exception as error:  # noqa: BLE001 - a throttled batch reads nothing: lag waits
-            log.warning(
-                "cannot look at Kafka's end offsets while throttled",
-                extra={"source": source.name, "error": repr(error)},
-            )
+            # Counted (`_bounds`); logged once a minute at most: the trigger may be a second.
+            if time.monotonic() - self._throttled_look_failed_at.get(source.name, -60.0) >= 60:
+                self._throttled_look_failed_at[source.name] = time.monotonic()
+                log.warning(
+                    "cannot look at Kafka's end offsets while throttled; lag shows the last look",
+                    extra={"source": source.name, "error": repr(error)},
+                )
             return
         table_ids = self._source_tables(source, routes_for(source, self.config.tables))
         positions = table_positions(

@@ -93,3 +93,38 @@ def test_a_taken_port_is_one_line_naming_the_key(tmp_path) -> None:
             job.serve_http(port)
     finally:
         taken.close()
+
+
+def test_a_topic_leaving_a_pattern_is_no_error_but_a_named_one_is() -> None:
+    """Under `topic_pattern` topics come and go: one no longer listed leaves the source quietly;
+    a topic named in `topics` that vanishes (deleted, or its ACL lost) counts as a failed read
+    and makes the writer unready until it is back (review of issue 29, F3)."""
+    from types import SimpleNamespace
+
+    from icekeeper.writers.job import WriterJob
+
+    def job() -> WriterJob:
+        writer = WriterJob.__new__(WriterJob)  # no Spark or Kafka: the topics' bookkeeping only
+        writer.metrics, writer.writer_id = WriterMetrics(), "w"
+        writer._seen_topics, writer._lost_topics, writer._absent_warned = {}, {}, set()
+        return writer
+
+    def errors(writer: WriterJob) -> float | None:
+        return writer.metrics.registry.get_sample_value(
+            "icekeeper_writer_kafka_read_errors_total", {"source": "s", "stage": "offsets"}
+        )
+
+    pattern = SimpleNamespace(name="s", topic_pattern="db\\..*", topics=[])
+    by_pattern = job()
+    by_pattern._note_topics(pattern, {"db.a", "db.b"}, {})
+    by_pattern._note_topics(pattern, {"db.a"}, {})
+    assert errors(by_pattern) is None and by_pattern._lost_topics == {"s": {}}
+
+    named = SimpleNamespace(name="s", topic_pattern=None, topics=["db.a", "db.b", "db.c"])
+    by_name = job()
+    by_name._note_topics(named, {"db.a", "db.b"}, {"db.c": "not listed"})
+    assert errors(by_name) is None  # db.c: not created yet
+    by_name._note_topics(named, {"db.a"}, {"db.b": "not listed", "db.c": "not listed"})
+    assert errors(by_name) == 1 and set(by_name._lost_topics["s"]) == {"db.b"}
+    by_name._note_topics(named, {"db.a", "db.b"}, {"db.c": "not listed"})
+    assert by_name._lost_topics["s"] == {}
