@@ -85,6 +85,8 @@ def test_a_running_writer_serves_lag_batches_dead_letters_and_health(
                 len(lag) == 3
                 and sum(lag.values()) == 0
                 and read == produced["records"]
+                # Records count once published, the batch once it ended: wait for both.
+                and samples[("icekeeper_writer_batch_records_sum", frozenset())] == read
                 and samples[("icekeeper_writer_batch_records_count", frozenset())] == len(reports)
             )
             return samples if done else None
