@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from icekeeper.common.storage import (
+    ConditionalWritesUnsupported,
     create_if_absent,
     file_exists,
     list_files,
@@ -112,6 +113,11 @@ class Lease:
         while stop is None or not stop.is_set():
             try:
                 epoch, current = self._poll(known, unchanged)
+            except ConditionalWritesUnsupported:
+                # Not an outage: the configured store cannot hold a lease at all (gs://, hdfs://).
+                # Waiting would keep the group without a bookkeeper for good, saying only that
+                # the store does not answer.
+                raise
             except Exception as error:  # the lease's store not answering now
                 # A standby (or a bookkeeper starting) outlives an outage of the lease's store:
                 # it cannot take the lease meanwhile, and nothing else depends on it; ended, it

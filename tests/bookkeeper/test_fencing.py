@@ -483,3 +483,35 @@ def test_a_bookkeeper_outlives_an_outage_of_the_lease_store_before_it_holds_the_
     assert not failures, failures
     table = open_catalog(config).load_table("shop.items")
     assert table.scan().to_arrow().num_rows == 10
+
+
+def test_a_lease_store_without_conditional_writes_stops_the_bookkeeper_not_waits(
+    tmp_path: Path,
+) -> None:
+    """Riding out an outage of the lease store must not ride out a store that can never hold a
+    lease: `group.lease_uri` on a store without conditional creates (gs://, hdfs://; pyarrow's
+    in-memory `mock://` here) stopped the bookkeeper at once with `ConditionalWritesUnsupported`
+    before the outage fix; since, it logged "lease store not answering" every 30 s for good, with
+    no bookkeeper and its monikers waiting. It must stop, saying why."""
+    from icekeeper.bookkeeper.service import Bookkeeper
+    from icekeeper.common.storage import ConditionalWritesUnsupported
+
+    config = bookkeeper_config(tmp_path, group__lease_uri="mock:///leases")
+    bookkeeper = Bookkeeper(config)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            bookkeeper.run()
+        except BaseException as error:  # noqa: BLE001 - reported by the assertions below
+            failures.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    stopped = not thread.is_alive()
+    bookkeeper.stop.set()
+    thread.join(30)
+    assert stopped, "the bookkeeper still waits for a lease its store cannot hold"
+    assert [type(error) for error in failures] == [ConditionalWritesUnsupported], failures
+    assert "no conditional writes here" in str(failures[0])
