@@ -92,6 +92,8 @@ class Lease:
         self.epoch: int | None = None
         self._written_at = 0.0
         """When (monotonic) this holder's last write of its lease began."""
+        self._tried: tuple[int, float] | None = None
+        """The epoch this one last tried to create, and when (monotonic) the attempt began."""
 
     def acquire(
         self,
@@ -170,19 +172,37 @@ class Lease:
         current = _newest_lease(self.folder, self.ttl_ms, after=known)
         if known is not None and _free(current, unchanged):
             current = _newest_lease(self.folder, self.ttl_ms)
+        if current is not None and self._tried is not None and self._own_attempt(current):
+            # This one's own create, which landed though the call failed (an SDK that gave up
+            # after its retries, the answer lost): held since the attempt began. Read as
+            # another's, it kept the group without a bookkeeper until it expired.
+            self.epoch, self._written_at = current.epoch, self._tried[1]
+            self._log_acquired(current.epoch)
+            return current.epoch, None
         if not _free(current, unchanged):
             return None, current
         epoch = (current.epoch if current else 0) + 1
         if not self._create(epoch):
             return None, None
         self.epoch = epoch
+        self._log_acquired(epoch)
+        return epoch, None
+
+    def _own_attempt(self, lease: LeaseRecord) -> bool:
+        """Whether `lease` is what this one's last attempt to create an epoch created."""
+        return self._tried is not None and (lease.epoch, lease.owner) == (
+            self._tried[0],
+            self.owner,
+        )
+
+    def _log_acquired(self, epoch: int) -> None:
+        self._tried = None  # nothing of an earlier attempt left to take
         # A bookkeeper taking over matters to operators; a reaper's pass does not.
         log.log(
             logging.WARNING if self.role == "bookkeeper" else logging.INFO,
             f"{self.role} lease acquired",
             extra={"epoch": epoch, "owner": self.owner, "group": self.group},
         )
-        return epoch, None
 
     def renew(self) -> None:
         """Extend the lease; raises `Fenced` if a newer epoch exists. May move to the next epoch
@@ -204,6 +224,21 @@ class Lease:
         following = self.epoch + 1
         if file_exists(self._uri(following)):
             newest = _newest_lease(self.folder, self.ttl_ms)
+            if newest is not None and self._tried is not None and self._own_attempt(newest):
+                # Its own take of the next epoch (below), which landed though the call failed:
+                # held since the attempt began, not a newer holder's (it fenced itself).
+                log.warning(
+                    f"{self.role} lease not renewed within half its TTL; taken again",
+                    extra={
+                        "epoch": newest.epoch,
+                        "previous_epoch": self.epoch,
+                        "group": self.group,
+                    },
+                )
+                self.epoch, self._written_at = newest.epoch, self._tried[1]
+                self._tried = None
+                self.check()  # the epoch after it, and its age
+                return
             holder = newest.owner if newest is not None else "another"
             raise Fenced(
                 f"{self.role} epoch {self.epoch} is stale: {holder} holds epoch "
@@ -222,6 +257,7 @@ class Lease:
             )
             self.epoch = following
             self._written_at = started
+            self._tried = None
 
     def release(self) -> None:
         """Expire our lease now so a successor does not wait for the TTL."""
@@ -242,6 +278,8 @@ class Lease:
 
     def _create(self, epoch: int) -> bool:
         started = time.monotonic()
+        if self._tried is None or self._tried[0] != epoch:
+            self._tried = (epoch, started)  # the first attempt at an epoch: the earliest write
         record = LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms)
         if not create_if_absent(self._uri(epoch), _encode(record)):
             # An SDK that sent the create again after its answer was lost (a dropped connection,

@@ -515,3 +515,37 @@ def test_a_lease_store_without_conditional_writes_stops_the_bookkeeper_not_waits
     assert stopped, "the bookkeeper still waits for a lease its store cannot hold"
     assert [type(error) for error in failures] == [ConditionalWritesUnsupported], failures
     assert "no conditional writes here" in str(failures[0])
+
+
+def test_a_lease_whose_create_landed_though_the_call_failed_is_held(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A create whose answer is lost after it landed (an SDK that gave up after its retries) fails,
+    and the next look finds the epoch's file with this one's owner. Read as another holder's, a
+    bookkeeper taking the lease stood by its own lease until it expired (a TTL without a
+    bookkeeper; the lease store's outage is waited out since c3dbac8), and a holder re-taking its
+    lease at half its TTL fenced itself and stopped. Both hold the epoch they created."""
+    from icekeeper.common import fencing
+
+    real_create = fencing.create_if_absent
+    answers_lost: list[str] = []
+
+    def create_answer_lost(uri: str, body: bytes) -> bool:
+        created = real_create(uri, body)
+        if created and uri not in answers_lost:
+            answers_lost.append(uri)
+            raise OSError("connection reset by peer: the create landed, its answer was lost")
+        return created
+
+    monkeypatch.setattr(fencing, "create_if_absent", create_answer_lost)
+    lease = Lease(str(tmp_path), "g", ttl_s=2)
+    assert lease.acquire(timeout_s=10, poll_s=0.1) == 1  # epoch 1, its own, not 2 after its TTL
+    time.sleep(1.1)  # past half its TTL: the next check takes epoch 2 itself
+    with pytest.raises(OSError, match="answer was lost"):
+        lease.check()
+    lease.check()  # epoch 2 is its own: held, not fenced
+    assert lease.epoch == 2
+    lease.renew()
+    holder = live_lease(str(tmp_path), "g")
+    assert holder is not None and (holder.epoch, holder.owner) == (2, lease.owner)
+    assert len(answers_lost) == 2
