@@ -101,11 +101,12 @@ class Lease:
         poll_s: float = 0.5,
         stop: threading.Event | None = None,
         on_wait: Callable[[LeaseRecord], None] | None = None,
+        on_outage: Callable[[Exception], None] | None = None,
     ) -> int | None:
         """Wait until the lease is free (or expired), take it with the next epoch; returns the
         epoch, or None once `stop` is set (a standby told to stop must not wait for the lease:
         SIGTERM ends it at once). `on_wait` hears of the current holder at every poll while this
-        one stands by."""
+        one stands by, `on_outage` of each poll the lease's store did not answer."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False
         prepare_conditional_writes(self.folder)
@@ -130,6 +131,8 @@ class Lease:
                     f"{self.role} lease store not answering; trying again",
                     extra={"group": self.group, "error": repr(error), "retry_in_s": wait_s},
                 )
+                if on_outage is not None:
+                    on_outage(error)
                 if deadline is not None and time.monotonic() > deadline:
                     raise
                 if stop is None:

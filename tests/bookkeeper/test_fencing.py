@@ -549,3 +549,25 @@ def test_a_lease_whose_create_landed_though_the_call_failed_is_held(
     holder = live_lease(str(tmp_path), "g")
     assert holder is not None and (holder.epoch, holder.owner) == (2, lease.owner)
     assert len(answers_lost) == 2
+
+
+def test_a_bookkeeper_waiting_out_a_lease_store_outage_stays_alive(tmp_path: Path) -> None:
+    """Each poll of a lease store that does not answer shows life, as a failed cycle does
+    (`/healthz`): a liveness probe's restart would meet the same outage. Without it, a standby or
+    starting bookkeeper waiting out a long outage was called stuck after `LIVENESS_GRACE_S` and
+    restarted in a loop. Not ready meanwhile."""
+    from icekeeper.bookkeeper.service import LIVENESS_GRACE_S, Bookkeeper
+
+    blocked = tmp_path / "store"
+    blocked.write_text("a file where the lease folder's parent should be")
+    bookkeeper = Bookkeeper(bookkeeper_config(tmp_path, group__lease_uri=str(blocked / "leases")))
+    thread = threading.Thread(target=bookkeeper.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1)
+        bookkeeper._alive_at = time.monotonic() - LIVENESS_GRACE_S - 60  # as after a long outage
+        wait_until(lambda: bookkeeper.liveness()[0], 30, "a poll of the lease store shows life")
+        assert not bookkeeper.readiness()[0]
+    finally:
+        bookkeeper.stop.set()
+        thread.join(30)
