@@ -221,8 +221,18 @@ def write_whole_with(
     buffer = pa.BufferOutputStream()
     write(buffer)
     body = buffer.getvalue()
+    store = _store_of(filesystem)
+    if store is not None:
+        store.write_whole(path, body)  # its own whole write (Azure: not pyarrow's stream)
+        return
     with filesystem.open_output_stream(path) as out:
         out.write(body)
+
+
+def _store_of(filesystem: pafs.FileSystem) -> Store | None:
+    """The configured store whose filesystem `filesystem` is (`open_filesystem` handed it out)."""
+    with _lock:
+        return next((store for store in _stores.values() if store.filesystem is filesystem), None)
 
 
 def read_whole(filesystem: pafs.FileSystem, path: str) -> bytes:
