@@ -192,12 +192,19 @@ class Bookkeeper:
         self.state, self._holder = "standby", holder
         self._alive()
 
+    def _lease_store_down(self, error: Exception) -> None:
+        """Each lease poll its store did not answer: alive, as a cycle that fails is (a liveness
+        probe's restart would meet the same outage), and not ready."""
+        self._alive()
+
     def take_lease(self, timeout_s: float | None = None) -> int | None:
         """Become the group's active bookkeeper (waits while another holds the lease); returns the
         epoch, or None when stopped while waiting."""
         group = self.config.group
         lease = Lease(group.lease_uri, group.name, self.config.bookkeeper.lease_ttl)
-        epoch = lease.acquire(timeout_s, stop=self.stop, on_wait=self._standing_by)
+        epoch = lease.acquire(
+            timeout_s, stop=self.stop, on_wait=self._standing_by, on_outage=self._lease_store_down
+        )
         self._holder = None
         if epoch is None:
             return None

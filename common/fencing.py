@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from icekeeper.common.storage import (
+    ConditionalWritesUnsupported,
     create_if_absent,
     file_exists,
     list_files,
@@ -91,6 +92,8 @@ class Lease:
         self.epoch: int | None = None
         self._written_at = 0.0
         """When (monotonic) this holder's last write of its lease began."""
+        self._tried: tuple[int, float] | None = None
+        """The epoch this one last tried to create, and when (monotonic) the attempt began."""
 
     def acquire(
         self,
@@ -98,11 +101,12 @@ class Lease:
         poll_s: float = 0.5,
         stop: threading.Event | None = None,
         on_wait: Callable[[LeaseRecord], None] | None = None,
+        on_outage: Callable[[Exception], None] | None = None,
     ) -> int | None:
         """Wait until the lease is free (or expired), take it with the next epoch; returns the
         epoch, or None once `stop` is set (a standby told to stop must not wait for the lease:
         SIGTERM ends it at once). `on_wait` hears of the current holder at every poll while this
-        one stands by."""
+        one stands by, `on_outage` of each poll the lease's store did not answer."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False
         prepare_conditional_writes(self.folder)
@@ -112,6 +116,11 @@ class Lease:
         while stop is None or not stop.is_set():
             try:
                 epoch, current = self._poll(known, unchanged)
+            except ConditionalWritesUnsupported:
+                # Not an outage: the configured store cannot hold a lease at all (gs://, hdfs://).
+                # Waiting would keep the group without a bookkeeper for good, saying only that
+                # the store does not answer.
+                raise
             except Exception as error:  # the lease's store not answering now
                 # A standby (or a bookkeeper starting) outlives an outage of the lease's store:
                 # it cannot take the lease meanwhile, and nothing else depends on it; ended, it
@@ -122,6 +131,8 @@ class Lease:
                     f"{self.role} lease store not answering; trying again",
                     extra={"group": self.group, "error": repr(error), "retry_in_s": wait_s},
                 )
+                if on_outage is not None:
+                    on_outage(error)
                 if deadline is not None and time.monotonic() > deadline:
                     raise
                 if stop is None:
@@ -164,19 +175,37 @@ class Lease:
         current = _newest_lease(self.folder, self.ttl_ms, after=known)
         if known is not None and _free(current, unchanged):
             current = _newest_lease(self.folder, self.ttl_ms)
+        if current is not None and self._tried is not None and self._own_attempt(current):
+            # This one's own create, which landed though the call failed (an SDK that gave up
+            # after its retries, the answer lost): held since the attempt began. Read as
+            # another's, it kept the group without a bookkeeper until it expired.
+            self.epoch, self._written_at = current.epoch, self._tried[1]
+            self._log_acquired(current.epoch)
+            return current.epoch, None
         if not _free(current, unchanged):
             return None, current
         epoch = (current.epoch if current else 0) + 1
         if not self._create(epoch):
             return None, None
         self.epoch = epoch
+        self._log_acquired(epoch)
+        return epoch, None
+
+    def _own_attempt(self, lease: LeaseRecord) -> bool:
+        """Whether `lease` is what this one's last attempt to create an epoch created."""
+        return self._tried is not None and (lease.epoch, lease.owner) == (
+            self._tried[0],
+            self.owner,
+        )
+
+    def _log_acquired(self, epoch: int) -> None:
+        self._tried = None  # nothing of an earlier attempt left to take
         # A bookkeeper taking over matters to operators; a reaper's pass does not.
         log.log(
             logging.WARNING if self.role == "bookkeeper" else logging.INFO,
             f"{self.role} lease acquired",
             extra={"epoch": epoch, "owner": self.owner, "group": self.group},
         )
-        return epoch, None
 
     def renew(self) -> None:
         """Extend the lease; raises `Fenced` if a newer epoch exists. May move to the next epoch
@@ -198,6 +227,21 @@ class Lease:
         following = self.epoch + 1
         if file_exists(self._uri(following)):
             newest = _newest_lease(self.folder, self.ttl_ms)
+            if newest is not None and self._tried is not None and self._own_attempt(newest):
+                # Its own take of the next epoch (below), which landed though the call failed:
+                # held since the attempt began, not a newer holder's (it fenced itself).
+                log.warning(
+                    f"{self.role} lease not renewed within half its TTL; taken again",
+                    extra={
+                        "epoch": newest.epoch,
+                        "previous_epoch": self.epoch,
+                        "group": self.group,
+                    },
+                )
+                self.epoch, self._written_at = newest.epoch, self._tried[1]
+                self._tried = None
+                self.check()  # the epoch after it, and its age
+                return
             holder = newest.owner if newest is not None else "another"
             raise Fenced(
                 f"{self.role} epoch {self.epoch} is stale: {holder} holds epoch "
@@ -216,6 +260,7 @@ class Lease:
             )
             self.epoch = following
             self._written_at = started
+            self._tried = None
 
     def release(self) -> None:
         """Expire our lease now so a successor does not wait for the TTL."""
@@ -236,6 +281,8 @@ class Lease:
 
     def _create(self, epoch: int) -> bool:
         started = time.monotonic()
+        if self._tried is None or self._tried[0] != epoch:
+            self._tried = (epoch, started)  # the first attempt at an epoch: the earliest write
         record = LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms)
         if not create_if_absent(self._uri(epoch), _encode(record)):
             # An SDK that sent the create again after its answer was lost (a dropped connection,

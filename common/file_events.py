@@ -3,7 +3,8 @@
 Event Grid delivers storage events to a Storage Queue, base64-encoded by default, in the Event
 Grid schema (`eventType`, `data.url`) or as CloudEvents (`type`, `data.url`). A blob counts once
 it is complete: `PutBlob`, `PutBlockList` or `CopyBlob` on Blob Storage, `FlushWithClose` on
-ADLS Gen2 (where `CreateFile` fires for an empty file first and must be ignored).
+ADLS Gen2 (where `CreateFile` fires for an empty file first and must be ignored), and not empty:
+a block upload may put an empty blob first (pyarrow's Azure filesystem does), then its blocks.
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def parse_event_grid(raw: bytes | str) -> EventGridMessage | None:
     if data.get("api") not in COMPLETE_APIS or not data["url"].endswith(".parquet"):
         return EventGridMessage()
     size = data.get("contentLength")
+    if size == 0:
+        # No Parquet file is empty: this is the first step of a block upload. pyarrow's Azure
+        # filesystem (so pyarrow, polars, pandas writing abfss://) puts an empty blob, stages the
+        # blocks and commits them (`PutBlockList`, a second event with the bytes). Taken as the
+        # file, it was quarantined ("N bytes, the event says 0") and its second event, in the
+        # same receive, dropped as a duplicate: the file was never committed.
+        return EventGridMessage()
     return EventGridMessage(
         FileEvent(
             url=data["url"],

@@ -71,6 +71,7 @@ __all__ = [
     "spark_storage_packages",
     "split_uri",
     "storage_settings",
+    "sync_written",
     "write_file",
     "write_whole",
     "write_whole_with",
@@ -142,9 +143,13 @@ def _store(key: tuple[str, ...]) -> Store:
         return store
 
 
+def _is_local(uri_or_path: str) -> bool:
+    return uri_or_path.startswith("file:") or "://" not in uri_or_path
+
+
 def _locate(uri_or_path: str) -> tuple[Store, str]:
     """The store holding `uri_or_path` and the path within its pyarrow filesystem."""
-    if uri_or_path.startswith("file:") or "://" not in uri_or_path:
+    if _is_local(uri_or_path):
         return _store(("local",)), normalize_location(uri_or_path)
     scheme, netloc, key = split_uri(uri_or_path)
     if scheme in s3.SCHEMES:
@@ -216,8 +221,18 @@ def write_whole_with(
     buffer = pa.BufferOutputStream()
     write(buffer)
     body = buffer.getvalue()
+    store = _store_of(filesystem)
+    if store is not None:
+        store.write_whole(path, body)  # its own whole write (Azure: not pyarrow's stream)
+        return
     with filesystem.open_output_stream(path) as out:
         out.write(body)
+
+
+def _store_of(filesystem: pafs.FileSystem) -> Store | None:
+    """The configured store whose filesystem `filesystem` is (`open_filesystem` handed it out)."""
+    with _lock:
+        return next((store for store in _stores.values() if store.filesystem is filesystem), None)
 
 
 def read_whole(filesystem: pafs.FileSystem, path: str) -> bytes:
@@ -239,6 +254,27 @@ def read_whole(filesystem: pafs.FileSystem, path: str) -> bytes:
         if gone:
             raise FileNotFoundError(f"{path}: deleted while being read ({error})") from error
         raise
+
+
+def sync_written(uris: Iterable[str]) -> None:
+    """Make files on a local or mounted folder durable, with the folder entries that name them,
+    before anything naming them is published (a moniker names its data files). A file written
+    and closed without a sync can come back empty after a power cut while the moniker, synced by
+    `write_whole`, survives: it is then quarantined as invalid, and its writer has moved past
+    its records. Every folder up to the root is synced too: a batch's folders are new. Object
+    stores need nothing (a PUT is durable once answered)."""
+    folders: set[str] = set()
+    for uri in uris:
+        if not _is_local(uri):
+            continue  # not even located: opening hdfs://, say, would connect
+        _, path = _locate(uri)
+        sync_file(path)
+        folder = posixpath.dirname(path)
+        while folder not in folders:
+            folders.add(folder)
+            folder = posixpath.dirname(folder)
+    for folder in sorted(folders, key=len, reverse=True):
+        sync_folder(folder)
 
 
 def make_folder(filesystem: pafs.FileSystem, path: str) -> None:

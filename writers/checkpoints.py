@@ -32,10 +32,12 @@ class SourceCheckpoints:
 
     def read(self, source: KafkaSource) -> dict[TP, int]:
         """The next offset per topic-partition this writer
-        finished for `source`; empty without a file."""
+        finished for `source`; empty without a file. A file storage cannot serve now raises (an
+        outage): read as none, a batch planned the tables a template names from
+        `starting_offsets`, and `advance` wrote back only the batch's partitions."""
         try:
             raw = json.loads(self.folder.read_bytes(f"{self.folder.root}/{self._name(source)}"))
-        except (OSError, ValueError):
+        except (FileNotFoundError, ValueError):
             return {}
         return {
             (topic, int(partition)): int(offset)
@@ -69,7 +71,7 @@ class SourceCheckpoints:
         refusal), which it cannot otherwise find: they are not in the config."""
         try:
             known = json.loads(self.folder.read_bytes(f"{self.folder.root}/{self._tables_name}"))
-        except (OSError, ValueError):
+        except (FileNotFoundError, ValueError):
             return {}
         return {str(identifier): str(source) for identifier, source in known.items()}
 

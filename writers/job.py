@@ -35,6 +35,7 @@ from icekeeper.common.in_flight import InFlightClaims
 from icekeeper.common.kafka_clients import KafkaAccessDenied
 from icekeeper.common.source_formats import source_format
 from icekeeper.common.spark import spark_session
+from icekeeper.common.storage import sync_written
 from icekeeper.common.transports import open_transport
 from icekeeper.writers.checkpoints import SourceCheckpoints
 from icekeeper.writers.kafka_admin import SourceAdmin
@@ -451,6 +452,13 @@ class WriterJob:
             for moniker in outcome.monikers
             if moniker.table not in configured and moniker.table not in self.templated
         }
+        # Durable before the monikers naming them (`sync_written`: on a local or mounted folder an
+        # unsynced file can come back empty after a power cut, its moniker quarantined).
+        sync_written(
+            entry.path
+            for moniker in outcome.monikers
+            for entry in (*moniker.files, *moniker.delete_files)
+        )
         if new_templated:
             # Durable before the first moniker: a restarted writer must find these tables' seqs.
             self.checkpoints.remember_templated_tables(new_templated)

@@ -50,6 +50,7 @@ def test_only_complete_parquet_blobs_count() -> None:
     assert parse_event_grid(cloud_event(url, "PutBlob", 10)).file.size_bytes == 10
     ignored = [
         event_grid(url, "CreateFile", 0),
+        event_grid(url, "PutBlob", 0),  # a block upload's empty first blob: its blocks follow
         event_grid(url.replace(".parquet", ".crc"), "PutBlob", 1),
         event_grid(url, "DeleteFile", None, event_type="Microsoft.Storage.BlobDeleted"),
     ]
@@ -168,3 +169,31 @@ def test_event_grid_events_for_icekeeper_s_own_files_commit_nothing(
 def pyiceberg_rows_offsets(config) -> list[int]:
     table = open_catalog(config).load_table("shop.items")
     return sorted(table.scan().to_arrow()["_kfk_offset"].to_pylist())
+
+
+@pytest.mark.integration
+def test_a_file_uploaded_in_blocks_after_an_empty_blob_is_committed(
+    local_stack, tmp_path: Path
+) -> None:
+    """pyarrow's Azure filesystem (so pyarrow, polars and pandas writing `abfss://`) uploads a
+    file as an empty blob first (`PutBlob`, 0 bytes), then its blocks (`PutBlockList`): two
+    BlobCreated events. The first, read once the file was whole, was quarantined ("N bytes, the
+    event says 0") and the second, in the same receive, dropped as its duplicate: the file was
+    never committed. The empty blob's event is ignored; the file commits once, from the second."""
+    config = bookkeeper_config(tmp_path, **azure_queue_settings(local_stack))
+    transport = open_transport(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))  # creates the table
+    bookkeeper = Bookkeeper(config)
+    bookkeeper.run_cycle()
+    table = open_catalog(config).load_table("shop.items")
+    data = Path(table.location().removeprefix("file://")) / "data" / "external"
+    rows = [{"id": 2000 + i, "amount": i, "_kfk_partition": 9, "_kfk_offset": i} for i in range(5)]
+    uploaded = write_file(data / "uploaded-in-blocks.parquet", SCHEMA, rows)
+    transport.queue.send_message(event_grid(uploaded.path, "PutBlob", 0))
+    transport.queue.send_message(event_grid(uploaded.path, "PutBlockList", uploaded.size_bytes))
+    report = bookkeeper.run_cycle()
+    assert report.dead_lettered == []
+    table = open_catalog(config).load_table("shop.items")
+    ids = sorted(table.scan().to_arrow().column("id").to_pylist())
+    assert ids == sorted(list(range(10)) + [2000 + i for i in range(5)])
+    assert transport.queue.get_queue_properties().approximate_message_count == 0

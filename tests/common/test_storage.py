@@ -360,3 +360,41 @@ def test_a_file_deleted_while_being_read_is_gone_not_an_outage(store_root: str) 
     except FileNotFoundError:
         body = None
     assert body in (b"x", None)
+
+
+@pytest.mark.integration
+def test_a_file_replaced_on_azure_is_never_read_empty(local_stack) -> None:
+    """A whole write replaces a file for its readers at once. pyarrow's Azure output stream does
+    not: it first replaces the blob with an empty one, stages the bytes and commits them at its
+    close, so every reader in between read the file empty (a writer's checkpoint or its templated
+    tables as none, a rewrite request as unreadable and set aside), and a write cut or killed
+    there left it empty for good."""
+    properties = azurite_blob_properties(local_stack.service("azurite-blob"))
+    with storage_door(properties):
+        container = new_container(properties)
+        uri = azure_uri(container, "checkpoints/w1/cdc.json")
+        old, new = b"o" * 1000, b"n" * (32 << 20)
+        write_file(uri, old)
+        read_while_replaced: list[int] = []
+        replaced, reading = threading.Event(), threading.Event()
+
+        def read() -> None:
+            while not replaced.is_set():
+                try:
+                    size = len(read_file(uri))
+                except OSError:
+                    continue  # replaced between its HEAD and its GET: an error to retry
+                read_while_replaced.append(size)
+                reading.set()
+                if size == len(new):
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert reading.wait(30)
+        write_file(uri, new)
+        replaced.set()
+        reader.join(60)
+        assert len(read_while_replaced) > 1
+        assert set(read_while_replaced) <= {len(old), len(new)}, sorted(set(read_while_replaced))
+        assert read_file(uri) == new

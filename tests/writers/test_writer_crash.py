@@ -90,3 +90,58 @@ def test_dead_letters_are_durable_before_the_moniker_is_published(
     # checker reports such a repeat.
     assert dead == Counter({position: 2 for position in undecodable})
     assert dead_letter_report(dead, set(undecodable))["dead_letter_duplicates"] == len(undecodable)
+
+
+def test_a_batch_s_files_are_durable_before_its_moniker_is_published(
+    local_stack, spark, tmp_path: Path, unique_topic: str, monkeypatch
+) -> None:
+    """A power cut, not a kill: the moniker is synced before it is published (`write_whole`), but
+    the Parquet files it names were only closed, so after a power cut on a local or mounted
+    warehouse the moniker could come back and its files empty; the bookkeeper then quarantines
+    it as invalid, and its records are never committed (its writer has moved past them). Every
+    file a published moniker names, and the folders naming it, are synced before it is out."""
+    import os
+
+    from icekeeper.common.storage import open_filesystem
+
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.orders",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+        },
+    )
+    spec = SyntheticSpec(seed=5, keys=50, events=400, schema_changes=0)
+    produce_synthetic(config, spec, topic=unique_topic, partitions=2, progress=lambda m: None)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    writer = WriterJob(config, spark=spark)
+    published: list[tuple[object, set[str]]] = []
+    publish = writer.transport.publish
+
+    def publish_once_synced(moniker) -> None:
+        published.append((moniker, set(synced)))
+        publish(moniker)
+
+    writer.transport.publish = publish_once_synced
+    writer.run_batch()
+    named = [
+        (moniker.id, os.path.realpath(open_filesystem(entry.path)[1]), synced_before)
+        for moniker, synced_before in published
+        for entry in (*moniker.files, *moniker.delete_files)
+    ]
+    assert named, "the batch published no data file"
+    for moniker_id, path, synced_before in named:
+        assert os.path.getsize(path) > 0
+        assert path in synced_before, f"{moniker_id}: {path} not synced before its moniker"
+        assert os.path.dirname(path) in synced_before, f"{moniker_id}: its folder not synced"
+    table = commit_all(config).catalog.load_table("shop.orders")
+    assert table.scan().to_arrow().num_rows == spec.events
