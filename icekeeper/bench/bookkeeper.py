@@ -307,9 +307,10 @@ WINDOW = 100
 
 def bench_latency(
     work: Path, commits: int, progress: Progress, layout: BenchLayout
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Commit latency (median, p90) and cycle CPU time (median) over the 100 commits from the
-    10th on and over the last 100 commits."""
+    10th on and over the last 100 commits; where the table's metadata went, and the catalog's
+    class (what the layout gave)."""
     config = phase_config(work, layout, "latency")
     schema = seed_schema(config)
     transport = open_transport(config)
@@ -327,9 +328,15 @@ def bench_latency(
                 f"{statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms"
             )
     bookkeeper.committer.footer_reader.close()
+    from icekeeper.common.catalog import open_catalog
+
+    catalog = open_catalog(config)
+    metadata_location = catalog.load_table(config.tables[0].identifier).metadata_location
     early, late = slice(9, 9 + WINDOW), slice(-WINDOW, None)
     p90 = lambda values: statistics.quantiles(values, n=10)[-1]  # noqa: E731
     return {
+        "metadata_location": metadata_location,
+        "catalog_class": type(catalog).__name__,
         "at_10": statistics.median(latencies[early]) * 1000,
         "at_end": statistics.median(latencies[late]) * 1000,
         "p90_at_10": p90(latencies[early]) * 1000,
@@ -360,11 +367,21 @@ def run_bookkeeper_bench(
         footers_s, data_files_s, by_workers = bench_footers(work, footers, progress, where)
         progress(f"{footers:,} footers in {footers_s:.2f}s; now {commits:,} single-moniker commits")
         latency = bench_latency(work, commits, progress, where)
+        on_store = None
+        if where.on_object_store:
+            from icekeeper.common.storage import list_files
+
+            listed = list_files(where.root, recursive=True)
+            on_store = sum(1 for info in listed if info.path.endswith(".parquet"))
     finally:
         remove_layout_files(where)
         shutil.rmtree(work, ignore_errors=True)
     return {
         "layout": layout,
+        "root": where.root,
+        "catalog_class": latency["catalog_class"],
+        "metadata_location": latency["metadata_location"],
+        "data_files_on_store": on_store,
         f"commit_{monikers}_monikers_s": round(commit_s, 3),
         f"baseline_add_files_{monikers}_s": round(baseline_s, 3),
         "ratio_vs_add_files": round(baseline_s / commit_s, 2),

@@ -156,9 +156,13 @@ def remove_layout_files(layout: BenchLayout) -> None:
 
     if layout.name == "s3-rest":
         from pyiceberg.catalog import load_catalog
+        from pyiceberg.exceptions import NoSuchNamespaceError
 
         catalog = load_catalog("bench-cleanup", **layout.catalog_properties)
-        for identifier in catalog.list_tables(layout.namespace):
-            catalog.drop_table(identifier)
-        catalog.drop_namespace(layout.namespace)
+        try:
+            for identifier in catalog.list_tables(layout.namespace):
+                catalog.drop_table(identifier)
+            catalog.drop_namespace(layout.namespace)
+        except NoSuchNamespaceError:
+            pass  # the run stopped before its first table
     delete_folder(layout.root)
