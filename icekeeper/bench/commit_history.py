@@ -15,7 +15,8 @@ second, as they come at the hour's end:
    every summary carries `partitions` offsets.
 2. Expiry depends on the snapshots' ages, so the oldest part of the history is committed at one
    a second, as it would have been (`paced`: the snapshots that expire while the commits are
-   timed, plus margin); the rest back to back (their ages do not matter: none expires).
+   timed, plus margin); the rest back to back (their ages do not matter: none expires). While
+   the history is built the bookkeeper's expiry clock stands still: nothing expires yet.
 3. The bookkeeper's clock (the one expiry reads) is then set so the oldest snapshot is just
    short of the age that starts an expiry (`keep_snapshots_for` plus a tenth of it, at most a
    minute past): while the `measured` commits run at one a second, about a minute of history
@@ -28,6 +29,9 @@ the metadata file's size and what each snapshot adds to it (its entry in `snapsh
 `snapshot-log`), of that its summary, and of that the committed offsets and event times of the
 partitions (`icekeeper.offsets`, `icekeeper.partition-event-ms`); and how long building the
 history took.
+
+`snapshot_history.py` is its local-disk forerunner: commits back to back as the history grows,
+one partition; this one is the steady state at the hour's end, at the rate the figure is about.
 """
 
 from __future__ import annotations
@@ -112,7 +116,9 @@ def snapshot_bytes(metadata: dict, last: int) -> dict[str, float]:
     entry in `snapshots` and in `snapshot-log` (and a comma each), of that its summary, and of
     that the keys of the partitions' offsets and event times with their values."""
     log_bytes = {entry["snapshot-id"]: _compact(entry) + 1 for entry in metadata["snapshot-log"]}
-    newest = sorted(metadata["snapshots"], key=lambda s: s["sequence-number"])[-last:]
+    newest = sorted(
+        metadata["snapshots"], key=lambda s: (s.get("sequence-number", 0), s["timestamp-ms"])
+    )[-last:]
     per_snapshot, summary, partitions = [], [], []
     for snapshot in newest:
         per_snapshot.append(_compact(snapshot) + 1 + log_bytes.get(snapshot["snapshot-id"], 0))
@@ -219,6 +225,9 @@ def _run(
             time.sleep(max(0.0, first + index - time.monotonic()))
             commit(seq)
 
+    # No snapshot expires while the history is built (nor would one in a stream's first hour):
+    # the clock expiry reads stands at the epoch until the timed commits.
+    bookkeeper.committer.commit_path.now_ms = lambda: 0
     build_started = time.monotonic()
     at_one_a_second(range(1, paced + 1))
     progress(f"  {paced:,} paced commits in {time.monotonic() - build_started:.0f}s")
