@@ -53,6 +53,7 @@ from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.config import IcekeeperConfig, load_config
 from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 from icekeeper.common.schema import assign_ids, metadata_columns, record_types, row_columns
+from icekeeper.common.storage import configure_storage
 from icekeeper.common.transports import open_transport
 from icekeeper.samples import seed000
 
@@ -361,6 +362,8 @@ def run_bookkeeper_bench(
     if stack_config is None:
         stack_config = load_config(None, environ={"ICEKEEPER__STATE_DIR": state_dir})
     where = open_layout(layout, stack_config, work)
+    # The bench writes its files before any bookkeeper opens the catalog (which would do this).
+    configure_storage(where.catalog_properties)
     progress(f"layout {layout}: tables under {where.root}")
     try:
         commit_s, baseline_s = bench_commit_1000(work, progress, where, monikers)

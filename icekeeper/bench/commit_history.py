@@ -190,9 +190,11 @@ def _run(
     progress: Progress,
 ) -> dict[str, Any]:
     from icekeeper.common.catalog import open_catalog
-    from icekeeper.common.storage import read_file
+    from icekeeper.common.storage import configure_storage, read_file
     from icekeeper.common.transports import open_transport
 
+    # The bench writes its files before the bookkeeper opens the catalog (which would do this).
+    configure_storage(config.catalog.properties)
     schema = seed_schema(config)
     schema_json = json.loads(schema.model_dump_json())
     location = table_location(config).removeprefix("file://")
