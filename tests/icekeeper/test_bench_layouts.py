@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from icekeeper.bench.layouts import parse_layouts, services_for
+from icekeeper.common import exit_codes
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.exit_codes import UsageError
 from icekeeper.common.storage import configure_storage, list_files
@@ -21,6 +22,25 @@ def test_layout_names_and_the_services_each_needs() -> None:
     assert services_for(["local", "s3-rest"]) == ["s3", "rest"]
     with pytest.raises(UsageError, match="no layout s4"):
         parse_layouts("s3,s4")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "reaper", "--layout", "s3"],  # a bench without layouts
+        ["bench", "bookkeeper", "--layout", "local,s3"],  # one layout at a time
+        ["bench", "writer", "--layout", "s3-rest"],  # the writer's layouts: local, s3
+        ["bench", "commit-history", "--layout", "s4"],
+    ],
+)
+def test_a_layout_a_bench_cannot_take_is_a_usage_error(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from icekeeper.cli import main
+
+    monkeypatch.setenv("ICEKEEPER__STATE_DIR", str(tmp_path))
+    assert main(argv) == exit_codes.USAGE
+    assert list(tmp_path.iterdir()) == []  # refused before any work
 
 
 def _left_under(root: str, properties: dict[str, str]) -> list[str]:
