@@ -71,7 +71,7 @@ from icekeeper.common.locations import (
     table_data_folder,
 )
 from icekeeper.common.moniker import FileEntry
-from icekeeper.common.storage import open_filesystem
+from icekeeper.common.storage import configure_storage, open_filesystem, storage_settings
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,15 @@ class FooterReader:
         # pyiceberg, pyarrow) imported, instead of each importing them
         # again; `__main__` is what the forkserver preloads by default.
         context.set_forkserver_preload(["__main__", __name__])
-        pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
+        # Workers start from the forkserver, not from this process: their storage door must be
+        # configured as this one is (`s3.*`, `adls.*`), or files on an object store are read with
+        # no endpoint or credentials and every big batch's footers fail as "unavailable".
+        pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=context,
+            initializer=configure_storage,
+            initargs=(storage_settings(),),
+        )
         try:
             # One trivial task per worker: each submit spawns a worker until there are `workers`.
             for future in [pool.submit(_worker_ready) for _ in range(self.workers)]:

@@ -274,12 +274,25 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from icekeeper.bench.layouts import parse_layouts, services_for
+
     config = _development_config(args)
+    layouts = parse_layouts(args.layout or BENCH_DEFAULT_LAYOUT.get(args.target, "local"))
+    if args.target not in BENCH_DEFAULT_LAYOUT and layouts != ["local"]:
+        raise exit_codes.UsageError(
+            f"bench {args.target} runs on local disk only; --layout is for "
+            f"{', '.join(BENCH_DEFAULT_LAYOUT)}"
+        )
+    if args.target != "writer" and len(layouts) > 1:
+        raise exit_codes.UsageError(f"bench {args.target}: one --layout at a time")
     stack = None
     if args.start_stack:
         from icekeeper.localstack.stack import LocalStack
 
-        stack = LocalStack(config)
+        layout_services = services_for(layouts)
+        # The bookkeeper's benches need no Kafka: only what their layout runs on.
+        only = layout_services if layout_services and args.target != "writer" else None
+        stack = LocalStack(config, only=only, with_services=layout_services)
         report = stack.up(_progress)
         started_here = report.started
     try:
@@ -292,6 +305,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 progress=_progress,
                 cores=args.cores,
                 repeat=args.repeat or 3,
+                layouts=layouts,
             )
         elif args.target == "bookkeeper":
             from icekeeper.bench.bookkeeper import run_bookkeeper_bench
@@ -300,6 +314,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 config.state_dir,
                 commits=args.commits or 10_000,
                 footers=args.footers,
+                progress=_progress,
+                layout=layouts[0],
+                stack_config=config,
+                monikers=args.monikers,
+            )
+        elif args.target == "commit-history":
+            from icekeeper.bench.commit_history import run_commit_history_bench
+
+            result = run_commit_history_bench(
+                config,
+                layout=layouts[0],
+                partitions=args.partitions,
+                measured=args.commits or 200,
+                keep_snapshots_for_s=args.keep_snapshots_for,
                 progress=_progress,
             )
         elif args.target == "reaper":
@@ -366,6 +394,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             stack.down(lambda message: None)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return exit_codes.OK
+
+
+BENCH_DEFAULT_LAYOUT = {"writer": "local", "bookkeeper": "local", "commit-history": "s3-rest"}
+"""The benches that take `--layout` (icekeeper/bench/layouts.py), and their default."""
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -660,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[
             "writer",
             "bookkeeper",
+            "commit-history",
             "reaper",
             "e2e",
             "soak",
@@ -683,14 +716,40 @@ def build_parser() -> argparse.ArgumentParser:
         "baseline (upsert: and our changelog path), taken in turns (figures are medians)",
     )
     bench.add_argument(
+        "--layout",
+        default=None,
+        metavar="LAYOUT[,LAYOUT]",
+        help="where the tables go: local (a SQLite catalog, a local warehouse), s3 (the same "
+        "catalog, the warehouse on the stack's S3 server: stack up --with s3), s3-rest (S3 behind "
+        "the stack's Iceberg REST catalog: --with rest); --start-stack starts what it needs. "
+        "bookkeeper (default local), commit-history (default s3-rest): one layout; writer: "
+        "local,s3 adds a side, the default engine with its warehouse on S3, taking turns with "
+        "the local ones, and its ratio to local disk ('s3': 'visible_vs_local'). "
+        "To measure issue 28's figures: bench bookkeeper --layout s3, bench bookkeeper --layout "
+        "s3-rest, bench writer --layout local,s3, bench commit-history (each --start-stack --json)",
+    )
+    bench.add_argument(
         "--commits",
         type=int,
         default=None,
         help="bookkeeper: single-moniker commits for the latency curve (default 10,000); "
+        "commit-history: commits timed at one a second after the history (default 200); "
         "key-index-files: commits, one data file each, before the index is saved (default "
         "100,000)",
     )
+    bench.add_argument(
+        "--monikers",
+        type=int,
+        default=1000,
+        help="bookkeeper: monikers (one file each) the one timed cycle commits",
+    )
     bench.add_argument("--footers", type=int, default=10_000, help="bookkeeper: footers to read")
+    bench.add_argument(
+        "--partitions",
+        type=int,
+        default=64,
+        help="commit-history: partitions of the topic, each one's offsets in every snapshot",
+    )
     bench.add_argument(
         "--files",
         type=int,
@@ -737,7 +796,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-snapshots-for",
         type=float,
         default=None,
-        help="soak: the bookkeeper's keep_snapshots_for in seconds (default: the config's, 1 h)",
+        help="soak: the bookkeeper's keep_snapshots_for in seconds (default: the config's, 1 h); "
+        "commit-history: also the history built, one snapshot per second of it",
     )
     bench.add_argument(
         "--keys",

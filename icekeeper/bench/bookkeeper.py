@@ -2,7 +2,9 @@
 
 Files are seed-000-like (the flattened `tbl_test_1` schema with metadata columns, 100 rows each),
 written with pyarrow and Iceberg field ids, as a writer would leave them. Measured on a local
-SQLite catalog and warehouse:
+SQLite catalog and warehouse (`--layout local`, the default), or with the tables on the stack's S3
+server (`--layout s3`: the same SQLite catalog, every file over HTTP) or on S3 behind Iceberg's
+REST catalog server (`--layout s3-rest`); see `layouts.py`:
 
 - `commit_1000_monikers_s`: one bookkeeper cycle committing 1,000 monikers of one file each
   (footers read), median of three fresh tables;
@@ -20,6 +22,10 @@ SQLite catalog and warehouse:
   `commit.manifest.min-count-to-merge` (100) manifests and then merges them, so a commit's cost
   follows that 100-commit cycle. Ten commits around the 10th see only its shortest lists, while
   ten at the end land anywhere in the cycle; a whole cycle at each end compares like with like.
+
+Each phase (the three 1,000-moniker runs, the `add_files` baseline, the footers, the latency
+curve) has a table of its own; on an object store the files are written (untimed) by a pool of
+threads, and what the run left there is removed at the end.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import shutil
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +46,14 @@ import pyarrow.parquet as pq
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
+from icekeeper.bench.layouts import BenchLayout, open_layout, remove_layout_files
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.datafiles import FooterReader, data_file
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.config import IcekeeperConfig, load_config
 from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 from icekeeper.common.schema import assign_ids, metadata_columns, record_types, row_columns
+from icekeeper.common.storage import configure_storage
 from icekeeper.common.transports import open_transport
 from icekeeper.samples import seed000
 
@@ -78,7 +87,9 @@ def _wall_clock_us(millis: int) -> int:
     return millis * 1000
 
 
-def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
+def write_seed_file(path: Path | str, schema: Schema, first_offset: int) -> FileEntry:
+    """A seed-like file of `ROWS_PER_FILE` rows at `path`: a local path, or a URI on an object
+    store (written through the storage door, as a writer writes it)."""
     fields = [
         pa.field(
             f.name,
@@ -121,6 +132,15 @@ def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
         for name in columns:
             columns[name].append(row.get(name))
     table = pa.Table.from_pydict(columns, schema=pa.schema(fields))
+    if "://" in str(path) and not str(path).startswith("file://"):
+        from icekeeper.common.storage import write_file
+
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, compression="zstd")
+        body = buffer.getvalue().to_pybytes()
+        write_file(str(path), body)
+        return FileEntry(path=str(path), size_bytes=len(body), record_count=ROWS_PER_FILE)
+    path = Path(str(path).removeprefix("file://"))
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="zstd")
     return FileEntry(
@@ -128,36 +148,70 @@ def write_seed_file(path: Path, schema: Schema, first_offset: int) -> FileEntry:
     )
 
 
-def bench_config(state_dir: Path) -> IcekeeperConfig:
-    return load_config(
-        None,
-        environ={
-            "ICEKEEPER__STATE_DIR": str(state_dir),
-            "ICEKEEPER__TABLES": f"[{{identifier: {TABLE}, topics: [bench], primary_key: [ID1, "
-            "ID2], mode: changelog}]",
-            "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
-            "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
-            "ICEKEEPER__BOOKKEEPER__MAX_FILES_PER_COMMIT": "100000",
-        },
-    )
+WRITE_THREADS = 16
+"""Threads writing the bench's files (untimed): on an object store each file is a PUT."""
+
+
+def write_seed_files(requests: Iterable[tuple[Path | str, int]], schema: Schema) -> list[FileEntry]:
+    """`write_seed_file` for each (path, first offset), several at once, in the order given."""
+    with ThreadPoolExecutor(WRITE_THREADS) as pool:
+        return list(pool.map(lambda job: write_seed_file(job[0], schema, job[1]), requests))
+
+
+def bench_config(
+    state_dir: Path, layout: BenchLayout | None = None, table: str = TABLE
+) -> IcekeeperConfig:
+    """The bench's bookkeeper config: state under `state_dir`; the catalog (and warehouse) of
+    `layout`, or by default a SQLite catalog and a warehouse under `state_dir`."""
+    tables = [{"identifier": table, "topics": ["bench"], "primary_key": ["ID1", "ID2"]}]
+    environ = {
+        "ICEKEEPER__STATE_DIR": str(state_dir),
+        "ICEKEEPER__TABLES": json.dumps([{**tables[0], "mode": "changelog"}]),
+        "ICEKEEPER__SOURCES__0__TOPICS": "[bench]",
+        "ICEKEEPER__BOOKKEEPER__HTTP_PORT": "0",
+        "ICEKEEPER__BOOKKEEPER__MAX_FILES_PER_COMMIT": "100000",
+    }
+    if layout is not None:
+        environ["ICEKEEPER__CATALOG__PROPERTIES"] = json.dumps(layout.catalog_properties)
+    return load_config(None, environ=environ)
+
+
+def phase_config(work: Path, layout: BenchLayout, phase: str) -> IcekeeperConfig:
+    """The config of one phase of the bench, with a table of its own: on `local`, a catalog and
+    warehouse of its own under `work/<phase>` (as before layouts); on the others, the layout's
+    catalog with the table `<namespace>.tbl_<phase>`."""
+    if layout.name == "local":
+        return bench_config(work / phase)
+    return bench_config(work / phase, layout, f"{layout.namespace}.tbl_{phase.replace('-', '_')}")
+
+
+def table_location(config: IcekeeperConfig) -> str:
+    """Where the bench's table goes: `<warehouse>/<namespace>/<table>`."""
+    identifier = config.tables[0].identifier
+    return config.catalog.properties["warehouse"].rstrip("/") + "/" + identifier.replace(".", "/")
 
 
 def bench_monikers(
     config: IcekeeperConfig, schema: Schema, count: int, start_seq: int = 1
 ) -> list[Moniker]:
-    location = config.catalog.properties["warehouse"] + "/bench/tbl_test_1"
+    location = table_location(config)
+    identifier = config.tables[0].identifier
     schema_json = json.loads(schema.model_dump_json())
+    seqs = range(start_seq, start_seq + count)
+    entries = write_seed_files(
+        [
+            (
+                f"{location.removeprefix('file://')}/data/bench/"
+                f"{seq:08d}-{uuid.uuid4().hex[:8]}.parquet",
+                (seq - 1) * ROWS_PER_FILE,
+            )
+            for seq in seqs
+        ],
+        schema,
+    )
     monikers = []
-    for index in range(count):
-        seq = start_seq + index
+    for seq, entry in zip(seqs, entries):
         offset = (seq - 1) * ROWS_PER_FILE
-        path = (
-            Path(location.removeprefix("file://"))
-            / "data"
-            / "bench"
-            / f"{seq:08d}-{uuid.uuid4().hex[:8]}.parquet"
-        )
-        entry = write_seed_file(path, schema, offset)
         ranges = [
             OffsetRange(
                 topic="bench", partition=0, from_offset=offset, until_offset=offset + ROWS_PER_FILE
@@ -165,12 +219,12 @@ def bench_monikers(
         ]
         monikers.append(
             Moniker(
-                id=moniker_id("bench", TABLE, ranges),
+                id=moniker_id("bench", identifier, ranges),
                 rereads_refused=True,
                 writer_id="bench",
                 seq=seq,
                 prev_seq=seq - 1 if seq > 1 else None,
-                table=TABLE,
+                table=identifier,
                 table_location=location,
                 schema=schema_json,
                 files=[entry],
@@ -183,52 +237,55 @@ def bench_monikers(
     return monikers
 
 
-def bench_commit_1000(work: Path, progress: Progress) -> tuple[float, float]:
+def bench_commit_1000(
+    work: Path, progress: Progress, layout: BenchLayout, monikers: int = 1000
+) -> tuple[float, float]:
+    """Seconds for one cycle committing `monikers` monikers (median of three fresh tables), and
+    for pyiceberg's `add_files` of the first run's files into another table."""
+    from icekeeper.common.catalog import open_catalog
+
     timings, baseline = [], float("nan")
     for run in range(3):
-        config = bench_config(work / f"commit-{run}")
+        config = phase_config(work, layout, f"commit-{run}")
         schema = seed_schema(config)
         transport = open_transport(config)
-        for moniker in bench_monikers(config, schema, 1000):
+        published = bench_monikers(config, schema, monikers)
+        for moniker in published:
             transport.publish(moniker)
         bookkeeper = Bookkeeper(config)
         started = time.monotonic()
         report = bookkeeper.run_cycle()
         timings.append(time.monotonic() - started)
         bookkeeper.committer.footer_reader.close()
-        assert report.committed_monikers == 1000, report
+        assert report.committed_monikers == monikers, report
         if run == 0:
-            data_dir = (
-                Path(config.catalog.properties["warehouse"].removeprefix("file://"))
-                / "bench"
-                / "tbl_test_1"
-                / "data"
-            )
-            files = ["file://" + str(path) for path in sorted(data_dir.rglob("*.parquet"))]
-            baseline_config = bench_config(work / "add-files")
-            from icekeeper.common.catalog import open_catalog
-
+            files = sorted(entry.path for moniker in published for entry in moniker.files)
+            baseline_config = phase_config(work, layout, "add-files")
             catalog = open_catalog(baseline_config)
-            catalog.create_namespace("bench")
-            table = catalog.create_table(TABLE, schema=schema)
+            identifier = baseline_config.tables[0].identifier
+            catalog.create_namespace_if_not_exists(identifier.rsplit(".", 1)[0])
+            table = catalog.create_table(
+                identifier, schema=schema, location=table_location(baseline_config)
+            )
             started = time.monotonic()
             table.add_files(files)
             baseline = time.monotonic() - started
-        progress(f"commit of 1,000 monikers: run {run + 1}: {timings[-1]:.2f}s")
+        progress(f"commit of {monikers:,} monikers: run {run + 1}: {timings[-1]:.2f}s")
     return statistics.median(timings), baseline
 
 
-def bench_footers(work: Path, count: int, progress: Progress) -> tuple[float, float]:
-    """Seconds to read `count` footers with a fresh
-    reader, and to also turn them into data files."""
-    config = bench_config(work / "footers")
+def bench_footers(
+    work: Path, count: int, progress: Progress, layout: BenchLayout
+) -> tuple[float, float, int]:
+    """Seconds to read `count` footers with a fresh reader, and to also turn them into data
+    files; and how many of them its worker processes read (the rest this process did)."""
+    config = phase_config(work, layout, "footers")
     schema = seed_schema(config)
-    entries = [
-        write_seed_file(
-            work / "footers" / "files" / f"{index:06d}.parquet", schema, index * ROWS_PER_FILE
-        )
-        for index in range(count)
-    ]
+    folder = layout.location("footers") if layout.on_object_store else str(work / "footers")
+    entries = write_seed_files(
+        [(f"{folder}/files/{index:06d}.parquet", index * ROWS_PER_FILE) for index in range(count)],
+        schema,
+    )
     progress(f"reading {count:,} footers")
     started = time.monotonic()
     reader = FooterReader(os.cpu_count() or 2)
@@ -240,18 +297,22 @@ def bench_footers(work: Path, count: int, progress: Progress) -> tuple[float, fl
     spec = PartitionSpec()
     data_files = [data_file(entry, described[entry.path], spec) for entry in entries]  # type: ignore[arg-type]
     data_files_s = time.monotonic() - started
+    by_workers = reader.described_by_workers
     reader.close()
     assert len(data_files) == count
-    return footers_s, data_files_s
+    return footers_s, data_files_s, by_workers
 
 
 WINDOW = 100
 
 
-def bench_latency(work: Path, commits: int, progress: Progress) -> dict[str, float]:
+def bench_latency(
+    work: Path, commits: int, progress: Progress, layout: BenchLayout
+) -> dict[str, Any]:
     """Commit latency (median, p90) and cycle CPU time (median) over the 100 commits from the
-    10th on and over the last 100 commits."""
-    config = bench_config(work / "latency")
+    10th on and over the last 100 commits; where the table's metadata went, and the catalog's
+    class (what the layout gave)."""
+    config = phase_config(work, layout, "latency")
     schema = seed_schema(config)
     transport = open_transport(config)
     bookkeeper = Bookkeeper(config)
@@ -268,9 +329,15 @@ def bench_latency(work: Path, commits: int, progress: Progress) -> dict[str, flo
                 f"{statistics.median(latencies[-WINDOW:]) * 1000:.0f} ms"
             )
     bookkeeper.committer.footer_reader.close()
+    from icekeeper.common.catalog import open_catalog
+
+    catalog = open_catalog(config)
+    metadata_location = catalog.load_table(config.tables[0].identifier).metadata_location
     early, late = slice(9, 9 + WINDOW), slice(-WINDOW, None)
     p90 = lambda values: statistics.quantiles(values, n=10)[-1]  # noqa: E731
     return {
+        "metadata_location": metadata_location,
+        "catalog_class": type(catalog).__name__,
         "at_10": statistics.median(latencies[early]) * 1000,
         "at_end": statistics.median(latencies[late]) * 1000,
         "p90_at_10": p90(latencies[early]) * 1000,
@@ -281,20 +348,49 @@ def bench_latency(work: Path, commits: int, progress: Progress) -> dict[str, flo
 
 
 def run_bookkeeper_bench(
-    state_dir: str, commits: int = 10_000, footers: int = 10_000, progress: Progress = print
+    state_dir: str,
+    commits: int = 10_000,
+    footers: int = 10_000,
+    progress: Progress = print,
+    layout: str = "local",
+    stack_config: IcekeeperConfig | None = None,
+    monikers: int = 1000,
 ) -> dict[str, Any]:
+    """The figures above on one layout (`layouts.py`; `stack_config`: the stack whose S3 server
+    and REST catalog the `s3` and `s3-rest` layouts use, running)."""
     work = fresh_work_folder(state_dir, "bench-bookkeeper")
-    commit_s, baseline_s = bench_commit_1000(work, progress)
-    footers_s, data_files_s = bench_footers(work, footers, progress)
-    progress(f"{footers:,} footers in {footers_s:.2f}s; now {commits:,} single-moniker commits")
-    latency = bench_latency(work, commits, progress)
-    shutil.rmtree(work, ignore_errors=True)
+    if stack_config is None:
+        stack_config = load_config(None, environ={"ICEKEEPER__STATE_DIR": state_dir})
+    where = open_layout(layout, stack_config, work)
+    # The bench writes its files before any bookkeeper opens the catalog (which would do this).
+    configure_storage(where.catalog_properties)
+    progress(f"layout {layout}: tables under {where.root}")
+    try:
+        commit_s, baseline_s = bench_commit_1000(work, progress, where, monikers)
+        footers_s, data_files_s, by_workers = bench_footers(work, footers, progress, where)
+        progress(f"{footers:,} footers in {footers_s:.2f}s; now {commits:,} single-moniker commits")
+        latency = bench_latency(work, commits, progress, where)
+        on_store = None
+        if where.on_object_store:
+            from icekeeper.common.storage import list_files
+
+            listed = list_files(where.root, recursive=True)
+            on_store = sum(1 for info in listed if info.path.endswith(".parquet"))
+    finally:
+        remove_layout_files(where)
+        shutil.rmtree(work, ignore_errors=True)
     return {
-        "commit_1000_monikers_s": round(commit_s, 3),
-        "baseline_add_files_1000_s": round(baseline_s, 3),
+        "layout": layout,
+        "root": where.root,
+        "catalog_class": latency["catalog_class"],
+        "metadata_location": latency["metadata_location"],
+        "data_files_on_store": on_store,
+        f"commit_{monikers}_monikers_s": round(commit_s, 3),
+        f"baseline_add_files_{monikers}_s": round(baseline_s, 3),
         "ratio_vs_add_files": round(baseline_s / commit_s, 2),
         f"footers_{footers}_s": round(footers_s, 3),
         f"data_files_{footers}_s": round(data_files_s, 3),
+        "footers_read_by_workers": by_workers,
         "commit_ms_at_10": round(latency["at_10"], 1),
         f"commit_ms_at_{commits}": round(latency["at_end"], 1),
         "latency_growth_ratio": round(latency["at_end"] / latency["at_10"], 2),

@@ -20,6 +20,14 @@ take turns going first (ours first in odd runs, the baseline in even ones); figu
 Then the bare pipeline in stages (`stages_s`: Kafka read; + decoding and flattening; + Parquet),
 with the same read options and reader schema, which shows where the time goes. The last stdout
 line is one JSON object with the figures.
+
+`layouts` (`--layout local,s3`): the sides above always run with their tables on local disk; each
+other layout adds a side taking its turn with them: the default engine (`writer.engine`) with its
+warehouse there (`s3`: the stack's S3 server, `layouts.py`), on the same topic, batches, cores
+and SparkSession (started with the S3 jars and s3a settings when a layout needs them). Its
+figures, and their ratio to the same engine's on local disk in the same run, are under the
+layout's name (`"s3": {"visible_vs_local": ...}`). Only the tables' files move: checkpoints and
+monikers stay local.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import shutil
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +46,14 @@ from pyiceberg.schema import Schema
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from icekeeper.bench.layouts import (
+    BenchLayout,
+    open_layout,
+    remove_layout_files,
+)
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.common.config.model import IcekeeperConfig
+from icekeeper.common.exit_codes import UsageError
 from icekeeper.common.spark import spark_session
 from icekeeper.samples import seed000
 from icekeeper.samples.debezium import DEBEZIUM_VERSION
@@ -285,10 +299,27 @@ def measure_stages(
 
 
 def _ours_config(
-    config: IcekeeperConfig, topic: str, work_dir: Path, engine: str = "spark-sql"
+    config: IcekeeperConfig,
+    topic: str,
+    work_dir: Path,
+    engine: str = "spark-sql",
+    layout: BenchLayout | None = None,
 ) -> IcekeeperConfig:
     """One source and one changelog table (seed 000's: the preloaded records are its) on `topic`,
-    state (checkpoints, txlog, warehouse, lease) under `work_dir`."""
+    state (checkpoints, txlog, warehouse, lease) under `work_dir`; with a `layout` on an object
+    store, the warehouse there (a folder of the run's own) and its storage properties."""
+    properties = {
+        **config.catalog.properties,
+        "uri": f"sqlite:///{work_dir / 'catalog.db'}",
+        "warehouse": (work_dir / "warehouse").as_uri(),
+    }
+    if layout is not None and layout.on_object_store:
+        properties = {
+            **properties,
+            **layout.catalog_properties,
+            "uri": f"sqlite:///{work_dir / 'catalog.db'}",
+            "warehouse": layout.location(work_dir.name),
+        }
     return config.model_copy(
         update={
             "sources": [
@@ -320,15 +351,7 @@ def _ours_config(
                 update={"http_port": 0, "commit_report_path": str(work_dir / "commits.jsonl")}
             ),
             "group": config.group.model_copy(update={"lease_uri": str(work_dir / "lease")}),
-            "catalog": config.catalog.model_copy(
-                update={
-                    "properties": {
-                        **config.catalog.properties,
-                        "uri": f"sqlite:///{work_dir / 'catalog.db'}",
-                        "warehouse": (work_dir / "warehouse").as_uri(),
-                    }
-                }
-            ),
+            "catalog": config.catalog.model_copy(update={"properties": properties}),
         }
     )
 
@@ -339,6 +362,7 @@ def _run_ours(
     topic: str,
     work_dir: Path,
     engine: str = "spark-sql",
+    layout: BenchLayout | None = None,
 ) -> tuple[float, float, int, int]:
     """Our writer over the whole topic in batches of `BATCH_RECORDS`, then the bookkeeper until
     every record is committed; (writer seconds, seconds until visible, rows, batches)."""
@@ -346,7 +370,7 @@ def _run_ours(
     from icekeeper.common.catalog import load_table_or_none, open_catalog
     from icekeeper.writers.job import WriterJob
 
-    bench_config = _ours_config(config, topic, work_dir, engine)
+    bench_config = _ours_config(config, topic, work_dir, engine, layout)
     job = WriterJob(bench_config, spark=spark, writer_id="bench-writer")
     started = time.monotonic()
     reports = job.run(until_idle=True)
@@ -361,7 +385,28 @@ def _run_ours(
         committed = int(snapshot.summary["total-records"]) if snapshot is not None else 0
         if time.monotonic() - started > 600:
             raise TimeoutError(f"the bookkeeper committed {committed:,} rows of {rows:,}")
-    return written_s, time.monotonic() - started, rows, len(reports)
+    visible_s = time.monotonic() - started
+    if layout is not None and layout.on_object_store:
+        _check_files_on(layout, catalog, bench_config)
+    return written_s, visible_s, rows, len(reports)
+
+
+def _check_files_on(layout: BenchLayout, catalog: Any, config: IcekeeperConfig) -> None:
+    """Untimed: every data file of the run's table is under the layout's root (a layout the
+    writer did not take would measure local disk under the layout's name)."""
+    table = catalog.load_table("bench.ours")
+    paths = [task.file.file_path for task in table.scan().plan_files()]
+    elsewhere = [path for path in paths if not path.startswith(layout.root)]
+    if not paths or elsewhere:
+        raise RuntimeError(
+            f"layout {layout.name}: {len(elsewhere)} of {len(paths)} data files are not under "
+            f"{layout.root} (e.g. {elsewhere[:1]}); warehouse "
+            f"{config.catalog.properties['warehouse']}"
+        )
+
+
+WRITER_LAYOUTS = ("local", "s3")
+"""Layouts `bench writer` takes (`layouts.py`); the REST catalog plays no part in writing."""
 
 
 def run_writer_bench(
@@ -370,41 +415,111 @@ def run_writer_bench(
     progress: Progress = print,
     cores: int | None = None,
     repeat: int = 3,
+    layouts: Sequence[str] = ("local",),
+    spark: SparkSession | None = None,
+    warmup_records: int = 100_000,
 ) -> dict[str, Any]:
     """Preload, then time our writer and the baseline in one SparkSession, `repeat` times each.
 
-    The two take turns, and which goes first alternates, and the figures are medians: on a
+    The sides take turns, and which goes first rotates, and the figures are medians: on a
     shared machine the speed of the same run drifts by a quarter within minutes, and runs side
-    by side see the same drift.
+    by side see the same drift. Each layout of `layouts` but `local` adds a side: the default
+    engine with its warehouse on that layout (the module docstring).
+
+    Args:
+        spark: a running session to use (and leave running; the tests' one, which has the S3
+            jars); by default the bench starts its own on `cores` cores and stops it.
+        warmup_records: records of the warm-up topic every side runs over first.
     """
+    unknown = [name for name in layouts if name not in WRITER_LAYOUTS]
+    if unknown:
+        raise UsageError(
+            f"bench writer: no layout {', '.join(unknown)} (writer: {', '.join(WRITER_LAYOUTS)})"
+        )
     cores = cores or os.cpu_count() or 2
     work_dir = fresh_work_folder(config.state_dir, "bench-writer")
+    elsewhere = [
+        open_layout(name, config, work_dir / f"layout-{name}")
+        for name in dict.fromkeys(layouts)
+        if name != "local"
+    ]
+    own_session = spark is None
+    if spark is None:
+        spark = spark_session(
+            _session_config(config, elsewhere),
+            "icekeeper-bench-writer",
+            master=f"local[{cores}]",
+            extra_conf={"spark.sql.shuffle.partitions": str(cores), "spark.driver.memory": "4g"},
+        )
+    try:
+        return _run_writer_bench(
+            spark, config, records, progress, cores, repeat, work_dir, elsewhere, warmup_records
+        )
+    finally:
+        if own_session:
+            spark.stop()
+        for layout in elsewhere:
+            remove_layout_files(layout)
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _session_config(config: IcekeeperConfig, elsewhere: list[BenchLayout]) -> IcekeeperConfig:
+    """The config the bench's SparkSession starts from: with the object stores' properties when
+    a layout needs them, so its jars and Hadoop (s3a) settings are there from the start (they
+    cannot be added to a running session). Under another catalog name: a name's FileIO
+    settings cannot be taken back once set, and the local sides' catalog must keep its own."""
+    properties = dict(config.catalog.properties)
+    for layout in elsewhere:
+        properties.update(layout.catalog_properties)
+    if not elsewhere:
+        return config
+    catalog = config.catalog.model_copy(
+        update={"name": f"{config.catalog.name}_layouts", "properties": properties}
+    )
+    return config.model_copy(update={"catalog": catalog})
+
+
+def _run_writer_bench(
+    spark: SparkSession,
+    config: IcekeeperConfig,
+    records: int,
+    progress: Progress,
+    cores: int,
+    repeat: int,
+    work_dir: Path,
+    elsewhere: list[BenchLayout],
+    warmup_records: int,
+) -> dict[str, Any]:
     topic = f"bench.seed.{uuid.uuid4().hex[:8]}"
     warm_topic = topic + ".warmup"
-    spark = spark_session(
-        config,
-        "icekeeper-bench-writer",
-        master=f"local[{cores}]",
-        extra_conf={"spark.sql.shuffle.partitions": str(cores), "spark.driver.memory": "4g"},
+    progress(
+        f"preloading {records:,} seed-like records into {topic} (and {warmup_records:,} to warm up)"
     )
-    progress(f"preloading {records:,} seed-like records into {topic} (and 100,000 to warm up)")
     loaded = preload(spark, config, topic, records)
-    warm = preload(spark, config, warm_topic, 100_000)
+    warm = preload(spark, config, warm_topic, warmup_records)
     progress(
         f"preloaded in {loaded['preload_s']}s, "
         f"{loaded['avg_value_bytes']} bytes per value on average"
     )
     schema_text = json.dumps(seed000.SCHEMA_VERSIONS[4].value_schema())
+    default_engine = config.writer.engine
 
-    # Both sides run once on the warm-up topic first, so neither pays for JIT compilation.
+    # Every side runs once on the warm-up topic first, so none pays for JIT compilation.
     _run_ours(spark, config, warm_topic, work_dir / "warm-ours")
     _run_ours(spark, config, warm_topic, work_dir / "warm-arrow", engine="arrow")
+    for layout in elsewhere:
+        _run_ours(
+            spark, config, warm_topic, work_dir / f"warm-{layout.name}", default_engine, layout
+        )
     run_baseline(spark, config, warm_topic, schema_text, warm["value_schema_id"], work_dir / "warm")
     ours_writer: list[float] = []
     ours_visible: list[float] = []
     baseline_runs: list[float] = []
     arrow_writer: list[float] = []
     arrow_visible: list[float] = []
+    on_layout: dict[str, tuple[list[float], list[float]]] = {
+        layout.name: ([], []) for layout in elsewhere
+    }
     batches = 0
 
     def ours(run: int) -> None:
@@ -439,25 +554,45 @@ def run_writer_bench(
         arrow_writer.append(writer_s)
         arrow_visible.append(visible_s)
 
-    sides = (ours, baseline, arrow)
+    def layout_side(layout: BenchLayout) -> Callable[[int], None]:
+        def side(run: int) -> None:
+            writer_s, visible_s, rows, _ = _run_ours(
+                spark, config, topic, work_dir / f"{layout.name}-{run}", default_engine, layout
+            )
+            if rows != records:
+                raise RuntimeError(f"{layout.name}: wrote {rows:,} rows of {records:,} records")
+            on_layout[layout.name][0].append(writer_s)
+            on_layout[layout.name][1].append(visible_s)
+
+        side.__name__ = f"{default_engine}_on_{layout.name}"
+        return side
+
+    sides = (ours, baseline, arrow, *(layout_side(layout) for layout in elsewhere))
     for run in range(1, repeat + 1):
         # Each side goes first in turn.
-        order = sides[(run - 1) % 3 :] + sides[: (run - 1) % 3]
+        first = (run - 1) % len(sides)
+        order = sides[first:] + sides[:first]
         for side in order:
             side(run)
+        on_layouts = "".join(
+            f"; {default_engine} on {name} {writer[-1]:.1f}s writing, {visible[-1]:.1f}s "
+            "until visible"
+            for name, (writer, visible) in on_layout.items()
+        )
         progress(
             f"run {run}/{repeat} ({order[0].__name__} first): ours {ours_writer[-1]:.1f}s "
             f"writing, {ours_visible[-1]:.1f}s until visible ({batches} batches); "
             f"baseline (Spark Iceberg sink) {baseline_runs[-1]:.1f}s; arrow engine "
-            f"{arrow_writer[-1]:.1f}s writing, {arrow_visible[-1]:.1f}s until visible"
+            f"{arrow_writer[-1]:.1f}s writing, {arrow_visible[-1]:.1f}s until visible" + on_layouts
         )
     stages = measure_stages(spark, config, topic, schema_text, loaded["value_schema_id"], work_dir)
     progress(f"stages, seconds for the whole topic: {stages}")
-    spark.stop()
-    shutil.rmtree(work_dir, ignore_errors=True)
     writer_s = statistics.median(ours_writer)
     ours_s, baseline_s = statistics.median(ours_visible), statistics.median(baseline_runs)
     ours_rate, baseline_rate = records / ours_s, records / baseline_s
+    local_default = (
+        (arrow_writer, arrow_visible) if default_engine == "arrow" else (ours_writer, ours_visible)
+    )
     return {
         "records": records,
         "cores": cores,
@@ -478,7 +613,35 @@ def run_writer_bench(
         "ours_visible_runs_s": [round(s, 2) for s in ours_visible],
         "baseline_runs_s": [round(s, 2) for s in baseline_runs],
         **_arrow_figures(records, cores, baseline_s, arrow_writer, arrow_visible),
-        **_default_figures(config.writer.engine, records, cores, baseline_s, ours_s, arrow_visible),
+        **_default_figures(default_engine, records, cores, baseline_s, ours_s, arrow_visible),
+        "layouts": ["local", *on_layout],
+        **{
+            name: _layout_figures(default_engine, records, cores, local_default, runs)
+            for name, runs in on_layout.items()
+        },
+    }
+
+
+def _layout_figures(
+    engine: str,
+    records: int,
+    cores: int,
+    local: tuple[list[float], list[float]],
+    elsewhere: tuple[list[float], list[float]],
+) -> dict[str, Any]:
+    """The default engine on another layout (writer seconds, seconds until visible; medians) and
+    against its own local-disk runs of the same run: `visible_vs_local` 1.15 is 15% slower."""
+    writer_s, visible_s = statistics.median(elsewhere[0]), statistics.median(elsewhere[1])
+    local_writer_s, local_visible_s = statistics.median(local[0]), statistics.median(local[1])
+    return {
+        "engine": engine,
+        "visible_s": round(visible_s, 2),
+        "records_per_s_per_core": round(records / visible_s / cores),
+        "writer_s": round(writer_s, 2),
+        "visible_vs_local": round(visible_s / local_visible_s, 3),
+        "writer_vs_local": round(writer_s / local_writer_s, 3),
+        "writer_runs_s": [round(s, 2) for s in elsewhere[0]],
+        "visible_runs_s": [round(s, 2) for s in elsewhere[1]],
     }
 
 

@@ -315,6 +315,31 @@ def test_worker_processes_describe_files_like_the_main_process(tmp_path: Path) -
         assert described[path] == describe_file(path, SCHEMA, {})
 
 
+def test_worker_processes_read_footers_on_every_store(store_root: str, tmp_path: Path) -> None:
+    """A batch big enough for the worker processes, on each store: the workers open the files
+    with the door's settings (on S3 and Azure, the endpoint and key of `catalog.properties`),
+    not an unconfigured door that finds no file anywhere (`bench bookkeeper --layout s3`)."""
+    from icekeeper.common.storage import write_file
+
+    body = write(tmp_path / "one.parquet", 10, 1000).read_bytes()
+    paths = [f"{store_root}/f{i}.parquet" for i in range(FooterReader.PROCESS_THRESHOLD + 6)]
+    for path in paths:
+        write_file(path, body)
+    reader = FooterReader(workers=2)
+    reader.CHUNK_FILES = 5
+    try:
+        reader.start(wait=True)
+        described = reader.describe(
+            [(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {}
+        )
+    finally:
+        reader.close()
+    assert reader.described_by_workers > 0
+    failed = {path: facts for path, facts in described.items() if isinstance(facts, Exception)}
+    assert failed == {}
+    assert all(facts.num_rows == 10 for facts in described.values())  # type: ignore[union-attr]
+
+
 def test_a_dead_worker_costs_only_time(tmp_path: Path) -> None:
     """Files of a batch whose worker died are read
     in-process; the next big batch has new workers."""

@@ -1,0 +1,287 @@
+"""`icekeeper bench commit-history`: commits at one a second at the end of an hour of history
+(issue 28's third figure), without waiting an hour.
+
+The bookkeeper keeps `bookkeeper.keep_snapshots_for` (1 h) of snapshots: at one commit a second
+3,600 of them, all in the metadata file every commit rewrites, and each snapshot's summary
+carries the committed offsets (and event times) of every partition the table covers. This bench
+builds that history on one layout (by default the stack's S3 server behind its REST catalog,
+`layouts.py`) for a topic of `partitions` partitions, then times `measured` commits at one a
+second, as they come at the hour's end:
+
+1. Every file is written first (untimed; seed-like files of 100 rows, as `bench bookkeeper`),
+   then `history` single-moniker commits, one per second of `keep_snapshots_for`. Each moniker
+   covers a range of every partition (a writer's batch of the whole topic), starting at offset
+   10^9 (a topic that has run a while: offsets have ten digits), so from the first commit on
+   every summary carries `partitions` offsets.
+2. Expiry depends on the snapshots' ages, so the oldest part of the history is committed at one
+   a second, as it would have been (`paced`: the snapshots that expire while the commits are
+   timed, plus margin); the rest back to back (their ages do not matter: none expires). While
+   the history is built the bookkeeper's expiry clock stands still: nothing expires yet.
+3. The bookkeeper's clock (the one expiry reads) is then set so the oldest snapshot is just
+   short of the age that starts an expiry (`keep_snapshots_for` plus a tenth of it, at most a
+   minute past): while the `measured` commits run at one a second, about a minute of history
+   is expired once a minute, as at the end of every hour of a steady stream. The commits that
+   expire are in the timed ones (they are most of the p99).
+
+Reported: commit latency (the table's commit, `commit_ms`; and the whole cycle, `cycle_ms`,
+which also reads the file's footer) p50/p99 and the slowest; the snapshots kept before and after;
+the metadata file's size and what each snapshot adds to it (its entry in `snapshots` and in
+`snapshot-log`), of that its summary, and of that the committed offsets and event times of the
+partitions (`icekeeper.offsets`, `icekeeper.partition-event-ms`); and how long building the
+history took.
+
+`snapshot_history.py` is its local-disk forerunner: commits back to back as the history grows,
+one partition; this one is the steady state at the hour's end, at the rate the figure is about.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from icekeeper.bench.bookkeeper import (
+    ROWS_PER_FILE,
+    bench_config,
+    seed_schema,
+    table_location,
+    write_seed_files,
+)
+from icekeeper.bench.layouts import open_layout, remove_layout_files
+from icekeeper.bench.work import fresh_work_folder
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.committed_state import KEY_EVENT_TIME, KEY_OFFSETS
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+
+Progress = Callable[[str], None]
+FIRST_OFFSET = 1_000_000_000
+"""Every partition's first offset in the bench: ten digits, as a topic that has run a while."""
+MARGIN_S = 10
+"""Seconds of paced history beyond those the timed commits expire."""
+
+
+def history_moniker(
+    config: IcekeeperConfig, schema_json: dict, entry: FileEntry, seq: int, partitions: int
+) -> Moniker:
+    """Moniker `seq` of the bench's one writer: one file, and a range of every partition."""
+    identifier = config.tables[0].identifier
+    ranges = [
+        OffsetRange(
+            topic="bench",
+            partition=partition,
+            from_offset=FIRST_OFFSET + (seq - 1) * ROWS_PER_FILE,
+            until_offset=FIRST_OFFSET + seq * ROWS_PER_FILE,
+        )
+        for partition in range(partitions)
+    ]
+    event_ms = 1646297167000 + seq * 1000
+    return Moniker(
+        id=moniker_id("bench", identifier, ranges),
+        rereads_refused=True,
+        writer_id="bench",
+        seq=seq,
+        prev_seq=seq - 1 if seq > 1 else None,
+        table=identifier,
+        table_location=table_location(config),
+        schema=schema_json,
+        files=[entry],
+        offsets=ranges,
+        records=ROWS_PER_FILE,
+        min_event_time_ms=event_ms,
+        max_event_time_ms=event_ms + 999,
+    )
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """The `fraction` quantile of `values` (linear between the nearest two, as numpy's default)."""
+    ordered = sorted(values)
+    rank = fraction * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _compact(value: object) -> int:
+    """Bytes of `value` as compact JSON (how pyiceberg and Iceberg's Java parser write metadata)."""
+    return len(json.dumps(value, separators=(",", ":")).encode())
+
+
+def snapshot_bytes(metadata: dict, last: int) -> dict[str, float]:
+    """What each of the newest `last` snapshots adds to the metadata file (medians, bytes): its
+    entry in `snapshots` and in `snapshot-log` (and a comma each), of that its summary, and of
+    that the keys of the partitions' offsets and event times with their values."""
+    log_bytes = {entry["snapshot-id"]: _compact(entry) + 1 for entry in metadata["snapshot-log"]}
+    newest = sorted(
+        metadata["snapshots"], key=lambda s: (s.get("sequence-number", 0), s["timestamp-ms"])
+    )[-last:]
+    per_snapshot, summary, partitions = [], [], []
+    for snapshot in newest:
+        per_snapshot.append(_compact(snapshot) + 1 + log_bytes.get(snapshot["snapshot-id"], 0))
+        summary.append(_compact(snapshot.get("summary", {})))
+        partitions.append(
+            sum(
+                _compact({key: snapshot["summary"][key]}) - 2
+                for key in (KEY_OFFSETS, KEY_EVENT_TIME)
+                if key in snapshot.get("summary", {})
+            )
+        )
+    return {
+        "snapshot_bytes": statistics.median(per_snapshot),
+        "summary_bytes": statistics.median(summary),
+        "partition_offsets_bytes": statistics.median(partitions),
+    }
+
+
+def run_commit_history_bench(
+    stack_config: IcekeeperConfig,
+    layout: str = "s3-rest",
+    partitions: int = 64,
+    measured: int = 200,
+    keep_snapshots_for_s: float | None = None,
+    progress: Progress = print,
+) -> dict[str, Any]:
+    """Build the history, time `measured` commits at one a second; figures as described above.
+
+    Args:
+        stack_config: the stack whose S3 server and REST catalog the layout uses (running); its
+            state folder holds the bench's work folder.
+        keep_snapshots_for_s: `bookkeeper.keep_snapshots_for` (default: the config's, an hour);
+            the history is one snapshot per second of it.
+    """
+    work = fresh_work_folder(stack_config.state_dir, "bench-commit-history")
+    where = open_layout(layout, stack_config, work)
+    config = bench_config(
+        work,
+        None if layout == "local" else where,
+        f"{where.namespace}.tbl_history_{uuid.uuid4().hex[:6]}",
+    )
+    settings = config.bookkeeper
+    if keep_snapshots_for_s is not None:
+        settings = settings.model_copy(update={"keep_snapshots_for": keep_snapshots_for_s})
+        config = config.model_copy(update={"bookkeeper": settings})
+    keep_ms = int(settings.keep_snapshots_for * 1000)
+    trigger_ms = min(keep_ms // 10, 60_000)  # commit_path: expiry waits this long past the age
+    history = max(2, round(settings.keep_snapshots_for))
+    paced = min(history, measured + trigger_ms // 1000 + MARGIN_S)
+    progress(
+        f"layout {layout}: {history:,} snapshots of history ({paced:,} at one a second), then "
+        f"{measured:,} timed commits at one a second; {partitions} partitions; under {where.root}"
+    )
+    try:
+        result = _run(config, history, paced, measured, partitions, trigger_ms, progress)
+        return {"layout": layout, **result}
+    finally:
+        remove_layout_files(where)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(
+    config: IcekeeperConfig,
+    history: int,
+    paced: int,
+    measured: int,
+    partitions: int,
+    trigger_ms: int,
+    progress: Progress,
+) -> dict[str, Any]:
+    from icekeeper.common.catalog import open_catalog
+    from icekeeper.common.storage import configure_storage, read_file
+    from icekeeper.common.transports import open_transport
+
+    # The bench writes its files before the bookkeeper opens the catalog (which would do this).
+    configure_storage(config.catalog.properties)
+    schema = seed_schema(config)
+    schema_json = json.loads(schema.model_dump_json())
+    location = table_location(config).removeprefix("file://")
+    started = time.monotonic()
+    entries = write_seed_files(
+        [
+            (f"{location}/data/bench/{seq:08d}-{uuid.uuid4().hex[:8]}.parquet", seq * 100)
+            for seq in range(1, history + measured + 1)
+        ],
+        schema,
+    )
+    progress(f"{len(entries):,} files written in {time.monotonic() - started:.1f}s")
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    commit_s: list[float] = []
+    cycle_s: list[float] = []
+
+    def commit(seq: int) -> None:
+        transport.publish(history_moniker(config, schema_json, entries[seq - 1], seq, partitions))
+        cycle_started = time.monotonic()
+        report = bookkeeper.run_cycle()
+        cycle_s.append(time.monotonic() - cycle_started)
+        if report.committed_monikers != 1:
+            raise RuntimeError(f"commit {seq}: {report}")
+        commit_s.append(report.tables[0].seconds)
+
+    def at_one_a_second(seqs: range) -> None:
+        first = time.monotonic()
+        for index, seq in enumerate(seqs):
+            time.sleep(max(0.0, first + index - time.monotonic()))
+            commit(seq)
+
+    # No snapshot expires while the history is built (nor would one in a stream's first hour):
+    # the clock expiry reads stands at the epoch until the timed commits.
+    bookkeeper.committer.commit_path.now_ms = lambda: 0
+    build_started = time.monotonic()
+    at_one_a_second(range(1, paced + 1))
+    progress(f"  {paced:,} paced commits in {time.monotonic() - build_started:.0f}s")
+    for seq in range(paced + 1, history + 1):
+        commit(seq)
+        if seq % 500 == 0:
+            progress(
+                f"  {seq:,} commits, latest median "
+                f"{statistics.median(commit_s[-100:]) * 1000:.0f} ms"
+            )
+    build_s = time.monotonic() - build_started
+    catalog = open_catalog(config)
+    identifier = config.tables[0].identifier
+    table = catalog.load_table(identifier)
+    kept_before = len(table.metadata.snapshots)
+    oldest_ms = min(snapshot.timestamp_ms for snapshot in table.metadata.snapshots)
+    lead_ms = min(5000, trigger_ms)
+    # The clock expiry reads: the oldest snapshot `lead_ms` short of starting an expiry now.
+    shift_ms = oldest_ms + int(config.bookkeeper.keep_snapshots_for * 1000) + trigger_ms
+    shift_ms -= lead_ms + int(time.time() * 1000)
+    bookkeeper.committer.commit_path.now_ms = lambda: int(time.time() * 1000) + shift_ms
+    progress(f"history built in {build_s:.0f}s ({kept_before:,} snapshots); timing {measured}")
+    timed_from = len(commit_s)
+    at_one_a_second(range(history + 1, history + measured + 1))
+    bookkeeper.committer.close()
+    table = catalog.load_table(identifier)
+    metadata_location = table.metadata_location
+    metadata_text = read_file(metadata_location)
+    metadata = json.loads(metadata_text)
+    per_snapshot = snapshot_bytes(metadata, measured)
+    timed = [seconds * 1000 for seconds in commit_s[timed_from:]]
+    cycles = [seconds * 1000 for seconds in cycle_s[timed_from:]]
+    return {
+        "catalog": config.catalog.properties.get("type", "sql"),
+        "catalog_class": type(catalog).__name__,
+        "metadata_location": metadata_location,
+        "partitions": partitions,
+        "history": history,
+        "paced": paced,
+        "build_s": round(build_s, 1),
+        "snapshots_before": kept_before,
+        "snapshots_after": len(table.metadata.snapshots),
+        "measured": measured,
+        "commit_p50_ms": round(percentile(timed, 0.5), 1),
+        "commit_p99_ms": round(percentile(timed, 0.99), 1),
+        "commit_slowest_ms": [round(ms, 1) for ms in sorted(timed)[-5:]],
+        "cycle_p50_ms": round(percentile(cycles, 0.5), 1),
+        "cycle_p99_ms": round(percentile(cycles, 0.99), 1),
+        "history_commit_p50_ms": round(percentile(commit_s[:timed_from], 0.5) * 1000, 1),
+        "metadata_bytes": len(metadata_text),
+        **{key: round(value) for key, value in per_snapshot.items()},
+        "snapshots_share_of_metadata": round(
+            per_snapshot["snapshot_bytes"] * len(metadata["snapshots"]) / len(metadata_text), 3
+        ),
+    }

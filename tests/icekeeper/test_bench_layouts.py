@@ -1,0 +1,143 @@
+"""The benches of issue 28's figures at a tiny scale, on the stack's S3 server and REST catalog:
+each layout option reaches the tables (their metadata and data files are on S3, the catalog is
+the REST one), every figure is reported with a sane value, and nothing is left in the bucket.
+The figures themselves come from full runs on a quiet machine (bench/results.md)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from icekeeper.bench.layouts import parse_layouts, services_for
+from icekeeper.common import exit_codes
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.exit_codes import UsageError
+from icekeeper.common.storage import configure_storage, list_files
+
+
+def test_layout_names_and_the_services_each_needs() -> None:
+    assert parse_layouts("local, s3,local") == ["local", "s3"]
+    assert services_for(["local", "s3-rest"]) == ["s3", "rest"]
+    with pytest.raises(UsageError, match="no layout s4"):
+        parse_layouts("s3,s4")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "reaper", "--layout", "s3"],  # a bench without layouts
+        ["bench", "bookkeeper", "--layout", "local,s3"],  # one layout at a time
+        ["bench", "writer", "--layout", "s3-rest"],  # the writer's layouts: local, s3
+        ["bench", "commit-history", "--layout", "s4"],
+    ],
+)
+def test_a_layout_a_bench_cannot_take_is_a_usage_error(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from icekeeper.cli import main
+
+    monkeypatch.setenv("ICEKEEPER__STATE_DIR", str(tmp_path))
+    assert main(argv) == exit_codes.USAGE
+    assert list(tmp_path.iterdir()) == []  # refused before any work
+
+
+def _left_under(root: str, properties: dict[str, str]) -> list[str]:
+    configure_storage(properties)
+    return [info.path for info in list_files(root, recursive=True)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("layout", ["s3", "s3-rest"])
+def test_bench_bookkeeper_puts_its_tables_on_the_layout(
+    layout: str, request, stack_config: IcekeeperConfig, tmp_path: Path
+) -> None:
+    from icekeeper.bench.bookkeeper import run_bookkeeper_bench
+
+    service = request.getfixturevalue("rest_catalog" if layout == "s3-rest" else "s3_storage")
+    result = run_bookkeeper_bench(
+        str(tmp_path),
+        commits=12,
+        footers=70,
+        progress=print,
+        layout=layout,
+        stack_config=stack_config,
+        monikers=20,
+    )
+    print(result)
+    assert result["layout"] == layout
+    bucket = (service.storage if layout == "s3-rest" else service).uri()
+    assert result["metadata_location"].startswith(result["root"]) and result["root"].startswith(
+        bucket
+    )
+    assert result["catalog_class"] == ("RestCatalog" if layout == "s3-rest" else "SqlCatalog")
+    # Three 1,000-moniker runs (here 20) and the add_files table, 70 footers, 12 commits.
+    assert result["data_files_on_store"] == 3 * 20 + 70 + 12
+    for key in ("commit_20_monikers_s", "baseline_add_files_20_s", "footers_70_s"):
+        assert 0 < result[key] < 120, key
+    assert 0 < result["commit_ms_at_10"] and 0 < result["commit_ms_at_12"]
+    assert result["commit_p90_ms_at_12"] >= result["commit_ms_at_12"]
+    assert _left_under(result["root"], service.pyiceberg_properties()) == []
+
+
+@pytest.mark.integration
+def test_bench_commit_history_on_s3_and_the_rest_catalog(
+    rest_catalog, stack_config: IcekeeperConfig, tmp_path: Path
+) -> None:
+    """20 s of history (20 snapshots, a 64-partition topic), 8 commits at one a second: the
+    oldest snapshots expire while they are timed, and what a snapshot adds to the metadata file
+    is mostly its summary's 64 offsets and event times."""
+    from icekeeper.bench.commit_history import run_commit_history_bench
+
+    base = stack_config.model_copy(update={"state_dir": str(tmp_path)})
+    result = run_commit_history_bench(
+        base, layout="s3-rest", partitions=64, measured=8, keep_snapshots_for_s=20, progress=print
+    )
+    print(result)
+    assert result["layout"] == "s3-rest" and result["catalog_class"] == "RestCatalog"
+    assert result["metadata_location"].startswith(rest_catalog.storage.uri())
+    assert result["history"] == 20 and result["snapshots_before"] == 20
+    # Expired while timed: fewer than the 28 committed are kept, never fewer than keep_snapshots.
+    assert 20 <= result["snapshots_after"] < 28
+    assert 0 < result["commit_p50_ms"] <= result["commit_p99_ms"] <= result["commit_slowest_ms"][-1]
+    assert result["commit_p50_ms"] <= result["cycle_p50_ms"]
+    # 64 partitions' offsets ("12":1000000800) and event times ("12":1646297175000), escaped.
+    assert 64 * 2 * 15 < result["partition_offsets_bytes"] < result["summary_bytes"]
+    assert result["summary_bytes"] < result["snapshot_bytes"]
+    assert result["snapshot_bytes"] * result["snapshots_after"] < result["metadata_bytes"]
+    assert 0.5 < result["snapshots_share_of_metadata"] < 1
+
+
+@pytest.mark.heavy
+@pytest.mark.integration
+@pytest.mark.spark
+def test_bench_writer_takes_turns_on_local_disk_and_s3(
+    local_stack, s3_storage, spark, stack_config: IcekeeperConfig, tmp_path: Path
+) -> None:
+    """`--layout local,s3`: the default engine also writes to S3 (the bench checks each data
+    file of the S3 side's table is under the layout's root) and its ratio to local disk is
+    reported."""
+    from icekeeper.bench.writer import run_writer_bench
+
+    catalog = stack_config.catalog.model_copy(update={"name": f"bench_{uuid.uuid4().hex[:6]}"})
+    base = stack_config.model_copy(update={"state_dir": str(tmp_path), "catalog": catalog})
+    result = run_writer_bench(
+        base,
+        20_000,
+        progress=print,
+        cores=2,
+        repeat=1,
+        layouts=["local", "s3"],
+        spark=spark,
+        warmup_records=5_000,
+    )
+    print(result)
+    assert result["layouts"] == ["local", "s3"]
+    on_s3 = result["s3"]
+    assert on_s3["engine"] == base.writer.engine
+    assert 0 < on_s3["writer_s"] <= on_s3["visible_s"] and len(on_s3["visible_runs_s"]) == 1
+    assert on_s3["visible_vs_local"] == pytest.approx(
+        on_s3["visible_s"] / result["default_s"], rel=0.02
+    )
+    assert result["default_s"] > 0 and result["baseline_s"] > 0
