@@ -97,12 +97,32 @@ class StandaloneCluster:
             return json.load(answer)
 
 
+def spark_daemon(
+    spark_home: Path, daemon: str, arguments: list[str], env: dict[str, str]
+) -> subprocess.Popen:
+    """`spark-class org.apache.spark.deploy.<daemon>` on loopback, its output discarded, in a
+    process group of its own: what it starts (a worker's executors) joins it, and is stopped
+    with it."""
+    return subprocess.Popen(
+        [
+            str(spark_home / "bin" / "spark-class"),
+            f"org.apache.spark.deploy.{daemon}",
+            *arguments,
+            "--host",
+            "127.0.0.1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 @pytest.fixture
 def standalone_cluster(tmp_path: Path, bare_python: Path):
     """`spark://` master with two 1-core workers, each with its own work folder and the bare
     Python as `PYSPARK_PYTHON` and first on its PATH; stopped (process groups killed) after."""
     spark_home = Path(pyspark.__file__).parent
-    spark_class = str(spark_home / "bin" / "spark-class")
     env = {
         **os.environ,
         "SPARK_HOME": str(spark_home),
@@ -111,21 +131,11 @@ def standalone_cluster(tmp_path: Path, bare_python: Path):
     }
     env.pop("PYSPARK_PYTHON", None)
     port, ui_port = free_port(), free_port()
-    master_process = subprocess.Popen(
-        [
-            spark_class,
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--webui-port",
-            str(ui_port),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    master_process = spark_daemon(
+        spark_home,
+        "master.Master",
+        ["--port", str(port), "--webui-port", str(ui_port)],
+        env,
     )
     master = f"spark://127.0.0.1:{port}"
     workers = []
@@ -138,26 +148,12 @@ def standalone_cluster(tmp_path: Path, bare_python: Path):
             "PYSPARK_PYTHON": str(bare_python),
             "PATH": f"{bare_python.parent}{os.pathsep}{env['PATH']}",
         }
-        process = subprocess.Popen(
-            [
-                spark_class,
-                "org.apache.spark.deploy.worker.Worker",
-                master,
-                "--cores",
-                "1",
-                "--memory",
-                "1g",
-                "--work-dir",
-                str(work_dir),
-                "--webui-port",
-                str(free_port()),
-                "--host",
-                "127.0.0.1",
-            ],
-            env=worker_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its executors join its process group
+        arguments = ["--cores", "1", "--memory", "1g", "--work-dir", str(work_dir)]
+        process = spark_daemon(
+            spark_home,
+            "worker.Worker",
+            [master, *arguments, "--webui-port", str(free_port())],
+            worker_env,
         )
         workers.append(Worker(process, work_dir))
     cluster = StandaloneCluster(master, ui_port, workers)
