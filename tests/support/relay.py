@@ -40,7 +40,7 @@ class Fault:
         answer: what the client hears instead of the server's answer: `pass` (the answer itself),
             `lose` (nothing: its connection is closed once the server answered), `stall` (nothing,
             until it gives up), or an HTTP status that replaces it. For a request not forwarded:
-            `lose` (its connection is closed) or an HTTP status.
+            `lose` (its connection is closed), `stall` or an HTTP status.
         delay_s: the client's connection is closed at once and the request reaches the server
             that much later (a stalled metastore thread, a proxy that gave up on the client first).
         before_forward: runs just before the request is forwarded (another client's commit
@@ -110,7 +110,7 @@ class Relay:
 
     Once armed (`arm`), the next request whose client's bytes match `at` is faulted as `fault`
     says; `faulted` counts those, `lost` the server's answers the client never heard (lost,
-    replaced or stalled), and `requests` holds every HTTP request line the clients sent."""
+    replaced or held), and `requests` holds every HTTP request line the clients sent."""
 
     def __init__(self, uri: str) -> None:
         parts = urllib.parse.urlsplit(uri)
@@ -188,21 +188,22 @@ class Relay:
         client, server = connection.client, connection.server
         try:
             while data := client.recv(CHUNK):
-                if connection.refused:
-                    continue  # the rest of a request answered without the server: dropped
+                if connection.dropping:
+                    continue  # the rest of a request the server never sees
                 fault = self._match(connection, data)
                 if fault is None:
                     server.sendall(data)
                     continue
                 if fault.before_forward is not None:
                     fault.before_forward()
-                if not fault.forward and not isinstance(fault.answer, int):
+                if not fault.forward and fault.answer == "lose":
                     break  # never reaches the server
                 if not fault.forward:
-                    # Answered here; the connection stays until the client closes it (as the
-                    # answer asks): closing with its unread bytes would reset it under the answer.
-                    connection.refused = True
-                    client.sendall(http_status(fault.answer))
+                    # Held or answered here, until the client closes its connection (as an
+                    # answer asks): closing with its bytes unread would reset it under the answer.
+                    connection.dropping = True
+                    if isinstance(fault.answer, int):
+                        client.sendall(http_status(fault.answer))
                     continue
                 connection.answer = fault.answer  # before forwarding: no answer slips past
                 if fault.delay_s:
@@ -253,7 +254,8 @@ class _Connection:
         self.unscanned = b""
         """The client's bytes since its last CRLF: the start of a line not yet whole."""
         self.answer: Literal["pass", "lose", "stall"] | int = "pass"
-        self.refused = False
+        self.dropping = False
+        """The client's bytes go nowhere: what is left of a request the server never sees."""
 
     def request_lines(self, data: bytes) -> list[str]:
         """The HTTP request lines `data` completes."""
