@@ -38,9 +38,11 @@ class Fault:
     Attributes:
         forward: whether the request reaches the server.
         answer: what the client hears instead of the server's answer: `pass` (the answer itself),
-            `lose` (nothing: its connection is closed once the server answered), `stall` (nothing,
-            until it gives up), or an HTTP status that replaces it. For a request not forwarded:
-            `lose` (its connection is closed), `stall` or an HTTP status.
+            `lose` (nothing: its connection is closed once the server answered), `stall` (nothing
+            more: the connection stays open until the client gives up, or the server closes it and
+            the relay then closes the client's, as a proxy does), or an HTTP status that replaces
+            it. For a request not forwarded: `lose` (its connection is closed), `stall` or an HTTP
+            status.
         delay_s: the client's connection is closed at once and the request reaches the server
             that much later (a stalled metastore thread, a proxy that gave up on the client first).
         before_forward: runs just before the request is forwarded (another client's commit
@@ -71,10 +73,11 @@ def replace(status: int) -> Fault:
     return Fault(answer=status)
 
 
-def stall() -> Fault:
-    """The server does the request; the client hears nothing until it gives up (its read
+def stall(forward: bool = True) -> Fault:
+    """The server does the request (or, not `forward`, never gets it); the client hears nothing
+    more until it gives up (its read timeout) or the server closes the connection (its idle
     timeout)."""
-    return Fault(answer="stall")
+    return Fault(forward=forward, answer="stall")
 
 
 def late(delay_s: float) -> Fault:
@@ -199,8 +202,8 @@ class Relay:
                 if not fault.forward and fault.answer == "lose":
                     break  # never reaches the server
                 if not fault.forward:
-                    # Held or answered here, until the client closes its connection (as an
-                    # answer asks): closing with its bytes unread would reset it under the answer.
+                    # Held or answered here until either side closes (the client as an answer
+                    # asks): closing with its bytes unread would reset it under the answer.
                     connection.dropping = True
                     if isinstance(fault.answer, int):
                         client.sendall(http_status(fault.answer))
@@ -224,11 +227,15 @@ class Relay:
                 if answer == "pass" or data.startswith(b"HTTP/1.1 100 "):
                     client.sendall(data)  # an interim `100 Continue` is not the answer
                     continue
+                if answer == "held":
+                    continue  # the rest of a held answer
                 with self._lock:
                     self.lost += 1
                 if answer == "stall":
-                    _close(server)
-                    return  # the client hears nothing; `_up` ends when it gives up
+                    # Held until either side closes: the client (its timeout; `_up` then ends
+                    # the connection) or the server (its idle timeout; the client's closes too).
+                    connection.answer = "held"
+                    continue
                 if isinstance(answer, int):
                     client.sendall(http_status(answer))
                 break
@@ -253,7 +260,9 @@ class _Connection:
         """The client's bytes since the relay was armed (or since the last fault here)."""
         self.unscanned = b""
         """The client's bytes since its last CRLF: the start of a line not yet whole."""
-        self.answer: Literal["pass", "lose", "stall"] | int = "pass"
+        self.answer: Literal["pass", "lose", "stall", "held"] | int = "pass"
+        """What the client hears of the server's bytes: the `Fault`'s answer once one was
+        forwarded here (`held` once a stalled answer came)."""
         self.dropping = False
         """The client's bytes go nowhere: what is left of a request the server never sees."""
 

@@ -34,10 +34,16 @@ class Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.done: list[str] = []
         """`<method> <path>` of every request the server did, in order."""
+        self.idle_timeout_s: float | None = None
+        """How long a connection may wait for its next request before the server closes it."""
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the catalogs' clients use it
+
+    def setup(self) -> None:
+        self.timeout = self.server.idle_timeout_s
+        super().setup()
 
     def do_GET(self) -> None:
         self.answer()
@@ -172,3 +178,26 @@ def test_only_what_a_connection_sends_after_arming_counts(server: Server, relay:
     relay.arm(lambda sent: b"tables/items" in sent and b"/v1/config" in sent, lose())
     assert ask(connection, "GET", "/v1/config") == (200, b"done")  # the commit came before
     assert relay.faulted == 0
+
+
+def test_stall_ends_when_the_server_closes_the_connection(server: Server, relay: Relay) -> None:
+    """A server that ends an idle session (PostgreSQL's idle timeouts) ends the stall: the relay
+    then closes the client's side too, as a proxy does, long before the client's own timeout."""
+    server.idle_timeout_s = 1.0
+    relay.arm(containing(COMMIT), stall())
+    started = time.monotonic()
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+        ask(connect(relay, timeout_s=60.0), "POST", "/v1/namespaces/ns/tables/items")
+    assert time.monotonic() - started < 30
+    assert server.done == ["POST /v1/namespaces/ns/tables/items"]
+    assert relay.faulted == 1 and relay.lost == 1
+
+
+def test_stall_without_forwarding_the_server_never_sees_it_and_the_client_waits(
+    server: Server, relay: Relay
+) -> None:
+    relay.arm(containing(COMMIT), stall(forward=False))
+    with pytest.raises(TimeoutError):
+        ask(connect(relay, timeout_s=1.0), "POST", "/v1/namespaces/ns/tables/items")
+    assert server.done == []
+    assert relay.faulted == 1 and relay.lost == 0
