@@ -92,9 +92,9 @@ def forward_after(action: Callable[[], None]) -> Fault:
 
 
 def containing(marker: bytes) -> Callable[[bytes], bool]:
-    """Matches once the client's bytes contain `marker`, in any case (HTTP's header names have
-    none): a header (`If-None-Match`), a request line (`POST /v1/.../tables/items `), a Thrift
-    method's name."""
+    """Matches once the client's bytes contain `marker`, in any case (HTTP's header names are
+    case-insensitive): a header (`If-None-Match`), a request line (`POST /v1/.../tables/items `),
+    a Thrift method's name."""
     wanted = marker.lower()
     return lambda sent: wanted in sent.lower()
 
