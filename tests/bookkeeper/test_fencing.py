@@ -310,20 +310,20 @@ def test_a_lease_created_on_s3_whose_answer_was_lost_is_still_held(s3_storage) -
     """S3 did the conditional PUT of the next epoch's lease but its answer was lost; botocore
     sent it again and got 412 (the file is there: this holder's own). The holder must go on with
     that epoch, not take itself for fenced (nor, acquiring, stand by against itself for a TTL)."""
-    from tests.support.lost_responses import LosingRelay
     from tests.support.object_stores import storage_door
+    from tests.support.relay import Relay, containing, lose
 
     properties = s3_storage.pyiceberg_properties()
-    relay = LosingRelay(properties["s3.endpoint"], marker=b"If-None-Match")
+    relay = Relay(properties["s3.endpoint"])
     root = s3_storage.uri(f"lost-{uuid.uuid4().hex[:8]}")
     try:
         with storage_door({**properties, "s3.endpoint": relay.address}):
             holder = Lease(root, "g", ttl_s=3.0)
-            relay.lose = 1
+            relay.arm(containing(b"If-None-Match"), lose())
             assert holder.acquire(timeout_s=0) == 1
             assert relay.lost == 1
             time.sleep(1.6)  # not renewed within half its TTL: the next check takes epoch 2
-            relay.lose = 1
+            relay.arm(containing(b"If-None-Match"), lose())
             holder.check()
             assert relay.lost == 2
             assert holder.epoch == 2

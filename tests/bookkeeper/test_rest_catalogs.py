@@ -1,7 +1,7 @@
 """The bookkeeper on Iceberg REST catalogs (the REST fixture server and Nessie), the warehouse on
 the stack's S3 server: its cycles commit changelog and upsert tables exactly once, purges
 included, and settle commits whose answer was lost, replaced by a 5xx, or never came, through a
-real socket relay in front of the real server (`tests/support/catalog_layouts.py`)."""
+real socket relay in front of the real server (`tests/support/relay.py`)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,8 @@ from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import committed_state
 from icekeeper.common.transports import open_transport
 from icekeeper.localstack.catalog_service import CatalogService
-from tests.support.catalog_layouts import (
-    CommitRelay,
-    S3Writer,
-    commit_request_line,
-    layout_config,
-    table_of,
-)
+from tests.support.catalog_layouts import S3Writer, commit_request_line, layout_config, table_of
+from tests.support.relay import Relay, containing, forward_after, lose, refuse, replace, stall
 from tests.support.shop_items import applied
 
 pytestmark = pytest.mark.integration
@@ -107,17 +102,17 @@ def test_upsert_cycles_and_purges_keep_one_row_per_key(tmp_path: Path, rest_serv
     assert state.offsets == {("items", 0): writer.offset} and state.writer_seqs == {"w1": 5}
 
 
-FAULTS = [
+FAULTS = {
     # The server applied the commit; the client hears no answer, a 503, a 504, or nothing at all
     # until its request times out.
-    "lose",
-    "503",
-    "504",
-    "stall",
+    "lose": lose(),
+    "503": replace(503),
+    "504": replace(504),
+    "stall": stall(),
     # The server never saw the commit; the client hears a 503, or the connection closes.
-    "refuse-503",
-    "refuse-lose",
-]
+    "refuse-503": refuse(503),
+    "refuse-lose": refuse(),
+}
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -127,7 +122,7 @@ def test_a_commit_of_unknown_outcome_is_settled_and_each_moniker_committed_once(
     """A real socket relay between the bookkeeper and the real catalog server faults one commit
     request; the bookkeeper's own next cycles must leave every moniker committed exactly once,
     and acknowledge none before its commit is durable."""
-    relay = CommitRelay(rest_service.pyiceberg_properties()["uri"])
+    relay = Relay(rest_service.pyiceberg_properties()["uri"])
     try:
         config = layout_config(
             tmp_path, rest_service, uri=relay.address, catalog__request_timeout="4"
@@ -154,12 +149,13 @@ def test_a_commit_of_unknown_outcome_is_settled_and_each_moniker_committed_once(
 
         publish(0)
         cycle()
-        relay.arm(commit_request_line(rest_service, identifier), fault)
+        relay.arm(containing(commit_request_line(rest_service, identifier)), FAULTS[fault])
         publish(1)
         started = time.monotonic()
         cycle()
         print(f"{fault}: the faulted cycle took {time.monotonic() - started:.1f}s")
-        assert relay.faulted == 1
+        # The fault happened as armed: the server answered a forwarded commit, unheard.
+        assert relay.faulted == 1 and relay.lost == (1 if FAULTS[fault].forward else 0)
         publish(2)
         for _ in range(3):
             cycle()
@@ -177,7 +173,7 @@ def test_a_commit_that_loses_its_compare_and_swap_is_planned_again_not_dead_lett
     """Another client commits to the table just before the bookkeeper's commit reaches the real
     server: the server refuses the bookkeeper's (its base snapshot is no longer current), pyiceberg
     raises `CommitFailedException`, and the bookkeeper plans again on the refreshed table."""
-    relay = CommitRelay(rest_service.pyiceberg_properties()["uri"])
+    relay = Relay(rest_service.pyiceberg_properties()["uri"])
     try:
         config = layout_config(tmp_path, rest_service, uri=relay.address)
         identifier = table_of(config)
@@ -196,11 +192,12 @@ def test_a_commit_that_loses_its_compare_and_swap_is_planned_again_not_dead_lett
                 )
             )
 
-        relay.before_forward = another_commit
-        relay.arm(commit_request_line(rest_service, identifier), "pass")
+        relay.arm(
+            containing(commit_request_line(rest_service, identifier)), forward_after(another_commit)
+        )
         transport.publish(writer.batch([(key, 100 + key) for key in range(10)]))
         report = bookkeeper.run_cycle()
-        assert relay.faulted == 1
+        assert relay.faulted == 1 and relay.lost == 0
         assert report.committed_monikers == 1 and report.tables[0].attempts == 2, report
         assert transport.pending() == [] and transport.dead_letter_count() == 0
         assert committed_offsets(bookkeeper, identifier) == [*range(20), 1000]
@@ -216,7 +213,7 @@ def test_a_cycle_commits_in_one_request_per_snapshot_without_loading_the_table(
     commit on it instead of loading the table again (a request whose answer grows with the
     history kept), and leaves the removal of old metadata files to the server (pyiceberg's own
     attempt failed, and was logged, on every commit)."""
-    relay = CommitRelay(rest_service.pyiceberg_properties()["uri"])
+    relay = Relay(rest_service.pyiceberg_properties()["uri"])
     try:
         config = layout_config(tmp_path, rest_service, mode=mode, uri=relay.address)
         identifier = table_of(config)

@@ -20,20 +20,19 @@ from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.internals import hive_metastore_client
 from icekeeper.common.transports import open_transport
 from icekeeper.localstack.hive_metastore import LOCK_TIMEOUT_S
-from tests.support.cut_connections import CuttingRelay
 from tests.support.hms_pg_layouts import catalog_layout_for, table_locks
+from tests.support.relay import Fault, Relay, late, lose, refuse
 from tests.support.shop_items import make_moniker
 
 pytestmark = pytest.mark.integration
 
 
-def relayed_config(service, tmp_path, relay: CuttingRelay) -> IcekeeperConfig:
-    """A bookkeeper config whose catalog is reached through `relay`."""
+def relayed_config(service, tmp_path, relay: Relay) -> IcekeeperConfig:
+    """A bookkeeper config whose catalog is reached through `relay` (in front of `service`)."""
     layout = catalog_layout_for(service)
     config = layout.bookkeeper_config(tmp_path)  # drops an earlier test's table, directly
-    direct = service.pyiceberg_properties()["uri"]
-    relayed = direct.replace(f":{relay.target[1]}", f":{relay.port}")
-    assert relayed != direct
+    relayed = relay.address
+    assert relayed != service.pyiceberg_properties()["uri"]
     return layout.bookkeeper_config(
         tmp_path,
         catalog__name=config.catalog.name,
@@ -70,9 +69,10 @@ def acknowledged_only_when_committed(bookkeeper: Bookkeeper, config: IcekeeperCo
 
 
 def run_through_a_cut(
-    config: IcekeeperConfig, relay: CuttingRelay, at, forward: bool, cycles_for_s: float = 0.0
+    config: IcekeeperConfig, relay: Relay, at, fault: Fault, cycles_for_s: float = 0.0
 ) -> None:
-    """`cycles_for_s`: how long the bookkeeper's cycles may take to commit what the cut one
+    """`fault`: what the relay does to the commit `at` matches (`lose`: it landed, `refuse`: it
+    did not). `cycles_for_s`: how long the bookkeeper's cycles may take to commit what the cut one
     did not (a Hive lock left to the metastore's timeout); three cycles when 0."""
     transport, bookkeeper = open_transport(config), Bookkeeper(config)
     acknowledged = acknowledged_only_when_committed(bookkeeper, config)
@@ -80,7 +80,7 @@ def run_through_a_cut(
     assert bookkeeper.run_cycle().committed_monikers == 1  # the table exists
     transport.publish(make_moniker(config, 2, 1, (10, 20)))
     transport.publish(make_moniker(config, 3, 2, (20, 30)))
-    relay.cut_after(at, forward=forward)
+    relay.arm(at, fault)
     committed, cycles, started = 0, 0, time.monotonic()
     while cycles < 3 or time.monotonic() - started < cycles_for_s:
         # The bookkeeper's next cycles, as its loop runs them (a failed table waits).
@@ -88,7 +88,8 @@ def run_through_a_cut(
         cycles += 1
         if not transport.pending():
             break
-    assert relay.cuts == 1
+    # The cut happened as armed: the server answered a landed commit, which the client never heard.
+    assert relay.faulted == 1 and relay.lost == (1 if fault.forward else 0)
     assert committed == 2 and transport.pending() == []
     # A commit after the cut goes through at once (no lock left behind, no connection broken).
     transport.publish(make_moniker(config, 4, 3, (30, 40)))
@@ -112,10 +113,10 @@ def metastore_alter_table(sent: bytes) -> bool:
 
 @pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
 def test_a_postgres_connection_cut_at_commit(pg_catalog, tmp_path, landed: bool) -> None:
-    relay = CuttingRelay("127.0.0.1", pg_catalog.port())
+    relay = Relay(pg_catalog.pyiceberg_properties()["uri"])
     try:
         config = relayed_config(pg_catalog, tmp_path, relay)
-        run_through_a_cut(config, relay, postgres_commit, forward=landed)
+        run_through_a_cut(config, relay, postgres_commit, lose() if landed else refuse())
     finally:
         relay.close()
 
@@ -126,11 +127,15 @@ def test_a_postgres_connection_cut_at_commit(pg_catalog, tmp_path, landed: bool)
     ids=["landed", "lost"],
 )
 def test_a_metastore_connection_cut_at_alter_table(hive_metastore, tmp_path, landed: bool) -> None:
-    relay = CuttingRelay("127.0.0.1", hive_metastore.stack.hive_metastore_port)
+    relay = Relay(hive_metastore.pyiceberg_properties()["uri"])
     try:
         config = relayed_config(hive_metastore, tmp_path, relay)
         run_through_a_cut(
-            config, relay, metastore_alter_table, forward=landed, cycles_for_s=6 * LOCK_TIMEOUT_S
+            config,
+            relay,
+            metastore_alter_table,
+            lose() if landed else refuse(),
+            cycles_for_s=6 * LOCK_TIMEOUT_S,
         )
     finally:
         relay.close()
@@ -150,7 +155,7 @@ def test_an_alter_table_landing_after_the_read_back_loses_no_acknowledged_commit
     `alter_table` set the metadata pointer back over them (found by a review: seq 3 acknowledged
     and gone, the writer's next moniker waiting for ever). With the lock left to the metastore's
     timeout, the next commit waits, and then finds the late one in the table."""
-    relay = CuttingRelay("127.0.0.1", hive_metastore.stack.hive_metastore_port)
+    relay = Relay(hive_metastore.pyiceberg_properties()["uri"])
     try:
         config = relayed_config(hive_metastore, tmp_path, relay)
         transport, bookkeeper = open_transport(config), Bookkeeper(config)
@@ -158,15 +163,16 @@ def test_an_alter_table_landing_after_the_read_back_loses_no_acknowledged_commit
         transport.publish(make_moniker(config, 1, None, (0, 10)))
         assert bookkeeper.run_cycle().committed_monikers == 1  # the table exists
         transport.publish(make_moniker(config, 2, 1, (10, 20)))
-        relay.cut_after(metastore_alter_table, delay_s=DELAY_S)
+        relay.arm(metastore_alter_table, late(DELAY_S))
         started = time.monotonic()
         while transport.pending() and time.monotonic() - started < 6 * LOCK_TIMEOUT_S:
             bookkeeper.run_cycle()
-        assert relay.cuts == 1 and transport.pending() == []
+        assert relay.faulted == 1 and transport.pending() == []
         transport.publish(make_moniker(config, 3, 2, (20, 30)))
         while transport.pending() and time.monotonic() - started < 6 * LOCK_TIMEOUT_S:
             bookkeeper.run_cycle()
         time.sleep(DELAY_S + 3)  # whatever was in flight has landed by now
+        assert relay.lost == 1  # the late alter_table reached the metastore, which answered
         assert offsets_in_table(config) == list(range(30))
         transport.publish(make_moniker(config, 4, 3, (30, 40)))
         assert bookkeeper.run_cycle().committed_monikers == 1  # the chain goes on

@@ -1,7 +1,7 @@
 """Icekeeper's roles on a shared catalog of the stack (an Iceberg REST server, Nessie) with the
 warehouse on its S3 server, as a production layout has them: configs, monikers whose files a
-writer would have written to S3, and a relay in front of the catalog that loses or replaces the
-answer to a commit (a real socket between the bookkeeper and the real server).
+writer would have written to S3, and the request line of a table's commit, where a relay in front of
+the catalog (`tests/support/relay.py`) faults it.
 
 The catalog servers are shared by the whole test session, so each test's table has a namespace of
 its own (`ns_<hex>.items`), at a location of its own under the catalog's warehouse.
@@ -10,12 +10,9 @@ its own (`ns_<hex>.items`), at a location of its own under the catalog's warehou
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from icekeeper.common.config import IcekeeperConfig
@@ -120,152 +117,3 @@ class S3Writer:
             min_event_time_ms=1_700_000_000_000 + first,
             max_event_time_ms=1_700_000_000_000 + self.offset,
         )
-
-
-class CommitRelay:
-    """A TCP relay in front of a real HTTP server (the REST catalog) that, for the next request
-    whose request line starts with `marker` (a table's commit: `POST <path of the table>`), does
-    what `fault` says once the request went through (or did not):
-
-    - `lose`: forwards it; the server applies it and answers; the client's connection is closed
-      instead (a load balancer dropping the answer);
-    - `503` / `504`: forwards it and replaces the server's answer with that status (a gateway
-      that gave up after the server applied it);
-    - `refuse-503`: does not forward it; answers 503 (the server never saw it);
-    - `refuse-lose`: does not forward it; closes the client's connection;
-    - `stall`: forwards it and holds the answer until the client gives up (its read timeout).
-
-    `before_forward`, if set, runs before the faulted request is forwarded (another client's
-    commit landing just before it: a lost compare-and-swap on the real server)."""
-
-    def __init__(self, target: str) -> None:
-        parsed = urllib.parse.urlparse(target)
-        self.target = (parsed.hostname or "127.0.0.1", parsed.port or 80)
-        self.base_path = parsed.path
-        self.marker = b""
-        self.fault: str | None = None
-        self.faulted = 0
-        self.before_forward: Callable[[], None] | None = None
-        self.requests: list[str] = []
-        """The request line of every request relayed (or faulted), in order."""
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._stalled: list[socket.socket] = []
-        self.address = f"http://127.0.0.1:{self._listener.getsockname()[1]}{self.base_path}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self, marker: bytes, fault: str) -> None:
-        """Fault the next request whose request line starts with `marker`."""
-        with self._lock:
-            self.marker, self.fault = marker, fault
-
-    def close(self) -> None:
-        self._listener.close()
-        for sock in self._stalled:
-            _close(sock)
-
-    def _take(self, data: bytes) -> str | None:
-        request_line = data.split(b"\r\n", 1)[0]
-        with self._lock:
-            self.requests.append(request_line.decode())
-            if self.fault and self.marker and request_line.startswith(self.marker):
-                fault, self.fault = self.fault, None
-                self.faulted += 1
-                return fault
-        return None
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        """One client connection, request by request (HTTP/1.1 keep-alive: requests' session
-        reuses it), each relayed on a connection of its own to the server."""
-        buffer = b""
-        try:
-            while True:
-                request, buffer = _read_message(client, buffer)
-                if request is None:
-                    return
-                fault = self._take(request)
-                if fault == "refuse-503":
-                    client.sendall(_status(503))
-                    continue
-                if fault == "refuse-lose":
-                    return
-                if fault and self.before_forward is not None:
-                    self.before_forward()
-                answer = _exchange(self.target, request)
-                if fault == "lose":
-                    return
-                if fault in ("503", "504"):
-                    client.sendall(_status(int(fault)))
-                    continue
-                if fault == "stall":
-                    self._stalled.append(client)
-                    return
-                client.sendall(answer)
-        except OSError:
-            pass
-        finally:
-            if client not in self._stalled:
-                _close(client)
-
-
-def _status(code: int) -> bytes:
-    reason = {503: "Service Unavailable", 504: "Gateway Timeout"}[code]
-    return (
-        f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n"
-    ).encode()
-
-
-def _read_message(sock: socket.socket, buffer: bytes) -> tuple[bytes | None, bytes]:
-    """One HTTP/1.1 message (headers and a Content-Length or chunked body) from `sock`, and what
-    was read beyond it; None at the end of the connection."""
-    while b"\r\n\r\n" not in buffer:
-        data = sock.recv(65536)
-        if not data:
-            return None, b""
-        buffer += data
-    head, _, rest = buffer.partition(b"\r\n\r\n")
-    headers = {
-        line.split(b":", 1)[0].strip().lower(): line.split(b":", 1)[1].strip()
-        for line in head.split(b"\r\n")[1:]
-        if b":" in line
-    }
-    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-        while not (rest.endswith(b"0\r\n\r\n")):
-            data = sock.recv(65536)
-            if not data:
-                return None, b""
-            rest += data
-        return head + b"\r\n\r\n" + rest, b""
-    length = int(headers.get(b"content-length", b"0"))
-    while len(rest) < length:
-        data = sock.recv(65536)
-        if not data:
-            return None, b""
-        rest += data
-    return head + b"\r\n\r\n" + rest[:length], rest[length:]
-
-
-def _exchange(target: tuple[str, int], request: bytes) -> bytes:
-    """Send `request` to the server on a connection of its own; its whole answer."""
-    with socket.create_connection(target) as server:
-        server.sendall(request)
-        answer, _ = _read_message(server, b"")
-    if answer is None:
-        raise OSError("the server closed the connection without an answer")
-    return answer
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()

@@ -97,12 +97,32 @@ class StandaloneCluster:
             return json.load(answer)
 
 
+def spark_daemon(
+    spark_home: Path, daemon: str, arguments: list[str], env: dict[str, str]
+) -> subprocess.Popen:
+    """`spark-class org.apache.spark.deploy.<daemon>` on loopback, its output discarded, in a
+    process group of its own: what it starts (a worker's executors) joins it, and is stopped
+    with it."""
+    return subprocess.Popen(
+        [
+            str(spark_home / "bin" / "spark-class"),
+            f"org.apache.spark.deploy.{daemon}",
+            *arguments,
+            "--host",
+            "127.0.0.1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 @pytest.fixture
 def standalone_cluster(tmp_path: Path, bare_python: Path):
     """`spark://` master with two 1-core workers, each with its own work folder and the bare
     Python as `PYSPARK_PYTHON` and first on its PATH; stopped (process groups killed) after."""
     spark_home = Path(pyspark.__file__).parent
-    spark_class = str(spark_home / "bin" / "spark-class")
     env = {
         **os.environ,
         "SPARK_HOME": str(spark_home),
@@ -111,21 +131,11 @@ def standalone_cluster(tmp_path: Path, bare_python: Path):
     }
     env.pop("PYSPARK_PYTHON", None)
     port, ui_port = free_port(), free_port()
-    master_process = subprocess.Popen(
-        [
-            spark_class,
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--webui-port",
-            str(ui_port),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    master_process = spark_daemon(
+        spark_home,
+        "master.Master",
+        ["--port", str(port), "--webui-port", str(ui_port)],
+        env,
     )
     master = f"spark://127.0.0.1:{port}"
     workers = []
@@ -138,26 +148,12 @@ def standalone_cluster(tmp_path: Path, bare_python: Path):
             "PYSPARK_PYTHON": str(bare_python),
             "PATH": f"{bare_python.parent}{os.pathsep}{env['PATH']}",
         }
-        process = subprocess.Popen(
-            [
-                spark_class,
-                "org.apache.spark.deploy.worker.Worker",
-                master,
-                "--cores",
-                "1",
-                "--memory",
-                "1g",
-                "--work-dir",
-                str(work_dir),
-                "--webui-port",
-                str(free_port()),
-                "--host",
-                "127.0.0.1",
-            ],
-            env=worker_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its executors join its process group
+        arguments = ["--cores", "1", "--memory", "1g", "--work-dir", str(work_dir)]
+        process = spark_daemon(
+            spark_home,
+            "worker.Worker",
+            [master, *arguments, "--webui-port", str(free_port())],
+            worker_env,
         )
         workers.append(Worker(process, work_dir))
     cluster = StandaloneCluster(master, ui_port, workers)
@@ -231,6 +227,17 @@ def start_writer(config_path: Path, *arguments: str) -> subprocess.Popen:
     )
 
 
+def produce(config: IcekeeperConfig, topic: str, spec: SyntheticSpec) -> None:
+    """`spec`'s records in `topic`, over three partitions: the writer's batches then have tasks
+    for both workers."""
+    produce_synthetic(config, spec, topic=topic, partitions=3, progress=lambda m: None)
+
+
+def batches_of(stdout: str) -> list[dict]:
+    """The writer's batch reports: its JSON lines on stdout."""
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
 def topic_offsets(config: IcekeeperConfig, topic: str) -> Counter:
     """(partition, offset) of every record in the topic now."""
     consumer = Consumer(
@@ -282,17 +289,11 @@ def test_writer_on_a_cluster_whose_executors_have_nothing_installed(
     config, config_path = cluster_config(
         tmp_path, unique_topic, standalone_cluster, executor_archive, engine
     )
-    produce_synthetic(
-        config,
-        SyntheticSpec(seed=28, keys=200, events=3000, schema_changes=1),
-        topic=unique_topic,
-        partitions=3,
-        progress=lambda m: None,
-    )
+    produce(config, unique_topic, SyntheticSpec(seed=28, keys=200, events=3000, schema_changes=1))
     writer = start_writer(config_path, "--until-idle")
     stdout, stderr = writer.communicate(timeout=900)
     assert writer.returncode == 0, stderr[-3000:]
-    batches = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    batches = batches_of(stdout)
     assert sum(batch["rows"] for batch in batches) == 3000
     apps = standalone_cluster.state()["completedapps"]
     assert [app["cores"] for app in apps] == [2]  # both workers ran executors for the writer
@@ -311,20 +312,14 @@ def test_executors_without_icekeeper_stop_the_writer_with_what_to_ship(
     Python: the writer stops at once (exit 2, nothing published) and says what executors need,
     rather than retrying a batch no retry can write."""
     config, config_path = cluster_config(tmp_path, unique_topic, standalone_cluster, None, "arrow")
-    produce_synthetic(
-        config,
-        SyntheticSpec(seed=27, keys=20, events=300, schema_changes=0),
-        topic=unique_topic,
-        partitions=3,
-        progress=lambda m: None,
-    )
+    produce(config, unique_topic, SyntheticSpec(seed=27, keys=20, events=300, schema_changes=0))
     writer = start_writer(config_path, "--until-idle")
     stdout, stderr = writer.communicate(timeout=600)
     assert writer.returncode == 2, stderr[-3000:]
     last_line = stderr.strip().splitlines()[-1]
     assert "executors' Python cannot import 'icekeeper'" in last_line, stderr[-3000:]
     assert "spark.executor_env: packed" in last_line
-    assert not [line for line in stdout.splitlines() if line.startswith("{")]  # no batch
+    assert not batches_of(stdout)  # no batch
     assert not list((tmp_path / "txlog").rglob("*.json")), "a moniker was published"
 
 
@@ -365,13 +360,8 @@ def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(
         {"ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "40000"},
     )
     events = 150_000
-    produce_synthetic(
-        config,
-        SyntheticSpec(seed=29, keys=5000, events=events, schema_changes=1),
-        topic=unique_topic,
-        partitions=3,
-        progress=lambda m: None,
-    )
+    spec = SyntheticSpec(seed=29, keys=5000, events=events, schema_changes=1)
+    produce(config, unique_topic, spec)
     writer = start_writer(config_path, "--until-idle")
     doomed = standalone_cluster.workers[0]
     data = tmp_path / "warehouse" / "shop" / "orders" / "data"
@@ -392,7 +382,7 @@ def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(
             writer.kill()
     assert writer.returncode == 0, stderr[-3000:]
     assert "Lost executor" in stderr  # Spark's scheduler saw it go (its own ERROR line)
-    batches = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    batches = batches_of(stdout)
     assert len(batches) >= 3
     assert sum(batch["rows"] for batch in batches) == events
     state = standalone_cluster.state()
@@ -430,13 +420,7 @@ def test_spark_submit_with_the_documented_flags(
     from icekeeper.common.spark import spark_jars
 
     config, config_path = cluster_config(tmp_path, unique_topic, standalone_cluster, None, "arrow")
-    produce_synthetic(
-        config,
-        SyntheticSpec(seed=30, keys=200, events=3000, schema_changes=1),
-        topic=unique_topic,
-        partitions=3,
-        progress=lambda m: None,
-    )
+    produce(config, unique_topic, SyntheticSpec(seed=30, keys=200, events=3000, schema_changes=1))
     spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     env = {
         **os.environ,
@@ -467,7 +451,7 @@ def test_spark_submit_with_the_documented_flags(
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    batches = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    batches = batches_of(result.stdout)
     assert sum(batch["rows"] for batch in batches) == 3000
     assert len(unpacked_pythons(standalone_cluster)) == 2
     assert committed_offsets(config) == topic_offsets(config, unique_topic)
