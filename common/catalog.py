@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog, load_catalog
@@ -9,7 +11,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from icekeeper.common.config.model import IcekeeperConfig, TableSpec
-from icekeeper.common.internals import set_rest_request_timeout
+from icekeeper.common.internals import set_hive_socket_timeout, set_rest_request_timeout
 from icekeeper.common.locations import normalize_location
 from icekeeper.common.storage import StorageSettings, configure_storage
 
@@ -55,9 +57,87 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
         location.startswith(AZURE_SCHEMES) for location in locations
     ):
         properties.setdefault("py-io-impl", DOOR_FILE_IO)
+    timeout_s = config.catalog.request_timeout
+    timed_uri = postgresql_uri_with_timeouts(uri, timeout_s)
+    if properties.get("type") == "sql" and timed_uri != uri:
+        properties["uri"] = timed_uri
+        # The server ends sessions idle for longer than the timeout (`idle_session_timeout`):
+        # a pooled connection it ended is found so before use and replaced, not failed on.
+        properties.setdefault("pool_pre_ping", "true")
     catalog = load_catalog(config.catalog.name, **properties)
-    set_rest_request_timeout(catalog, config.catalog.request_timeout)
+    set_rest_request_timeout(catalog, timeout_s)
+    set_hive_socket_timeout(catalog, timeout_s)
     return catalog
+
+
+POSTGRESQL_DRIVERS = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2")
+"""SQLAlchemy's PostgreSQL dialects on libpq, which take libpq's connection parameters from the
+URL's query (`postgresql+pg8000` and the async drivers have their own: left as they are)."""
+
+
+def postgresql_uri_with_timeouts(uri: str, timeout_s: float) -> str:
+    """A SQL catalog's PostgreSQL URL whose sessions cannot hang for longer than about
+    `timeout_s` (`catalog.request_timeout`); other URLs, and parameters the URL already sets,
+    are left as they are.
+
+    Neither pyiceberg's `SqlCatalog` nor libpq sets a timeout: a server that stalls (a lock
+    held by another session), a network that drops packets,
+    or a proxy that stops forwarding held the bookkeeper's cycle forever while its lease lapsed.
+    With these, the statement fails (SQLAlchemy's `OperationalError`), a commit's of unknown
+    outcome that the commit path settles by reading the table back:
+
+    - `statement_timeout`: the server cancels a statement that runs longer (a `COMMIT` too);
+    - `idle_in_transaction_session_timeout`: the server ends a session whose client stopped
+      mid-transaction, so a commit stuck on the way (a stalled proxy, a paused bookkeeper) can
+      neither land later nor keep the table's catalog row locked from the next bookkeeper;
+    - `idle_session_timeout`: likewise a session whose client never heard an answer (the
+      server answered and went idle): a proxy in between then closes the client's side too;
+    - `connect_timeout`, TCP keepalives and `tcp_user_timeout`: the client gives up on a server
+      or network that went silent (nothing else tells it when no packet comes back)."""
+    if not uri.startswith("postgresql"):
+        return uri
+    from sqlalchemy.engine import make_url  # SQLAlchemy: only where a SQL catalog is used
+
+    url = make_url(uri)
+    if url.drivername not in POSTGRESQL_DRIVERS:
+        return uri
+    seconds = max(1, math.ceil(timeout_s))
+    milliseconds = max(1, round(timeout_s * 1000))
+    options = " ".join(_query_values(url.query.get("options")))
+    server_settings = {
+        "statement_timeout": milliseconds,
+        "idle_in_transaction_session_timeout": milliseconds,
+        "idle_session_timeout": milliseconds,
+    }
+    # Those the URL's `options` names are the user's; an empty `options=` adds none (PgBouncer
+    # refuses `options`, servers before 14 refuse `idle_session_timeout`: set them on the role).
+    added = [
+        f"-c {name}={value}"
+        for name, value in server_settings.items()
+        if name not in options and not re.search(r"[?&]options=(&|$)", uri)
+    ]
+    parameters = {
+        "connect_timeout": str(max(2, seconds)),  # libpq's least
+        "keepalives": "1",
+        # Probes after a quarter of the timeout without a packet, three of them an eighth
+        # apart: a peer gone silent is found within about five eighths of it.
+        "keepalives_idle": str(max(1, seconds // 4)),
+        "keepalives_interval": str(max(1, seconds // 8)),
+        "keepalives_count": "3",
+        "tcp_user_timeout": str(milliseconds),  # sent bytes unacknowledged for this long
+    }
+    query = {name: value for name, value in parameters.items() if name not in url.query}
+    if added:
+        query["options"] = " ".join([options, *added]).strip()
+    if not query:
+        return uri
+    return url.update_query_dict(query).render_as_string(hide_password=False)
+
+
+def _query_values(value: str | tuple[str, ...] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
 
 
 AZURE_SCHEMES = ("abfs://", "abfss://", "wasb://", "wasbs://")

@@ -160,6 +160,63 @@ def wrap_hive_clients(catalog: Catalog, wrap: Callable[[Any], Any]) -> bool:
     return True
 
 
+def set_hive_socket_timeout(catalog: Catalog, timeout_s: float) -> bool:
+    """Give every metastore connection of this Hive catalog object a timeout of `timeout_s` (to
+    connect, and for each read and write), and close the connection at its first error; False,
+    and nothing changed, for other kinds of catalog.
+
+    pyiceberg 0.12 opens its Thrift sockets with no timeout (`_HiveClient._init_thrift_transport`)
+    and has no property for one: a metastore, or a proxy in front of it, that took a call and
+    never answers holds the caller forever (a bookkeeper's cycle, while its lease lapses). With
+    one, the call fails with a `TTransportException` (`TIMED_OUT`), a commit's of unknown outcome
+    that the commit path settles by reading the table back. The connection is closed then and
+    never used again: Thrift's Python client does not check that an answer is the one to its call
+    (the generated `recv_*` ignore the method name and sequence id), so the late answer of the
+    timed-out call would be read as the next call's (an `alter_table`'s empty result as an
+    `unlock` that succeeded), every later answer one call behind. In pyiceberg's commit that next
+    call is the `unlock` of its `finally`, which on a metastore that stopped would wait a whole
+    timeout again. Closed, the `unlock` fails at once and the lock is left to
+    `bookkeeper/hive_locks.py`, as after a cut connection."""
+    from pyiceberg.catalog.hive import HiveCatalog, _HiveClient  # Thrift: only for Hive catalogs
+    from thrift.transport import TSocket
+    from thrift.transport.TTransport import TTransportException
+
+    if not isinstance(catalog, HiveCatalog):
+        return False
+
+    class ClosingSocket(TSocket.TSocket):
+        """pyiceberg's socket, with a timeout, closed at its first failed read or write."""
+
+        def __init__(self, host: str, port: int) -> None:
+            super().__init__(host, port)
+            self.setTimeout(timeout_s * 1000)
+
+        def read(self, sz: int) -> bytes:
+            try:
+                return super().read(sz)
+            except TTransportException:
+                self.close()
+                raise
+
+        def write(self, buff: bytes) -> None:
+            try:
+                super().write(buff)
+            except TTransportException:
+                self.close()
+                raise
+
+    build = _with_globals(
+        _HiveClient._init_thrift_transport,  # noqa: SLF001 - no property for a socket timeout
+        TSocket=types.SimpleNamespace(TSocket=ClosingSocket),
+    )
+    connection = catalog._client  # noqa: SLF001 - the catalog's one `_HiveClient`
+    # This catalog object only: other catalogs keep pyiceberg's. The transport built by its
+    # constructor is not open yet (each `with` opens one): replaced by one with the timeout.
+    connection._init_thrift_transport = types.MethodType(build, connection)  # noqa: SLF001
+    connection._transport = connection._init_thrift_transport()  # noqa: SLF001
+    return True
+
+
 def hive_metastore_client(catalog: Catalog) -> Any:
     """A context manager that opens a new connection of this Hive catalog to its metastore and
     yields its Thrift client (what pyiceberg's own calls use)."""

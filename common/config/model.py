@@ -525,10 +525,15 @@ class CatalogConfig(_Model):
     request_timeout: Duration = Field(
         60.0,
         gt=0,
-        description="REST catalogs: how long a request waits to connect and for each part of the "
-        "server's answer before it fails (pyiceberg itself waits forever). A commit that times out "
-        "is of unknown outcome: the bookkeeper reads the table back to settle it "
-        "(docs/operations.md).",
+        description="How long a call to a shared catalog may wait before it fails (pyiceberg "
+        "itself waits forever). REST: to connect, and for each part of the server's answer. Hive "
+        "Metastore: to connect, and for each read and write of its Thrift connection. "
+        "PostgreSQL (`postgresql://`, `postgresql+psycopg://` URLs): the server cancels a "
+        "statement running longer (`statement_timeout`) and ends a session idle longer, in a "
+        "transaction or not; the client gives up on a silent server or network (connect timeout, "
+        "TCP keepalives, `tcp_user_timeout`); parameters the URL sets itself are kept "
+        "(docs/operations.md). A commit that times out is of unknown outcome: the bookkeeper reads "
+        "the table back to settle it.",
     )
 
 

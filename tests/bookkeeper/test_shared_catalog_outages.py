@@ -4,7 +4,10 @@ forwarded the commit (`CommitPath._settled` reads the table back), or before (th
 landed). Through the bookkeeper's own cycles, every moniker is committed exactly once and
 acknowledged only once its commit is in the table. A Hive commit cut mid-way that is found in the
 table leaves no lock that stops the next one; one not found leaves its lock to the metastore's
-timeout, since its `alter_table` may still land (`bookkeeper/hive_locks.py`)."""
+timeout, since its `alter_table` may still land (`bookkeeper/hive_locks.py`). A catalog that stops
+answering (the relay leaves the connection open and relays nothing more, or another session holds
+the table's catalog row) fails the call after `catalog.request_timeout`, settled the same way,
+and never holds a cycle forever (review finding H2)."""
 
 from __future__ import annotations
 
@@ -14,20 +17,22 @@ import pytest
 from hive_metastore.ttypes import LockComponent, LockLevel, LockRequest, LockType
 from pyiceberg.catalog.hive import HiveCatalog
 
-from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.bookkeeper.commit_path import MAX_ATTEMPTS
+from icekeeper.bookkeeper.service import Bookkeeper, CycleReport
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.internals import hive_metastore_client
 from icekeeper.common.transports import open_transport
 from icekeeper.localstack.hive_metastore import LOCK_TIMEOUT_S
 from tests.support.hms_pg_layouts import catalog_layout_for, table_locks
-from tests.support.relay import Fault, Relay, late, lose, refuse
+from tests.support.relay import Fault, Relay, late, lose, refuse, stall
 from tests.support.shop_items import make_moniker
+from tests.support.waiting import returns_within
 
 pytestmark = pytest.mark.integration
 
 
-def relayed_config(service, tmp_path, relay: Relay) -> IcekeeperConfig:
+def relayed_config(service, tmp_path, relay: Relay, **overrides: str) -> IcekeeperConfig:
     """A bookkeeper config whose catalog is reached through `relay` (in front of `service`)."""
     layout = catalog_layout_for(service)
     config = layout.bookkeeper_config(tmp_path)  # drops an earlier test's table, directly
@@ -37,6 +42,7 @@ def relayed_config(service, tmp_path, relay: Relay) -> IcekeeperConfig:
         tmp_path,
         catalog__name=config.catalog.name,
         catalog__properties=_json(layout.properties(uri=relayed)),
+        **overrides,
     )
 
 
@@ -69,11 +75,17 @@ def acknowledged_only_when_committed(bookkeeper: Bookkeeper, config: IcekeeperCo
 
 
 def run_through_a_cut(
-    config: IcekeeperConfig, relay: Relay, at, fault: Fault, cycles_for_s: float = 0.0
+    config: IcekeeperConfig,
+    relay: Relay,
+    at,
+    fault: Fault,
+    cycles_for_s: float = 0.0,
+    cycle_within_s: float | None = None,
 ) -> None:
     """`fault`: what the relay does to the commit `at` matches (`lose`: it landed, `refuse`: it
-    did not). `cycles_for_s`: how long the bookkeeper's cycles may take to commit what the cut one
-    did not (a Hive lock left to the metastore's timeout); three cycles when 0."""
+    did not, `stall`: either, the connection left open). `cycles_for_s`: how long the
+    bookkeeper's cycles may take to commit what the cut one did not (a Hive lock left to the
+    metastore's timeout); three cycles when 0. `cycle_within_s`: how long each cycle may take."""
     transport, bookkeeper = open_transport(config), Bookkeeper(config)
     acknowledged = acknowledged_only_when_committed(bookkeeper, config)
     transport.publish(make_moniker(config, 1, None, (0, 10)))
@@ -84,7 +96,10 @@ def run_through_a_cut(
     committed, cycles, started = 0, 0, time.monotonic()
     while cycles < 3 or time.monotonic() - started < cycles_for_s:
         # The bookkeeper's next cycles, as its loop runs them (a failed table waits).
-        committed += bookkeeper.run_cycle().committed_monikers
+        if cycle_within_s is None:
+            committed += bookkeeper.run_cycle().committed_monikers
+        else:
+            committed += cycle_within(bookkeeper, cycle_within_s).committed_monikers
         cycles += 1
         if not transport.pending():
             break
@@ -139,6 +154,113 @@ def test_a_metastore_connection_cut_at_alter_table(hive_metastore, tmp_path, lan
         )
     finally:
         relay.close()
+
+
+TIMEOUT_S = 3.0
+"""`catalog.request_timeout` of the tests where the catalog stops answering."""
+WITHIN_S = TIMEOUT_S + 30
+"""How long a cycle through a catalog that stopped answering may take: the timeout, then reading
+the table back and committing again, on a machine shared with other runs."""
+
+
+def cycle_within(bookkeeper: Bookkeeper, seconds: float) -> CycleReport:
+    """`bookkeeper.run_cycle()`, which must return within `seconds`: a catalog that stopped
+    answering held the cycle forever (review finding H2), while the lease lapsed."""
+    started = time.monotonic()
+    report = returns_within(bookkeeper.run_cycle, seconds, "the cycle (waiting for the catalog)")
+    print(f"cycle: {time.monotonic() - started:.1f}s")
+    return report
+
+
+@pytest.mark.parametrize(
+    "landed",
+    # Not landed, the commit's lock is left to the metastore's timeout (bookkeeper/hive_locks.py).
+    [True, pytest.param(False, marks=pytest.mark.heavy)],
+    ids=["answer-lost", "request-lost"],
+)
+def test_a_metastore_that_stops_answering_at_alter_table(
+    hive_metastore, tmp_path, landed: bool
+) -> None:
+    """The metastore takes the commit's `alter_table` (or never gets it) and never answers, the
+    connection left open. pyiceberg sets no socket timeout: the bookkeeper waited forever. Now
+    the call times out after `catalog.request_timeout`, the outcome is settled by reading the
+    table back, and every moniker is committed once."""
+    relay = Relay(hive_metastore.pyiceberg_properties()["uri"])
+    try:
+        config = relayed_config(
+            hive_metastore, tmp_path, relay, catalog__request_timeout=str(TIMEOUT_S)
+        )
+        run_through_a_cut(
+            config,
+            relay,
+            metastore_alter_table,
+            stall(forward=landed),
+            cycles_for_s=6 * LOCK_TIMEOUT_S,
+            # Not landed, the cycle's next attempts wait for the lock, about two minutes.
+            cycle_within_s=WITHIN_S if landed else WITHIN_S + 3 * LOCK_TIMEOUT_S,
+        )
+    finally:
+        relay.close()
+
+
+def postgres_update(sent: bytes) -> bool:
+    """The `UPDATE` of a table's metadata location (a commit's compare-and-swap)."""
+    return b"UPDATE iceberg_tables" in sent
+
+
+@pytest.mark.parametrize(
+    ("at", "landed"),
+    [(postgres_update, False), (postgres_commit, False), (postgres_commit, True)],
+    ids=["update-lost", "commit-lost", "commit-answer-lost"],
+)
+def test_a_postgres_connection_that_stops_answering(pg_catalog, tmp_path, at, landed) -> None:
+    """The connection stops at the commit's `UPDATE` or `COMMIT`, open: the statement never
+    reaches PostgreSQL, or it does (the `COMMIT` lands) and the answer never comes back. libpq
+    waits forever for an answer; now the server ends the session once it has been idle (in its
+    transaction or not) for `catalog.request_timeout`, the relay closes the client's side as a
+    proxy does, and the outcome is settled by reading the table back."""
+    relay = Relay(pg_catalog.pyiceberg_properties()["uri"])
+    try:
+        config = relayed_config(
+            pg_catalog, tmp_path, relay, catalog__request_timeout=str(TIMEOUT_S)
+        )
+        run_through_a_cut(config, relay, at, stall(forward=landed), cycle_within_s=WITHIN_S)
+    finally:
+        relay.close()
+
+
+def test_a_postgres_commit_waiting_for_the_catalog_row_times_out(pg_catalog, tmp_path) -> None:
+    """Another session holds the table's row in the catalog (another engine's transaction left
+    open, a client stuck mid-commit): the bookkeeper's `UPDATE` waits for it, and waited forever.
+    Now PostgreSQL cancels it after `catalog.request_timeout` (`statement_timeout`): the cycle
+    gives up on the table (each attempt timed out, none landed), and once the row is free the
+    next cycle commits every moniker once."""
+    import psycopg
+
+    config = catalog_layout_for(pg_catalog).bookkeeper_config(
+        tmp_path, catalog__request_timeout=str(TIMEOUT_S)
+    )
+    transport, bookkeeper = open_transport(config), Bookkeeper(config)
+    acknowledged = acknowledged_only_when_committed(bookkeeper, config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    assert bookkeeper.run_cycle().committed_monikers == 1  # the table exists
+    transport.publish(make_moniker(config, 2, 1, (10, 20)))
+    direct = pg_catalog.pyiceberg_properties()["uri"].replace("postgresql+psycopg:", "postgresql:")
+    with psycopg.connect(direct) as other:
+        held = other.execute(
+            "SELECT 1 FROM iceberg_tables WHERE catalog_name = %s AND table_namespace = 'shop' "
+            "AND table_name = 'items' FOR UPDATE",
+            (config.catalog.name,),
+        ).fetchall()
+        assert held == [(1,)]
+        # Every attempt of the cycle (MAX_ATTEMPTS) times out; none lands.
+        report = cycle_within(bookkeeper, MAX_ATTEMPTS * (TIMEOUT_S + 5))
+        assert report.committed_monikers == 0 and len(transport.pending()) == 1
+        other.rollback()
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    assert transport.pending() == []
+    assert offsets_in_table(config) == list(range(20))  # each record once
+    assert len(acknowledged) == 2 and len(set(acknowledged)) == 2
 
 
 DELAY_S = 4.0

@@ -3,13 +3,17 @@ public behaviour it stands for, and the version check that makes an upgrade fail
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.catalog import load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import write_manifest_list
@@ -25,6 +29,7 @@ from pyiceberg.table.update import (
     update_table_metadata,
 )
 from pyiceberg.types import LongType, NestedField, StringType
+from thrift.transport.TTransport import TTransportException
 
 from icekeeper.common.internals import (
     MergeAppendFiles,
@@ -33,6 +38,7 @@ from icekeeper.common.internals import (
     apply_table_updates,
     commit_once,
     hadoop_configuration,
+    hive_metastore_client,
     java_dataset,
     java_exception_of,
     java_spark_session,
@@ -42,11 +48,13 @@ from icekeeper.common.internals import (
     replace_metadata_update,
     replace_metadata_writer,
     replace_sql_metadata_reader,
+    set_hive_socket_timeout,
     snapshot_commit_writing_lists_with,
     spark_jvm,
     stage_updates,
     transaction_table,
 )
+from tests.support.waiting import returns_within
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
@@ -322,6 +330,72 @@ def test_a_catalog_object_uses_the_replacements_others_do_not(tmp_path: Path) ->
     assert calls == ours
     assert catalog.load_table("ns.t").metadata == other.load_table("ns.t").metadata
     assert catalog.load_table("ns.t").properties["owner"] == "others"
+
+
+class SilentServer:
+    """A TCP server that accepts connections, reads what comes, and never answers (a metastore,
+    or a proxy in front of it, that stopped)."""
+
+    def __init__(self) -> None:
+        self.closed_by_client = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.uri = f"thrift://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read, args=(connection,), daemon=True).start()
+
+    def _read(self, connection: socket.socket) -> None:
+        with connection:
+            while connection.recv(65536):
+                pass
+        self.closed_by_client.set()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_a_metastore_that_never_answers_times_out_and_its_connection_is_not_used_again() -> None:
+    server = SilentServer()
+    try:
+        catalog = load_catalog("silent", type="hive", uri=server.uri)
+        assert set_hive_socket_timeout(catalog, 0.5)
+
+        def two_calls_on_one_connection() -> TTransportException:
+            with hive_metastore_client(catalog) as client:
+                started = time.monotonic()
+                with pytest.raises(TTransportException) as timed_out:
+                    client.get_all_databases()
+                assert timed_out.value.type == TTransportException.TIMED_OUT
+                assert time.monotonic() - started < 5
+                # The late answer to the first call must never be read as the second's: the
+                # connection is closed, and the second call fails at once.
+                with pytest.raises(TTransportException) as closed:
+                    client.get_all_databases()
+                return closed.value
+
+        assert (
+            returns_within(two_calls_on_one_connection, 10, "two calls").type
+            == TTransportException.NOT_OPEN
+        )
+        assert server.closed_by_client.wait(5)
+        # The catalog's next call opens a connection of its own, with the same timeout.
+        with pytest.raises(TTransportException):
+            returns_within(lambda: catalog.load_table("shop.items"), 10, "load_table")
+        # Another catalog object keeps pyiceberg's socket, without a timeout.
+        other = load_catalog("other", type="hive", uri=server.uri)
+        assert other._client._transport._TBufferedTransport__trans._timeout is None
+    finally:
+        server.close()
+
+
+def test_other_catalogs_get_no_socket_timeout(tmp_path: Path) -> None:
+    assert not set_hive_socket_timeout(sql_catalog(tmp_path), 1)
 
 
 # -- pyarrow ---------------------------------------------------------------------------------------

@@ -36,3 +36,32 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout_s:g} s for {what}, in vain")
         time.sleep(interval_s)
+
+
+def returns_within(call: Callable[[], T], timeout_s: float, what: str) -> T:
+    """`call()`'s result (or what it raises), which must come within `timeout_s` seconds.
+
+    The call runs in a daemon thread, so that one that never returns (a client waiting for an
+    answer that never comes) fails the test instead of hanging the session.
+
+    Raises:
+        AssertionError: `call` was still running after `timeout_s` seconds.
+    """
+    import threading
+
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True, name=f"returns-within: {what}")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise AssertionError(f"{what} still running after {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
