@@ -38,7 +38,6 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from icekeeper.common.internals import hadoop_configuration, spark_jvm
 from icekeeper.common.moniker import FileEntry
 from icekeeper.common.spark import FUNCTIONS_CATALOG
 from icekeeper.common.storage import open_filesystem
@@ -203,6 +202,10 @@ def require_hadoop_filesystem(spark: SparkSession, uri: str) -> None:
     scheme = uri.partition("://")[0].lower() if "://" in uri else "file"
     if scheme not in ("abfs", "abfss"):
         return
+    # Imported here: `internals` brings pyiceberg's catalog and tables (~140 modules), which the
+    # arrow engine's executor tasks, importing this module for its partition columns, never use.
+    from icekeeper.common.internals import hadoop_configuration, spark_jvm
+
     jvm = spark_jvm(spark)
     try:
         jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, hadoop_configuration(spark))

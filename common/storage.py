@@ -284,12 +284,17 @@ def make_folder(filesystem: pafs.FileSystem, path: str) -> None:
         filesystem.create_dir(path, recursive=True)
 
 
-def write_file(uri: str, body: bytes) -> None:
-    """`write_whole` by URI, its folder made first where folders exist."""
+def write_file(uri: str, body: bytes, durable: bool = True) -> None:
+    """`write_whole` by URI, its folder made first where folders exist.
+
+    `durable=False` skips the syncs on a local or mounted folder (the file is still renamed into
+    place whole), for a file that only matters while the process writing it lives, as a writer's
+    claim on its batch folder: a power cut that loses it also ends the batch it protects. A sync
+    is a journal commit, which waits for every other process's pending writes on a busy disk."""
     store, path = _locate(uri)
     if store.kind == "local":
         os.makedirs(posixpath.dirname(path), exist_ok=True)
-    store.write_whole(path, body)
+    store.write_whole(path, body, durable=durable)
 
 
 def read_file(uri: str) -> bytes:

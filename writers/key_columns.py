@@ -56,6 +56,21 @@ _PROMOTIONS = {
 
 
 @dataclass(frozen=True)
+class UpsertRule:
+    """How an upsert table keeps one row per key of a batch: each key's last change in Kafka
+    offset order; a last change that deletes its key goes to a deleted-keys file. Planned by the
+    core (`table_batch.py`), applied by the engines: here, not there, so that the arrow engine's
+    executor tasks, which get one in their plan, do not import the core's planning (and with it
+    pyiceberg's catalog, ~140 modules, in every fresh Python worker)."""
+
+    key_columns: tuple[str, ...]
+    """The primary-key columns as the table's schema spells them (`resolve_keys`)."""
+    op_column: str | None
+    """The op column deciding which last changes delete their key (op `d`); None when deletes
+    keep their row (`delete_mode: soft`) or the table has no op column."""
+
+
+@dataclass(frozen=True)
 class RecordKeys:
     """How one source's record keys are read for deletes without a `before` image."""
 

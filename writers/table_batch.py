@@ -33,23 +33,11 @@ from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
 from icekeeper.common.partitioning import partition_spec
 from icekeeper.common.schema import Column, assign_ids, op_column
 from icekeeper.writers.files import batch_folder
-from icekeeper.writers.key_columns import resolve_keys
+from icekeeper.writers.key_columns import UpsertRule, resolve_keys
 from icekeeper.writers.offsets import BatchPlan
 from icekeeper.writers.offsets import TopicPartition as TP
 from icekeeper.writers.progress import TableProgress
 from icekeeper.writers.version_shapes import VersionShape, table_columns
-
-
-@dataclass(frozen=True)
-class UpsertRule:
-    """How an upsert table keeps one row per key of a batch: each key's last change in Kafka
-    offset order; a last change that deletes its key goes to a deleted-keys file."""
-
-    key_columns: tuple[str, ...]
-    """The primary-key columns as the table's schema spells them (`resolve_keys`)."""
-    op_column: str | None
-    """The op column deciding which last changes delete their key (op `d`); None when deletes
-    keep their row (`delete_mode: soft`) or the table has no op column."""
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ class Store(ABC):
     kind: str
     filesystem: pafs.FileSystem
 
-    def write_whole(self, path: str, body: bytes) -> None:
-        """Replace the file at `path` whole. Object stores make one PUT visible at once."""
+    def write_whole(self, path: str, body: bytes, durable: bool = True) -> None:
+        """Replace the file at `path` whole. Object stores make one PUT visible at once, and
+        durable (`durable` matters on local folders only)."""
         with self.filesystem.open_output_stream(path) as out:
             out.write(body)
 

@@ -29,11 +29,14 @@ class LocalStore(Store):
     def __init__(self) -> None:
         self.filesystem = pafs.LocalFileSystem()
 
-    def write_whole(self, path: str, body: bytes) -> None:
+    def write_whole(self, path: str, body: bytes, durable: bool = True) -> None:
+        """Rename a temporary file over `path`; `durable`: synced before the rename, and the
+        folder after (`sync_file`), else left to the kernel (`storage.write_file`)."""
         temporary = _temporary_beside(path)
-        _write_new(temporary, body, sync=True)
+        _write_new(temporary, body, sync=durable)
         os.replace(temporary, path)
-        sync_folder(posixpath.dirname(path))
+        if durable:
+            sync_folder(posixpath.dirname(path))
 
     def create_if_absent(self, path: str, body: bytes) -> bool:
         temporary = _temporary_beside(path)

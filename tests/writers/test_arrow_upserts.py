@@ -25,9 +25,8 @@ from icekeeper.writers.arrow_engine.arrow_upserts import (
     whole_partitions,
 )
 from icekeeper.writers.arrow_engine.task_ranges import TaskGroup, TaskRange
-from icekeeper.writers.key_columns import record_keys_for
+from icekeeper.writers.key_columns import UpsertRule, record_keys_for
 from icekeeper.writers.registry import RegisteredSchema
-from icekeeper.writers.table_batch import UpsertRule
 from tests.writers.test_upsert_record_keys import ORDERS
 
 KEYS = ("id", "region")

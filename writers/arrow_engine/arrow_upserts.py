@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from icekeeper.writers.arrow_engine.task_ranges import TaskGroup, TaskRange
-from icekeeper.writers.table_batch import UpsertRule
+from icekeeper.writers.key_columns import UpsertRule
 
 _ROW = "_ik_row"
 _RANGE = "_ik_range"

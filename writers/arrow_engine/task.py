@@ -37,8 +37,8 @@ from icekeeper.writers.arrow_engine.task_ranges import TaskGroup, TaskRange
 from icekeeper.writers.arrow_engine.templates import template_routes, topic_template_route
 from icekeeper.writers.confluent_frame import frame_prefix
 from icekeeper.writers.files import DELETED_FOLDER, LIVE_FOLDER
+from icekeeper.writers.key_columns import UpsertRule
 from icekeeper.writers.routing import RouteClaim
-from icekeeper.writers.table_batch import UpsertRule
 
 
 @dataclass(frozen=True)
