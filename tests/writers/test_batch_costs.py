@@ -24,7 +24,8 @@ def test_a_batch_syncs_only_what_a_restart_reads_and_runs_one_spark_job(
     local_stack, spark, tmp_path: Path, unique_topic: str, monkeypatch
 ) -> None:
     """Per batch: one Spark job (the tasks; no counting pass once the table's versions are
-    guessed), and four syncs: the moniker and the checkpoint, each file then its folder. The
+    guessed), and the syncs a restart needs: the moniker and the checkpoint, each file then its
+    folder, and the data files the moniker names with their folders. The
     claim on the batch folder is not synced: it protects the folder while the writer lives, and a
     power cut ends the writer and its batch alike."""
     config = topic_config(
@@ -58,6 +59,17 @@ def test_a_batch_syncs_only_what_a_restart_reads_and_runs_one_spark_job(
     assert claims == [], "a claim on a batch folder was synced to disk"
     transport = str(config.transport.uri)
     checkpoints = str(config.writer.checkpoint_uri)
-    assert len(synced) == 4 * batches, synced
     assert sum(path.startswith(transport) for path in synced) == 2 * batches, synced
     assert sum(path.startswith(checkpoints) for path in synced) == 2 * batches, synced
+    # Beyond those: the batch's data files and the folders naming them (synced before the
+    # moniker: `storage.sync_written`), nothing else.
+    data_files = {path for path in synced if path.endswith(".parquet")}
+    assert data_files and all("/data/" in path for path in data_files), sorted(set(synced))
+    others = [
+        path
+        for path in synced
+        if not path.startswith((transport, checkpoints)) and path not in data_files
+    ]
+    assert all(
+        any(file.startswith(path.rstrip("/") + "/") for file in data_files) for path in others
+    ), others
