@@ -200,8 +200,11 @@ def deployment_config(
     timings: Mapping[Key, Any] = (),
 ) -> IcekeeperConfig:
     """Layout `name` of docs/deployment.md on the test stack, loaded as every role loads it,
-    with its tables dropped from the (shared) catalog if an earlier run left them there."""
+    with its tables dropped from the (shared) catalog if an earlier run left them there; it has
+    passed `icekeeper config check --connect` (every role's start checks, and what it names
+    answered)."""
     from icekeeper.common.catalog import open_catalog
+    from icekeeper.config_check import check_config
     from tests.support.hms_pg_layouts import forget_table
 
     document = layout_document(name)
@@ -211,6 +214,8 @@ def deployment_config(
     catalog = open_catalog(config)
     for table in config.tables:
         forget_table(catalog, table.identifier)
+    check = check_config(str(path), connect=True)
+    assert not (check.errors or check.unreachable or check.failed), "\n".join(check.lines())
     return config
 
 
