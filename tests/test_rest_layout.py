@@ -1,12 +1,13 @@
-"""Issue 28 item 6, S3 + REST catalog: the pipeline end to end on a production layout. Seed 000's
-stream goes through Kafka to the writer (the shared SparkSession), whose files land on the
-stack's S3 server; the bookkeeper commits an upsert table and a changelog table through the
+"""Issue 28 item 6, S3 + REST catalog: the pipeline end to end on a production layout, configured
+as docs/deployment.md's `s3-rest` block says (item 7: that block works as written; only what a
+user changes is changed, tests/support/deployment_docs.py). A synthetic change stream (two schema
+changes) goes through Kafka to the writer (the shared SparkSession), whose files land on the
+stack's S3 server; the bookkeeper commits the upsert table and the changelog table through the
 Iceberg REST catalog server; a reaper pass compacts and removes orphans; Spark and DuckDB read
 both tables through the same REST catalog."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
@@ -18,45 +19,47 @@ from icekeeper.common.spark import iceberg_catalog_conf
 from icekeeper.common.storage import file_exists, write_file
 from icekeeper.readers import duckdb_connection
 from icekeeper.reaper.service import Reaper
-from icekeeper.samples.produce import produce_seed_sample
+from icekeeper.samples.produce import produce_synthetic
+from icekeeper.samples.synthetic import SyntheticSpec, expected_state
 from icekeeper.writers.job import WriterJob
-from tests.support.pipeline import commit_all, pipeline_config, register_catalog
-from tests.support.seed000 import ARTICLE_RESULT
+from tests.support.deployment_docs import deployment_config, session_endpoints
+from tests.support.pipeline import commit_all, register_catalog
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-SEED_TABLE = "db_gb18030_test.tbl_test_1"
-AUDIT_TABLE = "db_gb18030_test.tbl_test_1_audit"
 GRACE_S = 5
+SPEC = SyntheticSpec(seed=28, keys=40, events=400, schema_changes=2)
 
 
-def test_seed_000_through_kafka_s3_and_the_rest_catalog(
-    local_stack, rest_catalog, spark, tmp_path: Path, unique_topic: str
+def test_the_s3_and_rest_catalog_layout_of_the_deployment_page(
+    local_stack,
+    rest_catalog,
+    spark,
+    tmp_path: Path,
+    unique_topic: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    warehouse = f"{rest_catalog.warehouse()}/e2e_{uuid.uuid4().hex[:8]}"
-    namespace_location = f"{warehouse}/db_gb18030_test"
-    properties = {**rest_catalog.pyiceberg_properties(), "warehouse": warehouse}
-    config = pipeline_config(
+    config = deployment_config(
+        "s3-rest",
         tmp_path,
         unique_topic,
-        {
-            "ICEKEEPER__CATALOG__PROPERTIES": json.dumps(properties),
-            # Distinct per test (the REST server is shared): the tables' own locations.
-            "ICEKEEPER__TABLES__0__IDENTIFIER": f"ns_{uuid.uuid4().hex[:8]}.tbl_test_1",
-            "ICEKEEPER__TABLES__0__LOCATION": f"{namespace_location}/tbl_test_1",
-            "ICEKEEPER__TABLES__1__IDENTIFIER": f"ns_{uuid.uuid4().hex[:8]}.tbl_test_1_audit",
-            "ICEKEEPER__TABLES__1__TOPICS": f"[{unique_topic}]",
-            "ICEKEEPER__TABLES__1__MODE": "changelog",
-            "ICEKEEPER__TABLES__1__LOCATION": f"{namespace_location}/tbl_test_1_audit",
-            "ICEKEEPER__REAPER__SNAPSHOT_EXPIRE_TIME": "0",
-            "ICEKEEPER__REAPER__RETAIN_LAST": "1",
-            "ICEKEEPER__GROUP__ORPHAN_GRACE": str(GRACE_S),
+        monkeypatch,
+        session_endpoints(s3=rest_catalog.storage.pyiceberg_properties()),
+        catalog_uri=rest_catalog.address(),
+        # The REST server is shared: the tables' and the roles' files in a folder of the test's own.
+        store_root=f"{rest_catalog.warehouse()}/t{uuid.uuid4().hex[:10]}/",
+        timings={
+            ("reaper", "snapshot_expire_time"): 0,
+            ("reaper", "retain_last"): 1,
+            ("group", "orphan_grace"): GRACE_S,
         },
     )
-    upsert_table, audit_table = config.tables[0].identifier, config.tables[1].identifier
-    produce_seed_sample(config, topic=unique_topic, progress=lambda m: None)
+    upsert_table = next(spec.identifier for spec in config.tables if spec.upsert)
+    audit_table = next(spec.identifier for spec in config.tables if not spec.upsert)
+    produced = produce_synthetic(config, SPEC, topic=unique_topic, progress=lambda m: None)
     job = WriterJob(config, spark=spark)
-    assert sum(r.records_read for r in job.run(until_idle=True)) == 26
+    assert sum(r.records_read for r in job.run(until_idle=True)) == produced["records"]
+    assert produced["records"] == SPEC.events
     for moniker in job.transport.pending():
         assert all(entry.path.startswith("s3://") for entry in moniker.files)
     bookkeeper = commit_all(config)
@@ -76,20 +79,24 @@ def test_seed_000_through_kafka_s3_and_the_rest_catalog(
     assert sum(result.orphans_removed for result in report.tables) >= 1
     assert not file_exists(orphan)
 
+    expected = sorted(
+        (key, row["amount"]) for key, row in expected_state(SPEC).items() if row is not None
+    )
     name = config.catalog.name
-    upsert = spark.sql(f"SELECT ID1, C2 FROM {name}.{upsert_table} ORDER BY ID1").collect()
-    assert [(row.ID1, row.C2) for row in upsert] == [
-        (key, result[0][0]) for key, result in sorted(ARTICLE_RESULT.items())
-    ]
-    assert spark.sql(f"SELECT count(*) FROM {name}.{audit_table}").collect()[0][0] == 26
+    upsert = spark.sql(f"SELECT id, amount FROM {name}.{upsert_table} ORDER BY id").collect()
+    assert [(row.id, row.amount) for row in upsert] == expected
+    assert spark.sql(f"SELECT count(*) FROM {name}.{audit_table}").collect()[0][0] == SPEC.events
     connection = duckdb_connection()
     try:
         for statement in rest_catalog.duckdb_statements("rest"):
             connection.execute(statement)
-        assert connection.execute(
-            f"SELECT ID1, C2 FROM rest.{upsert_table} ORDER BY ID1"
-        ).fetchall() == [(row.ID1, row.C2) for row in upsert]
-        assert connection.execute(f"SELECT count(*) FROM rest.{audit_table}").fetchone() == (26,)
+        assert (
+            connection.execute(f"SELECT id, amount FROM rest.{upsert_table} ORDER BY id").fetchall()
+            == expected
+        )
+        assert connection.execute(f"SELECT count(*) FROM rest.{audit_table}").fetchone() == (
+            SPEC.events,
+        )
     finally:
         connection.close()
     bookkeeper.committer.close()
