@@ -1,7 +1,8 @@
 """What an operator's dashboard and probes see of a writer's loop in the cases that used to lie
 (an adversarial review of the writer metrics, issue 29): lag while the writer is throttled by the
 bookkeeper's backlog, a topic that vanishes mid-run, a batch longer than the liveness grace, and
-a batch that fails after publishing. Each runs the writer's own loop against the stack's Kafka."""
+a batch that fails after publishing (tests/writers/test_writer_checkpoint_retry.py). Each runs the
+writer's own loop against the stack's Kafka."""
 
 from __future__ import annotations
 
@@ -217,52 +218,3 @@ def test_a_batch_longer_than_the_grace_is_alive_while_its_planned_records_take(
         small = produce(config, unique_topic, 5, seed=7)["records"]  # 0.25 s at 20 records/s
         wait_until(lambda: len(running.reports) == 2, 120, "the small batch")
     assert seen == [(200, big), (503, small)]
-
-
-def test_records_of_a_batch_whose_checkpoint_failed_after_publishing_are_counted_once(
-    local_stack, spark, tmp_path: Path, unique_topic: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The checkpoint write fails after the batch's monikers are out: the loop retries, plans
-    from the published monikers and reads nothing again. Its records were never counted (the
-    count came after the checkpoint); now once, as published."""
-    config = writer_config(
-        tmp_path,
-        unique_topic,
-        {
-            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": unique_topic + ".dlq",
-        },
-    )
-    monkeypatch.setattr(job_module, "_MAX_RETRY_WAIT_S", 0.0)
-    spec = SyntheticSpec(seed=8, keys=50, events=150, schema_changes=0, poison_ratio=0.05)
-    produced = produce_synthetic(config, spec, topic=unique_topic, partitions=3, progress=quiet)
-    job = WriterJob(config, spark=spark)
-    advance = job.checkpoints.advance
-    failed: list[int] = []
-
-    def advance_failing_once(source, plan) -> None:
-        if not failed:
-            failed.append(plan.records)
-            raise OSError("checkpoint store unavailable")
-        advance(source, plan)
-
-    job.checkpoints.advance = advance_failing_once
-    job.run(until_idle=True)
-    source = config.sources[0].name
-    registry = job.metrics.registry
-
-    def sample(name: str, **labels: str) -> float | None:
-        return registry.get_sample_value(name, labels)
-
-    assert failed == [produced["records"]]
-    assert sample("icekeeper_writer_batches_total", outcome="failed") == 1
-    assert sample("icekeeper_writer_records_read_total", source=source) == produced["records"]
-    table = config.tables[0].identifier
-    assert sample("icekeeper_writer_records_written_total", table=table) == spec.events
-    dead = sum(
-        s.value
-        for family in registry.collect()
-        if family.name == "icekeeper_writer_dead_letters"
-        for s in family.samples
-        if s.name == "icekeeper_writer_dead_letters_total"
-    )
-    assert dead == sum(produced["poison"].values())
