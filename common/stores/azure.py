@@ -140,11 +140,12 @@ class AzureStore(Store):
         container, _, name = path.partition("/")
         return self._service().get_blob_client(container, name)
 
-    def write_whole(self, path: str, body: bytes) -> None:
+    def write_whole(self, path: str, body: bytes, durable: bool = True) -> None:
         """One Put Blob (or staged blocks committed at once, over 64 MiB): pyarrow's output stream
         first replaces the blob with an empty one and commits the bytes only at its close, so
         every reader in between saw the file empty (a checkpoint as none, a rewrite request as
-        unreadable), and a write cut or killed there left it empty for good."""
+        unreadable), and a write cut or killed there left it empty for good. Durable once
+        answered, so `durable` changes nothing here (it matters on local folders)."""
         self._blob(path).upload_blob(bytes(body), overwrite=True)
 
     def create_if_absent(self, path: str, body: bytes) -> bool:
