@@ -13,6 +13,7 @@ from icekeeper.common.moniker import Moniker
 from icekeeper.common.transports.azure_queue import MAX_INLINE_BYTES, AzureQueueMonikerTransport
 from icekeeper.common.transports.base import MonikerTransport
 from icekeeper.common.transports.txlog import TxLogMonikerTransport
+from tests.support.fsyncs import record_fsyncs
 from tests.support.moniker_values import big_moniker, sample_moniker
 
 
@@ -194,14 +195,7 @@ def test_a_local_moniker_is_durable_before_it_is_published(tmp_path: Path, monke
 
     from icekeeper.common.storage import write_file
 
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(descriptor: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = record_fsyncs(monkeypatch)
     transport = TxLogMonikerTransport(
         TxLogTransport(uri=str(tmp_path / "log"), dead_letter_uri=str(tmp_path / "dlq"))
     )

@@ -9,12 +9,12 @@ writes."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from icekeeper.writers.job import WriterJob
+from tests.support.fsyncs import record_fsyncs
 from tests.support.recreated_topic import produce, topic_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -39,14 +39,7 @@ def test_a_batch_syncs_only_what_a_restart_reads_and_runs_one_spark_job(
     )
     produce(config, unique_topic, seed=27, events=600)
     job = WriterJob(config, spark=spark)
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(descriptor: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = record_fsyncs(monkeypatch)
     tracker = spark.sparkContext.statusTracker()
     jobs_before = len(tracker.getJobIdsForGroup())
 

@@ -26,6 +26,7 @@ from icekeeper.readers import spark_rows
 from icekeeper.samples.produce import produce_synthetic
 from icekeeper.samples.synthetic import SyntheticSpec
 from icekeeper.writers.job import WriterJob
+from tests.support.fsyncs import record_fsyncs
 from tests.support.pipeline import commit_all, pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -115,14 +116,7 @@ def test_a_batch_s_files_are_durable_before_its_moniker_is_published(
     )
     spec = SyntheticSpec(seed=5, keys=50, events=400, schema_changes=0)
     produce_synthetic(config, spec, topic=unique_topic, partitions=2, progress=lambda m: None)
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(descriptor: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = record_fsyncs(monkeypatch)
     writer = WriterJob(config, spark=spark)
     published: list[tuple[object, set[str]]] = []
     publish = writer.transport.publish
