@@ -548,9 +548,10 @@ class WriterJob:
         """Lag as the next batch would plan it, without reading: a bookkeeper behind (or down)
         throttles the writer, and its lag must then grow with Kafka's backlog, not stay frozen."""
         self._alive()
+        table_ids = self._source_tables(source, routes_for(source, self.config.tables))
         try:
             bounds = self._bounds(source)
-            checkpoint = self.checkpoints.read(source)
+            plan = self._next_plan(source, table_ids, bounds)  # reads the checkpoint
         except KafkaAccessDenied:
             raise  # refused credentials stop the writer in every state (docs/operations.md)
         except Exception as error:  # noqa: BLE001 - a throttled batch reads nothing: lag waits
@@ -562,13 +563,6 @@ class WriterJob:
                     extra={"source": source.name, "error": repr(error)},
                 )
             return
-        table_ids = self._source_tables(source, routes_for(source, self.config.tables))
-        positions = table_positions(
-            self.tables, table_ids, checkpoint, templated=bool(source.table_template)
-        )
-        plan = plan_batch(
-            bounds, positions, source.starting_offsets, on_topic_reset=source.on_topic_reset
-        )
         self.metrics.show_lag(
             source.name,
             {key: bound.latest for key, bound in bounds.items()},
@@ -635,11 +629,11 @@ class WriterJob:
         if rewind:
             self.checkpoints.rewind(source, rewind)
 
-    def _plan(
+    def _next_plan(
         self, source: KafkaSource, table_ids: list[str], bounds: dict[TP, PartitionBounds]
     ) -> BatchPlan:
-        """The source's next offset ranges, from its
-        tables' progress and this writer's checkpoint."""
+        """The source's next offset ranges, from its tables' progress and this writer's
+        checkpoint: what a batch reads, and what a throttled writer shows as lag."""
         checkpoint = self.checkpoints.read(source)
         positions = table_positions(
             self.tables, table_ids, checkpoint, templated=bool(source.table_template)
@@ -650,9 +644,16 @@ class WriterJob:
             if source.max_rate_per_partition
             else None
         )
-        plan = plan_batch(
+        return plan_batch(
             bounds, positions, source.starting_offsets, cap, per_partition, source.on_topic_reset
         )
+
+    def _plan(
+        self, source: KafkaSource, table_ids: list[str], bounds: dict[TP, PartitionBounds]
+    ) -> BatchPlan:
+        """The source's next offset ranges (`_next_plan`), telling the operator of restarted
+        partitions and records lost to retention, and stopping on a topic reset."""
+        plan = self._next_plan(source, table_ids, bounds)
         if plan.restarted:
             log.warning(
                 "partitions below the next offset to read (topic deleted and recreated): tables "
