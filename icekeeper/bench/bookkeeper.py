@@ -217,24 +217,42 @@ def bench_monikers(
                 topic="bench", partition=0, from_offset=offset, until_offset=offset + ROWS_PER_FILE
             )
         ]
+        event_ms = 1646297167000 + offset
         monikers.append(
-            Moniker(
-                id=moniker_id("bench", identifier, ranges),
-                rereads_refused=True,
-                writer_id="bench",
-                seq=seq,
-                prev_seq=seq - 1 if seq > 1 else None,
-                table=identifier,
-                table_location=location,
-                schema=schema_json,
-                files=[entry],
-                offsets=ranges,
-                records=ROWS_PER_FILE,
-                min_event_time_ms=1646297167000 + offset,
-                max_event_time_ms=1646297167000 + offset + ROWS_PER_FILE,
+            bench_moniker(
+                identifier, location, schema_json, entry, seq, ranges, event_ms, ROWS_PER_FILE
             )
         )
     return monikers
+
+
+def bench_moniker(
+    identifier: str,
+    location: str,
+    schema_json: dict,
+    entry: FileEntry,
+    seq: int,
+    ranges: list[OffsetRange],
+    first_event_ms: int,
+    event_span_ms: int,
+) -> Moniker:
+    """Moniker `seq` of the benches' one writer (`bench`, chained on `seq - 1`): one file of
+    `ROWS_PER_FILE` rows covering `ranges`."""
+    return Moniker(
+        id=moniker_id("bench", identifier, ranges),
+        rereads_refused=True,
+        writer_id="bench",
+        seq=seq,
+        prev_seq=seq - 1 if seq > 1 else None,
+        table=identifier,
+        table_location=location,
+        schema=schema_json,
+        files=[entry],
+        offsets=ranges,
+        records=ROWS_PER_FILE,
+        min_event_time_ms=first_event_ms,
+        max_event_time_ms=first_event_ms + event_span_ms,
+    )
 
 
 def bench_commit_1000(

@@ -47,6 +47,7 @@ from typing import Any
 from icekeeper.bench.bookkeeper import (
     ROWS_PER_FILE,
     bench_config,
+    bench_moniker,
     seed_schema,
     table_location,
     write_seed_files,
@@ -56,7 +57,7 @@ from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import KEY_EVENT_TIME, KEY_OFFSETS
 from icekeeper.common.config import IcekeeperConfig
-from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange, moniker_id
+from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange
 
 Progress = Callable[[str], None]
 FIRST_OFFSET = 1_000_000_000
@@ -80,20 +81,8 @@ def history_moniker(
         for partition in range(partitions)
     ]
     event_ms = 1646297167000 + seq * 1000
-    return Moniker(
-        id=moniker_id("bench", identifier, ranges),
-        rereads_refused=True,
-        writer_id="bench",
-        seq=seq,
-        prev_seq=seq - 1 if seq > 1 else None,
-        table=identifier,
-        table_location=table_location(config),
-        schema=schema_json,
-        files=[entry],
-        offsets=ranges,
-        records=ROWS_PER_FILE,
-        min_event_time_ms=event_ms,
-        max_event_time_ms=event_ms + 999,
+    return bench_moniker(
+        identifier, table_location(config), schema_json, entry, seq, ranges, event_ms, 999
     )
 
 

@@ -6,6 +6,7 @@ The figures themselves come from full runs on a quiet machine (bench/results.md)
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from icekeeper.bench.layouts import parse_layouts, services_for
 from icekeeper.common import exit_codes
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.exit_codes import UsageError
-from icekeeper.common.storage import configure_storage, list_files
+from icekeeper.common.storage import configure_storage, list_files, storage_settings
+from tests.support.object_stores import storage_door
 
 
 def test_layout_names_and_the_services_each_needs() -> None:
@@ -43,9 +45,18 @@ def test_a_layout_a_bench_cannot_take_is_a_usage_error(
     assert list(tmp_path.iterdir()) == []  # refused before any work
 
 
+@pytest.fixture(autouse=True)
+def _storage_door_as_before() -> Iterator[None]:
+    """A bench configures this process's storage door for its layout (a CLI run's whole
+    process): in a test it would stay pointed at the layout's S3 server for every later test."""
+    previous = storage_settings()
+    yield
+    configure_storage(previous)
+
+
 def _left_under(root: str, properties: dict[str, str]) -> list[str]:
-    configure_storage(properties)
-    return [info.path for info in list_files(root, recursive=True)]
+    with storage_door(properties):
+        return [info.path for info in list_files(root, recursive=True)]
 
 
 @pytest.mark.integration
