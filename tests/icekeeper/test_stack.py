@@ -11,13 +11,7 @@ import pytest
 
 from icekeeper.common.config import load_config
 from icekeeper.localstack.stack import LocalStack, StackError
-from tests.support.stack import TEST_STACK_PORTS, stack_environ
-
-
-def shifted(base: int) -> dict[str, int]:
-    """The session's test ports moved by `base`, for a second stack beside it."""
-    return {name: port + base for name, port in TEST_STACK_PORTS.items()}
-
+from tests.support.stack import second_stack_ports, stack_environ
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +48,7 @@ def test_up_again_is_idempotent(local_stack: LocalStack) -> None:
 
 
 def test_a_whole_second_stack_starts_and_down_leaves_no_process(tmp_path: Path) -> None:
-    ports = shifted(10_000)
+    ports = second_stack_ports(6_000)
     stack = LocalStack(load_config(None, environ=stack_environ(tmp_path / "state", ports)))
     started = time.monotonic()
     report = stack.up(progress=lambda message: None)
@@ -73,7 +67,7 @@ def test_a_whole_second_stack_starts_and_down_leaves_no_process(tmp_path: Path) 
 
 def test_down_stops_only_what_up_started(tmp_path: Path) -> None:
     """A port held by someone else is reported as foreign, refused by `up`, untouched by `down`."""
-    ports = shifted(10_100)
+    ports = second_stack_ports(6_100)
     stack = LocalStack(
         load_config(None, environ=stack_environ(tmp_path / "state", ports)), only=["azurite-queue"]
     )

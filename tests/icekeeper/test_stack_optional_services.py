@@ -14,7 +14,7 @@ import pytest
 from icekeeper.common.config import load_config
 from icekeeper.localstack import java
 from icekeeper.localstack.stack import OPTIONAL_SERVICES, LocalStack, with_dependencies
-from tests.support.stack import TEST_STACK_PORTS, stack_environ
+from tests.support.stack import second_stack_ports, stack_environ
 
 
 def test_a_catalog_brings_the_s3_server_and_a_database_brings_connect() -> None:
@@ -55,15 +55,11 @@ def test_a_program_a_newer_jdk_breaks_gets_the_newest_it_runs_on(
         java.find_java(18, max_major=21)
 
 
-def shifted(base: int) -> dict[str, int]:
-    return {name: port + base for name, port in TEST_STACK_PORTS.items()}
-
-
 @pytest.fixture
 def impostor_ports(tmp_path: Path) -> Iterator[LocalStack]:
     """A stack config whose storage and catalog ports are held by a server that accepts
     connections and answers every request with an HTTP 404."""
-    ports = shifted(10_500)
+    ports = second_stack_ports(6_500)
     config = load_config(None, environ=stack_environ(tmp_path / "state", ports))
     names = ["s3", "rest", "nessie", "hms", "pg-catalog"]
     stack = LocalStack(config, only=names, with_services=names)

@@ -25,7 +25,7 @@ from icekeeper.localstack.object_store import S3Service
 from icekeeper.localstack.rest_catalogs import NessieService, RestCatalogService
 from icekeeper.localstack.stack import LocalStack
 from icekeeper.readers import duckdb_connection
-from tests.support.stack import TEST_STACK_PORTS, stack_environ
+from tests.support.stack import second_stack_ports, stack_environ
 
 pytestmark = pytest.mark.integration
 
@@ -196,12 +196,8 @@ def test_each_catalog_keeps_its_tables_across_a_restart(
     assert open_catalog(service).load_table(identifier).scan().to_arrow().num_rows == ROWS
 
 
-def shifted(base: int) -> dict[str, int]:
-    return {name: port + base for name, port in TEST_STACK_PORTS.items()}
-
-
 def test_a_catalog_brings_the_s3_server_and_down_stops_both(tmp_path: Path) -> None:
-    ports = shifted(10_400)
+    ports = second_stack_ports(6_400)
     config = load_config(None, environ=stack_environ(tmp_path / "state", ports))
     # `--with rest` alone: the REST catalog is no use without the S3 server its tables live on.
     stack = LocalStack(config, only=["s3", "rest"], with_services=["rest"])

@@ -45,6 +45,17 @@ TEST_STACK_PORTS = {
 }
 
 
+def second_stack_ports(shift: int) -> dict[str, int]:
+    """The session's test ports moved by `shift`, for a second stack beside it. Keep every port
+    below Linux's ephemeral range (32768+, `ip_local_port_range`): a port there can be taken by
+    any outgoing connection between the stack's check and its server's bind (s3proxy "Failed to
+    bind to 127.0.0.1:34300" failed a CI run); shifts of 3,000-7,200 clear the session's ports."""
+    ports = {name: port + shift for name, port in TEST_STACK_PORTS.items()}
+    if _PORT_OFFSET == 0:  # another checkout's offset is its own choice
+        assert max(ports.values()) < 32768, f"shift {shift} reaches the ephemeral port range"
+    return ports
+
+
 def stack_environ(state_dir: Path, ports: dict[str, int]) -> dict[str, str]:
     """Environment overrides that point a config at a stack on `ports` with state in `state_dir`."""
     environ = {
