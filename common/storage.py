@@ -360,7 +360,17 @@ def list_files(folder_uri: str, recursive: bool = False) -> list[pafs.FileInfo]:
     filesystem's (`open_filesystem`)."""
     filesystem, folder = open_filesystem(folder_uri)
     selector = pafs.FileSelector(folder, recursive=recursive, allow_not_found=True)
-    return [info for info in filesystem.get_file_info(selector) if info.type == pafs.FileType.File]
+    try:
+        found = filesystem.get_file_info(selector)
+    except FileNotFoundError:
+        # Arrow's local listing fails on a missing folder, then asks whether it exists to honour
+        # `allow_not_found`: a folder another thread created in between (racing standbys' first
+        # lease) raises instead. Listed again, it is there (or gone: then nothing is in it).
+        try:
+            found = filesystem.get_file_info(selector)
+        except FileNotFoundError:
+            return []
+    return [info for info in found if info.type == pafs.FileType.File]
 
 
 def append_lines(uri: str, lines: Iterable[dict]) -> str:

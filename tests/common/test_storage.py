@@ -398,3 +398,32 @@ def test_a_file_replaced_on_azure_is_never_read_empty(local_stack) -> None:
         assert len(read_while_replaced) > 1
         assert set(read_while_replaced) <= {len(old), len(new)}, sorted(set(read_while_replaced))
         assert read_file(uri) == new
+
+
+class _FolderCreatedWhileListed:
+    """Arrow's local listing as it goes when another thread creates the folder meanwhile: the
+    listing finds no folder, the check `allow_not_found` then makes finds one, and the listing's
+    error is raised (arrow/filesystem/localfs.cc, StatSelector). The race is one in thousands,
+    so it is put here at the moment it happens."""
+
+    def __init__(self, real, folder: str) -> None:
+        self.real, self.folder, self.raced = real, folder, False
+
+    def get_file_info(self, selector):
+        if not self.raced:
+            self.raced = True
+            self.real.create_dir(self.folder)
+            self.real.open_output_stream(f"{self.folder}/00000000000000000001.json").close()
+            raise FileNotFoundError(f"Cannot list directory '{self.folder}'")
+        return self.real.get_file_info(selector)
+
+
+def test_a_folder_created_while_listed_is_listed(tmp_path, monkeypatch) -> None:
+    """Eight standbys racing for a new group's first lease: one listed the lease folder while
+    another created it, and died of the listing's error (the group then had a standby less)."""
+    folder = str(tmp_path / "leases" / "g")
+    real, _ = open_filesystem(folder)
+    racing = _FolderCreatedWhileListed(real, folder)
+    monkeypatch.setattr(storage, "open_filesystem", lambda uri: (racing, uri))
+    names = [info.base_name for info in list_files(folder)]
+    assert racing.raced and names == ["00000000000000000001.json"]

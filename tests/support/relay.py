@@ -27,6 +27,8 @@ CHUNK = 65536
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 REQUEST_LINE = re.compile(rb"(?:GET|HEAD|POST|PUT|DELETE|PATCH|OPTIONS) /\S* HTTP/1\.[01]$")
+REQUEST_START = re.compile(rb"(?:GET|HEAD|POST|PUT|DELETE|PATCH|OPTIONS) /\S* HTTP/1\.[01]\r\n")
+CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)")
 """An HTTP/1.1 request line, at the end of what came since the last CRLF (a request follows the
 last one's body directly, with no CRLF between them)."""
 
@@ -179,7 +181,7 @@ class Relay:
             connection.sent = (connection.sent + data)[-CHUNK:]
             if self._at is None or not self._at(connection.sent):
                 return None
-            connection.sent = b""
+            connection.matched, connection.sent = connection.sent, b""
             self._times -= 1
             if self._times <= 0:
                 self._at = None
@@ -210,6 +212,7 @@ class Relay:
                     continue
                 connection.answer = fault.answer  # before forwarding: no answer slips past
                 if fault.delay_s:
+                    data += _rest_of_request(client, connection.matched)
                     _close(client)
                     threading.Timer(fault.delay_s, _send_quietly, (server, data)).start()
                     return  # `_down` swallows the server's answer and closes the rest
@@ -258,6 +261,8 @@ class _Connection:
         self.generation = 0
         self.sent = b""
         """The client's bytes since the relay was armed (or since the last fault here)."""
+        self.matched = b""
+        """The bytes `sent` held when the last fault here matched them."""
         self.unscanned = b""
         """The client's bytes since its last CRLF: the start of a line not yet whole."""
         self.answer: Literal["pass", "lose", "stall", "held"] | int = "pass"
@@ -279,6 +284,34 @@ class _Connection:
     def close(self) -> None:
         _close(self.client)
         _close(self.server)
+
+
+def _rest_of_request(client: socket.socket, sent: bytes, wait_s: float = 5.0) -> bytes:
+    """What is still to come from `client` of the HTTP request `sent` ends in: the rest of its
+    headers, then its `Content-Length` bytes of body. Clients send a body apart from its headers
+    (http.client, requests), and a request held back to reach the server late must reach it
+    whole: cut after its headers, the server waited for the body until the test ended. Nothing
+    for bytes that are no HTTP request (a Thrift call comes whole)."""
+    starts = [found.start() for found in REQUEST_START.finditer(sent)]
+    if not starts:
+        return b""
+    request, more = sent[starts[-1] :], b""
+    client.settimeout(wait_s)
+    try:
+        while b"\r\n\r\n" not in request + more:
+            if not (chunk := client.recv(CHUNK)):
+                return more
+            more += chunk
+        head, _, body = (request + more).partition(b"\r\n\r\n")
+        length = CONTENT_LENGTH.search(head)
+        wanted = int(length.group(1)) if length else 0
+        while len(body) < wanted and (chunk := client.recv(CHUNK)):
+            body, more = body + chunk, more + chunk
+    except OSError:
+        pass  # the client gave up (or took too long): the server gets what came
+    finally:
+        client.settimeout(None)
+    return more
 
 
 def _send_quietly(sock: socket.socket, data: bytes) -> None:
