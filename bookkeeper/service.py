@@ -32,7 +32,7 @@ from icekeeper.bookkeeper.table_metadata import with_lean_commits
 from icekeeper.common.catalog import load_table_or_none, open_catalog
 from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.config.required import require_tables
-from icekeeper.common.fencing import Fenced, Lease, LeaseRecord
+from icekeeper.common.fencing import Fenced, Lease, LeaseRecord, Stopped
 from icekeeper.common.file_events import location_key
 from icekeeper.common.storage import append_lines
 from icekeeper.common.transports import Delivery, open_transport
@@ -201,9 +201,9 @@ class Bookkeeper:
         """Become the group's active bookkeeper (waits while another holds the lease); returns the
         epoch, or None when stopped while waiting."""
         group = self.config.group
-        lease = Lease(group.lease_uri, group.name, self.config.bookkeeper.lease_ttl)
+        lease = Lease(group.lease_uri, group.name, self.config.bookkeeper.lease_ttl, stop=self.stop)
         epoch = lease.acquire(
-            timeout_s, stop=self.stop, on_wait=self._standing_by, on_outage=self._lease_store_down
+            timeout_s, on_wait=self._standing_by, on_outage=self._lease_store_down
         )
         self._holder = None
         if epoch is None:
@@ -223,7 +223,8 @@ class Bookkeeper:
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: finish the current cycle (its commit and acknowledgements), then stop; a
-        standby waiting for the lease, or a bookkeeper waiting for its next cycle, stops at once."""
+        standby waiting for the lease, or a bookkeeper waiting for its next cycle, stops at once,
+        and so does one whose lease's store does not answer (`common/fencing.py`: `Stopped`)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop.set())
 
@@ -246,6 +247,15 @@ class Bookkeeper:
                 self._alive()
                 try:
                     report = self.run_cycle()
+                except Stopped as error:
+                    # Told to stop while the lease's store did not answer (a renewal, a check
+                    # before a commit): nothing of this table was committed, nothing
+                    # acknowledged that is not durable; the lease is left to expire.
+                    log.warning(
+                        "bookkeeper stopping without waiting for the lease's store",
+                        extra={"reason": str(error)},
+                    )
+                    break
                 except (Fenced, StaleEpoch) as error:
                     fenced = True
                     log.error(
@@ -378,7 +388,7 @@ class Bookkeeper:
                 self._follow_lease()
             try:
                 result = self.committer.commit_table(table, group)
-            except (StaleEpoch, Fenced):
+            except (StaleEpoch, Fenced, Stopped):
                 raise
             except Exception as error:  # noqa: BLE001 - one table's failure must not stop the others
                 self.metrics.errors.labels("commit-failed").inc()

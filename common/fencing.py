@@ -26,6 +26,21 @@ the TTL of each other (NTP), and a skew beyond it costs a takeover, never a doub
 standby that has seen the same lease unrenewed for its TTL by its own monotonic clock takes it as
 well, so a dead holder whose clock ran ahead (or a lease file left unreadable) does not keep the
 group without a bookkeeper for the skew (or for ever).
+
+Stopping (SIGTERM) never waits on the lease's store. A store that accepts the connection and
+never answers (a hung S3 server, a proxy holding the request) keeps one call for its client's
+timeouts and retries (botocore: 3 attempts of 30 s, up to two minutes), and a bookkeeper must stop
+within a second in every state. So each call a `Lease` makes to its store runs in a daemon thread
+of its own, and the caller waits for it or for its `stop` flag: once `stop` is set, a call not
+answered within `STOP_GRACE_S` is abandoned and the caller hears `Stopped`. On a store that
+answers (milliseconds), every call completes as before, so a cycle under way when the signal came
+still finishes. Why this is safe: the `Lease`'s state (`epoch`, the attempt it remembers) changes
+only on the caller's thread, from answers it received; an abandoned call's answer is never read.
+What an abandoned call does may still land on the store: a create of the next epoch, a renewal.
+That file is nobody's: the process stops and never learns it landed (`acquire` returns None, so
+the bookkeeper never takes the `Lease` as held; once it gave up a call, a `Lease` is abandoned:
+every later call raises `Stopped` and `release` does nothing). It expires after its TTL, which a
+successor waits out as after a kill (`SIGKILL`, a lost node); nothing else reads it.
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from icekeeper.common.storage import (
     ConditionalWritesUnsupported,
@@ -56,10 +72,21 @@ from icekeeper.common.storage import (
 log = logging.getLogger(__name__)
 _LEASE_NAME = re.compile(r"^lease-(\d{12})\.json$")
 _BEING_CREATED = "(being created)"
+_T = TypeVar("_T")
+
+STOP_GRACE_S = 0.5
+"""How long a call to the lease's store may still take once the lease's owner is told to stop:
+a store that answers does so in milliseconds; one that did not by then is abandoned (`Stopped`)."""
 
 
 class Fenced(RuntimeError):
     """Another bookkeeper holds a newer lease: this one must stop committing."""
+
+
+class Stopped(RuntimeError):
+    """The lease's owner was told to stop (its `stop` flag: SIGTERM) while the lease's store did not
+    answer a call: the call was abandoned, and the lease with it (see the module docstring). Not
+    fenced and not an outage: the owner stops as it would have anyway, without the lease."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +110,12 @@ class Lease:
         ttl_s: float,
         owner: str | None = None,
         role: str = "bookkeeper",
+        stop: threading.Event | None = None,
     ) -> None:
+        """`stop`: the owner's stop flag (set by its SIGTERM handler); once set, `acquire` stops
+        waiting and no call waits on a store that does not answer (`STOP_GRACE_S`)."""
         self.role = role
+        self.stop = stop
         self.group = group
         self.folder = group_folder(folder, group)
         self.ttl_ms = int(ttl_s * 1000)
@@ -94,28 +125,36 @@ class Lease:
         """When (monotonic) this holder's last write of its lease began."""
         self._tried: tuple[int, float] | None = None
         """The epoch this one last tried to create, and when (monotonic) the attempt began."""
+        self.abandoned = False
+        """Whether a call to the store was given up while stopping: the lease is nobody's then."""
 
     def acquire(
         self,
         timeout_s: float | None = None,
         poll_s: float = 0.5,
-        stop: threading.Event | None = None,
         on_wait: Callable[[LeaseRecord], None] | None = None,
         on_outage: Callable[[Exception], None] | None = None,
     ) -> int | None:
         """Wait until the lease is free (or expired), take it with the next epoch; returns the
-        epoch, or None once `stop` is set (a standby told to stop must not wait for the lease:
-        SIGTERM ends it at once). `on_wait` hears of the current holder at every poll while this
-        one stands by, `on_outage` of each poll the lease's store did not answer."""
+        epoch, or None once the lease's `stop` is set (a standby told to stop must not wait for
+        the lease, nor for a poll its store does not answer: SIGTERM ends it at once). `on_wait`
+        hears of the current holder at every poll while this one stands by, `on_outage` of each
+        poll the lease's store did not answer."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         announced = False
-        prepare_conditional_writes(self.folder)
+        stop = self.stop
         unchanged = _Unchanged()
         known: int | None = None
         failures = 0
+        try:
+            self._call(prepare_conditional_writes, self.folder)
+        except Stopped:
+            return None
         while stop is None or not stop.is_set():
             try:
                 epoch, current = self._poll(known, unchanged)
+            except Stopped:
+                return None  # whatever the abandoned poll does, this one never holds the lease
             except ConditionalWritesUnsupported:
                 # Not an outage: the configured store cannot hold a lease at all (gs://, hdfs://).
                 # Waiting would keep the group without a bookkeeper for good, saying only that
@@ -172,9 +211,9 @@ class Lease:
         # read and a HEAD); listing every lease file (never deleted: 3,000 of them take 0.85 s
         # to list and read on s3proxy) is left to the first poll and to a lease that looks
         # free, so that the decision to take one rests on a full listing.
-        current = _newest_lease(self.folder, self.ttl_ms, after=known)
+        current = self._call(_newest_lease, self.folder, self.ttl_ms, known)
         if known is not None and _free(current, unchanged):
-            current = _newest_lease(self.folder, self.ttl_ms)
+            current = self._call(_newest_lease, self.folder, self.ttl_ms)
         if current is not None and self._tried is not None and self._own_attempt(current):
             # This one's own create, which landed though the call failed (an SDK that gave up
             # after its retries, the answer lost): held since the attempt began. Read as
@@ -213,7 +252,8 @@ class Lease:
         self.check()
         assert self.epoch is not None
         self._written_at = time.monotonic()
-        write_file(
+        self._call(
+            write_file,
             self._uri(self.epoch),
             _encode(LeaseRecord(self.epoch, self.owner, _now_ms(), self.ttl_ms)),
         )
@@ -225,8 +265,8 @@ class Lease:
         if self.epoch is None:
             raise Fenced("no lease held")
         following = self.epoch + 1
-        if file_exists(self._uri(following)):
-            newest = _newest_lease(self.folder, self.ttl_ms)
+        if self._call(file_exists, self._uri(following)):
+            newest = self._call(_newest_lease, self.folder, self.ttl_ms)
             if newest is not None and self._tried is not None and self._own_attempt(newest):
                 # Its own take of the next epoch (below), which landed though the call failed:
                 # held since the attempt began, not a newer holder's (it fenced itself).
@@ -263,18 +303,52 @@ class Lease:
             self._tried = None
 
     def release(self) -> None:
-        """Expire our lease now so a successor does not wait for the TTL."""
-        if self.epoch is None:
+        """Expire our lease now so a successor does not wait for the TTL. Stopping, a store that
+        does not answer within `STOP_GRACE_S` leaves it to expire (as a kill does)."""
+        if self.epoch is None or self.abandoned:
             return
         try:
-            record = _read(self._uri(self.epoch))
+            record = self._call(_read, self._uri(self.epoch))
             if record is not None and record.owner == self.owner:
-                write_file(
+                self._call(
+                    write_file,
                     self._uri(self.epoch),
                     _encode(LeaseRecord(self.epoch, self.owner, 0, self.ttl_ms)),
                 )
+        except Stopped:
+            log.warning(
+                f"{self.role} lease not released: its store did not answer; a successor takes it "
+                "once its TTL has passed",
+                extra={"epoch": self.epoch, "group": self.group},
+            )
         except OSError:
             pass
+
+    def _call(self, action: Callable[..., _T], *args: Any) -> _T:
+        """`action(*args)`, a call to the lease's store, run in a daemon thread of its own so that
+        the owner's `stop` ends the wait for a store that does not answer: `STOP_GRACE_S` after
+        `stop` is seen, the call is abandoned (`Stopped`), and its answer, whenever it comes, is
+        never read. Without a `stop` flag, called here as before."""
+        if self.abandoned:
+            raise Stopped(f"{self.role} lease abandoned while stopping")
+        if self.stop is None:
+            return action(*args)
+        call = _Call(action, args)
+        threading.Thread(target=call.run, name=f"{self.role}-lease-store", daemon=True).start()
+        stopping_since: float | None = None
+        while not call.done.wait(0.05):
+            if not self.stop.is_set():
+                continue
+            if stopping_since is None:
+                stopping_since = time.monotonic()
+            elif time.monotonic() - stopping_since >= STOP_GRACE_S:
+                self.abandoned = True
+                call.abandon()
+                raise Stopped(
+                    f"{self.role} told to stop while the lease's store did not answer "
+                    f"({getattr(action, '__name__', action)})"
+                )
+        return call.outcome()
 
     def _uri(self, epoch: int) -> str:
         return f"{self.folder}/{_name(epoch)}"
@@ -284,15 +358,60 @@ class Lease:
         if self._tried is None or self._tried[0] != epoch:
             self._tried = (epoch, started)  # the first attempt at an epoch: the earliest write
         record = LeaseRecord(epoch, self.owner, _now_ms(), self.ttl_ms)
-        if not create_if_absent(self._uri(epoch), _encode(record)):
+        if not self._call(create_if_absent, self._uri(epoch), _encode(record)):
             # An SDK that sent the create again after its answer was lost (a dropped connection,
             # a timeout: botocore retries) hears "already there" of its own file: the owner,
             # unique to this Lease, tells whether this holder or another created it.
-            theirs = _read(self._uri(epoch))
+            theirs = self._call(_read, self._uri(epoch))
             if theirs is None or theirs.owner != self.owner:
                 return False
         self._written_at = started
         return True
+
+
+def store_calls_abandoned() -> int:
+    """Calls to a lease's store given up while stopping (`Stopped`) that have not ended yet. A
+    process that ends with such a call under way must not wait for it at its exit: pyarrow's S3
+    finalizer, run by the interpreter's exit, waits for every S3 call in flight (a listing of a
+    store that does not answer: 11 s of the SDK's timeouts and retries), so the CLI ends such a
+    process at once (`icekeeper/cli.py`)."""
+    with _ABANDONED_LOCK:
+        return len(_ABANDONED)
+
+
+_ABANDONED: set[_Call] = set()
+_ABANDONED_LOCK = threading.Lock()
+
+
+class _Call:
+    """One call to the lease's store, run on a thread of its own (`Lease._call`)."""
+
+    def __init__(self, action: Callable[..., Any], args: tuple) -> None:
+        self.action, self.args = action, args
+        self.done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._result = self.action(*self.args)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+            self._error = error
+        finally:
+            with _ABANDONED_LOCK:
+                self.done.set()
+                _ABANDONED.discard(self)
+
+    def abandon(self) -> None:
+        """The caller stopped waiting: counted in `store_calls_abandoned` until it ends."""
+        with _ABANDONED_LOCK:
+            if not self.done.is_set():
+                _ABANDONED.add(self)
+
+    def outcome(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 class _Unchanged:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
+import os
 import signal
 import sys
 import time
@@ -193,18 +195,19 @@ def cmd_bookkeeper(args: argparse.Namespace) -> int:
 
     try:
         service.run(once=args.once, on_cycle=show)
+        code = exit_codes.OK
     except (Fenced, StaleEpoch) as error:
         print(
             f"icekeeper bookkeeper: stopped, fenced by a newer bookkeeper: {error}", file=sys.stderr
         )
-        return exit_codes.FENCED
+        code = exit_codes.FENCED
     finally:
         # The service is over (lease released, endpoints closed); what is left is the
         # interpreter's teardown, whose collections over every object the imports made
         # (pyiceberg, pyarrow, SQLAlchemy) took 0.5-1 s on a loaded machine. Frozen, they are
         # skipped, and the process exits within a second of SIGTERM, as supervisors expect.
         gc.freeze()
-    return exit_codes.OK
+    return _past_abandoned_lease_calls(code)
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:
@@ -246,7 +249,25 @@ def cmd_reaper(args: argparse.Namespace) -> int:
     finally:
         service.close()
     # A one-off pass (cron) reports failed steps in its exit code.
-    return exit_codes.FAILED if failed and every is None else exit_codes.OK
+    return _past_abandoned_lease_calls(
+        exit_codes.FAILED if failed and every is None else exit_codes.OK
+    )
+
+
+def _past_abandoned_lease_calls(code: int) -> int:
+    """`code`; but a service that stopped while its lease's store did not answer (a call given
+    up at SIGTERM, `common/fencing.py`) ends here, with `code`: the interpreter's exit would wait
+    for that call (pyarrow's S3 finalizer waits for every S3 call in flight), up to the store
+    client's timeouts and retries after the service itself stopped. The service is over (its
+    state saved, its endpoints closed): only the logs and the output are left to flush."""
+    from icekeeper.common.fencing import store_calls_abandoned
+
+    if not store_calls_abandoned():
+        return code
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

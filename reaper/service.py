@@ -23,7 +23,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.config.required import require_tables
-from icekeeper.common.fencing import Fenced, Lease, LeaseRecord, live_lease
+from icekeeper.common.fencing import Fenced, Lease, LeaseRecord, Stopped, live_lease
 from icekeeper.common.http_endpoints import HttpEndpoints
 from icekeeper.common.in_flight import live_claimed_folders
 from icekeeper.common.locations import normalize_location, table_state_folder
@@ -199,9 +199,12 @@ class Reaper:
             f"{group.name}-reaper",
             ttl_s=self.config.reaper.lease_ttl,
             role="reaper",
+            stop=self.stop,  # SIGTERM never waits on a lease store that does not answer
         )
         try:
-            lease.acquire(timeout_s=0)
+            if lease.acquire(timeout_s=0) is None:
+                report.skipped.append("stopped before the pass took its lease")
+                return report
         except TimeoutError as error:
             report.skipped.append(f"{ANOTHER_REAPER}: {error}")
             return report
@@ -229,7 +232,7 @@ class Reaper:
                     report.tables.append(
                         self._table_pass(table, spec.identifier, dry_run, now, lease)
                     )
-                except Fenced:
+                except (Fenced, Stopped):
                     raise
                 except Exception as error:  # noqa: BLE001 - outside a step (pending monikers unreadable, say): as above
                     report.tables.append(
@@ -239,7 +242,7 @@ class Reaper:
                         "reaper pass of a table failed; the next pass retries it",
                         extra={"table": spec.identifier, "error": repr(error)},
                     )
-        except Fenced as error:
+        except (Fenced, Stopped) as error:
             report.skipped.append(f"stopped: {error}")
         finally:
             lease.release()

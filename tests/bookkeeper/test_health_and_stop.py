@@ -21,10 +21,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.fencing import Lease, current_lease
 from icekeeper.common.transports import open_transport
+from tests.bookkeeper.test_fencing import s3_bookkeeper_config
+from tests.support.object_stores import storage_door
+from tests.support.relay import Relay, containing, stall
 from tests.support.shop_items import bookkeeper_config, make_moniker
 from tests.support.waiting import wait_until
 
@@ -172,3 +177,73 @@ def test_last_cycle_timestamp_is_when_the_cycle_finished(tmp_path: Path) -> None
         assert metric(port, LAST_CYCLE) == finished
     finally:
         bookkeeper.http.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("hangs", ["first look", "create", "standby poll", "renewal"])
+def test_sigterm_stops_a_bookkeeper_whose_lease_store_hangs(
+    tmp_path: Path, s3_storage, hangs: str
+) -> None:
+    """The lease's store accepts each request and never answers (an S3 server that hangs, a proxy
+    holding the request): one call then lasts as long as the client's timeouts and retries
+    (pyarrow's: 11 s for a listing here; botocore's, which creates: up to two minutes). A
+    bookkeeper taking the lease, standing by or renewing it at the start of a cycle waited that
+    long after SIGTERM, and its exit as long again for the call (pyarrow's S3 finalizer). It must
+    stop within a second or so in each state, exit 0 as after any SIGTERM, and stay alive
+    (`/healthz`) while the store hangs, until the signal. A create that lands after the process
+    gave up on it is nobody's lease: it expires after its TTL and the next bookkeeper takes the
+    next epoch."""
+    relay = Relay(s3_storage.pyiceberg_properties()["s3.endpoint"])
+    config = s3_bookkeeper_config(
+        tmp_path, s3_storage, bookkeeper__lease_ttl="3s", bookkeeper__commit_interval="0.5"
+    )
+    settings = config.model_dump(mode="json")
+    settings["catalog"]["properties"]["s3.endpoint"] = relay.address  # every S3 call, relayed
+    config_path = tmp_path / "bookkeeper.yaml"
+    config_path.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    group = config.group
+    lease_requests = containing(b"leases")  # the lease folder's objects and their listing
+    state = {"standby poll": "standby", "renewal": "active"}.get(hangs, "starting")
+    bookkeeper = None
+    try:
+        if hangs == "standby poll":
+            with storage_door(s3_storage.pyiceberg_properties()):
+                holder = Lease(group.lease_uri, group.name, ttl_s=60)
+                assert holder.acquire(timeout_s=10) == 1  # held by another node for the test
+        if hangs == "first look":
+            relay.arm(lease_requests, stall(), times=1000)
+        if hangs == "create":  # the create reaches the store and lands; its answer never comes
+            relay.arm(containing(b"If-None-Match"), stall(), times=1000)
+        bookkeeper = BookkeeperProcess(config_path, tmp_path / "bookkeeper.log")
+        if hangs == "standby poll":
+            wait_until(
+                lambda: probe(bookkeeper.port, "healthz")[1].get("state") == "standby",
+                120,
+                "the bookkeeper to stand by",
+            )
+            relay.arm(lease_requests, stall(), times=1000)
+        if hangs == "renewal":
+            wait_until(lambda: probe(bookkeeper.port, "readyz")[0] == 200, 120, "it to be ready")
+            relay.arm(lease_requests, stall(), times=1000)
+        wait_until(lambda: relay.faulted > 0, 120, "a lease request to hang")
+        time.sleep(1.0)  # hung for a while: no poll or cycle ends meanwhile
+        status, health = probe(bookkeeper.port, "healthz")
+        assert status == 200 and health["state"] == state, health
+        seconds = bookkeeper.seconds_to_stop()
+        log_text = bookkeeper.log.read_text()
+        assert seconds < 2.0, f"{seconds:.1f} s after SIGTERM; {log_text[-3000:]}"
+        assert "Traceback" not in log_text and "fenced" not in log_text, log_text[-3000:]
+        # Only the active one ever held the lease: an abandoned create is nobody's.
+        assert ("lease acquired" in log_text) == (hangs == "renewal"), log_text[-3000:]
+        if hangs == "create":
+            with storage_door(s3_storage.pyiceberg_properties()):
+                landed = current_lease(group.lease_uri, group.name)
+                assert landed is not None and landed.epoch == 1  # it landed, unanswered
+                successor = Lease(group.lease_uri, group.name, ttl_s=3)
+                began = time.monotonic()
+                assert successor.acquire(timeout_s=30, poll_s=0.2) == 2  # after its TTL
+                assert time.monotonic() - began < 30
+    finally:
+        if bookkeeper is not None:
+            bookkeeper.kill()
+        relay.close()
