@@ -406,3 +406,49 @@ def test_a_maintenance_commit_that_loses_every_retry_is_redone_from_a_fresh_read
     wrapped = type("Py4JError", (Exception,), {})()
     wrapped.java_exception = jvm.org.apache.spark.SparkException("job aborted", lost_group)
     assert is_commit_conflict(wrapped)
+
+
+@pytest.mark.integration
+def test_a_stopped_reaper_does_not_wait_for_a_lease_store_that_hangs(
+    tmp_path: Path, s3_storage
+) -> None:
+    """A scheduled reaper taking its pass's lease from a store that accepts the request and never
+    answers (every S3 call of its config through the test relay, the lease's stalled) waited out
+    the client's timeouts after SIGTERM. Told to stop (as its signal handler does), its loop ends
+    within a second or so, its pass skipped without the lease."""
+    import yaml
+
+    from icekeeper.common.config import load_config
+    from tests.bookkeeper.test_fencing import s3_bookkeeper_config
+    from tests.support.object_stores import storage_door
+    from tests.support.relay import Relay, containing, stall
+
+    relay = Relay(s3_storage.pyiceberg_properties()["s3.endpoint"])
+    settings = s3_bookkeeper_config(tmp_path, s3_storage).model_dump(mode="json")
+    settings["catalog"]["properties"]["s3.endpoint"] = relay.address
+    config_path = tmp_path / "reaper.yaml"
+    config_path.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    passes = []
+    try:
+        with storage_door(settings["catalog"]["properties"]):  # as it was, afterwards
+            reaper = Reaper(load_config(config_path, environ={}))
+            relay.arm(containing(b"leases"), stall(), times=1000)
+            loop = threading.Thread(
+                target=reaper.run, kwargs={"every_s": 60, "on_pass": passes.append}, daemon=True
+            )
+            loop.start()
+            deadline = time.monotonic() + 120
+            while relay.faulted == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert relay.faulted, "the reaper never asked for its lease"
+            time.sleep(1.0)  # hung for a while
+            told = time.monotonic()
+            reaper.stop.set()
+            loop.join(30)
+            seconds = time.monotonic() - told
+            assert not loop.is_alive(), "still waiting for the lease store 30 s after the stop"
+    finally:
+        relay.close()
+    assert seconds < 2.0, f"{seconds:.1f} s after the stop"
+    assert reaper.state == "stopped"
+    assert [report.skipped for report in passes] == [["stopped before the pass took its lease"]]
