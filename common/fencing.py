@@ -40,7 +40,10 @@ What an abandoned call does may still land on the store: a create of the next ep
 That file is nobody's: the process stops and never learns it landed (`acquire` returns None, so
 the bookkeeper never takes the `Lease` as held; once it gave up a call, a `Lease` is abandoned:
 every later call raises `Stopped` and `release` does nothing). It expires after its TTL, which a
-successor waits out as after a kill (`SIGKILL`, a lost node); nothing else reads it.
+successor waits out as after a kill (`SIGKILL`, a lost node); until then a reader that tells from
+the lease whether a bookkeeper runs (the reaper's compaction wait, `icekeeper status`) takes it
+for one, as after a kill too. Nothing commits under it: commits carry the epoch of a lease their
+bookkeeper holds, and this process holds none.
 """
 
 from __future__ import annotations
