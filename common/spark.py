@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from icekeeper.common.artifacts import MavenBundle, maven_bundle
 from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.jdbc_catalog import SQLITE_JDBC_DRIVER, jdbc_catalog_properties, jdbc_driver
+from icekeeper.common.rest_catalog import rest_catalog_packages, rest_catalog_properties
 from icekeeper.common.storage import StorageSettings, spark_storage_conf, spark_storage_packages
 
 if TYPE_CHECKING:  # pyspark is imported where a session starts, not when this module loads
@@ -39,6 +40,10 @@ SPARK_PACKAGES = (
     # Spark's JdbcCatalog opens the SQLite catalog file pyiceberg's SqlCatalog writes.
     SQLITE_JDBC_DRIVER,
 )
+SECRET_CONF_REGEX = r"(?i)secret|password|token|access[.]?key|credential|authorization|[.]header[.]"
+"""`spark.redaction.regex`: Spark's default, and the REST catalog's `credential` and headers
+(`header.Authorization`), which it would otherwise show in clear wherever it lists its settings
+(an event log, `spark-submit --verbose`)."""
 V1_SOURCES_BUT_KAFKA = ("avro", "csv", "json", "orc", "parquet", "text")
 """Spark's default `spark.sql.sources.useV1SourceList` without `kafka`."""
 FUNCTIONS_CATALOG = "ik_functions"
@@ -70,15 +75,18 @@ def spark_jars(cache_dir: Path, storage_packages: tuple[str, ...] = ()) -> list[
 
 def storage_packages(config: IcekeeperConfig) -> tuple[str, ...]:
     """Maven coordinates of the jars Spark needs for the config's object stores: Iceberg's
-    S3FileIO with its AWS SDK and Hadoop's s3a for S3, Iceberg's ADLSFileIO for Azure; and the
-    JDBC driver of a SQL catalog that is not on SQLite (PostgreSQL's)."""
+    S3FileIO with its AWS SDK and Hadoop's s3a for S3, Iceberg's ADLSFileIO for Azure; the
+    JDBC driver of a SQL catalog that is not on SQLite (PostgreSQL's), the AWS SDK of a REST
+    catalog's SigV4 signing."""
     properties = config.catalog.properties
-    driver = (
-        jdbc_driver(properties.get("uri", "")) if properties.get("type", "sql") == "sql" else None
-    )
-    return spark_storage_packages(
+    kind = properties.get("type", "sql")
+    driver = jdbc_driver(properties.get("uri", "")) if kind == "sql" else None
+    packages = spark_storage_packages(
         StorageSettings.from_properties(properties), table_locations(config), ICEBERG_VERSION
     ) + ((driver,) if driver else ())
+    if kind == "rest":
+        packages += rest_catalog_packages(properties, ICEBERG_VERSION)
+    return tuple(dict.fromkeys(packages))
 
 
 def table_locations(config: IcekeeperConfig) -> list[str]:
@@ -99,12 +107,16 @@ def iceberg_catalog_conf(config: IcekeeperConfig) -> dict[str, str]:
     prefix = f"spark.sql.catalog.{name}"
     conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false"}
     kind = properties.get("type", "sql")
+    timeout_s = config.catalog.request_timeout
     if kind == "sql":
         conf[f"{prefix}.type"] = "jdbc"
-        jdbc = jdbc_catalog_properties(properties["uri"])
+        jdbc = jdbc_catalog_properties(properties["uri"], timeout_s)
         conf.update({f"{prefix}.{key}": value for key, value in jdbc.items()})
     elif kind == "rest":
-        conf.update({f"{prefix}.type": "rest", f"{prefix}.uri": properties["uri"]})
+        # The credentials, headers and signing pyiceberg authenticates with, under Java's names.
+        conf[f"{prefix}.type"] = "rest"
+        rest = rest_catalog_properties(properties, timeout_s)
+        conf.update({f"{prefix}.{key}": value for key, value in rest.items()})
     else:
         conf[f"{prefix}.type"] = kind
         if "uri" in properties:
@@ -232,6 +244,7 @@ def spark_session(
         )
     builder = (
         builder.config("spark.ui.enabled", "false")
+        .config("spark.redaction.regex", SECRET_CONF_REGEX)
         .config("spark.ui.showConsoleProgress", "false")
         .config(
             "spark.sql.extensions",

@@ -23,6 +23,7 @@ from icekeeper.common import exit_codes
 from icekeeper.common.config import ConfigError, IcekeeperConfig, load_config
 from icekeeper.common.config.loader import each_error
 from icekeeper.common.config.required import role_config_errors
+from icekeeper.common.config.secrets import mask_text
 
 CONNECT_TIMEOUT_S = 5.0
 """How long a Kafka cluster or a registry may take to answer `--connect`."""
@@ -52,7 +53,11 @@ class ConfigCheck:
         return exit_codes.FAILED if self.failed else exit_codes.OK
 
     def lines(self) -> list[str]:
-        """The report, one line per finding (errors first), then a summary line."""
+        """The report, one line per finding (errors first), then a summary line; a secret a
+        client's error quoted (a REST catalog's credential or header, a URL's password) masked."""
+        return [mask_text(line) for line in self._lines()]
+
+    def _lines(self) -> list[str]:
         found = [
             f"{error}" + (f" (stops {_roles(roles)})" if roles else "")
             for error, roles in self.errors

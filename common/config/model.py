@@ -520,18 +520,28 @@ class CatalogConfig(_Model):
         "`s3.path-style-access`; `adls.account-name`, `adls.account-key`, `adls.sas-token`, "
         "`adls.connection-string`) also open every other `s3://` or "
         "`abfss://<container>@<account>.dfs.core.windows.net/` URI of this config (monikers, "
-        "leases, reports, dead letters), and reach Spark (S3FileIO / ADLSFileIO) and DuckDB.",
+        "leases, reports, dead letters), and reach Spark (S3FileIO / ADLSFileIO) and DuckDB. A "
+        "REST catalog's client properties reach Spark's catalog as well, under Iceberg Java's "
+        "names: `credential`, `token`, `scope`, `oauth2-server-uri`, `audience`, `resource`, "
+        "`token-*`, `header.<Name>`, `prefix`, `warehouse`, `rest.*`; `rest.sigv4-enabled` with "
+        "`client.*` as `rest.auth.type: sigv4` with `rest.access-key-id`, ... "
+        "(docs/operations.md).",
     )
     request_timeout: Duration = Field(
         60.0,
         gt=0,
         description="How long a call to a shared catalog may wait before it fails (pyiceberg "
-        "itself waits forever). REST: to connect, and for each part of the server's answer. Hive "
+        "itself waits forever). REST: to connect, and for each part of the server's answer "
+        "(Spark's client: `rest.client.connection-timeout-ms`, `rest.client.socket-timeout-ms`, "
+        "unless the properties set them). Hive "
         "Metastore: to connect, and for each read and write of its Thrift connection. "
         "PostgreSQL (`postgresql://`, `postgresql+psycopg://` URLs): the server cancels a "
         "statement running longer (`statement_timeout`) and ends a session idle longer, in a "
         "transaction or not; the client gives up on a silent server or network (connect timeout, "
-        "TCP keepalives, `tcp_user_timeout`); parameters the URL sets itself are kept "
+        "TCP keepalives, `tcp_user_timeout`); Spark's JDBC catalog gets PgJDBC's "
+        "`connectTimeout`, `loginTimeout`, `socketTimeout`, `tcpKeepAlive` and the same "
+        "`statement_timeout` and `idle_in_transaction_session_timeout`; parameters the URL sets "
+        "itself are kept "
         "(docs/operations.md). A commit that times out is of unknown outcome: the bookkeeper reads "
         "the table back to settle it.",
     )

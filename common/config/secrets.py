@@ -9,7 +9,8 @@ resolved once, when the config is loaded.
 
 Whatever prints config or logs goes through `mask_text` / `mask_properties`: a URL's password,
 `password=`, `AccountKey=` and the like, the values of secret-named keys (`sasl.jaas.config`,
-`*password*`, `*secret*`, `*token*`, `*key`, `*account.key*`, `credential`), and every value a
+`*password*`, `*secret*`, `*token*`, `*key`, `*account.key*`, `credential`,
+`header.Authorization`), and every value a
 reference resolved to (remembered in `known_secret_values`, so a log line that quotes one is masked
 too) become `MASK`.
 """
@@ -29,7 +30,7 @@ MASK = "**********"
 
 _REFERENCE = re.compile(r"\$\{(env|file):([^}]*)\}")
 _SECRET_KEY = re.compile(
-    r"(password|passwd|secret|token|credential|jaas|user\.info|(^|[._-])key$|api[._-]?key|account[._-]key)",
+    r"(password|passwd|secret|token|credential|authorization|jaas|user\.info|(^|[._-])key$|api[._-]?key|account[._-]key)",
     re.IGNORECASE,
 )
 _URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@")

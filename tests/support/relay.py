@@ -101,6 +101,30 @@ def containing(marker: bytes) -> Callable[[bytes], bool]:
     return lambda sent: wanted in sent.lower()
 
 
+def lacking(*headers: bytes, unless: bytes = b"") -> Callable[[bytes], bool]:
+    """Matches once the head of the client's last request is whole and lacks one of `headers`
+    (each `Name: value`, or the start of one: `Authorization: Bearer `), in any case; never a
+    request whose request line contains `unless` (`/v1/oauth/tokens`). Armed with `refuse(401)`
+    for good, a server that takes no credentials refuses whoever does not send them, as a
+    secured one does."""
+    wanted = [header.lower() for header in headers]
+
+    def at(sent: bytes) -> bool:
+        starts = [found.start() for found in REQUEST_START.finditer(sent)]
+        if not starts:
+            return False
+        head, whole, _ = sent[starts[-1] :].partition(b"\r\n\r\n")
+        if not whole:
+            return False
+        request_line, *lines = head.split(b"\r\n")
+        if unless and unless in request_line:
+            return False
+        given = [line.strip().lower() for line in lines]
+        return any(not any(line.startswith(header) for line in given) for header in wanted)
+
+    return at
+
+
 def http_status(code: int) -> bytes:
     """An HTTP/1.1 answer `code` without a body, after which the relay closes the connection."""
     return (
