@@ -149,9 +149,10 @@ class AzureQueueMonikerTransport(MonikerTransport):
         (its predecessor missing, the cycle full), it counts only the reads that found its copy
         unreadable, in the message itself (`UNREADABLE_READS_KEY`): a restarted bookkeeper goes
         on counting, and a copy readable again is never dead-lettered for its past waits."""
-        path = pointer[POINTER_KEY]
-        if not isinstance(path, str):
-            return self._unreadable(message, source, raw, pointer, f"bad pointer: {path!r}")
+        path = self._journal_path(pointer)
+        if path is None:
+            reason = f"bad pointer: {pointer[POINTER_KEY]!r} is no file of the journal"
+            return self._unreadable(message, source, raw, pointer, reason)
         if self.journal.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
             # Its copy goes only when the moniker is acknowledged: this is a second message of a
             # moniker already committed (`resend_journal`), to acknowledge and ignore, not poison.
@@ -164,6 +165,15 @@ class AzureQueueMonikerTransport(MonikerTransport):
             return Delivery(decode_moniker(data), source, None, raw, handle=message)
         except MonikerError as error:
             return self._unreadable(message, source, data, pointer, str(error))
+
+    def _journal_path(self, pointer: dict) -> str | None:
+        """The journal file a pointer names, or None for anything else: a message's pointer is
+        read, and deleted once dead-lettered, so it must never reach outside the journal."""
+        path = pointer[POINTER_KEY]
+        if not isinstance(path, str) or ".." in path.split("/"):
+            return None
+        root = self.journal.root.rstrip("/") + "/"
+        return path if path.startswith(root) and path.endswith(".json") else None
 
     def _unreadable(
         self, message: QueueMessage, source: str, data: bytes, pointer: dict, error: str
@@ -248,13 +258,10 @@ class AzureQueueMonikerTransport(MonikerTransport):
         )
         self.acknowledge(delivery)
         pointer = _pointer(_content(delivery.handle))
-        if (
-            delivery.moniker is None
-            and pointer is not None
-            and isinstance(pointer[POINTER_KEY], str)
-        ):
-            # An unreadable journal copy, kept in the dead-letter place now: no writer resends it.
-            self.journal.delete(pointer[POINTER_KEY])
+        if delivery.moniker is None and pointer is not None:
+            if (path := self._journal_path(pointer)) is not None:
+                # An unreadable journal copy, in the dead-letter place now: no writer resends it.
+                self.journal.delete(path)
 
     def has_pending(self) -> bool:
         return bool(self.queue.peek_messages(max_messages=1))
