@@ -110,6 +110,12 @@ class Bookkeeper:
         """Commit report lines not yet written (a full disk, an unreachable topic): retried with
         the next ones."""
         self._reports_failed_this_cycle = False
+        self._to_release: dict[str, list[Delivery]] = {}
+        """This cycle's waiting monikers per table, in the order to release them."""
+        self._released_in: dict[str, int] = {}
+        """Per table, the release round (`_release_cycles`) that last released one of its
+        monikers: who goes first next time."""
+        self._release_cycles = 0
 
     def serve_http(self, port: int | None = None) -> int:
         """Start `/metrics`, `/healthz` (liveness) and `/readyz` (readiness); returns the port (0
@@ -345,6 +351,7 @@ class Bookkeeper:
         if self.lease is not None:
             self.lease.renew()
             self._follow_lease()
+        self._to_release = {}
         deliveries = self.transport.receive(max_count=100_000)
         readable: dict[str, list[Delivery]] = {}
         file_events: dict[str, list[Delivery]] = {}
@@ -413,6 +420,7 @@ class Bookkeeper:
                 continue
             self._settle(report, table, result)
         self._commit_rewrites(report)
+        self._release_waiting()
         self._purge(report)
         self._heartbeats(
             report, committed={t.table for t in report.tables if t.snapshot_id is not None}
@@ -490,15 +498,8 @@ class Bookkeeper:
                 "moniker left pending: storage cannot serve a file now; retried next cycle",
                 extra={"table": table, "source": delivery.source, "reason": reason},
             )
-        try:
-            self.transport.release(self._next_in_line(result))
-        except Exception as error:  # noqa: BLE001 - releasing only hurries them: they come back with the visibility timeout
-            self.metrics.errors.labels("release-failed").inc()
-            log.warning(
-                "waiting monikers not made visible again; they come back with the queue's "
-                "visibility timeout",
-                extra={"table": table, "error": repr(error)},
-            )
+        if waiting := self._next_in_line(result):
+            self._to_release.setdefault(table, []).extend(waiting)
         report.pending += len(result.waiting)
         report.tables.append(result)
         self.metrics.pending_monikers.labels(table).set(len(result.waiting))
@@ -507,11 +508,42 @@ class Bookkeeper:
             self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
             self._write_report(result)
 
+    def _release_waiting(self) -> None:
+        """Make the cycle's waiting monikers visible again (`_next_in_line`), at most
+        `RELEASED_PER_CYCLE` for the whole cycle (one queue call each), shared between the tables:
+        each table's next one first, then each one's second, ...; the tables released longest ago
+        go first. A table left out is hidden for the visibility timeout, then received again, and
+        is then first in line: without that, the tables released last cycle (the only ones the
+        next receive sees) would take every release, cycle after cycle."""
+        lines, self._to_release = self._to_release, {}
+        if not lines:
+            return
+        self._release_cycles += 1
+        tables = sorted(lines, key=lambda table: (self._released_in.get(table, 0), table))
+        in_turn = [
+            lines[table][position]
+            for position in range(max(map(len, lines.values())))
+            for table in tables
+            if position < len(lines[table])
+        ][:RELEASED_PER_CYCLE]
+        for delivery in in_turn:
+            self._released_in[delivery.moniker.table] = self._release_cycles
+        try:
+            self.transport.release(in_turn)
+        except Exception as error:  # noqa: BLE001 - releasing only hurries them: they come back with the visibility timeout
+            self.metrics.errors.labels("release-failed").inc()
+            log.warning(
+                "waiting monikers not made visible again; they come back with the queue's "
+                "visibility timeout",
+                extra={"tables": sorted(lines), "error": repr(error)},
+            )
+
     def _next_in_line(self, result: TableCommit) -> list[Delivery]:
-        """The waiting monikers to receive again next cycle, in each writer's seq order, at most
-        `RELEASED_PER_CYCLE`: a queue would hide each for its visibility timeout, so a backlog
-        over the commit budget committed one budget per timeout and fell behind for good. Writers
-        held by a file storage could not serve are left out (the timeout is their backoff)."""
+        """A table's waiting monikers to receive again next cycle, in each writer's seq order (a
+        queue would hide each for its visibility timeout, so a backlog over the commit budget
+        committed one budget per timeout and fell behind for good); `_release_waiting` takes at
+        most `RELEASED_PER_CYCLE` of all tables'. Writers held by a file storage could not serve
+        are left out (the timeout is their backoff)."""
         held = {d.moniker.writer_id for d, _ in result.unavailable if d.moniker is not None}
         chains: dict[str, list[Delivery]] = {}
         for delivery in result.waiting:
@@ -720,8 +752,8 @@ class Bookkeeper:
 
 
 RELEASED_PER_CYCLE = 500
-"""Waiting monikers a cycle makes visible again at most (one call each on a queue); the rest come
-back with the transport's visibility timeout."""
+"""Waiting monikers a cycle makes visible again at most, all tables together (one call each on a
+queue); the rest come back with the transport's visibility timeout."""
 
 LIVENESS_GRACE_S = 600.0
 """The shortest time a bookkeeper may show no life before `/healthz` calls it stuck."""

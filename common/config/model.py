@@ -657,7 +657,10 @@ class BookkeeperConfig(_Model):
         "(0: one per core).",
     )
     max_attempts: int = Field(
-        5, ge=1, description="Attempts before an unreadable moniker goes to the dead-letter place."
+        5,
+        ge=1,
+        description="Reads that found a moniker unreadable (bad input, not an outage) before it "
+        "goes to the dead-letter place.",
     )
     missing_file_timeout: Duration = Field(
         3600.0,

@@ -14,10 +14,16 @@ cannot be listed or taken out by name); the dead-letter queue gets a message too
 from __future__ import annotations
 
 import json
+import logging
 
 import pyarrow.fs as pafs
-from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
-from azure.storage.queue import QueueClient
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+)
+from azure.storage.queue import QueueClient, QueueMessage
 
 from icekeeper.common.config.model import MAX_INLINE_MONIKER_BYTES, AzureQueueTransport
 from icekeeper.common.file_events import parse_event_grid
@@ -29,6 +35,12 @@ MAX_INLINE_BYTES = MAX_INLINE_MONIKER_BYTES
 """Below the 64 KiB message limit with room for the XML escaping the SDK applies (the default of
 `transport.max_inline_bytes`)."""
 POINTER_KEY = "icekeeper_moniker_pointer"
+UNREADABLE_READS_KEY = "unreadable_reads"
+"""In a pointer message: how many reads found its journal copy unreadable (bad input)."""
+UNREACHABLE_RETRY_S = 5
+"""How soon a message whose journal copy could not be read (an outage) is received again."""
+
+log = logging.getLogger(__name__)
 
 
 class AzureQueueMonikerTransport(MonikerTransport):
@@ -83,7 +95,11 @@ class AzureQueueMonikerTransport(MonikerTransport):
     def receive(self, max_count: int = 1000) -> list[Delivery]:
         """Every message visible now, each once: a message received again within the same call
         (a long receive outlasting its visibility timeout) keeps only its newest receipt, the only
-        one that can still delete it."""
+        one that can still delete it.
+
+        A message that cannot be read now (its journal copy's store does not answer, or the
+        queue refuses to count an unreadable read) is left out, not raised: the others of the
+        call are returned, and it is made visible again `UNREACHABLE_RETRY_S` later."""
         deliveries: dict[str, Delivery] = {}
         pages = self.queue.receive_messages(
             messages_per_page=32,
@@ -91,47 +107,105 @@ class AzureQueueMonikerTransport(MonikerTransport):
             max_messages=max_count,
         )
         for message in pages:
-            raw = (
-                message.content.encode("utf-8")
-                if isinstance(message.content, str)
-                else bytes(message.content or b"")
-            )
-            moniker, error = self._decode(raw)
-            event = None
-            if moniker is None and (grid := parse_event_grid(raw)) is not None:
-                event, error = grid.file, grid.error
             deliveries.pop(message.id, None)  # the newer receipt goes last, in receive order
-            deliveries[message.id] = Delivery(
-                moniker,
-                f"queue:{message.id}",
-                error,
-                raw,
-                message.dequeue_count or 1,
-                handle=message,
-                file_event=event,
-            )
+            try:
+                deliveries[message.id] = self._delivery(message)
+            except (OSError, AzureError) as error:
+                # An outage, not bad input: not counted toward dead-lettering.
+                log.warning(
+                    "queue message not readable now; received again soon",
+                    extra={"source": f"queue:{message.id}", "error": repr(error)},
+                )
+                self._retry_soon(message)
         return list(deliveries.values())
 
-    def _decode(self, raw: bytes) -> tuple[Moniker | None, str | None]:
+    def _delivery(self, message: QueueMessage) -> Delivery:
+        """The delivery of `message`; an outage (its journal copy's store, the queue) raises."""
+        raw = _content(message)
+        source = f"queue:{message.id}"
+        pointer = _pointer(raw)
+        if pointer is not None:
+            return self._pointed_delivery(message, source, raw, pointer)
+        moniker, error = _inline(raw)
+        event = None
+        if moniker is None and (grid := parse_event_grid(raw)) is not None:
+            event, error = grid.file, grid.error
+        # The content of a message never changes: each of its receives found what this one did,
+        # so the queue's count of them is its count of unreadable reads.
+        return Delivery(
+            moniker,
+            source,
+            error,
+            raw,
+            message.dequeue_count or 1,
+            handle=message,
+            file_event=event,
+        )
+
+    def _pointed_delivery(
+        self, message: QueueMessage, source: str, raw: bytes, pointer: dict
+    ) -> Delivery:
+        """A moniker sent as a pointer to its journal copy. Received many times while it waits
+        (its predecessor missing, the cycle full), it counts only the reads that found its copy
+        unreadable, in the message itself (`UNREADABLE_READS_KEY`): a restarted bookkeeper goes
+        on counting, and a copy readable again is never dead-lettered for its past waits."""
+        path = self._journal_path(pointer)
+        if path is None:
+            reason = f"bad pointer: {pointer[POINTER_KEY]!r} is no file of the journal"
+            return self._unreadable(message, source, raw, pointer, reason)
+        if self.journal.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+            # Its copy goes only when the moniker is acknowledged: this is a second message of a
+            # moniker already committed (`resend_journal`), to acknowledge and ignore, not poison.
+            return Delivery(None, source, None, raw, handle=message)
         try:
-            parsed = json.loads(raw)
-        except ValueError as error:
-            return None, f"not JSON: {error}"
-        if isinstance(parsed, dict) and POINTER_KEY in parsed:
-            if (
-                self.journal.filesystem.get_file_info(parsed[POINTER_KEY]).type
-                == pafs.FileType.NotFound
-            ):
-                # Its copy goes only when the moniker is acknowledged: this
-                # is a second message of a moniker already committed
-                # (`resend_journal`), to acknowledge and ignore, not poison.
-                return None, None
-            stored = self.journal.read(parsed[POINTER_KEY])
-            return stored.moniker, stored.error
+            data = self.journal.read_bytes(path)
+        except FileNotFoundError:
+            return Delivery(None, source, None, raw, handle=message)  # acknowledged meanwhile
         try:
-            return decode_moniker(raw), None
+            return Delivery(decode_moniker(data), source, None, raw, handle=message)
         except MonikerError as error:
-            return None, str(error)
+            return self._unreadable(message, source, data, pointer, str(error))
+
+    def _journal_path(self, pointer: dict) -> str | None:
+        """The journal file a pointer names, or None for anything else: a message's pointer is
+        read, and deleted once dead-lettered, so it must never reach outside the journal."""
+        path = pointer[POINTER_KEY]
+        if not isinstance(path, str) or ".." in path.split("/"):
+            return None
+        root = self.journal.root.rstrip("/") + "/"
+        return path if path.startswith(root) and path.endswith(".json") else None
+
+    def _unreadable(
+        self, message: QueueMessage, source: str, data: bytes, pointer: dict, error: str
+    ) -> Delivery:
+        """Count this unreadable read in the message before anyone acts on it (a crash after
+        counting counts one read more, never fewer: a truly bad copy is dead-lettered after
+        `bookkeeper.max_attempts` reads, restarts or not); it stays hidden for the visibility
+        timeout, the backoff of bad input."""
+        reads = _count(pointer.get(UNREADABLE_READS_KEY)) + 1
+        counted = self.queue.update_message(
+            message.id,
+            pop_receipt=message.pop_receipt,
+            content=json.dumps({**pointer, UNREADABLE_READS_KEY: reads}),
+            visibility_timeout=self.visibility_timeout_s,
+        )
+        message.pop_receipt = counted.pop_receipt  # the receipt that deletes it now
+        return Delivery(None, source, error, data, reads, handle=message)
+
+    def _retry_soon(self, message: QueueMessage) -> None:
+        """Visible again in `UNREACHABLE_RETRY_S`, not the visibility timeout: an outage is
+        usually short. Not at once: a receive that outlasts it would read it again and again."""
+        try:
+            self.queue.update_message(
+                message.id,
+                pop_receipt=message.pop_receipt,
+                visibility_timeout=min(UNREACHABLE_RETRY_S, self.visibility_timeout_s),
+            )
+        except AzureError as error:
+            log.warning(
+                "queue message left hidden for the visibility timeout",
+                extra={"source": f"queue:{message.id}", "error": repr(error)},
+            )
 
     def acknowledge(self, delivery: Delivery) -> None:
         self.acknowledge_copy(delivery)
@@ -183,6 +257,11 @@ class AzureQueueMonikerTransport(MonikerTransport):
             )
         )
         self.acknowledge(delivery)
+        pointer = _pointer(_content(delivery.handle))
+        if delivery.moniker is None and pointer is not None:
+            if (path := self._journal_path(pointer)) is not None:
+                # An unreadable journal copy, in the dead-letter place now: no writer resends it.
+                self.journal.delete(path)
 
     def has_pending(self) -> bool:
         return bool(self.queue.peek_messages(max_messages=1))
@@ -193,6 +272,41 @@ class AzureQueueMonikerTransport(MonikerTransport):
             for stored in self.journal.list(table, writer_id)
             if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)
         ]
+
+
+def _content(message: QueueMessage | None) -> bytes:
+    if message is None or message.content is None:
+        return b""
+    return (
+        message.content.encode("utf-8")
+        if isinstance(message.content, str)
+        else bytes(message.content)
+    )
+
+
+def _inline(raw: bytes) -> tuple[Moniker | None, str | None]:
+    """A moniker carried whole in a message, or why its bytes are not one."""
+    try:
+        json.loads(raw)
+    except ValueError as error:
+        return None, f"not JSON: {error}"
+    try:
+        return decode_moniker(raw), None
+    except MonikerError as error:
+        return None, str(error)
+
+
+def _pointer(raw: bytes) -> dict | None:
+    """The pointer a message carries instead of a moniker too big for it, if it is one."""
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) and POINTER_KEY in parsed else None
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def _queue(connection_string: str, name: str, api_version: str | None) -> QueueClient:

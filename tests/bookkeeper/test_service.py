@@ -244,3 +244,74 @@ def test_waiting_monikers_are_released_a_writer_at_a_time(
 
     seqs = committed_state(bookkeeper.catalog.load_table("shop.items")).writer_seqs
     assert (seqs.get("b"), seqs.get("c"), seqs.get("a")) == (3, 3, None)
+
+
+@pytest.mark.integration
+def test_a_cycle_releases_at_most_its_budget_across_tables_and_starves_none(
+    local_stack, tmp_path: Path, monkeypatch
+) -> None:
+    """`RELEASED_PER_CYCLE` holds per cycle, all tables together (one queue call per release),
+    and no table is starved: four tables each have a chain waiting on a predecessor still on its
+    way, under a budget of three releases a cycle. The tables left out are received again after
+    the visibility timeout and then go first, so within a few timeouts every table's waiting
+    monikers were released; then the predecessors arrive and every table commits."""
+    import time
+
+    from icekeeper.bookkeeper import service
+    from tests.support.shop_items import azure_queue_settings
+
+    monkeypatch.setattr(service, "RELEASED_PER_CYCLE", 3)
+    tables = [f"shop.t{index}" for index in range(4)]
+    config = bookkeeper_config(
+        tmp_path,
+        tables="["
+        + ", ".join(
+            f"{{identifier: {table}, topics: [items], primary_key: [id], mode: changelog}}"
+            for table in tables
+        )
+        + "]",
+        transport__visibility_timeout="3s",
+        transport__journal_uri=str(tmp_path / "journal"),
+        **azure_queue_settings(local_stack),
+    )
+    transport = open_transport(config)
+    # Each table's seq 1 is on its way: seqs 2 and 3 wait for it.
+    for table in tables:
+        for seq in (2, 3):
+            transport.publish(
+                make_moniker(config, seq, seq - 1, (seq * 10, seq * 10 + 5), table=table)
+            )
+    bookkeeper = Bookkeeper(config)
+    calls: list[str] = []
+    update_message = bookkeeper.transport.queue.update_message
+
+    def counted(*args, **kwargs):
+        calls.append(args[0] if args else kwargs.get("message"))
+        return update_message(*args, **kwargs)
+
+    monkeypatch.setattr(bookkeeper.transport.queue, "update_message", counted)
+    released_tables: set[str] = set()
+    release = bookkeeper.transport.release
+
+    def noted(deliveries):
+        released_tables.update(d.moniker.table for d in deliveries)
+        release(deliveries)
+
+    monkeypatch.setattr(bookkeeper.transport, "release", noted)
+    per_cycle = []
+    deadline = time.monotonic() + 20  # more than three visibility timeouts
+    while time.monotonic() < deadline:
+        calls.clear()
+        report = bookkeeper.run_cycle()
+        assert report.committed_monikers == 0
+        per_cycle.append(len(calls))
+        time.sleep(0.2)
+    assert max(per_cycle) <= 3, f"queue releases per cycle: {per_cycle}"
+    assert released_tables == set(tables), f"tables ever released: {sorted(released_tables)}"
+    for table in tables:
+        transport.publish(make_moniker(config, 1, None, (10, 15), table=table))
+    committed, deadline = 0, time.monotonic() + 30
+    while committed < 12 and time.monotonic() < deadline:
+        committed += bookkeeper.run_cycle().committed_monikers
+        time.sleep(0.2)
+    assert committed == 12, f"{committed} of 12 monikers committed"

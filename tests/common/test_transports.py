@@ -209,3 +209,24 @@ def test_a_local_moniker_is_durable_before_it_is_published(tmp_path: Path, monke
     synced.clear()
     write_file(str(tmp_path / "lease" / "holder.json"), b"{}")
     assert synced[-1] == str(tmp_path / "lease") and len(synced) == 2
+
+
+@pytest.mark.integration
+def test_azure_queue_never_reads_or_deletes_outside_its_journal(
+    azure_settings: AzureQueueTransport, tmp_path: Path
+) -> None:
+    """A pointer message is bad input unless it names a journal file: one naming any other file
+    (a forged or mangled message) is unreadable, and dead-lettering it leaves that file alone."""
+    transport = AzureQueueMonikerTransport(azure_settings)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(b"not the journal's")
+    for path in (str(elsewhere), f"{transport.journal.root}/../elsewhere.json"):
+        transport.queue.send_message(json.dumps({"icekeeper_moniker_pointer": path, "id": "x"}))
+    deliveries = transport.receive()
+    assert len(deliveries) == 2
+    for delivery in deliveries:
+        assert delivery.moniker is None and "bad pointer" in delivery.error
+        assert delivery.attempts == 1
+        transport.dead_letter(delivery, delivery.error)
+    assert elsewhere.read_bytes() == b"not the journal's"
+    assert transport.queue.get_queue_properties().approximate_message_count == 0
