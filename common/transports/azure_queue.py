@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pyarrow.fs as pafs
 from azure.core.exceptions import (
@@ -39,6 +40,9 @@ UNREADABLE_READS_KEY = "unreadable_reads"
 """In a pointer message: how many reads found its journal copy unreadable (bad input)."""
 UNREACHABLE_RETRY_S = 5
 """How soon a message whose journal copy could not be read (an outage) is received again."""
+OUTAGE_BUDGET_S = UNREACHABLE_RETRY_S
+"""How long one receive spends on journal reads that fail (an outage) before it reads no more
+journal copies: those messages come back `UNREACHABLE_RETRY_S` later, for the next cycle."""
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +103,15 @@ class AzureQueueMonikerTransport(MonikerTransport):
 
         A message that cannot be read now (its journal copy's store does not answer, or the
         queue refuses to count an unreadable read) is left out, not raised: the others of the
-        call are returned, and it is made visible again `UNREACHABLE_RETRY_S` later."""
+        call are returned, and it is made visible again `UNREACHABLE_RETRY_S` later. It is not
+        read again in the same call, and once this call's failed reads took `OUTAGE_BUDGET_S`,
+        no other journal copy is read in it (their messages too come back soon): a store that
+        fails slowly (seconds of its client's retries per read) would otherwise keep the call
+        going for as long as it fails, each such message visible again while another one's read
+        failed, the cycle never ending (no commit, no lease renewal, no stop on SIGTERM)."""
         deliveries: dict[str, Delivery] = {}
+        not_read: set[str] = set()
+        outage_s = 0.0
         pages = self.queue.receive_messages(
             messages_per_page=32,
             visibility_timeout=self.visibility_timeout_s,
@@ -108,10 +119,19 @@ class AzureQueueMonikerTransport(MonikerTransport):
         )
         for message in pages:
             deliveries.pop(message.id, None)  # the newer receipt goes last, in receive order
+            if message.id in not_read or (
+                outage_s >= OUTAGE_BUDGET_S and _pointer(_content(message)) is not None
+            ):
+                not_read.add(message.id)
+                self._retry_soon(message)
+                continue
+            began = time.monotonic()
             try:
                 deliveries[message.id] = self._delivery(message)
             except (OSError, AzureError) as error:
                 # An outage, not bad input: not counted toward dead-lettering.
+                outage_s += time.monotonic() - began
+                not_read.add(message.id)
                 log.warning(
                     "queue message not readable now; received again soon",
                     extra={"source": f"queue:{message.id}", "error": repr(error)},

@@ -19,7 +19,7 @@ from icekeeper.common.storage import write_whole
 from icekeeper.common.transports import open_transport
 from icekeeper.localstack.services import AZURITE_ACCOUNT, AZURITE_KEY
 from tests.support.object_stores import azure_uri, azurite_blob_properties, new_container
-from tests.support.relay import Relay, containing, lose, refuse
+from tests.support.relay import Fault, Relay, containing, lose, refuse
 from tests.support.shop_items import azure_queue_settings, bookkeeper_config, make_moniker
 
 pytestmark = pytest.mark.integration
@@ -178,3 +178,53 @@ def test_an_unreadable_journal_copy_is_dead_lettered_after_max_attempts_reads_ac
     time.sleep(1.5)
     assert restarted.run_cycle().dead_lettered == []
     assert transport.queue.get_queue_properties().approximate_message_count == 0
+
+
+def test_a_receive_ends_while_two_journal_copies_cannot_be_read(
+    tmp_path: Path, local_stack
+) -> None:
+    """Blob storage fails every read of `b`'s and `c`'s journal copies, slowly (a gateway that
+    answers 503 after 3 s): each read fails only after seconds, longer than the short delay
+    after which a copy that could not be read is received again. Each is
+    made visible again soon, so a receive that read every message it got took `b` again while
+    `c` failed, and `c` again while `b` did: the receive, and the cycle with it, never ended while
+    the outage lasted (no commit of `a`, no lease renewal, no stop on SIGTERM). The cycle ends
+    with `a` committed, and `b` and `c` commit once storage answers."""
+    import threading
+
+    relay = Relay(local_stack.service("azurite-blob").address())
+    try:
+        config = journal_on_azurite(
+            tmp_path, local_stack, relay.address, transport__visibility_timeout="600s"
+        )
+        transport = open_transport(config)
+        a1 = make_moniker(config, 1, None, (0, 10), "a", 0)
+        b1 = make_moniker(config, 1, None, (0, 10), "b", 1)
+        c1 = make_moniker(config, 1, None, (0, 10), "c", 2)
+        for moniker in (a1, b1, c1):
+            transport.publish(moniker)
+        bookkeeper = Bookkeeper(config)
+        failing = (b1.id.encode().lower(), c1.id.encode().lower())
+        slow_refusal = Fault(forward=False, answer=503, before_forward=lambda: time.sleep(3))
+        relay.arm(lambda sent: any(m in sent.lower() for m in failing), slow_refusal, times=10**6)
+        reports: list = []
+        cycle = threading.Thread(target=lambda: reports.append(bookkeeper.run_cycle()), daemon=True)
+        began = time.monotonic()
+        cycle.start()
+        cycle.join(120)
+        seconds = time.monotonic() - began
+        ended = not cycle.is_alive()
+        relay.arm(lambda sent: False, lose())  # storage answers again (a hung cycle ends too)
+        cycle.join(120)
+        assert ended, f"the cycle still receiving {seconds:.0f} s into the outage"
+        [report] = reports
+        assert report.committed_monikers == 1 and report.dead_lettered == []
+        assert committed_seqs(bookkeeper) == {"a": 1}
+        deadline = time.monotonic() + 60
+        while len(committed_seqs(bookkeeper)) < 3 and time.monotonic() < deadline:
+            assert bookkeeper.run_cycle().dead_lettered == []
+            time.sleep(0.5)
+        assert committed_seqs(bookkeeper) == {"a": 1, "b": 1, "c": 1}
+        assert unreadable_count(bookkeeper) == 0 and transport.dead_letter_count() == 0
+    finally:
+        relay.close()
