@@ -43,6 +43,8 @@ UNREACHABLE_RETRY_S = 5
 OUTAGE_BUDGET_S = UNREACHABLE_RETRY_S
 """How long one receive spends on journal reads that fail (an outage) before it reads no more
 journal copies: those messages come back `UNREACHABLE_RETRY_S` later, for the next cycle."""
+MAX_UNREACHABLE_KEPT = 10_000
+"""Ids of messages whose copy could not be read, kept to read them last next time (`receive`)."""
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ class AzureQueueMonikerTransport(MonikerTransport):
         self.dead_letters = DeadLetterFolder(settings.dead_letter_uri)
         self.visibility_timeout_s = visibility_timeout_s or max(1, int(settings.visibility_timeout))
         self.max_inline_bytes = settings.max_inline_bytes
+        self._unreachable: set[str] = set()
+        """Ids of messages whose journal copy the last receive that read it could not read (an
+        outage): read after the others in the next receive (`receive`)."""
 
     def publish(self, moniker: Moniker) -> None:
         path = self.journal.write(moniker)
@@ -103,15 +108,17 @@ class AzureQueueMonikerTransport(MonikerTransport):
 
         A message that cannot be read now (its journal copy's store does not answer, or the
         queue refuses to count an unreadable read) is left out, not raised: the others of the
-        call are returned, and it is made visible again `UNREACHABLE_RETRY_S` later. It is not
-        read again in the same call, and once this call's failed reads took `OUTAGE_BUDGET_S`,
-        no other journal copy is read in it (their messages too come back soon): a store that
-        fails slowly (seconds of its client's retries per read) would otherwise keep the call
-        going for as long as it fails, each such message visible again while another one's read
-        failed, the cycle never ending (no commit, no lease renewal, no stop on SIGTERM)."""
+        call are returned, and it is made visible again `UNREACHABLE_RETRY_S` later. A read that
+        fails takes the store client's retries (seconds), longer than that: reading every message
+        received, a call took one such message again while another one's read failed, and went
+        on for as long as the store failed (no commit, no lease renewal, no stop on SIGTERM). So
+        a message is read at most once per call; once the call's failed reads took
+        `OUTAGE_BUDGET_S`, it reads no other journal copy (those come back soon too); and a
+        message whose copy could not be read last time is read after the others, so that one
+        copy that keeps failing never takes the budget of those behind it."""
         deliveries: dict[str, Delivery] = {}
-        not_read: set[str] = set()
-        outage_s = 0.0
+        failed_again: dict[str, QueueMessage] = {}
+        reads = _FailedReads()
         pages = self.queue.receive_messages(
             messages_per_page=32,
             visibility_timeout=self.visibility_timeout_s,
@@ -119,25 +126,43 @@ class AzureQueueMonikerTransport(MonikerTransport):
         )
         for message in pages:
             deliveries.pop(message.id, None)  # the newer receipt goes last, in receive order
-            if message.id in not_read or (
-                outage_s >= OUTAGE_BUDGET_S and _pointer(_content(message)) is not None
-            ):
-                not_read.add(message.id)
-                self._retry_soon(message)
+            failed_again.pop(message.id, None)
+            if message.id in self._unreachable and message.id not in reads.ids:
+                failed_again[message.id] = message  # hidden meanwhile: read once the rest is
                 continue
-            began = time.monotonic()
-            try:
-                deliveries[message.id] = self._delivery(message)
-            except (OSError, AzureError) as error:
-                # An outage, not bad input: not counted toward dead-lettering.
-                outage_s += time.monotonic() - began
-                not_read.add(message.id)
-                log.warning(
-                    "queue message not readable now; received again soon",
-                    extra={"source": f"queue:{message.id}", "error": repr(error)},
-                )
-                self._retry_soon(message)
+            self._read(message, deliveries, reads)
+        for message in failed_again.values():
+            self._read(message, deliveries, reads)
+        if len(self._unreachable) > MAX_UNREACHABLE_KEPT:
+            self._unreachable.clear()  # only an order: forgetting it costs no message
         return list(deliveries.values())
+
+    def _read(
+        self, message: QueueMessage, deliveries: dict[str, Delivery], reads: _FailedReads
+    ) -> None:
+        """`message`'s delivery into `deliveries`, or, its copy unreadable now (or this receive
+        out of its budget for failed reads), made visible again soon (see `receive`)."""
+        if message.id in reads.ids or (
+            reads.seconds >= OUTAGE_BUDGET_S and _pointer(_content(message)) is not None
+        ):
+            reads.ids.add(message.id)
+            self._retry_soon(message)
+            return
+        began = time.monotonic()
+        try:
+            deliveries[message.id] = self._delivery(message)
+        except (OSError, AzureError) as error:
+            # An outage, not bad input: not counted toward dead-lettering.
+            reads.seconds += time.monotonic() - began
+            reads.ids.add(message.id)
+            self._unreachable.add(message.id)
+            log.warning(
+                "queue message not readable now; received again soon",
+                extra={"source": f"queue:{message.id}", "error": repr(error)},
+            )
+            self._retry_soon(message)
+            return
+        self._unreachable.discard(message.id)
 
     def _delivery(self, message: QueueMessage) -> Delivery:
         """The delivery of `message`; an outage (its journal copy's store, the queue) raises."""
@@ -292,6 +317,14 @@ class AzureQueueMonikerTransport(MonikerTransport):
             for stored in self.journal.list(table, writer_id)
             if stored.moniker is not None and writer_id in (None, stored.moniker.writer_id)
         ]
+
+
+class _FailedReads:
+    """One receive's reads that failed (an outage): which messages, and how long they took."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.seconds = 0.0
 
 
 def _content(message: QueueMessage | None) -> bytes:
