@@ -107,5 +107,5 @@ def parse_event_grid(raw: bytes | str) -> EventGridMessage | None:
 def _json(text: str) -> object | None:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser's stack: not an event
         return None

@@ -154,7 +154,9 @@ def decode_moniker(data: bytes | str) -> Moniker:
     """Parse and validate; anything unreadable raises `MonikerError` with the reason."""
     try:
         raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        # RecursionError: arrays or objects nested deeper than the parser's stack (`[[[[...`),
+        # bad input like any other, never an error that fails the receive of every message.
         raise MonikerError(f"not JSON: {error}") from None
     if not isinstance(raw, dict):
         raise MonikerError("not a JSON object")

@@ -341,7 +341,7 @@ def _inline(raw: bytes) -> tuple[Moniker | None, str | None]:
     """A moniker carried whole in a message, or why its bytes are not one."""
     try:
         json.loads(raw)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep (`[[[[...`)
         return None, f"not JSON: {error}"
     try:
         return decode_moniker(raw), None
@@ -353,7 +353,7 @@ def _pointer(raw: bytes) -> dict | None:
     """The pointer a message carries instead of a moniker too big for it, if it is one."""
     try:
         parsed = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return parsed if isinstance(parsed, dict) and POINTER_KEY in parsed else None
 

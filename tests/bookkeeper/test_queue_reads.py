@@ -230,3 +230,30 @@ def test_a_receive_ends_while_two_journal_copies_cannot_be_read(
         assert unreadable_count(bookkeeper) == 0 and transport.dead_letter_count() == 0
     finally:
         relay.close()
+
+
+def test_a_deeply_nested_message_is_bad_input_not_a_stalled_group(
+    tmp_path: Path, local_stack
+) -> None:
+    """A message of nested JSON arrays (`[[[[...`, 60,000 deep: within the queue's 64 KiB) makes
+    Python's JSON parser raise RecursionError, not ValueError. Raised out of the receive, it failed
+    every cycle: no moniker of any table committed while it sat in the queue. It is bad input like
+    any other unreadable message: the good moniker beside it commits in that cycle, and it is
+    dead-lettered at `max_attempts`."""
+    config = journal_on_azurite(
+        tmp_path, local_stack, transport__visibility_timeout="1s", bookkeeper__max_attempts="2"
+    )
+    transport = open_transport(config)
+    transport.queue.send_message("[" * 60_000)
+    transport.publish(make_moniker(config, 1, None, (0, 10), "a", 0))
+    bookkeeper = Bookkeeper(config)
+    report = bookkeeper.run_cycle()
+    assert report.committed_monikers == 1 and committed_seqs(bookkeeper) == {"a": 1}
+    dead: list = []
+    deadline = time.monotonic() + 30
+    while not dead and time.monotonic() < deadline:
+        time.sleep(1.2)
+        dead = bookkeeper.run_cycle().dead_lettered
+    assert len(dead) == 1 and "not JSON" in dead[0][1]
+    [item] = transport.quarantined()
+    assert item.raw == b"[" * 60_000
