@@ -1,15 +1,42 @@
-"""What a table has committed, as icekeeper records it in snapshot summaries.
+"""What a table has committed, as icekeeper records it: in a table property, named by snapshots.
 
-Every bookkeeper commit carries the whole state forward (not a delta), so the newest snapshot
-that has it is enough. Snapshots made by other engines (Spark's `rewrite_data_files`, for
-example) do not copy custom keys, so readers walk back through parents to the newest snapshot
-that carries them; the reaper never expires that one.
+The committed state (each writer's last seq, the next offset and event time of every
+topic-partition, refusals, quarantined monikers...) grows with the partitions a table covers:
+about 2.8 KB for a 64-partition topic. Every commit rewrites the table's metadata file with every
+snapshot kept (at a commit a second, an hour of them: 3,600), so the state is kept once per
+metadata file, not once per snapshot:
 
-Some catalogs keep no snapshot history in the table's metadata: Nessie's Iceberg REST API serves
-only the current snapshot (its history is Nessie's own commit log), so one snapshot made by
-another engine hides every summary icekeeper wrote. Commits through such a catalog (REST) also
-carry the state in a table property, `KEY_STATE`, set in the same commit: it is read when no
-snapshot of the table carries the state.
+- the table property `KEY_STATE` holds the whole state of the bookkeeper's newest commit, set in
+  the same commit (one transaction, one compare-and-swap) as the snapshot, on every catalog;
+- each snapshot icekeeper makes carries only what identifies the commit (`to_summary`): its commit
+  id, the bookkeeper's epoch, the ids of the monikers it added and the watermark, a size that does
+  not grow with the partitions. The commit id is how a commit of unknown outcome is found.
+
+A property belongs to the table, not to a snapshot, so a reader checks that it belongs to the
+snapshot the table is at (`committed_state`): the newest icekeeper snapshot among the current
+snapshot's ancestors (snapshots made by other engines, Spark's `rewrite_data_files` for example,
+carry no icekeeper keys and are walked past) must carry the property's commit id. It does unless
+the table's current snapshot was moved back or aside within the table (Iceberg's
+`rollback_to_snapshot`, `set_current_snapshot`, a cherry-pick): then the property is the state of
+a commit the table is no longer at, the state of the snapshot it is at is not kept anywhere, and
+the reader refuses (`StateNotInLineage`) rather than guess; the bookkeeper commits nothing to that
+table and writers plan nothing for it until the operator moves the table back (docs/operations.md).
+Carrying a full state in a summary every K commits would not make that exact: the state between
+that snapshot and the one rolled back to would be missing, and committing on it would add records
+twice or lose them. (Before this change a rollback also stopped the table, silently: the writers'
+seq chains no longer met the rolled-back seqs, and their monikers waited forever.) A catalog-level
+restore (pointing the catalog at an older metadata file, Nessie's branch reset) brings the property
+back with the snapshots, and is consistent.
+
+The reaper never expires the newest snapshot carrying a commit id (`expirable_snapshots`): it is the
+one the property is checked against. When expiry broke the current snapshot's parent chain before
+an icekeeper snapshot, the table's newest icekeeper snapshot is checked instead; when the table
+shows none at all (Nessie's Iceberg REST API serves only the current snapshot, so one snapshot made
+by another engine hides every earlier one), the property is read as it is.
+
+Tables committed before this change carry the whole state in every icekeeper snapshot's summary
+(`from_summary` reads it; the property, if any, has the same keys): when the newest icekeeper
+snapshot of the lineage carries it, that summary is the state, whatever the property says.
 """
 
 from __future__ import annotations
@@ -34,8 +61,11 @@ KEY_EVENT_FILES = PREFIX + "event-files"
 KEY_QUARANTINED_MONIKERS = PREFIX + "quarantined-monikers"
 KEY_REFUSALS = PREFIX + "refusals"
 KEY_STATE = PREFIX + "committed-state"
-"""Table property: the summary keys of the bookkeeper's newest commit, as one JSON object (REST
-catalogs, see the module docstring)."""
+"""Table property: the whole state of the bookkeeper's newest commit, as one JSON object of the
+keys above (see the module docstring)."""
+SUMMARY_KEYS = (KEY_COMMIT_ID, KEY_EPOCH, KEY_MONIKERS, KEY_WATERMARK)
+"""The only icekeeper keys a snapshot summary carries now: what identifies the commit, none of
+them growing with the partitions a table covers."""
 
 QUARANTINED_MONIKERS_KEPT = 500
 """Ids of quarantined monikers the state remembers for
@@ -81,38 +111,58 @@ class CommittedState:
     snapshot_id: int | None = None
 
     def to_summary(self, moniker_ids: list[str]) -> dict[str, str]:
-        """Summary properties for the next snapshot (moniker ids: those this commit adds)."""
+        """Summary properties for the next snapshot (moniker ids: those this commit adds): what
+        identifies the commit, never the per-partition state (that is `to_property`'s)."""
         summary = {
             KEY_COMMIT_ID: self.commit_id or "",
             KEY_EPOCH: str(self.epoch),
-            KEY_WRITERS: json.dumps(self.writer_seqs, sort_keys=True),
-            KEY_OFFSETS: json.dumps(nest_by_topic(self.offsets), sort_keys=True),
-            KEY_EVENT_TIME: json.dumps(nest_by_topic(self.partition_event_ms), sort_keys=True),
             KEY_MONIKERS: ",".join(moniker_ids),
-            KEY_QUARANTINED: str(self.quarantined_records),
         }
         if self.watermark_ms is not None:
             summary[KEY_WATERMARK] = str(self.watermark_ms)
+        return summary
+
+    def to_property(self) -> str:
+        """The table property `KEY_STATE` for the next commit: the whole state, set in the same
+        commit as the snapshot whose summary names `commit_id`."""
+        return json.dumps(self.full_keys(), sort_keys=True, separators=(",", ":"))
+
+    def full_keys(self) -> dict[str, str]:
+        """Every key of the state, as summaries carried them before the state moved to the table
+        property (`from_summary` reads either)."""
+        compact = {"sort_keys": True, "separators": (",", ":")}
+        keys = {
+            KEY_COMMIT_ID: self.commit_id or "",
+            KEY_EPOCH: str(self.epoch),
+            KEY_WRITERS: json.dumps(self.writer_seqs, **compact),
+            KEY_OFFSETS: json.dumps(nest_by_topic(self.offsets), **compact),
+            KEY_EVENT_TIME: json.dumps(nest_by_topic(self.partition_event_ms), **compact),
+            KEY_QUARANTINED: str(self.quarantined_records),
+        }
+        if self.watermark_ms is not None:
+            keys[KEY_WATERMARK] = str(self.watermark_ms)
         if self.event_files:
-            summary[KEY_EVENT_FILES] = json.dumps(list(self.event_files))
+            keys[KEY_EVENT_FILES] = json.dumps(list(self.event_files), **compact)
         if self.refusals:
-            summary[KEY_REFUSALS] = json.dumps(
+            keys[KEY_REFUSALS] = json.dumps(
                 {
                     writer: {"seq": refusal.seq, "from": nest_by_topic(refusal.from_offsets)}
                     for writer, refusal in self.refusals.items()
                 },
-                sort_keys=True,
+                **compact,
             )
         if self.quarantined_monikers:
-            summary[KEY_QUARANTINED_MONIKERS] = ",".join(
+            keys[KEY_QUARANTINED_MONIKERS] = ",".join(
                 self.quarantined_monikers[-QUARANTINED_MONIKERS_KEPT:]
             )
-        return summary
+        return keys
 
     @classmethod
     def from_summary(
         cls, summary: Mapping[str, str], snapshot_id: int | None = None
     ) -> CommittedState:
+        """The state from its keys: a summary written before the state moved to the table
+        property, or the property's (`full_keys`)."""
         watermark = summary.get(KEY_WATERMARK)
         return cls(
             writer_seqs={
@@ -153,35 +203,109 @@ def _flatten(nested: Mapping[str, Mapping[str, int]]) -> dict[TopicPartition, in
     }
 
 
-def committed_state(table: Table) -> CommittedState:
-    """The state carried by the newest snapshot (in the current ancestry) that has icekeeper's keys.
+class StateNotInLineage(RuntimeError):
+    """The table's committed-state property is not the state of the snapshot the table is at (its
+    current snapshot was rolled back or set aside within the table): nothing may be planned on it
+    (see the module docstring)."""
 
-    Maintenance snapshots (compaction, retention) carry no state, and expiring some of them can
-    break the parent chain; then the newest state-carrying snapshot of the table is the answer
-    (`expirable_snapshots` never expires it).
+
+def committed_state(table: Table) -> CommittedState:
+    """The committed state of the snapshot `table` is at (see the module docstring).
+
+    Raises `StateNotInLineage` when the table property holds the state of a commit that is not
+    the newest icekeeper commit among the current snapshot's ancestors.
     """
+    carrier, chain_broken = _lineage_carrier(table)
+    kept = state_property(table)
+    if carrier is None and chain_broken:
+        # Expiry broke the chain before an icekeeper snapshot, or the catalog serves no history:
+        # the table's newest icekeeper snapshot, if it shows one (`expirable_snapshots` keeps it).
+        carrier = newest_state_carrier(table)
+    if carrier is None:
+        if kept is not None and not chain_broken:
+            raise StateNotInLineage(
+                f"{_name(table)}: its snapshot {_current_id(table)} has no commit of icekeeper "
+                f"among its ancestors, but the table property {KEY_STATE} holds the state of "
+                f"commit {kept.get(KEY_COMMIT_ID)}: the table was rolled back (or replaced) "
+                "past every icekeeper commit; nothing is committed to it until it is moved back "
+                "(see docs/operations.md)"
+            )
+        return CommittedState.from_summary(kept) if kept is not None else CommittedState()
+    summary = carrier.summary.additional_properties if carrier.summary else {}
+    if KEY_OFFSETS in summary:
+        # Committed before the state moved to the property: the summary is the whole state.
+        return CommittedState.from_summary(summary, carrier.snapshot_id)
+    commit_id = summary.get(KEY_COMMIT_ID)
+    if kept is None or kept.get(KEY_COMMIT_ID) != commit_id:
+        kept_id = kept.get(KEY_COMMIT_ID) if kept is not None else None
+        at = _snapshot_of_commit(table, kept_id) if kept_id else None
+        raise StateNotInLineage(
+            f"{_name(table)}: the table property {KEY_STATE} holds the state of commit "
+            f"{kept_id or '(none)'}"
+            + (f" (snapshot {at})" if at is not None else "")
+            + f", but the newest icekeeper commit the table's snapshot {_current_id(table)} "
+            f"descends from is {commit_id} (snapshot {carrier.snapshot_id}): the table was "
+            "rolled back or set to another snapshot, and that snapshot's committed state is not "
+            "kept; nothing is committed to it until it is moved back (see docs/operations.md)"
+        )
+    return CommittedState.from_summary(kept, carrier.snapshot_id)
+
+
+def snapshot_state(table: Table, snapshot: Snapshot) -> CommittedState | None:
+    """The committed state as of `snapshot`, when the table still holds it: the snapshot's own
+    summary (committed before the state moved to the property), or the property when the
+    snapshot is the commit it belongs to. None for any other snapshot (an older icekeeper commit,
+    another engine's)."""
+    summary = snapshot.summary.additional_properties if snapshot.summary else {}
+    if KEY_OFFSETS in summary:
+        return CommittedState.from_summary(summary, snapshot.snapshot_id)
+    kept = state_property(table)
+    if (
+        KEY_COMMIT_ID in summary
+        and kept is not None
+        and kept.get(KEY_COMMIT_ID) == summary[KEY_COMMIT_ID]
+    ):
+        return CommittedState.from_summary(kept, snapshot.snapshot_id)
+    return None
+
+
+def _lineage_carrier(table: Table) -> tuple[Snapshot | None, bool]:
+    """The newest snapshot with an icekeeper commit id among the current snapshot's ancestors (the
+    current one included), and whether the walk stopped at a parent the table does not list."""
     snapshot = table.current_snapshot()
     while snapshot is not None:
         if _carries_state(snapshot):
-            return CommittedState.from_summary(
-                snapshot.summary.additional_properties, snapshot.snapshot_id
-            )
-        snapshot = (
-            table.snapshot_by_id(snapshot.parent_snapshot_id)
-            if snapshot.parent_snapshot_id is not None
-            else None
-        )
-    carrier = newest_state_carrier(table)
-    if carrier is not None:
-        return CommittedState.from_summary(
-            carrier.summary.additional_properties, carrier.snapshot_id
-        )
-    kept = state_property(table)
-    return CommittedState.from_summary(kept) if kept is not None else CommittedState()
+            return snapshot, False
+        if snapshot.parent_snapshot_id is None:
+            return None, False
+        parent = table.snapshot_by_id(snapshot.parent_snapshot_id)
+        if parent is None:
+            return None, True
+        snapshot = parent
+    return None, False
+
+
+def _snapshot_of_commit(table: Table, commit_id: str) -> int | None:
+    for snapshot in table.snapshots():
+        if (
+            snapshot.summary
+            and snapshot.summary.additional_properties.get(KEY_COMMIT_ID) == commit_id
+        ):
+            return snapshot.snapshot_id
+    return None
+
+
+def _current_id(table: Table) -> int | None:
+    current = table.current_snapshot()
+    return current.snapshot_id if current is not None else None
+
+
+def _name(table: Table) -> str:
+    return ".".join(table.name())
 
 
 def state_property(table: Table) -> dict[str, str] | None:
-    """The summary keys kept in the table's `KEY_STATE` property, if any."""
+    """The state's keys kept in the table's `KEY_STATE` property, if any (`full_keys`)."""
     kept = table.properties.get(KEY_STATE)
     return json.loads(kept) if kept else None
 
