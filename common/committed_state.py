@@ -29,10 +29,11 @@ restore (pointing the catalog at an older metadata file, Nessie's branch reset) 
 back with the snapshots, and is consistent.
 
 The reaper never expires the newest snapshot carrying a commit id (`expirable_snapshots`): it is the
-one the property is checked against. When expiry broke the current snapshot's parent chain before
-an icekeeper snapshot, the table's newest icekeeper snapshot is checked instead; when the table
-shows none at all (Nessie's Iceberg REST API serves only the current snapshot, so one snapshot made
-by another engine hides every earlier one), the property is read as it is.
+one the property is checked against. When the current snapshot's ancestors the table lists hold no
+icekeeper snapshot (expiry broke the parent chain; Nessie's Iceberg REST API serves only the
+current snapshot, without its parent, so one snapshot made by another engine hides every earlier
+one), the table's newest icekeeper snapshot is checked instead; when the table lists none at all,
+the property is read as it is.
 
 Tables committed before this change carry the whole state in every icekeeper snapshot's summary
 (`from_summary` reads it; the property, if any, has the same keys): when the newest icekeeper
@@ -215,21 +216,15 @@ def committed_state(table: Table) -> CommittedState:
     Raises `StateNotInLineage` when the table property holds the state of a commit that is not
     the newest icekeeper commit among the current snapshot's ancestors.
     """
-    carrier, chain_broken = _lineage_carrier(table)
-    kept = state_property(table)
-    if carrier is None and chain_broken:
-        # Expiry broke the chain before an icekeeper snapshot, or the catalog serves no history:
-        # the table's newest icekeeper snapshot, if it shows one (`expirable_snapshots` keeps it).
-        carrier = newest_state_carrier(table)
+    carrier = _lineage_carrier(table)
     if carrier is None:
-        if kept is not None and not chain_broken:
-            raise StateNotInLineage(
-                f"{_name(table)}: its snapshot {_current_id(table)} has no commit of icekeeper "
-                f"among its ancestors, but the table property {KEY_STATE} holds the state of "
-                f"commit {kept.get(KEY_COMMIT_ID)}: the table was rolled back (or replaced) "
-                "past every icekeeper commit; nothing is committed to it until it is moved back "
-                "(see docs/operations.md)"
-            )
+        # No icekeeper snapshot among the ancestors the table lists: expiry broke the parent
+        # chain, or the catalog serves only the current snapshot (Nessie: its parent is not
+        # listed, or not named at all). The table's newest icekeeper snapshot stands for it
+        # (`expirable_snapshots` keeps it); with none listed, the property is read as it is.
+        carrier = newest_state_carrier(table)
+    kept = state_property(table)
+    if carrier is None:
         return CommittedState.from_summary(kept) if kept is not None else CommittedState()
     summary = carrier.summary.additional_properties if carrier.summary else {}
     if KEY_OFFSETS in summary:
@@ -269,20 +264,17 @@ def snapshot_state(table: Table, snapshot: Snapshot) -> CommittedState | None:
     return None
 
 
-def _lineage_carrier(table: Table) -> tuple[Snapshot | None, bool]:
-    """The newest snapshot with an icekeeper commit id among the current snapshot's ancestors (the
-    current one included), and whether the walk stopped at a parent the table does not list."""
+def _lineage_carrier(table: Table) -> Snapshot | None:
+    """The newest snapshot with an icekeeper commit id among the current snapshot's ancestors that
+    the table lists (the current one included)."""
     snapshot = table.current_snapshot()
     while snapshot is not None:
         if _carries_state(snapshot):
-            return snapshot, False
+            return snapshot
         if snapshot.parent_snapshot_id is None:
-            return None, False
-        parent = table.snapshot_by_id(snapshot.parent_snapshot_id)
-        if parent is None:
-            return None, True
-        snapshot = parent
-    return None, False
+            return None
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
+    return None
 
 
 def _snapshot_of_commit(table: Table, commit_id: str) -> int | None:
@@ -311,14 +303,16 @@ def state_property(table: Table) -> dict[str, str] | None:
 
 
 def newest_state_carrier(table: Table) -> Snapshot | None:
-    """The newest snapshot with icekeeper's committed state, by sequence number."""
+    """The newest snapshot with an icekeeper commit id (its whole state in its summary, or in the
+    table property), by sequence number."""
     carriers = [s for s in table.snapshots() if _carries_state(s)]
     return max(carriers, key=lambda s: (s.sequence_number or 0, s.timestamp_ms), default=None)
 
 
 def expirable_snapshots(table: Table, keep: int, older_than_ms: int | None = None) -> list[int]:
     """Snapshots that may be expired: beyond the newest `keep` (and older than `older_than_ms` when
-    given), never a branch or tag head, never the newest snapshot carrying icekeeper's state."""
+    given), never a branch or tag head, never the newest snapshot with an icekeeper commit id (the
+    one the table property's commit id is checked against, see the module docstring)."""
     snapshots = sorted(
         table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms), reverse=True
     )
