@@ -31,7 +31,7 @@ back with the snapshots, and is consistent.
 The reaper never expires the newest snapshot carrying a commit id (`expirable_snapshots`): it is the
 one the property is checked against. When the current snapshot's ancestors the table lists hold no
 icekeeper snapshot (expiry broke the parent chain; Nessie's Iceberg REST API serves only the
-current snapshot, without its parent, so one snapshot made by another engine hides every earlier
+current snapshot, so one snapshot made by another engine hides every earlier
 one), the table's newest icekeeper snapshot is checked instead; when the table lists none at all,
 the property is read as it is.
 
