@@ -24,16 +24,18 @@ table and writers plan nothing for it until the operator moves the table back (d
 Carrying a full state in a summary every K commits would not make that exact: the state between
 that snapshot and the one rolled back to would be missing, and committing on it would add records
 twice or lose them. (Before this change a rollback also stopped the table, silently: the writers'
-seq chains no longer met the rolled-back seqs, and their monikers waited forever.) A catalog-level
+seq chains no longer met the rolled-back seqs, and their monikers waited.) A catalog-level
 restore (pointing the catalog at an older metadata file, Nessie's branch reset) brings the property
 back with the snapshots, and is consistent.
 
-The reaper never expires the newest snapshot carrying a commit id (`expirable_snapshots`): it is the
-one the property is checked against. When the current snapshot's ancestors the table lists hold no
-icekeeper snapshot (expiry broke the parent chain; Nessie's Iceberg REST API serves only the
-current snapshot, so one snapshot made by another engine hides every earlier
-one), the table's newest icekeeper snapshot is checked instead; when the table lists none at all,
-the property is read as it is.
+Expiry (the reaper's and the bookkeeper's, `expirable_snapshots`) never takes the current
+snapshot's newest icekeeper ancestor, the one the property is checked against, nor the snapshots
+between the two (expired, they would cut the walk short and hide a rollback), nor the table's
+newest icekeeper snapshot. When the current snapshot's ancestors that the table lists hold no
+icekeeper snapshot (an older release's expiry broke the parent chain; Nessie's Iceberg REST API
+serves only the current snapshot, so one snapshot made by another engine hides every earlier one),
+the table's newest icekeeper snapshot is checked instead; when the table lists none at all, the
+property is read as it is.
 
 Tables committed before this change carry the whole state in every icekeeper snapshot's summary
 (`from_summary` reads it; the property, if any, has the same keys): when the newest icekeeper
@@ -267,14 +269,22 @@ def snapshot_state(table: Table, snapshot: Snapshot) -> CommittedState | None:
 def _lineage_carrier(table: Table) -> Snapshot | None:
     """The newest snapshot with an icekeeper commit id among the current snapshot's ancestors that
     the table lists (the current one included)."""
+    path = _lineage_path(table)
+    carrier = table.snapshot_by_id(path[-1]) if path else None
+    return carrier if carrier is not None and _carries_state(carrier) else None
+
+
+def _lineage_path(table: Table) -> list[int]:
+    """Ids from the current snapshot back to its newest icekeeper ancestor (both included), as far
+    as the table lists them."""
+    path: list[int] = []
     snapshot = table.current_snapshot()
     while snapshot is not None:
-        if _carries_state(snapshot):
-            return snapshot
-        if snapshot.parent_snapshot_id is None:
-            return None
+        path.append(snapshot.snapshot_id)
+        if _carries_state(snapshot) or snapshot.parent_snapshot_id is None:
+            break
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
-    return None
+    return path
 
 
 def _snapshot_of_commit(table: Table, commit_id: str) -> int | None:
@@ -320,6 +330,10 @@ def expirable_snapshots(table: Table, keep: int, older_than_ms: int | None = Non
     carrier = newest_state_carrier(table)
     if carrier is not None:
         protected.add(carrier.snapshot_id)
+    # And the current snapshot's way back to its newest icekeeper commit: after a rollback that
+    # commit is another than the newest, and the property is checked against it (expired, the
+    # walk would stop short and the rollback go unseen).
+    protected.update(_lineage_path(table))
     return [
         s.snapshot_id
         for s in snapshots[max(keep, 1) :]

@@ -159,7 +159,14 @@ def test_a_rollback_is_refused_loudly_until_the_table_is_moved_back(
     assert len(transport.pending()) == 1  # nothing acknowledged
     with pytest.raises(StateNotInLineage, match="rolled back"):
         refresh_progress({}, transport.pending(), open_catalog(config), ["shop.items"], "w1")
+    # Another engine's write on top of the rolled-back snapshot changes nothing: the walk back
+    # from it still finds the first commit, not the one the property belongs to.
+    another_engines_append(config)
+    assert bookkeeper.run_cycle().committed_monikers == 0
+    with pytest.raises(StateNotInLineage, match="rolled back"):
+        committed_state(open_catalog(config).load_table("shop.items"))
 
+    table = open_catalog(config).load_table("shop.items")
     table.manage_snapshots().set_current_snapshot(newest).commit()
     progress: dict[str, TableProgress] = {}
     refresh_progress(progress, [], open_catalog(config), ["shop.items"], "w1")
