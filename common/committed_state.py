@@ -321,7 +321,8 @@ def newest_state_carrier(table: Table) -> Snapshot | None:
 
 def expirable_snapshots(table: Table, keep: int, older_than_ms: int | None = None) -> list[int]:
     """Snapshots that may be expired: beyond the newest `keep` (and older than `older_than_ms` when
-    given), never a branch or tag head, never the newest snapshot with an icekeeper commit id (the
+    given), never a branch or tag head, never the table's newest snapshot with an icekeeper commit
+    id, nor the current snapshot's newest icekeeper ancestor and the snapshots between them (the
     one the table property's commit id is checked against, see the module docstring)."""
     snapshots = sorted(
         table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms), reverse=True
