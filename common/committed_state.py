@@ -333,8 +333,12 @@ def expirable_snapshots(table: Table, keep: int, older_than_ms: int | None = Non
         protected.add(carrier.snapshot_id)
     # And the current snapshot's way back to its newest icekeeper commit: after a rollback that
     # commit is another than the newest, and the property is checked against it (expired, the
-    # walk would stop short and the rollback go unseen).
-    protected.update(_lineage_path(table))
+    # walk would stop short and the rollback go unseen). Not a way back to no icekeeper commit
+    # (a table other engines wrote): that would keep its whole history.
+    path = _lineage_path(table)
+    lineage_carrier = table.snapshot_by_id(path[-1]) if path else None
+    if lineage_carrier is not None and _carries_state(lineage_carrier):
+        protected.update(path)
     return [
         s.snapshot_id
         for s in snapshots[max(keep, 1) :]
