@@ -28,30 +28,9 @@ from icekeeper.common.committed_state import (
     committed_state,
 )
 from icekeeper.common.config import IcekeeperConfig
-from icekeeper.common.moniker import Moniker, OffsetRange, moniker_id
 from icekeeper.common.transports import open_transport
 from icekeeper.writers.progress import TableProgress, refresh_progress
-from tests.support.shop_items import SCHEMA, bookkeeper_config, make_moniker
-
-
-def whole_topic_moniker(
-    config: IcekeeperConfig, seq: int, prev_seq: int | None, partitions: int
-) -> Moniker:
-    """A writer's batch of the whole topic: records [10(seq-1), 10 seq) of every partition (the
-    file's rows are partition 0's; only the offsets matter here)."""
-    moniker = make_moniker(config, seq, prev_seq, ((seq - 1) * 10, seq * 10))
-    ranges = [
-        OffsetRange(
-            topic="items",
-            partition=partition,
-            from_offset=1_000_000_000 + (seq - 1) * 10,
-            until_offset=1_000_000_000 + seq * 10,
-        )
-        for partition in range(partitions)
-    ]
-    return moniker.model_copy(
-        update={"offsets": ranges, "id": moniker_id(moniker.writer_id, moniker.table, ranges)}
-    )
+from tests.support.shop_items import SCHEMA, bookkeeper_config, make_moniker, whole_topic_moniker
 
 
 def icekeeper_summary(config: IcekeeperConfig) -> dict[str, str]:
