@@ -29,6 +29,7 @@ from icekeeper.common.committed_state import (
 )
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.transports import open_transport
+from icekeeper.status import collect_status
 from icekeeper.writers.progress import TableProgress, refresh_progress
 from tests.support.shop_items import SCHEMA, bookkeeper_config, make_moniker, whole_topic_moniker
 
@@ -138,6 +139,8 @@ def test_a_rollback_is_refused_loudly_until_the_table_is_moved_back(
     assert len(transport.pending()) == 1  # nothing acknowledged
     with pytest.raises(StateNotInLineage, match="rolled back"):
         refresh_progress({}, transport.pending(), open_catalog(config), ["shop.items"], "w1")
+    status = collect_status(config, kafka_timeout_s=0.5)
+    assert any("rolled back" in problem for problem in status.problems), status.problems
     # Another engine's write on top of the rolled-back snapshot changes nothing: the walk back
     # from it still finds the first commit, not the one the property belongs to.
     another_engines_append(config)
