@@ -34,8 +34,10 @@ between the two (expired, they would cut the walk short and hide a rollback), no
 newest icekeeper snapshot. When the current snapshot's ancestors that the table lists hold no
 icekeeper snapshot (an older release's expiry broke the parent chain; Nessie's Iceberg REST API
 serves only the current snapshot, so one snapshot made by another engine hides every earlier one),
-the table's newest icekeeper snapshot is checked instead; when the table lists none at all, the
-property is read as it is.
+the table's newest icekeeper snapshot is checked instead, and only if the current snapshot came
+after it (a snapshot older than the newest icekeeper commit cannot descend from it: the table was
+rolled back to before icekeeper's first commit, and that state is refused as a rollback is); when
+the table lists none at all, the property is read as it is.
 
 Tables committed before this change carry the whole state in every icekeeper snapshot's summary
 (`from_summary` reads it; the property, if any, has the same keys): when the newest icekeeper
@@ -225,6 +227,21 @@ def committed_state(table: Table) -> CommittedState:
         # listed, or not named at all). The table's newest icekeeper snapshot stands for it
         # (`expirable_snapshots` keeps it); with none listed, the property is read as it is.
         carrier = newest_state_carrier(table)
+        current = table.current_snapshot()
+        if carrier is not None and current is not None and _order(current) < _order(carrier):
+            # The table is at a snapshot older than its newest icekeeper commit, with no
+            # icekeeper commit among its ancestors: rolled back to before icekeeper's first
+            # commit (or to a snapshot whose icekeeper ancestors are expired). It cannot descend
+            # from that commit, so that commit's state is not the table's.
+            newest_id = carrier.summary.additional_properties.get(KEY_COMMIT_ID)
+            raise StateNotInLineage(
+                f"{_name(table)}: the table is at snapshot {current.snapshot_id}, older than "
+                f"its newest icekeeper commit {newest_id} "
+                f"(snapshot {carrier.snapshot_id}), with no icekeeper commit among its ancestors: "
+                "the table was rolled back or set to another snapshot, and that snapshot's "
+                "committed state is not kept; nothing is committed to it until it is moved back "
+                "(see docs/operations.md)"
+            )
     kept = state_property(table)
     if carrier is None:
         return CommittedState.from_summary(kept) if kept is not None else CommittedState()
@@ -316,7 +333,13 @@ def newest_state_carrier(table: Table) -> Snapshot | None:
     """The newest snapshot with an icekeeper commit id (its whole state in its summary, or in the
     table property), by sequence number."""
     carriers = [s for s in table.snapshots() if _carries_state(s)]
-    return max(carriers, key=lambda s: (s.sequence_number or 0, s.timestamp_ms), default=None)
+    return max(carriers, key=_order, default=None)
+
+
+def _order(snapshot: Snapshot) -> tuple[int, int]:
+    """Commit order: a snapshot's descendants all come after it (sequence numbers, then time for
+    format-1 tables, whose snapshots all have sequence number 0)."""
+    return (snapshot.sequence_number or 0, snapshot.timestamp_ms)
 
 
 def expirable_snapshots(table: Table, keep: int, older_than_ms: int | None = None) -> list[int]:

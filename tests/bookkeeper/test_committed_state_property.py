@@ -234,3 +234,46 @@ def test_a_table_committed_before_the_change_keeps_working(tmp_path: Path) -> No
     assert bookkeeper.run_cycle().committed_monikers == 1
     table = open_catalog(config).load_table("shop.items")
     assert sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist()) == list(range(30))
+
+
+def test_a_rollback_to_before_icekeeper_is_refused_too(tmp_path: Path) -> None:
+    """The table held rows of another engine before icekeeper's first commit; a user rolls it back
+    to that snapshot. No icekeeper commit is among its ancestors, and the table's newest one (the
+    property's) came after it: that state is not the table's, and planning on it would take
+    every record icekeeper committed as still in the table. Refused, until moved back."""
+    config = bookkeeper_config(tmp_path)
+    catalog = open_catalog(config)
+    catalog.create_namespace("shop")
+    table = catalog.create_table(
+        "shop.items", schema=SCHEMA, location=default_table_location(config, "shop.items")
+    )
+    table.append(
+        pa.Table.from_pylist(
+            [{"id": -1, "amount": -1, "_kfk_partition": 0, "_kfk_offset": -1}],
+            schema=table.schema().as_arrow(),
+        )
+    )
+    before = open_catalog(config).load_table("shop.items").current_snapshot().snapshot_id
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    for seq in (1, 2):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
+        assert bookkeeper.run_cycle().committed_monikers == 1
+    table = open_catalog(config).load_table("shop.items")
+    newest = table.current_snapshot().snapshot_id
+    table.manage_snapshots().rollback_to_snapshot(before).commit()
+
+    transport.publish(make_moniker(config, 3, 2, (20, 30)))
+    assert bookkeeper.run_cycle().committed_monikers == 0
+    with pytest.raises(StateNotInLineage, match="rolled back"):
+        committed_state(open_catalog(config).load_table("shop.items"))
+    with pytest.raises(StateNotInLineage):
+        refresh_progress({}, transport.pending(), open_catalog(config), ["shop.items"], "w1")
+
+    open_catalog(config).load_table("shop.items").manage_snapshots().set_current_snapshot(
+        newest
+    ).commit()
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    table = open_catalog(config).load_table("shop.items")
+    offsets = sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist())
+    assert offsets == [-1, *range(30)]
