@@ -68,9 +68,15 @@ KEY_REFUSALS = PREFIX + "refusals"
 KEY_STATE = PREFIX + "committed-state"
 """Table property: the whole state of the bookkeeper's newest commit, as one JSON object of the
 keys above (see the module docstring)."""
-SUMMARY_KEYS = (KEY_COMMIT_ID, KEY_EPOCH, KEY_MONIKERS, KEY_WATERMARK)
+NOT_HERE = json.dumps({"": "newer icekeeper: see icekeeper.committed-state"}, separators=(",", ":"))
+"""What a snapshot summary's `KEY_WRITERS` holds now: a release from before the state moved to
+the table property reads its state from the newest icekeeper summary, and would read this one's
+as empty (every writer's chain unknown, no offsets committed: duplicates, or records planned
+past); instead its parse fails on this value (`int()` of the text), loudly, naming the property,
+and it commits and plans nothing (docs/operations.md: no downgrade)."""
+SUMMARY_KEYS = (KEY_COMMIT_ID, KEY_EPOCH, KEY_MONIKERS, KEY_WATERMARK, KEY_WRITERS)
 """The only icekeeper keys a snapshot summary carries now: what identifies the commit, none of
-them growing with the partitions a table covers."""
+them growing with the partitions a table covers (and `NOT_HERE`)."""
 
 QUARANTINED_MONIKERS_KEPT = 500
 """Ids of quarantined monikers the state remembers for
@@ -122,6 +128,7 @@ class CommittedState:
             KEY_COMMIT_ID: self.commit_id or "",
             KEY_EPOCH: str(self.epoch),
             KEY_MONIKERS: ",".join(moniker_ids),
+            KEY_WRITERS: NOT_HERE,
         }
         if self.watermark_ms is not None:
             summary[KEY_WATERMARK] = str(self.watermark_ms)

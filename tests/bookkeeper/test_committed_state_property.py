@@ -9,8 +9,11 @@ a rollback, refuse loudly rather than guess).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -277,3 +280,43 @@ def test_a_rollback_to_before_icekeeper_is_refused_too(tmp_path: Path) -> None:
     table = open_catalog(config).load_table("shop.items")
     offsets = sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist())
     assert offsets == [-1, *range(30)]
+
+
+def previous_release_committed_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`committed_state` of the release before the state moved to the table property (main at
+    e14c0b0), as that release's bookkeeper, writers and status call it."""
+    try:
+        source = subprocess.run(
+            ["git", "show", "e14c0b0:common/committed_state.py"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"the previous release's source is not in this checkout: {error}")
+    path = tmp_path / "previous_committed_state.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("previous_committed_state", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look themselves up
+    spec.loader.exec_module(module)
+    return module.committed_state
+
+
+def test_a_release_from_before_the_property_refuses_the_table_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Downgraded after this change, icekeeper reads the newest icekeeper summary as the whole
+    state: one that only names its commit would read as nothing committed (every writer's chain
+    unknown, no offsets: monikers delivered again committed twice, writers planning from their own
+    checkpoints). Its reader fails instead, naming the property, so it commits nothing."""
+    config = bookkeeper_config(tmp_path)
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    for seq in (1, 2):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
+        assert bookkeeper.run_cycle().committed_monikers == 1
+    previous = previous_release_committed_state(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match=KEY_STATE):
+        previous(open_catalog(config).load_table("shop.items"))
