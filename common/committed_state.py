@@ -257,8 +257,18 @@ def committed_state(table: Table) -> CommittedState:
         # Committed before the state moved to the property: the summary is the whole state.
         return CommittedState.from_summary(summary, carrier.snapshot_id)
     commit_id = summary.get(KEY_COMMIT_ID)
-    if kept is None or kept.get(KEY_COMMIT_ID) != commit_id:
-        kept_id = kept.get(KEY_COMMIT_ID) if kept is not None else None
+    if kept is None:
+        # Unset by a user or dropped by a tool: the state is gone, not empty. Read as nothing
+        # committed, every record would be committed again.
+        raise StateNotInLineage(
+            f"{_name(table)}: the table property {KEY_STATE} is missing (unset, or dropped by a "
+            f"tool that rewrote the table's properties), but the table's snapshot "
+            f"{_current_id(table)} descends from icekeeper commit {commit_id} (snapshot "
+            f"{carrier.snapshot_id}): its committed state is lost, and nothing is committed to "
+            "the table until the property is restored (see docs/operations.md)"
+        )
+    if kept.get(KEY_COMMIT_ID) != commit_id:
+        kept_id = kept.get(KEY_COMMIT_ID)
         at = _snapshot_of_commit(table, kept_id) if kept_id else None
         raise StateNotInLineage(
             f"{_name(table)}: the table property {KEY_STATE} holds the state of commit "

@@ -320,3 +320,34 @@ def test_a_release_from_before_the_property_refuses_the_table_loudly(
     previous = previous_release_committed_state(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=KEY_STATE):
         previous(open_catalog(config).load_table("shop.items"))
+
+
+def test_a_missing_property_is_refused_and_named_not_read_as_nothing_committed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user unsets the property (or a tool drops it): the bookkeeper commits nothing and says
+    the property is missing, which the operator restores (not a rollback to undo)."""
+    config = bookkeeper_config(tmp_path)
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    table = open_catalog(config).load_table("shop.items")
+    kept = table.properties[KEY_STATE]
+    with table.transaction() as transaction:
+        transaction.remove_properties(KEY_STATE)
+    transport.publish(make_moniker(config, 1, None, (0, 10)))  # delivered again
+    with caplog.at_level(logging.ERROR):
+        assert bookkeeper.run_cycle().committed_monikers == 0
+    errors = " ".join(str(getattr(record, "error", "")) for record in caplog.records)
+    assert f"{KEY_STATE} is missing" in errors, errors
+    status = collect_status(config, kafka_timeout_s=0.5)
+    assert any("is missing" in problem for problem in status.problems), status.problems
+
+    table = open_catalog(config).load_table("shop.items")
+    with table.transaction() as transaction:
+        transaction.set_properties({KEY_STATE: kept})
+    bookkeeper.run_cycle()
+    table = open_catalog(config).load_table("shop.items")
+    assert sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist()) == list(range(10))
+    assert transport.pending() == []
