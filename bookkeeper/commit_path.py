@@ -13,8 +13,9 @@ commit; it never commits. The path does the rest, the same for every kind:
 2. let the producer plan on them (the producer's exactly-once check runs here, in every attempt:
    another bookkeeper, a paused one waking up, say, may have committed in between);
 3. stage one transaction: snapshot expiry (so the history kept stays bounded without a commit of
-   its own), the schema change if any, and the snapshot, with the committed state, a fresh
-   commit id and this bookkeeper's epoch in its summary;
+   its own), the schema change if any, and the snapshot, with a fresh commit id and this
+   bookkeeper's epoch in its summary, and the whole committed state in the table property
+   `icekeeper.committed-state` (`common/committed_state.py`);
 4. commit it in a single compare-and-swap on the snapshot the state was read from. pyiceberg's
    own retry loop is bypassed on purpose: it rebuilds the snapshot on the refreshed table without
    giving the caller a chance to re-check (pyiceberg 0.12 `Transaction.commit_transaction`). A
@@ -29,7 +30,6 @@ commit; it never commits. The path does the rest, the same for every kind:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 import uuid
@@ -220,9 +220,6 @@ class CommitPath:
         self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         """The clock snapshot ages are measured against (tests move it forward)."""
         rest = not isinstance(catalog, MetastoreCatalog)
-        self.state_in_properties = rest
-        """Whether commits also keep the committed state in a table property: a REST catalog may
-        serve no snapshot history (Nessie: see `common/committed_state.py`)."""
         self.reuse_committed_tables = rest
         """Whether a table's next commit is planned on the table as the last one left it (see
         `current_table`): a REST catalog answers a commit with the new metadata, and loading the
@@ -356,10 +353,10 @@ class CommitPath:
                 ),
             )
         properties = {**changes.state.to_summary(changes.moniker_ids), **changes.properties}
-        if self.state_in_properties:
-            transaction.set_properties(
-                {KEY_STATE: json.dumps(changes.state.to_summary([]), sort_keys=True)}
-            )
+        # The whole state goes in the table property, once per metadata file; the summary only
+        # names the commit (`common/committed_state.py`): in the same transaction, so the
+        # property and the snapshot it belongs to land together or not at all.
+        transaction.set_properties({KEY_STATE: changes.state.to_property()})
         if changes.replace:
             snapshot = rewrite_files(
                 transaction, properties, changes.removed_files, changes.delete_files

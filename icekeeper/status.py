@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from icekeeper.common.catalog import load_table_or_none, open_catalog
-from icekeeper.common.committed_state import committed_state
+from icekeeper.common.committed_state import CommittedState, StateNotInLineage, committed_state
 from icekeeper.common.config.model import IcekeeperConfig, KafkaSource
 from icekeeper.common.rewrites import set_aside_rewrites
 from icekeeper.common.transports import open_transport
@@ -63,7 +63,12 @@ def collect_status(config: IcekeeperConfig, kafka_timeout_s: float = 5.0) -> Sta
         if table is None:
             row["exists"] = False
         else:
-            state = committed_state(table)
+            try:
+                state = committed_state(table)
+            except StateNotInLineage as error:
+                # Rolled back under icekeeper: nothing is committed until it is moved back.
+                status.problems.append(str(error))
+                state = CommittedState()
             snapshot = table.current_snapshot()
             summary = (
                 snapshot.summary.additional_properties if snapshot and snapshot.summary else {}

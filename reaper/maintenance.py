@@ -6,8 +6,9 @@ Iceberg users trust. Spark opens the same SQLite catalog through its JdbcCatalog
 (`common.spark.iceberg_catalog_conf`), so both sides see one table.
 
 Two places where we decide and Iceberg executes:
-- which snapshots to expire (`expirable_snapshots`: never the newest one carrying icekeeper's
-  committed state, which a plain `retain_last` could drop after maintenance commits);
+- which snapshots to expire (`expirable_snapshots`: never the newest icekeeper commit, whose id
+  the committed-state property is checked against, which a plain `retain_last` could drop after
+  maintenance commits);
 - which orphans to delete: Iceberg computes the unreachable files, and its delete callback
   comes back here, where files named by pending monikers are spared.
 """

@@ -49,7 +49,7 @@ from icekeeper.bench.committed_offsets import record_delays
 from icekeeper.bench.snapshot_observer import observe_snapshots, read_seen_snapshots
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.common.catalog import load_table_or_none, open_catalog
-from icekeeper.common.committed_state import CommittedState
+from icekeeper.common.committed_state import committed_state
 from icekeeper.common.config import IcekeeperConfig, load_config
 from icekeeper.common.logs import configure_logging
 from icekeeper.samples.produce import produce_at_rate
@@ -127,10 +127,9 @@ def written_delays(config: IcekeeperConfig, since_ms: int) -> list[float]:
 
 def _committed_records(table: Table | None) -> int:
     """Records of the topic the table's current snapshot covers (its committed offsets)."""
-    snapshot = table.current_snapshot() if table is not None else None
-    if snapshot is None:
+    if table is None or table.current_snapshot() is None:
         return 0
-    return sum(CommittedState.from_summary(snapshot.summary.additional_properties).offsets.values())
+    return sum(committed_state(table).offsets.values())
 
 
 def _wait_for_records(

@@ -3,8 +3,10 @@
 Freshness is what a reader sees: not when the bookkeeper says it committed, but when a query
 started afterwards finds the rows. This observer runs as its own process, polls the catalog
 every `interval_s` (50 ms by default) and writes one JSON line per newly seen snapshot: the
-moment it was first seen and the Kafka offsets its summary says the table covers from then on
-(`CommittedState`). Records are matched to the first snapshot covering their offset
+moment it was first seen and the Kafka offsets the table covers from then on (`snapshot_state`:
+the table property holds the newest icekeeper snapshot's; a snapshot seen in the same poll before
+that one gets none, since it became visible at the same moment and the newest covers it).
+Records are matched to the first snapshot covering their offset
 (`committed_offsets.record_delays`).
 
 A poll asks the catalog only for the table's current metadata location (one SQL query for a
@@ -26,7 +28,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import text
 
 from icekeeper.common.catalog import load_table_or_none, open_catalog
-from icekeeper.common.committed_state import CommittedState
+from icekeeper.common.committed_state import CommittedState, snapshot_state
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.logs import configure_logging
 
@@ -97,9 +99,10 @@ def observe_snapshots(
                         if snapshot.snapshot_id in seen:
                             continue
                         seen.add(snapshot.snapshot_id)
-                        state = CommittedState.from_summary(
-                            snapshot.summary.additional_properties if snapshot.summary else {}
-                        )
+                        # Only the newest icekeeper snapshot's state is in the metadata (the
+                        # table property): older ones seen in the same poll became visible at
+                        # the same moment, and the newest covers their offsets too.
+                        state = snapshot_state(table, snapshot) or CommittedState()
                         line = {
                             "snapshot_id": snapshot.snapshot_id,
                             "visible_ms": polled_ms,

@@ -18,6 +18,7 @@ from pyiceberg.serializers import FromInputFile, ToOutputFile
 
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.catalog import open_catalog
+from icekeeper.common.committed_state import committed_state
 from icekeeper.common.storage import open_filesystem
 from icekeeper.common.transports import open_transport
 from tests.support.hms_pg_layouts import (
@@ -26,7 +27,13 @@ from tests.support.hms_pg_layouts import (
     S3UpsertWriter,
     catalog_layout_for,
 )
-from tests.support.shop_items import applied, duckdb_rows, make_moniker, pyiceberg_rows
+from tests.support.shop_items import (
+    applied,
+    duckdb_rows,
+    make_moniker,
+    pyiceberg_rows,
+    whole_topic_moniker,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -116,6 +123,22 @@ def churn(rng: random.Random, keys: int) -> list[tuple[int, int | None]]:
     changes += [(key, None) for key in rng.sample(range(keys), keys // 20)]
     rng.shuffle(changes)
     return changes
+
+
+def test_the_committed_state_of_a_64_partition_topic_is_kept_in_the_catalog(
+    catalog_layout: CatalogLayout, tmp_path
+) -> None:
+    """The state is a table property (3.3 KB for 64 partitions); a Hive Metastore keeps every
+    table property as a table parameter too: it takes it, and a restarted bookkeeper reads the
+    state back exactly."""
+    config = catalog_layout.bookkeeper_config(tmp_path)
+    transport = open_transport(config)
+    for seq in (1, 2):
+        transport.publish(whole_topic_moniker(config, seq, seq - 1 or None, 64))
+        assert Bookkeeper(config).run_cycle().committed_monikers == 1
+    state = committed_state(open_catalog(config).load_table("shop.items"))
+    assert state.offsets == {("items", p): 1_000_000_020 for p in range(64)}
+    assert state.writer_seqs == {"w1": 2}
 
 
 def test_an_upsert_table_keeps_one_row_per_key_through_its_purges(

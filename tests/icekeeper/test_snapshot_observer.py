@@ -13,7 +13,7 @@ from pyiceberg.types import LongType, NestedField
 from icekeeper.bench.e2e import holds, window_figures
 from icekeeper.bench.snapshot_observer import observe_snapshots, read_seen_snapshots
 from icekeeper.common.catalog import open_catalog
-from icekeeper.common.committed_state import CommittedState
+from icekeeper.common.committed_state import KEY_STATE, CommittedState
 from icekeeper.common.config import load_config
 from tests.support.waiting import wait_until
 
@@ -43,11 +43,17 @@ def test_observer_records_when_each_commit_became_visible_and_the_offsets_it_cov
         windows = []
         for offset in (10, 25):
             before_ms = int(time.time() * 1000)
-            state = CommittedState(offsets={("topic", 0): offset, ("topic", 1): offset * 2})
-            table.append(
-                pa.table({"id": pa.array([offset], pa.int64())}),
-                snapshot_properties=state.to_summary([]),
+            state = CommittedState(
+                offsets={("topic", 0): offset, ("topic", 1): offset * 2}, commit_id=f"c{offset}"
             )
+            # As the bookkeeper commits: the summary names the commit, the property holds the
+            # state, in one transaction.
+            with table.transaction() as transaction:
+                transaction.set_properties({KEY_STATE: state.to_property()})
+                transaction.append(
+                    pa.table({"id": pa.array([offset], pa.int64())}),
+                    snapshot_properties=state.to_summary([]),
+                )
             after_ms = int(time.time() * 1000)
             windows.append((before_ms, after_ms))
             wait_until(

@@ -317,6 +317,41 @@ def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_pa
     assert offsets == list(range(40))
 
 
+def test_expiry_keeps_the_commit_a_rolled_back_table_is_checked_against(
+    spark, tmp_path: Path
+) -> None:
+    """A table rolled back under icekeeper, then compacted and expired by the reaper: the commit
+    rolled back to is kept (the committed-state property is checked against it), so the
+    bookkeeper still refuses, and carries on exactly once the table is moved back."""
+    from icekeeper.common.committed_state import StateNotInLineage, committed_state
+
+    config = reaper_config(tmp_path, reaper__retain_last="1")
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    for seq in (1, 2, 3):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
+        bookkeeper.run_cycle()
+    table = open_catalog(config).load_table("shop.items")
+    newest = table.current_snapshot().snapshot_id
+    second = table.current_snapshot().parent_snapshot_id
+    table.manage_snapshots().rollback_to_snapshot(second).commit()
+    register_catalog(spark, config)
+    result = Reaper(config, spark=spark).run_pass()
+    assert result.tables[0].files_compacted == 2 and not result.tables[0].errors
+    table = open_catalog(config).load_table("shop.items")
+    assert table.current_snapshot().summary.operation.value == "replace"
+    assert {second, newest} <= {s.snapshot_id for s in table.snapshots()}
+    with pytest.raises(StateNotInLineage):
+        committed_state(table)
+    transport.publish(make_moniker(config, 4, 3, (30, 40)))
+    assert bookkeeper.run_cycle().committed_monikers == 0
+
+    table.manage_snapshots().set_current_snapshot(newest).commit()
+    assert bookkeeper.run_cycle().committed_monikers == 1
+    table = open_catalog(config).load_table("shop.items")
+    assert sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist()) == list(range(40))
+
+
 def test_compaction_is_limited_to_the_filter_columns_day(spark, tmp_path: Path) -> None:
     """Seed 000: `compact.filter.column` with
     `compact.day.offset` 0 compacts yesterday's data only."""

@@ -186,6 +186,26 @@ def make_moniker(
     )
 
 
+def whole_topic_moniker(
+    config: IcekeeperConfig, seq: int, prev_seq: int | None, partitions: int
+) -> Moniker:
+    """A writer's batch of the whole topic: records [10(seq-1), 10 seq) of every partition (the
+    file's rows are partition 0's; only the offsets matter here)."""
+    moniker = make_moniker(config, seq, prev_seq, ((seq - 1) * 10, seq * 10))
+    ranges = [
+        OffsetRange(
+            topic="items",
+            partition=partition,
+            from_offset=1_000_000_000 + (seq - 1) * 10,
+            until_offset=1_000_000_000 + seq * 10,
+        )
+        for partition in range(partitions)
+    ]
+    return moniker.model_copy(
+        update={"offsets": ranges, "id": moniker_id(moniker.writer_id, moniker.table, ranges)}
+    )
+
+
 class UpsertWriter:
     """Monikers for `shop.items` as a writer of an upsert table makes them: per batch, the last
     change per key; surviving rows in a data file, keys whose last change is a delete in a
