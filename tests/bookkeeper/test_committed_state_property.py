@@ -34,7 +34,13 @@ from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.transports import open_transport
 from icekeeper.status import collect_status
 from icekeeper.writers.progress import TableProgress, refresh_progress
-from tests.support.shop_items import SCHEMA, bookkeeper_config, make_moniker, whole_topic_moniker
+from tests.support.shop_items import (
+    SCHEMA,
+    bookkeeper_config,
+    committed_chain,
+    make_moniker,
+    whole_topic_moniker,
+)
 
 
 def icekeeper_summary(config: IcekeeperConfig) -> dict[str, str]:
@@ -121,11 +127,7 @@ def test_a_rollback_is_refused_loudly_until_the_table_is_moved_back(
     the newest commit, not of the snapshot the table is at. Neither the bookkeeper nor a writer
     plans on it; once the table is moved back, both carry on exactly."""
     config = bookkeeper_config(tmp_path)
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    for seq in (1, 2):
-        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
-        assert bookkeeper.run_cycle().committed_monikers == 1
+    transport, bookkeeper = committed_chain(config, 2)
     table = open_catalog(config).load_table("shop.items")
     newest = table.current_snapshot().snapshot_id
     first = table.current_snapshot().parent_snapshot_id
@@ -257,11 +259,7 @@ def test_a_rollback_to_before_icekeeper_is_refused_too(tmp_path: Path) -> None:
         )
     )
     before = open_catalog(config).load_table("shop.items").current_snapshot().snapshot_id
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    for seq in (1, 2):
-        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
-        assert bookkeeper.run_cycle().committed_monikers == 1
+    transport, bookkeeper = committed_chain(config, 2)
     table = open_catalog(config).load_table("shop.items")
     newest = table.current_snapshot().snapshot_id
     table.manage_snapshots().rollback_to_snapshot(before).commit()
@@ -312,11 +310,7 @@ def test_a_release_from_before_the_property_refuses_the_table_loudly(
     unknown, no offsets: monikers delivered again committed twice, writers planning from their own
     checkpoints). Its reader fails instead, naming the property, so it commits nothing."""
     config = bookkeeper_config(tmp_path)
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    for seq in (1, 2):
-        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
-        assert bookkeeper.run_cycle().committed_monikers == 1
+    transport, bookkeeper = committed_chain(config, 2)
     previous = previous_release_committed_state(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=KEY_STATE):
         previous(open_catalog(config).load_table("shop.items"))

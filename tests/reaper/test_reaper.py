@@ -22,6 +22,7 @@ from tests.support.pipeline import register_catalog
 from tests.support.shop_items import (
     GRACE_S,
     SCHEMA,
+    committed_chain,
     make_moniker,
     reaper_config,
     write_file,
@@ -285,11 +286,7 @@ def test_dry_run_changes_nothing(spark, tmp_path: Path) -> None:
 
 def test_expiry_keeps_the_newest_snapshot_with_the_committed_state(spark, tmp_path: Path) -> None:
     config = reaper_config(tmp_path, reaper__retain_last="1")
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    for seq in (1, 2, 3):
-        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
-        bookkeeper.run_cycle()
+    transport, bookkeeper = committed_chain(config, 3)
     register_catalog(spark, config)
     reaper = Reaper(config, spark=spark)
     first = (
@@ -326,11 +323,7 @@ def test_expiry_keeps_the_commit_a_rolled_back_table_is_checked_against(
     from icekeeper.common.committed_state import StateNotInLineage, committed_state
 
     config = reaper_config(tmp_path, reaper__retain_last="1")
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    for seq in (1, 2, 3):
-        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
-        bookkeeper.run_cycle()
+    transport, bookkeeper = committed_chain(config, 3)
     table = open_catalog(config).load_table("shop.items")
     newest = table.current_snapshot().snapshot_id
     second = table.current_snapshot().parent_snapshot_id

@@ -27,6 +27,7 @@ from icekeeper.readers import duckdb_rows as read_with_duckdb
 
 if TYPE_CHECKING:
     from icekeeper.bookkeeper.service import Bookkeeper
+    from icekeeper.common.transports import MonikerTransport
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -204,6 +205,21 @@ def whole_topic_moniker(
     return moniker.model_copy(
         update={"offsets": ranges, "id": moniker_id(moniker.writer_id, moniker.table, ranges)}
     )
+
+
+def committed_chain(config: IcekeeperConfig, last_seq: int) -> tuple[MonikerTransport, Bookkeeper]:
+    """A bookkeeper that committed writer w1's seqs 1..`last_seq` (offsets 0..10 `last_seq`), one
+    a cycle, and the transport they came by: the start of the cases that then roll back,
+    downgrade or expire the table."""
+    from icekeeper.bookkeeper.service import Bookkeeper
+    from icekeeper.common.transports import open_transport
+
+    transport = open_transport(config)
+    bookkeeper = Bookkeeper(config)
+    for seq in range(1, last_seq + 1):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10)))
+        assert bookkeeper.run_cycle().committed_monikers == 1
+    return transport, bookkeeper
 
 
 class UpsertWriter:
