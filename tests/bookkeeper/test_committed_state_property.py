@@ -105,10 +105,7 @@ def another_engines_append(config: IcekeeperConfig) -> None:
 
 def test_snapshots_of_other_engines_on_top_are_walked_past(tmp_path: Path) -> None:
     config = bookkeeper_config(tmp_path)
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    transport.publish(make_moniker(config, 1, None, (0, 10)))
-    assert bookkeeper.run_cycle().committed_monikers == 1
+    transport, bookkeeper = committed_chain(config, 1)
     another_engines_append(config)
     another_engines_append(config)
     table = open_catalog(config).load_table("shop.items")
@@ -169,10 +166,7 @@ def test_rolling_back_another_engines_snapshot_keeps_the_state(tmp_path: Path) -
     """Rolled back to the newest icekeeper commit (undoing another engine's write): the property is
     that commit's state, and the bookkeeper carries on."""
     config = bookkeeper_config(tmp_path)
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    transport.publish(make_moniker(config, 1, None, (0, 10)))
-    assert bookkeeper.run_cycle().committed_monikers == 1
+    transport, bookkeeper = committed_chain(config, 1)
     table = open_catalog(config).load_table("shop.items")
     committed = table.current_snapshot().snapshot_id
     another_engines_append(config)
@@ -322,10 +316,7 @@ def test_a_missing_property_is_refused_and_named_not_read_as_nothing_committed(
     """A user unsets the property (or a tool drops it): the bookkeeper commits nothing and says
     the property is missing, which the operator restores (not a rollback to undo)."""
     config = bookkeeper_config(tmp_path)
-    transport = open_transport(config)
-    bookkeeper = Bookkeeper(config)
-    transport.publish(make_moniker(config, 1, None, (0, 10)))
-    assert bookkeeper.run_cycle().committed_monikers == 1
+    transport, bookkeeper = committed_chain(config, 1)
     table = open_catalog(config).load_table("shop.items")
     kept = table.properties[KEY_STATE]
     with table.transaction() as transaction:
