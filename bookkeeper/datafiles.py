@@ -23,7 +23,13 @@ import posixpath
 import struct
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    wait,
+)
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +77,7 @@ from icekeeper.common.locations import (
     table_data_folder,
 )
 from icekeeper.common.moniker import FileEntry
-from icekeeper.common.storage import configure_storage, open_filesystem, storage_settings
+from icekeeper.common.storage import configure_storage, is_local, open_filesystem, storage_settings
 
 log = logging.getLogger(__name__)
 
@@ -118,34 +124,66 @@ def describe_file(path: str, file_schema: Schema, table_properties: dict[str, st
     (bad magic, damaged footer). The two are told apart by *where* it failed, not by the error's
     type: pyarrow raises OSError for both a dropped connection and a footer thrift cannot parse.
     """
+    tail = fetch_tail(path)
+    if isinstance(tail, Exception):
+        raise tail
+    return describe_tail(tail, file_schema, table_properties)
+
+
+@dataclass(frozen=True)
+class FileTail:
+    """What one file's I/O gave: its size and its footer's bytes (None when the tail is not a
+    plain Parquet tail: `describe_tail` then lets `ParquetFile` read or reject the file)."""
+
+    path: str
+    size_bytes: int
+    footer: pa.Buffer | None
+
+
+def fetch_tail(path: str) -> FileTail | InvalidFile | FileUnavailable:
+    """The I/O half of `describe_file`: every storage error here is the storage's (unavailable),
+    apart from a path that names no file. Safe to run in threads (no shared state but the
+    storage door's thread-safe stores)."""
     try:
         filesystem, local = open_filesystem(path)
         info = filesystem.get_file_info(local)
         if info.type == pafs.FileType.NotFound:
-            raise FileUnavailable(f"{path}: not found", missing=True)
+            return FileUnavailable(f"{path}: not found", missing=True)
         if info.type != pafs.FileType.File:
-            raise InvalidFile(f"{path}: not a file")
+            return InvalidFile(f"{path}: not a file")
         with filesystem.open_input_file(local) as handle:
-            footer = footer_bytes(handle)  # I/O: errors up to here are the storage's
-            try:
-                metadata = parse_footer(handle, footer)
-            except (
-                OSError,
-                ValueError,
-                pa.ArrowException,
-            ) as error:  # ArrowInvalid / thrift: not Parquet (truncated, overwritten)
-                raise InvalidFile(f"{path}: unreadable ({error})") from None
-    except (InvalidFile, FileUnavailable):
-        raise
+            return FileTail(path, info.size, footer_bytes(handle))
     except FileNotFoundError:  # listed a moment ago, gone when opened
-        raise FileUnavailable(f"{path}: not found", missing=True) from None
+        return FileUnavailable(f"{path}: not found", missing=True)
     except OSError as error:
-        raise FileUnavailable(f"{path}: storage error ({error})") from None
+        return FileUnavailable(f"{path}: storage error ({error})")
     except (ValueError, pa.ArrowException) as error:
+        return InvalidFile(f"{path}: unreadable ({error})")
+
+
+def describe_tail(
+    tail: FileTail, file_schema: Schema, table_properties: dict[str, str]
+) -> FooterFacts:
+    """The CPU half of `describe_file`: parse the footer and compute the statistics."""
+    path = tail.path
+    try:
+        if tail.footer is not None:
+            metadata = parse_footer_buffer(tail.footer)
+        else:  # not a plain tail: `ParquetFile` reads the file again and decides
+            filesystem, local = open_filesystem(path)
+            with filesystem.open_input_file(local) as handle:
+                metadata = parse_footer(handle, None)
+    except FileNotFoundError:
+        raise FileUnavailable(f"{path}: not found", missing=True) from None
+    except (
+        OSError,
+        ValueError,
+        pa.ArrowException,
+    ) as error:  # ArrowInvalid / thrift: not Parquet (truncated, overwritten)
         raise InvalidFile(f"{path}: unreadable ({error})") from None
     layout = _layout(metadata.schema, file_schema, table_properties)
     return FooterFacts(
-        path, info.size, metadata.num_rows, layout.field_ids, _statistics(metadata, layout)
+        path, tail.size_bytes, metadata.num_rows, layout.field_ids, _statistics(metadata, layout)
     )
 
 
@@ -196,6 +234,11 @@ def parse_footer(handle: pa.NativeFile, footer: pa.Buffer | None) -> pq.FileMeta
     them, `ParquetFile` reads or rejects the file."""
     if footer is None:
         return pq.ParquetFile(handle).metadata
+    return parse_footer_buffer(footer)
+
+
+def parse_footer_buffer(footer: pa.Buffer) -> pq.FileMetaData:
+    """Parse a footer's bytes (from `footer_bytes`) without the file."""
     if _FAST_FOOTERS:
         return parse_footer_bytes(footer)
     # The footer alone, framed as a file (no second read of the object): offsets are not checked.
@@ -244,18 +287,58 @@ def _describe_in_worker(
     global _FAST_FOOTERS
     _FAST_FOOTERS = True  # a damaged footer may abort this process, not the bookkeeper
     schema = _WORKER_SCHEMAS.get(schema_json, lambda: Schema.model_validate_json(schema_json))
-    return [_describe_or_reason(path, schema, dict(properties)) for path in paths]
+    return describe_files([(path, schema) for path in paths], dict(properties))
 
 
 def _worker_ready() -> int:
     return os.getpid()
 
 
-def _describe_or_reason(path: str, schema: Schema, table_properties: dict[str, str]) -> Described:
+def _describe_or_reason(
+    tail: FileTail | InvalidFile | FileUnavailable,
+    schema: Schema,
+    table_properties: dict[str, str],
+) -> Described:
+    if isinstance(tail, Exception):
+        return tail
     try:
-        return describe_file(path, schema, table_properties)
+        return describe_tail(tail, schema, table_properties)
     except (InvalidFile, FileUnavailable) as error:
         return error
+
+
+FETCH_THREADS = 16
+"""Files whose tails one process fetches at once from an object store. There a footer costs two
+or three round trips (HEAD, ranged GET) that wait with the GIL released, so threads overlap them;
+a worker process per file would not (the bookkeeper has a core or two). Parsing stays in the
+calling thread, one file after another: it holds the GIL anyway, and its caches are not shared."""
+
+_fetch_pool: ThreadPoolExecutor | None = None
+_fetch_pool_lock = threading.Lock()
+
+
+def _fetch_tails(paths: list[str]) -> list[FileTail | InvalidFile | FileUnavailable]:
+    """`fetch_tail` of each path, in order: concurrently when two or more are on an object store
+    (on local disk a read is a page-cache copy: threads would only add overhead)."""
+    global _fetch_pool
+    if sum(not is_local(path) for path in paths) < 2:
+        return [fetch_tail(path) for path in paths]
+    with _fetch_pool_lock:
+        if _fetch_pool is None:
+            _fetch_pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="footer-fetch")
+        pool = _fetch_pool
+    return list(pool.map(fetch_tail, paths))
+
+
+def describe_files(
+    requests: list[tuple[str, Schema]], table_properties: dict[str, str]
+) -> list[Described]:
+    """Facts or the reason for each (path, file schema), in order."""
+    tails = _fetch_tails([path for path, _ in requests])
+    return [
+        _describe_or_reason(tail, schema, table_properties)
+        for tail, (_, schema) in zip(tails, requests)
+    ]
 
 
 _Request = tuple[str, Schema, str]
@@ -337,10 +420,10 @@ class FooterReader:
         """`requests`: (path, file schema, the schema's
         JSON); returns facts or the reason per path."""
         if self.workers == 1 or len(requests) < self.PROCESS_THRESHOLD:
-            return {
-                path: _describe_or_reason(path, schema, table_properties)
-                for path, schema, _ in requests
-            }
+            described = describe_files(
+                [(path, schema) for path, schema, _ in requests], table_properties
+            )
+            return dict(zip((path for path, _, _ in requests), described))
         if len(requests) >= self.START_THRESHOLD:
             self.start()
         described: dict[str, Described] = {}
@@ -395,8 +478,8 @@ class FooterReader:
     def _describe_chunk_here(
         chunk: list[_Request], table_properties: dict[str, str], described: dict[str, Described]
     ) -> None:
-        for path, schema, _ in chunk:
-            described[path] = _describe_or_reason(path, schema, table_properties)
+        facts = describe_files([(path, schema) for path, schema, _ in chunk], table_properties)
+        described.update(zip((path for path, _, _ in chunk), facts))
 
     def _lost_workers(self) -> None:
         """A worker died (killed, out of memory): this batch

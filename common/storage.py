@@ -143,13 +143,15 @@ def _store(key: tuple[str, ...]) -> Store:
         return store
 
 
-def _is_local(uri_or_path: str) -> bool:
+def is_local(uri_or_path: str) -> bool:
+    """Whether `uri_or_path` is on this machine's file system (a bare path or `file:`), where a
+    read costs no round trip."""
     return uri_or_path.startswith("file:") or "://" not in uri_or_path
 
 
 def _locate(uri_or_path: str) -> tuple[Store, str]:
     """The store holding `uri_or_path` and the path within its pyarrow filesystem."""
-    if _is_local(uri_or_path):
+    if is_local(uri_or_path):
         return _store(("local",)), normalize_location(uri_or_path)
     scheme, netloc, key = split_uri(uri_or_path)
     if scheme in s3.SCHEMES:
@@ -265,7 +267,7 @@ def sync_written(uris: Iterable[str]) -> None:
     stores need nothing (a PUT is durable once answered)."""
     folders: set[str] = set()
     for uri in uris:
-        if not _is_local(uri):
+        if not is_local(uri):
             continue  # not even located: opening hdfs://, say, would connect
         _, path = _locate(uri)
         sync_file(path)

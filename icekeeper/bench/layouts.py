@@ -152,7 +152,7 @@ def remove_layout_files(layout: BenchLayout) -> None:
     tables and namespace; a local root goes with the work folder."""
     if not layout.on_object_store:
         return
-    from icekeeper.common.storage import delete_folder
+    from icekeeper.common.storage import configure_storage, delete_folder, storage_settings
 
     if layout.name == "s3-rest":
         from pyiceberg.catalog import load_catalog
@@ -165,4 +165,11 @@ def remove_layout_files(layout: BenchLayout) -> None:
             catalog.drop_namespace(layout.namespace)
         except NoSuchNamespaceError:
             pass  # the run stopped before its first table
-    delete_folder(layout.root)
+    # The door as the layout's catalog configures it: the run's own sides may have set it for
+    # another catalog since (a local side's bookkeeper), and then the root's endpoint is unknown.
+    before = storage_settings()
+    configure_storage(layout.catalog_properties)
+    try:
+        delete_folder(layout.root)
+    finally:
+        configure_storage(before)

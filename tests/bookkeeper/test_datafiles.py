@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -340,6 +342,47 @@ def test_worker_processes_read_footers_on_every_store(store_root: str, tmp_path:
     assert all(facts.num_rows == 10 for facts in described.values())  # type: ignore[union-attr]
 
 
+def test_a_batch_on_every_store_is_fetched_at_once_and_described_in_order(
+    store_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch in this process (no workers): on an object store the files' tails are fetched by
+    several threads at once (each footer is round trips there: one at a time, 10,000 footers took
+    12.8 s on the S3 server), yet each path keeps its own facts or its own reason."""
+    from icekeeper.bookkeeper import datafiles
+    from icekeeper.common.storage import write_file
+
+    good = write(tmp_path / "one.parquet", 10, 1000).read_bytes()
+    paths = [f"{store_root}/f{i}.parquet" for i in range(40)]
+    for index, path in enumerate(paths):
+        write_file(path, good if index % 10 else b"x" * len(good))  # every tenth is not Parquet
+    paths.insert(7, f"{store_root}/missing.parquet")
+    fetching_threads: set[str] = set()
+    fetch_tail = datafiles.fetch_tail
+
+    def watched_fetch(path: str):
+        fetching_threads.add(threading.current_thread().name)
+        time.sleep(0.01)  # a slow store: overlapping fetches show as several threads
+        return fetch_tail(path)
+
+    monkeypatch.setattr(datafiles, "fetch_tail", watched_fetch)
+    reader = FooterReader(workers=1)
+    described = reader.describe([(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {})
+    assert list(described) == paths
+    missing = described[paths[7]]
+    assert isinstance(missing, FileUnavailable) and missing.missing
+    invalid = [path for path in paths if isinstance(described[path], InvalidFile)]
+    assert invalid == [f"{store_root}/f{i}.parquet" for i in range(0, 40, 10)]
+    assert all(
+        described[path].num_rows == 10  # type: ignore[union-attr]
+        for path in paths
+        if path != paths[7] and path not in invalid
+    )
+    if store_root.startswith("/"):
+        assert fetching_threads == {threading.current_thread().name}  # local disk: no threads
+    else:
+        assert len(fetching_threads) > 1
+
+
 def test_a_dead_worker_costs_only_time(tmp_path: Path) -> None:
     """Files of a batch whose worker died are read
     in-process; the next big batch has new workers."""
@@ -434,6 +477,8 @@ def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(
 
 _DESCRIBE_DAMAGED = """
 import sys
+import threading
+import time
 from pyiceberg.schema import Schema
 from icekeeper.bookkeeper.datafiles import FooterReader, InvalidFile
 SCHEMA = Schema.model_validate_json(sys.argv[1])

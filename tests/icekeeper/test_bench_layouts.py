@@ -15,7 +15,12 @@ from icekeeper.bench.layouts import parse_layouts, services_for
 from icekeeper.common import exit_codes
 from icekeeper.common.config import IcekeeperConfig
 from icekeeper.common.exit_codes import UsageError
-from icekeeper.common.storage import configure_storage, list_files, storage_settings
+from icekeeper.common.storage import (
+    StorageSettings,
+    configure_storage,
+    list_files,
+    storage_settings,
+)
 from tests.support.object_stores import storage_door
 
 
@@ -155,3 +160,22 @@ def test_bench_writer_takes_turns_on_local_disk_and_s3(
         on_s3["visible_s"] / result["default_s"], rel=0.02
     )
     assert result["default_s"] > 0 and result["baseline_s"] > 0
+
+
+@pytest.mark.integration
+def test_a_runs_files_on_s3_are_removed_whatever_the_door_was_set_to_since(
+    s3_storage, stack_config: IcekeeperConfig, tmp_path: Path
+) -> None:
+    """`bench writer --layout local,s3` ran its local sides' bookkeepers last, which set the door
+    for their local catalog: the cleanup then looked for the bucket on AWS and the bench failed
+    before printing its figures."""
+    from icekeeper.bench.layouts import open_layout, remove_layout_files
+    from icekeeper.common.storage import write_file
+
+    layout = open_layout("s3", stack_config, tmp_path / "work")
+    with storage_door(layout.catalog_properties):
+        write_file(layout.location("data", "f.parquet"), b"PAR1")
+    with storage_door({}):  # what a local side leaves behind
+        remove_layout_files(layout)
+        assert storage_settings() == StorageSettings.from_properties({})  # and left as it was
+    assert _left_under(layout.root, s3_storage.pyiceberg_properties()) == []
