@@ -146,13 +146,18 @@ def fetch_tail(path: str) -> FileTail | InvalidFile | FileUnavailable:
     storage door's thread-safe stores)."""
     try:
         filesystem, local = open_filesystem(path)
-        info = filesystem.get_file_info(local)
-        if info.type == pafs.FileType.NotFound:
-            return FileUnavailable(f"{path}: not found", missing=True)
-        if info.type != pafs.FileType.File:
-            return InvalidFile(f"{path}: not a file")
+        if is_local(path):
+            info = filesystem.get_file_info(local)
+            if info.type == pafs.FileType.NotFound:
+                return FileUnavailable(f"{path}: not found", missing=True)
+            if info.type != pafs.FileType.File:
+                return InvalidFile(f"{path}: not a file")
+        # On an object store the open's own HEAD tells whether the object exists (a 404 raises
+        # FileNotFoundError) and its size: asking `get_file_info` first was a third round trip
+        # per footer. A "folder" there is no object: missing, so a moniker naming one is
+        # refused after `missing_file_timeout` rather than at once.
         with filesystem.open_input_file(local) as handle:
-            return FileTail(path, info.size, footer_bytes(handle))
+            return FileTail(path, handle.size(), footer_bytes(handle))
     except FileNotFoundError:  # listed a moment ago, gone when opened
         return FileUnavailable(f"{path}: not found", missing=True)
     except OSError as error:
