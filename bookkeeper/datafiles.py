@@ -171,25 +171,33 @@ def describe_tail(
 ) -> FooterFacts:
     """The CPU half of `describe_file`: parse the footer and compute the statistics."""
     path = tail.path
-    try:
-        if tail.footer is not None:
-            metadata = parse_footer_buffer(tail.footer)
-        else:  # not a plain tail: `ParquetFile` reads the file again and decides
+    if tail.footer is not None:
+        metadata = _parsed_or_invalid(path, lambda: parse_footer_buffer(tail.footer))
+    else:  # not a plain tail: `ParquetFile` reads the file again and decides
+        try:
             filesystem, local = open_filesystem(path)
-            with filesystem.open_input_file(local) as handle:
-                metadata = parse_footer(handle, None)
-    except FileNotFoundError:
-        raise FileUnavailable(f"{path}: not found", missing=True) from None
+            handle = filesystem.open_input_file(local)
+        except FileNotFoundError:
+            raise FileUnavailable(f"{path}: not found", missing=True) from None
+        except OSError as error:  # opening is the storage's: not a verdict on the bytes
+            raise FileUnavailable(f"{path}: storage error ({error})") from None
+        with handle:
+            metadata = _parsed_or_invalid(path, lambda: parse_footer(handle, None))
+    layout = _layout(metadata.schema, file_schema, table_properties)
+    return FooterFacts(
+        path, tail.size_bytes, metadata.num_rows, layout.field_ids, _statistics(metadata, layout)
+    )
+
+
+def _parsed_or_invalid(path: str, parse: Callable[[], pq.FileMetaData]) -> pq.FileMetaData:
+    try:
+        return parse()
     except (
         OSError,
         ValueError,
         pa.ArrowException,
     ) as error:  # ArrowInvalid / thrift: not Parquet (truncated, overwritten)
         raise InvalidFile(f"{path}: unreadable ({error})") from None
-    layout = _layout(metadata.schema, file_schema, table_properties)
-    return FooterFacts(
-        path, tail.size_bytes, metadata.num_rows, layout.field_ids, _statistics(metadata, layout)
-    )
 
 
 FOOTER_READ_BYTES = 64 * 1024

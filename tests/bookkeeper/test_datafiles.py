@@ -40,12 +40,15 @@ from pyiceberg.utils.truncate import truncate_upper_bound_text_string
 
 from icekeeper.bookkeeper.datafiles import (
     FOOTER_READ_BYTES,
+    FileTail,
     FileUnavailable,
     FooterReader,
     InvalidFile,
     _utf8_lower,
     _utf8_upper,
     describe_file,
+    describe_tail,
+    fetch_tail,
     footer_statistics,
     validate,
 )
@@ -472,6 +475,34 @@ def test_storage_errors_are_unavailable_and_damaged_bytes_are_invalid(
             SCHEMA,
             {},
         )
+    assert not unavailable.value.missing
+
+
+def test_a_file_gone_between_its_fetch_and_its_parse_is_missing_not_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tail that is not plain Parquet is handed to `ParquetFile`, which opens the file again:
+    failing to open it is the storage's doing (here: deleted meanwhile), never a verdict that
+    would dead-letter the moniker."""
+    short = tmp_path / "short.parquet"
+    short.write_bytes(b"PAR1")  # too short for a Parquet tail: parsed by ParquetFile
+    tail = fetch_tail(str(short))
+    assert not isinstance(tail, Exception) and tail.footer is None
+    with pytest.raises(InvalidFile, match="unreadable"):
+        describe_tail(tail, SCHEMA, {})
+    short.unlink()
+    with pytest.raises(FileUnavailable, match="not found") as missing:
+        describe_tail(tail, SCHEMA, {})
+    assert missing.value.missing
+    # An object store that stopped answering (nothing listens on port 1) when it is opened again.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    unreachable = (
+        "s3://bucket/t/data/f.parquet?endpoint_override=127.0.0.1:1&scheme=http&region=us-east-1"
+    )
+    with pytest.raises(FileUnavailable, match="storage error") as unavailable:
+        describe_tail(FileTail(unreachable, 4, None), SCHEMA, {})
     assert not unavailable.value.missing
 
 
