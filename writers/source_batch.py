@@ -1,7 +1,8 @@
 """One source's batch into every table it feeds: engine, dead letters, reconciliation, monikers.
 
 The configured engine writes the batch (`writers/engines.py`); one that cannot take it says why,
-and the batch runs on `spark-sql` instead, logged once per source and reason. Then, if the
+and the batch runs on `spark-sql` instead, logged once per source and kind of reason
+(`FallbackLog`). Then, if the
 writing pass failed any record, the dead-letter pass finds them (`spark_sql_engine/
 rejected_records.py`), whichever engine wrote: a dead letter naming a schema id the registry
 knows under another subject, or a delete without `before` whose record key names a key schema
@@ -50,7 +51,6 @@ from icekeeper.writers.spark_sql_engine.sql_batch import SparkSqlEngine
 from icekeeper.writers.table_batch import TableBatches
 
 log = logging.getLogger(__name__)
-_fallbacks_logged: set[str] = set()
 
 
 class BatchIncomplete(RuntimeError):
@@ -108,6 +108,7 @@ class SourceBatchWriter:
             else self.spark_sql
         )
         self.dead_letter_pass = DeadLetterPass(config, spark, self.spark_sql.decode)
+        self.fallbacks = FallbackLog()
         self._key_schemas: dict[str, list[RegisteredSchema]] = {}
         """Per Avro source, the key schemas its deletes without
         `before` named so far (`_learn_key_schemas`)."""
@@ -173,7 +174,12 @@ class SourceBatchWriter:
         written = self.engine.write(batch)
         fallback = None
         if isinstance(written, EngineRefusal):
-            _log_fallback_once(batch.source, written.reason)
+            self.fallbacks.fell_back(
+                batch.source,
+                written.kind,
+                "writer.engine arrow does not take this batch; it runs on spark-sql",
+                reason=written.reason,
+            )
             fallback = written.kind
             written = self.spark_sql.write(batch)
         assert isinstance(written, EngineWrite)
@@ -250,15 +256,22 @@ class SourceBatchWriter:
         return bool(found)
 
 
-def _log_fallback_once(source: KafkaSource, reason: str) -> None:
-    """Say once per source and reason that a batch runs on `spark-sql` instead of `arrow`."""
-    key = f"{source.name}: {reason}"
-    if key not in _fallbacks_logged:
-        _fallbacks_logged.add(key)
-        log.warning(
-            "writer.engine arrow does not take this batch; it runs on spark-sql",
-            extra={"source": source.name, "reason": reason},
-        )
+class FallbackLog:
+    """Says that a source's batch runs on `spark-sql` instead of the configured engine, once per
+    source and kind of reason (`EngineRefusal.kind`) for one writer: a reason's
+    text names counts, columns and ids that change from batch to batch, and
+    `icekeeper_writer_engine_fallbacks_total` counts every batch."""
+
+    def __init__(self) -> None:
+        self._logged: set[tuple[str, str]] = set()
+
+    def fell_back(self, source: KafkaSource, kind: str, message: str, **details: object) -> None:
+        """Log `message` at warning level with `details`, unless this source's batches fell back
+        for this kind before."""
+        if (source.name, kind) in self._logged:
+            return
+        self._logged.add((source.name, kind))
+        log.warning(message, extra={"source": source.name, "kind": kind, **details})
 
 
 def _reconcile(
