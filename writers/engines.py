@@ -9,7 +9,8 @@ both lay out a table's batch alike, and returns an `EngineWrite`: each table's f
 what the writing pass counted of every record (read, accepted by a route, failed and why), which
 the batch reconciles with its dead letters before anything is published. An engine that cannot
 take a batch says why (`EngineRefusal`), having kept nothing; the core then runs it on
-`spark-sql`, which takes every batch. Neither engine imports the other.
+`spark-sql`, which takes every batch, as it does a batch whose counts from the arrow engine do
+not reconcile (its files discarded). Neither engine imports the other.
 """
 
 from __future__ import annotations

@@ -115,7 +115,8 @@ class WriterMetrics:
         )
         self.engine_fallbacks = Counter(
             "icekeeper_writer_engine_fallbacks_total",
-            "Source batches `writer.engine: arrow` did not take and `spark-sql` wrote, by reason",
+            "Source batches `spark-sql` wrote for `writer.engine: arrow`, by reason: arrow did not "
+            "take them, or its counts did not reconcile (`unreconciled`)",
             ["source", "reason"],
             registry=self.registry,
         )

@@ -1,17 +1,23 @@
 """One source's batch into every table it feeds: engine, dead letters, reconciliation, monikers.
 
 The configured engine writes the batch (`writers/engines.py`); one that cannot take it says why,
-and the batch runs on `spark-sql` instead, logged once per source and reason. Then, if the
-writing pass failed any record, the dead-letter pass finds them (`spark_sql_engine/
-rejected_records.py`), whichever engine wrote: a dead letter naming a schema id the registry
-knows under another subject, or a delete without `before` whose record key names a key schema
-the writer did not know yet, makes the batch be written again with that schema (schemas are
-learnt this way, by id: batches without such records never ask the registry); unknown schema
-ids the registry is to blame for pause the writer (`registry.registry_outage`). Every record
-read must then be accounted for once (`reconciliation.py`), or the batch fails loudly. Dead
-letters are sent before the monikers are returned: a moniker covers its whole offset range,
-poison included, so once it is published a restart never reads these records again (chaos found
-it). The monikers come back to the caller, which publishes them.
+and the batch runs on `spark-sql` instead. Then, if the writing pass failed any record, the
+dead-letter pass finds them (`spark_sql_engine/rejected_records.py`), whichever engine wrote: a
+dead letter naming a schema id the registry knows under another subject, or a delete without
+`before` whose record key names a key schema the writer did not know yet, makes the batch be
+written again with that schema (schemas are learnt this way, by id: batches without such records
+never ask the registry); unknown schema ids the registry is to blame for pause the writer
+(`registry.registry_outage`). Every record read must then be accounted for once
+(`reconciliation.py`). A batch the arrow engine wrote whose counts do not reconcile (the engines
+classify some record differently, a bug) is written again on `spark-sql`, whose counts come from
+the same classification as the dead-letter pass, its arrow files discarded first; a batch
+`spark-sql` wrote that does not reconcile fails loudly. Each fallback is counted
+(`BatchOutcome.fallback`) and logged once per source and kind of reason (`FallbackLog`). Dead
+letters are sent for the write that is published only (not per attempt), once it reconciles and
+before the monikers are returned: a moniker covers its whole offset range, poison included, so
+once it is published a restart never reads these records again (chaos found it; a writer dying
+in between sends them again, `dead_letters.py`). The monikers come back to the caller, which
+publishes them.
 """
 
 from __future__ import annotations
@@ -50,7 +56,9 @@ from icekeeper.writers.spark_sql_engine.sql_batch import SparkSqlEngine
 from icekeeper.writers.table_batch import TableBatches
 
 log = logging.getLogger(__name__)
-_fallbacks_logged: set[str] = set()
+UNRECONCILED = "unreconciled"
+"""The kind of fallback of a batch the configured engine wrote but whose counts did not reconcile
+(`icekeeper_writer_engine_fallbacks_total`'s reason)."""
 
 
 class BatchIncomplete(RuntimeError):
@@ -73,8 +81,9 @@ class BatchOutcome:
     """What the writing pass counted, reconciled with the dead letters before the monikers are
     returned (`writers/reconciliation.py`)."""
     fallback: str | None = None
-    """The kind of reason the configured engine gave for not taking the batch, which `spark-sql`
-    then wrote (`EngineRefusal.kind`); None when it took it."""
+    """Why `spark-sql` wrote the batch instead of the configured engine: the kind of reason that
+    engine gave for not taking it (`EngineRefusal.kind`), or `UNRECONCILED` (what it wrote did
+    not reconcile); None when the configured engine wrote it."""
 
     def skipped_tombstones(self, source: KafkaSource) -> int:
         return self.tombstones if source.tombstones == "skip" else 0
@@ -108,6 +117,7 @@ class SourceBatchWriter:
             else self.spark_sql
         )
         self.dead_letter_pass = DeadLetterPass(config, spark, self.spark_sql.decode)
+        self.fallbacks = FallbackLog()
         self._key_schemas: dict[str, list[RegisteredSchema]] = {}
         """Per Avro source, the key schemas its deletes without
         `before` named so far (`_learn_key_schemas`)."""
@@ -123,58 +133,107 @@ class SourceBatchWriter:
         """Write the batch's files, then send its dead letters (nothing is published yet; see the
         module docstring)."""
         batch = SourceBatch(source, plan, seq, routes, schemas, self._key_schemas_of(source))
-        outcome = self._write_tables(batch)
-        rejected: RejectedRecords | None = None
-        dead_letters: dict[str, int] = {}
-        try:
-            while outcome.dead_lettered(source):
-                # Cached (poison is a handful of rows): counted by reason, searched for schema ids
-                # and sent without reading the batch again.
-                rejected = self.dead_letter_pass.rejected(batch)
-                registered = self._newly_registered(batch, rejected)
-                learnt_keys = self._learn_key_schemas(batch, rejected)
-                if not registered and not learnt_keys:
-                    break
-                rejected.release()
-                rejected = None
+        # Set when the batch is written again on `spark-sql` (None: the configured engine writes
+        # it, or says why not).
+        fallback: str | None = None
+        while True:
+            outcome = self._write_tables(batch, fallback)
+            rejected: RejectedRecords | None = None
+            dead_letters: dict[str, int] = {}
+            try:
+                while outcome.dead_lettered(source):
+                    # Cached (poison is a handful of rows): counted by reason, searched for schema
+                    # ids and sent without reading the batch again.
+                    rejected = self.dead_letter_pass.rejected(batch)
+                    registered = self._newly_registered(batch, rejected)
+                    learnt_keys = self._learn_key_schemas(batch, rejected)
+                    if not registered and not learnt_keys:
+                        break
+                    rejected.release()
+                    rejected = None
+                    discard_output(outcome.output_dirs)
+                    batch = replace(
+                        batch,
+                        schemas=batch.schemas + registered,
+                        key_schemas=self._key_schemas_of(source),
+                    )
+                    outcome = self._write_tables(batch, fallback)
+                if rejected is not None:
+                    dead_letters = rejected.by_reason()
+                    outcome.errors = dict(dead_letters)
+                    if outcome.errors.get("unknown-schema-id") and (
+                        outage := self._registry_outage(batch, rejected)
+                    ):
+                        raise RegistryUnavailable(outage)
+                if not self._reconciled(batch, outcome, dead_letters):
+                    fallback = UNRECONCILED
+                    continue
+                if rejected is not None:
+                    rejected.send(source)
+            except (RegistryUnavailable, BatchUnreconciled):
+                # Nothing of the batch is published or dead-lettered: the writer pauses
+                # and reads it again, or fails the batch loudly.
                 discard_output(outcome.output_dirs)
-                batch = replace(
-                    batch,
-                    schemas=batch.schemas + registered,
-                    key_schemas=self._key_schemas_of(source),
-                )
-                outcome = self._write_tables(batch)
-            if rejected is not None:
-                dead_letters = rejected.by_reason()
-                outcome.errors = dict(dead_letters)
-                if outcome.errors.get("unknown-schema-id") and (
-                    outage := self._registry_outage(batch, rejected)
-                ):
-                    raise RegistryUnavailable(outage)
-            _reconcile(source, plan, seq, outcome, dead_letters)
-            if rejected is not None:
-                rejected.send(source)
-        except (RegistryUnavailable, BatchUnreconciled):
-            # Nothing of the batch is published or dead-lettered: the writer pauses
-            # and reads it again, or fails the batch loudly (`_reconcile`).
+                raise
+            finally:
+                if rejected is not None:
+                    rejected.release()
+            return outcome
+
+    def _reconciled(
+        self, batch: SourceBatch, outcome: BatchOutcome, dead_letters: dict[str, int]
+    ) -> bool:
+        """True when every record the batch read is accounted for once (`reconciliation.py`).
+        False when the configured engine wrote it and it does not reconcile: its files are
+        discarded (no moniker names them, nothing was dead-lettered), logged once per source,
+        and `spark-sql`, whose counts come from the same classification as the dead-letter
+        pass, is to write the batch. A batch `spark-sql` wrote that does not reconcile raises
+        `BatchUnreconciled`, logged at error level with the counts."""
+        source, plan, seq = batch.source, batch.plan, batch.seq
+        unreconciled = _unreconciled(source, outcome, dead_letters)
+        if unreconciled is None:
+            return True
+        details = {
+            "seq": seq,
+            "offsets": _offsets(plan),
+            "problems": unreconciled.problems,
+            **unreconciled.counts,
+        }
+        if outcome.fallback is None and self.engine is not self.spark_sql:
             discard_output(outcome.output_dirs)
-            raise
-        finally:
-            if rejected is not None:
-                rejected.release()
-        return outcome
+            self.fallbacks.fell_back(
+                source,
+                UNRECONCILED,
+                "writer.engine arrow's counts of this batch do not reconcile with the dead-letter "
+                "pass; its files are discarded and it runs on spark-sql",
+                **details,
+            )
+            return False
+        log.error(
+            "batch does not reconcile; nothing of it is published or dead-lettered, its files "
+            "are discarded",
+            extra={"source": source.name, **details},
+        )
+        raise unreconciled
 
     def _key_schemas_of(self, source: KafkaSource) -> list[RegisteredSchema]:
         return list(self._key_schemas.get(source.name, []))
 
-    def _write_tables(self, batch: SourceBatch) -> BatchOutcome:
-        """The configured engine's write of the batch, or `spark-sql`'s where it refuses, with a
-        moniker for each table it wrote files for."""
-        written = self.engine.write(batch)
-        fallback = None
-        if isinstance(written, EngineRefusal):
-            _log_fallback_once(batch.source, written.reason)
-            fallback = written.kind
+    def _write_tables(self, batch: SourceBatch, fallback: str | None = None) -> BatchOutcome:
+        """The configured engine's write of the batch, or `spark-sql`'s where it refuses or a
+        `fallback` is given, with a moniker for each table it wrote files for."""
+        if fallback is None:
+            written = self.engine.write(batch)
+            if isinstance(written, EngineRefusal):
+                self.fallbacks.fell_back(
+                    batch.source,
+                    written.kind,
+                    "writer.engine arrow does not take this batch; it runs on spark-sql",
+                    reason=written.reason,
+                )
+                fallback = written.kind
+                written = self.spark_sql.write(batch)
+        else:
             written = self.spark_sql.write(batch)
         assert isinstance(written, EngineWrite)
         if not batch.source.offset_gaps and written.records != batch.plan.records:
@@ -250,44 +309,38 @@ class SourceBatchWriter:
         return bool(found)
 
 
-def _log_fallback_once(source: KafkaSource, reason: str) -> None:
-    """Say once per source and reason that a batch runs on `spark-sql` instead of `arrow`."""
-    key = f"{source.name}: {reason}"
-    if key not in _fallbacks_logged:
-        _fallbacks_logged.add(key)
-        log.warning(
-            "writer.engine arrow does not take this batch; it runs on spark-sql",
-            extra={"source": source.name, "reason": reason},
-        )
+class FallbackLog:
+    """Says that a source's batch runs on `spark-sql` instead of the configured engine, once per
+    source and kind of reason (`EngineRefusal.kind`, `UNRECONCILED`) for one writer: a reason's
+    text names counts, columns and ids that change from batch to batch, and
+    `icekeeper_writer_engine_fallbacks_total` counts every batch."""
+
+    def __init__(self) -> None:
+        self._logged: set[tuple[str, str]] = set()
+
+    def fell_back(self, source: KafkaSource, kind: str, message: str, **details: object) -> None:
+        """Log `message` at warning level with `details`, unless this source's batches fell back
+        for this kind before."""
+        if (source.name, kind) in self._logged:
+            return
+        self._logged.add((source.name, kind))
+        log.warning(message, extra={"source": source.name, "kind": kind, **details})
 
 
-def _reconcile(
-    source: KafkaSource,
-    plan: BatchPlan,
-    seq: int,
-    outcome: BatchOutcome,
-    dead_letters: dict[str, int],
-) -> None:
-    """Raise `BatchUnreconciled`, logged at error level with the counts, when a record the batch
-    read would land nowhere, or twice: written, dead-lettered or skipped (`reconciliation.py`)."""
+def _unreconciled(
+    source: KafkaSource, outcome: BatchOutcome, dead_letters: dict[str, int]
+) -> BatchUnreconciled | None:
+    """Why a record the batch read would land nowhere, or twice: written, dead-lettered or
+    skipped (`reconciliation.py`), with the counts; None when every record is accounted for."""
     if outcome.intake is None:
-        return
+        return None
     skip = source.tombstones == "skip"
     problems = discrepancies(outcome.intake, dead_letters, skip)
     if not problems:
-        return
-    counts = ledger(outcome.intake, dead_letters, skip)
-    log.error(
-        "batch does not reconcile; nothing of it is published or dead-lettered, its files are "
-        "discarded",
-        extra={
-            "source": source.name,
-            "seq": seq,
-            "offsets": {
-                f"{t}:{p}": list(span) for (t, p), span in sorted(plan.read_ranges.items())
-            },
-            "problems": problems,
-            **counts,
-        },
-    )
-    raise BatchUnreconciled(problems, counts)
+        return None
+    return BatchUnreconciled(problems, ledger(outcome.intake, dead_letters, skip))
+
+
+def _offsets(plan: BatchPlan) -> dict[str, list[int]]:
+    """The batch's offset ranges, for a log line: "topic:partition" -> [from, until]."""
+    return {f"{t}:{p}": list(span) for (t, p), span in sorted(plan.read_ranges.items())}
