@@ -599,7 +599,8 @@ class WriterConfig(_Model):
         "writes Parquet with pyarrow; no row crosses the JVM (a small batch runs in the writer "
         "itself: `driver_batch_records`). It takes Confluent-framed Avro into changelog and "
         "upsert tables; other batches (JSON sources, collection and map columns, a few "
-        "settings) run on `spark-sql`, logged once with the reason. `spark-sql`: Spark reads, "
+        "settings), and a batch whose counts do not reconcile with the dead-letter pass, run on "
+        "`spark-sql`, logged once per source and kind of reason. `spark-sql`: Spark reads, "
         "decodes (`from_avro`) and writes the rows, for clusters whose executors have no Python "
         "packages.",
     )
