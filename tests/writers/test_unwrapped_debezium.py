@@ -7,6 +7,9 @@ table with hard deletes, through real writer batches and bookkeeper commits, wit
 those batches on `spark-sql`). The table ends holding the live keys' last rows; the op and
 event-time metadata columns come from `__op` and `__source_ts_ms`. A record without `__op` (an
 SMT configured without `add.fields`) still deletes by `__deleted`.
+
+A truncated record becomes an `undecodable-avro` dead letter, not a row
+of nulls (plain `avro-confluent` too, on both engines).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from confluent_kafka import Producer
 
 from icekeeper.common.kafka_clients import registry_client
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
-from tests.support.pipeline import pipeline_config
-from tests.writers.test_upsert_record_keys import run_batches
+from icekeeper.writers.job import WriterJob
+from tests.support.pipeline import commit_all, pipeline_config, table_rows
+from tests.writers.test_upsert_record_keys import dead_letter_reasons, run_batches
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -114,3 +118,85 @@ def test_unwrapped_debezium_changes_leave_the_live_rows_of_an_upsert_table(
     assert rows[2]["_src_ts_ms"] == 5_000
     assert rows[4]["_src_op"] == "u"  # no `__op`: not a delete, kind unknown
     assert not any(name.startswith("__") for name in rows[2]), "added fields are no row columns"
+
+
+def _produce(bootstrap: str, topic: str, records: list[bytes | None]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for value in records:
+        producer.produce(topic, value=value, key=b"k", partition=0)
+    assert producer.flush(30) == 0
+
+
+NULLABLE = {
+    "type": "record",
+    "name": "Value",
+    "fields": [
+        {"name": "id", "type": ["null", "int"], "default": None},
+        {"name": "note", "type": ["null", "string"], "default": None},
+    ],
+}
+"""Every field may be null: a record of nulls is a row; a truncated one must not pass for it."""
+REQUIRED = {
+    **NULLABLE,
+    "fields": [{"name": "id", "type": "int"}, {"name": "note", "type": "string"}],
+}
+"""Fields that cannot be null: a truncated record decodes to nulls none of its records has."""
+
+
+@pytest.mark.parametrize(
+    ("source_format", "engine"),
+    [
+        ("debezium-unwrapped-avro", "spark-sql"),
+        ("avro-confluent", "spark-sql"),
+        ("avro-confluent", "arrow"),
+    ],
+)
+def test_a_truncated_record_is_dead_lettered_not_a_row_of_nulls(
+    local_stack, spark, tmp_path: Path, unique_topic: str, source_format: str, engine: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": source_format,
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.notes",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__WRITER__ENGINE": engine,
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    nullable, required = (framer.schema_id(s, is_key=False) for s in (NULLABLE, REQUIRED))
+
+    def half(schema_id: int) -> bytes:
+        """The frame and half the body of a record."""
+        whole = framer.frame(schema_id, {"id": 9, "note": "a note long enough to cut in half"})
+        return whole[: 5 + (len(whole) - 5) // 2]
+
+    records = [
+        framer.frame(nullable, {"id": 1, "note": "first"}),
+        framer.frame(nullable, {"id": None, "note": None}),  # a row of nulls, as written
+        half(nullable),
+        framer.frame(required, {"id": 3, "note": "required"}),
+        half(required),
+        framer.frame(nullable, {"id": 5, "note": "last"}),
+    ]
+    _produce(source.bootstrap_servers, unique_topic, records)
+
+    reports = WriterJob(config, spark=spark).run(until_idle=True)
+    rows = table_rows(commit_all(config), "shop.notes")
+
+    rows.sort(key=lambda row: row["_kfk_offset"])
+    assert [(row["_kfk_offset"], row["id"], row["note"]) for row in rows] == [
+        (0, 1, "first"),
+        (1, None, None),
+        (3, 3, "required"),
+        (5, 5, "last"),
+    ]
+    assert dead_letter_reasons(config, source.dead_letter_topic) == ["undecodable-avro"] * 2
+    assert sum(r.records_read for r in reports) == len(records)
+    assert sum(r.rows_written for r in reports) == 4
+    assert sum(r.dead_lettered for r in reports) == 2
