@@ -8,6 +8,7 @@ those batches on `spark-sql`). The table ends holding the live keys' last rows; 
 event-time metadata columns come from `__op` and `__source_ts_ms`. A record without `__op` (an
 SMT configured without `add.fields`) still deletes by `__deleted`.
 
+A source column whose name starts with `__` but is none the SMT adds (`__tag`) stays a column.
 A truncated record becomes an `undecodable-avro` dead letter, not a row
 of nulls (plain `avro-confluent` too, on both engines).
 """
@@ -125,6 +126,50 @@ def _produce(bootstrap: str, topic: str, records: list[bytes | None]) -> None:
     for value in records:
         producer.produce(topic, value=value, key=b"k", partition=0)
     assert producer.flush(30) == 0
+
+
+def test_a_source_column_starting_with_two_underscores_stays_a_column(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": "debezium-unwrapped-avro",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.tagged",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    schema = framer.schema_id(
+        {
+            **WITH_ADDED_FIELDS,
+            "fields": [
+                *ROW_FIELDS,
+                {"name": "__tag", "type": ["null", "string"], "default": None},
+                *WITH_ADDED_FIELDS["fields"][len(ROW_FIELDS) :],
+                {"name": "__lsn", "type": ["null", "long"], "default": None},
+            ],
+        },
+        is_key=False,
+    )
+    _produce(
+        source.bootstrap_servers,
+        unique_topic,
+        [
+            framer.frame(schema, {**change(1, "ada", 10, "c", 1_000), "__tag": "red", "__lsn": 7}),
+            framer.frame(schema, {**change(2, "bob", 20, "c", 2_000), "__tag": None, "__lsn": 8}),
+        ],
+    )
+
+    WriterJob(config, spark=spark).run(until_idle=True)
+    rows = table_rows(commit_all(config), "shop.tagged")
+
+    assert {row["id"]: row.get("__tag", "no __tag column") for row in rows} == {1: "red", 2: None}
+    added = {"__op", "__source_ts_ms", "__deleted", "__lsn"}
+    assert not added & set(rows[0]), "the fields the SMT adds are no row columns"
 
 
 NULLABLE = {
