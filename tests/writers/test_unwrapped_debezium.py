@@ -9,12 +9,15 @@ event-time metadata columns come from `__op` and `__source_ts_ms`. A record with
 SMT configured without `add.fields`) still deletes by `__deleted`.
 
 A source column whose name starts with `__` but is none the SMT adds (`__tag`) stays a column.
-A truncated record becomes an `undecodable-avro` dead letter, not a row
+Records that cannot say they are deletes (neither `__deleted` nor `__op`: the SMT's defaults)
+into an upsert table with hard deletes leave the deleted key, and the writer warns once, naming
+the connector settings. A truncated record becomes an `undecodable-avro` dead letter, not a row
 of nulls (plain `avro-confluent` too, on both engines).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -121,6 +124,12 @@ def test_unwrapped_debezium_changes_leave_the_live_rows_of_an_upsert_table(
     assert not any(name.startswith("__") for name in rows[2]), "added fields are no row columns"
 
 
+def _unique(schema: dict, topic: str) -> dict:
+    """`schema` in a namespace of its own: the registry gives an identical schema the same id
+    in every test, and the writer warns once per schema id and process."""
+    return {**schema, "namespace": "test.t" + topic.removeprefix("test.")}
+
+
 def _produce(bootstrap: str, topic: str, records: list[bytes | None]) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
     for value in records:
@@ -170,6 +179,54 @@ def test_a_source_column_starting_with_two_underscores_stays_a_column(
     assert {row["id"]: row.get("__tag", "no __tag column") for row in rows} == {1: "red", 2: None}
     added = {"__op", "__source_ts_ms", "__deleted", "__lsn"}
     assert not added & set(rows[0]), "the fields the SMT adds are no row columns"
+
+
+def test_deletes_the_records_cannot_show_are_warned_about_once(
+    local_stack, spark, tmp_path: Path, unique_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": "debezium-unwrapped-avro",
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "2",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.mirror",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    # `ExtractNewRecordState` with its defaults: the row alone; a delete is a tombstone.
+    row_only = framer.schema_id(
+        _unique({**WITH_ADDED_FIELDS, "fields": ROW_FIELDS}, unique_topic), False
+    )
+    records = [
+        framer.frame(row_only, {"id": 1, "customer": "ada", "amount": 10}),
+        framer.frame(row_only, {"id": 2, "customer": "bob", "amount": 20}),
+        None,  # the delete of key 1, as the SMT's defaults leave it
+        framer.frame(row_only, {"id": 3, "customer": "cyd", "amount": 30}),
+    ]
+    _produce(source.bootstrap_servers, unique_topic, records)
+
+    logger = "icekeeper.writers.spark_sql_engine.sql_unwrapped_avro"
+    with caplog.at_level(logging.WARNING, logger=logger):
+        reports, bookkeeper = run_batches(config, spark)
+
+    assert len(reports) >= 2
+    assert sum(r.records_read for r in reports) == len(records)
+    rows = bookkeeper.catalog.load_table("shop.mirror").scan().to_arrow().to_pylist()
+    assert sorted(row["id"] for row in rows) == [1, 2, 3], "a tombstone deletes nothing"
+    warnings = [r for r in caplog.records if r.name == logger and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    [warning] = warnings
+    assert "delete.tombstone.handling.mode" in warning.getMessage()
+    assert "delete.handling.mode" in warning.getMessage()
+    assert (warning.source, warning.schema_id, warning.tables) == (
+        source.name,
+        row_only,
+        ["shop.mirror"],
+    )
 
 
 NULLABLE = {

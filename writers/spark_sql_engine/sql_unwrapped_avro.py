@@ -19,11 +19,17 @@ a Debezium connector's `source` field (`__lsn`, `__db`, `__version`, ...: `SOURC
 one (`__source_<field>`, `__transaction_<field>`). Any other field, `__tag` say,
 is a column of the row, as the source table has it. (A field `add.fields` renames, `ts_ms:TS`,
 is a row column too: nothing tells it apart.)
+
+Without `__deleted` and `__op` a delete cannot be seen: with the transform's defaults it reaches
+Kafka as a tombstone, or not at all, and an upsert table with hard deletes keeps the deleted row.
+The writer says so once per source and schema id (a warning naming the connector settings), and
+docs/operations.md gives them.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -36,6 +42,8 @@ from icekeeper.writers.registry import RegisteredSchema
 from icekeeper.writers.spark_sql_engine import sql
 from icekeeper.writers.spark_sql_engine.decoding import DecodedBatch, decode_avro_confluent
 from icekeeper.writers.version_shapes import DEBEZIUM_SOURCE_FIELDS, VersionShape, shape_from_avro
+
+log = logging.getLogger(__name__)
 
 ADDED = "__"
 """The prefix `ExtractNewRecordState` gives the fields it adds (its `add.fields.prefix`)."""
@@ -66,6 +74,8 @@ SOURCE_FIELDS = frozenset(
 QUALIFIED = ("source_", "transaction_")
 """`add.fields` names a struct-qualified field (`source.ts_ms`) `__<struct>_<field>`."""
 SOURCE_TYPES = {"name": "string", "db": "string", "table": "string", "ts_ms": "long"}
+DELETES_UNSEEN_WARNED: set[tuple[str, int]] = set()
+"""(source, schema id) already warned about: deletes cannot be seen (warned once per process)."""
 
 
 def decode(
@@ -76,6 +86,7 @@ def decode(
     versions: list[VersionShape] = []
     for schema, flat in zip(batch.schemas, decoded.versions, strict=True):
         added = added_fields(schema.resolved)
+        warn_if_deletes_unseen(batch, schema, added)
         envelopes[flat.column] = F.expr(envelope_sql(flat.column, schema.resolved, added))
         versions.append(
             shape_from_avro(flat.column, envelope_shape(envelope_schema(schema)), flat.schema_id)
@@ -109,6 +120,33 @@ def _source_field(added: str) -> str | None:
     if added.startswith("source_"):
         return added.removeprefix("source_")
     return added if added in SOURCE_FIELDS and added not in ENVELOPE_FIELDS else None
+
+
+def warn_if_deletes_unseen(
+    batch: SourceBatch, schema: RegisteredSchema, added: dict[str, Any]
+) -> None:
+    """Warn, once per source and schema id, when records of `schema` feed an upsert table with
+    hard deletes but cannot say they are deletes (neither `__deleted` nor `__op`): the
+    transform's defaults turn a delete into a tombstone, or drop it, and the deleted row stays."""
+    if "deleted" in added or "op" in added:
+        return
+    tables = [t.identifier for t in batch.routes.tables if t.upsert and t.delete_mode == "hard"]
+    key = (batch.source.name, schema.schema_id)
+    if not tables or key in DELETES_UNSEEN_WARNED:
+        return
+    DELETES_UNSEEN_WARNED.add(key)
+    log.warning(
+        "debezium-unwrapped-avro records without __deleted or __op feed upsert tables with hard "
+        "deletes: their deletes cannot be seen and deleted rows stay in the tables; set the "
+        "connector's ExtractNewRecordState to `delete.tombstone.handling.mode: rewrite` (or "
+        "rewrite-with-tombstone; Debezium 2.5 and later) or `delete.handling.mode: rewrite` "
+        "(before 2.5), and `add.fields: op` for the op column",
+        extra={
+            "source": batch.source.name,
+            "schema_id": schema.schema_id,
+            "tables": tables,
+        },
+    )
 
 
 def envelope_schema(schema: RegisteredSchema) -> dict[str, Any]:
