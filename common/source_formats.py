@@ -61,8 +61,10 @@ SOURCE_FORMATS: dict[str, SourceFormat] = {
         SourceFormat(
             "debezium-unwrapped-avro",
             "Confluent-framed Avro of Debezium's `ExtractNewRecordState` (unwrapped) output: "
-            'the row, `__deleted: "true"` on deletes (`delete.handling.mode: rewrite`), and the '
-            "`__op`, `__ts_ms`, `__source_ts_ms`, `__db`, `__table` fields `add.fields` adds",
+            'the row, `__deleted: "true"` on deletes (`delete.tombstone.handling.mode: rewrite`, '
+            "before Debezium 2.5 `delete.handling.mode: rewrite`: without it deletes are not "
+            "seen), and the `__op`, `__ts_ms`, `__source_ts_ms`, `__db`, `__table` fields "
+            "`add.fields` adds",
             registry=True,
             decoders={"spark-sql": f"{_SQL}.sql_unwrapped_avro"},
         ),

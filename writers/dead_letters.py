@@ -4,7 +4,13 @@ Poison is rare, so this runs as a second, filtered pass over the batch's offsets
 first pass counted errors. Headers keep the record's own headers and add `icekeeper.reason`,
 `icekeeper.source.topic`, `.partition` and `.offset`, so a record can be found and replayed.
 Delivery is at least once: a writer that dies after this step and before its moniker is
-published sends the same records again on restart (same source offsets in the headers).
+published sends the same records again on restart (same source offsets in the headers). So does
+a batch that reads records again without any failure: a source's batch starts at its tables'
+lowest position, so after a refusal rewinds one table (an overlapping or out-of-order moniker),
+or a topic restart, or a table added later, the records between that position and the others'
+are classified again and their dead letters sent again. The source topic, partition and offset
+headers identify a record: a consumer of the dead-letter topic dedupes by them (`icekeeper
+dead-letters replay` does).
 """
 
 from __future__ import annotations

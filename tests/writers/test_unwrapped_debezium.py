@@ -7,10 +7,17 @@ table with hard deletes, through real writer batches and bookkeeper commits, wit
 those batches on `spark-sql`). The table ends holding the live keys' last rows; the op and
 event-time metadata columns come from `__op` and `__source_ts_ms`. A record without `__op` (an
 SMT configured without `add.fields`) still deletes by `__deleted`.
+
+A source column whose name starts with `__` but is none the SMT adds (`__tag`) stays a column.
+Records that cannot say they are deletes (neither `__deleted` nor `__op`: the SMT's defaults)
+into an upsert table with hard deletes leave the deleted key, and the writer warns once, naming
+the connector settings. A truncated record becomes an `undecodable-avro` dead letter, not a row
+of nulls (plain `avro-confluent` too, on both engines).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -18,8 +25,9 @@ from confluent_kafka import Producer
 
 from icekeeper.common.kafka_clients import registry_client
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
-from tests.support.pipeline import pipeline_config
-from tests.writers.test_upsert_record_keys import run_batches
+from icekeeper.writers.job import WriterJob
+from tests.support.pipeline import commit_all, pipeline_config, table_rows
+from tests.writers.test_upsert_record_keys import dead_letter_reasons, run_batches
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -114,3 +122,183 @@ def test_unwrapped_debezium_changes_leave_the_live_rows_of_an_upsert_table(
     assert rows[2]["_src_ts_ms"] == 5_000
     assert rows[4]["_src_op"] == "u"  # no `__op`: not a delete, kind unknown
     assert not any(name.startswith("__") for name in rows[2]), "added fields are no row columns"
+
+
+def _unique(schema: dict, topic: str) -> dict:
+    """`schema` in a namespace of its own: the registry gives an identical schema the same id
+    in every test, and the writer warns once per schema id and process."""
+    return {**schema, "namespace": "test.t" + topic.removeprefix("test.")}
+
+
+def _produce(bootstrap: str, topic: str, records: list[bytes | None]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for value in records:
+        producer.produce(topic, value=value, key=b"k", partition=0)
+    assert producer.flush(30) == 0
+
+
+def test_a_source_column_starting_with_two_underscores_stays_a_column(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": "debezium-unwrapped-avro",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.tagged",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    schema = framer.schema_id(
+        {
+            **WITH_ADDED_FIELDS,
+            "fields": [
+                *ROW_FIELDS,
+                {"name": "__tag", "type": ["null", "string"], "default": None},
+                *WITH_ADDED_FIELDS["fields"][len(ROW_FIELDS) :],
+                {"name": "__lsn", "type": ["null", "long"], "default": None},
+            ],
+        },
+        is_key=False,
+    )
+    _produce(
+        source.bootstrap_servers,
+        unique_topic,
+        [
+            framer.frame(schema, {**change(1, "ada", 10, "c", 1_000), "__tag": "red", "__lsn": 7}),
+            framer.frame(schema, {**change(2, "bob", 20, "c", 2_000), "__tag": None, "__lsn": 8}),
+        ],
+    )
+
+    WriterJob(config, spark=spark).run(until_idle=True)
+    rows = table_rows(commit_all(config), "shop.tagged")
+
+    assert {row["id"]: row.get("__tag", "no __tag column") for row in rows} == {1: "red", 2: None}
+    added = {"__op", "__source_ts_ms", "__deleted", "__lsn"}
+    assert not added & set(rows[0]), "the fields the SMT adds are no row columns"
+
+
+def test_deletes_the_records_cannot_show_are_warned_about_once(
+    local_stack, spark, tmp_path: Path, unique_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": "debezium-unwrapped-avro",
+            "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "2",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.mirror",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    # `ExtractNewRecordState` with its defaults: the row alone; a delete is a tombstone.
+    row_only = framer.schema_id(
+        _unique({**WITH_ADDED_FIELDS, "fields": ROW_FIELDS}, unique_topic), False
+    )
+    records = [
+        framer.frame(row_only, {"id": 1, "customer": "ada", "amount": 10}),
+        framer.frame(row_only, {"id": 2, "customer": "bob", "amount": 20}),
+        None,  # the delete of key 1, as the SMT's defaults leave it
+        framer.frame(row_only, {"id": 3, "customer": "cyd", "amount": 30}),
+    ]
+    _produce(source.bootstrap_servers, unique_topic, records)
+
+    logger = "icekeeper.writers.spark_sql_engine.sql_unwrapped_avro"
+    with caplog.at_level(logging.WARNING, logger=logger):
+        reports, bookkeeper = run_batches(config, spark)
+
+    assert len(reports) >= 2
+    assert sum(r.records_read for r in reports) == len(records)
+    rows = bookkeeper.catalog.load_table("shop.mirror").scan().to_arrow().to_pylist()
+    assert sorted(row["id"] for row in rows) == [1, 2, 3], "a tombstone deletes nothing"
+    warnings = [r for r in caplog.records if r.name == logger and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    [warning] = warnings
+    assert "delete.tombstone.handling.mode" in warning.getMessage()
+    assert "delete.handling.mode" in warning.getMessage()
+    assert (warning.source, warning.schema_id, warning.tables) == (
+        source.name,
+        row_only,
+        ["shop.mirror"],
+    )
+
+
+NULLABLE = {
+    "type": "record",
+    "name": "Value",
+    "fields": [
+        {"name": "id", "type": ["null", "int"], "default": None},
+        {"name": "note", "type": ["null", "string"], "default": None},
+    ],
+}
+"""Every field may be null: a record of nulls is a row; a truncated one must not pass for it."""
+REQUIRED = {
+    **NULLABLE,
+    "fields": [{"name": "id", "type": "int"}, {"name": "note", "type": "string"}],
+}
+"""Fields that cannot be null: a truncated record decodes to nulls none of its records has."""
+
+
+@pytest.mark.parametrize(
+    ("source_format", "engine"),
+    [
+        ("debezium-unwrapped-avro", "spark-sql"),
+        ("avro-confluent", "spark-sql"),
+        ("avro-confluent", "arrow"),
+    ],
+)
+def test_a_truncated_record_is_dead_lettered_not_a_row_of_nulls(
+    local_stack, spark, tmp_path: Path, unique_topic: str, source_format: str, engine: str
+) -> None:
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": source_format,
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.notes",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__WRITER__ENGINE": engine,
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    nullable, required = (framer.schema_id(s, is_key=False) for s in (NULLABLE, REQUIRED))
+
+    def half(schema_id: int) -> bytes:
+        """The frame and half the body of a record."""
+        whole = framer.frame(schema_id, {"id": 9, "note": "a note long enough to cut in half"})
+        return whole[: 5 + (len(whole) - 5) // 2]
+
+    records = [
+        framer.frame(nullable, {"id": 1, "note": "first"}),
+        framer.frame(nullable, {"id": None, "note": None}),  # a row of nulls, as written
+        half(nullable),
+        framer.frame(required, {"id": 3, "note": "required"}),
+        half(required),
+        framer.frame(nullable, {"id": 5, "note": "last"}),
+    ]
+    _produce(source.bootstrap_servers, unique_topic, records)
+
+    reports = WriterJob(config, spark=spark).run(until_idle=True)
+    rows = table_rows(commit_all(config), "shop.notes")
+
+    rows.sort(key=lambda row: row["_kfk_offset"])
+    assert [(row["_kfk_offset"], row["id"], row["note"]) for row in rows] == [
+        (0, 1, "first"),
+        (1, None, None),
+        (3, 3, "required"),
+        (5, 5, "last"),
+    ]
+    assert dead_letter_reasons(config, source.dead_letter_topic) == ["undecodable-avro"] * 2
+    assert sum(r.records_read for r in reports) == len(records)
+    assert sum(r.rows_written for r in reports) == 4
+    assert sum(r.dead_lettered for r in reports) == 2

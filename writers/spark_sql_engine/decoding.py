@@ -105,6 +105,7 @@ def decode_avro_confluent(
     prefix = "substring(value, 1, 5)"
     versions: list[VersionShape] = []
     decoded_columns: list[str] = []
+    decoded_checks: list[str] = []
     key_columns: list[str] = []
     key_schemas = (
         [
@@ -127,6 +128,7 @@ def decode_avro_confluent(
             f"AS {column}"
         )
         shape = shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id)
+        decoded_checks.append(_decoded_sql(shape, json.loads(writer)))
         record_key = (
             _avro_record_key_sql(column, json.loads(writer), key_schemas, keys)
             if keys and shape.is_debezium
@@ -165,7 +167,7 @@ def decode_avro_confluent(
         " WHEN value IS NULL THEN 'tombstone'"
         " WHEN length(value) < 5 OR substring(value, 1, 1) != X'00' THEN 'bad-magic-byte'"
         f" WHEN NOT {sql.in_list(prefix, known)} THEN 'unknown-schema-id'"
-        f" WHEN NOT {_any_decoded(versions)} THEN 'undecodable-avro'"
+        f" WHEN NOT {sql.any_of(decoded_checks)} THEN 'undecodable-avro'"
         + (
             f" WHEN NOT (CASE {VERSION} {' '.join(valid_utf8)} ELSE true END) THEN 'invalid-utf8'"
             if valid_utf8
@@ -282,15 +284,54 @@ def _strings_valid(expression: str, data_type: T.DataType, depth: int) -> list[s
     return checks
 
 
-def _any_decoded(versions: list[VersionShape]) -> str:
-    """True when a version decoded the record. In PERMISSIVE mode a malformed body yields a
-    struct of nulls rather than null, so a Debezium event counts only with its required `op`."""
-    return sql.any_of(
-        f"{sql.path(v.column, 'op')} IS NOT NULL"
-        if v.is_debezium
-        else f"{sql.ident(v.column)} IS NOT NULL"
-        for v in versions
-    )
+def _decoded_sql(version: VersionShape, writer: Any) -> str:
+    """True when `version` (writer schema `writer`) decoded the record.
+
+    In PERMISSIVE mode `from_avro` yields a struct of nulls, not null, for a body it cannot
+    decode (a truncated one, say). A Debezium event counts only with its required `op`; another
+    record with its first field that cannot be null. When every field may be null, a record counts
+    with one field not null, or when its body starts with the bytes of a record whose every field
+    is null (each union's branch index of `null`): such a body decodes, as the reader reads only
+    those bytes, while one that does not decode yields the same struct of nulls. Without this a
+    truncated record became a row of nulls (on `spark-sql` only: the arrow engine reads a datum
+    with fastavro, which fails on it).
+    """
+    if version.is_debezium:
+        return f"{sql.path(version.column, 'op')} IS NOT NULL"
+    if not isinstance(writer, dict) or writer.get("type") != "record" or not writer["fields"]:
+        return f"{sql.ident(version.column)} IS NOT NULL"
+    fields = writer["fields"]
+    encodings = [_null_encoding(f["type"]) for f in fields]
+    required = [f["name"] for f, null in zip(fields, encodings, strict=True) if null is None]
+    if required:
+        return f"{sql.path(version.column, required[0])} IS NOT NULL"
+    all_null = b"".join(encoding for encoding in encodings if encoding is not None)
+    if not all_null:
+        return f"{sql.ident(version.column)} IS NOT NULL"
+    some_value = sql.any_of(f"{sql.path(version.column, f['name'])} IS NOT NULL" for f in fields)
+    return f"({some_value} OR substring(value, 6, {len(all_null)}) = {sql.binary(all_null)})"
+
+
+def _null_encoding(avro_type: Any) -> bytes | None:
+    """The Avro binary encoding of null as a value of `avro_type`; None when it cannot be null."""
+    if avro_type == "null" or (isinstance(avro_type, dict) and avro_type.get("type") == "null"):
+        return b""
+    if isinstance(avro_type, list):
+        for index, branch in enumerate(avro_type):
+            if branch == "null" or (isinstance(branch, dict) and branch.get("type") == "null"):
+                return _zigzag_varint(index)
+    return None
+
+
+def _zigzag_varint(value: int) -> bytes:
+    """Avro's encoding of an int or long: zigzag, then a little-endian base-128 varint."""
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while zigzag & ~0x7F:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
 
 
 def framed_schema_id_sql(column: str) -> str:

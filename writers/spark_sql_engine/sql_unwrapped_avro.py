@@ -1,8 +1,9 @@
 """`debezium-unwrapped-avro` on `spark-sql`: Debezium's `ExtractNewRecordState` output, as Avro.
 
-The transform flattens each change event to its row. With `delete.handling.mode: rewrite` a
-delete keeps its row (the `before` image) and says `__deleted: "true"`; `add.fields` adds
-envelope fields as `__<name>` (`__op`, `__ts_ms`, `__source_ts_ms`, `__db`, `__table`, ...).
+The transform flattens each change event to its row. With `delete.tombstone.handling.mode:
+rewrite` (Debezium 2.5 and later; before, `delete.handling.mode: rewrite`) a delete keeps its row
+(the `before` image) and says `__deleted: "true"`; `add.fields` adds envelope and `source` fields
+as `__<name>` (`__op`, `__ts_ms`, `__source_ts_ms`, `__db`, `__table`, ...).
 Each record is decoded as plain Confluent-framed Avro (`decoding.decode_avro_confluent`), then
 given back the envelope it was unwrapped from: the row is `after`, or `before` when the record is
 a delete; `op` is `__op` (`d` when `__deleted` is true; `u` when the record does not say, since
@@ -10,11 +11,25 @@ without `__op` an insert cannot be told from an update); `ts_ms` is `__ts_ms`; `
 `__source_ts_ms` as `ts_ms` and `__db`/`__table`/`__name` (or `__source_<field>`). From there on
 a batch is written as any Debezium batch: metadata columns, event time, and an upsert table's
 hard deletes, which take their key from the `before` image.
+
+A field is taken as added by the transform only by the names `add.fields` gives (its default
+`add.fields.prefix`, `__`): `__deleted`, the envelope's own `__op`/`__ts_ms`/`__ts_us`/`__ts_ns`,
+a Debezium connector's `source` field (`__lsn`, `__db`, `__version`, ...: `SOURCE_FIELDS`), a
+`transaction` field (`__id`, `__total_order`, `__data_collection_order`) and a struct-qualified
+one (`__source_<field>`, `__transaction_<field>`). Any other field, `__tag` say,
+is a column of the row, as the source table has it. (A field `add.fields` renames, `ts_ms:TS`,
+is a row column too: nothing tells it apart.)
+
+Without `__deleted` and `__op` a delete cannot be seen: with the transform's defaults it reaches
+Kafka as a tombstone, or not at all, and an upsert table with hard deletes keeps the deleted row.
+The writer says so once per source and schema id (a warning naming the connector settings), and
+docs/operations.md gives them.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -28,11 +43,39 @@ from icekeeper.writers.spark_sql_engine import sql
 from icekeeper.writers.spark_sql_engine.decoding import DecodedBatch, decode_avro_confluent
 from icekeeper.writers.version_shapes import DEBEZIUM_SOURCE_FIELDS, VersionShape, shape_from_avro
 
+log = logging.getLogger(__name__)
+
 ADDED = "__"
 """The prefix `ExtractNewRecordState` gives the fields it adds (its `add.fields.prefix`)."""
 ENVELOPE_FIELDS = {"deleted", "op", "ts_ms"}
-"""Added fields that are the envelope's own; every other added field is a `source` field."""
+"""Added fields that are the envelope's own and read by the writer."""
+UNREAD_FIELDS = {"ts_us", "ts_ns", "id", "total_order", "data_collection_order"}
+"""Added envelope and `transaction` fields the writer does not read (neither row columns nor
+`source` fields)."""
+SOURCE_FIELDS = frozenset(
+    {
+        # every connector
+        "version", "connector", "name", "ts_ms", "ts_us", "ts_ns", "snapshot", "db", "sequence",
+        "schema", "table",
+        # PostgreSQL
+        "txId", "lsn", "xmin",
+        # MySQL, MariaDB
+        "server_id", "gtid", "file", "pos", "row", "thread", "query",
+        # SQL Server, Db2
+        "change_lsn", "commit_lsn", "event_serial_no",
+        # Oracle
+        "scn", "commit_scn", "lcr_position", "rs_id", "ssn", "redo_thread", "user_name",
+        "row_id", "commit_ts_ms", "start_scn", "start_ts_ms",
+        # Vitess, Spanner, Informix, Cassandra
+        "keyspace", "shard", "vgtid", "cluster",
+    }
+)  # fmt: skip
+"""Debezium connectors' `source` fields: `add.fields` adds each as `__<field>` (unqualified)."""
+QUALIFIED = ("source_", "transaction_")
+"""`add.fields` names a struct-qualified field (`source.ts_ms`) `__<struct>_<field>`."""
 SOURCE_TYPES = {"name": "string", "db": "string", "table": "string", "ts_ms": "long"}
+DELETES_UNSEEN_WARNED: set[tuple[str, int]] = set()
+"""(source, schema id) already warned about: deletes cannot be seen (warned once per process)."""
 
 
 def decode(
@@ -43,6 +86,7 @@ def decode(
     versions: list[VersionShape] = []
     for schema, flat in zip(batch.schemas, decoded.versions, strict=True):
         added = added_fields(schema.resolved)
+        warn_if_deletes_unseen(batch, schema, added)
         envelopes[flat.column] = F.expr(envelope_sql(flat.column, schema.resolved, added))
         versions.append(
             shape_from_avro(flat.column, envelope_shape(envelope_schema(schema)), flat.schema_id)
@@ -51,16 +95,58 @@ def decode(
     return DecodedBatch(frame, versions, decoded.planned_schema_ids)
 
 
+def is_added(name: str) -> bool:
+    """True when field `name` is one `ExtractNewRecordState` adds (see the module docstring)."""
+    if not name.startswith(ADDED):
+        return False
+    bare = name[len(ADDED) :]
+    return (
+        bare in ENVELOPE_FIELDS
+        or bare in UNREAD_FIELDS
+        or bare in SOURCE_FIELDS
+        or bare.startswith(QUALIFIED)
+    )
+
+
 def added_fields(record: dict[str, Any]) -> dict[str, Any]:
     """The fields the transform added, by their envelope name (`__source_ts_ms` -> `source_ts_ms`),
     with their Avro types."""
-    return {
-        f["name"][len(ADDED) :]: f["type"] for f in record["fields"] if f["name"].startswith(ADDED)
-    }
+    return {f["name"][len(ADDED) :]: f["type"] for f in record["fields"] if is_added(f["name"])}
 
 
-def _source_field(added: str) -> str:
-    return added.removeprefix("source_")
+def _source_field(added: str) -> str | None:
+    """The `source` field added field `added` (without its prefix) holds; None for one that is
+    no `source` field (the envelope's, a transaction's)."""
+    if added.startswith("source_"):
+        return added.removeprefix("source_")
+    return added if added in SOURCE_FIELDS and added not in ENVELOPE_FIELDS else None
+
+
+def warn_if_deletes_unseen(
+    batch: SourceBatch, schema: RegisteredSchema, added: dict[str, Any]
+) -> None:
+    """Warn, once per source and schema id, when records of `schema` feed an upsert table with
+    hard deletes but cannot say they are deletes (neither `__deleted` nor `__op`): the
+    transform's defaults turn a delete into a tombstone, or drop it, and the deleted row stays."""
+    if "deleted" in added or "op" in added:
+        return
+    tables = [t.identifier for t in batch.routes.tables if t.upsert and t.delete_mode == "hard"]
+    key = (batch.source.name, schema.schema_id)
+    if not tables or key in DELETES_UNSEEN_WARNED:
+        return
+    DELETES_UNSEEN_WARNED.add(key)
+    log.warning(
+        "debezium-unwrapped-avro records without __deleted or __op feed upsert tables with hard "
+        "deletes: their deletes cannot be seen and deleted rows stay in the tables; set the "
+        "connector's ExtractNewRecordState to `delete.tombstone.handling.mode: rewrite` (or "
+        "rewrite-with-tombstone; Debezium 2.5 and later) or `delete.handling.mode: rewrite` "
+        "(before 2.5), and `add.fields: op` for the op column",
+        extra={
+            "source": batch.source.name,
+            "schema_id": schema.schema_id,
+            "tables": tables,
+        },
+    )
 
 
 def envelope_schema(schema: RegisteredSchema) -> dict[str, Any]:
@@ -69,13 +155,13 @@ def envelope_schema(schema: RegisteredSchema) -> dict[str, Any]:
     record = schema.resolved
     added = added_fields(record)
     row = copy.deepcopy(record)
-    row["fields"] = [f for f in record["fields"] if not f["name"].startswith(ADDED)]
+    row["fields"] = [f for f in record["fields"] if not is_added(f["name"])]
     source_types: dict[str, Any] = {
         name: ["null", avro_type] for name, avro_type in SOURCE_TYPES.items()
     }
     for name, avro_type in added.items():
-        if name not in ENVELOPE_FIELDS:
-            source_types[_source_field(name)] = avro_type
+        if (source_field := _source_field(name)) is not None:
+            source_types[source_field] = avro_type
     return {
         "type": "record",
         "name": "Envelope",
@@ -102,7 +188,7 @@ def envelope_sql(column: str, record: dict[str, Any], added: dict[str, Any]) -> 
         ", ".join(
             f"{sql.string(f['name'])}, {sql.path(column, f['name'])}"
             for f in record["fields"]
-            if not f["name"].startswith(ADDED)
+            if not is_added(f["name"])
         )
     )
     deleted = (
@@ -125,8 +211,8 @@ def envelope_sql(column: str, record: dict[str, Any], added: dict[str, Any]) -> 
         for name, t in SOURCE_TYPES.items()
     }
     for name in added:
-        if name not in ENVELOPE_FIELDS:
-            sources[_source_field(name)] = sql.path(column, ADDED + name)
+        if (source_field := _source_field(name)) is not None:
+            sources[source_field] = sql.path(column, ADDED + name)
     source = "named_struct({})".format(
         ", ".join(f"{sql.string(name)}, {value}" for name, value in sources.items())
     )
