@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from icekeeper.common.schema import MAX_DECIMAL_PRECISION
+from icekeeper.writers.avro_binary import zigzag_varint
 
 # Tasks run two per core: polars' own thread pool would only oversubscribe the cores.
 os.environ.setdefault("POLARS_MAX_THREADS", "1")
@@ -51,19 +52,8 @@ ALIGNMENT_SAMPLES = 16
 """Records of a block decoded alone to check the block's reading (`SchemaDecoder._aligned`)."""
 
 
-def _varint(value: int) -> bytes:
-    """Avro's zigzag varint of a long."""
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag & ~0x7F:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
-
-
 def _text(value: bytes) -> bytes:
-    return _varint(len(value)) + value
+    return zigzag_varint(len(value)) + value
 
 
 def polars_schema(resolved: Any) -> Any:
@@ -169,7 +159,7 @@ class SchemaDecoder:
         schema = json.dumps(polars_schema(_unchecked_fields(resolved, unchecked or {}))).encode()
         header = (
             b"Obj\x01"
-            + _varint(2)
+            + zigzag_varint(2)
             + _text(b"avro.schema")
             + _text(schema)
             + _text(b"avro.codec")
@@ -257,7 +247,9 @@ class SchemaDecoder:
         self, count: int, bodies: bytes | pa.Buffer, columns: list[str] | None = None
     ) -> pa.Table:
         """polars' reading of one block; fields outside `columns` are skipped, not decoded."""
-        container = b"".join([self.header, _varint(count), _varint(len(bodies)), bodies, _SYNC])
+        container = b"".join(
+            [self.header, zigzag_varint(count), zigzag_varint(len(bodies)), bodies, _SYNC]
+        )
         return pl.read_avro(io.BytesIO(container), columns=columns).to_arrow()
 
     def _one_by_one(self, datums: list[bytes]) -> tuple[pa.Table, dict[int, str]]:

@@ -38,6 +38,7 @@ from icekeeper.common.schema import (
     envelope_shape,
     iceberg_type_from_spark,
 )
+from icekeeper.writers.avro_binary import zigzag_varint
 from icekeeper.writers.confluent_frame import frame_prefix
 from icekeeper.writers.connect_schema import (
     avro_from_connect,
@@ -319,19 +320,8 @@ def _null_encoding(avro_type: Any) -> bytes | None:
     if isinstance(avro_type, list):
         for index, branch in enumerate(avro_type):
             if branch == "null" or (isinstance(branch, dict) and branch.get("type") == "null"):
-                return _zigzag_varint(index)
+                return zigzag_varint(index)
     return None
-
-
-def _zigzag_varint(value: int) -> bytes:
-    """Avro's encoding of an int or long: zigzag, then a little-endian base-128 varint."""
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag & ~0x7F:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
 
 
 def framed_schema_id_sql(column: str) -> str:
