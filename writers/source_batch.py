@@ -310,18 +310,20 @@ class SourceBatchWriter:
 
 
 class FallbackLog:
-    """Says that a source's batch runs on `spark-sql` instead of the configured engine, once per
-    source and kind of reason (`EngineRefusal.kind`, `UNRECONCILED`) for one writer: a reason's
-    text names counts, columns and ids that change from batch to batch, and
-    `icekeeper_writer_engine_fallbacks_total` counts every batch."""
+    """Says that a source's batch runs on `spark-sql` instead of the configured engine: an
+    expected refusal once per source and kind of reason (`EngineRefusal.kind`) for one writer (a
+    reason's text names counts, columns and ids that change from batch to batch, and
+    `icekeeper_writer_engine_fallbacks_total` counts every batch); an `UNRECONCILED` batch every
+    time, with its offsets and problems, since it means the engine lost or miscounted records and
+    each occurrence is evidence for the bug report."""
 
     def __init__(self) -> None:
         self._logged: set[tuple[str, str]] = set()
 
     def fell_back(self, source: KafkaSource, kind: str, message: str, **details: object) -> None:
         """Log `message` at warning level with `details`, unless this source's batches fell back
-        for this kind before."""
-        if (source.name, kind) in self._logged:
+        for this (expected) kind before."""
+        if kind != UNRECONCILED and (source.name, kind) in self._logged:
             return
         self._logged.add((source.name, kind))
         log.warning(message, extra={"source": source.name, "kind": kind, **details})

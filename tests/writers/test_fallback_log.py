@@ -50,3 +50,20 @@ def test_a_fallback_is_logged_once_per_writer_source_and_kind_whatever_its_count
         ("orders", TWO_PARTITIONS, _reason(5)),  # the other writer's first
     ]
     assert {r.levelname for r in caplog.records} == {"WARNING"}
+
+
+def test_every_unreconciled_batch_is_logged_with_its_own_offsets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An engine whose counts do not reconcile lost or miscounted records: each batch is a case
+    for the bug report (another batch may show another problem), so none is left out."""
+    from icekeeper.writers.source_batch import UNRECONCILED
+
+    orders, log = KafkaSource(name="orders"), FallbackLog()
+    with caplog.at_level(logging.WARNING, logger="icekeeper.writers.source_batch"):
+        log.fell_back(orders, UNRECONCILED, MESSAGE, offsets="0:0-100", problems=["took 99"])
+        log.fell_back(orders, UNRECONCILED, MESSAGE, offsets="0:100-200", problems=["took 101"])
+    assert [(r.kind, r.offsets) for r in caplog.records] == [
+        (UNRECONCILED, "0:0-100"),
+        (UNRECONCILED, "0:100-200"),
+    ]
