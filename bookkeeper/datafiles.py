@@ -77,7 +77,13 @@ from icekeeper.common.locations import (
     table_data_folder,
 )
 from icekeeper.common.moniker import FileEntry
-from icekeeper.common.storage import configure_storage, is_local, open_filesystem, storage_settings
+from icekeeper.common.storage import (
+    configure_storage,
+    is_local,
+    is_s3,
+    open_filesystem,
+    storage_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,16 +152,20 @@ def fetch_tail(path: str) -> FileTail | InvalidFile | FileUnavailable:
     storage door's thread-safe stores)."""
     try:
         filesystem, local = open_filesystem(path)
-        if is_local(path):
+        if is_s3(path):
+            # On S3 the open's own HEAD tells whether the object exists (a 404 raises
+            # FileNotFoundError) and its size: asking `get_file_info` first was a third round
+            # trip per footer. A "folder" there is no object: missing, so a moniker naming one
+            # is refused after `missing_file_timeout`; a bucket is no object either, but opening
+            # it fails as a storage error (retried for ever), so it is refused here.
+            if "/" not in local.strip("/"):
+                return InvalidFile(f"{path}: not a file")
+        else:  # elsewhere a folder may open as something else than "not found" (HDFS, ADLS)
             info = filesystem.get_file_info(local)
             if info.type == pafs.FileType.NotFound:
                 return FileUnavailable(f"{path}: not found", missing=True)
             if info.type != pafs.FileType.File:
                 return InvalidFile(f"{path}: not a file")
-        # On an object store the open's own HEAD tells whether the object exists (a 404 raises
-        # FileNotFoundError) and its size: asking `get_file_info` first was a third round trip
-        # per footer. A "folder" there is no object: missing, so a moniker naming one is
-        # refused after `missing_file_timeout` rather than at once.
         with filesystem.open_input_file(local) as handle:
             return FileTail(path, handle.size(), footer_bytes(handle))
     except FileNotFoundError:  # listed a moment ago, gone when opened
@@ -228,7 +238,7 @@ def footer_bytes(handle: pa.NativeFile) -> pa.Buffer | None:
     a plain Parquet tail (or pyarrow has no footer parser): `parse_footer` then asks
     `ParquetFile`."""
     size = handle.size()
-    if not FOOTER_PARSER_ENABLED or size < 12:
+    if size < 12:
         return None
     tail = pa.py_buffer(
         handle.read_at(min(size, FOOTER_READ_BYTES), max(0, size - FOOTER_READ_BYTES))
@@ -238,7 +248,9 @@ def footer_bytes(handle: pa.NativeFile) -> pa.Buffer | None:
     if end[4:] != b"PAR1" or not 0 < length <= size - 12:
         return None
     if length + 8 <= len(tail):
-        return tail.slice(len(tail) - 8 - length, length)
+        # A copy: a slice would keep the whole 64 KiB read alive while a batch's other files
+        # are fetched (10,000 of them held 640 MB).
+        return pa.py_buffer(tail.slice(len(tail) - 8 - length, length).to_pybytes())
     return pa.py_buffer(handle.read_at(length, size - 8 - length))
 
 
@@ -252,7 +264,7 @@ def parse_footer(handle: pa.NativeFile, footer: pa.Buffer | None) -> pq.FileMeta
 
 def parse_footer_buffer(footer: pa.Buffer) -> pq.FileMetaData:
     """Parse a footer's bytes (from `footer_bytes`) without the file."""
-    if _FAST_FOOTERS:
+    if _FAST_FOOTERS and FOOTER_PARSER_ENABLED:
         return parse_footer_bytes(footer)
     # The footer alone, framed as a file (no second read of the object): offsets are not checked.
     framed = b"PAR1" + footer.to_pybytes() + len(footer).to_bytes(4, "little") + b"PAR1"
@@ -326,6 +338,10 @@ or three round trips (HEAD, ranged GET) that wait with the GIL released, so thre
 a worker process per file would not (the bookkeeper has a core or two). Parsing stays in the
 calling thread, one file after another: it holds the GIL anyway, and its caches are not shared."""
 
+FETCH_WINDOW = 512
+"""Files fetched before they are parsed: enough to keep the threads busy, few enough that their
+footers (a few KB each, up to the file's whole tail) stay small next to the bookkeeper's memory."""
+
 _fetch_pool: ThreadPoolExecutor | None = None
 _fetch_pool_lock = threading.Lock()
 
@@ -346,12 +362,17 @@ def _fetch_tails(paths: list[str]) -> list[FileTail | InvalidFile | FileUnavaila
 def describe_files(
     requests: list[tuple[str, Schema]], table_properties: dict[str, str]
 ) -> list[Described]:
-    """Facts or the reason for each (path, file schema), in order."""
-    tails = _fetch_tails([path for path, _ in requests])
-    return [
-        _describe_or_reason(tail, schema, table_properties)
-        for tail, (_, schema) in zip(tails, requests)
-    ]
+    """Facts or the reason for each (path, file schema), in order; `FETCH_WINDOW` files'
+    footers in memory at a time."""
+    described: list[Described] = []
+    for start in range(0, len(requests), FETCH_WINDOW):
+        window = requests[start : start + FETCH_WINDOW]
+        tails = _fetch_tails([path for path, _ in window])
+        described.extend(
+            _describe_or_reason(tail, schema, table_properties)
+            for tail, (_, schema) in zip(tails, window)
+        )
+    return described
 
 
 _Request = tuple[str, Schema, str]

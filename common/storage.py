@@ -169,6 +169,11 @@ def _locate(uri_or_path: str) -> tuple[Store, str]:
     return store, pafs.FileSystem.from_uri(uri_or_path)[1]
 
 
+def is_s3(uri_or_path: str) -> bool:
+    """Whether `uri_or_path` is on S3 (or an S3-compatible server): `s3://`, `s3a://`, `s3n://`."""
+    return not is_local(uri_or_path) and split_uri(uri_or_path)[0] in s3.SCHEMES
+
+
 def split_uri(uri: str) -> tuple[str, str, str]:
     """(scheme, authority, path) of `uri`, the path as written: no `%XX` is decoded and `?` or
     `#` are part of it, as pyiceberg and Iceberg take a data file's path (Hive-style partition

@@ -53,6 +53,7 @@ from icekeeper.bookkeeper.datafiles import (
     validate,
 )
 from icekeeper.common.moniker import FileEntry
+from tests.support.object_stores import storage_door
 
 SCHEMA = Schema(
     NestedField(3, "id", LongType(), required=True),
@@ -504,6 +505,45 @@ def test_a_file_gone_between_its_fetch_and_its_parse_is_missing_not_invalid(
     with pytest.raises(FileUnavailable, match="storage error") as unavailable:
         describe_tail(FileTail(unreachable, 4, None), SCHEMA, {})
     assert not unavailable.value.missing
+
+
+def test_a_batch_holds_only_its_footers_not_the_tails_read_for_them(tmp_path: Path) -> None:
+    """A file's tail is read 64 KiB at a time; its footer is a few KB of that. A batch's files are
+    fetched before they are parsed, so each footer must not keep its whole read alive (10,000
+    files would hold 640 MB: a bookkeeper killed for memory picks the same batch again)."""
+    import tracemalloc
+
+    body = write(tmp_path / "big.parquet", 20_000, 20_000).read_bytes()
+    assert len(body) > FOOTER_READ_BYTES
+    paths = []
+    for index in range(300):
+        path = tmp_path / f"f{index}.parquet"
+        path.write_bytes(body)
+        paths.append(str(path))
+    reader = FooterReader(workers=1)
+    tracemalloc.start()
+    try:
+        described = reader.describe(
+            [(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {}
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert all(facts.num_rows == 20_000 for facts in described.values())  # type: ignore[union-attr]
+    assert peak < 300 * FOOTER_READ_BYTES / 4, peak  # the whole reads: 19.7 MB
+
+
+def test_a_bucket_named_as_a_file_is_invalid_at_once(s3_storage) -> None:
+    """On S3 the object's size comes from opening it (no HEAD before): a bucket opens as a
+    storage error, which is retried for ever and would hold the writer's later monikers."""
+    with storage_door(s3_storage.pyiceberg_properties()):
+        bucket = s3_storage.uri().rstrip("/")
+        for path in (bucket, bucket + "/"):
+            with pytest.raises(InvalidFile, match="not a file"):
+                describe_file(path, SCHEMA, {})
+        with pytest.raises(FileUnavailable, match="not found") as missing:
+            describe_file(s3_storage.uri("no/such/file.parquet"), SCHEMA, {})
+        assert missing.value.missing
 
 
 _DESCRIBE_DAMAGED = """
