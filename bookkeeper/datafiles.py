@@ -592,6 +592,9 @@ PLANS_KEPT = 64
 """Statistics plans kept (the least recently used is dropped): one per schema and table
 properties in use, each with its layouts (Parquet schemas, which keep their footer alive)."""
 _LAYOUTS_PER_PLAN = 16
+_METRICS = "write.metadata.metrics."
+"""The table properties that choose column metrics (`write.metadata.metrics.default`,
+`write.metadata.metrics.column.<name>`)."""
 
 
 def _column_plans(
@@ -603,12 +606,18 @@ def _column_plans(
     Callers reuse one `Schema` object per distinct moniker schema (`ParsedSchemas`), so the
     object's identity is a cheap key; the schema is kept alive by the cache entry itself.
     """
-    key = (id(file_schema), tuple(sorted(table_properties.items())))
+    # Keyed by the metrics properties only (all pyiceberg's statistics plan reads): the whole
+    # properties carry the committed state (`icekeeper.committed-state`), new with every commit,
+    # which made every commit plan anew (~0.7 ms) and push out a plan still in use.
+    metrics = tuple(
+        sorted(item for item in table_properties.items() if item[0].startswith(_METRICS))
+    )
+    key = (id(file_schema), metrics)
     cached = _PLANS.get(key)
     if cached is not None and cached[0] is file_schema:
         _PLANS.move_to_end(key)
     else:
-        collectors = compute_statistics_plan(file_schema, table_properties)
+        collectors = compute_statistics_plan(file_schema, dict(metrics))
         plans = {
             path: _ColumnPlan(
                 field_id,

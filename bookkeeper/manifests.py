@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -48,6 +48,7 @@ from pyiceberg.types import StructType
 from icekeeper.common.internals import (
     MergeAppendFiles,
     SnapshotProducer,
+    manifest_entries,
     record_fields,
     snapshot_commit_writing_lists_with,
     transaction_table,
@@ -468,6 +469,15 @@ class _MergeAppend(MergeAppendFiles):
     manifest may): only those are read."""
     _folded: frozenset[str] = frozenset()
     """Paths of the parent's manifests this snapshot rewrote (set by `_manifests`)."""
+
+    def fetch_manifest_entry(
+        self, manifest: ManifestFile, discard_deleted: bool = True
+    ) -> Iterator[ManifestEntry]:  # type: ignore[override]
+        """The entries of one of the parent's manifests as a stream, not a list: pyiceberg's
+        manifest merge (`_ManifestMergeManager._create_manifest`, every
+        `commit.manifest.min-count-to-merge` commits) only iterates them, and a list held every
+        live data file of the merged manifest at once (`common.internals.manifest_entries`)."""
+        return manifest_entries(manifest, self._io, discard_deleted)
 
     def append_delete_file(self, delete_file: DataFile) -> None:
         """Add a position-delete file to this snapshot (pyiceberg 0.12 has no API for it)."""

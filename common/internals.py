@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata as package_metadata
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pyiceberg
 from pyarrow import _parquet as pyarrow_parquet_internal
+from pyiceberg.avro.file import AvroFile
 from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.io import FileIO, InputFile
+from pyiceberg.manifest import (
+    DEFAULT_READ_VERSION,
+    MANIFEST_ENTRY_SCHEMAS,
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    _inherit_from_manifest,
+)
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
@@ -273,6 +285,26 @@ MergeAppendFiles = _MergeAppendFiles
 """pyiceberg's merge-append snapshot producer, the base of `bookkeeper.manifests`' producers."""
 SnapshotProducer = _SnapshotProducer
 """pyiceberg's snapshot producer base class (what `Transaction.update_snapshot()` builds)."""
+
+
+def manifest_entries(
+    manifest: ManifestFile, io: FileIO, discard_deleted: bool = True
+) -> Iterator[ManifestEntry]:
+    """`ManifestFile.fetch_manifest_entry`, one entry at a time: pyiceberg 0.12 builds the list of
+    every entry of the manifest first, so merging a manifest of N data files held all N entries
+    (with their column statistics) in memory at once. Read as a stream, a merge holds one Avro
+    block's worth (issue 26: the merge's peak grew with the live data files, and each peak left
+    the small-object allocator with arenas it never gave back)."""
+    input_file = io.new_input(manifest.manifest_path)
+    with AvroFile[ManifestEntry](
+        input_file,
+        MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION],
+        read_types={-1: ManifestEntry, 2: DataFile},
+        read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
+    ) as reader:
+        for entry in reader:
+            if not discard_deleted or entry.status != ManifestEntryStatus.DELETED:
+                yield _inherit_from_manifest(entry, manifest)
 
 
 def snapshot_commit_writing_lists_with(

@@ -42,6 +42,7 @@ from icekeeper.common.internals import (
     java_dataset,
     java_exception_of,
     java_spark_session,
+    manifest_entries,
     parse_footer_bytes,
     py4j_gateway,
     record_fields,
@@ -258,6 +259,16 @@ def test_record_fields_are_the_record_s_values_in_order(tmp_path: Path) -> None:
     for record in (manifest, entry, entry.data_file):
         assert record_fields(record) == [record[i] for i in range(len(record))]
     assert record_fields(entry.data_file)[1] == entry.data_file.file_path
+
+
+def test_streamed_manifest_entries_are_pyiceberg_s_list(tmp_path: Path) -> None:
+    table = table_with_rows(sql_catalog(tmp_path))
+    table.delete("id = 1")  # a manifest with a deleted entry: filtered as pyiceberg filters it
+    for manifest in table.current_snapshot().manifests(table.io):
+        for discard_deleted in (True, False):
+            streamed = manifest_entries(manifest, table.io, discard_deleted)
+            assert not isinstance(streamed, list)
+            assert list(streamed) == manifest.fetch_manifest_entry(table.io, discard_deleted)
 
 
 def test_a_producer_with_its_own_list_writer_commits_pyiceberg_s_snapshot(tmp_path: Path) -> None:
