@@ -33,8 +33,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pyiceberg
 from pyarrow import _parquet as pyarrow_parquet_internal
+from pydantic import BaseModel
 from pyiceberg.avro.file import AvroFile
 from pyiceberg.catalog import Catalog, MetastoreCatalog
+from pyiceberg.catalog.rest import _RETRY_ARGS as REST_RETRY_ARGS
+from pyiceberg.catalog.rest import RestCatalog, TableResponse
 from pyiceberg.io import FileIO, InputFile
 from pyiceberg.manifest import (
     DEFAULT_READ_VERSION,
@@ -47,7 +50,7 @@ from pyiceberg.manifest import (
     ManifestFile,
     _inherit_from_manifest,
 )
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import CommitTableResponse, Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
     TableRequirement,
@@ -58,6 +61,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.snapshot import _MergeAppendFiles, _SnapshotProducer
 from pyiceberg.typedef import Record
+from tenacity import retry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -374,8 +378,6 @@ def set_rest_request_timeout(catalog: Catalog, timeout_s: float) -> bool:
     pyiceberg 0.12's REST client sends its requests with no timeout at all: a server, or a proxy
     in front of it, that takes a commit and never answers holds the caller forever. With one, the
     request fails with a `requests` timeout (an `OSError`), which a caller can settle."""
-    from pyiceberg.catalog.rest import RestCatalog
-
     if not isinstance(catalog, RestCatalog):
         return False
     session = catalog._session  # noqa: SLF001 - the requests session has no public accessor
@@ -390,6 +392,49 @@ def set_rest_request_timeout(catalog: Catalog, timeout_s: float) -> bool:
     return True
 
 
+def _rest_call_parsing(name: str, model: type[BaseModel]) -> Callable[..., Any]:
+    """pyiceberg's own `RestCatalog.<name>` without its retry decorator, checked to parse its
+    answer with `<model>.model_validate_json` and nothing else (what `replace_rest_answer_parser`
+    replaces)."""
+    function = getattr(getattr(RestCatalog, name), "__wrapped__", None)
+    names = getattr(getattr(function, "__code__", None), "co_names", ())
+    if function is None or model.__name__ not in names or "model_validate_json" not in names:
+        raise ImportError(
+            f"pyiceberg's RestCatalog.{name} no longer parses its answer with "
+            f"{model.__name__}.model_validate_json under one retry decorator: {_UPDATE_HINT}"
+        )
+    return function
+
+
+_REST_CALLS_PARSING = {
+    "commit_table": (_rest_call_parsing("commit_table", CommitTableResponse), CommitTableResponse),
+    "load_table": (_rest_call_parsing("load_table", TableResponse), TableResponse),
+}
+"""The REST catalog calls whose answers hold a table's metadata, with the model each parses."""
+
+
+def replace_rest_answer_parser(
+    catalog: Catalog, parse: Callable[[type[BaseModel], str], BaseModel]
+) -> bool:
+    """Make this REST catalog object parse the answers of its `commit_table` and `load_table`
+    with `parse(model, text)` (pyiceberg: `model.model_validate_json(text)`, the model being
+    `CommitTableResponse` or `TableResponse`); False, and nothing changed, for other kinds of
+    catalog. Everything else in these calls is pyiceberg's own code (endpoint check, URL, token
+    header, error mapping), under pyiceberg's own retry decorator (a token refresh, once)."""
+    if not isinstance(catalog, RestCatalog):
+        return False
+    for name, (function, model) in _REST_CALLS_PARSING.items():
+        parser = type(
+            f"Parsing{model.__name__}",
+            (),
+            {"model_validate_json": staticmethod(functools.partial(parse, model))},
+        )
+        call = retry(**REST_RETRY_ARGS)(_with_globals(function, **{model.__name__: parser}))
+        # This catalog object only: the class and other catalogs keep pyiceberg's.
+        setattr(catalog, name, types.MethodType(call, catalog))
+    return True
+
+
 def leave_metadata_cleanup_to_server(catalog: Catalog) -> bool:
     """Make this REST catalog object leave the removal of old metadata files to the server; False,
     and nothing changed, for other kinds of catalog.
@@ -399,8 +444,6 @@ def leave_metadata_cleanup_to_server(catalog: Catalog) -> bool:
     catalog the server wrote those files and already removed them as it committed (Iceberg's
     table operations do): the client's deletes are requests for files that are gone, each
     logged as a failure, on every commit."""
-    from pyiceberg.catalog.rest import RestCatalog
-
     if not isinstance(catalog, RestCatalog):
         return False
 

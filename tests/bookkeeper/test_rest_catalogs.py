@@ -260,3 +260,32 @@ def test_a_deposed_bookkeeper_planning_on_its_last_commit_stops_and_commits_noth
     assert second.run_cycle().committed_monikers == 1
     assert committed_offsets(second, identifier) == list(range(30))
     assert committed_state(second.catalog.load_table(identifier)).epoch == 2
+
+
+def test_commits_with_expiry_give_the_table_pyiceberg_loads_reusing_snapshots(
+    tmp_path: Path, rest_catalog
+) -> None:
+    """The bookkeeper parses the REST server's answers reusing the snapshots it already built
+    (`SnapshotReuse`): through its own commits, with expiry, its table is the one a plain
+    pyiceberg catalog loads, and loading it again reuses every snapshot object."""
+    config = layout_config(tmp_path, rest_catalog, bookkeeper__keep_snapshots="3")
+    identifier = table_of(config)
+    transport, writer = open_transport(config), S3Writer(config)
+    bookkeeper = Bookkeeper(config)
+    plain = load_catalog("plain", **rest_catalog.pyiceberg_properties())
+    expected = []
+    for batch in range(8):
+        if batch == 5:  # two hours on: snapshots beyond the 3 kept expire as it commits
+            bookkeeper.committer.commit_path.now_ms = lambda: (
+                int(time.time() * 1000) + 2 * 3_600_000
+            )
+        changes = [(key, batch * 100 + key) for key in range(5)]
+        transport.publish(writer.batch(changes))
+        expected += [(k, a, batch * 5 + i) for i, (k, a) in enumerate(changes)]
+        assert bookkeeper.run_cycle().committed_monikers == 1
+        ours = bookkeeper.catalog.load_table(identifier)
+        assert ours.metadata == plain.load_table(identifier).metadata
+    assert len(ours.snapshots()) == 3
+    again = bookkeeper.catalog.load_table(identifier)
+    assert [a is b for a, b in zip(again.snapshots(), ours.snapshots(), strict=True)] == [True] * 3
+    assert rows_of(bookkeeper, identifier) == sorted(expected)

@@ -8,11 +8,15 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+from pyiceberg.catalog.rest import TableResponse
 from pyiceberg.serializers import ToOutputFile
+from pyiceberg.table import CommitTableResponse
 from pyiceberg.table.update import update_table_metadata
 
 from icekeeper.bookkeeper.service import Bookkeeper
-from icekeeper.bookkeeper.table_metadata import update_without_copy
+from icekeeper.bookkeeper.table_metadata import SnapshotReuse, update_without_copy
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.transports import open_transport
 from tests.support.shop_items import bookkeeper_config, make_moniker
@@ -91,3 +95,100 @@ def test_a_table_committed_by_another_process_is_read_again(tmp_path: Path) -> N
     table = open_catalog(config).load_table("shop.items")
     assert "by-someone-else" in table.metadata.refs and len(table.snapshots()) == 5
     assert sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist()) == list(range(25))
+
+
+def metadata_answer(snapshots: list[dict], table_uuid: str) -> dict:
+    """A REST catalog's commit answer: a format-2 table's metadata listing `snapshots`."""
+    current = snapshots[-1]["snapshot-id"]
+    return {
+        "metadata-location": f"s3://warehouse/t/metadata/{uuid.uuid4()}.metadata.json",
+        "metadata": {
+            "format-version": 2,
+            "table-uuid": table_uuid,
+            "location": "s3://warehouse/t",
+            "last-sequence-number": snapshots[-1]["sequence-number"],
+            "last-updated-ms": snapshots[-1]["timestamp-ms"],
+            "last-column-id": 1,
+            "current-schema-id": 0,
+            "schemas": [
+                {
+                    "type": "struct",
+                    "schema-id": 0,
+                    "fields": [{"id": 1, "name": "id", "required": False, "type": "long"}],
+                }
+            ],
+            "default-spec-id": 0,
+            "partition-specs": [{"spec-id": 0, "fields": []}],
+            "last-partition-id": 999,
+            "default-sort-order-id": 0,
+            "sort-orders": [{"order-id": 0, "fields": []}],
+            "properties": {"icekeeper.committed-state": "{}"},
+            "current-snapshot-id": current,
+            "refs": {"main": {"snapshot-id": current, "type": "branch"}},
+            "snapshots": snapshots,
+            "snapshot-log": [
+                {"snapshot-id": s["snapshot-id"], "timestamp-ms": s["timestamp-ms"]}
+                for s in snapshots
+            ],
+            "metadata-log": [],
+        },
+    }
+
+
+def snapshot_json(number: int) -> dict:
+    snapshot = {
+        "snapshot-id": 1000 + number,
+        "sequence-number": number,
+        "timestamp-ms": 1_700_000_000_000 + number,
+        "manifest-list": f"s3://warehouse/t/metadata/snap-{1000 + number}.avro",
+        "summary": {"operation": "append", "added-records": str(number)},
+        "schema-id": 0,
+    }
+    if number > 1:
+        snapshot["parent-snapshot-id"] = 1000 + number - 1
+    return snapshot
+
+
+def test_rest_answers_reuse_unchanged_snapshots_and_equal_pyiceberg_s_parse() -> None:
+    """Commit answers with snapshots added, expired and rewritten by the server (the parent id of
+    an expired one dropped) parse to pyiceberg's own result, reusing exactly the snapshots whose
+    JSON is unchanged; a snapshot listed again after an answer without it is built anew (only
+    the latest answer's snapshots are kept)."""
+    reuse, table_uuid = SnapshotReuse(), str(uuid.uuid4())
+
+    def parse(answer: dict, model=CommitTableResponse):
+        text = json.dumps(answer)
+        parsed = reuse.parse(model, text)
+        assert parsed == model.model_validate_json(text)
+        return {s.snapshot_id: s for s in parsed.metadata.snapshots}
+
+    first = parse(metadata_answer([snapshot_json(n) for n in range(1, 6)], table_uuid))
+    # Snapshot 6 added, 1 and 2 expired, 3 rewritten without its parent (2, expired).
+    listed = [snapshot_json(n) for n in range(3, 7)]
+    del listed[0]["parent-snapshot-id"]
+    second = parse(metadata_answer(listed, table_uuid))
+    assert [second[i] is first[i] for i in (1004, 1005)] == [True, True]
+    assert second[1003] is not first[1003] and second[1003].parent_snapshot_id is None
+    # A load's answer (`TableResponse`) reuses the commit's snapshots alike.
+    loaded = parse(metadata_answer(listed, table_uuid), TableResponse)
+    assert all(loaded[i] is second[i] for i in (1003, 1004, 1005, 1006))
+    # 4 is expired by this answer, then listed again by the next: built anew, not kept.
+    without_four = [s for s in listed if s["snapshot-id"] != 1004]
+    parse(metadata_answer(without_four, table_uuid))
+    again = parse(metadata_answer(listed, table_uuid))
+    assert again[1004] is not second[1004] and again[1005] is second[1005]
+    # Another table with the same snapshot ids shares nothing.
+    other = parse(metadata_answer(listed, str(uuid.uuid4())))
+    assert not any(other[i] is again[i] for i in other)
+
+
+def test_rest_answers_this_path_cannot_take_get_pyiceberg_s_result_or_error() -> None:
+    reuse = SnapshotReuse()
+    answer = metadata_answer([snapshot_json(1)], str(uuid.uuid4()))
+    del answer["metadata"]["snapshots"][0]["manifest-list"]
+    for text in (json.dumps(answer), "{not json"):
+        with pytest.raises(ValidationError) as ours:
+            reuse.parse(CommitTableResponse, text)
+        with pytest.raises(ValidationError) as theirs:
+            CommitTableResponse.model_validate_json(text)
+        assert ours.value.errors() == theirs.value.errors()

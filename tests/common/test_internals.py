@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -48,6 +49,7 @@ from icekeeper.common.internals import (
     record_fields,
     replace_metadata_update,
     replace_metadata_writer,
+    replace_rest_answer_parser,
     replace_sql_metadata_reader,
     set_hive_socket_timeout,
     snapshot_commit_writing_lists_with,
@@ -341,6 +343,44 @@ def test_a_catalog_object_uses_the_replacements_others_do_not(tmp_path: Path) ->
     assert calls == ours
     assert catalog.load_table("ns.t").metadata == other.load_table("ns.t").metadata
     assert catalog.load_table("ns.t").properties["owner"] == "others"
+
+
+@pytest.mark.integration
+def test_a_rest_catalog_object_parses_answers_with_the_replacement_and_keeps_pyiceberg_s_errors(
+    tmp_path: Path, rest_catalog
+) -> None:
+    """Loads and commits of this catalog object go through `parse`, other objects' do not; a
+    conflict is still pyiceberg's `CommitFailedException` (its error mapping, unchanged)."""
+    properties = rest_catalog.pyiceberg_properties()
+    catalog, other = load_catalog("ours", **properties), load_catalog("other", **properties)
+    assert not replace_rest_answer_parser(sql_catalog(tmp_path), print)
+    parsed = []
+
+    def parse(model: type, text: str) -> object:
+        parsed.append(model.__name__)
+        return model.model_validate_json(text)
+
+    assert replace_rest_answer_parser(catalog, parse)
+    namespace = f"ns_{uuid.uuid4().hex[:8]}"
+    other.create_namespace(namespace)
+    identifier = f"{namespace}.t"
+    other.create_table(
+        identifier, schema=SCHEMA, location=f"{rest_catalog.warehouse()}/{namespace}/t"
+    )
+    table = catalog.load_table(identifier)
+    stale = catalog.load_table(identifier)
+    table.transaction().set_properties(owner="tests").commit_transaction()
+    assert parsed == ["TableResponse", "TableResponse", "CommitTableResponse"]
+    with other.load_table(identifier).update_schema() as update:
+        update.add_column("other", LongType())
+    transaction = stale.transaction()
+    with transaction.update_schema() as update:
+        update.add_column("ours", LongType())
+    with pytest.raises(CommitFailedException):
+        commit_once(transaction)
+    assert parsed == ["TableResponse", "TableResponse", "CommitTableResponse"]
+    assert catalog.load_table(identifier).metadata == other.load_table(identifier).metadata
+    assert parsed[-1] == "TableResponse"
 
 
 class SilentServer:
