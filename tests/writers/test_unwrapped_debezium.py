@@ -12,7 +12,8 @@ A source column whose name starts with `__` but is none the SMT adds (`__tag`) s
 Records that cannot say they are deletes (neither `__deleted` nor `__op`: the SMT's defaults)
 into an upsert table with hard deletes leave the deleted key, and the writer warns once, naming
 the connector settings. A truncated record becomes an `undecodable-avro` dead letter, not a row
-of nulls (plain `avro-confluent` too, on both engines).
+of nulls (plain `avro-confluent` too, on both engines), also when its body starts with the
+bytes of another version's record of nulls.
 """
 
 from __future__ import annotations
@@ -302,3 +303,56 @@ def test_a_truncated_record_is_dead_lettered_not_a_row_of_nulls(
     assert sum(r.records_read for r in reports) == len(records)
     assert sum(r.rows_written for r in reports) == 4
     assert sum(r.dead_lettered for r in reports) == 2
+
+
+ONE_NULLABLE = {**NULLABLE, "fields": NULLABLE["fields"][:1]}
+"""One field that may be null: a record of nulls is the one byte 0x00, as is an int 0."""
+
+
+@pytest.mark.parametrize(
+    ("source_format", "engine"),
+    [
+        ("debezium-unwrapped-avro", "spark-sql"),
+        ("avro-confluent", "spark-sql"),
+        ("avro-confluent", "arrow"),
+    ],
+)
+def test_a_truncated_record_does_not_pass_for_another_versions_row_of_nulls(
+    local_stack, spark, tmp_path: Path, unique_topic: str, source_format: str, engine: str
+) -> None:
+    """Review s8b R1: each version's all-null byte test holds for its own records only."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": source_format,
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.notes",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__WRITER__ENGINE": engine,
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    one, required = (framer.schema_id(s, is_key=False) for s in (ONE_NULLABLE, REQUIRED))
+    # id 0 encodes as 0x00: the body starts with ONE_NULLABLE's record of nulls.
+    whole = framer.frame(required, {"id": 0, "note": "a note long enough to cut in half"})
+    records = [
+        framer.frame(one, {"id": 1}),
+        whole[: 5 + (len(whole) - 5) // 2],
+        framer.frame(required, {"id": 3, "note": "required"}),
+    ]
+    _produce(source.bootstrap_servers, unique_topic, records)
+
+    reports = WriterJob(config, spark=spark).run(until_idle=True)
+    rows = table_rows(commit_all(config), "shop.notes")
+
+    rows.sort(key=lambda row: row["_kfk_offset"])
+    assert [(row["_kfk_offset"], row["id"], row.get("note")) for row in rows] == [
+        (0, 1, None),
+        (2, 3, "required"),
+    ]
+    assert dead_letter_reasons(config, source.dead_letter_topic) == ["undecodable-avro"]
+    assert sum(r.dead_lettered for r in reports) == 1
