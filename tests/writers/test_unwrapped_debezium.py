@@ -9,11 +9,12 @@ event-time metadata columns come from `__op` and `__source_ts_ms`. A record with
 SMT configured without `add.fields`) still deletes by `__deleted`.
 
 A source column whose name starts with `__` but is none the SMT adds (`__tag`) stays a column.
-Records that cannot say they are deletes (neither `__deleted` nor `__op`: the SMT's defaults)
-into an upsert table with hard deletes leave the deleted key, and the writer warns once, naming
-the connector settings. A truncated record becomes an `undecodable-avro` dead letter, not a row
-of nulls (plain `avro-confluent` too, on both engines), also when its body starts with the
-bytes of another version's record of nulls.
+Records that cannot say they are deletes (no `__deleted`: the SMT's delete defaults, with or
+without `add.fields: op`) into an upsert table (hard or soft deletes) leave the deleted key live,
+and the writer warns once, naming the connector settings and the upsert tables the topic feeds.
+A truncated record becomes an `undecodable-avro` dead letter, not a row of nulls (plain
+`avro-confluent` too, on both engines), also when its body starts with the bytes of another
+version's record of nulls.
 """
 
 from __future__ import annotations
@@ -182,8 +183,19 @@ def test_a_source_column_starting_with_two_underscores_stays_a_column(
     assert not added & set(rows[0]), "the fields the SMT adds are no row columns"
 
 
+@pytest.mark.parametrize(
+    ("with_op", "delete_mode"),
+    [(False, "hard"), (True, "hard"), (False, "soft")],
+    ids=["defaults", "add.fields=op", "soft-deletes"],
+)
 def test_deletes_the_records_cannot_show_are_warned_about_once(
-    local_stack, spark, tmp_path: Path, unique_topic: str, caplog: pytest.LogCaptureFixture
+    local_stack,
+    spark,
+    tmp_path: Path,
+    unique_topic: str,
+    caplog: pytest.LogCaptureFixture,
+    with_op: bool,
+    delete_mode: str,
 ) -> None:
     config = pipeline_config(
         tmp_path,
@@ -193,20 +205,33 @@ def test_deletes_the_records_cannot_show_are_warned_about_once(
             "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "2",
             "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.mirror",
             "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__DELETE_MODE": delete_mode,
+            # An upsert table of the source fed by another topic: not named in the warning.
+            "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.elsewhere",
+            "ICEKEEPER__TABLES__1__TOPICS": f"[{unique_topic}.elsewhere]",
+            "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
         },
     )
     source = config.sources[0]
     ensure_topic(source, unique_topic, 1)
     framer = ConfluentAvroFramer(registry_client(source), unique_topic)
-    # `ExtractNewRecordState` with its defaults: the row alone; a delete is a tombstone.
+    # `ExtractNewRecordState` with its delete defaults: the row alone, and `__op` with
+    # `add.fields: op` (never "d": a delete is a tombstone).
+    op_field = WITH_ADDED_FIELDS["fields"][len(ROW_FIELDS)]
+    fields = [*ROW_FIELDS, op_field] if with_op else ROW_FIELDS
     row_only = framer.schema_id(
-        _unique({**WITH_ADDED_FIELDS, "fields": ROW_FIELDS}, unique_topic), False
+        _unique({**WITH_ADDED_FIELDS, "fields": fields}, unique_topic), False
     )
+
+    def row(key: int, customer: str, amount: int, op: str) -> bytes:
+        values = {"id": key, "customer": customer, "amount": amount}
+        return framer.frame(row_only, {**values, "__op": op} if with_op else values)
+
     records = [
-        framer.frame(row_only, {"id": 1, "customer": "ada", "amount": 10}),
-        framer.frame(row_only, {"id": 2, "customer": "bob", "amount": 20}),
+        row(1, "ada", 10, "c"),
+        row(2, "bob", 20, "c"),
         None,  # the delete of key 1, as the SMT's defaults leave it
-        framer.frame(row_only, {"id": 3, "customer": "cyd", "amount": 30}),
+        row(3, "cyd", 30, "c"),
     ]
     _produce(source.bootstrap_servers, unique_topic, records)
 

@@ -20,10 +20,11 @@ one (`__source_<field>`, `__transaction_<field>`). Any other field, `__tag` say,
 is a column of the row, as the source table has it. (A field `add.fields` renames, `ts_ms:TS`,
 is a row column too: nothing tells it apart.)
 
-Without `__deleted` and `__op` a delete cannot be seen: with the transform's defaults it reaches
-Kafka as a tombstone, or not at all, and an upsert table with hard deletes keeps the deleted row.
-The writer says so once per source and schema id (a warning naming the connector settings), and
-docs/operations.md gives them.
+Without `__deleted` a delete cannot be seen: with the transform's defaults it reaches Kafka as a
+tombstone, or not at all (`__op`, which `add.fields: op` adds under any delete handling, then never
+says `d`), and an upsert table keeps the deleted row (as live, with soft deletes too). The writer
+says so once per source and schema id (a warning naming the connector settings and the upsert
+tables the batch's topics may feed), and docs/operations.md gives them.
 """
 
 from __future__ import annotations
@@ -125,22 +126,29 @@ def _source_field(added: str) -> str | None:
 def warn_if_deletes_unseen(
     batch: SourceBatch, schema: RegisteredSchema, added: dict[str, Any]
 ) -> None:
-    """Warn, once per source and schema id, when records of `schema` feed an upsert table with
-    hard deletes but cannot say they are deletes (neither `__deleted` nor `__op`): the
-    transform's defaults turn a delete into a tombstone, or drop it, and the deleted row stays."""
-    if "deleted" in added or "op" in added:
+    """Warn, once per source and schema id, when records of `schema` feed upsert tables but cannot
+    say they are deletes (no `__deleted`): the transform's defaults turn a delete into a tombstone,
+    or drop it, and the deleted row stays (hard deletes) or never shows op `d` (soft deletes).
+    `__op` alone does not help: `add.fields: op` adds it under any delete handling, but a delete
+    reaches Kafka as a row (with `__deleted`) only in `rewrite` mode."""
+    if "deleted" in added:
         return
-    tables = [t.identifier for t in batch.routes.tables if t.upsert and t.delete_mode == "hard"]
+    topics = {topic for topic, _ in batch.plan.read_ranges}
+    tables = [
+        t.identifier
+        for t in batch.routes.tables
+        if t.upsert and (not t.topics or topics & set(t.topics))
+    ]
     key = (batch.source.name, schema.schema_id)
     if not tables or key in DELETES_UNSEEN_WARNED:
         return
     DELETES_UNSEEN_WARNED.add(key)
     log.warning(
-        "debezium-unwrapped-avro records without __deleted or __op feed upsert tables with hard "
-        "deletes: their deletes cannot be seen and deleted rows stay in the tables; set the "
-        "connector's ExtractNewRecordState to `delete.tombstone.handling.mode: rewrite` (or "
+        "debezium-unwrapped-avro records without __deleted feed upsert tables: their deletes "
+        "cannot be seen, and deleted rows stay in the tables as live rows; set the connector's "
+        "ExtractNewRecordState to `delete.tombstone.handling.mode: rewrite` (or "
         "rewrite-with-tombstone; Debezium 2.5 and later) or `delete.handling.mode: rewrite` "
-        "(before 2.5), and `add.fields: op` for the op column",
+        "(before 2.5), which adds __deleted, and `add.fields: op` for the op column",
         extra={
             "source": batch.source.name,
             "schema_id": schema.schema_id,
