@@ -14,11 +14,13 @@ without `add.fields: op`) into an upsert table (hard or soft deletes) leave the 
 and the writer warns once, naming the connector settings and the upsert tables the topic feeds.
 A truncated record becomes an `undecodable-avro` dead letter, not a row of nulls (plain
 `avro-confluent` too, on both engines), also when its body starts with the bytes of another
-version's record of nulls.
+version's record of nulls. A date before 1582 is read as it is on `spark-sql`, whatever
+`spark.conf` sets Spark's Avro rebase mode to.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 from pathlib import Path
 
@@ -381,3 +383,64 @@ def test_a_truncated_record_does_not_pass_for_another_versions_row_of_nulls(
     ]
     assert dead_letter_reasons(config, source.dead_letter_topic) == ["undecodable-avro"]
     assert sum(r.dead_lettered for r in reports) == 1
+
+
+REBASE_IN_READ = "spark.sql.avro.datetimeRebaseModeInRead"
+
+
+def test_a_date_before_1582_is_read_as_it_is_whatever_spark_conf_says(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    """Review s8b R4: the writer's session reads Avro dates proleptic Gregorian (as Iceberg
+    stores them, and the arrow engine reads them), over a `spark.conf` that says otherwise."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.dated",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__WRITER__ENGINE": "spark-sql",  # arrow decodes without Spark's settings
+        },
+    )
+    config.spark.conf[REBASE_IN_READ] = "EXCEPTION"
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    dated = framer.schema_id(
+        {
+            "type": "record",
+            "name": "Dated",
+            "fields": [
+                {"name": "id", "type": "int"},
+                {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+            ],
+        },
+        is_key=False,
+    )
+    days = [datetime.date(1, 1, 1), datetime.date(1000, 6, 15), datetime.date(2024, 2, 29)]
+    _produce(
+        source.bootstrap_servers,
+        unique_topic,
+        [framer.frame(dated, {"id": i, "day": day}) for i, day in enumerate(days)],
+    )
+
+    before = dict(spark.conf.getAll)
+    try:
+        # Without `spark=`, the writer builds its session from `config` (the tests' one, reused).
+        WriterJob(config).run(until_idle=True)
+        assert spark.conf.get(REBASE_IN_READ) == "CORRECTED"
+    finally:
+        # Back to the shared session's settings (the writer's applied its own over them).
+        after = dict(spark.conf.getAll)
+        for key in after.keys() - before.keys():
+            if spark.conf.isModifiable(key):
+                spark.conf.unset(key)
+        for key, value in before.items():
+            if after.get(key) != value and spark.conf.isModifiable(key):
+                spark.conf.set(key, value)
+    rows = table_rows(commit_all(config), "shop.dated")
+
+    assert sorted((row["id"], row["day"]) for row in rows) == list(enumerate(days))
+    assert dead_letter_reasons(config, source.dead_letter_topic) == []
