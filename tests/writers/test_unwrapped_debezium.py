@@ -8,7 +8,9 @@ those batches on `spark-sql`). The table ends holding the live keys' last rows; 
 event-time metadata columns come from `__op` and `__source_ts_ms`. A record without `__op` (an
 SMT configured without `add.fields`) still deletes by `__deleted`.
 
-A source column whose name starts with `__` but is none the SMT adds (`__tag`) stays a column.
+A source column whose name starts with `__` stays a column: one that is none the SMT adds
+(`__tag`), and one that is (`__table`) but comes before the row's last column (the SMT appends
+its fields), which neither routes the row nor leaves it.
 Records that cannot say they are deletes (no `__deleted`: the SMT's delete defaults, with or
 without `add.fields: op`) into an upsert table (hard or soft deletes) leave the deleted key live,
 and the writer warns once, naming the connector settings and the upsert tables the topic feeds.
@@ -149,8 +151,14 @@ def test_a_source_column_starting_with_two_underscores_stays_a_column(
         unique_topic,
         {
             "ICEKEEPER__SOURCES__0__FORMAT": "debezium-unwrapped-avro",
-            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.tagged",
+            # Claims the records whose `source.table` is "decoy", before the table of the topic:
+            # a row column `__table` must not be read as the SMT's (review s8b R5).
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.decoy",
+            "ICEKEEPER__TABLES__0__SOURCE_TABLE": "decoy",
             "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.tagged",
+            "ICEKEEPER__TABLES__1__TOPICS": f"[{unique_topic}]",
+            "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
         },
     )
     source = config.sources[0]
@@ -160,8 +168,12 @@ def test_a_source_column_starting_with_two_underscores_stays_a_column(
         {
             **WITH_ADDED_FIELDS,
             "fields": [
-                *ROW_FIELDS,
+                *ROW_FIELDS[:1],
+                # Row columns with names the SMT could give (`__table`) or not (`__tag`): the
+                # SMT appends its own after the row's last column.
+                {"name": "__table", "type": ["null", "string"], "default": None},
                 {"name": "__tag", "type": ["null", "string"], "default": None},
+                *ROW_FIELDS[1:],
                 *WITH_ADDED_FIELDS["fields"][len(ROW_FIELDS) :],
                 {"name": "__lsn", "type": ["null", "long"], "default": None},
             ],
@@ -172,15 +184,30 @@ def test_a_source_column_starting_with_two_underscores_stays_a_column(
         source.bootstrap_servers,
         unique_topic,
         [
-            framer.frame(schema, {**change(1, "ada", 10, "c", 1_000), "__tag": "red", "__lsn": 7}),
-            framer.frame(schema, {**change(2, "bob", 20, "c", 2_000), "__tag": None, "__lsn": 8}),
+            framer.frame(
+                schema,
+                {
+                    **change(1, "ada", 10, "c", 1_000),
+                    "__tag": "red",
+                    "__table": "decoy",
+                    "__lsn": 7,
+                },
+            ),
+            framer.frame(
+                schema,
+                {**change(2, "bob", 20, "c", 2_000), "__tag": None, "__table": None, "__lsn": 8},
+            ),
         ],
     )
 
     WriterJob(config, spark=spark).run(until_idle=True)
     rows = table_rows(commit_all(config), "shop.tagged")
 
-    assert {row["id"]: row.get("__tag", "no __tag column") for row in rows} == {1: "red", 2: None}
+    columns = ("__tag", "__table")
+    assert {row["id"]: tuple(row.get(c, f"no {c} column") for c in columns) for row in rows} == {
+        1: ("red", "decoy"),
+        2: (None, None),
+    }
     added = {"__op", "__source_ts_ms", "__deleted", "__lsn"}
     assert not added & set(rows[0]), "the fields the SMT adds are no row columns"
 
