@@ -187,6 +187,10 @@ FIXED_SQL_CONF = {
     # before 1582 (MariaDB DATE starts at year 1000) rather than write them as they are.
     "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    # Avro's dates and timestamps are proleptic Gregorian too (Spark's default): `EXCEPTION` would
+    # dead-letter a valid record with a date before 1582 as `undecodable-avro`, `LEGACY` shift
+    # it, on `spark-sql` only (the arrow engine reads it as it is).
+    "spark.sql.avro.datetimeRebaseModeInRead": "CORRECTED",
 }
 """Settings the writer's output depends on: applied after, and over, `spark.conf`."""
 

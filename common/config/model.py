@@ -892,7 +892,9 @@ class SparkConfig(_Model):
         default_factory=dict,
         description="Extra Spark settings, as `spark-submit --conf key=value` takes them (seed "
         "000: any other `spark.*` key), for the writer's and the reaper's sessions (was "
-        "`writer.spark_conf`).",
+        "`writer.spark_conf`). The settings the writer's output depends on are fixed over them: "
+        "`spark.sql.session.timeZone: UTC` and `CORRECTED` (proleptic Gregorian) Parquet write "
+        "and Avro read datetime rebase modes.",
     )
     executor_env: str = Field(
         "",

@@ -8,15 +8,21 @@ those batches on `spark-sql`). The table ends holding the live keys' last rows; 
 event-time metadata columns come from `__op` and `__source_ts_ms`. A record without `__op` (an
 SMT configured without `add.fields`) still deletes by `__deleted`.
 
-A source column whose name starts with `__` but is none the SMT adds (`__tag`) stays a column.
-Records that cannot say they are deletes (neither `__deleted` nor `__op`: the SMT's defaults)
-into an upsert table with hard deletes leave the deleted key, and the writer warns once, naming
-the connector settings. A truncated record becomes an `undecodable-avro` dead letter, not a row
-of nulls (plain `avro-confluent` too, on both engines).
+A source column whose name starts with `__` stays a column: one that is none the SMT adds
+(`__tag`), and one that is (`__table`) but comes before the row's last column (the SMT appends
+its fields), which neither routes the row nor leaves it.
+Records that cannot say they are deletes (no `__deleted`: the SMT's delete defaults, with or
+without `add.fields: op`) into an upsert table (hard or soft deletes) leave the deleted key live,
+and the writer warns once, naming the connector settings and the upsert tables the topic feeds.
+A truncated record becomes an `undecodable-avro` dead letter, not a row of nulls (plain
+`avro-confluent` too, on both engines), also when its body starts with the bytes of another
+version's record of nulls. A date before 1582 is read as it is on `spark-sql`, whatever
+`spark.conf` sets Spark's Avro rebase mode to.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 from pathlib import Path
 
@@ -145,8 +151,14 @@ def test_a_source_column_starting_with_two_underscores_stays_a_column(
         unique_topic,
         {
             "ICEKEEPER__SOURCES__0__FORMAT": "debezium-unwrapped-avro",
-            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.tagged",
+            # Claims the records whose `source.table` is "decoy", before the table of the topic:
+            # a row column `__table` must not be read as the SMT's (review s8b R5).
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.decoy",
+            "ICEKEEPER__TABLES__0__SOURCE_TABLE": "decoy",
             "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.tagged",
+            "ICEKEEPER__TABLES__1__TOPICS": f"[{unique_topic}]",
+            "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
         },
     )
     source = config.sources[0]
@@ -156,8 +168,12 @@ def test_a_source_column_starting_with_two_underscores_stays_a_column(
         {
             **WITH_ADDED_FIELDS,
             "fields": [
-                *ROW_FIELDS,
+                *ROW_FIELDS[:1],
+                # Row columns with names the SMT could give (`__table`) or not (`__tag`): the
+                # SMT appends its own after the row's last column.
+                {"name": "__table", "type": ["null", "string"], "default": None},
                 {"name": "__tag", "type": ["null", "string"], "default": None},
+                *ROW_FIELDS[1:],
                 *WITH_ADDED_FIELDS["fields"][len(ROW_FIELDS) :],
                 {"name": "__lsn", "type": ["null", "long"], "default": None},
             ],
@@ -168,21 +184,47 @@ def test_a_source_column_starting_with_two_underscores_stays_a_column(
         source.bootstrap_servers,
         unique_topic,
         [
-            framer.frame(schema, {**change(1, "ada", 10, "c", 1_000), "__tag": "red", "__lsn": 7}),
-            framer.frame(schema, {**change(2, "bob", 20, "c", 2_000), "__tag": None, "__lsn": 8}),
+            framer.frame(
+                schema,
+                {
+                    **change(1, "ada", 10, "c", 1_000),
+                    "__tag": "red",
+                    "__table": "decoy",
+                    "__lsn": 7,
+                },
+            ),
+            framer.frame(
+                schema,
+                {**change(2, "bob", 20, "c", 2_000), "__tag": None, "__table": None, "__lsn": 8},
+            ),
         ],
     )
 
     WriterJob(config, spark=spark).run(until_idle=True)
     rows = table_rows(commit_all(config), "shop.tagged")
 
-    assert {row["id"]: row.get("__tag", "no __tag column") for row in rows} == {1: "red", 2: None}
+    columns = ("__tag", "__table")
+    assert {row["id"]: tuple(row.get(c, f"no {c} column") for c in columns) for row in rows} == {
+        1: ("red", "decoy"),
+        2: (None, None),
+    }
     added = {"__op", "__source_ts_ms", "__deleted", "__lsn"}
     assert not added & set(rows[0]), "the fields the SMT adds are no row columns"
 
 
+@pytest.mark.parametrize(
+    ("with_op", "delete_mode"),
+    [(False, "hard"), (True, "hard"), (False, "soft")],
+    ids=["defaults", "add.fields=op", "soft-deletes"],
+)
 def test_deletes_the_records_cannot_show_are_warned_about_once(
-    local_stack, spark, tmp_path: Path, unique_topic: str, caplog: pytest.LogCaptureFixture
+    local_stack,
+    spark,
+    tmp_path: Path,
+    unique_topic: str,
+    caplog: pytest.LogCaptureFixture,
+    with_op: bool,
+    delete_mode: str,
 ) -> None:
     config = pipeline_config(
         tmp_path,
@@ -192,20 +234,33 @@ def test_deletes_the_records_cannot_show_are_warned_about_once(
             "ICEKEEPER__SOURCES__0__MAX_OFFSETS_PER_TRIGGER": "2",
             "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.mirror",
             "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[id]",
+            "ICEKEEPER__TABLES__0__DELETE_MODE": delete_mode,
+            # An upsert table of the source fed by another topic: not named in the warning.
+            "ICEKEEPER__TABLES__1__IDENTIFIER": "shop.elsewhere",
+            "ICEKEEPER__TABLES__1__TOPICS": f"[{unique_topic}.elsewhere]",
+            "ICEKEEPER__TABLES__1__PRIMARY_KEY": "[id]",
         },
     )
     source = config.sources[0]
     ensure_topic(source, unique_topic, 1)
     framer = ConfluentAvroFramer(registry_client(source), unique_topic)
-    # `ExtractNewRecordState` with its defaults: the row alone; a delete is a tombstone.
+    # `ExtractNewRecordState` with its delete defaults: the row alone, and `__op` with
+    # `add.fields: op` (never "d": a delete is a tombstone).
+    op_field = WITH_ADDED_FIELDS["fields"][len(ROW_FIELDS)]
+    fields = [*ROW_FIELDS, op_field] if with_op else ROW_FIELDS
     row_only = framer.schema_id(
-        _unique({**WITH_ADDED_FIELDS, "fields": ROW_FIELDS}, unique_topic), False
+        _unique({**WITH_ADDED_FIELDS, "fields": fields}, unique_topic), False
     )
+
+    def row(key: int, customer: str, amount: int, op: str) -> bytes:
+        values = {"id": key, "customer": customer, "amount": amount}
+        return framer.frame(row_only, {**values, "__op": op} if with_op else values)
+
     records = [
-        framer.frame(row_only, {"id": 1, "customer": "ada", "amount": 10}),
-        framer.frame(row_only, {"id": 2, "customer": "bob", "amount": 20}),
+        row(1, "ada", 10, "c"),
+        row(2, "bob", 20, "c"),
         None,  # the delete of key 1, as the SMT's defaults leave it
-        framer.frame(row_only, {"id": 3, "customer": "cyd", "amount": 30}),
+        row(3, "cyd", 30, "c"),
     ]
     _produce(source.bootstrap_servers, unique_topic, records)
 
@@ -302,3 +357,117 @@ def test_a_truncated_record_is_dead_lettered_not_a_row_of_nulls(
     assert sum(r.records_read for r in reports) == len(records)
     assert sum(r.rows_written for r in reports) == 4
     assert sum(r.dead_lettered for r in reports) == 2
+
+
+ONE_NULLABLE = {**NULLABLE, "fields": NULLABLE["fields"][:1]}
+"""One field that may be null: a record of nulls is the one byte 0x00, as is an int 0."""
+
+
+@pytest.mark.parametrize(
+    ("source_format", "engine"),
+    [
+        ("debezium-unwrapped-avro", "spark-sql"),
+        ("avro-confluent", "spark-sql"),
+        ("avro-confluent", "arrow"),
+    ],
+)
+def test_a_truncated_record_does_not_pass_for_another_versions_row_of_nulls(
+    local_stack, spark, tmp_path: Path, unique_topic: str, source_format: str, engine: str
+) -> None:
+    """Review s8b R1: each version's all-null byte test holds for its own records only."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": source_format,
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.notes",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__WRITER__ENGINE": engine,
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    one, required = (framer.schema_id(s, is_key=False) for s in (ONE_NULLABLE, REQUIRED))
+    # id 0 encodes as 0x00: the body starts with ONE_NULLABLE's record of nulls.
+    whole = framer.frame(required, {"id": 0, "note": "a note long enough to cut in half"})
+    records = [
+        framer.frame(one, {"id": 1}),
+        whole[: 5 + (len(whole) - 5) // 2],
+        framer.frame(required, {"id": 3, "note": "required"}),
+    ]
+    _produce(source.bootstrap_servers, unique_topic, records)
+
+    reports = WriterJob(config, spark=spark).run(until_idle=True)
+    rows = table_rows(commit_all(config), "shop.notes")
+
+    rows.sort(key=lambda row: row["_kfk_offset"])
+    assert [(row["_kfk_offset"], row["id"], row.get("note")) for row in rows] == [
+        (0, 1, None),
+        (2, 3, "required"),
+    ]
+    assert dead_letter_reasons(config, source.dead_letter_topic) == ["undecodable-avro"]
+    assert sum(r.dead_lettered for r in reports) == 1
+
+
+REBASE_IN_READ = "spark.sql.avro.datetimeRebaseModeInRead"
+
+
+def test_a_date_before_1582_is_read_as_it_is_whatever_spark_conf_says(
+    local_stack, spark, tmp_path: Path, unique_topic: str
+) -> None:
+    """Review s8b R4: the writer's session reads Avro dates proleptic Gregorian (as Iceberg
+    stores them, and the arrow engine reads them), over a `spark.conf` that says otherwise."""
+    config = pipeline_config(
+        tmp_path,
+        unique_topic,
+        {
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.dated",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__WRITER__ENGINE": "spark-sql",  # arrow decodes without Spark's settings
+        },
+    )
+    config.spark.conf[REBASE_IN_READ] = "EXCEPTION"
+    source = config.sources[0]
+    ensure_topic(source, unique_topic, 1)
+    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    dated = framer.schema_id(
+        {
+            "type": "record",
+            "name": "Dated",
+            "fields": [
+                {"name": "id", "type": "int"},
+                {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+            ],
+        },
+        is_key=False,
+    )
+    days = [datetime.date(1, 1, 1), datetime.date(1000, 6, 15), datetime.date(2024, 2, 29)]
+    _produce(
+        source.bootstrap_servers,
+        unique_topic,
+        [framer.frame(dated, {"id": i, "day": day}) for i, day in enumerate(days)],
+    )
+
+    before = dict(spark.conf.getAll)
+    try:
+        # Without `spark=`, the writer builds its session from `config` (the tests' one, reused).
+        WriterJob(config).run(until_idle=True)
+        assert spark.conf.get(REBASE_IN_READ) == "CORRECTED"
+    finally:
+        # Back to the shared session's settings (the writer's applied its own over them).
+        after = dict(spark.conf.getAll)
+        for key in after.keys() - before.keys():
+            if spark.conf.isModifiable(key):
+                spark.conf.unset(key)
+        for key, value in before.items():
+            if after.get(key) != value and spark.conf.isModifiable(key):
+                spark.conf.set(key, value)
+    rows = table_rows(commit_all(config), "shop.dated")
+
+    assert sorted((row["id"], row["day"]) for row in rows) == list(enumerate(days))
+    assert dead_letter_reasons(config, source.dead_letter_topic) == []

@@ -129,7 +129,8 @@ def decode_avro_confluent(
             f"AS {column}"
         )
         shape = shape_from_avro(column, envelope_shape(schema.resolved), schema.schema_id)
-        decoded_checks.append(_decoded_sql(shape, json.loads(writer)))
+        framed = f"{prefix} = {sql.binary(frame_prefix(schema.schema_id))}"
+        decoded_checks.append(_decoded_sql(shape, json.loads(writer), framed))
         record_key = (
             _avro_record_key_sql(column, json.loads(writer), key_schemas, keys)
             if keys and shape.is_debezium
@@ -285,8 +286,9 @@ def _strings_valid(expression: str, data_type: T.DataType, depth: int) -> list[s
     return checks
 
 
-def _decoded_sql(version: VersionShape, writer: Any) -> str:
-    """True when `version` (writer schema `writer`) decoded the record.
+def _decoded_sql(version: VersionShape, writer: Any, framed: str) -> str:
+    """True when `version` (writer schema `writer`; `framed`: SQL true for a record framed
+    with its schema id) decoded the record.
 
     In PERMISSIVE mode `from_avro` yields a struct of nulls, not null, for a body it cannot
     decode (a truncated one, say). A Debezium event counts only with its required `op`; another
@@ -295,7 +297,9 @@ def _decoded_sql(version: VersionShape, writer: Any) -> str:
     is null (each union's branch index of `null`): such a body decodes, as the reader reads only
     those bytes, while one that does not decode yields the same struct of nulls. Without this a
     truncated record became a row of nulls (on `spark-sql` only: the arrow engine reads a datum
-    with fastavro, which fails on it).
+    with fastavro, which fails on it). The byte test holds only for records framed with this
+    version's id: the checks of all versions are ORed, and an undecodable record of another
+    version may well start with these bytes (a one-field version's are one byte, 0x00).
     """
     if version.is_debezium:
         return f"{sql.path(version.column, 'op')} IS NOT NULL"
@@ -310,7 +314,8 @@ def _decoded_sql(version: VersionShape, writer: Any) -> str:
     if not all_null:
         return f"{sql.ident(version.column)} IS NOT NULL"
     some_value = sql.any_of(f"{sql.path(version.column, f['name'])} IS NOT NULL" for f in fields)
-    return f"({some_value} OR substring(value, 6, {len(all_null)}) = {sql.binary(all_null)})"
+    all_null_body = f"substring(value, 6, {len(all_null)}) = {sql.binary(all_null)}"
+    return f"({some_value} OR ({framed} AND {all_null_body}))"
 
 
 def _null_encoding(avro_type: Any) -> bytes | None:

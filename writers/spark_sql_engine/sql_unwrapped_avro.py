@@ -16,14 +16,18 @@ A field is taken as added by the transform only by the names `add.fields` gives 
 `add.fields.prefix`, `__`): `__deleted`, the envelope's own `__op`/`__ts_ms`/`__ts_us`/`__ts_ns`,
 a Debezium connector's `source` field (`__lsn`, `__db`, `__version`, ...: `SOURCE_FIELDS`), a
 `transaction` field (`__id`, `__total_order`, `__data_collection_order`) and a struct-qualified
-one (`__source_<field>`, `__transaction_<field>`). Any other field, `__tag` say,
-is a column of the row, as the source table has it. (A field `add.fields` renames, `ts_ms:TS`,
-is a row column too: nothing tells it apart.)
+one (`__source_<field>`, `__transaction_<field>`), and only among the last fields: the transform
+appends its fields after the row's columns (`makeUpdatedSchema`, then `InsertField` for
+`__deleted`). Any other field, `__tag` say, or `__table` before the row's last column, is a
+column of the row, as the source table has it. (A field `add.fields` renames, `ts_ms:TS`, is a
+row column too: nothing tells it apart. The other way round, a row's own last columns with such
+names, `__db` say, read as added.)
 
-Without `__deleted` and `__op` a delete cannot be seen: with the transform's defaults it reaches
-Kafka as a tombstone, or not at all, and an upsert table with hard deletes keeps the deleted row.
-The writer says so once per source and schema id (a warning naming the connector settings), and
-docs/operations.md gives them.
+Without `__deleted` a delete cannot be seen: with the transform's defaults it reaches Kafka as a
+tombstone, or not at all (`__op`, which `add.fields: op` adds under any delete handling, then never
+says `d`), and an upsert table keeps the deleted row (as live, with soft deletes too). The writer
+says so once per source and schema id (a warning naming the connector settings and the upsert
+tables the batch's topics may feed), and docs/operations.md gives them.
 """
 
 from __future__ import annotations
@@ -108,10 +112,24 @@ def is_added(name: str) -> bool:
     )
 
 
+def added_names(record: dict[str, Any]) -> set[str]:
+    """The names of the fields the transform added to `record`: the last fields that have such
+    names. The transform appends its fields after the row's (`add.fields` in order, then
+    `__deleted`), so a row column with such a name (`__table`) comes before a field that is none,
+    at the least the row's own last column, and stays a column."""
+    added: set[str] = set()
+    for field in reversed(record["fields"]):
+        if not is_added(field["name"]):
+            break
+        added.add(field["name"])
+    return added
+
+
 def added_fields(record: dict[str, Any]) -> dict[str, Any]:
     """The fields the transform added, by their envelope name (`__source_ts_ms` -> `source_ts_ms`),
     with their Avro types."""
-    return {f["name"][len(ADDED) :]: f["type"] for f in record["fields"] if is_added(f["name"])}
+    added = added_names(record)
+    return {f["name"][len(ADDED) :]: f["type"] for f in record["fields"] if f["name"] in added}
 
 
 def _source_field(added: str) -> str | None:
@@ -125,22 +143,29 @@ def _source_field(added: str) -> str | None:
 def warn_if_deletes_unseen(
     batch: SourceBatch, schema: RegisteredSchema, added: dict[str, Any]
 ) -> None:
-    """Warn, once per source and schema id, when records of `schema` feed an upsert table with
-    hard deletes but cannot say they are deletes (neither `__deleted` nor `__op`): the
-    transform's defaults turn a delete into a tombstone, or drop it, and the deleted row stays."""
-    if "deleted" in added or "op" in added:
+    """Warn, once per source and schema id, when records of `schema` feed upsert tables but cannot
+    say they are deletes (no `__deleted`): the transform's defaults turn a delete into a tombstone,
+    or drop it, and the deleted row stays (hard deletes) or never shows op `d` (soft deletes).
+    `__op` alone does not help: `add.fields: op` adds it under any delete handling, but a delete
+    reaches Kafka as a row (with `__deleted`) only in `rewrite` mode."""
+    if "deleted" in added:
         return
-    tables = [t.identifier for t in batch.routes.tables if t.upsert and t.delete_mode == "hard"]
+    topics = {topic for topic, _ in batch.plan.read_ranges}
+    tables = [
+        t.identifier
+        for t in batch.routes.tables
+        if t.upsert and (not t.topics or topics & set(t.topics))
+    ]
     key = (batch.source.name, schema.schema_id)
     if not tables or key in DELETES_UNSEEN_WARNED:
         return
     DELETES_UNSEEN_WARNED.add(key)
     log.warning(
-        "debezium-unwrapped-avro records without __deleted or __op feed upsert tables with hard "
-        "deletes: their deletes cannot be seen and deleted rows stay in the tables; set the "
-        "connector's ExtractNewRecordState to `delete.tombstone.handling.mode: rewrite` (or "
+        "debezium-unwrapped-avro records without __deleted feed upsert tables: their deletes "
+        "cannot be seen, and deleted rows stay in the tables as live rows; set the connector's "
+        "ExtractNewRecordState to `delete.tombstone.handling.mode: rewrite` (or "
         "rewrite-with-tombstone; Debezium 2.5 and later) or `delete.handling.mode: rewrite` "
-        "(before 2.5), and `add.fields: op` for the op column",
+        "(before 2.5), which adds __deleted, and `add.fields: op` for the op column",
         extra={
             "source": batch.source.name,
             "schema_id": schema.schema_id,
@@ -154,8 +179,9 @@ def envelope_schema(schema: RegisteredSchema) -> dict[str, Any]:
     the row, `source` and metadata column types from."""
     record = schema.resolved
     added = added_fields(record)
+    added_here = added_names(record)
     row = copy.deepcopy(record)
-    row["fields"] = [f for f in record["fields"] if not is_added(f["name"])]
+    row["fields"] = [f for f in row["fields"] if f["name"] not in added_here]
     source_types: dict[str, Any] = {
         name: ["null", avro_type] for name, avro_type in SOURCE_TYPES.items()
     }
@@ -184,11 +210,12 @@ def envelope_schema(schema: RegisteredSchema) -> dict[str, Any]:
 
 def envelope_sql(column: str, record: dict[str, Any], added: dict[str, Any]) -> str:
     """SQL turning version `column`'s unwrapped struct back into its envelope."""
+    added_here = added_names(record)
     row = "named_struct({})".format(
         ", ".join(
             f"{sql.string(f['name'])}, {sql.path(column, f['name'])}"
             for f in record["fields"]
-            if not is_added(f["name"])
+            if f["name"] not in added_here
         )
     )
     deleted = (
