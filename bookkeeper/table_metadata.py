@@ -35,6 +35,8 @@ tests/bookkeeper/test_table_metadata.py compares the result with pyiceberg's own
 
 from __future__ import annotations
 
+import collections
+import logging
 import operator
 import threading
 from dataclasses import dataclass
@@ -61,6 +63,8 @@ from icekeeper.common.internals import (
     replace_rest_answer_parser,
     replace_sql_metadata_reader,
 )
+
+log = logging.getLogger(__name__)
 
 
 class MetadataCache:
@@ -231,14 +235,30 @@ class SnapshotReuse:
     Two threads parsing answers of one table at once may keep either's snapshots: a cache only,
     every reuse is checked against the JSON."""
 
+    TABLES = 64
+    """Tables whose latest answer is kept, the most recently answered: a table dropped or no
+    longer served is let go (at 3,600 snapshots one table's entry is ~20 MB); a group of more
+    tables than this only parses some answers the slow way."""
+
     def __init__(self) -> None:
-        self._kept: dict[str, dict[int, tuple[dict, Snapshot]]] = {}
+        self._kept: collections.OrderedDict[str, dict[int, tuple[dict, Snapshot]]] = (
+            collections.OrderedDict()
+        )
+        self.fallbacks = 0
+        """Answers left to pyiceberg's own parse (logged the first time): a count that grows
+        says the fast path no longer applies (a pyiceberg or server change)."""
 
     def parse(self, model: type[BaseModel], text: str) -> BaseModel:
         """`model.model_validate_json(text)`, reusing the snapshots of the table's last answer."""
         try:
             return self._parse_reusing(model, text)
-        except Exception:  # noqa: BLE001 - pyiceberg's own parse decides: same result or error
+        except Exception as error:  # noqa: BLE001 - pyiceberg's own parse decides: same result or error
+            self.fallbacks += 1
+            if self.fallbacks == 1:
+                log.warning(
+                    "a REST catalog answer is parsed by pyiceberg alone (slower at long histories)",
+                    extra={"error": repr(error)[:300]},
+                )
             return model.model_validate_json(text)
 
     def _parse_reusing(self, model: type[BaseModel], text: str) -> BaseModel:
@@ -262,6 +282,9 @@ class SnapshotReuse:
         metadata["snapshots"] = snapshots
         parsed = model.model_validate(answer)
         self._kept[table] = kept
+        self._kept.move_to_end(table)
+        while len(self._kept) > self.TABLES:
+            self._kept.popitem(last=False)
         return parsed
 
 

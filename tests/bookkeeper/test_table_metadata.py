@@ -192,3 +192,41 @@ def test_rest_answers_this_path_cannot_take_get_pyiceberg_s_result_or_error() ->
         with pytest.raises(ValidationError) as theirs:
             CommitTableResponse.model_validate_json(text)
         assert ours.value.errors() == theirs.value.errors()
+
+
+def test_rest_answers_of_tables_no_longer_answered_are_let_go_and_fallbacks_are_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A table dropped or no longer served must not keep its snapshots (~20 MB at 3,600) for
+    the process's life; an answer left to pyiceberg's parse is counted and logged once, so a fast
+    path that stopped applying is seen."""
+    reuse = SnapshotReuse()
+    reuse.TABLES = 2
+    tables = [str(uuid.uuid4()) for _ in range(3)]
+    parsed = {
+        table: reuse.parse(
+            CommitTableResponse, json.dumps(metadata_answer([snapshot_json(1)], table))
+        )
+        for table in tables
+    }
+    again = {
+        table: reuse.parse(
+            CommitTableResponse, json.dumps(metadata_answer([snapshot_json(1)], table))
+        )
+        for table in tables[1:]
+    }
+    for table in tables[1:]:  # kept: reused
+        assert again[table].metadata.snapshots[0] is parsed[table].metadata.snapshots[0]
+    first = reuse.parse(
+        CommitTableResponse, json.dumps(metadata_answer([snapshot_json(1)], tables[0]))
+    )
+    assert first.metadata.snapshots[0] is not parsed[tables[0]].metadata.snapshots[0]  # let go
+    assert reuse.fallbacks == 0
+    with caplog.at_level("WARNING", logger="icekeeper.bookkeeper.table_metadata"):
+        for _ in range(2):
+            with pytest.raises(ValidationError):
+                reuse.parse(CommitTableResponse, "{not json")
+    assert reuse.fallbacks == 2
+    assert [r.message for r in caplog.records].count(
+        "a REST catalog answer is parsed by pyiceberg alone (slower at long histories)"
+    ) == 1
