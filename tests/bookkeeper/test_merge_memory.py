@@ -61,5 +61,13 @@ def test_a_manifest_merge_does_not_hold_every_live_file_at_once(tmp_path: Path) 
         # The merge happened: the first commit's manifest was rewritten with the later ones.
         assert len(manifests) < MERGE_AFTER, [m.manifest_path for m in manifests]
         assert max(peaks) <= PEAK_BOUND_BYTES, f"commit peaks (bytes): {peaks}"
+        # And the merged manifests still list every live file (a stream read twice, or cut
+        # short, would drop files from the table and still pass the memory bound).
+        live = [
+            entry.data_file.file_path
+            for manifest in manifests
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+        ]
+        assert len(live) == len(set(live)) == LIVE_FILES + MERGE_AFTER + 1
     finally:
         bookkeeper.committer.close(save_key_indexes=False)
