@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.config.model import KafkaSource
 from icekeeper.common.kafka_clients import registry_client
 from icekeeper.samples.produce import ConfluentAvroFramer, ensure_topic
 from icekeeper.writers.job import WriterJob
@@ -300,6 +302,28 @@ REQUIRED = {
 """Fields that cannot be null: a truncated record decodes to nulls none of its records has."""
 
 
+def _notes_pipeline(
+    tmp_path: Path, topic: str, source_format: str, engine: str
+) -> tuple[IcekeeperConfig, KafkaSource, ConfluentAvroFramer]:
+    """A changelog table without a primary key fed by `topic` in `source_format` on `engine`,
+    with a dead-letter topic; the topic made, and a framer for its value schemas."""
+    config = pipeline_config(
+        tmp_path,
+        topic,
+        {
+            "ICEKEEPER__SOURCES__0__FORMAT": source_format,
+            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{topic}.dlq",
+            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.notes",
+            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
+            "ICEKEEPER__TABLES__0__MODE": "changelog",
+            "ICEKEEPER__WRITER__ENGINE": engine,
+        },
+    )
+    source = config.sources[0]
+    ensure_topic(source, topic, 1)
+    return config, source, ConfluentAvroFramer(registry_client(source), topic)
+
+
 @pytest.mark.parametrize(
     ("source_format", "engine"),
     [
@@ -311,21 +335,7 @@ REQUIRED = {
 def test_a_truncated_record_is_dead_lettered_not_a_row_of_nulls(
     local_stack, spark, tmp_path: Path, unique_topic: str, source_format: str, engine: str
 ) -> None:
-    config = pipeline_config(
-        tmp_path,
-        unique_topic,
-        {
-            "ICEKEEPER__SOURCES__0__FORMAT": source_format,
-            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
-            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.notes",
-            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
-            "ICEKEEPER__TABLES__0__MODE": "changelog",
-            "ICEKEEPER__WRITER__ENGINE": engine,
-        },
-    )
-    source = config.sources[0]
-    ensure_topic(source, unique_topic, 1)
-    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    config, source, framer = _notes_pipeline(tmp_path, unique_topic, source_format, engine)
     nullable, required = (framer.schema_id(s, is_key=False) for s in (NULLABLE, REQUIRED))
 
     def half(schema_id: int) -> bytes:
@@ -375,21 +385,7 @@ def test_a_truncated_record_does_not_pass_for_another_versions_row_of_nulls(
     local_stack, spark, tmp_path: Path, unique_topic: str, source_format: str, engine: str
 ) -> None:
     """Review s8b R1: each version's all-null byte test holds for its own records only."""
-    config = pipeline_config(
-        tmp_path,
-        unique_topic,
-        {
-            "ICEKEEPER__SOURCES__0__FORMAT": source_format,
-            "ICEKEEPER__SOURCES__0__DEAD_LETTER_TOPIC": f"{unique_topic}.dlq",
-            "ICEKEEPER__TABLES__0__IDENTIFIER": "shop.notes",
-            "ICEKEEPER__TABLES__0__PRIMARY_KEY": "[]",
-            "ICEKEEPER__TABLES__0__MODE": "changelog",
-            "ICEKEEPER__WRITER__ENGINE": engine,
-        },
-    )
-    source = config.sources[0]
-    ensure_topic(source, unique_topic, 1)
-    framer = ConfluentAvroFramer(registry_client(source), unique_topic)
+    config, source, framer = _notes_pipeline(tmp_path, unique_topic, source_format, engine)
     one, required = (framer.schema_id(s, is_key=False) for s in (ONE_NULLABLE, REQUIRED))
     # id 0 encodes as 0x00: the body starts with ONE_NULLABLE's record of nulls.
     whole = framer.frame(required, {"id": 0, "note": "a note long enough to cut in half"})
