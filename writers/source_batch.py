@@ -12,7 +12,8 @@ never ask the registry); unknown schema ids the registry is to blame for pause t
 classify some record differently, a bug) is written again on `spark-sql`, whose counts come from
 the same classification as the dead-letter pass, its arrow files discarded first; a batch
 `spark-sql` wrote that does not reconcile fails loudly. Each fallback is counted
-(`BatchOutcome.fallback`) and logged once per source and kind of reason (`FallbackLog`). Dead
+(`BatchOutcome.fallback`) and logged (`FallbackLog`: a refusal once per source and kind,
+every unreconciled batch). Dead
 letters are sent for the write that is published only (not per attempt), once it reconciles and
 before the monikers are returned: a moniker covers its whole offset range, poison included, so
 once it is published a restart never reads these records again (chaos found it; a writer dying
@@ -185,7 +186,7 @@ class SourceBatchWriter:
     ) -> bool:
         """True when every record the batch read is accounted for once (`reconciliation.py`).
         False when the configured engine wrote it and it does not reconcile: its files are
-        discarded (no moniker names them, nothing was dead-lettered), logged once per source,
+        discarded (no moniker names them, nothing was dead-lettered), logged with its offsets,
         and `spark-sql`, whose counts come from the same classification as the dead-letter
         pass, is to write the batch. A batch `spark-sql` wrote that does not reconcile raises
         `BatchUnreconciled`, logged at error level with the counts."""
