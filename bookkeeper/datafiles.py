@@ -22,7 +22,8 @@ import os
 import posixpath
 import struct
 import threading
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 from concurrent.futures import (
     FIRST_COMPLETED,
     Future,
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 from pyiceberg.conversions import to_bytes
@@ -139,17 +141,38 @@ def describe_file(path: str, file_schema: Schema, table_properties: dict[str, st
 @dataclass(frozen=True)
 class FileTail:
     """What one file's I/O gave: its size and its footer's bytes (None when the tail is not a
-    plain Parquet tail: `describe_tail` then lets `ParquetFile` read or reject the file)."""
+    plain Parquet tail: `describe_tail` then lets `ParquetFile` read or reject the file), or the
+    footer already parsed (`metadata`, from `_fetch_sized_footer`)."""
 
     path: str
     size_bytes: int
     footer: pa.Buffer | None
+    metadata: pq.FileMetaData | None = None
 
 
-def fetch_tail(path: str) -> FileTail | InvalidFile | FileUnavailable:
+_SIZED_FORMAT = pads.ParquetFileFormat()
+
+
+def _fetch_sized_footer(path: str, local: str, filesystem: pafs.FileSystem, size: int) -> FileTail:
+    """A footer on S3 in one request, the file's size taken from the moniker: pyarrow's dataset
+    fragment opens a file of known size without the HEAD `open_input_file` sends (pyarrow's
+    filesystem API has no way to pass a size), then reads the tail and parses it (C++, no GIL).
+
+    One GET instead of HEAD + GET: on the stack's S3 server, 16 threads, 1,000 footers took 0.90 s
+    against 1.30 s (parse included in both) and half the server's CPU; on AWS, one round trip
+    less per file.
+    A declared size that is wrong fails here (a range past the end, or no Parquet magic where the
+    footer should end: another file's bytes at that offset would have to end in `PAR1` and parse
+    as a footer) and the caller reads the file the usual way, which finds its real size."""
+    fragment = _SIZED_FORMAT.make_fragment(local, filesystem=filesystem, file_size=size)
+    return FileTail(path, size, None, fragment.metadata)
+
+
+def fetch_tail(path: str, size: int | None = None) -> FileTail | InvalidFile | FileUnavailable:
     """The I/O half of `describe_file`: every storage error here is the storage's (unavailable),
     apart from a path that names no file. Safe to run in threads (no shared state but the
-    storage door's thread-safe stores)."""
+    storage door's thread-safe stores). `size`: the size the moniker declares, if any (on S3 it
+    saves a request; anything unusual falls back to the read without it)."""
     try:
         filesystem, local = open_filesystem(path)
         if is_s3(path):
@@ -160,6 +183,11 @@ def fetch_tail(path: str) -> FileTail | InvalidFile | FileUnavailable:
             # it fails as a storage error (retried for ever), so it is refused here.
             if "/" not in local.strip("/"):
                 return InvalidFile(f"{path}: not a file")
+            if size is not None and size >= 12:
+                try:
+                    return _fetch_sized_footer(path, local, filesystem, size)
+                except (OSError, ValueError, pa.ArrowException):
+                    pass  # missing, damaged, another size, an outage: the usual read says which
         else:  # elsewhere a folder may open as something else than "not found" (HDFS, ADLS)
             info = filesystem.get_file_info(local)
             if info.type == pafs.FileType.NotFound:
@@ -181,7 +209,9 @@ def describe_tail(
 ) -> FooterFacts:
     """The CPU half of `describe_file`: parse the footer and compute the statistics."""
     path = tail.path
-    if tail.footer is not None:
+    if tail.metadata is not None:
+        metadata = tail.metadata
+    elif tail.footer is not None:
         metadata = _parsed_or_invalid(path, lambda: parse_footer_buffer(tail.footer))
     else:  # not a plain tail: `ParquetFile` reads the file again and decides
         try:
@@ -300,19 +330,25 @@ class ParsedSchemas:
 _WORKER_SCHEMAS = ParsedSchemas()
 
 
+EMPTY_SIZES: Mapping[str, int] = types.MappingProxyType({})
+"""No declared sizes: every file is read the usual way."""
+
 Described = FooterFacts | InvalidFile | FileUnavailable
 """What describing a file gives: its facts, why it can never be committed, or why not now."""
 
 
 def _describe_in_worker(
-    paths: list[str], schema_json: str, properties: tuple[tuple[str, str], ...]
+    paths: list[str],
+    schema_json: str,
+    properties: tuple[tuple[str, str], ...],
+    sizes: dict[str, int],
 ) -> list[Described]:
     """Runs in a worker process, a chunk of files at a time (one schema JSON sent per chunk, not per
     file); the schema is parsed once per process and distinct schema."""
     global _FAST_FOOTERS
     _FAST_FOOTERS = True  # a damaged footer may abort this process, not the bookkeeper
     schema = _WORKER_SCHEMAS.get(schema_json, lambda: Schema.model_validate_json(schema_json))
-    return describe_files([(path, schema) for path in paths], dict(properties))
+    return describe_files([(path, schema) for path in paths], dict(properties), sizes)
 
 
 def _worker_ready() -> int:
@@ -333,10 +369,12 @@ def _describe_or_reason(
 
 
 FETCH_THREADS = 16
-"""Files whose tails one process fetches at once from an object store. There a footer costs two
-or three round trips (HEAD, ranged GET) that wait with the GIL released, so threads overlap them;
-a worker process per file would not (the bookkeeper has a core or two). Parsing stays in the
-calling thread, one file after another: it holds the GIL anyway, and its caches are not shared."""
+"""Files whose tails one process fetches at once from an object store. There a footer costs one
+to three round trips (a HEAD, a ranged GET; see `fetch_tail`) that wait with the GIL released, so
+threads overlap them; a worker process per file would not (the bookkeeper has a core or two). The
+statistics are computed in the calling thread, one file after another: that holds the GIL anyway,
+and its caches are not shared. (A footer fetched with its declared size is parsed in its fetch
+thread, in C++.)"""
 
 FETCH_WINDOW = 512
 """Files fetched before they are parsed: enough to keep the threads busy, few enough that their
@@ -346,28 +384,32 @@ _fetch_pool: ThreadPoolExecutor | None = None
 _fetch_pool_lock = threading.Lock()
 
 
-def _fetch_tails(paths: list[str]) -> list[FileTail | InvalidFile | FileUnavailable]:
+def _fetch_tails(
+    paths: list[str], sizes: Mapping[str, int]
+) -> list[FileTail | InvalidFile | FileUnavailable]:
     """`fetch_tail` of each path, in order: concurrently when two or more are on an object store
     (on local disk a read is a page-cache copy: threads would only add overhead)."""
     global _fetch_pool
     if sum(not is_local(path) for path in paths) < 2:
-        return [fetch_tail(path) for path in paths]
+        return [fetch_tail(path, sizes.get(path)) for path in paths]
     with _fetch_pool_lock:
         if _fetch_pool is None:
             _fetch_pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="footer-fetch")
         pool = _fetch_pool
-    return list(pool.map(fetch_tail, paths))
+    return list(pool.map(fetch_tail, paths, [sizes.get(path) for path in paths]))
 
 
 def describe_files(
-    requests: list[tuple[str, Schema]], table_properties: dict[str, str]
+    requests: list[tuple[str, Schema]],
+    table_properties: dict[str, str],
+    sizes: Mapping[str, int] = EMPTY_SIZES,
 ) -> list[Described]:
     """Facts or the reason for each (path, file schema), in order; `FETCH_WINDOW` files'
-    footers in memory at a time."""
+    footers in memory at a time. `sizes`: what the monikers declare (see `fetch_tail`)."""
     described: list[Described] = []
     for start in range(0, len(requests), FETCH_WINDOW):
         window = requests[start : start + FETCH_WINDOW]
-        tails = _fetch_tails([path for path, _ in window])
+        tails = _fetch_tails([path for path, _ in window], sizes)
         described.extend(
             _describe_or_reason(tail, schema, table_properties)
             for tail, (_, schema) in zip(tails, window)
@@ -449,13 +491,16 @@ class FooterReader:
         self._ready.set()
 
     def describe(
-        self, requests: list[_Request], table_properties: dict[str, str]
+        self,
+        requests: list[_Request],
+        table_properties: dict[str, str],
+        sizes: Mapping[str, int] = EMPTY_SIZES,
     ) -> dict[str, Described]:
-        """`requests`: (path, file schema, the schema's
-        JSON); returns facts or the reason per path."""
+        """`requests`: (path, file schema, the schema's JSON); `sizes`: the sizes the monikers
+        declare, by path (see `fetch_tail`); returns facts or the reason per path."""
         if self.workers == 1 or len(requests) < self.PROCESS_THRESHOLD:
             described = describe_files(
-                [(path, schema) for path, schema, _ in requests], table_properties
+                [(path, schema) for path, schema, _ in requests], table_properties, sizes
             )
             return dict(zip((path for path, _, _ in requests), described))
         if len(requests) >= self.START_THRESHOLD:
@@ -463,15 +508,16 @@ class FooterReader:
         described: dict[str, Described] = {}
         chunks = _chunks(requests, self.CHUNK_FILES)
         while chunks and not self._ready.is_set():
-            self._describe_chunk_here(chunks.pop(), table_properties, described)
+            self._describe_chunk_here(chunks.pop(), table_properties, sizes, described)
         if chunks:
-            self._share_with_workers(chunks, table_properties, described)
+            self._share_with_workers(chunks, table_properties, sizes, described)
         return {path: described[path] for path, _, _ in requests}
 
     def _share_with_workers(
         self,
         chunks: list[list[_Request]],
         table_properties: dict[str, str],
+        sizes: Mapping[str, int],
         described: dict[str, Described],
     ) -> None:
         """Workers take chunks from the front of the batch and this process from the back; each
@@ -488,9 +534,14 @@ class FooterReader:
                     # pool whose worker just died raises, and a chunk already
                     # taken would then be read by nobody (CI saw it).
                     chunk = pending[0]
+                    paths = [r[0] for r in chunk]
                     in_flight[
                         self._pool.submit(
-                            _describe_in_worker, [r[0] for r in chunk], chunk[0][2], properties
+                            _describe_in_worker,
+                            paths,
+                            chunk[0][2],
+                            properties,
+                            {path: sizes[path] for path in paths if path in sizes},
                         )
                     ] = chunk
                     pending.popleft()
@@ -500,19 +551,24 @@ class FooterReader:
                     described.update(zip((r[0] for r in chunk), results))
                     self.described_by_workers += len(chunk)
                 if pending:
-                    self._describe_chunk_here(pending.pop(), table_properties, described)
+                    self._describe_chunk_here(pending.pop(), table_properties, sizes, described)
                 elif in_flight:
                     wait(in_flight, return_when=FIRST_COMPLETED)
         except BrokenProcessPool:
             self._lost_workers()
             for chunk in [*in_flight.values(), *pending]:
-                self._describe_chunk_here(chunk, table_properties, described)
+                self._describe_chunk_here(chunk, table_properties, sizes, described)
 
     @staticmethod
     def _describe_chunk_here(
-        chunk: list[_Request], table_properties: dict[str, str], described: dict[str, Described]
+        chunk: list[_Request],
+        table_properties: dict[str, str],
+        sizes: Mapping[str, int],
+        described: dict[str, Described],
     ) -> None:
-        facts = describe_files([(path, schema) for path, schema, _ in chunk], table_properties)
+        facts = describe_files(
+            [(path, schema) for path, schema, _ in chunk], table_properties, sizes
+        )
         described.update(zip((path for path, _, _ in chunk), facts))
 
     def _lost_workers(self) -> None:

@@ -167,13 +167,15 @@ class MonikerAppend(SnapshotProducer):
         upsert = self.key_indexes is not None
         # Monikers of a batch share their schema: parse (and below, compare) each distinct one once.
         schemas = self.files.schemas_of([d.moniker for d in ready])
+        entries = [
+            (entry, schema, schema_key)
+            for delivery, (schema, schema_key) in zip(ready, schemas)
+            for entry in checked_files(delivery.moniker, upsert)
+        ]
         self.files.read(
-            [
-                (entry.path, schema, schema_key)
-                for delivery, (schema, schema_key) in zip(ready, schemas)
-                for entry in checked_files(delivery.moniker, upsert)
-            ],
+            [(entry.path, schema, schema_key) for entry, schema, schema_key in entries],
             table.properties if table is not None else {},
+            {entry.path: entry.size_bytes for entry, _, _ in entries},
         )
         prepared = _Prepared(table=table)
         held_writers = prepared.held_writers

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pyiceberg.schema import Schema
 
 from icekeeper.bookkeeper.datafiles import (
+    EMPTY_SIZES,
     Described,
     FileUnavailable,
     FooterFacts,
@@ -74,8 +75,14 @@ class PendingFiles:
             parsed.append((schema, schema_key))
         return parsed
 
-    def read(self, requests: list[FileRequest], table_properties: dict[str, str]) -> None:
-        """Describe the files of `requests` not read yet (or unavailable last time). A file
+    def read(
+        self,
+        requests: list[FileRequest],
+        table_properties: dict[str, str],
+        sizes: Mapping[str, int] = EMPTY_SIZES,
+    ) -> None:
+        """Describe the files of `requests` not read yet (or unavailable last time); `sizes`: what
+        the monikers declare, by path (on S3 a footer is then one request). A file
         storage cannot serve is read again after `FILE_RETRY_DELAYS_S` in the cycle that first
         meets it (later cycles read it once each: the commit interval spaces them); one missing
         for `missing_file_timeout`, counted from when this bookkeeper first found it missing,
@@ -99,7 +106,7 @@ class PendingFiles:
 
         def describe(attempt: int) -> list[FileRequest]:
             pending = requests if attempt == 1 else newly_unavailable()
-            self._footers.update(self.reader.describe(pending, table_properties))
+            self._footers.update(self.reader.describe(pending, table_properties, sizes))
             return newly_unavailable()
 
         retry(

@@ -368,7 +368,9 @@ class RewriteReplace(SnapshotProducer):
             raise RewriteRefused(f"its schema is not an Iceberg schema: {error}") from None
         schema_json = schema.model_dump_json()
         facts = self.footer_reader.describe(
-            [(entry.path, schema, schema_json) for entry in request.files], table.properties
+            [(entry.path, schema, schema_json) for entry in request.files],
+            table.properties,
+            {entry.path: entry.size_bytes for entry in request.files},
         )
         unavailable = [
             described for described in facts.values() if isinstance(described, FileUnavailable)

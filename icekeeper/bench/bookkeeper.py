@@ -308,7 +308,11 @@ def bench_footers(
     started = time.monotonic()
     reader = FooterReader(os.cpu_count() or 2)
     schema_json = schema.model_dump_json()
-    described = reader.describe([(entry.path, schema, schema_json) for entry in entries], {})
+    described = reader.describe(
+        [(entry.path, schema, schema_json) for entry in entries],
+        {},
+        {entry.path: entry.size_bytes for entry in entries},  # as the monikers declare them
+    )
     footers_s = time.monotonic() - started
     failed = [facts for facts in described.values() if isinstance(facts, Exception)]
     assert not failed, failed[:1]

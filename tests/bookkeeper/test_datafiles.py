@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,6 +54,7 @@ from icekeeper.bookkeeper.datafiles import (
     validate,
 )
 from icekeeper.common.moniker import FileEntry
+from icekeeper.common.storage import open_filesystem
 from tests.support.object_stores import storage_door
 
 SCHEMA = Schema(
@@ -363,14 +365,18 @@ def test_a_batch_on_every_store_is_fetched_at_once_and_described_in_order(
     fetching_threads: set[str] = set()
     fetch_tail = datafiles.fetch_tail
 
-    def watched_fetch(path: str):
+    def watched_fetch(path: str, size: int | None = None):
         fetching_threads.add(threading.current_thread().name)
         time.sleep(0.01)  # a slow store: overlapping fetches show as several threads
-        return fetch_tail(path)
+        return fetch_tail(path, size)
 
     monkeypatch.setattr(datafiles, "fetch_tail", watched_fetch)
     reader = FooterReader(workers=1)
-    described = reader.describe([(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {})
+    described = reader.describe(
+        [(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths],
+        {},
+        {path: len(good) for path in paths},  # as monikers declare them (on S3: one request)
+    )
     assert list(described) == paths
     missing = described[paths[7]]
     assert isinstance(missing, FileUnavailable) and missing.missing
@@ -544,6 +550,54 @@ def test_a_bucket_named_as_a_file_is_invalid_at_once(s3_storage) -> None:
         with pytest.raises(FileUnavailable, match="not found") as missing:
             describe_file(s3_storage.uri("no/such/file.parquet"), SCHEMA, {})
         assert missing.value.missing
+
+
+def test_a_footer_on_s3_with_its_declared_size_is_one_request_and_a_wrong_size_changes_nothing(
+    s3_storage, tmp_path: Path
+) -> None:
+    """With the size the moniker declares, a footer on S3 is read without the HEAD (one GET, the
+    fragment path, `FileTail.metadata` set). Whatever the declared size says, the facts are the
+    file's own: a size too small or too large, a damaged footer or a missing file go the usual
+    way, so `validate` still refuses a moniker whose size is wrong and nothing waits for ever."""
+    body = write(tmp_path / "f.parquet", 500, 97).read_bytes()
+    damaged = bytearray(body)
+    footer_start = len(damaged) - 8 - int.from_bytes(damaged[-8:-4], "little")
+    damaged[footer_start + 5 : footer_start + 25] = b"\xff" * 20
+    with storage_door(s3_storage.pyiceberg_properties()):
+        run = uuid.uuid4().hex[:8]
+        table = s3_storage.uri(f"sized/{run}")
+        good, broken = f"{table}/data/f.parquet", f"{table}/data/d.parquet"
+        for uri, data in ((good, body), (broken, bytes(damaged))):
+            filesystem, key = open_filesystem(uri)
+            with filesystem.open_output_stream(key) as out:
+                out.write(data)
+        usual = describe_file(good, SCHEMA, {})
+        assert usual.size_bytes == len(body) and usual.num_rows == 500
+
+        sized = fetch_tail(good, len(body))
+        assert isinstance(sized, FileTail) and sized.metadata is not None  # one request
+        assert describe_tail(sized, SCHEMA, {}) == usual
+        entry = FileEntry(path=good, size_bytes=len(body), record_count=500)
+        assert FooterReader(workers=1).describe(
+            [(good, SCHEMA, SCHEMA.model_dump_json())], {}, {good: len(body)}
+        ) == {good: usual}
+
+        for wrong in (len(body) - 100, len(body) + 100, len(body) * 3, 12):
+            tail = fetch_tail(good, wrong)
+            assert isinstance(tail, FileTail) and tail.metadata is None, wrong  # the usual read
+            facts = describe_tail(tail, SCHEMA, {})
+            assert facts == usual, wrong
+            with pytest.raises(InvalidFile, match="moniker says"):
+                validate(
+                    entry.model_copy(update={"size_bytes": wrong}),
+                    facts,
+                    table,
+                    SCHEMA,
+                )
+        with pytest.raises(InvalidFile, match="unreadable"):
+            describe_tail(fetch_tail(broken, len(damaged)), SCHEMA, {})  # type: ignore[arg-type]
+        missing = fetch_tail(f"{table}/data/none.parquet", len(body))
+        assert isinstance(missing, FileUnavailable) and missing.missing
 
 
 _DESCRIBE_DAMAGED = """

@@ -178,10 +178,10 @@ def test_a_bookkeeper_deposed_while_it_plans_records_no_refusal(tmp_path: Path) 
     successor = Bookkeeper(config)
     describe = deposed.committer.footer_reader.describe
 
-    def taken_over_while_planning(requests, properties):
+    def taken_over_while_planning(requests, properties, sizes):
         if successor.lease is None:  # the lease lapses, and the successor takes it
             assert successor.take_lease(timeout_s=10) == 2
-        return describe(requests, properties)
+        return describe(requests, properties, sizes)
 
     deposed.committer.footer_reader.describe = taken_over_while_planning
     with pytest.raises(Fenced):

@@ -274,12 +274,12 @@ def test_a_request_whose_files_storage_fails_to_serve_is_never_set_aside(tmp_pat
     reader = bookkeeper.committer.footer_reader
     describe = reader.describe
 
-    def storage_error(requests, properties):
+    def storage_error(requests, properties, sizes):
         """The request's file answers a storage error; the writers' files are read as ever."""
         from icekeeper.bookkeeper.datafiles import FileUnavailable
 
         failing = {entry.path for entry in request.files}
-        described = describe([r for r in requests if r[0] not in failing], properties)
+        described = describe([r for r in requests if r[0] not in failing], properties, sizes)
         for path, _, _ in requests:
             if path in failing:
                 described[path] = FileUnavailable(f"{path}: storage error (503)")
@@ -347,13 +347,13 @@ def test_a_request_that_keeps_failing_is_set_aside_and_an_outage_keeps_one_pendi
     broken_paths = {entry.path for entry in broken.files}
     unreachable_paths = {entry.path for entry in unreachable.files}
 
-    def failing(requests, properties):
+    def failing(requests, properties, sizes):
         paths = {path for path, _, _ in requests}
         if paths & broken_paths:
             raise ValueError("a footer this reader cannot parse")
         if paths & unreachable_paths:
             raise ConnectionError("storage unreachable")
-        return describe(requests, properties)
+        return describe(requests, properties, sizes)
 
     reader.describe = failing
     for poll in range(1, 6):
