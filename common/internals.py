@@ -392,6 +392,23 @@ def set_rest_request_timeout(catalog: Catalog, timeout_s: float) -> bool:
     return True
 
 
+def add_rest_response_hook(catalog: Catalog, hook: Callable[[Any], None]) -> bool:
+    """Call `hook(response)` with every HTTP answer this REST catalog object receives (a
+    `requests.Response`: method, URL, `elapsed` from sending to the answer's headers); False, and
+    nothing changed, for other kinds of catalog. Benchmarks use it to tell the server's time from
+    the client's (`bench commit-history`)."""
+    if not isinstance(catalog, RestCatalog):
+        return False
+    session = catalog._session  # noqa: SLF001 - the requests session has no public accessor
+
+    def observe(response: Any, *args: Any, **kwargs: Any) -> Any:
+        hook(response)
+        return response
+
+    session.hooks["response"].append(observe)
+    return True
+
+
 def _rest_call_parsing(name: str, model: type[BaseModel]) -> Callable[..., Any]:
     """pyiceberg's own `RestCatalog.<name>` without its retry decorator, checked to parse its
     answer with `<model>.model_validate_json` and nothing else (what `replace_rest_answer_parser`

@@ -59,6 +59,7 @@ from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import KEY_EVENT_TIME, KEY_OFFSETS, KEY_STATE
 from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.internals import add_rest_response_hook
 from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange
 
 Progress = Callable[[str], None]
@@ -202,6 +203,15 @@ def _run(
     bookkeeper = Bookkeeper(config)
     commit_s: list[float] = []
     cycle_s: list[float] = []
+    answers: list[tuple[str, float]] = []
+    """Each answer of a REST catalog: its request's method and the seconds from sending it to
+    the answer's headers (the server's work and the wire; the client's parse comes after)."""
+    add_rest_response_hook(
+        bookkeeper.catalog,
+        lambda response: answers.append(
+            (response.request.method, response.elapsed.total_seconds())
+        ),
+    )
 
     def commit(seq: int) -> None:
         transport.publish(history_moniker(config, schema_json, entries[seq - 1], seq, partitions))
@@ -243,7 +253,7 @@ def _run(
     shift_ms -= lead_ms + int(time.time() * 1000)
     bookkeeper.committer.commit_path.now_ms = lambda: int(time.time() * 1000) + shift_ms
     progress(f"history built in {build_s:.0f}s ({kept_before:,} snapshots); timing {measured}")
-    timed_from = len(commit_s)
+    timed_from, answers_from = len(commit_s), len(answers)
     at_one_a_second(range(history + 1, history + measured + 1))
     bookkeeper.committer.close()
     table = catalog.load_table(identifier)
@@ -253,6 +263,9 @@ def _run(
     per_snapshot = snapshot_bytes(metadata, measured)
     timed = [seconds * 1000 for seconds in commit_s[timed_from:]]
     cycles = [seconds * 1000 for seconds in cycle_s[timed_from:]]
+    commit_answers = [
+        seconds * 1000 for method, seconds in answers[answers_from:] if method == "POST"
+    ]
     return {
         "catalog": config.catalog.properties.get("type", "sql"),
         "catalog_class": type(catalog).__name__,
@@ -270,6 +283,17 @@ def _run(
         "cycle_p50_ms": round(percentile(cycles, 0.5), 1),
         "cycle_p99_ms": round(percentile(cycles, 0.99), 1),
         "history_commit_p50_ms": round(percentile(commit_s[:timed_from], 0.5) * 1000, 1),
+        # REST only: the catalog server's answers to the timed commits (POSTs), sent to headers
+        # received, and how many requests of any kind the timed commits made.
+        **(
+            {
+                "rest_commit_answer_p50_ms": round(percentile(commit_answers, 0.5), 1),
+                "rest_commit_answer_p99_ms": round(percentile(commit_answers, 0.99), 1),
+                "rest_requests_per_commit": round(len(answers[answers_from:]) / measured, 2),
+            }
+            if commit_answers
+            else {}
+        ),
         "metadata_bytes": len(metadata_text),
         # Once per metadata file, not per snapshot: the committed state (`KEY_STATE`).
         "state_property_bytes": _compact({KEY_STATE: metadata["properties"][KEY_STATE]}) - 2

@@ -35,6 +35,7 @@ from thrift.transport.TTransport import TTransportException
 from icekeeper.common.internals import (
     MergeAppendFiles,
     UncopiedTransaction,
+    add_rest_response_hook,
     append_metadata_log,
     apply_table_updates,
     commit_once,
@@ -361,6 +362,11 @@ def test_a_rest_catalog_object_parses_answers_with_the_replacement_and_keeps_pyi
         return model.model_validate_json(text)
 
     assert replace_rest_answer_parser(catalog, parse)
+    answers: list[tuple[str, int]] = []
+    assert not add_rest_response_hook(sql_catalog(tmp_path), print)
+    assert add_rest_response_hook(
+        catalog, lambda answer: answers.append((answer.request.method, answer.status_code))
+    )
     namespace = f"ns_{uuid.uuid4().hex[:8]}"
     other.create_namespace(namespace)
     identifier = f"{namespace}.t"
@@ -371,6 +377,7 @@ def test_a_rest_catalog_object_parses_answers_with_the_replacement_and_keeps_pyi
     stale = catalog.load_table(identifier)
     table.transaction().set_properties(owner="tests").commit_transaction()
     assert parsed == ["TableResponse", "TableResponse", "CommitTableResponse"]
+    assert answers == [("GET", 200), ("GET", 200), ("POST", 200)]  # this object's only
     with other.load_table(identifier).update_schema() as update:
         update.add_column("other", LongType())
     transaction = stale.transaction()

@@ -118,6 +118,10 @@ def test_bench_commit_history_on_s3_and_the_rest_catalog(
     assert 20 <= result["snapshots_after"] < 28
     assert 0 < result["commit_p50_ms"] <= result["commit_p99_ms"] <= result["commit_slowest_ms"][-1]
     assert result["commit_p50_ms"] <= result["cycle_p50_ms"]
+    # The server's share: each commit's answer comes within the commit's own time.
+    assert 0 < result["rest_commit_answer_p50_ms"] < result["commit_p50_ms"]
+    assert result["rest_commit_answer_p50_ms"] <= result["rest_commit_answer_p99_ms"]
+    assert result["rest_requests_per_commit"] >= 1
     # The 64 partitions' offsets ("12":1000000800) and event times ("12":1646297175000) are in
     # the table's state property, once per metadata file, and in no snapshot's summary: what a
     # snapshot adds stays under a kilobyte and a quarter whatever the partitions.
