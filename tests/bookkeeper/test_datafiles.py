@@ -582,7 +582,7 @@ def test_a_footer_on_s3_with_its_declared_size_is_one_request_and_a_wrong_size_c
             [(good, SCHEMA, SCHEMA.model_dump_json())], {}, {good: len(body)}
         ) == {good: usual}
 
-        for wrong in (len(body) - 100, len(body) + 100, len(body) * 3, 12):
+        for wrong in (len(body) - 100, len(body) + 100, len(body) * 3, 12, 5, 0, 2**63, 2**70):
             tail = fetch_tail(good, wrong)
             assert isinstance(tail, FileTail) and tail.metadata is None, wrong  # the usual read
             facts = describe_tail(tail, SCHEMA, {})
@@ -598,6 +598,102 @@ def test_a_footer_on_s3_with_its_declared_size_is_one_request_and_a_wrong_size_c
             describe_tail(fetch_tail(broken, len(damaged)), SCHEMA, {})  # type: ignore[arg-type]
         missing = fetch_tail(f"{table}/data/none.parquet", len(body))
         assert isinstance(missing, FileUnavailable) and missing.missing
+
+
+def test_a_batch_on_an_object_store_keeps_few_footers_fetched_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fetching runs ahead of describing by at most `FETCH_AHEAD` files, whatever the batch's
+    size: a fetched footer (parsed, when its size was declared: ~8x its bytes) stays in memory
+    until it is described, and a whole window of 512 wide-table footers held 1.4 GB."""
+    from icekeeper.bookkeeper import datafiles
+
+    counts = {"fetched": 0, "described": 0, "most_ahead": 0}
+    lock = threading.Lock()
+
+    def fetch(path: str, size: int | None = None) -> InvalidFile:
+        with lock:
+            counts["fetched"] += 1
+        return InvalidFile(path)
+
+    def describe(tail, schema, properties):
+        time.sleep(0.0005)  # describing is the slower half: fetches pile up if they may
+        with lock:
+            counts["most_ahead"] = max(
+                counts["most_ahead"], counts["fetched"] - counts["described"]
+            )
+            counts["described"] += 1
+        return tail
+
+    monkeypatch.setattr(datafiles, "fetch_tail", fetch)
+    monkeypatch.setattr(datafiles, "_describe_or_reason", describe)
+    paths = [f"s3://bucket/t/data/f{index:04d}.parquet" for index in range(1500)]
+    described = FooterReader(workers=1).describe(
+        [(path, SCHEMA, SCHEMA.model_dump_json()) for path in paths], {}
+    )
+    assert [str(reason) for reason in described.values()] == paths  # in order, every one
+    assert counts["fetched"] == counts["described"] == 1500
+    assert counts["most_ahead"] <= 65, counts  # 64 fetched ahead and the one being described
+
+
+@pytest.mark.integration
+def test_the_bookkeeper_on_s3_reads_footers_at_their_declared_size_and_quarantines_wrong_ones(
+    tmp_path: Path, s3_storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the bookkeeper's own cycle: every file of the monikers is read with the size its
+    moniker declares (one request on S3), and a moniker whose declared size is wrong (too small,
+    too large, larger than any C integer) is quarantined with the reason, as before the sizes
+    reached the footer reader; the other writers' monikers commit."""
+    from icekeeper.bookkeeper import datafiles
+    from icekeeper.bookkeeper.service import Bookkeeper
+    from icekeeper.common.catalog import open_catalog
+    from icekeeper.common.transports import open_transport
+    from tests.bookkeeper.test_fencing import s3_bookkeeper_config
+    from tests.support.shop_items import make_moniker
+
+    config = s3_bookkeeper_config(tmp_path, s3_storage)
+    open_catalog(config)  # configures this process's storage door as the bookkeeper's is
+    sized: list[tuple[str, int]] = []
+    fetch_sized = datafiles._fetch_sized_footer
+
+    def counting(path: str, local: str, filesystem, size: int):
+        sized.append((path, size))
+        return fetch_sized(path, local, filesystem, size)
+
+    monkeypatch.setattr(datafiles, "_fetch_sized_footer", counting)
+    transport = open_transport(config)
+    good = [
+        make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10), files=2)
+        for seq in (1, 2)
+    ]
+    wrong = {}
+    for index, delta in enumerate((-50, 50, 2**63)):
+        moniker = make_moniker(
+            config, 1, None, (0, 10), writer_id=f"bad{index}", partition=index + 1
+        )
+        entry = moniker.files[0]
+        declared = entry.size_bytes + delta if delta < 2**63 else delta
+        files = [entry.model_copy(update={"size_bytes": declared})]
+        wrong[f"bad{index}"] = moniker.model_copy(update={"files": files})
+    for moniker in [*good, *wrong.values()]:
+        transport.publish(moniker)
+    bookkeeper = Bookkeeper(config)
+    report = bookkeeper.run_cycle()
+    assert report.committed_monikers == 2, report
+    quarantined = {
+        delivery.moniker.writer_id: reason for delivery, reason in report.tables[0].quarantined
+    }
+    # A moniker declaring more bytes than a commit takes waits for a cycle of its own.
+    for _ in range(3):
+        if transport.pending():
+            later = bookkeeper.run_cycle().tables[0].quarantined
+            quarantined.update((delivery.moniker.writer_id, reason) for delivery, reason in later)
+    assert set(quarantined) == set(wrong)
+    assert all("moniker says" in reason for reason in quarantined.values()), quarantined
+    declared = {
+        (entry.path, entry.size_bytes) for m in [*good, *wrong.values()] for entry in m.files
+    }
+    assert set(sized) == declared  # every file, at the size its moniker declares
 
 
 _DESCRIBE_DAMAGED = """
