@@ -446,8 +446,9 @@ _Request = tuple[str, Schema, str]
 class FooterReader:
     """Describes many files at once: in-process, helped by worker processes for big batches.
 
-    Footer parsing and statistics are CPU-bound (pyarrow holds the GIL while parsing a footer,
-    so threads do not help, measured), hence processes. But a cold pool takes a second or more to
+    Footer parsing and statistics are CPU-bound (the statistics hold the GIL, and so does
+    parsing a footer from its bytes; only a footer fetched at its declared size on S3 is parsed
+    without it, in its fetch thread), hence processes. But a cold pool takes a second or more to
     come up (its forkserver imports pyiceberg and pyarrow), longer than this process needs for a
     thousand footers (~0.2 s). So workers are started in the background by the first big batch,
     this process reads footers meanwhile, and shares the rest of the batch with the workers only
