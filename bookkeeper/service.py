@@ -34,7 +34,6 @@ from icekeeper.common.config.model import IcekeeperConfig
 from icekeeper.common.config.required import require_tables
 from icekeeper.common.fencing import Fenced, Lease, LeaseRecord, Stopped
 from icekeeper.common.file_events import location_key
-from icekeeper.common.process_memory import FreeMemoryReleaser, keep_large_blocks_off_the_heap
 from icekeeper.common.storage import append_lines
 from icekeeper.common.transports import Delivery, open_transport
 from icekeeper.status_page import StatusPage
@@ -249,8 +248,6 @@ class Bookkeeper:
             self._alive()
             self.warm_key_indexes()
             self.state = "active"
-            keep_large_blocks_off_the_heap()  # this process's allocator: see process_memory.py
-            releaser = FreeMemoryReleaser()
             while not self.stop.is_set():
                 started = time.monotonic()
                 self._alive()
@@ -288,7 +285,6 @@ class Bookkeeper:
                     self._failed_cycles += 1
                     continue
                 self._failed_cycles = 0
-                releaser.maybe_release()
                 if on_cycle:
                     on_cycle(report)
                 if once:

@@ -49,7 +49,6 @@ from icekeeper.bench.bookkeeper import TABLE, bench_config, bench_monikers, seed
 from icekeeper.bench.soak import resident_mb
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
-from icekeeper.common.process_memory import FreeMemoryReleaser, keep_large_blocks_off_the_heap
 from icekeeper.common.transports import open_transport
 
 PROFILED_COMMITS = 100
@@ -122,14 +121,7 @@ def run_memory_bench(
     monikers_per_commit: int = 1,
     profile_from: tuple[int, ...] = (),
     collect: bool = True,
-    allocator: str = "service",
 ) -> list[dict[str, Any]]:
-    """`allocator`: "service" sets glibc as the bookkeeper service does
-    (`common.process_memory`), "default" leaves glibc's defaults (a process of its own: the
-    setting lasts for the process's life)."""
-    releaser = FreeMemoryReleaser() if allocator == "service" else None
-    if releaser is not None:
-        keep_large_blocks_off_the_heap()
     work = fresh_work_folder(state_dir, "bench-bookkeeper-memory")
     config = bench_config(work)
     config.bookkeeper.keep_snapshots_for = keep_snapshots_for_s
@@ -153,8 +145,6 @@ def run_memory_bench(
             for moniker in monikers[(seq - 1) * monikers_per_commit : seq * monikers_per_commit]:
                 transport.publish(moniker)
             report = bookkeeper.run_cycle()
-            if releaser is not None:
-                releaser.maybe_release()
             assert report.committed_monikers == monikers_per_commit
             latencies_ms.append(report.tables[0].seconds * 1000)
             if profiler is not None and seq - PROFILED_COMMITS + 1 in profile_from:
@@ -234,13 +224,6 @@ def main() -> None:
         help="no full garbage collection before each line (as the service: garbage in cycles "
         "waits for the collector's own schedule)",
     )
-    parser.add_argument(
-        "--allocator",
-        choices=("service", "default"),
-        default="service",
-        help="glibc set as the bookkeeper service sets it (common/process_memory.py), or its "
-        "defaults",
-    )
     parser.add_argument("--state-dir", default=".icekeeper")
     parser.add_argument("--json", action="store_true", help="only the JSON lines")
     args = parser.parse_args()
@@ -255,7 +238,6 @@ def main() -> None:
         monikers_per_commit=args.monikers_per_commit,
         profile_from=args.profile_from,
         collect=not args.no_collect,
-        allocator=args.allocator,
     )
     if not args.json:
         first, last = lines[len(lines) // 2], lines[-1]
