@@ -9,6 +9,10 @@ Every `report_every_s` one JSON line reports, for the interval just ended:
   `bookkeeper_workers`: its footer readers, summed), read from `/proc` (Linux);
 - `commit_p50_ms`, `commit_p99_ms`, `commits`: the bookkeeper's commit latency (its commit
   reports' `latency_ms`) and the number of commits in the interval;
+- `bookkeeper_rss_kinds_mb`: the bookkeeper's resident memory by kind (`anon`: its heaps;
+  `file`: mapped files), to tell a heap that grows from libraries loaded late;
+- `live_data_files`: the table's live data files (its current snapshot's `total-data-files`),
+  which grow between the reaper's compactions whatever the kept history;
 - `snapshots`, `metadata_kb`: the table's kept history (snapshots listed) and the size of its
   current metadata file, which grow until `keep_snapshots_for` has passed and then stay;
 - `load_1m`: the machine's load average, since other work on the machine slows commits down.
@@ -92,6 +96,22 @@ def resident_mb(pid: int) -> float | None:
     return None
 
 
+def resident_kinds_mb(pid: int) -> dict[str, float]:
+    """A process's resident memory by kind (`RssAnon`: its heaps; `RssFile`: mapped files, the
+    shared libraries it loaded), in MB; empty once it is gone. A creep in `anon` is memory the
+    process allocated; one in `file` is code and data it mapped."""
+    kinds: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                    name = line.split(":", 1)[0].removeprefix("Rss").lower()
+                    kinds[name] = round(int(line.split()[1]) / 1024, 1)
+    except (FileNotFoundError, ProcessLookupError):
+        return {}
+    return kinds
+
+
 def child_pids(pid: int) -> list[int]:
     """The processes `pid` started (direct children), from /proc."""
     children: list[int] = []
@@ -155,14 +175,17 @@ class CommitReports:
         ]
 
 
-def table_history(config: IcekeeperConfig) -> tuple[int, float]:
-    """Snapshots the table keeps and its current metadata file's size in KB."""
+def table_history(config: IcekeeperConfig) -> tuple[int, float, int | None]:
+    """Snapshots the table keeps, its current metadata file's size in KB, and its live data files
+    (the current snapshot's `total-data-files`: what a commit's manifests cover grows with it)."""
     table = load_table_or_none(open_catalog(config), TABLE)
     if table is None:
-        return 0, 0.0
+        return 0, 0.0, None
     location = table.metadata_location.removeprefix("file://")
     size = os.path.getsize(location) if os.path.exists(location) else 0
-    return len(table.metadata.snapshots), round(size / 1024, 1)
+    current = table.current_snapshot()
+    files = current.summary.get("total-data-files") if current and current.summary else None
+    return len(table.metadata.snapshots), round(size / 1024, 1), int(files) if files else None
 
 
 def run_soak(
@@ -216,15 +239,17 @@ def run_soak(
             if ended := [n for n, p in processes.items() if not p.is_alive()]:
                 raise RuntimeError(f"the {', '.join(ended)} process ended during the soak")
             latencies = reports.new_latencies_ms()
-            snapshots, metadata_kb = table_history(config)
+            snapshots, metadata_kb, live_files = table_history(config)
             figures = {
                 "minute": round((time.monotonic() - started) / 60, 1),
                 "rss_mb": role_memory({n: p.pid for n, p in processes.items() if p.pid}),
+                "bookkeeper_rss_kinds_mb": resident_kinds_mb(processes["bookkeeper"].pid or 0),
                 "commits": len(latencies),
                 "commit_p50_ms": round(statistics.median(latencies), 1) if latencies else None,
                 "commit_p99_ms": round(percentile(latencies, 0.99), 1) if latencies else None,
                 "snapshots": snapshots,
                 "metadata_kb": metadata_kb,
+                "live_data_files": live_files,
                 # The machine's load: other work on it slows commits (and the writer) down.
                 "load_1m": round(os.getloadavg()[0], 1),
             }

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from icekeeper.bench.soak import CommitReports, role_memory
+from icekeeper.bench.soak import CommitReports, resident_kinds_mb, role_memory
 
 
 def test_commit_latencies_are_those_of_snapshots_with_files_written_since_the_last_read(
@@ -56,9 +56,13 @@ def test_role_memory_counts_each_role_and_the_processes_it_started() -> None:
         memory = role_memory({"bookkeeper": role.pid})
         assert memory["bookkeeper"] and memory["bookkeeper"] > 1  # MB of a running interpreter
         assert memory["bookkeeper_workers"] and memory["bookkeeper_workers"] > 1
+        kinds = resident_kinds_mb(role.pid)  # its heaps and the files it mapped, within VmRSS
+        assert kinds["anon"] > 1 and kinds["file"] > 1
+        assert kinds["anon"] + kinds["file"] + kinds["shmem"] <= memory["bookkeeper"] + 0.5
     finally:
         with contextlib.suppress(NameError, ProcessLookupError):
             os.kill(child, signal.SIGKILL)
         role.kill()
         role.wait()
     assert role_memory({"bookkeeper": role.pid}) == {"bookkeeper": None}  # gone: no figure
+    assert resident_kinds_mb(role.pid) == {}
