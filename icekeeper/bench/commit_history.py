@@ -288,8 +288,8 @@ def _run(
         "cycle_p50_ms": round(percentile(cycles, 0.5), 1),
         "cycle_p99_ms": round(percentile(cycles, 0.99), 1),
         "history_commit_p50_ms": round(percentile(commit_s[:timed_from], 0.5) * 1000, 1),
-        # REST only: the catalog server's answers to the timed commits (POSTs), sent to headers
-        # received, and how many requests of any kind the timed commits made.
+        # REST only: the catalog server's answers to the timed commits (POSTs), sent to last
+        # byte received, and how many requests of any kind the timed commits made.
         **(
             {
                 "rest_commit_answer_p50_ms": round(percentile(commit_answers, 0.5), 1),

@@ -84,32 +84,31 @@ def reaper_process(config: IcekeeperConfig, every_s: float, stop: Any) -> None:
         reaper.close()
 
 
-def resident_mb(pid: int) -> float | None:
-    """A process's resident memory (VmRSS) in MB, or None once it is gone."""
+def _status_mb(pid: int, fields: tuple[str, ...]) -> dict[str, float]:
+    """The `fields` of a process's /proc status (kB figures) in MB; empty once it is gone."""
+    figures: dict[str, float] = {}
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
-                    return round(int(line.split()[1]) / 1024, 1)
+                name, _, value = line.partition(":")
+                if name in fields:
+                    figures[name] = round(int(value.split()[0]) / 1024, 1)
     except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
+        return {}
+    return figures
+
+
+def resident_mb(pid: int) -> float | None:
+    """A process's resident memory (VmRSS) in MB, or None once it is gone."""
+    return _status_mb(pid, ("VmRSS",)).get("VmRSS")
 
 
 def resident_kinds_mb(pid: int) -> dict[str, float]:
     """A process's resident memory by kind (`RssAnon`: its heaps; `RssFile`: mapped files, the
     shared libraries it loaded), in MB; empty once it is gone. A creep in `anon` is memory the
     process allocated; one in `file` is code and data it mapped."""
-    kinds: dict[str, float] = {}
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
-                    name = line.split(":", 1)[0].removeprefix("Rss").lower()
-                    kinds[name] = round(int(line.split()[1]) / 1024, 1)
-    except (FileNotFoundError, ProcessLookupError):
-        return {}
-    return kinds
+    kinds = _status_mb(pid, ("RssAnon", "RssFile", "RssShmem"))
+    return {name.removeprefix("Rss").lower(): mb for name, mb in kinds.items()}
 
 
 def child_pids(pid: int) -> list[int]:
