@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from importlib import metadata as package_metadata
+from pathlib import Path
 from typing import NoReturn
 
 from icekeeper.common import exit_codes
@@ -380,6 +381,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 cores=args.cores,
                 reaper_every_s=args.reaper_every,
                 keep_snapshots_for_s=args.keep_snapshots_for,
+                heap_census_path=args.heap_census,
                 progress=_progress,
                 emit=lambda figures: print(json.dumps(figures), flush=True),
             )
@@ -819,6 +821,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="soak: the bookkeeper's keep_snapshots_for in seconds (default: the config's, 1 h); "
         "commit-history: also the history built, one snapshot per second of it",
+    )
+    bench.add_argument(
+        "--heap-census",
+        type=Path,
+        default=None,
+        help="soak: a JSON-lines file the bookkeeper appends to every minute with what its "
+        "memory is made of (Python objects, pymalloc arenas, glibc heaps, Arrow's pool)",
     )
     bench.add_argument(
         "--keys",

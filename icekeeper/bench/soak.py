@@ -84,6 +84,21 @@ def reaper_process(config: IcekeeperConfig, every_s: float, stop: Any) -> None:
         reaper.close()
 
 
+def bookkeeper_with_census(
+    config: IcekeeperConfig, stop: Any, ready: Any, census_path: str | None, every_s: float
+) -> None:
+    """`bookkeeper_process`, sampling its own memory layers to `census_path` when given."""
+    if census_path:
+        from icekeeper.bench.heap_census import start_census
+
+        start_census(Path(census_path), every_s, CENSUS_EVERY, threading.Event())
+    bookkeeper_process(config, stop, ready)
+
+
+# The type census walks every object under the GIL: one in five samples is enough to name a type.
+CENSUS_EVERY = 5
+
+
 def _status_mb(pid: int, fields: tuple[str, ...]) -> dict[str, float]:
     """The `fields` of a process's /proc status (kB figures) in MB; empty once it is gone."""
     figures: dict[str, float] = {}
@@ -195,11 +210,15 @@ def run_soak(
     cores: int | None = None,
     reaper_every_s: float = 600.0,
     keep_snapshots_for_s: float | None = None,
+    heap_census_path: Path | None = None,
+    heap_census_every_s: float = 60.0,
     progress: Progress = print,
     emit: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run the pipeline for `minutes`; `emit` gets each interval's figures as they come (see the
-    module docstring). Returns every interval and the run's settings."""
+    module docstring). `heap_census_path`: where the bookkeeper appends, every
+    `heap_census_every_s`, what its memory is made of (`bench.heap_census`). Returns every
+    interval and the run's settings."""
     topic = f"bench.soak.{uuid.uuid4().hex[:8]}"
     work = fresh_work_folder(base.state_dir, "bench-soak")
     extra = {"ICEKEEPER__REAPER__EXECUTE_INTERVAL": str(reaper_every_s)}
@@ -211,7 +230,14 @@ def run_soak(
     writer_ready, bookkeeper_ready = context.Event(), context.Event()
     processes = {
         "bookkeeper": context.Process(
-            target=bookkeeper_process, args=(config, stop, bookkeeper_ready)
+            target=bookkeeper_with_census,
+            args=(
+                config,
+                stop,
+                bookkeeper_ready,
+                str(heap_census_path) if heap_census_path else None,
+                heap_census_every_s,
+            ),
         ),
         "writer": context.Process(target=writer_process, args=(config, stop, writer_ready)),
         "producer": context.Process(
