@@ -38,12 +38,13 @@ one partition; this one is the steady state at the hour's end, at the rate the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from icekeeper.bench.bookkeeper import (
@@ -59,6 +60,7 @@ from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import KEY_EVENT_TIME, KEY_OFFSETS, KEY_STATE
 from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.door_fileio import DoorFileIO
 from icekeeper.common.internals import add_rest_response_hook
 from icekeeper.common.moniker import FileEntry, Moniker, OffsetRange
 
@@ -129,6 +131,43 @@ def snapshot_bytes(metadata: dict, last: int) -> dict[str, float]:
     }
 
 
+@contextlib.contextmanager
+def inputs_opened() -> Iterator[list[str]]:
+    """Every location the tables' FileIO (`DoorFileIO`) opens for reading while inside, in order.
+    A bench's own count, hence a patch of the class for the while rather than a counter the
+    service would carry."""
+    opened: list[str] = []
+    original = DoorFileIO.new_input
+
+    def new_input(self: DoorFileIO, location: str) -> Any:
+        opened.append(location)
+        return original(self, location)
+
+    DoorFileIO.new_input = new_input  # type: ignore[method-assign]
+    try:
+        yield opened
+    finally:
+        DoorFileIO.new_input = original  # type: ignore[method-assign]
+
+
+MERGE_READS = 10
+"""A commit that opens this many files or more is a manifest merge (pyiceberg merges at 100)."""
+
+
+def _medians_by_kind(kinds: list[dict[str, Any]]) -> dict[str, float | int]:
+    """Median commit milliseconds of plain appends, merges and expiries, and how many of each."""
+    groups: dict[str, list[float]] = {"plain": [], "merge": [], "expiry": []}
+    for kind in kinds:
+        name = "expiry" if kind["expired"] else "merge" if kind["reads"] >= MERGE_READS else "plain"
+        groups[name].append(kind["commit_ms"])
+    figures: dict[str, float | int] = {}
+    for name, values in groups.items():
+        figures[f"{name}_count"] = len(values)
+        if values:
+            figures[name] = round(statistics.median(values), 1)
+    return figures
+
+
 def run_commit_history_bench(
     stack_config: IcekeeperConfig,
     layout: str = "s3-rest",
@@ -165,7 +204,10 @@ def run_commit_history_bench(
         f"{measured:,} timed commits at one a second; {partitions} partitions; under {where.root}"
     )
     try:
-        result = _run(config, history, paced, measured, partitions, trigger_ms, progress)
+        with inputs_opened() as opened:
+            result = _run(
+                config, history, paced, measured, partitions, trigger_ms, opened, progress
+            )
         return {"layout": layout, **result}
     finally:
         remove_layout_files(where)
@@ -179,6 +221,7 @@ def _run(
     measured: int,
     partitions: int,
     trigger_ms: int,
+    opened: list[str],
     progress: Progress,
 ) -> dict[str, Any]:
     from icekeeper.common.catalog import open_catalog
@@ -209,23 +252,46 @@ def _run(
     alone would not do: a server streams a large answer, sending its headers once its first
     buffer is full, and serializes the rest while the client reads."""
 
+    expiring: list[bool] = []
+    """Per answer: whether its request expired snapshots (a commit that drops a minute of them)."""
+
     def answered(response: Any) -> None:
         started = time.monotonic()
         _ = response.content  # read here, not by the caller: counted as the server's
         answers.append(
             (response.request.method, response.elapsed.total_seconds() + time.monotonic() - started)
         )
+        expiring.append(b'"remove-snapshots"' in (response.request.body or b""))
 
     add_rest_response_hook(bookkeeper.catalog, answered)
+
+    kinds: list[dict[str, Any]] = []
+    """Per commit: the files the table's FileIO opened for reading (the manifests a merge reads; a
+    plain append reads none), whether it expired snapshots, and the server's share (REST)."""
 
     def commit(seq: int) -> None:
         transport.publish(history_moniker(config, schema_json, entries[seq - 1], seq, partitions))
         cycle_started = time.monotonic()
+        opened_before, answered_before = len(opened), len(answers)
         report = bookkeeper.run_cycle()
         cycle_s.append(time.monotonic() - cycle_started)
+        kinds.append(
+            {
+                "reads": len(opened) - opened_before,
+                "expired": any(expiring[answered_before:]),
+                "server_ms": round(
+                    sum(
+                        seconds for method, seconds in answers[answered_before:] if method == "POST"
+                    )
+                    * 1000,
+                    1,
+                ),
+            }
+        )
         if report.committed_monikers != 1:
             raise RuntimeError(f"commit {seq}: {report}")
         commit_s.append(report.tables[0].seconds)
+        kinds[-1]["commit_ms"] = round(report.tables[0].seconds * 1000, 1)
 
     def at_one_a_second(seqs: range) -> None:
         first = time.monotonic()
@@ -285,6 +351,10 @@ def _run(
         "commit_p50_ms": round(percentile(timed, 0.5), 1),
         "commit_p99_ms": round(percentile(timed, 0.99), 1),
         "commit_slowest_ms": [round(ms, 1) for ms in sorted(timed)[-5:]],
+        # What the slowest timed commits did: a merge reads the manifests it merges, an expiry
+        # drops a minute of snapshots; and the medians of plain appends, merges and expiries.
+        "slowest_commits": sorted(kinds[timed_from:], key=lambda k: k["commit_ms"])[-5:],
+        "commit_p50_ms_by_kind": _medians_by_kind(kinds[timed_from:]),
         "cycle_p50_ms": round(percentile(cycles, 0.5), 1),
         "cycle_p99_ms": round(percentile(cycles, 0.99), 1),
         "history_commit_p50_ms": round(percentile(commit_s[:timed_from], 0.5) * 1000, 1),

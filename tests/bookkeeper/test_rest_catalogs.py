@@ -15,7 +15,10 @@ from pyiceberg.catalog import load_catalog
 
 from icekeeper.bookkeeper.commit_path import StaleEpoch
 from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import open_catalog
 from icekeeper.common.committed_state import committed_state
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.internals import add_rest_response_hook
 from icekeeper.common.transports import open_transport
 from icekeeper.localstack.catalog_service import CatalogService
 from tests.support.catalog_layouts import S3Writer, commit_request_line, layout_config, table_of
@@ -50,6 +53,31 @@ def committed_offsets(bookkeeper: Bookkeeper, identifier: str) -> list[int]:
     (Rows, not snapshot summaries: Nessie's tables keep only their current snapshot, their
     history is Nessie's own commit log.)"""
     return sorted(row[2] for row in rows_of(bookkeeper, identifier))
+
+
+def test_the_catalog_s_answers_come_uncompressed_unless_the_config_asks_for_gzip(
+    tmp_path: Path, rest_catalog
+) -> None:
+    """Iceberg's REST fixture gzips what a client accepts gzipped (`requests` asks by default);
+    every commit's answer is the table's whole metadata, so the bookkeeper asks for it plain."""
+
+    def encodings(config: IcekeeperConfig) -> set[str | None]:
+        seen: set[str | None] = set()
+        catalog = open_catalog(config)
+        add_rest_response_hook(
+            catalog, lambda answer: seen.add(answer.headers.get("Content-Encoding"))
+        )
+        catalog.list_namespaces()
+        catalog.create_namespace_if_not_exists("ns_encoding")
+        return seen
+
+    assert encodings(layout_config(tmp_path / "plain", rest_catalog)) == {None}
+    asked = layout_config(tmp_path / "gzip", rest_catalog)
+    properties = {**asked.catalog.properties, "header.accept-encoding": "gzip"}
+    asked = asked.model_copy(
+        update={"catalog": asked.catalog.model_copy(update={"properties": properties})}
+    )
+    assert "gzip" in encodings(asked)
 
 
 def test_changelog_cycles_commit_each_moniker_once(tmp_path: Path, rest_service) -> None:

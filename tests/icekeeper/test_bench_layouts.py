@@ -122,6 +122,14 @@ def test_bench_commit_history_on_s3_and_the_rest_catalog(
     assert 0 < result["rest_commit_answer_p50_ms"] < result["commit_p50_ms"]
     assert result["rest_commit_answer_p50_ms"] <= result["rest_commit_answer_p99_ms"]
     assert result["rest_requests_per_commit"] >= 1
+    # Each timed commit is named: the expiries (snapshots dropped above) and the plain appends,
+    # none a merge yet (pyiceberg merges manifests at 100).
+    kinds = result["commit_p50_ms_by_kind"]
+    assert kinds["expiry_count"] >= 1 and kinds["plain_count"] >= 1 and kinds["merge_count"] == 0
+    assert kinds["expiry_count"] + kinds["plain_count"] == 8
+    slowest = result["slowest_commits"]
+    assert [k["commit_ms"] for k in slowest] == sorted(k["commit_ms"] for k in slowest)
+    assert all(0 < k["server_ms"] < k["commit_ms"] for k in slowest)
     # The 64 partitions' offsets ("12":1000000800) and event times ("12":1646297175000) are in
     # the table's state property, once per metadata file, and in no snapshot's summary: what a
     # snapshot adds stays under a kilobyte and a quarter whatever the partitions.
