@@ -45,6 +45,7 @@ from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import StructType
 
+from icekeeper.bookkeeper.manifest_reads import MergeReads, merged_bins
 from icekeeper.common.internals import (
     MergeAppendFiles,
     SnapshotProducer,
@@ -469,6 +470,8 @@ class _MergeAppend(MergeAppendFiles):
     manifest may): only those are read."""
     _folded: frozenset[str] = frozenset()
     """Paths of the parent's manifests this snapshot rewrote (set by `_manifests`)."""
+    _merge_reads: MergeReads | None = None
+    """The manifests the merge under way reads, fetched ahead (during `_process_manifests`)."""
 
     def fetch_manifest_entry(
         self, manifest: ManifestFile, discard_deleted: bool = True
@@ -477,7 +480,23 @@ class _MergeAppend(MergeAppendFiles):
         manifest merge (`_ManifestMergeManager._create_manifest`, every
         `commit.manifest.min-count-to-merge` commits) only iterates them, and a list held every
         live data file of the merged manifest at once (`common.internals.manifest_entries`)."""
-        return manifest_entries(manifest, self._io, discard_deleted)
+        reads = self._merge_reads
+        fetched = reads.input_file(manifest) if reads is not None else None
+        return manifest_entries(manifest, self._io, discard_deleted, fetched)
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        """pyiceberg's merge of `manifests`, the ones it will read fetched ahead in threads
+        (`manifest_reads`): a merge of 100 manifests on an object store read them one by one."""
+        if not self._merge_enabled:
+            return super()._process_manifests(manifests)
+        self._merge_reads = MergeReads(
+            self._io, merged_bins(manifests, self._target_size_bytes, self._min_count_to_merge)
+        )
+        try:
+            return super()._process_manifests(manifests)
+        finally:
+            self._merge_reads.close()
+            self._merge_reads = None
 
     def append_delete_file(self, delete_file: DataFile) -> None:
         """Add a position-delete file to this snapshot (pyiceberg 0.12 has no API for it)."""

@@ -292,14 +292,19 @@ SnapshotProducer = _SnapshotProducer
 
 
 def manifest_entries(
-    manifest: ManifestFile, io: FileIO, discard_deleted: bool = True
+    manifest: ManifestFile,
+    io: FileIO,
+    discard_deleted: bool = True,
+    input_file: InputFile | None = None,
 ) -> Iterator[ManifestEntry]:
     """`ManifestFile.fetch_manifest_entry`, one entry at a time: pyiceberg 0.12 builds the list of
     every entry of the manifest first, so merging a manifest of N data files held all N entries
     (with their column statistics) in memory at once. Read as a stream, a merge holds one Avro
     block's worth (issue 26: the merge's peak grew with the live data files, and each peak left
-    the small-object allocator with arenas it never gave back)."""
-    input_file = io.new_input(manifest.manifest_path)
+    the small-object allocator with arenas it never gave back). `input_file`: the manifest's
+    bytes fetched already (`bookkeeper.manifest_reads`), else it is opened through `io`."""
+    if input_file is None:
+        input_file = io.new_input(manifest.manifest_path)
     with AvroFile[ManifestEntry](
         input_file,
         MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION],

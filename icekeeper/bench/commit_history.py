@@ -47,6 +47,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
 from icekeeper.bench.bookkeeper import (
     ROWS_PER_FILE,
     bench_config,
@@ -133,21 +135,27 @@ def snapshot_bytes(metadata: dict, last: int) -> dict[str, float]:
 
 @contextlib.contextmanager
 def inputs_opened() -> Iterator[list[str]]:
-    """Every location the tables' FileIO (`DoorFileIO`) opens for reading while inside, in order.
-    A bench's own count, hence a patch of the class for the while rather than a counter the
-    service would carry."""
+    """Every location the tables' FileIO opens for reading while inside, in order: `DoorFileIO`,
+    or pyiceberg's own `PyArrowFileIO`, which a REST catalog's tables on S3 keep (see
+    `open_catalog`). A bench's own count, hence a patch of the classes for the while rather than
+    a counter the service would carry."""
     opened: list[str] = []
-    original = DoorFileIO.new_input
+    originals = {kind: kind.new_input for kind in (DoorFileIO, PyArrowFileIO)}
 
-    def new_input(self: DoorFileIO, location: str) -> Any:
-        opened.append(location)
-        return original(self, location)
+    def counting(original: Callable[..., Any]) -> Callable[..., Any]:
+        def new_input(self: PyArrowFileIO, location: str) -> Any:
+            opened.append(location)
+            return original(self, location)
 
-    DoorFileIO.new_input = new_input  # type: ignore[method-assign]
+        return new_input
+
+    for kind, original in originals.items():
+        kind.new_input = counting(original)  # type: ignore[method-assign]
     try:
         yield opened
     finally:
-        DoorFileIO.new_input = original  # type: ignore[method-assign]
+        for kind, original in originals.items():
+            kind.new_input = original  # type: ignore[method-assign]
 
 
 MERGE_READS = 10
