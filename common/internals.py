@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from importlib import metadata as package_metadata
 from typing import TYPE_CHECKING, Any
 
@@ -412,6 +412,14 @@ def add_rest_response_hook(catalog: Catalog, hook: Callable[[Any], None]) -> boo
 
     session.hooks["response"].append(observe)
     return True
+
+
+def rest_session_headers(catalog: Catalog) -> MutableMapping[str, str] | None:
+    """The headers every request of this REST catalog object sends (its `requests` session's),
+    to change between requests; None for other kinds of catalog."""
+    if not isinstance(catalog, RestCatalog):
+        return None
+    return catalog._session.headers  # noqa: SLF001 - the requests session has no public accessor
 
 
 def _rest_call_parsing(name: str, model: type[BaseModel]) -> Callable[..., Any]:

@@ -350,6 +350,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 partitions=args.partitions,
                 measured=args.commits or 200,
                 keep_snapshots_for_s=args.keep_snapshots_for,
+                answer_encodings=tuple(e for e in args.answer_encodings.split(",") if e),
                 progress=_progress,
             )
         elif args.target == "reaper":
@@ -772,6 +773,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=64,
         help="commit-history: partitions of the topic, each one's offsets in every snapshot",
+    )
+    bench.add_argument(
+        "--answer-encodings",
+        default="",
+        help="commit-history: Accept-Encoding values the timed commits take turns asking the REST "
+        "catalog for, e.g. identity,gzip (default: the bookkeeper's own, identity)",
     )
     bench.add_argument(
         "--files",

@@ -108,7 +108,13 @@ def test_bench_commit_history_on_s3_and_the_rest_catalog(
 
     base = stack_config.model_copy(update={"state_dir": str(tmp_path)})
     result = run_commit_history_bench(
-        base, layout="s3-rest", partitions=64, measured=8, keep_snapshots_for_s=20, progress=print
+        base,
+        layout="s3-rest",
+        partitions=64,
+        measured=8,
+        keep_snapshots_for_s=20,
+        answer_encodings=("identity", "gzip"),
+        progress=print,
     )
     print(result)
     assert result["layout"] == "s3-rest" and result["catalog_class"] == "RestCatalog"
@@ -127,6 +133,11 @@ def test_bench_commit_history_on_s3_and_the_rest_catalog(
     kinds = result["commit_p50_ms_by_kind"]
     assert kinds["expiry_count"] >= 1 and kinds["plain_count"] >= 1 and kinds["merge_count"] == 0
     assert kinds["expiry_count"] + kinds["plain_count"] == 8
+    # The two answer encodings took turns, each commit's server share counted on its side.
+    sides = result["by_answer_encoding"]
+    assert set(sides) == {"identity", "gzip"}
+    assert all(side["commits"] == 4 for side in sides.values())
+    assert all(0 < side["server_p50_ms"] < side["commit_p50_ms"] for side in sides.values())
     slowest = result["slowest_commits"]
     assert [k["commit_ms"] for k in slowest] == sorted(k["commit_ms"] for k in slowest)
     assert all(0 < k["server_ms"] < k["commit_ms"] for k in slowest)
