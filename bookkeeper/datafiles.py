@@ -30,7 +30,6 @@ from concurrent.futures import (
     FIRST_COMPLETED,
     Future,
     ProcessPoolExecutor,
-    ThreadPoolExecutor,
     wait,
 )
 from concurrent.futures.process import BrokenProcessPool
@@ -88,6 +87,7 @@ from icekeeper.common.storage import (
     open_filesystem,
     storage_settings,
 )
+from icekeeper.common.thread_pools import shared_thread_pool
 
 log = logging.getLogger(__name__)
 
@@ -391,9 +391,6 @@ up to the file's whole 64 KiB tail, and parsed (`_fetch_sized_footer`) about 8x 
 MB for 300 columns in 10 row groups, 180 MB for 64 such files (a window of 512 would hold
 1.4 GB, and a bookkeeper killed for memory picks the same batch again)."""
 
-_fetch_pool: ThreadPoolExecutor | None = None
-_fetch_pool_lock = threading.Lock()
-
 
 def _fetched_tails(
     paths: list[str], sizes: Mapping[str, int]
@@ -401,15 +398,11 @@ def _fetched_tails(
     """`fetch_tail` of each path, in order, as they come: on an object store (two or more files
     there) `FETCH_AHEAD` at a time, a new fetch started as each result is taken; on local disk one
     after another (a read is a page-cache copy: threads would only add overhead)."""
-    global _fetch_pool
     if sum(not is_local(path) for path in paths) < 2:
         for path in paths:
             yield fetch_tail(path, sizes.get(path))
         return
-    with _fetch_pool_lock:
-        if _fetch_pool is None:
-            _fetch_pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="footer-fetch")
-        pool = _fetch_pool
+    pool = shared_thread_pool("footer-fetch", FETCH_THREADS)
     waiting = iter(paths)
     ahead = collections.deque(
         pool.submit(fetch_tail, path, sizes.get(path))

@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import ManifestContent, ManifestFile
-from pyiceberg.table.update.snapshot import _ManifestMergeManager
+from pyiceberg.table.update.snapshot import _MergeAppendFiles
 
 from icekeeper.bookkeeper import manifest_reads
-from icekeeper.bookkeeper.manifest_reads import merged_bins
+from icekeeper.bookkeeper.manifest_reads import MergeReads, merged_bins
+from icekeeper.common.door_fileio import DoorFileIO
 
 
 class _Writer:
@@ -32,11 +34,15 @@ class _Writer:
 
 
 class _RecordingProducer:
-    """What pyiceberg's merge manager asks of a snapshot producer, recording the manifests read."""
+    """What pyiceberg's merge append asks of itself while it merges (its settings, a spec, a
+    manifest writer, the entries of a manifest), recording the manifests read."""
 
     snapshot_id = 1
+    _merge_enabled = True
 
-    def __init__(self) -> None:
+    def __init__(self, target_size_bytes: int, min_count_to_merge: int) -> None:
+        self._target_size_bytes = target_size_bytes
+        self._min_count_to_merge = min_count_to_merge
         self.read: list[str] = []
         self._lock = threading.Lock()
 
@@ -52,12 +58,14 @@ class _RecordingProducer:
         return []
 
 
-def _manifest(path: str, length: int, spec_id: int) -> ManifestFile:
+def _manifest(
+    path: str, length: int, spec_id: int, content: ManifestContent = ManifestContent.DATA
+) -> ManifestFile:
     return ManifestFile.from_args(
         manifest_path=path,
         manifest_length=length,
         partition_spec_id=spec_id,
-        content=ManifestContent.DATA,
+        content=content,
         sequence_number=1,
         min_sequence_number=1,
         added_snapshot_id=1,
@@ -66,8 +74,10 @@ def _manifest(path: str, length: int, spec_id: int) -> ManifestFile:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_the_bins_fetched_ahead_are_the_manifests_pyiceberg_s_merge_reads(seed: int) -> None:
-    """`merged_bins` packs as pyiceberg's merge manager does: across counts around the minimum,
-    sizes around the target and two partition specs, it names exactly the manifests read."""
+    """`merged_bins` packs as pyiceberg's merge append does (its own `_process_manifests`, run on
+    a recording stand-in): across counts around the minimum, sizes around the target, two
+    partition specs and delete manifests among the data ones (first, too), it names exactly the
+    manifests read."""
     draw = random.Random(seed)
     target, min_count = 10_000, draw.choice([2, 5, 100])
     manifests = [
@@ -75,11 +85,12 @@ def test_the_bins_fetched_ahead_are_the_manifests_pyiceberg_s_merge_reads(seed: 
             f"s3://b/m{index}.avro",
             draw.choice([300, 900, 4_000, 9_000, 12_000]),
             draw.choice([0, 0, 1]),
+            draw.choice([ManifestContent.DATA] * 3 + [ManifestContent.DELETES]),
         )
         for index in range(draw.randint(1, 140))
     ]
-    producer = _RecordingProducer()
-    _ManifestMergeManager(target, min_count, True, producer).merge_manifests(manifests)  # type: ignore[arg-type]
+    producer = _RecordingProducer(target, min_count)
+    _MergeAppendFiles._process_manifests(producer, manifests)  # type: ignore[arg-type]
     fetched = [m.manifest_path for b in merged_bins(manifests, target, min_count) for m in b]
     assert sorted(fetched) == sorted(producer.read)
 
@@ -121,6 +132,15 @@ def test_a_merge_on_s3_fetches_its_manifests_together_and_keeps_every_live_file(
                 in_flight[0] -= 1
 
     monkeypatch.setattr(manifest_reads, "_read_whole", watched)
+    opened: list[tuple[str, str]] = []  # (thread, location) of every FileIO read
+    for kind in (DoorFileIO, PyArrowFileIO):
+        original = kind.new_input
+
+        def recording(self: Any, location: str, original: Any = original) -> Any:
+            opened.append((threading.current_thread().name, location))
+            return original(self, location)
+
+        monkeypatch.setattr(kind, "new_input", recording)
     bookkeeper = Bookkeeper(config)  # configures this process's storage door for S3 first
     transport = open_transport(config)
     try:
@@ -139,7 +159,10 @@ def test_a_merge_on_s3_fetches_its_manifests_together_and_keeps_every_live_file(
         assert len(merged) >= merge_at - 1, f"no merge in {seq} commits"
         locations = [location for _, location in fetched]
         assert merged <= set(locations) and len(locations) == len(set(locations))
-        assert all(name.startswith("manifest-fetch") for name, _ in fetched)
+        # The merge decoded what was fetched: no merged manifest was opened again outside the
+        # fetch threads (a fallback to the usual read would be).
+        merged_reads = [name for name, location in opened if location in merged]
+        assert merged_reads and all(name.startswith("manifest-fetch") for name in merged_reads)
         assert most_in_flight[0] > 1  # together, not one after another
         live = [
             entry.data_file.file_path
@@ -151,3 +174,41 @@ def test_a_merge_on_s3_fetches_its_manifests_together_and_keeps_every_live_file(
         assert offsets == list(range(seq * 10))
     finally:
         bookkeeper.committer.close(save_key_indexes=False)
+
+
+def test_fetches_hold_at_most_the_bytes_allowed_and_stop_with_the_merge(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bin is fetched only while what is held leaves room for it (else read the usual way);
+    after the merge closes nothing is fetched; a failed fetch is read the usual way and said
+    once."""
+    fetched: list[str] = []
+
+    def fetch(file_io: Any, location: str) -> bytes:
+        fetched.append(location)
+        if "broken" in location:
+            raise OSError("503 Slow Down")
+        return location.encode()
+
+    monkeypatch.setattr(manifest_reads, "_read_whole", fetch)
+    monkeypatch.setattr(manifest_reads, "HELD_BYTES", 1_000)
+    bins = [
+        [_manifest(f"s3://b/{name}{i}.avro", 400, 0) for i in range(2)]
+        for name in ("one", "two", "broken")
+    ]
+    reads = MergeReads(None, bins)  # type: ignore[arg-type]
+    first = reads.input_file(bins[0][0])
+    assert first is not None and first.open().read() == b"s3://b/one0.avro"
+    # 400 bytes of the first bin still held: the second (800) would pass 1,000.
+    assert reads.input_file(bins[1][0]) is None
+    assert reads.input_file(bins[0][1]) is not None  # nothing held now
+    assert reads.input_file(bins[1][1]) is None  # its bin was passed over: the usual read
+    with caplog.at_level("WARNING", logger=manifest_reads.__name__):
+        assert reads.input_file(bins[2][0]) is None and reads.input_file(bins[2][1]) is None
+    assert len([r for r in caplog.records if "fetched ahead" in r.getMessage()]) == 1
+    assert sorted(fetched) == sorted(m.manifest_path for b in (bins[0], bins[2]) for m in b)
+    reads.close()
+    again = MergeReads(None, bins)  # type: ignore[arg-type]
+    again.close()
+    assert again.input_file(bins[0][0]) is None  # closed: a late merge thread reads itself
+    assert len(fetched) == 4
