@@ -3,9 +3,9 @@
 Every `commit.manifest.min-count-to-merge` commits (100 by default) pyiceberg's merge append
 rewrites the small manifests of the table into one, reading them one after another: on an object
 store each is a round trip or two (HEAD, GET), so a merge of 100 one-file manifests waited on 200
-requests in a row, among the slowest commits of an hour (issue 28's p99). Here the manifests of a bin
-that pyiceberg will merge are fetched together by a thread pool the first time one of them is
-read; the merge then decodes each from memory, in pyiceberg's order and code.
+requests in a row, among the slowest commits of an hour (issue 28's p99). Here the manifests of
+a bin that pyiceberg will merge are fetched together by a thread pool the first time one of them
+is read; the merge then decodes each from memory, in pyiceberg's order and code.
 
 Which manifests a merge reads is pyiceberg's decision (`_ManifestMergeManager`); `merged_bins`
 packs them the same way (pyiceberg 0.12, pinned) to know which to fetch. If it ever guessed

@@ -185,6 +185,8 @@ def _by_encoding(kinds: list[dict[str, Any]]) -> dict[str, dict[str, float | int
         servers = [kind["server_ms"] for kind in mine]
         figures[encoding] = {
             "commits": len(mine),
+            # What the server sent: a header asked for and not honoured would show here.
+            "answers_in": sorted({e for kind in mine for e in kind["answer_encodings"]}),
             "commit_p50_ms": round(percentile(commits, 0.5), 1),
             "commit_p99_ms": round(percentile(commits, 0.99), 1),
             "server_p50_ms": round(percentile(servers, 0.5), 1),
@@ -290,6 +292,8 @@ def _run(
     buffer is full, and serializes the rest while the client reads."""
 
     expiring: list[bool] = []
+    encodings_seen: list[str] = []
+    """Per answer: the encoding the server sent it in (`Content-Encoding`, none: identity)."""
     """Per answer: whether its request expired snapshots (a commit that drops a minute of them)."""
 
     def answered(response: Any) -> None:
@@ -299,6 +303,7 @@ def _run(
             (response.request.method, response.elapsed.total_seconds() + time.monotonic() - started)
         )
         expiring.append(b'"remove-snapshots"' in (response.request.body or b""))
+        encodings_seen.append(response.headers.get("Content-Encoding") or "identity")
 
     add_rest_response_hook(bookkeeper.catalog, answered)
 
@@ -316,6 +321,7 @@ def _run(
             {
                 "reads": len(opened) - opened_before,
                 "expired": any(expiring[answered_before:]),
+                "answer_encodings": sorted(set(encodings_seen[answered_before:])),
                 "server_ms": round(
                     sum(
                         seconds for method, seconds in answers[answered_before:] if method == "POST"

@@ -4,11 +4,15 @@ The soak sees the bookkeeper's resident memory from outside (/proc). When that m
 the question is which layer holds it: live Python objects (a leak: counts grow, and the type
 census says which), pymalloc's arenas (fragmentation: arenas grow while blocks in use stay
 flat), glibc's heaps (mallinfo2: `arena` grows while `uordblks` stays flat), Arrow's pool, or
-threads. Each sample answers that with numbers; nothing here changes how the process allocates.
+threads. Each sample answers that with numbers. It is not free: a census (one sample in
+`census_every`) lists every tracked object once, a list that size allocated and freed, and holds
+the GIL for the walk (tens to hundreds of milliseconds): a bench-only tool.
 
 Python has no API for pymalloc's arena count; `sys._debugmallocstats` prints it to the C
-stderr, so the census reads it by pointing file descriptor 2 at a temporary file for the call
-(log lines other threads write in that instant land in the same file and are copied back).
+stderr, so the census reads it by pointing file descriptor 2 at a temporary file for the call.
+Structured log lines other threads write in that instant land in the same file and are copied
+back; anything else written to stderr then is lost, and a process started in that instant
+inherits the temporary file as its stderr.
 """
 
 from __future__ import annotations
@@ -111,20 +115,19 @@ def pymalloc_stats() -> dict[str, int]:
     return figures
 
 
-def type_census(top: int = 20) -> dict[str, int]:
-    """The `top` most numerous live object types tracked by the garbage collector."""
-    counts = Counter(type(item).__qualname__ for item in gc.get_objects())
-    return dict(counts.most_common(top))
-
-
-def _status_mb(fields: tuple[str, ...]) -> dict[str, float]:
-    values: dict[str, float] = {}
-    with open("/proc/self/status") as status:
-        for line in status:
-            name, _, rest = line.partition(":")
-            if name in fields:
-                values[name] = round(int(rest.split()[0]) / 1024, 1)
-    return values
+def status_mb(pid: int | str, fields: tuple[str, ...]) -> dict[str, float]:
+    """The `fields` of a process's /proc status (kB figures) in MB (`pid` "self": this one);
+    empty once it is gone."""
+    figures: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                if name in fields:
+                    figures[name] = round(int(value.split()[0]) / 1024, 1)
+    except (FileNotFoundError, ProcessLookupError):
+        return {}
+    return figures
 
 
 def sample(census: bool) -> dict[str, Any]:
@@ -132,7 +135,7 @@ def sample(census: bool) -> dict[str, Any]:
     object and pymalloc's statistics, tens to hundreds of milliseconds under the GIL)."""
     figures: dict[str, Any] = {
         "time": round(time.time(), 1),
-        "rss_mb": _status_mb(("VmRSS", "RssAnon", "RssFile")),
+        "rss_mb": status_mb("self", ("VmRSS", "RssAnon", "RssFile")),
         "python_blocks": sys.getallocatedblocks(),
         "gc_counts": list(gc.get_count()),
         "threads": threading.active_count(),
@@ -141,9 +144,13 @@ def sample(census: bool) -> dict[str, Any]:
     if "pyarrow" in sys.modules:
         figures["arrow_mb"] = round(sys.modules["pyarrow"].total_allocated_bytes() / _MB, 1)
     if census:
-        figures["gc_objects"] = len(gc.get_objects())
+        tracked = gc.get_objects()
+        figures["gc_objects"] = len(tracked)
+        figures["types"] = dict(
+            Counter(type(item).__qualname__ for item in tracked).most_common(20)
+        )
+        del tracked
         figures["pymalloc"] = pymalloc_stats()
-        figures["types"] = type_census()
     return figures
 
 
@@ -154,7 +161,10 @@ def start_census(path: Path, every_s: float, census_every: int, stop: threading.
     def loop() -> None:
         count = 0
         while not stop.wait(every_s if count else 0):
-            line = json.dumps(sample(census=count % census_every == 0))
+            try:
+                line = json.dumps(sample(census=count % census_every == 0))
+            except Exception as error:  # noqa: BLE001 - a failed sample is a line, not the end
+                line = json.dumps({"time": round(time.time(), 1), "error": repr(error)})
             with open(path, "a") as out:
                 out.write(line + "\n")
             count += 1

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from icekeeper.bench.e2e import TABLE, bookkeeper_process, e2e_config, percentile, writer_process
+from icekeeper.bench.heap_census import start_census, status_mb
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.common.catalog import load_table_or_none, open_catalog
 from icekeeper.common.config import IcekeeperConfig
@@ -84,45 +85,29 @@ def reaper_process(config: IcekeeperConfig, every_s: float, stop: Any) -> None:
         reaper.close()
 
 
+CENSUS_EVERY = 5
+"""The type census walks every object under the GIL: one sample in five is enough to name a type."""
+
+
 def bookkeeper_with_census(
     config: IcekeeperConfig, stop: Any, ready: Any, census_path: str | None, every_s: float
 ) -> None:
     """`bookkeeper_process`, sampling its own memory layers to `census_path` when given."""
     if census_path:
-        from icekeeper.bench.heap_census import start_census
-
         start_census(Path(census_path), every_s, CENSUS_EVERY, threading.Event())
     bookkeeper_process(config, stop, ready)
 
 
-# The type census walks every object under the GIL: one in five samples is enough to name a type.
-CENSUS_EVERY = 5
-
-
-def _status_mb(pid: int, fields: tuple[str, ...]) -> dict[str, float]:
-    """The `fields` of a process's /proc status (kB figures) in MB; empty once it is gone."""
-    figures: dict[str, float] = {}
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            for line in status:
-                name, _, value = line.partition(":")
-                if name in fields:
-                    figures[name] = round(int(value.split()[0]) / 1024, 1)
-    except (FileNotFoundError, ProcessLookupError):
-        return {}
-    return figures
-
-
 def resident_mb(pid: int) -> float | None:
     """A process's resident memory (VmRSS) in MB, or None once it is gone."""
-    return _status_mb(pid, ("VmRSS",)).get("VmRSS")
+    return status_mb(pid, ("VmRSS",)).get("VmRSS")
 
 
 def resident_kinds_mb(pid: int) -> dict[str, float]:
     """A process's resident memory by kind (`RssAnon`: its heaps; `RssFile`: mapped files, the
     shared libraries it loaded), in MB; empty once it is gone. A creep in `anon` is memory the
     process allocated; one in `file` is code and data it mapped."""
-    kinds = _status_mb(pid, ("RssAnon", "RssFile", "RssShmem"))
+    kinds = status_mb(pid, ("RssAnon", "RssFile", "RssShmem"))
     return {name.removeprefix("Rss").lower(): mb for name, mb in kinds.items()}
 
 

@@ -137,6 +137,9 @@ def test_bench_commit_history_on_s3_and_the_rest_catalog(
     sides = result["by_answer_encoding"]
     assert set(sides) == {"identity", "gzip"}
     assert all(side["commits"] == 4 for side in sides.values())
+    assert sides["identity"]["answers_in"] == ["identity"] and sides["gzip"]["answers_in"] == [
+        "gzip"
+    ]
     assert all(0 < side["server_p50_ms"] < side["commit_p50_ms"] for side in sides.values())
     slowest = result["slowest_commits"]
     assert [k["commit_ms"] for k in slowest] == sorted(k["commit_ms"] for k in slowest)
