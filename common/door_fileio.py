@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import posixpath
 
+from pyarrow.fs import FileSystem
 from pyiceberg.io import InputFile, OutputFile
 from pyiceberg.io.pyarrow import ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
@@ -30,11 +31,20 @@ from icekeeper.common.storage import (
 BUFFER_SIZE = "buffer-size"
 
 
+def _door_filesystem(scheme: str, netloc: str | None) -> FileSystem:
+    """The door's filesystem for a scheme and authority (`PyArrowFileIO.fs_by_scheme`'s role)."""
+    return open_filesystem(f"{scheme}://{netloc or ''}/")[0]
+
+
 class DoorFileIO(PyArrowFileIO):
     """PyArrowFileIO whose locations are opened by the storage door."""
 
     def __init__(self, properties: Properties = EMPTY_DICT) -> None:
         super().__init__(properties)
+        # pyiceberg's `fs_by_scheme` is a cache around a method bound to this FileIO: a reference
+        # cycle, so every FileIO (a few each commit) waited for Python's cyclic collector. Only
+        # PyArrowFileIO's own opening methods call it, all replaced here by the door's.
+        self.fs_by_scheme = _door_filesystem
         if not storage_settings().properties:
             # A process that did not open the catalog itself (an unpickled FileIO).
             configure_storage(StorageSettings.from_properties(dict(properties)))

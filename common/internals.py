@@ -267,12 +267,21 @@ def commit_once(
     `Transaction.commit_transaction` retries a conflict itself (`commit.retry.num-retries`) by
     rebuilding the snapshot on the refreshed table, without giving the caller a chance to
     re-check what it commits: the bookkeeper must re-check (exactly once), so it commits once
-    and decides itself."""
+    and decides itself.
+
+    The transaction is done with either way: its snapshot producers are let go, as pyiceberg's
+    own commit does. Each producer refers back to the transaction, and that reference cycle kept
+    the commit's table and both its metadata versions alive until Python's cyclic collector ran
+    (its full pass comes every few hundred commits): at an hour of history, hundreds of
+    metadata-sized lists and every snapshot expired since, held at once (issue 26's soak)."""
     table = transaction_table(transaction)
-    table._do_commit(  # noqa: SLF001 - a commit without pyiceberg's retries has no public API
-        updates=transaction._updates,  # noqa: SLF001 - read by the public commit too
-        requirements=transaction._requirements + extra_requirements,  # noqa: SLF001 - as above
-    )
+    try:
+        table._do_commit(  # noqa: SLF001 - a commit without pyiceberg's retries has no public API
+            updates=transaction._updates,  # noqa: SLF001 - read by the public commit too
+            requirements=transaction._requirements + extra_requirements,  # noqa: SLF001 - as above
+        )
+    finally:
+        transaction._snapshot_producers = []  # noqa: SLF001 - as `commit_transaction` clears it
     return table
 
 
