@@ -41,7 +41,7 @@ from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 from pyiceberg.table.update import (
     AddSchemaUpdate,
     AssertCurrentSchemaId,
@@ -64,7 +64,12 @@ from icekeeper.common.committed_state import (
     expirable_snapshots,
 )
 from icekeeper.common.config.model import BookkeeperConfig
-from icekeeper.common.internals import UncopiedTransaction, commit_once, stage_updates
+from icekeeper.common.internals import (
+    UncopiedTransaction,
+    commit_once,
+    release_snapshot_producers,
+    stage_updates,
+)
 from icekeeper.common.retries import retry
 from icekeeper.common.transports.base import Delivery
 
@@ -337,6 +342,15 @@ class CommitPath:
         snapshot, atomically; returns the new snapshot's id."""
         table = changes.table
         transaction = UncopiedTransaction(table)
+        try:
+            return self._staged_and_swapped(changes, transaction)
+        finally:
+            # Also when staging failed before the swap (a storage error writing a manifest).
+            release_snapshot_producers(transaction)
+
+    def _staged_and_swapped(self, changes: SnapshotChanges, transaction: Transaction) -> int:
+        """`compare_and_swap`'s work: stage every change on `transaction`, then swap once."""
+        table = changes.table
         expired = self._expirable(table) if changes.expire_snapshots else []
         if expired:
             # Files stay: the reaper deletes unreachable ones.

@@ -183,7 +183,7 @@ class MonikerAppend(SnapshotProducer):
         # What ids the table gave out, as the cycle's schema changes move it on (see evolution.py).
         last_column_id = table.metadata.last_column_id if table is not None else 0
         known_schemas = list(table.metadata.schemas) if table is not None else []
-        evolutions: dict[tuple[int, str], Evolution | IncompatibleSchema] = {}
+        evolutions: dict[tuple[int, str], Evolution | str] = {}
         for delivery, (file_schema, schema_key) in zip(ready, schemas):
             moniker = delivery.moniker
             if moniker.writer_id in held_writers:
@@ -220,10 +220,13 @@ class MonikerAppend(SnapshotProducer):
                             earlier_schemas=known_schemas,
                         )
                     except IncompatibleSchema as error:
-                        evolutions[evolution_key] = error
+                        # The reason, not the exception: its traceback holds this frame, whose
+                        # dict would then hold it (a cycle keeping the table until the cyclic
+                        # collector runs).
+                        evolutions[evolution_key] = str(error)
                 evolution = evolutions[evolution_key]
-                if isinstance(evolution, IncompatibleSchema):
-                    raise evolution
+                if isinstance(evolution, str):
+                    raise IncompatibleSchema(evolution)
                 files = self._data_files(prepared.table, moniker, file_schema, upsert)
             except (IncompatibleSchema, InvalidFile) as error:
                 prepared.quarantined.append((delivery, str(error)))

@@ -269,11 +269,8 @@ def commit_once(
     re-check what it commits: the bookkeeper must re-check (exactly once), so it commits once
     and decides itself.
 
-    The transaction is done with either way: its snapshot producers are let go, as pyiceberg's
-    own commit does. Each producer refers back to the transaction, and that reference cycle kept
-    the commit's table and both its metadata versions alive until Python's cyclic collector ran
-    (its full pass comes every few hundred commits): at an hour of history, hundreds of
-    metadata-sized lists and every snapshot expired since, held at once (issue 26's soak)."""
+    The transaction is done with either way: its snapshot producers are let go
+    (`release_snapshot_producers`)."""
     table = transaction_table(transaction)
     try:
         table._do_commit(  # noqa: SLF001 - a commit without pyiceberg's retries has no public API
@@ -281,8 +278,19 @@ def commit_once(
             requirements=transaction._requirements + extra_requirements,  # noqa: SLF001 - as above
         )
     finally:
-        transaction._snapshot_producers = []  # noqa: SLF001 - as `commit_transaction` clears it
+        release_snapshot_producers(transaction)
     return table
+
+
+def release_snapshot_producers(transaction: Transaction) -> None:
+    """Let go of the snapshot producers a transaction lists, as pyiceberg's own commit does once
+    it is through. Each producer refers back to its transaction (pyiceberg registers it as it
+    is made), and that reference cycle kept the table and both its metadata versions alive
+    until Python's cyclic collector made a full pass, which comes ever more rarely as the heap
+    grows: at an hour of history, many metadata versions' snapshot lists and every snapshot
+    expired since were held at once (issue 26's soak). For a transaction that is done: committed,
+    failed, or never to be sent."""
+    transaction._snapshot_producers = []  # noqa: SLF001 - as `commit_transaction` clears it
 
 
 # -- pyiceberg: records, snapshot producers --------------------------------------------------------

@@ -14,14 +14,25 @@ import gc
 from pathlib import Path
 
 from pyiceberg.io import FileIO
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadataCommonFields
+from pyiceberg.types import NestedField
 
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.transports import open_transport
-from tests.support.shop_items import bookkeeper_config, make_moniker
+from tests.support.shop_items import SCHEMA, bookkeeper_config, make_moniker
 
 COMMITS = 12
+RENAMED = Schema(
+    *(
+        NestedField(f.field_id, "total", f.field_type, required=False) if f.name == "amount" else f
+        for f in SCHEMA.fields
+    ),
+    identifier_field_ids=[1],
+)
+"""The table's schema with field 2 (`amount`) under another name: a change the bookkeeper
+refuses ("field id 2 is 'amount'")."""
 
 
 def test_commits_and_expiry_leave_no_table_metadata_for_the_cyclic_collector(
@@ -39,9 +50,19 @@ def test_commits_and_expiry_leave_no_table_metadata_for_the_cyclic_collector(
         gc.disable()
         gc.set_debug(gc.DEBUG_SAVEALL)
         try:
+            # And a moniker the table cannot take (its schema renames a field): quarantined
+            # with its reason, which the cycle must not keep with the frame that read it.
+            transport.publish(
+                make_moniker(
+                    config, 1, None, (0, 10), writer_id="renamed", partition=1, schema=RENAMED
+                )
+            )
+            quarantined = []
             for seq in range(2, COMMITS + 2):
                 transport.publish(make_moniker(config, seq, seq - 1, ((seq - 1) * 10, seq * 10)))
-                assert bookkeeper.run_cycle().committed_monikers == 1
+                report = bookkeeper.run_cycle()
+                assert report.committed_monikers == 1
+                quarantined += [reason for _, reason in report.tables[0].quarantined]
             gc.collect()
             left = collections.Counter(
                 kind.__name__
@@ -55,6 +76,7 @@ def test_commits_and_expiry_leave_no_table_metadata_for_the_cyclic_collector(
             gc.enable()
         table = bookkeeper.catalog.load_table("shop.items")
         assert len(table.metadata.snapshots) <= 3  # snapshots expired as the commits went
+        assert quarantined and "amount" in quarantined[0]
         assert left == {}, f"left to the cyclic collector by {COMMITS} commits: {dict(left)}"
     finally:
         bookkeeper.committer.close(save_key_indexes=False)
