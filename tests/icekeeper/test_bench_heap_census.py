@@ -23,12 +23,16 @@ def test_a_growing_set_of_objects_shows_in_blocks_arenas_and_the_type_census() -
     after = sample(census=True)
     assert after["types"].get("_Held", 0) >= 200_000 > before["types"].get("_Held", 0)
     assert after["python_blocks"] - before["python_blocks"] >= 200_000
-    arenas = after["pymalloc"]["arenas_allocated_current"]
-    assert arenas > before["pymalloc"]["arenas_allocated_current"]
-    assert (
+    # The blocks in use grew by the objects' bytes (at least 32 each), and the arenas (1 MiB each
+    # since Python 3.10) hold them. Whether the arenas' count grows depends on the free room a
+    # long test process already has in them, so it is not asserted.
+    grown = (
         after["pymalloc"]["bytes_in_allocated_blocks"]
-        > before["pymalloc"]["bytes_in_allocated_blocks"]
+        - before["pymalloc"]["bytes_in_allocated_blocks"]
     )
+    assert grown >= 200_000 * 32
+    arenas = after["pymalloc"]["arenas_allocated_current"]
+    assert arenas * 2**20 >= after["pymalloc"]["bytes_in_allocated_blocks"]
     del held
 
 
