@@ -14,8 +14,11 @@ heap cannot give back: fragmentation), Python's small-object arenas (`pymalloc_a
 which `pymalloc_used_mb` in blocks in use: arenas held beyond the blocks in use are
 fragmentation, which tracemalloc does not see), pyarrow's memory pool (`arrow_mb`),
 `commit_p50_ms` (the commits of the interval) and `objects` (Python objects the garbage collector
-tracks). Once the history is full, `rss_mb`, `pymalloc_arenas_mb`, `objects` and `commit_p50_ms`
-should stay flat.
+tracks), all read before any collection, as the service would be; then `cyclic_garbage`, the
+objects a full collection finds unreachable (what commits left to the cyclic collector: a
+reference cycle through a table keeps every metadata version alive until a full collection), and
+`rss_after_collect_mb` (`--no-collect`: neither). Once the history is full, `rss_mb`,
+`pymalloc_arenas_mb`, `objects` and `commit_p50_ms` should stay flat.
 
 `--lease`: hold the group's lease, as the service does (each cycle renews it, each table's commit
 checks it). `--trace-from N`: trace allocations (tracemalloc) from commit N on, and at the end
@@ -29,7 +32,6 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
-import ctypes
 import gc
 import io
 import json
@@ -37,8 +39,6 @@ import os
 import pstats
 import shutil
 import statistics
-import sys
-import tempfile
 import time
 import tracemalloc
 from typing import Any
@@ -46,6 +46,7 @@ from typing import Any
 import pyarrow as pa
 
 from icekeeper.bench.bookkeeper import TABLE, bench_config, bench_monikers, seed_schema
+from icekeeper.bench.heap_census import glibc_heap_mb, pymalloc_stats
 from icekeeper.bench.soak import resident_mb
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
@@ -55,53 +56,23 @@ PROFILED_COMMITS = 100
 """Commits profiled from each `--profile-from` commit on (a whole merge-append cycle)."""
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
-        )
-    ]
-
-
-def glibc_heap_mb() -> dict[str, float]:
-    """glibc's main heap (`mallinfo2`): its size, what is in use, and what is free; empty where
-    the C library is not glibc 2.33+."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        info = libc.mallinfo2()
-    except (OSError, AttributeError):
-        return {}
-    return {
-        "heap_mb": round(info.arena / 2**20, 1),
-        "in_use_mb": round(info.uordblks / 2**20, 1),
-        "free_mb": round(info.fordblks / 2**20, 1),
-    }
-
-
-def pymalloc_mb() -> dict[str, float]:
-    """Python's small-object allocator (`sys._debugmallocstats`): the arenas it holds and the
-    bytes of blocks in use in them. Arenas held well beyond the blocks in use: fragmentation,
-    which tracemalloc (live blocks only) does not see."""
-    with tempfile.TemporaryFile() as captured:
-        saved = os.dup(2)
-        try:
-            sys.stderr.flush()
-            os.dup2(captured.fileno(), 2)
-            sys._debugmallocstats()  # noqa: SLF001 - CPython's only view of its arenas
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        captured.seek(0)
-        text = captured.read().decode(errors="replace")
-    figures = {}
-    for line in text.splitlines():
-        name, _, value = line.partition("=")
-        if "arenas * " in name:
-            figures["pymalloc_arenas_mb"] = round(int(value.replace(",", "")) / 2**20, 1)
-        elif name.strip() == "# bytes in allocated blocks":
-            figures["pymalloc_used_mb"] = round(int(value.replace(",", "")) / 2**20, 1)
+def heap_layers_mb() -> dict[str, float]:
+    """glibc's heaps and pymalloc's arenas in MB, under the names this bench has always printed
+    (read by `heap_census`, the soak's census, so both benches read the same counters)."""
+    figures: dict[str, float] = {}
+    if glibc := glibc_heap_mb():
+        figures |= {
+            "heap_mb": glibc["arena"],
+            "in_use_mb": glibc["in_use"],
+            "free_mb": glibc["free"],
+        }
+    pymalloc = pymalloc_stats()
+    for name, ours in (
+        ("bytes_in_arenas", "pymalloc_arenas_mb"),
+        ("bytes_in_allocated_blocks", "pymalloc_used_mb"),
+    ):
+        if name in pymalloc:
+            figures[ours] = round(pymalloc[name] / 2**20, 1)
     return figures
 
 
@@ -155,20 +126,22 @@ def run_memory_bench(
                 emit(printed.getvalue())
                 profiler = None
             if seq % every == 0 or seq == trace_from:
-                if collect:
-                    gc.collect()
-                table = bookkeeper.catalog.load_table(TABLE)
                 line = {
                     "commits": seq,
                     "rss_mb": resident_mb(os.getpid()),
-                    "snapshots": len(table.metadata.snapshots),
-                    **glibc_heap_mb(),
-                    **pymalloc_mb(),
+                    "snapshots": len(bookkeeper.catalog.load_table(TABLE).metadata.snapshots),
+                    **heap_layers_mb(),
                     "arrow_mb": round(pa.total_allocated_bytes() / 2**20, 1),
                     "objects": len(gc.get_objects()),
                     "commit_p50_ms": round(statistics.median(latencies_ms), 1),
                     "seconds": round(time.monotonic() - started),
                 }
+                if collect:
+                    # Measured first, as the service runs (garbage waits for the collector's
+                    # own schedule); then what a full collection finds unreachable: cyclic
+                    # garbage the commits left (none, once commits break their cycles).
+                    line["cyclic_garbage"] = gc.collect()
+                    line["rss_after_collect_mb"] = resident_mb(os.getpid())
                 if tracemalloc.is_tracing():
                     line["traced_mb"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 2)
                 if seq == trace_from:
@@ -221,8 +194,8 @@ def main() -> None:
     parser.add_argument(
         "--no-collect",
         action="store_true",
-        help="no full garbage collection before each line (as the service: garbage in cycles "
-        "waits for the collector's own schedule)",
+        help="no full garbage collection after each line's figures (`cyclic_garbage` not "
+        "counted; garbage in cycles waits for the collector's own schedule throughout)",
     )
     parser.add_argument("--state-dir", default=".icekeeper")
     parser.add_argument("--json", action="store_true", help="only the JSON lines")

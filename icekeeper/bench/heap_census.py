@@ -85,6 +85,7 @@ _PYMALLOC_FIGURES = {
     "bytes_in_allocated_blocks": re.compile(r"# bytes in allocated blocks\s*=\s*([\d,]+)"),
     "bytes_in_available_blocks": re.compile(r"# bytes in available blocks\s*=\s*([\d,]+)"),
     "arenas_reclaimed": re.compile(r"# arenas reclaimed\s*=\s*([\d,]+)"),
+    "bytes_in_arenas": re.compile(r"arenas \* \d+ bytes/arena\s*=\s*([\d,]+)"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,84 @@ def test_fetches_hold_at_most_the_bytes_allowed_and_stop_with_the_merge(
     again.close()
     assert again.input_file(bins[0][0]) is None  # closed: a late merge thread reads itself
     assert len(fetched) == 4
+
+
+class _ThroughRelay:
+    """The stack's S3 server as a client reaches it through a relay (`tests/support/relay.py`)."""
+
+    def __init__(self, s3_storage: Any, relay: Any) -> None:
+        self._storage, self._relay = s3_storage, relay
+
+    def uri(self, key: str) -> str:
+        return self._storage.uri(key)
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        return {**self._storage.pyiceberg_properties(), "s3.endpoint": self._relay.address}
+
+
+def test_a_merge_whose_manifests_s3_will_not_serve_commits_nothing_then_everything_once(
+    tmp_path: Path, s3_storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through the bookkeeper's own cycles, S3 refusing (503) every read of one manifest its merge
+    needs: the fetch ahead fails and says so once, the usual read fails too, and the cycle commits
+    nothing and sets nothing aside (an outage, not bad input). Once S3 serves it again, the next
+    cycle commits the merge: every moniker once, every row once, in one merged manifest list."""
+    from icekeeper.bookkeeper.service import Bookkeeper
+    from icekeeper.common.transports import open_transport
+    from tests.bookkeeper.test_fencing import s3_bookkeeper_config
+    from tests.support.relay import Relay, refuse
+    from tests.support.shop_items import make_moniker
+
+    merge_at = 6
+    relay = Relay(s3_storage.pyiceberg_properties()["s3.endpoint"])
+    config = s3_bookkeeper_config(
+        tmp_path,
+        _ThroughRelay(s3_storage, relay),
+        tables=(
+            "[{identifier: shop.items, topics: [items], primary_key: [id], mode: changelog, "
+            f"properties: {{commit.manifest.min-count-to-merge: '{merge_at}'}}}}]"
+        ),
+    )
+    bookkeeper = Bookkeeper(config)
+    transport = open_transport(config)
+    try:
+        transport.publish(make_moniker(config, 1, None, (0, 10)))
+        assert bookkeeper.run_cycle().committed_monikers == 1
+        table = bookkeeper.catalog.load_table("shop.items")
+        [first] = [m.manifest_path for m in table.current_snapshot().manifests(table.io)]
+        key = first.split("://", 1)[1].split("/", 1)[1].encode()  # the path after the bucket
+        outage = (rb"GET /[^ ]*" + re.escape(key) + rb" HTTP").lower()
+        seq, refused = 1, 0
+        while refused == 0 and seq < merge_at + 2:
+            seq += 1
+            transport.publish(make_moniker(config, seq, seq - 1, ((seq - 1) * 10, seq * 10)))
+            relay.arm(lambda sent: re.search(outage, sent.lower()) is not None, refuse(503), 10**6)
+            with caplog.at_level("WARNING", logger=manifest_reads.__name__):
+                report = bookkeeper.run_cycle()
+            refused = relay.faulted
+            if not refused:  # not the merge: an ordinary commit read no old manifest
+                assert report.committed_monikers == 1
+        assert refused, f"no merge read {first} in {seq} commits"
+        assert refused >= 2  # the fetch ahead and the usual read, each with its retries
+        assert report.committed_monikers == 0 and not report.dead_lettered
+        said = [r for r in caplog.records if "fetched ahead" in r.getMessage()]
+        assert len(said) == 1
+        relay.arm(lambda sent: False, refuse(503))  # S3 serves it again
+        assert bookkeeper.run_cycle().committed_monikers == 1
+        table = bookkeeper.catalog.load_table("shop.items")
+        kept = [m.manifest_path for m in table.current_snapshot().manifests(table.io)]
+        assert first not in kept and len(kept) < seq  # merged
+        live = [
+            entry.data_file.file_path
+            for path in kept
+            for manifest in table.current_snapshot().manifests(table.io)
+            if manifest.manifest_path == path
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+        ]
+        assert len(live) == len(set(live)) == seq
+        offsets = sorted(table.scan().to_arrow().column("_kfk_offset").to_pylist())
+        assert offsets == list(range(seq * 10))
+        assert bookkeeper.run_cycle().committed_monikers == 0  # nothing left, nothing twice
+    finally:
+        bookkeeper.committer.close(save_key_indexes=False)
+        relay.close()
