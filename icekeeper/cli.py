@@ -351,6 +351,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 measured=args.commits or 200,
                 keep_snapshots_for_s=args.keep_snapshots_for,
                 answer_encodings=tuple(e for e in args.answer_encodings.split(",") if e),
+                profile_path=args.profile_timed,
                 progress=_progress,
             )
         elif args.target == "reaper":
@@ -779,6 +780,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="commit-history: Accept-Encoding values the timed commits take turns asking the REST "
         "catalog for, e.g. identity,gzip (default: the bookkeeper's own, identity)",
+    )
+    bench.add_argument(
+        "--profile-timed",
+        metavar="FILE",
+        help="commit-history: profile the timed commits (cProfile, all threads' Python in this "
+        "one) into FILE (pstats); their latencies then include the profiler's cost",
     )
     bench.add_argument(
         "--files",

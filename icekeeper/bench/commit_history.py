@@ -39,6 +39,7 @@ one partition; this one is the steady state at the hour's end, at the rate the f
 from __future__ import annotations
 
 import contextlib
+import cProfile
 import json
 import shutil
 import statistics
@@ -203,6 +204,7 @@ def run_commit_history_bench(
     keep_snapshots_for_s: float | None = None,
     answer_encodings: tuple[str, ...] = (),
     progress: Progress = print,
+    profile_path: str | None = None,
 ) -> dict[str, Any]:
     """Build the history, time `measured` commits at one a second; figures as described above.
     `answer_encodings` (REST): the `Accept-Encoding` the timed commits ask for, taking turns
@@ -213,6 +215,9 @@ def run_commit_history_bench(
             state folder holds the bench's work folder.
         keep_snapshots_for_s: `bookkeeper.keep_snapshots_for` (default: the config's, an hour);
             the history is one snapshot per second of it.
+        profile_path: where to save a cProfile of the timed commits (pstats format; the
+            bookkeeper's thread only, so the pools' threads show as waits), to see where a commit
+            at the hour's end spends its time; their latencies then include the profiler's.
     """
     work = fresh_work_folder(stack_config.state_dir, "bench-commit-history")
     where = open_layout(layout, stack_config, work)
@@ -245,6 +250,7 @@ def run_commit_history_bench(
                 opened,
                 answer_encodings,
                 progress,
+                profile_path,
             )
         return {"layout": layout, **result}
     finally:
@@ -262,6 +268,7 @@ def _run(
     opened: list[str],
     answer_encodings: tuple[str, ...],
     progress: Progress,
+    profile_path: str | None = None,
 ) -> dict[str, Any]:
     from icekeeper.common.catalog import open_catalog
     from icekeeper.common.storage import configure_storage, read_file
@@ -374,7 +381,12 @@ def _run(
     bookkeeper.committer.commit_path.now_ms = lambda: int(time.time() * 1000) + shift_ms
     progress(f"history built in {build_s:.0f}s ({kept_before:,} snapshots); timing {measured}")
     timed_from, answers_from = len(commit_s), len(answers)
-    at_one_a_second(range(history + 1, history + measured + 1), answer_encodings)
+    profiler = cProfile.Profile() if profile_path else None
+    with profiler or contextlib.nullcontext():
+        at_one_a_second(range(history + 1, history + measured + 1), answer_encodings)
+    if profiler is not None and profile_path:
+        profiler.dump_stats(profile_path)
+        progress(f"profile of the timed commits saved in {profile_path}")
     bookkeeper.committer.close()
     table = catalog.load_table(identifier)
     metadata_location = table.metadata_location

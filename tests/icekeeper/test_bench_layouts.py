@@ -5,6 +5,7 @@ The figures themselves come from full runs on a quiet machine (bench/results.md)
 
 from __future__ import annotations
 
+import pstats
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,9 +116,14 @@ def test_bench_commit_history_on_s3_and_the_rest_catalog(
         keep_snapshots_for_s=20,
         answer_encodings=("identity", "gzip"),
         progress=print,
+        profile_path=str(tmp_path / "timed.pstats"),
     )
     print(result)
     assert result["layout"] == "s3-rest" and result["catalog_class"] == "RestCatalog"
+    # The timed commits' profile: each cycle and each REST commit in it, 8 of each.
+    profiled = pstats.Stats(str(tmp_path / "timed.pstats")).stats  # type: ignore[attr-defined]
+    calls = {name: stat[1] for (_, _, name), stat in profiled.items()}
+    assert calls["run_cycle"] == 8 and calls["commit_table"] == 8
     assert result["metadata_location"].startswith(rest_catalog.storage.uri())
     assert result["history"] == 20 and result["snapshots_before"] == 20
     # Expired while timed: fewer than the 28 committed are kept, never fewer than keep_snapshots.
