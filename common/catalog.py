@@ -69,6 +69,8 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
         location.startswith(AZURE_SCHEMES) for location in locations
     ):
         properties.setdefault("py-io-impl", DOOR_FILE_IO)
+    else:
+        properties.setdefault("py-io-impl", SINGLE_PUT_FILE_IO)
     if properties.get("type") == "rest" and not any(
         key.startswith("header.") and key.lower() == ACCEPT_ENCODING_PROPERTY.lower()
         for key in properties
@@ -159,6 +161,8 @@ def _query_values(value: str | tuple[str, ...] | None) -> list[str]:
 
 AZURE_SCHEMES = ("abfs://", "abfss://", "wasb://", "wasbs://")
 DOOR_FILE_IO = "icekeeper.common.door_fileio.DoorFileIO"
+SINGLE_PUT_FILE_IO = "icekeeper.common.door_fileio.SinglePutFileIO"
+"""pyiceberg's own FileIO, small S3 files in one PUT (`door_fileio.SinglePutFileIO`)."""
 
 
 def load_table_or_none(catalog: Catalog, identifier: str) -> Table | None:

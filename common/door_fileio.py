@@ -16,10 +16,11 @@ from __future__ import annotations
 import posixpath
 
 from pyarrow.fs import FileSystem
-from pyiceberg.io import InputFile, OutputFile
+from pyiceberg.io import S3_RETRY_STRATEGY_IMPL, InputFile, OutputFile
 from pyiceberg.io.pyarrow import ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
+from icekeeper.common.internals import s3_filesystem_with_delayed_open
 from icekeeper.common.storage import (
     StorageSettings,
     configure_storage,
@@ -71,3 +72,22 @@ class DoorFileIO(PyArrowFileIO):
         uri = location.location if isinstance(location, (InputFile, OutputFile)) else location
         filesystem, path = open_filesystem(uri)
         filesystem.delete_file(path)
+
+
+class SinglePutFileIO(PyArrowFileIO):
+    """pyiceberg's own FileIO (its S3 settings, credentials a REST catalog vends per table, and
+    all), except that a file under pyarrow's part size goes to S3 in one PUT.
+
+    pyarrow's S3 output stream starts a multipart upload when the file is opened, then uploads a
+    part and completes the upload at its close: three requests for every manifest and manifest
+    list a commit writes, where one PUT does (bench/results.md has the two timed against each
+    other). `allow_delayed_open` makes pyarrow wait for the close to choose; pyiceberg 0.12 does
+    not set it. Its filesystem is rebuilt with the same options (pyarrow's own pickling copy)
+    plus that one; with a retry strategy configured (`s3.retry-strategy-impl`, which that copy
+    would drop) pyiceberg's is kept as it is."""
+
+    def _initialize_s3_fs(self, netloc: str | None) -> FileSystem:
+        filesystem = super()._initialize_s3_fs(netloc)
+        if self.properties.get(S3_RETRY_STRATEGY_IMPL):
+            return filesystem
+        return s3_filesystem_with_delayed_open(filesystem)

@@ -30,6 +30,7 @@ from importlib import metadata as package_metadata
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pyiceberg
 from pyarrow import _parquet as pyarrow_parquet_internal
@@ -480,6 +481,14 @@ def replace_rest_answer_parser(
         # This catalog object only: the class and other catalogs keep pyiceberg's.
         setattr(catalog, name, types.MethodType(call, catalog))
     return True
+
+
+def s3_filesystem_with_delayed_open(filesystem: pafs.S3FileSystem) -> pafs.S3FileSystem:
+    """The same S3 filesystem with `allow_delayed_open` (small files in one PUT, not a
+    multipart upload of three requests; pyarrow 21+). Its options are read as pyarrow's pickling
+    reads them (`__reduce__`: every option but a retry strategy, which it does not keep)."""
+    rebuild, (options,) = filesystem.__reduce__()
+    return rebuild({**options, "allow_delayed_open": True})
 
 
 def leave_metadata_cleanup_to_server(catalog: Catalog) -> bool:

@@ -85,6 +85,9 @@ def pyarrow_filesystem(properties: Mapping[str, str]) -> pafs.S3FileSystem:
             arguments[argument] = float(properties[key])
     if properties.get("s3.anonymous"):
         arguments["anonymous"] = _true(properties["s3.anonymous"])
+    # A file under pyarrow's part size in one PUT at its close, not a multipart upload started
+    # at its open (three requests): every moniker, claim, manifest and small data file.
+    arguments["allow_delayed_open"] = True
     return pafs.S3FileSystem(**{k: v for k, v in arguments.items() if v is not None})
 
 

@@ -18,6 +18,7 @@ from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.catalog import open_catalog
 from icekeeper.common.committed_state import committed_state
 from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.door_fileio import SinglePutFileIO
 from icekeeper.common.internals import add_rest_response_hook
 from icekeeper.common.transports import open_transport
 from icekeeper.localstack.catalog_service import CatalogService
@@ -97,6 +98,8 @@ def test_changelog_cycles_commit_each_moniker_once(tmp_path: Path, rest_service)
     table = bookkeeper.catalog.load_table(identifier)
     assert table.location().startswith("s3://")
     assert committed_state(table).offsets == {("items", 0): 40}
+    # pyiceberg's own IO with the server's settings, writing small files in one PUT.
+    assert isinstance(table.io, SinglePutFileIO)
 
 
 def churn(rng: random.Random, keys: int) -> list[tuple[int, int | None]]:
