@@ -53,6 +53,7 @@ from pyiceberg.table.update import TableUpdate, update_table_metadata
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
 
+from icekeeper.common.collector import collector_paused
 from icekeeper.common.internals import (
     append_metadata_log,
     apply_table_updates,
@@ -251,7 +252,8 @@ class SnapshotReuse:
     def parse(self, model: type[BaseModel], text: str) -> BaseModel:
         """`model.model_validate_json(text)`, reusing the snapshots of the table's last answer."""
         try:
-            return self._parse_reusing(model, text)
+            with collector_paused():
+                return self._parse_reusing(model, text)
         except Exception as error:  # noqa: BLE001 - pyiceberg's own parse decides: same result or error
             self.fallbacks += 1
             if self.fallbacks == 1:

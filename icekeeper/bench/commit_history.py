@@ -30,7 +30,9 @@ which also reads the file's footer) p50/p99 and the slowest; the snapshots kept 
 the metadata file's size and what each snapshot adds to it (its entry in `snapshots` and in
 `snapshot-log`), of that its summary, and of that the committed offsets and event times of the
 partitions (`icekeeper.offsets`, `icekeeper.partition-event-ms`: none since they moved to the
-property); the property's bytes (once per file); and how long building the history took.
+property); the property's bytes (once per file); how long building the history took; and the
+cyclic garbage collector's pauses within the timed cycles (`cycle_gc_p50_ms`, `cycle_gc_p99_ms`,
+`full_collections`, and `gc_objects`, what a full collection walks).
 
 `snapshot_history.py` is its local-disk forerunner: commits back to back as the history grows,
 one partition; this one is the steady state at the hour's end, at the rate the figure is about.
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import gc
 import json
 import shutil
 import statistics
@@ -58,6 +61,7 @@ from icekeeper.bench.bookkeeper import (
     table_location,
     write_seed_files,
 )
+from icekeeper.bench.heap_census import CollectorPauses
 from icekeeper.bench.layouts import open_layout, remove_layout_files
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
@@ -239,9 +243,10 @@ def run_commit_history_bench(
         f"{measured:,} timed commits at one a second; {partitions} partitions; under {where.root}"
     )
     try:
-        with inputs_opened() as opened:
+        with inputs_opened() as opened, CollectorPauses() as collector:
             result = _run(
                 config,
+                collector,
                 history,
                 paced,
                 measured,
@@ -260,6 +265,7 @@ def run_commit_history_bench(
 
 def _run(
     config: IcekeeperConfig,
+    collector: CollectorPauses,
     history: int,
     paced: int,
     measured: int,
@@ -322,10 +328,12 @@ def _run(
         transport.publish(history_moniker(config, schema_json, entries[seq - 1], seq, partitions))
         cycle_started = time.monotonic()
         opened_before, answered_before = len(opened), len(answers)
+        paused_before = len(collector.pauses)
         report = bookkeeper.run_cycle()
         cycle_s.append(time.monotonic() - cycle_started)
         kinds.append(
             {
+                **collector.since(paused_before),
                 "reads": len(opened) - opened_before,
                 "expired": any(expiring[answered_before:]),
                 "answer_encodings": sorted(set(encodings_seen[answered_before:])),
@@ -381,6 +389,7 @@ def _run(
     bookkeeper.committer.commit_path.now_ms = lambda: int(time.time() * 1000) + shift_ms
     progress(f"history built in {build_s:.0f}s ({kept_before:,} snapshots); timing {measured}")
     timed_from, answers_from = len(commit_s), len(answers)
+    gc_objects_before = len(gc.get_objects())
     profiler = cProfile.Profile() if profile_path else None
     with profiler or contextlib.nullcontext():
         at_one_a_second(range(history + 1, history + measured + 1), answer_encodings)
@@ -424,6 +433,12 @@ def _run(
         ),
         "cycle_p50_ms": round(percentile(cycles, 0.5), 1),
         "cycle_p99_ms": round(percentile(cycles, 0.99), 1),
+        # The cyclic collector's pauses within the timed cycles (any thread's), and the objects
+        # it tracks (what a full collection walks) when the timing started.
+        "cycle_gc_p50_ms": round(percentile([k["gc_ms"] for k in kinds[timed_from:]], 0.5), 1),
+        "cycle_gc_p99_ms": round(percentile([k["gc_ms"] for k in kinds[timed_from:]], 0.99), 1),
+        "full_collections": sum(k["full_collections"] for k in kinds[timed_from:]),
+        "gc_objects": gc_objects_before,
         "history_commit_p50_ms": round(percentile(commit_s[:timed_from], 0.5) * 1000, 1),
         # REST only: the catalog server's answers to the timed commits (POSTs), sent to last
         # byte received, and how many requests of any kind the timed commits made.

@@ -171,3 +171,36 @@ def start_census(path: Path, every_s: float, census_every: int, stop: threading.
             count += 1
 
     threading.Thread(target=loop, name="heap-census", daemon=True).start()
+
+
+class CollectorPauses:
+    """The cyclic garbage collector's pauses in this process while installed (`gc.callbacks`):
+    each collection's generation and milliseconds, any thread's. A commit's latency includes the
+    collections its own allocations (or another thread's) set off: with a few hundred thousand
+    objects tracked, a full one takes a hundred milliseconds or more."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._started = 0.0
+
+    def __enter__(self) -> CollectorPauses:
+        gc.callbacks.append(self._observe)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._observe)
+
+    def _observe(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], (time.perf_counter() - self._started) * 1000))
+
+    def since(self, count: int) -> dict[str, float | int]:
+        """The pauses after the first `count`: total milliseconds, collections, full ones."""
+        newer = self.pauses[count:]
+        return {
+            "gc_ms": round(sum(ms for _, ms in newer), 1),
+            "collections": len(newer),
+            "full_collections": sum(1 for generation, _ in newer if generation == 2),
+        }
