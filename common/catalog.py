@@ -69,8 +69,6 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
         location.startswith(AZURE_SCHEMES) for location in locations
     ):
         properties.setdefault("py-io-impl", DOOR_FILE_IO)
-    else:
-        properties.setdefault("py-io-impl", SINGLE_PUT_FILE_IO)
     if properties.get("type") == "rest" and not any(
         key.startswith("header.") and key.lower() == ACCEPT_ENCODING_PROPERTY.lower()
         for key in properties
@@ -84,6 +82,11 @@ def open_catalog(config: IcekeeperConfig) -> Catalog:
         # a pooled connection it ended is found so before use and replaced, not failed on.
         properties.setdefault("pool_pre_ping", "true")
     catalog = load_catalog(config.catalog.name, **properties)
+    if "py-io-impl" not in catalog.properties and not properties.get("s3.signer"):
+        # A REST catalog's tables keep pyiceberg's own IO (above), writing small S3 files in one
+        # PUT; set after the server's configuration is merged, so a FileIO the server names
+        # (its `defaults` or `overrides`) stays the server's choice, as with any other client.
+        catalog.properties["py-io-impl"] = SINGLE_PUT_FILE_IO
     set_rest_request_timeout(catalog, timeout_s)
     set_hive_socket_timeout(catalog, timeout_s)
     return catalog

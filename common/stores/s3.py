@@ -85,8 +85,13 @@ def pyarrow_filesystem(properties: Mapping[str, str]) -> pafs.S3FileSystem:
             arguments[argument] = float(properties[key])
     if properties.get("s3.anonymous"):
         arguments["anonymous"] = _true(properties["s3.anonymous"])
-    # A file under pyarrow's part size in one PUT at its close, not a multipart upload started
-    # at its open (three requests): every moniker, claim, manifest and small data file.
+    # A file under pyarrow's part size (10 MiB) in one PUT at its close, not a multipart upload
+    # started at its open (three requests): every moniker, claim, manifest and small data file.
+    # A stream that passes the part size starts its upload in a `write`; if that fails, closing
+    # the stream (pyarrow always closes, even on an error) publishes what it held: only new
+    # names are streamed (data files, manifests: never referenced after a failed write, orphans
+    # for the reaper), and whole writes of a fixed name over the limit take botocore's single
+    # PUT instead (`S3Store.write_whole`).
     arguments["allow_delayed_open"] = True
     return pafs.S3FileSystem(**{k: v for k, v in arguments.items() if v is not None})
 
@@ -117,6 +122,11 @@ def botocore_client(properties: Mapping[str, str]) -> Any:
     )
 
 
+ONE_PUT_BYTES = 5 * 1024 * 1024
+"""Whole writes from this size on go through botocore (`S3Store.write_whole`), well under
+pyarrow's 10 MiB part size."""
+
+
 class S3Store(Store):
     """An S3 endpoint (every bucket on it): reads and whole writes through pyarrow, conditional
     writes through botocore."""
@@ -141,6 +151,22 @@ class S3Store(Store):
 
     def warm_up(self) -> None:
         _ = self.client
+
+    def write_whole(self, path: str, body: bytes, durable: bool = True) -> None:
+        """One PUT of the whole body: pyarrow's for a small one; botocore's from `ONE_PUT_BYTES`
+        on, where pyarrow's delayed-open stream would start a multipart upload inside its write,
+        and, that failing, publish an empty file over `path` as it closes."""
+        if len(body) < ONE_PUT_BYTES:
+            super().write_whole(path, body, durable)
+            return
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = _split(path)
+        try:
+            self.client.put_object(Bucket=bucket, Key=key, Body=body)
+        except (BotoCoreError, ClientError) as error:
+            # An OSError, as pyarrow's: callers take a storage error for an outage.
+            raise OSError(f"S3 PUT of s3://{path} ({len(body):,} B) failed: {error}") from error
 
     def create_if_absent(self, path: str, body: bytes) -> bool:
         return self._put(path, body, IfNoneMatch="*")
