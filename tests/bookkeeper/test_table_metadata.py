@@ -160,7 +160,12 @@ def test_rest_answers_reuse_unchanged_snapshots_and_equal_pyiceberg_s_parse() ->
     def parse(answer: dict, model=CommitTableResponse):
         text = json.dumps(answer)
         parsed = reuse.parse(model, text)
-        assert parsed == model.model_validate_json(text)
+        theirs = model.model_validate_json(text)
+        # Equal either way round, though ours looks snapshots up from the newest end.
+        assert parsed == theirs and theirs == parsed and parsed.metadata == theirs.metadata
+        assert type(parsed.metadata).__name__ == "_NewestFirstMetadataV2"
+        newest = parsed.metadata.snapshots[-1]
+        assert parsed.metadata.snapshot_by_id(newest.snapshot_id) is newest
         return {s.snapshot_id: s for s in parsed.metadata.snapshots}
 
     first = parse(metadata_answer([snapshot_json(n) for n in range(1, 6)], table_uuid))

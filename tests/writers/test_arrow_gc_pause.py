@@ -1,5 +1,6 @@
-"""The arrow engine's task bodies run with Python's cyclic collector paused (`gc_pause.py`), and
-the collector comes back as it was when the last body in the process ends."""
+"""The arrow engine's task bodies run with Python's cyclic collector paused
+(`common/collector.py`), and the collector comes back as it was when the last body in the process
+ends."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import threading
 import pyarrow as pa
 import pytest
 
+from icekeeper.common.collector import gc_paused
 from icekeeper.writers.arrow_engine import task as task_module
-from icekeeper.writers.arrow_engine.gc_pause import gc_paused
 from icekeeper.writers.arrow_engine.kafka_read import RawRecords
 from icekeeper.writers.arrow_engine.task import TaskPlan, run_task
 from icekeeper.writers.arrow_engine.task_ranges import TaskRange

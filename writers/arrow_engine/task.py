@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from icekeeper.common.arrow_parquet import WrittenFile, write_files
+from icekeeper.common.collector import gc_paused
 from icekeeper.common.config.model import KafkaSource, MetadataColumns
 from icekeeper.common.storage import StorageSettings, configure_storage, storage_settings
 from icekeeper.writers.arrow_engine.arrow_flatten import (
@@ -30,7 +31,6 @@ from icekeeper.writers.arrow_engine.arrow_flatten import (
 from icekeeper.writers.arrow_engine.arrow_record_keys import KeyReader, with_record_keys
 from icekeeper.writers.arrow_engine.arrow_upserts import key_hashes, last_changes
 from icekeeper.writers.arrow_engine.avro_block import SchemaDecoder
-from icekeeper.writers.arrow_engine.gc_pause import gc_paused
 from icekeeper.writers.arrow_engine.kafka_read import read_range
 from icekeeper.writers.arrow_engine.partitions import PartitionField, split_by_partition
 from icekeeper.writers.arrow_engine.task_ranges import TaskGroup, TaskRange
