@@ -784,8 +784,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--profile-timed",
         metavar="FILE",
-        help="commit-history: profile the timed commits (cProfile, all threads' Python in this "
-        "one) into FILE (pstats); their latencies then include the profiler's cost",
+        help="commit-history: profile the timed commits (cProfile of the committing thread: the "
+        "pools' threads show as waits) into FILE (pstats); their latencies then include the "
+        "profiler's cost",
     )
     bench.add_argument(
         "--files",

@@ -231,17 +231,19 @@ class _ThroughRelay:
 def test_a_merge_whose_manifests_s3_will_not_serve_commits_nothing_then_everything_once(
     tmp_path: Path, s3_storage, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Through the bookkeeper's own cycles, S3 refusing (503) every read of one manifest its merge
-    needs: the fetch ahead fails and says so once, the usual read fails too, and the cycle commits
-    nothing and sets nothing aside (an outage, not bad input). Once S3 serves it again, the next
-    cycle commits the merge: every moniker once, every row once, in one merged manifest list."""
+    """Through the bookkeeper's own cycles, S3 refusing (503) the reads of a manifest a merge
+    needs. First only the fetch ahead's (its three attempts): it fails and says so once, the
+    merge reads the manifest the usual way, and the same cycle commits. At the next merge every
+    read of the merged manifest: the cycle commits nothing and sets nothing aside (an outage, not
+    bad input); once S3 serves it again, the next cycle commits the merge. Every moniker once,
+    every row once."""
     from icekeeper.bookkeeper.service import Bookkeeper
     from icekeeper.common.transports import open_transport
     from tests.bookkeeper.test_fencing import s3_bookkeeper_config
     from tests.support.relay import Relay, refuse
     from tests.support.shop_items import make_moniker
 
-    merge_at = 6
+    merge_at, attempts = 6, 3  # pyarrow's S3 client tries a request 3 times (its default)
     relay = Relay(s3_storage.pyiceberg_properties()["s3.endpoint"])
     config = s3_bookkeeper_config(
         tmp_path,
@@ -253,38 +255,57 @@ def test_a_merge_whose_manifests_s3_will_not_serve_commits_nothing_then_everythi
     )
     bookkeeper = Bookkeeper(config)
     transport = open_transport(config)
-    try:
-        transport.publish(make_moniker(config, 1, None, (0, 10)))
-        assert bookkeeper.run_cycle().committed_monikers == 1
+    seq = 0
+
+    def manifests() -> list[str]:
         table = bookkeeper.catalog.load_table("shop.items")
-        [first] = [m.manifest_path for m in table.current_snapshot().manifests(table.io)]
-        key = first.split("://", 1)[1].split("/", 1)[1].encode()  # the path after the bucket
-        outage = (rb"GET /[^ ]*" + re.escape(key) + rb" HTTP").lower()
-        seq, refused = 1, 0
-        while refused == 0 and seq < merge_at + 2:
+        return [m.manifest_path for m in table.current_snapshot().manifests(table.io)]
+
+    def commit_until_a_merge_reads(manifest: str, times: int) -> tuple[Any, int]:
+        """Commit a moniker a cycle, S3 refusing `times` reads of `manifest`, until a cycle
+        read it (a merge): that cycle's report and the reads refused."""
+        nonlocal seq
+        key = manifest.split("://", 1)[1].split("/", 1)[1].encode()  # the path after the bucket
+        reading = (rb"GET /[^ ]*" + re.escape(key) + rb" HTTP").lower()
+        for _ in range(2 * merge_at):
             seq += 1
-            transport.publish(make_moniker(config, seq, seq - 1, ((seq - 1) * 10, seq * 10)))
-            relay.arm(lambda sent: re.search(outage, sent.lower()) is not None, refuse(503), 10**6)
+            transport.publish(
+                make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 10, seq * 10))
+            )
+            faulted = relay.faulted
+            relay.arm(lambda sent: re.search(reading, sent.lower()) is not None, refuse(503), times)
             with caplog.at_level("WARNING", logger=manifest_reads.__name__):
                 report = bookkeeper.run_cycle()
-            refused = relay.faulted
-            if not refused:  # not the merge: an ordinary commit read no old manifest
-                assert report.committed_monikers == 1
-        assert refused, f"no merge read {first} in {seq} commits"
-        assert refused >= 2  # the fetch ahead and the usual read, each with its retries
-        assert report.committed_monikers == 0 and not report.dead_lettered
-        said = [r for r in caplog.records if "fetched ahead" in r.getMessage()]
-        assert len(said) == 1
-        relay.arm(lambda sent: False, refuse(503))  # S3 serves it again
+            relay.arm(lambda sent: False, refuse(503))
+            if relay.faulted > faulted:
+                return report, relay.faulted - faulted
+            assert report.committed_monikers == 1  # not a merge: it read no old manifest
+        raise AssertionError(f"no merge read {manifest} in {2 * merge_at} commits")
+
+    def fetched_ahead_failures() -> int:
+        return len([r for r in caplog.records if "fetched ahead" in r.getMessage()])
+
+    try:
+        transport.publish(make_moniker(config, 1, None, (0, 10)))
+        seq = 1
         assert bookkeeper.run_cycle().committed_monikers == 1
+        [first] = manifests()
+        report, refused = commit_until_a_merge_reads(first, attempts)
+        assert refused == attempts and fetched_ahead_failures() == 1
+        assert report.committed_monikers == 1, report  # read the usual way, in the same cycle
+        merged = [path for path in manifests() if path != first]
+        assert first not in manifests() and len(merged) < seq
+        report, refused = commit_until_a_merge_reads(merged[-1], 10**6)
+        assert refused >= 2 * attempts  # the fetch ahead and the usual read, each 3 times
+        assert report.committed_monikers == 0 and not report.dead_lettered
+        assert fetched_ahead_failures() == 2
+        assert bookkeeper.run_cycle().committed_monikers == 1  # S3 serves it again
         table = bookkeeper.catalog.load_table("shop.items")
-        kept = [m.manifest_path for m in table.current_snapshot().manifests(table.io)]
-        assert first not in kept and len(kept) < seq  # merged
+        kept = table.current_snapshot().manifests(table.io)
+        assert merged[-1] not in [m.manifest_path for m in kept]
         live = [
             entry.data_file.file_path
-            for path in kept
-            for manifest in table.current_snapshot().manifests(table.io)
-            if manifest.manifest_path == path
+            for manifest in kept
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
         ]
         assert len(live) == len(set(live)) == seq
