@@ -17,6 +17,9 @@ REST catalog server (`--layout s3-rest`); see `layouts.py`:
   `commit_p90_ms_*` the 90th percentiles of the same windows; `cycle_cpu_ms_at_10` /
   `cycle_cpu_ms_at_N`: the same windows in CPU time of this process, less sensitive to other
   work on the machine than wall-clock latency.
+- on S3, `small_write_one_put_ms` / `small_write_multipart_ms`: a 6 KB file (a manifest, a
+  moniker) written in one PUT, as the storage door and a REST catalog's FileIO write them, and as
+  pyarrow writes it by default (a multipart upload of three requests), taking turns.
 
   Windows of 100, not a handful of commits: merge-append lets a table's manifest list grow to
   `commit.manifest.min-count-to-merge` (100) manifests and then merges them, so a commit's cost
@@ -392,8 +395,9 @@ def run_bookkeeper_bench(
         footers_s, data_files_s, by_workers = bench_footers(work, footers, progress, where)
         progress(f"{footers:,} footers in {footers_s:.2f}s; now {commits:,} single-moniker commits")
         latency = bench_latency(work, commits, progress, where)
-        on_store = None
+        on_store, small_writes = None, {}
         if where.on_object_store:
+            small_writes = bench_small_writes(where.root)
             from icekeeper.common.storage import list_files
 
             listed = list_files(where.root, recursive=True)
@@ -421,4 +425,32 @@ def run_bookkeeper_bench(
         "cycle_cpu_ms_at_10": round(latency["cpu_at_10"], 1),
         f"cycle_cpu_ms_at_{commits}": round(latency["cpu_at_end"], 1),
         "cpu_growth_ratio": round(latency["cpu_at_end"] / latency["cpu_at_10"], 2),
+        **small_writes,
+    }
+
+
+def bench_small_writes(root: str, count: int = 200, size: int = 6_000) -> dict[str, float]:
+    """`count` files of `size` bytes (a manifest's, a moniker's) written to an S3 root by the
+    door's filesystem (one PUT each, `allow_delayed_open`) and by the same filesystem without
+    that option (a multipart upload: start, part, complete), taking turns; medians in ms."""
+    import pyarrow.fs as pafs
+
+    from icekeeper.common.storage import open_filesystem
+
+    one_put, folder = open_filesystem(f"{root}/small-writes")
+    if not isinstance(one_put, pafs.S3FileSystem):
+        return {}
+    rebuild, (options,) = one_put.__reduce__()
+    sides = {"one_put": one_put, "multipart": rebuild({**options, "allow_delayed_open": False})}
+    body = os.urandom(size)
+    timings: dict[str, list[float]] = {name: [] for name in sides}
+    for index in range(count):
+        for name, filesystem in sides.items() if index % 2 else reversed(sides.items()):
+            started = time.perf_counter()
+            with filesystem.open_output_stream(f"{folder}/{name}-{index}.avro") as out:
+                out.write(body)
+            timings[name].append((time.perf_counter() - started) * 1000)
+    return {
+        f"small_write_{name}_ms": round(statistics.median(values), 2)
+        for name, values in timings.items()
     }

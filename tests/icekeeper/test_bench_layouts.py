@@ -95,6 +95,8 @@ def test_bench_bookkeeper_puts_its_tables_on_the_layout(
         assert 0 < result[key] < 120, key
     assert 0 < result["commit_ms_at_10"] and 0 < result["commit_ms_at_12"]
     assert result["commit_p90_ms_at_12"] >= result["commit_ms_at_12"]
+    # A small file in one PUT and in a multipart upload, both timed (and removed after).
+    assert result["small_write_one_put_ms"] > 0 and result["small_write_multipart_ms"] > 0
     assert _left_under(result["root"], service.pyiceberg_properties()) == []
 
 
