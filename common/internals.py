@@ -483,12 +483,15 @@ def replace_rest_answer_parser(
     return True
 
 
-def s3_filesystem_with_delayed_open(filesystem: pafs.S3FileSystem) -> pafs.S3FileSystem:
-    """The same S3 filesystem with `allow_delayed_open` (small files in one PUT, not a
-    multipart upload of three requests; pyarrow 21+). Its options are read as pyarrow's pickling
-    reads them (`__reduce__`: every option but a retry strategy, which it does not keep)."""
+def s3_filesystem_with_delayed_open(
+    filesystem: pafs.S3FileSystem, delayed: bool = True
+) -> pafs.S3FileSystem:
+    """The same S3 filesystem with `allow_delayed_open` set to `delayed` (on: small files in one
+    PUT, not a multipart upload of three requests; pyarrow 21+). Its options are read as
+    pyarrow's pickling reads them (`__reduce__`: every option but a retry strategy, which it
+    does not keep)."""
     rebuild, (options,) = filesystem.__reduce__()
-    return rebuild({**options, "allow_delayed_open": True})
+    return rebuild({**options, "allow_delayed_open": delayed})
 
 
 def leave_metadata_cleanup_to_server(catalog: Catalog) -> bool:

@@ -435,13 +435,16 @@ def bench_small_writes(root: str, count: int = 200, size: int = 6_000) -> dict[s
     that option (a multipart upload: start, part, complete), taking turns; medians in ms."""
     import pyarrow.fs as pafs
 
+    from icekeeper.common.internals import s3_filesystem_with_delayed_open
     from icekeeper.common.storage import open_filesystem
 
     one_put, folder = open_filesystem(f"{root}/small-writes")
     if not isinstance(one_put, pafs.S3FileSystem):
         return {}
-    rebuild, (options,) = one_put.__reduce__()
-    sides = {"one_put": one_put, "multipart": rebuild({**options, "allow_delayed_open": False})}
+    sides = {
+        "one_put": one_put,
+        "multipart": s3_filesystem_with_delayed_open(one_put, delayed=False),
+    }
     body = os.urandom(size)
     timings: dict[str, list[float]] = {name: [] for name in sides}
     for index in range(count):
