@@ -17,6 +17,10 @@ REST catalog server (`--layout s3-rest`); see `layouts.py`:
   `commit_p90_ms_*` the 90th percentiles of the same windows; `cycle_cpu_ms_at_10` /
   `cycle_cpu_ms_at_N`: the same windows in CPU time of this process, less sensitive to other
   work on the machine than wall-clock latency.
+- `commit_<N>_monikers_*` and `footers_<N>_*` (`server_cpu.py`): for the median 1,000-moniker
+  run and for the footers, the wall seconds, the busy CPU seconds of the whole machine
+  (`machine_busy_cpu_s`, of `cores` cores) and of each stack server the layout runs
+  (`s3_server_cpu_s`: s3proxy answering the GETs on the same cores);
 - on S3, `small_write_one_put_ms` / `small_write_multipart_ms`: a 6 KB file (a manifest, a
   moniker) written in one PUT, as the storage door and a REST catalog's FileIO write them, and as
   pyarrow writes it by default (a multipart upload of three requests), taking turns.
@@ -49,7 +53,13 @@ import pyarrow.parquet as pq
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
-from icekeeper.bench.layouts import BenchLayout, open_layout, remove_layout_files
+from icekeeper.bench.layouts import (
+    LAYOUT_SERVICES,
+    BenchLayout,
+    open_layout,
+    remove_layout_files,
+)
+from icekeeper.bench.server_cpu import PhaseCpu, ServerCpu
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.datafiles import FooterReader, data_file
 from icekeeper.bookkeeper.service import Bookkeeper
@@ -259,13 +269,19 @@ def bench_moniker(
 
 
 def bench_commit_1000(
-    work: Path, progress: Progress, layout: BenchLayout, monikers: int = 1000
-) -> tuple[float, float]:
+    work: Path,
+    progress: Progress,
+    layout: BenchLayout,
+    monikers: int = 1000,
+    meter: ServerCpu | None = None,
+) -> tuple[float, float, PhaseCpu]:
     """Seconds for one cycle committing `monikers` monikers (median of three fresh tables), and
-    for pyiceberg's `add_files` of the first run's files into another table."""
+    for pyiceberg's `add_files` of the first run's files into another table; what the machine
+    and the stack's servers spent in the median run (`meter`)."""
     from icekeeper.common.catalog import open_catalog
 
-    timings, baseline = [], float("nan")
+    meter = meter or ServerCpu({})
+    timings, phases, baseline = [], [], float("nan")
     for run in range(3):
         config = phase_config(work, layout, f"commit-{run}")
         schema = seed_schema(config)
@@ -275,8 +291,10 @@ def bench_commit_1000(
             transport.publish(moniker)
         bookkeeper = Bookkeeper(config)
         started = time.monotonic()
-        report = bookkeeper.run_cycle()
+        with meter.phase() as phase:
+            report = bookkeeper.run_cycle()
         timings.append(time.monotonic() - started)
+        phases.append(phase)
         bookkeeper.committer.footer_reader.close()
         assert report.committed_monikers == monikers, report
         if run == 0:
@@ -292,14 +310,16 @@ def bench_commit_1000(
             table.add_files(files)
             baseline = time.monotonic() - started
         progress(f"commit of {monikers:,} monikers: run {run + 1}: {timings[-1]:.2f}s")
-    return statistics.median(timings), baseline
+    median_run = sorted(range(len(timings)), key=timings.__getitem__)[len(timings) // 2]
+    return statistics.median(timings), baseline, phases[median_run]
 
 
 def bench_footers(
-    work: Path, count: int, progress: Progress, layout: BenchLayout
-) -> tuple[float, float, int]:
+    work: Path, count: int, progress: Progress, layout: BenchLayout, meter: ServerCpu | None = None
+) -> tuple[float, float, int, PhaseCpu]:
     """Seconds to read `count` footers with a fresh reader, and to also turn them into data
-    files; and how many of them its worker processes read (the rest this process did)."""
+    files; how many of them its worker processes read (the rest this process did); what the
+    machine and the stack's servers spent reading them (`meter`)."""
     config = phase_config(work, layout, "footers")
     schema = seed_schema(config)
     folder = layout.location("footers") if layout.on_object_store else str(work / "footers")
@@ -309,13 +329,14 @@ def bench_footers(
     )
     progress(f"reading {count:,} footers")
     started = time.monotonic()
-    reader = FooterReader(os.cpu_count() or 2)
-    schema_json = schema.model_dump_json()
-    described = reader.describe(
-        [(entry.path, schema, schema_json) for entry in entries],
-        {},
-        {entry.path: entry.size_bytes for entry in entries},  # as the monikers declare them
-    )
+    with (meter or ServerCpu({})).phase() as phase:
+        reader = FooterReader(os.cpu_count() or 2)
+        schema_json = schema.model_dump_json()
+        described = reader.describe(
+            [(entry.path, schema, schema_json) for entry in entries],
+            {},
+            {entry.path: entry.size_bytes for entry in entries},  # as the monikers declare them
+        )
     footers_s = time.monotonic() - started
     failed = [facts for facts in described.values() if isinstance(facts, Exception)]
     assert not failed, failed[:1]
@@ -325,7 +346,7 @@ def bench_footers(
     by_workers = reader.described_by_workers
     reader.close()
     assert len(data_files) == count
-    return footers_s, data_files_s, by_workers
+    return footers_s, data_files_s, by_workers, phase
 
 
 WINDOW = 100
@@ -390,9 +411,12 @@ def run_bookkeeper_bench(
     # The bench writes its files before any bookkeeper opens the catalog (which would do this).
     configure_storage(where.catalog_properties)
     progress(f"layout {layout}: tables under {where.root}")
+    meter = ServerCpu.of_stack(stack_config, LAYOUT_SERVICES[layout])
     try:
-        commit_s, baseline_s = bench_commit_1000(work, progress, where, monikers)
-        footers_s, data_files_s, by_workers = bench_footers(work, footers, progress, where)
+        commit_s, baseline_s, commit_cpu = bench_commit_1000(work, progress, where, monikers, meter)
+        footers_s, data_files_s, by_workers, footers_cpu = bench_footers(
+            work, footers, progress, where, meter
+        )
         progress(f"{footers:,} footers in {footers_s:.2f}s; now {commits:,} single-moniker commits")
         latency = bench_latency(work, commits, progress, where)
         on_store, small_writes = None, {}
@@ -425,6 +449,8 @@ def run_bookkeeper_bench(
         "cycle_cpu_ms_at_10": round(latency["cpu_at_10"], 1),
         f"cycle_cpu_ms_at_{commits}": round(latency["cpu_at_end"], 1),
         "cpu_growth_ratio": round(latency["cpu_at_end"] / latency["cpu_at_10"], 2),
+        **commit_cpu.figures(f"commit_{monikers}_monikers"),
+        **footers_cpu.figures(f"footers_{footers}"),
         **small_writes,
     }
 

@@ -32,7 +32,9 @@ the metadata file's size and what each snapshot adds to it (its entry in `snapsh
 partitions (`icekeeper.offsets`, `icekeeper.partition-event-ms`: none since they moved to the
 property); the property's bytes (once per file); how long building the history took; and the
 cyclic garbage collector's pauses within the timed cycles (`cycle_gc_p50_ms`, `cycle_gc_p99_ms`,
-`full_collections`, and `gc_objects`, what a full collection walks).
+`full_collections`, and `gc_objects`, what a full collection walks); and what a timed cycle
+cost the machine (`server_cpu.py`): the busy CPU of all its cores and of each stack server (the
+REST catalog's rewrite of the metadata file, s3proxy's GETs and PUTs), means per cycle.
 
 `snapshot_history.py` is its local-disk forerunner: commits back to back as the history grows,
 one partition; this one is the steady state at the hour's end, at the rate the figure is about.
@@ -62,7 +64,8 @@ from icekeeper.bench.bookkeeper import (
     write_seed_files,
 )
 from icekeeper.bench.heap_census import CollectorPauses
-from icekeeper.bench.layouts import open_layout, remove_layout_files
+from icekeeper.bench.layouts import LAYOUT_SERVICES, open_layout, remove_layout_files
+from icekeeper.bench.server_cpu import ServerCpu
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.bookkeeper.service import Bookkeeper
 from icekeeper.common.committed_state import KEY_EVENT_TIME, KEY_OFFSETS, KEY_STATE
@@ -181,6 +184,26 @@ def _medians_by_kind(kinds: list[dict[str, Any]]) -> dict[str, float | int]:
     return figures
 
 
+def _cycle_cpu(kinds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean busy CPU milliseconds per cycle of the machine's cores and of each server (a mean,
+    not a median: `/proc` counts CPU in clock ticks of 10 ms, a server's share of one cycle
+    is a few of them)."""
+    machine = [kind["machine_cpu_ms"] for kind in kinds if kind["machine_cpu_ms"] is not None]
+    servers = sorted({name for kind in kinds for name in kind["server_cpu_ms"]})
+    figures: dict[str, Any] = {}
+    if machine:
+        figures["cycle_machine_cpu_mean_ms"] = round(statistics.fmean(machine), 1)
+    if servers:
+        figures["cycle_server_cpu_mean_ms"] = {
+            name: round(statistics.fmean(_readings(kinds, name)), 1) for name in servers
+        }
+    return figures
+
+
+def _readings(kinds: list[dict[str, Any]], server: str) -> list[float]:
+    return [kind["server_cpu_ms"][server] for kind in kinds if server in kind["server_cpu_ms"]]
+
+
 def _by_encoding(kinds: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
     """Commit and server p50/p99 of the timed commits that asked for each answer encoding."""
     figures: dict[str, dict[str, float | int]] = {}
@@ -225,6 +248,7 @@ def run_commit_history_bench(
     """
     work = fresh_work_folder(stack_config.state_dir, "bench-commit-history")
     where = open_layout(layout, stack_config, work)
+    meter = ServerCpu.of_stack(stack_config, LAYOUT_SERVICES[layout])
     config = bench_config(
         work,
         None if layout == "local" else where,
@@ -256,6 +280,7 @@ def run_commit_history_bench(
                 answer_encodings,
                 progress,
                 profile_path,
+                meter,
             )
         return {"layout": layout, **result}
     finally:
@@ -275,8 +300,11 @@ def _run(
     answer_encodings: tuple[str, ...],
     progress: Progress,
     profile_path: str | None = None,
+    meter: ServerCpu | None = None,
 ) -> dict[str, Any]:
     from icekeeper.common.catalog import open_catalog
+
+    meter = meter or ServerCpu({})
     from icekeeper.common.storage import configure_storage, read_file
     from icekeeper.common.transports import open_transport
 
@@ -329,11 +357,18 @@ def _run(
         cycle_started = time.monotonic()
         opened_before, answered_before = len(opened), len(answers)
         paused_before = len(collector.pauses)
-        report = bookkeeper.run_cycle()
+        with meter.phase() as cpu:
+            report = bookkeeper.run_cycle()
         cycle_s.append(time.monotonic() - cycle_started)
         kinds.append(
             {
                 **collector.since(paused_before),
+                "machine_cpu_ms": None
+                if cpu.machine_busy_s is None
+                else round(cpu.machine_busy_s * 1000, 1),
+                "server_cpu_ms": {
+                    name: round(seconds * 1000, 1) for name, seconds in cpu.servers_s.items()
+                },
                 "reads": len(opened) - opened_before,
                 "expired": any(expiring[answered_before:]),
                 "answer_encodings": sorted(set(encodings_seen[answered_before:])),
@@ -440,6 +475,8 @@ def _run(
         "full_collections": sum(k["full_collections"] for k in kinds[timed_from:]),
         "gc_objects": gc_objects_before,
         "history_commit_p50_ms": round(percentile(commit_s[:timed_from], 0.5) * 1000, 1),
+        # What a timed cycle cost the machine's cores: all of them, and each stack server.
+        **_cycle_cpu(kinds[timed_from:]),
         # REST only: the catalog server's answers to the timed commits (POSTs), sent to last
         # byte received, and how many requests of any kind the timed commits made.
         **(

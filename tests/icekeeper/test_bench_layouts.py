@@ -95,6 +95,13 @@ def test_bench_bookkeeper_puts_its_tables_on_the_layout(
         assert 0 < result[key] < 120, key
     assert 0 < result["commit_ms_at_10"] and 0 < result["commit_ms_at_12"]
     assert result["commit_p90_ms_at_12"] >= result["commit_ms_at_12"]
+    # What the stack's servers took of the machine while the footers were read and the
+    # monikers committed: s3proxy answered every GET, the REST server (s3-rest) every commit.
+    assert 0 < result["footers_70_s3_server_cpu_s"] <= result["footers_70_machine_busy_cpu_s"]
+    assert result["footers_70_wall_s"] <= result["footers_70_s"]
+    assert result["commit_20_monikers_machine_busy_cpu_s"] > 0
+    if layout == "s3-rest":
+        assert result["commit_20_monikers_rest_server_cpu_s"] > 0
     # A small file in one PUT and in a multipart upload, both timed (and removed after).
     assert result["small_write_one_put_ms"] > 0 and result["small_write_multipart_ms"] > 0
     assert _left_under(result["root"], service.pyiceberg_properties()) == []
@@ -109,9 +116,8 @@ def test_bench_commit_history_on_s3_and_the_rest_catalog(
     does not grow with the topic's partitions."""
     from icekeeper.bench.commit_history import run_commit_history_bench
 
-    base = stack_config.model_copy(update={"state_dir": str(tmp_path)})
     result = run_commit_history_bench(
-        base,
+        stack_config,  # its state folder: the bench finds the stack's servers by their pid files
         layout="s3-rest",
         partitions=64,
         measured=8,
@@ -152,6 +158,11 @@ def test_bench_commit_history_on_s3_and_the_rest_catalog(
     slowest = result["slowest_commits"]
     assert [k["commit_ms"] for k in slowest] == sorted(k["commit_ms"] for k in slowest)
     assert all(0 < k["server_ms"] < k["commit_ms"] for k in slowest)
+    # Each timed cycle's CPU: the REST server rewrote the metadata file, s3proxy stored it,
+    # all within what the machine's cores spent.
+    servers = result["cycle_server_cpu_mean_ms"]
+    assert set(servers) == {"rest", "s3"} and servers["rest"] > 0 and servers["s3"] > 0
+    assert result["cycle_machine_cpu_mean_ms"] >= max(servers.values())
     # The 64 partitions' offsets ("12":1000000800) and event times ("12":1646297175000) are in
     # the table's state property, once per metadata file, and in no snapshot's summary: what a
     # snapshot adds stays under a kilobyte and a quarter whatever the partitions.
