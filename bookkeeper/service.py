@@ -459,8 +459,7 @@ class Bookkeeper:
     def _settle(self, report: CycleReport, table: str, result: TableCommit) -> None:
         """After a table's commit is durable (or there was
         nothing to commit): acknowledge, dead-letter, report."""
-        for delivery in result.committed + result.duplicates:
-            self.transport.acknowledge(delivery)
+        self.transport.acknowledge_all(result.committed + result.duplicates)
         for delivery in result.copies:
             # Another delivery of the same moniker may still wait: drop this one only.
             self.transport.acknowledge_copy(delivery)

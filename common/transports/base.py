@@ -12,6 +12,7 @@ module that implements this class.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,14 @@ class MonikerTransport(ABC):
     @abstractmethod
     def acknowledge(self, delivery: Delivery) -> None:
         """Forget a delivery for good; only after its commit is durable (or it was a duplicate)."""
+
+    def acknowledge_all(self, deliveries: Sequence[Delivery]) -> None:
+        """`acknowledge` each delivery (a transport may do them together: a folder on an object
+        store deletes its files several at a time). Each is independent of the others: one that
+        fails raises, and a delivery not forgotten is received again, found committed, and
+        acknowledged then."""
+        for delivery in deliveries:
+            self.acknowledge(delivery)
 
     def acknowledge_copy(self, delivery: Delivery) -> None:
         """Forget one delivery of a moniker that another delivery of the same receive still

@@ -13,22 +13,28 @@ import json
 import logging
 import posixpath
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyarrow import fs as pafs
 
 from icekeeper.common.moniker import Moniker, MonikerError, decode_moniker, encode_moniker
 from icekeeper.common.storage import (
+    is_local,
     make_folder,
     open_filesystem,
     path_segment,
     read_whole,
     write_whole,
 )
+from icekeeper.common.thread_pools import shared_thread_pool
 from icekeeper.common.transports.base import Quarantined
 
 log = logging.getLogger(__name__)
 SUFFIX = ".json"
+IO_THREADS = 16
+"""Moniker files read or deleted at once on an object store, where each is a round trip: a
+cycle of 1,000 monikers made 2,000 of them one after another (on AWS S3, ~20 ms each: 40 s)."""
 
 
 @dataclass(frozen=True)
@@ -96,11 +102,50 @@ class MonikerFolder:
     def list(self, table: str | None = None, writer_id: str | None = None) -> list[StoredMoniker]:
         return [self.read(path) for path in self.list_paths(table, writer_id)]
 
+    def read_all(self, paths: Sequence[str]) -> list[StoredMoniker | OSError]:
+        """`read` of each path, in order, with an outage returned in the path's place instead of
+        raised: what the store cannot serve now stays pending alone, the others are read. On an
+        object store `IO_THREADS` at a time; on local disk one after another (a read there is a
+        page-cache copy: threads would only add overhead)."""
+        if self._local() or len(paths) < 2:
+            return [self._read_or_outage(path) for path in paths]
+        pool = shared_thread_pool("moniker-files", IO_THREADS)
+        return list(pool.map(self._read_or_outage, paths))
+
+    def _read_or_outage(self, path: str) -> StoredMoniker | OSError:
+        try:
+            return self.read(path)
+        except OSError as error:
+            return error
+
     def delete(self, path: str) -> None:
         try:
             self.filesystem.delete_file(path)
         except FileNotFoundError:
             pass
+
+    def delete_all(self, paths: Sequence[str]) -> None:
+        """`delete` of each path (a file already gone is deleted); on an object store
+        `IO_THREADS` at a time. Every path is tried; the first failure is raised after all were.
+        Deletes are independent: any subset of them leaves the folder consistent."""
+        if self._local() or len(paths) < 2:
+            failures = [self._delete_or_failure(path) for path in paths]
+        else:
+            pool = shared_thread_pool("moniker-files", IO_THREADS)
+            failures = list(pool.map(self._delete_or_failure, paths))
+        for failure in failures:
+            if failure is not None:
+                raise failure
+
+    def _delete_or_failure(self, path: str) -> OSError | None:
+        try:
+            self.delete(path)
+        except OSError as error:
+            return error
+        return None
+
+    def _local(self) -> bool:
+        return isinstance(self.filesystem, pafs.LocalFileSystem) or is_local(self.uri)
 
     def write_bytes(self, relative: str, payload: bytes) -> str:
         """Write any file under the root (dead-letter copies and their reasons)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from icekeeper.common.config.model import TxLogTransport
 from icekeeper.common.moniker import Moniker
@@ -26,15 +27,14 @@ class TxLogMonikerTransport(MonikerTransport):
 
     def receive(self, max_count: int = 1000) -> list[Delivery]:
         deliveries = []
-        for path in self.folder.list_paths()[:max_count]:
-            try:
-                stored = self.folder.read(path)
-            except OSError as error:
+        paths = self.folder.list_paths()[:max_count]
+        for path, stored in zip(paths, self.folder.read_all(paths)):
+            if isinstance(stored, OSError):
                 # An outage, not bad input: left pending (its attempts not counted), the others
                 # go on; the next cycle reads it again.
                 log.warning(
                     "moniker file not readable now; left pending",
-                    extra={"source": path, "error": str(error)},
+                    extra={"source": path, "error": str(stored)},
                 )
                 continue
             self._attempts[path] = self._attempts.get(path, 0) + 1
@@ -47,6 +47,14 @@ class TxLogMonikerTransport(MonikerTransport):
     def acknowledge(self, delivery: Delivery) -> None:
         self.folder.delete(delivery.handle)
         self._attempts.pop(delivery.handle, None)
+
+    def acknowledge_all(self, deliveries: Sequence[Delivery]) -> None:
+        """The files deleted several at a time on an object store (`MonikerFolder.delete_all`)."""
+        try:
+            self.folder.delete_all([delivery.handle for delivery in deliveries])
+        finally:  # a file left by a failure is read again, as a first attempt
+            for delivery in deliveries:
+                self._attempts.pop(delivery.handle, None)
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         raw = delivery.raw or _read_quietly(self.folder, delivery.handle)

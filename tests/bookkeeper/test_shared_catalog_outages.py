@@ -70,7 +70,12 @@ def acknowledged_only_when_committed(bookkeeper: Bookkeeper, config: IcekeeperCo
         acknowledged.append(delivery.moniker.id)
         acknowledge(delivery)
 
+    def checked_each(deliveries) -> None:
+        for delivery in deliveries:
+            checked(delivery)
+
     bookkeeper.transport.acknowledge = checked
+    bookkeeper.transport.acknowledge_all = checked_each
     return acknowledged
 
 

@@ -1,0 +1,139 @@
+"""A transaction-log folder on S3, as the production layouts keep it (docs/deployment.md): a cycle
+reads its monikers and, once their commit is durable, deletes them, several at a time (one after
+another, 1,000 monikers were 2,000 round trips a cycle). What the store cannot do now (a read or
+a delete refused) leaves only those monikers for the next cycle, which commits nothing twice."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from icekeeper.bookkeeper.service import Bookkeeper
+from icekeeper.common.catalog import open_catalog
+from icekeeper.common.config import IcekeeperConfig
+from icekeeper.common.transports import open_transport
+from tests.support.object_stores import storage_door
+from tests.support.relay import Fault, Relay, refuse
+from tests.support.shop_items import bookkeeper_config, make_moniker
+
+pytestmark = pytest.mark.integration
+MONIKERS = 40
+ROUND_TRIP_S = 0.1
+MONIKER_READ_OR_DELETE = re.compile(rb"(?:GET|DELETE) /\S*/w1/0000")
+
+
+@pytest.fixture
+def relay(s3_storage):
+    relay = Relay(s3_storage.pyiceberg_properties()["s3.endpoint"])
+    # The door as the catalog's properties set it (the writer's side publishes before any
+    # bookkeeper opens the catalog).
+    with storage_door({**s3_storage.pyiceberg_properties(), "s3.endpoint": relay.address}):
+        yield relay
+    relay.close()
+
+
+def txlog_on_s3(tmp_path: Path, s3_storage, relay: Relay) -> IcekeeperConfig:
+    """The test's own SQLite catalog and local warehouse; the txlog on S3, through the relay."""
+    root = s3_storage.uri(f"txlog-{uuid.uuid4().hex[:8]}")
+    properties = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": f"file://{tmp_path}/warehouse",
+        **s3_storage.pyiceberg_properties(),
+        "s3.endpoint": relay.address,
+    }
+    return bookkeeper_config(
+        tmp_path,
+        catalog__properties=json.dumps(properties),
+        transport__uri=f"{root}/txlog",
+        transport__dead_letter_uri=f"{root}/dead-letter",
+    )
+
+
+def offsets_in_table(config: IcekeeperConfig) -> list[int]:
+    table = open_catalog(config).load_table("shop.items")
+    return sorted(table.scan().to_arrow()["_kfk_offset"].to_pylist())
+
+
+def publish(config: IcekeeperConfig, count: int) -> None:
+    transport = open_transport(config)
+    for seq in range(1, count + 1):
+        transport.publish(make_moniker(config, seq, seq - 1 or None, ((seq - 1) * 2, seq * 2)))
+
+
+def moniker_file(seq: int) -> bytes:
+    """What a request for writer w1's moniker `seq` holds (its file name's start)."""
+    return f"/w1/{seq:012d}-".encode()
+
+
+DELETE_OF_25_OR_30 = re.compile(
+    rb"DELETE /\S*(?:" + re.escape(moniker_file(25)) + b"|" + re.escape(moniker_file(30)) + b")"
+)
+
+
+def test_a_cycle_reads_and_deletes_its_monikers_on_s3_several_at_a_time(
+    tmp_path: Path, s3_storage, relay: Relay
+) -> None:
+    """Each moniker file's read and delete held back 0.1 s (a far store's round trip): one
+    after another the cycle would take at least 8 s."""
+    config = txlog_on_s3(tmp_path, s3_storage, relay)
+    publish(config, MONIKERS)
+    bookkeeper = Bookkeeper(config)
+    relay.arm(
+        lambda sent: MONIKER_READ_OR_DELETE.search(sent) is not None,
+        # Held back, then forwarded, the server's answer passed on.
+        Fault(answer="pass", before_forward=lambda: time.sleep(ROUND_TRIP_S)),
+        times=10**6,
+    )
+    before = len(relay.requests)
+    started = time.monotonic()
+    report = bookkeeper.run_cycle()
+    took_s = time.monotonic() - started
+    assert report.committed_monikers == MONIKERS
+    assert relay.faulted >= 2 * MONIKERS  # every read and every delete was held back
+    assert took_s < 2 * MONIKERS * ROUND_TRIP_S / 2, took_s
+    assert offsets_in_table(config) == list(range(2 * MONIKERS))
+    assert open_transport(config).pending() == []
+    methods = [line.split(" ", 1)[0] for line in relay.requests[before:]]
+    assert methods.count("DELETE") == MONIKERS
+
+
+def test_a_refused_read_or_delete_waits_for_the_next_cycle_and_nothing_is_committed_twice(
+    tmp_path: Path, s3_storage, relay: Relay
+) -> None:
+    config = txlog_on_s3(tmp_path, s3_storage, relay)
+    publish(config, MONIKERS)
+    bookkeeper = Bookkeeper(config)
+    # Moniker 20's file cannot be read this cycle (every retry refused): 1-19 commit, 20-40 wait
+    # (each names the one before it).
+    relay.arm(
+        lambda sent: re.search(rb"GET /\S*" + re.escape(moniker_file(20)), sent) is not None,
+        refuse(503),
+        times=10**6,
+    )
+    assert bookkeeper.run_cycle().committed_monikers == 19
+    assert offsets_in_table(config) == list(range(38))
+    relay.arm(lambda sent: False, refuse(503))
+    assert [m.seq for m in open_transport(config).pending()] == list(range(20, MONIKERS + 1))
+    # Readable again; now the deletes of monikers 25 and 30 are refused after the commit.
+    relay.arm(
+        lambda sent: DELETE_OF_25_OR_30.search(sent) is not None,
+        refuse(503),
+        times=10**6,
+    )
+    with pytest.raises(OSError):
+        bookkeeper.run_cycle()
+    relay.arm(lambda sent: False, refuse(503))
+    assert offsets_in_table(config) == list(range(2 * MONIKERS))
+    # Every other file of the commit was deleted all the same.
+    assert [m.seq for m in open_transport(config).pending()] == [25, 30]
+    # The next cycle finds both committed: acknowledged as duplicates, nothing added twice.
+    report = bookkeeper.run_cycle()
+    assert report.committed_monikers == 0 and len(report.tables[0].duplicates) == 2
+    assert offsets_in_table(config) == list(range(2 * MONIKERS))
+    assert open_transport(config).pending() == []
