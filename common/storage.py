@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -351,6 +351,13 @@ def delete_file(uri: str) -> None:
         filesystem.delete_file(path)
     except FileNotFoundError:
         pass
+
+
+def delete_files(filesystem: pafs.FileSystem, paths: Sequence[str]) -> dict[str, OSError]:
+    """Delete the files at `paths` of `filesystem` as its store does best (S3: a thousand a
+    request); returns why each path that could not be deleted was not (every path is tried)."""
+    store = _store_of(filesystem) or PlainStore(filesystem)
+    return store.delete_files(paths)
 
 
 def delete_folder(uri_or_path: str) -> None:

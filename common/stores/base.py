@@ -11,9 +11,15 @@ too, for callers that must not overwrite a change they have not seen.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyarrow import fs as pafs
+
+from icekeeper.common.thread_pools import shared_thread_pool
+
+DELETE_THREADS = 16
+"""Files deleted at once on an object store where each delete is a request of its own."""
 
 
 class ConditionalWritesUnsupported(RuntimeError):
@@ -63,6 +69,26 @@ class Store(ABC):
 
     def exists(self, path: str) -> bool:
         return self.filesystem.get_file_info(path).type == pafs.FileType.File
+
+    def delete_files(self, paths: Sequence[str]) -> dict[str, OSError]:
+        """Delete each file that is there (one already gone counts as deleted); returns why each
+        path that could not be deleted was not. Every path is tried. On local disk one after
+        another; elsewhere, each delete being a round trip, `DELETE_THREADS` at a time."""
+
+        def delete(path: str) -> OSError | None:
+            try:
+                self.filesystem.delete_file(path)
+            except FileNotFoundError:
+                return None
+            except OSError as error:
+                return error
+            return None
+
+        if isinstance(self.filesystem, pafs.LocalFileSystem) or len(paths) < 2:
+            results = [delete(path) for path in paths]
+        else:
+            results = list(shared_thread_pool("store-deletes", DELETE_THREADS).map(delete, paths))
+        return {path: error for path, error in zip(paths, results) if error is not None}
 
 
 class PlainStore(Store):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyarrow import fs as pafs
@@ -27,6 +27,8 @@ from pyarrow import fs as pafs
 from icekeeper.common.stores.base import Store, Versioned
 
 SCHEMES = ("s3", "s3a", "s3n")
+DELETE_BATCH = 1000
+"""Keys one DeleteObjects request may name (S3's limit)."""
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 HADOOP_AWS_VERSION = "3.4.2"
 """hadoop-aws of the Hadoop that PySpark 4.1.1 ships (hadoop-client-api 3.4.2)."""
@@ -181,6 +183,38 @@ class S3Store(Store):
         except self.client.exceptions.NoSuchKey:
             return None
         return Versioned(answer["Body"].read(), answer["ETag"])
+
+    def delete_files(self, paths: Sequence[str]) -> dict[str, OSError]:
+        """S3's DeleteObjects, up to `DELETE_BATCH` keys a request: pyarrow's `delete_file` makes
+        three requests a file (a HEAD, the DELETE, and a PUT of an empty "folder" marker that
+        keeps the parent listed), a transaction log's 1,000 acknowledgements 3,000 of them. A key
+        that is not there is deleted as far as S3 says (no error); a request that fails fails
+        each of its keys (an outage: the caller tries them again later)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        by_bucket: dict[str, list[str]] = {}
+        for path in paths:
+            bucket, key = _split(path)
+            by_bucket.setdefault(bucket, []).append(key)
+        failures: dict[str, OSError] = {}
+        for bucket, keys in by_bucket.items():
+            for start in range(0, len(keys), DELETE_BATCH):
+                batch = keys[start : start + DELETE_BATCH]
+                try:
+                    answer = self.client.delete_objects(
+                        Bucket=bucket,
+                        Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+                    )
+                except (BotoCoreError, ClientError) as error:
+                    for key in batch:
+                        failures[f"{bucket}/{key}"] = OSError(f"DeleteObjects: {error}")
+                    continue
+                for refused in answer.get("Errors", []):
+                    path = f"{bucket}/{refused.get('Key')}"
+                    failures[path] = OSError(
+                        f"{path}: not deleted ({refused.get('Code')}: {refused.get('Message')})"
+                    )
+        return failures
 
     def _put(self, path: str, body: bytes, **condition: str) -> bool:
         from botocore.exceptions import ClientError

@@ -175,7 +175,8 @@ def bench_config(
     state_dir: Path, layout: BenchLayout | None = None, table: str = TABLE
 ) -> IcekeeperConfig:
     """The bench's bookkeeper config: state under `state_dir`; the catalog (and warehouse) of
-    `layout`, or by default a SQLite catalog and a warehouse under `state_dir`."""
+    `layout` and, on an object store, its transaction log there too; or by default a SQLite
+    catalog, a warehouse and the transaction log under `state_dir`."""
     tables = [{"identifier": table, "topics": ["bench"], "primary_key": ["ID1", "ID2"]}]
     environ = {
         "ICEKEEPER__STATE_DIR": str(state_dir),
@@ -186,6 +187,7 @@ def bench_config(
     }
     if layout is not None:
         environ["ICEKEEPER__CATALOG__PROPERTIES"] = json.dumps(layout.catalog_properties)
+        environ.update(layout.transport_settings(state_dir.name))
     return load_config(None, environ=environ)
 
 
@@ -383,6 +385,7 @@ def bench_latency(
     p90 = lambda values: statistics.quantiles(values, n=10)[-1]  # noqa: E731
     return {
         "metadata_location": metadata_location,
+        "txlog_uri": config.transport.uri,
         "catalog_class": type(catalog).__name__,
         "at_10": statistics.median(latencies[early]) * 1000,
         "at_end": statistics.median(latencies[late]) * 1000,
@@ -434,6 +437,7 @@ def run_bookkeeper_bench(
         "root": where.root,
         "catalog_class": latency["catalog_class"],
         "metadata_location": latency["metadata_location"],
+        "txlog_uri": latency["txlog_uri"],
         "data_files_on_store": on_store,
         f"commit_{monikers}_monikers_s": round(commit_s, 3),
         f"baseline_add_files_{monikers}_s": round(baseline_s, 3),

@@ -11,8 +11,10 @@ its tables and files; each run gets a root of its own, removed at the end:
 - `s3-rest`: Iceberg's REST catalog server (`stack up --with rest`, which brings `s3`), tables on
   the same S3 server; the table's namespace is the run's own (the server outlives the run).
 
-Only the tables' files move: the bench's transaction log, checkpoints and lease stay in its local
-work folder, so a difference between layouts is the warehouse's (and the catalog's).
+On an object-store layout the monikers' transaction-log folder is there too, as the production
+layouts keep it (docs/deployment.md): each moniker is a PUT, a GET and a DELETE on the store.
+The benches' other state (checkpoints) stays in the local work folder; they run bookkeeper cycles,
+not its service loop, so they hold no lease.
 """
 
 from __future__ import annotations
@@ -80,6 +82,16 @@ class BenchLayout:
     @property
     def on_object_store(self) -> bool:
         return self.root.startswith("s3://")
+
+    def transport_settings(self, name: str) -> dict[str, str]:
+        """Config (environment form) putting the transaction log of the bench's config `name`
+        under the run's root on an object store; none on local disk (the state folder's)."""
+        if not self.on_object_store:
+            return {}
+        return {
+            "ICEKEEPER__TRANSPORT__URI": self.location("txlog", name, "monikers"),
+            "ICEKEEPER__TRANSPORT__DEAD_LETTER_URI": self.location("txlog", name, "dead-letter"),
+        }
 
 
 def open_layout(name: str, stack_config: IcekeeperConfig, work: Path) -> BenchLayout:

@@ -73,6 +73,21 @@ def test_monikers_are_published_received_dead_lettered_and_replayed(store_root: 
     assert transport.dead_letter_count() == 0
 
 
+def test_acknowledged_moniker_files_are_deleted_together(store_root: str) -> None:
+    """What a bookkeeper's cycle acknowledges goes at once (S3: one request); a file already
+    gone (acknowledged by a cycle that died before it finished) counts as deleted."""
+    transport = TxLogMonikerTransport(
+        TxLogTransport(uri=f"{store_root}/txlog", dead_letter_uri=f"{store_root}/dead-letter")
+    )
+    for seq in range(1, 6):
+        transport.publish(moniker_for_test(seq, f"{store_root}/warehouse/shop/items"))
+    deliveries = transport.receive()
+    transport.acknowledge_all(deliveries[:3])
+    assert [m.seq for m in transport.pending()] == [4, 5]
+    transport.acknowledge_all(deliveries[:4])
+    assert [m.seq for m in transport.pending()] == [5]
+
+
 def test_claims_protect_a_batch_folder_until_released(store_root: str) -> None:
     table = f"{store_root}/warehouse/shop/items"
     batch = f"{table}/data/w1/000000000001-abcd"

@@ -89,6 +89,8 @@ def test_bench_bookkeeper_puts_its_tables_on_the_layout(
         bucket
     )
     assert result["catalog_class"] == ("RestCatalog" if layout == "s3-rest" else "SqlCatalog")
+    # The monikers went through a transaction log on the store, as in production.
+    assert result["txlog_uri"].startswith(result["root"])
     # Three 1,000-moniker runs (here 20) and the add_files table, 70 footers, 12 commits.
     assert result["data_files_on_store"] == 3 * 20 + 70 + 12
     for key in ("commit_20_monikers_s", "baseline_add_files_20_s", "footers_70_s"):
