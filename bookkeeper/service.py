@@ -457,12 +457,14 @@ class Bookkeeper:
                 return
 
     def _settle(self, report: CycleReport, table: str, result: TableCommit) -> None:
-        """After a table's commit is durable (or there was
-        nothing to commit): acknowledge, dead-letter, report."""
-        self.transport.acknowledge_all(result.committed + result.duplicates)
-        for delivery in result.copies:
-            # Another delivery of the same moniker may still wait: drop this one only.
-            self.transport.acknowledge_copy(delivery)
+        """After a table's commit is durable (or there was nothing to commit): dead-letter,
+        report, then acknowledge what the commit holds.
+
+        The acknowledgements come last, and one the transport cannot make now (the store refusing
+        a delete, a queue not answering) is logged and left to the next cycle, which finds those
+        monikers committed and acknowledges them as duplicates. Raised from here, it skipped the
+        dead letters and the commit's report, and an older writer's refused moniker (committed
+        state past its seq) was then acknowledged as a duplicate without its dead letter."""
         for delivery, reason in result.quarantined:
             self.metrics.errors.labels("quarantined").inc()
             self.transport.dead_letter(delivery, reason)
@@ -506,6 +508,18 @@ class Bookkeeper:
         if result.snapshot_id is not None:
             self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
             self._write_report(result)
+        try:
+            self.transport.acknowledge_all(result.committed + result.duplicates)
+            for delivery in result.copies:
+                # Another delivery of the same moniker may still wait: drop this one only.
+                self.transport.acknowledge_copy(delivery)
+        except Exception as error:  # noqa: BLE001 - durable already: the next cycle acknowledges
+            self.metrics.errors.labels("acknowledge-failed").inc()
+            log.error(
+                "acknowledgement failed; the next cycle finds these monikers committed and "
+                "acknowledges them as duplicates",
+                extra={"table": table, "error": repr(error)},
+            )
 
     def _release_waiting(self) -> None:
         """Make the cycle's waiting monikers visible again (`_next_in_line`), at most

@@ -17,7 +17,11 @@ only. Listing and reading after a write are strongly consistent on AWS S3 (since
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,9 +30,18 @@ from pyarrow import fs as pafs
 
 from icekeeper.common.stores.base import Store, Versioned
 
+log = logging.getLogger(__name__)
+
 SCHEMES = ("s3", "s3a", "s3n")
 DELETE_BATCH = 1000
 """Keys one DeleteObjects request may name (S3's limit)."""
+BATCH_KEY_RETRIES = 2
+"""Times a key a DeleteObjects answer lists as not deleted now is asked for again."""
+RETRIED_KEY_ERRORS = frozenset(
+    {"InternalError", "SlowDown", "ServiceUnavailable", "RequestTimeout"}
+)
+BATCH_DELETE_NOT_TAKEN = frozenset({400, 405, 411, 501})
+"""Answers of a store that does not take a multi-object delete (not an outage)."""
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 HADOOP_AWS_VERSION = "3.4.2"
 """hadoop-aws of the Hadoop that PySpark 4.1.1 ships (hadoop-client-api 3.4.2)."""
@@ -105,7 +118,7 @@ def botocore_client(properties: Mapping[str, str]) -> Any:
     import botocore.session
 
     session = botocore.session.get_session()
-    return session.create_client(
+    client = session.create_client(
         "s3",
         endpoint_url=properties.get("s3.endpoint") or None,
         aws_access_key_id=_first(properties, "s3.access-key-id", "client.access-key-id"),
@@ -122,6 +135,17 @@ def botocore_client(properties: Mapping[str, str]) -> Any:
             max_pool_connections=32,
         ),
     )
+    client.meta.events.register("before-sign.s3.DeleteObjects", _content_md5)
+    return client
+
+
+def _content_md5(request: Any, **_: Any) -> None:
+    """A DeleteObjects request's Content-MD5: S3 takes the CRC32 botocore sends since 1.36, but
+    older MinIO and Ceph releases refuse the request without an MD5."""
+    body = request.body.encode() if isinstance(request.body, str) else request.body
+    if isinstance(body, bytes) and "Content-MD5" not in request.headers:
+        digest = hashlib.md5(body, usedforsecurity=False).digest()
+        request.headers["Content-MD5"] = base64.b64encode(digest).decode()
 
 
 ONE_PUT_BYTES = 5 * 1024 * 1024
@@ -140,6 +164,8 @@ class S3Store(Store):
         self.filesystem = pyarrow_filesystem(self.properties)
         self._client: Any = None
         self._lock = threading.Lock()
+        self._batch_deletes_refused = False
+        """Set once the store refused a DeleteObjects as a request it does not take."""
 
     @property
     def client(self) -> Any:
@@ -188,10 +214,14 @@ class S3Store(Store):
         """S3's DeleteObjects, up to `DELETE_BATCH` keys a request: pyarrow's `delete_file` makes
         three requests a file (a HEAD, the DELETE, and a PUT of an empty "folder" marker that
         keeps the parent listed), a transaction log's 1,000 acknowledgements 3,000 of them. A key
-        that is not there is deleted as far as S3 says (no error); a request that fails fails
-        each of its keys (an outage: the caller tries them again later)."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        that is not there is deleted as far as S3 says (no error).
 
+        A key S3 could not delete now (`InternalError`, `SlowDown` in the answer's list: the
+        answer itself is a 200, which botocore does not retry) is tried again, twice; a request
+        that fails fails each of its keys (an outage: the caller tries them again later). A store
+        that does not take the request at all (older MinIO and Ceph refuse it without a
+        Content-MD5, which is added; GCS's S3 interface has no multi-object delete) is asked one
+        key at a time from then on, as pyarrow does."""
         by_bucket: dict[str, list[str]] = {}
         for path in paths:
             bucket, key = _split(path)
@@ -200,20 +230,50 @@ class S3Store(Store):
         for bucket, keys in by_bucket.items():
             for start in range(0, len(keys), DELETE_BATCH):
                 batch = keys[start : start + DELETE_BATCH]
-                try:
-                    answer = self.client.delete_objects(
-                        Bucket=bucket,
-                        Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+                if self._batch_deletes_refused:
+                    failures.update(super().delete_files([f"{bucket}/{key}" for key in batch]))
+                else:
+                    failures.update(self._delete_batch(bucket, batch))
+        return failures
+
+    def _delete_batch(self, bucket: str, keys: list[str]) -> dict[str, OSError]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        failures: dict[str, OSError] = {}
+        for attempt in range(1 + BATCH_KEY_RETRIES):
+            try:
+                answer = self.client.delete_objects(
+                    Bucket=bucket,
+                    Delete={"Objects": [{"Key": key} for key in keys], "Quiet": True},
+                )
+            except ClientError as error:
+                status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status in BATCH_DELETE_NOT_TAKEN:
+                    log.warning(
+                        "the S3 store refused a multi-object delete; deleting one key at a time",
+                        extra={"bucket": bucket, "error": str(error)},
                     )
-                except (BotoCoreError, ClientError) as error:
-                    for key in batch:
-                        failures[f"{bucket}/{key}"] = OSError(f"DeleteObjects: {error}")
+                    self._batch_deletes_refused = True
+                    failures.update(super().delete_files([f"{bucket}/{key}" for key in keys]))
+                    return failures
+                failures.update(_each_failed(bucket, keys, error))
+                return failures
+            except BotoCoreError as error:
+                failures.update(_each_failed(bucket, keys, error))
+                return failures
+            again = []
+            for refused in answer.get("Errors", []):
+                key = refused.get("Key") or ""
+                if refused.get("Code") in RETRIED_KEY_ERRORS and attempt < BATCH_KEY_RETRIES:
+                    again.append(key)
                     continue
-                for refused in answer.get("Errors", []):
-                    path = f"{bucket}/{refused.get('Key')}"
-                    failures[path] = OSError(
-                        f"{path}: not deleted ({refused.get('Code')}: {refused.get('Message')})"
-                    )
+                failures[f"{bucket}/{key}"] = OSError(
+                    f"{bucket}/{key}: not deleted ({refused.get('Code')}: {refused.get('Message')})"
+                )
+            if not again:
+                break
+            time.sleep(0.2 * 2**attempt)
+            keys = again
         return failures
 
     def _put(self, path: str, body: bytes, **condition: str) -> bool:
@@ -233,6 +293,10 @@ class S3Store(Store):
                 return False  # replace of a file that is gone
             raise
         return True
+
+
+def _each_failed(bucket: str, keys: list[str], error: Exception) -> dict[str, OSError]:
+    return {f"{bucket}/{key}": OSError(f"DeleteObjects: {error}") for key in keys}
 
 
 def _split(path: str) -> tuple[str, str]:

@@ -131,9 +131,8 @@ class MonikerFolder:
         the first failure is raised after all were. Deletes are independent: any subset of them
         leaves the folder consistent."""
         failures = delete_files(self.filesystem, paths)
-        for path in paths:
-            if path in failures:
-                raise failures[path]
+        if failures:  # whatever path the store named: a refusal is never let pass
+            raise next(iter(failures.values()))
 
     def _local(self) -> bool:
         return isinstance(self.filesystem, pafs.LocalFileSystem) or is_local(self.uri)

@@ -55,13 +55,25 @@ def process_cpu_s(pid: int) -> float | None:
                 # The command (field 2) may hold spaces: fields are counted after its ")".
                 fields = stat.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children", encoding="ascii") as listed:
-                    queue.extend(int(child) for child in listed.read().split())
         except (OSError, IndexError, ValueError):
             if current == pid:
                 return None
+            continue  # a child that ended meanwhile
+        queue.extend(child_pids(current))
     return total
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started, or none where /proc does not say (a kernel without
+    `CONFIG_PROC_CHILDREN`): the process's own CPU is still read."""
+    children: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as listed:
+                children.extend(int(child) for child in listed.read().split())
+    except (OSError, ValueError):
+        pass
+    return children
 
 
 def machine_busy_s() -> float | None:

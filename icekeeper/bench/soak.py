@@ -39,6 +39,7 @@ from typing import Any
 
 from icekeeper.bench.e2e import TABLE, bookkeeper_process, e2e_config, percentile, writer_process
 from icekeeper.bench.heap_census import start_census, status_mb
+from icekeeper.bench.server_cpu import child_pids
 from icekeeper.bench.work import fresh_work_folder
 from icekeeper.common.catalog import load_table_or_none, open_catalog
 from icekeeper.common.config import IcekeeperConfig
@@ -109,18 +110,6 @@ def resident_kinds_mb(pid: int) -> dict[str, float]:
     process allocated; one in `file` is code and data it mapped."""
     kinds = status_mb(pid, ("RssAnon", "RssFile", "RssShmem"))
     return {name.removeprefix("Rss").lower(): mb for name, mb in kinds.items()}
-
-
-def child_pids(pid: int) -> list[int]:
-    """The processes `pid` started (direct children), from /proc."""
-    children: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as listed:
-                children.extend(int(child) for child in listed.read().split())
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return children
 
 
 def _command(pid: int) -> str:

@@ -53,3 +53,24 @@ def test_more_keys_than_a_request_takes_go_in_several_and_a_failed_request_fails
         stub.assert_no_pending_responses()
     assert list(failures) == [f"lake/{keys[-1]}"]
     assert "SlowDown" in str(failures[f"lake/{keys[-1]}"])
+
+
+def test_a_key_s3_could_not_delete_now_is_asked_for_again() -> None:
+    """`SlowDown` for one key in a 200 answer: botocore does not retry a 200; the store does."""
+    store = S3Store(PROPERTIES)
+    with Stubber(store.client) as stub:
+        stub.add_response(
+            "delete_objects",
+            {
+                "Errors": [
+                    {"Key": "log/b.json", "Code": "SlowDown", "Message": "Reduce your rate"},
+                    {"Key": "log/c.json", "Code": "AccessDenied", "Message": "Access Denied"},
+                ]
+            },
+            _request("lake", ["log/a.json", "log/b.json", "log/c.json"]),
+        )
+        stub.add_response("delete_objects", {}, _request("lake", ["log/b.json"]))
+        failures = store.delete_files(["lake/log/a.json", "lake/log/b.json", "lake/log/c.json"])
+        stub.assert_no_pending_responses()
+    # b went the second time; c's refusal is not one to ask again, and is kept.
+    assert list(failures) == ["lake/log/c.json"]
