@@ -112,6 +112,8 @@ class Bookkeeper:
         self._reports_failed_this_cycle = False
         self._to_release: dict[str, list[Delivery]] = {}
         """This cycle's waiting monikers per table, in the order to release them."""
+        self._unacknowledged: list[Exception] = []
+        """Acknowledgements that failed this cycle (`_settle`): raised once the cycle is done."""
         self._released_in: dict[str, int] = {}
         """Per table, the release round (`_release_cycles`) that last released one of its
         monikers: who goes first next time."""
@@ -352,6 +354,7 @@ class Bookkeeper:
             self.lease.renew()
             self._follow_lease()
         self._to_release = {}
+        self._unacknowledged = []
         deliveries = self.transport.receive(max_count=100_000)
         readable: dict[str, list[Delivery]] = {}
         file_events: dict[str, list[Delivery]] = {}
@@ -429,6 +432,8 @@ class Bookkeeper:
             self._reports_for_file or self._reports_for_topic
         ) and not self._reports_failed_this_cycle:
             self._flush_reports()
+        if self._unacknowledged:  # every table settled: now the cycle fails, as it did before
+            raise self._unacknowledged[0]
         report.seconds = time.monotonic() - started
         self._last_cycle_at = time.time()
         self._alive()
@@ -457,14 +462,20 @@ class Bookkeeper:
                 return
 
     def _settle(self, report: CycleReport, table: str, result: TableCommit) -> None:
-        """After a table's commit is durable (or there was nothing to commit): dead-letter,
-        report, then acknowledge what the commit holds.
+        """After a table's commit is durable (or there was nothing to commit): report, dead-letter,
+        then acknowledge what the commit holds.
 
-        The acknowledgements come last, and one the transport cannot make now (the store refusing
-        a delete, a queue not answering) is logged and left to the next cycle, which finds those
-        monikers committed and acknowledges them as duplicates. Raised from here, it skipped the
+        The report comes first (it never raises), the acknowledgements last, and one the
+        transport cannot make now (the store refusing a delete, a queue not answering) is logged
+        and held until the end of the cycle (`_unacknowledged`), which then fails as a whole
+        (`cycle failed; retrying`, readiness after repeated ones): the other tables still commit,
+        every dead letter and report is written, and the next cycle finds those monikers
+        committed and acknowledges them as duplicates. Raised from here at once, it skipped the
         dead letters and the commit's report, and an older writer's refused moniker (committed
         state past its seq) was then acknowledged as a duplicate without its dead letter."""
+        if result.snapshot_id is not None:
+            self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
+            self._write_report(result)
         for delivery, reason in result.quarantined:
             self.metrics.errors.labels("quarantined").inc()
             self.transport.dead_letter(delivery, reason)
@@ -473,6 +484,7 @@ class Bookkeeper:
                 "delivery quarantined",
                 extra={"table": table, "source": delivery.source, "reason": reason},
             )
+        reread: list[Delivery] = []
         for delivery, reason in result.refused:
             self.metrics.errors.labels("overlapping-offsets").inc()
             report.refused.append((delivery.source, reason))
@@ -487,7 +499,7 @@ class Bookkeeper:
                 continue
             # The refusal is in the table's committed state (durable before this): its writer
             # reads the refused offsets again, so the moniker itself is not needed any more.
-            self.transport.acknowledge(delivery)
+            reread.append(delivery)
             log.warning(
                 "moniker refused: its offsets overlap the committed ones; its writer reads them "
                 "again",
@@ -505,21 +517,19 @@ class Bookkeeper:
         report.tables.append(result)
         self.metrics.pending_monikers.labels(table).set(len(result.waiting))
         self.metrics.pending_bytes.labels(table).set(sum(d.moniker.bytes for d in result.waiting))
-        if result.snapshot_id is not None:
-            self.metrics.observe_commit(table, result.seconds, result.records, result.watermark_ms)
-            self._write_report(result)
         try:
-            self.transport.acknowledge_all(result.committed + result.duplicates)
+            self.transport.acknowledge_all(result.committed + result.duplicates + reread)
             for delivery in result.copies:
                 # Another delivery of the same moniker may still wait: drop this one only.
                 self.transport.acknowledge_copy(delivery)
-        except Exception as error:  # noqa: BLE001 - durable already: the next cycle acknowledges
+        except Exception as error:  # noqa: BLE001 - durable already: raised once the cycle is done
             self.metrics.errors.labels("acknowledge-failed").inc()
             log.error(
                 "acknowledgement failed; the next cycle finds these monikers committed and "
                 "acknowledges them as duplicates",
                 extra={"table": table, "error": repr(error)},
             )
+            self._unacknowledged.append(error)
 
     def _release_waiting(self) -> None:
         """Make the cycle's waiting monikers visible again (`_next_in_line`), at most

@@ -40,8 +40,19 @@ BATCH_KEY_RETRIES = 2
 RETRIED_KEY_ERRORS = frozenset(
     {"InternalError", "SlowDown", "ServiceUnavailable", "RequestTimeout"}
 )
-BATCH_DELETE_NOT_TAKEN = frozenset({400, 405, 411, 501})
-"""Answers of a store that does not take a multi-object delete (not an outage)."""
+BATCH_DELETE_NOT_TAKEN = frozenset(
+    {
+        "NotImplemented",
+        "MethodNotAllowed",
+        "MissingContentMD5",
+        "MissingContentLength",
+        "501",
+        "405",
+    }
+)
+"""Error codes (or, without one, HTTP statuses) of a store that does not take a multi-object
+delete at all. Not every 400: S3 answers one to a request cut short or a token expired, and a
+store sent one key at a time for good after such a moment would make three requests a key."""
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 HADOOP_AWS_VERSION = "3.4.2"
 """hadoop-aws of the Hadoop that PySpark 4.1.1 ships (hadoop-client-api 3.4.2)."""
@@ -247,8 +258,11 @@ class S3Store(Store):
                     Delete={"Objects": [{"Key": key} for key in keys], "Quiet": True},
                 )
             except ClientError as error:
-                status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-                if status in BATCH_DELETE_NOT_TAKEN:
+                code = str(error.response.get("Error", {}).get("Code", ""))
+                status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+                if code in BATCH_DELETE_NOT_TAKEN or (
+                    code in ("", status) and status in BATCH_DELETE_NOT_TAKEN
+                ):
                     log.warning(
                         "the S3 store refused a multi-object delete; deleting one key at a time",
                         extra={"bucket": bucket, "error": str(error)},
@@ -264,7 +278,8 @@ class S3Store(Store):
             again = []
             for refused in answer.get("Errors", []):
                 key = refused.get("Key") or ""
-                if refused.get("Code") in RETRIED_KEY_ERRORS and attempt < BATCH_KEY_RETRIES:
+                retried = refused.get("Code") in RETRIED_KEY_ERRORS
+                if key and retried and attempt < BATCH_KEY_RETRIES:
                     again.append(key)
                     continue
                 failures[f"{bucket}/{key}"] = OSError(

@@ -253,9 +253,13 @@ class AzureQueueMonikerTransport(MonikerTransport):
             )
 
     def acknowledge(self, delivery: Delivery) -> None:
-        self.acknowledge_copy(delivery)
+        """The journal copy first, then the message: a failure between the two leaves the
+        message, received again and acknowledged as a duplicate (a pointer whose copy is gone is
+        ignored). The other way round it left the journal copy, pending for the writers until one
+        restarted and sent it again."""
         if delivery.moniker is not None:
             self.journal.delete(self.journal.path_for(delivery.moniker))
+        self.acknowledge_copy(delivery)
 
     def acknowledge_copy(self, delivery: Delivery) -> None:
         """Delete this message only: the journal copy stays for the moniker's other message

@@ -124,9 +124,10 @@ def test_a_refused_read_or_delete_waits_for_the_next_cycle_and_nothing_is_commit
         refuse(503),
         times=10**6,
     )
-    # The cycle goes on (the commit is durable): it says so, and the files stay.
-    report = bookkeeper.run_cycle()
-    assert report.committed_monikers == MONIKERS - 19
+    # The commit is durable and reported; the cycle then fails on the deletes, as a cycle that
+    # cannot finish its work does (its loop retries; readiness goes after repeated ones).
+    with pytest.raises(OSError):
+        bookkeeper.run_cycle()
     failed = bookkeeper.metrics.registry.get_sample_value(
         "icekeeper_errors_total", {"kind": "acknowledge-failed"}
     )
@@ -152,7 +153,7 @@ def test_a_store_that_takes_no_multi_object_delete_gets_the_deletes_one_at_a_tim
     publish(config, 10)
     bookkeeper = Bookkeeper(config)
     relay.arm(
-        lambda sent: re.search(rb"POST /\S*\?delete", sent) is not None, refuse(400), times=10**6
+        lambda sent: re.search(rb"POST /\S*\?delete", sent) is not None, refuse(501), times=10**6
     )
     before = len(relay.requests)
     assert bookkeeper.run_cycle().committed_monikers == 10
@@ -169,3 +170,28 @@ def test_a_store_that_takes_no_multi_object_delete_gets_the_deletes_one_at_a_tim
     sent = relay.requests[before:]
     assert [line for line in sent if "?delete" in line] == []
     assert offsets_in_table(config) == list(range(26))
+
+
+def test_a_cycle_whose_deletes_are_refused_still_sets_its_bad_monikers_aside(
+    tmp_path: Path, s3_storage, relay: Relay
+) -> None:
+    """The acknowledgements come last: the deletes refused, the commit's quarantined moniker is
+    in the dead letters all the same (before, the failure skipped them)."""
+    config = txlog_on_s3(tmp_path, s3_storage, relay)
+    publish(config, 3)
+    bad = make_moniker(config, 1, None, (100, 102), writer_id="w2", partition=1)
+    Path(bad.files[0].path.removeprefix("file://")).write_bytes(b"not a parquet file")
+    open_transport(config).publish(bad)
+    bookkeeper = Bookkeeper(config)
+    relay.arm(
+        lambda sent: re.search(rb"POST /\S*\?delete", sent) is not None, refuse(503), times=10**6
+    )
+    with pytest.raises(OSError):
+        bookkeeper.run_cycle()
+    relay.arm(lambda sent: False, refuse(503))
+    [quarantined] = open_transport(config).quarantined()
+    assert quarantined.moniker == bad and quarantined.reason
+    assert offsets_in_table(config) == list(range(6))
+    assert [m.seq for m in open_transport(config).pending()] == [1, 2, 3]
+    assert bookkeeper.run_cycle().committed_monikers == 0
+    assert open_transport(config).pending() == []
