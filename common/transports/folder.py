@@ -101,7 +101,14 @@ class MonikerFolder:
         )
 
     def list(self, table: str | None = None, writer_id: str | None = None) -> list[StoredMoniker]:
-        return [self.read(path) for path in self.list_paths(table, writer_id)]
+        """Every moniker file under the root (or a table's, a writer's), read as `read_all`
+        reads them (on an object store several at a time: writers list what is pending before
+        every batch); an outage on any one is raised, as a read's is."""
+        stored = self.read_all(self.list_paths(table, writer_id))
+        for outcome in stored:
+            if isinstance(outcome, OSError):
+                raise outcome
+        return [outcome for outcome in stored if isinstance(outcome, StoredMoniker)]
 
     def read_all(self, paths: Sequence[str]) -> list[StoredMoniker | OSError]:
         """`read` of each path, in order, with an outage returned in the path's place instead of

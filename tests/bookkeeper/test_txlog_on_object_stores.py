@@ -195,3 +195,31 @@ def test_a_cycle_whose_deletes_are_refused_still_sets_its_bad_monikers_aside(
     assert [m.seq for m in open_transport(config).pending()] == [1, 2, 3]
     assert bookkeeper.run_cycle().committed_monikers == 0
     assert open_transport(config).pending() == []
+
+
+def test_what_writers_list_as_pending_is_read_several_at_a_time(
+    tmp_path: Path, s3_storage, relay: Relay
+) -> None:
+    """A writer lists the pending monikers before every batch: with a backlog on a far store,
+    one read after another held every batch up (here 4 s)."""
+    config = txlog_on_s3(tmp_path, s3_storage, relay)
+    publish(config, MONIKERS)
+    transport = open_transport(config)
+    relay.arm(
+        lambda sent: MONIKER_READ.search(sent) is not None,
+        Fault(answer="pass", before_forward=lambda: time.sleep(ROUND_TRIP_S)),
+        times=10**6,
+    )
+    started = time.monotonic()
+    pending = transport.pending(writer_id="w1")
+    took_s = time.monotonic() - started
+    assert [m.seq for m in pending] == list(range(1, MONIKERS + 1))
+    assert took_s < MONIKERS * ROUND_TRIP_S / 2, took_s
+    # A file the store cannot serve now is an outage for the writer's batch, not "no moniker".
+    relay.arm(
+        lambda sent: re.search(rb"GET /\S*" + re.escape(moniker_file(7)), sent) is not None,
+        refuse(503),
+        times=10**6,
+    )
+    with pytest.raises(OSError):
+        transport.pending()
