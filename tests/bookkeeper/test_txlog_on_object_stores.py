@@ -57,6 +57,16 @@ def txlog_on_s3(tmp_path: Path, s3_storage, relay: Relay) -> IcekeeperConfig:
     )
 
 
+def hold_back_moniker_reads(relay: Relay) -> None:
+    """Every read of a moniker file held back `ROUND_TRIP_S` (a far store's round trip), then
+    forwarded, the server's answer passed on."""
+    relay.arm(
+        lambda sent: MONIKER_READ.search(sent) is not None,
+        Fault(answer="pass", before_forward=lambda: time.sleep(ROUND_TRIP_S)),
+        times=10**6,
+    )
+
+
 def offsets_in_table(config: IcekeeperConfig) -> list[int]:
     table = open_catalog(config).load_table("shop.items")
     return sorted(table.scan().to_arrow()["_kfk_offset"].to_pylist())
@@ -81,12 +91,7 @@ def test_a_cycle_reads_and_deletes_its_monikers_on_s3_several_at_a_time(
     config = txlog_on_s3(tmp_path, s3_storage, relay)
     publish(config, MONIKERS)
     bookkeeper = Bookkeeper(config)
-    relay.arm(
-        lambda sent: MONIKER_READ.search(sent) is not None,
-        # Held back, then forwarded, the server's answer passed on.
-        Fault(answer="pass", before_forward=lambda: time.sleep(ROUND_TRIP_S)),
-        times=10**6,
-    )
+    hold_back_moniker_reads(relay)
     before = len(relay.requests)
     started = time.monotonic()
     report = bookkeeper.run_cycle()
@@ -205,11 +210,7 @@ def test_what_writers_list_as_pending_is_read_several_at_a_time(
     config = txlog_on_s3(tmp_path, s3_storage, relay)
     publish(config, MONIKERS)
     transport = open_transport(config)
-    relay.arm(
-        lambda sent: MONIKER_READ.search(sent) is not None,
-        Fault(answer="pass", before_forward=lambda: time.sleep(ROUND_TRIP_S)),
-        times=10**6,
-    )
+    hold_back_moniker_reads(relay)
     started = time.monotonic()
     pending = transport.pending(writer_id="w1")
     took_s = time.monotonic() - started
